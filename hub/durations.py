@@ -1,0 +1,64 @@
+"""Prometheus-style durations (``30s``, ``5m``, ``1h30m``) as used on every flag."""
+
+from __future__ import annotations
+
+import re
+
+import click
+
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w|y)")
+
+
+def parse_duration(text: str | float | int) -> float:
+    """Return seconds; a bare number is seconds. Raises ValueError naming the bad input."""
+    if isinstance(text, (int, float)):
+        if text < 0:
+            raise ValueError(f"negative duration: {text}")
+        return float(text)
+    s = str(text).strip()
+    if not s:
+        raise ValueError("empty duration")
+    try:
+        value = float(s)
+    except ValueError:
+        pass
+    else:
+        if value < 0:
+            raise ValueError(f"negative duration: {s}")
+        return value
+    pos, total = 0, 0.0
+    for m in _PART.finditer(s):
+        if m.start() != pos:
+            break
+        total += float(m.group(1)) * _UNITS[m.group(2)]
+        pos = m.end()
+    if pos != len(s) or pos == 0:
+        raise ValueError(f"invalid duration {s!r} (use e.g. 30s, 5m, 1h)")
+    return total
+
+
+def format_duration(seconds: float) -> str:
+    """Shortest Prometheus duration for whole seconds (used in PromQL range selectors)."""
+    secs = max(1, round(seconds))
+    for unit, size in (("h", 3600), ("m", 60)):
+        if secs % size == 0:
+            return f"{secs // size}{unit}"
+    return f"{secs}s"
+
+
+class Duration(click.ParamType):
+    """click type for durations; values are seconds (float)."""
+
+    name = "duration"
+
+    def convert(self, value, param, ctx):  # type: ignore[override]
+        if isinstance(value, float):
+            return value
+        try:
+            return parse_duration(value)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+DURATION = Duration()

@@ -1,0 +1,39 @@
+"""Exceptions that carry the CLI's exit codes (see DESIGN.md).
+
+They subclass ``click.ClickException`` so a command can raise them from deep inside plain
+functions and the user still gets one line and the documented exit code, never a traceback.
+"""
+
+from __future__ import annotations
+
+import click
+
+EXIT_OK = 0
+EXIT_FINDINGS = 1  # the command ran and found problems
+EXIT_INPUT = 2  # usage or input error, a PromQL error included
+EXIT_UNAVAILABLE = 3  # a dependency could not be reached or is missing, or the lock is held
+
+
+class GpufleetError(click.ClickException):
+    """Base class: a one-line message and an exit code."""
+
+    exit_code = EXIT_INPUT
+
+    def __init__(self, message: str) -> None:
+        # One line, always: multi-line upstream messages would break log parsers and cron mail.
+        super().__init__(" ".join(str(message).split()))
+
+    def show(self, file=None) -> None:  # type: ignore[override]
+        click.echo(f"error: {self.format_message()}", err=True)
+
+
+class InputError(GpufleetError):
+    """The user's input (flags, files, names, PromQL) is wrong."""
+
+    exit_code = EXIT_INPUT
+
+
+class UnavailableError(GpufleetError):
+    """Something we depend on (hub, database, Kubernetes API, GPU library, lock) is not there."""
+
+    exit_code = EXIT_UNAVAILABLE

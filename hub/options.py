@@ -1,0 +1,52 @@
+"""Option groups shared by several commands, each also settable as ``GPUFLEET_<NAME>``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+F = Callable[..., Any]
+
+
+def _stack(*decorators: Callable[[F], F]) -> Callable[[F], F]:
+    def apply(func: F) -> F:
+        for deco in reversed(decorators):
+            func = deco(func)
+        return func
+
+    return apply
+
+
+def env(name: str) -> str:
+    return "GPUFLEET_" + name.upper().replace("-", "_")
+
+
+hub_options = _stack(
+    click.option("--hub-url", envvar=env("hub-url"), metavar="URL",
+                 help="Prometheus HTTP API of the hub store (Thanos Query, ACM rbac-query-proxy)."),
+    click.option("--token-file", envvar=env("token-file"), type=click.Path(dir_okay=False),
+                 help="File holding a bearer token (or set GPUFLEET_TOKEN). Never printed."),
+    click.option("--ca-file", envvar=env("ca-file"), type=click.Path(dir_okay=False),
+                 help="CA bundle to verify the hub's TLS certificate."),
+    click.option("--cert-file", envvar=env("cert-file"), type=click.Path(dir_okay=False),
+                 help="Client certificate for mTLS (Thanos Query)."),
+    click.option("--key-file", envvar=env("key-file"), type=click.Path(dir_okay=False),
+                 help="Private key of the client certificate."),
+    click.option("--insecure-skip-verify", envvar=env("insecure-skip-verify"), is_flag=True,
+                 default=False, help="Do not verify the hub's TLS certificate (testing only)."),
+    click.option("--timeout", "hub_timeout", envvar=env("timeout"), default="60s",
+                 show_default=True, metavar="DURATION", help="Timeout of one hub request."),
+)
+
+cluster_label_option = click.option(
+    "--cluster-label", envvar=env("cluster-label"), default="cluster", show_default=True,
+    help="Label that names the cluster on every series (ACM adds 'cluster').",
+)
+
+db_option = click.option(
+    "--db", envvar=env("db"), metavar="URL",
+    help="Inventory database as a SQLAlchemy URL "
+         "(default: SQLite at $XDG_DATA_HOME/gpufleet/inventory.db).",
+)
