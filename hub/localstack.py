@@ -156,7 +156,7 @@ def start_agent(workdir: Path, cluster: str, targets: list[str], hub_url: str,
 class _Handler(http.server.BaseHTTPRequestHandler):
     server: StaticServer
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+    def do_GET(self) -> None:
         body = self.server.respond(self.path)
         if body is None:
             self.send_error(404)

@@ -37,7 +37,7 @@ def iso(ts: dt.datetime | None) -> str | None:
         return None
     if ts.tzinfo is None:
         ts = ts.replace(tzinfo=dt.UTC)
-    return ts.astimezone(dt.UTC).isoformat().replace("+00:00", "Z")
+    return ts.astimezone(dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _plain(value: Any) -> Any:
@@ -52,14 +52,16 @@ def to_json(rows: Any) -> str:
 
 def to_csv(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(columns), extrasaction="ignore", lineterminator="\n")
+    writer = csv.DictWriter(buf, fieldnames=list(columns), extrasaction="ignore",
+                            lineterminator="\n")
     writer.writeheader()
     for row in rows:
         writer.writerow({k: ("" if row.get(k) is None else _plain(row.get(k))) for k in columns})
     return buf.getvalue()
 
 
-def to_table(rows: Sequence[dict[str, Any]], columns: Sequence[str], title: str | None = None) -> str:
+def to_table(rows: Sequence[dict[str, Any]], columns: Sequence[str],
+             title: str | None = None) -> str:
     from rich.console import Console
     from rich.table import Table
 
@@ -73,8 +75,13 @@ def to_table(rows: Sequence[dict[str, Any]], columns: Sequence[str], title: str 
     return console.file.getvalue()  # type: ignore[attr-defined]
 
 
-def emit(rows: Iterable[dict[str, Any]], columns: Sequence[str], fmt: str) -> None:
-    """Print rows in the chosen format to stdout."""
+def emit(rows: Iterable[dict[str, Any]], columns: Sequence[str], fmt: str,
+         table_columns: Sequence[str] | None = None) -> None:
+    """Print rows in the chosen format to stdout.
+
+    JSON and CSV carry every column (scripts want them all); a table may show fewer so that
+    it fits a terminal.
+    """
     rows = list(rows)
     if fmt == "json":
         click.echo(to_json(rows))
@@ -84,4 +91,4 @@ def emit(rows: Iterable[dict[str, Any]], columns: Sequence[str], fmt: str) -> No
         if not rows:
             click.echo("(none)")
             return
-        click.echo(to_table(rows, columns), nl=False)
+        click.echo(to_table(rows, table_columns or columns), nl=False)

@@ -1,0 +1,229 @@
+"""`query`, `sync`, `inventory` and `db`: thin click wrappers over hub.* functions."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import click
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from hub import inventory as store
+from hub import migrate
+from hub.cli import ConfiguredCommand, ConfiguredGroup
+from hub.durations import DURATION, parse_duration
+from hub.errors import InputError, UnavailableError
+from hub.options import cluster_label_option, db_option, env, hub_options
+from hub.output import emit, iso, output_option, to_json
+from hub.promclient import HubClient, HubSettings
+
+
+def hub_client(opts: dict[str, Any]) -> HubClient:
+    try:
+        timeout = parse_duration(opts.get("hub_timeout") or "60s")
+    except ValueError as exc:
+        raise InputError(f"--timeout: {exc}") from None
+    return HubClient.from_settings(HubSettings(
+        url=opts.get("hub_url") or "",
+        token_file=opts.get("token_file"),
+        ca_file=opts.get("ca_file"),
+        cert_file=opts.get("cert_file"),
+        key_file=opts.get("key_file"),
+        insecure_skip_verify=bool(opts.get("insecure_skip_verify")),
+        timeout=timeout,
+    ))
+
+
+@contextmanager
+def database(url: str | None, *, create: bool = False) -> Iterator[Engine]:
+    """An engine whose connection failures become one-line exit-3 errors."""
+    engine = store.make_engine(url, create=create)
+    try:
+        yield engine
+    except sa.exc.OperationalError as exc:
+        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else "connection failed"
+        raise UnavailableError(
+            f"inventory database {store.safe_url(engine)} unavailable: {reason}"
+        ) from None
+    finally:
+        engine.dispose()
+
+
+# -- query ----------------------------------------------------------------------------------
+def _sample_rows(result_type: str, result: Any) -> list[dict[str, Any]]:
+    """Flatten a Prometheus result into one row per sample (labels as columns)."""
+    def point(ts: float, value: str) -> dict[str, Any]:
+        try:
+            number: Any = float(value)
+        except ValueError:
+            number = value
+        return {"time": iso(dt.datetime.fromtimestamp(float(ts), dt.UTC)), "value": number}
+
+    if result_type in ("scalar", "string"):
+        return [point(*result)]
+    rows = []
+    for series in result:
+        labels = series.get("metric", {})
+        samples = series.get("values") or ([series["value"]] if "value" in series else [])
+        for ts, value in samples:
+            rows.append({**labels, **point(ts, value)})
+    return rows
+
+
+@click.command(cls=ConfiguredCommand)
+@click.argument("expr")
+@click.option("--range", "range_", type=DURATION, metavar="DURATION",
+              help="Run a range query over the last DURATION (e.g. 1h) instead of an instant one.")
+@click.option("--step", type=DURATION, default="1m", show_default=True, metavar="DURATION",
+              help="Resolution of a range query.")
+@hub_options
+@output_option()
+def query(expr: str, range_: float | None, step: float, output: str, **opts: Any) -> None:
+    """Run a PromQL expression against the hub store.
+
+    \b
+    Examples:
+      gpufleet query 'count by (cluster) (DCGM_FI_DEV_GPU_UTIL)'
+      gpufleet query 'avg(DCGM_FI_DEV_GPU_UTIL)' --range 1h --step 5m -o csv
+
+    A PromQL error prints the store's message and exits 2; an unreachable hub exits 3.
+    """
+    with hub_client(opts) as client:
+        if range_:
+            end = time.time()
+            res = client.query_range(expr, end - range_, end, step)
+        else:
+            res = client.query(expr)
+    for warning in res.warnings:
+        click.echo(f"warning: hub returned a partial response: {warning}", err=True)
+    if output == "json":
+        if res.result_type in ("matrix", "vector"):
+            click.echo(to_json(res.result))
+        else:
+            click.echo(to_json(_sample_rows(res.result_type, res.result)))
+        return
+    rows = _sample_rows(res.result_type, res.result)
+    labels = sorted({k for row in rows for k in row} - {"time", "value", "__name__"})
+    name = ["__name__"] if any("__name__" in r for r in rows) else []
+    emit(rows, [*name, *labels, "time", "value"], output)
+
+
+# -- sync -----------------------------------------------------------------------------------
+@click.command(cls=ConfiguredCommand)
+@click.option("--once", is_flag=True, help="Run one sync and exit (the default).")
+@click.option("--every", type=DURATION, envvar=env("every"), metavar="DURATION",
+              help="Keep running, one sync every DURATION (e.g. 5m).")
+@click.option("--stale-after", type=DURATION, default="10m", show_default=True,
+              envvar=env("stale-after"), metavar="DURATION",
+              help="Look-back window: no sample within it means stale (10m covers one missed "
+                   "300s ACM push).")
+@click.option("--lock-timeout", type=DURATION, default="0s", show_default=True,
+              envvar=env("lock-timeout"), metavar="DURATION",
+              help="How long to wait for another sync on the same database to finish.")
+@hub_options
+@cluster_label_option
+@db_option
+@output_option("text", "json", default="text")
+def sync(once: bool, every: float | None, stale_after: float, lock_timeout: float,
+         cluster_label: str, db: str | None, output: str, **opts: Any) -> None:
+    """Fill the inventory database from the hub (one transaction per sync).
+
+    Issues a fixed set of PromQL queries (their number does not grow with the fleet), marks
+    GPUs, nodes and clusters without a sample in --stale-after as stale (never deleting
+    them) and records the run in sync_runs. Exits 3 when the hub or database is unavailable
+    or another sync holds the lock; 2 on a PromQL error.
+    """
+    from hub.sync import run_sync
+
+    if once and every:
+        raise InputError("--once and --every exclude each other")
+    if stale_after <= 0:
+        raise InputError("--stale-after must be greater than 0")
+    with hub_client(opts) as client, database(db, create=True) as engine:
+        while True:
+            try:
+                result = run_sync(engine, client, stale_after=stale_after,
+                                  cluster_label=cluster_label, lock_timeout=lock_timeout)
+            except UnavailableError as exc:
+                if not every:
+                    raise
+                exc.show()
+            else:
+                if output == "json":
+                    click.echo(to_json(result.as_dict()))
+                else:
+                    took = (result.finished_at - result.started_at).total_seconds()
+                    click.echo(
+                        f"sync ok: {result.clusters} clusters, {result.nodes} nodes, "
+                        f"{result.gpus} GPUs ({result.requests} requests, {took:.1f}s)"
+                    )
+            if not every:
+                return
+            time.sleep(every)
+
+
+# -- inventory ------------------------------------------------------------------------------
+@click.group(cls=ConfiguredGroup)
+def inventory_group() -> None:
+    """List what the inventory database knows: clusters, nodes, GPUs, allocations, runs."""
+
+
+def _inventory_command(name: str, lister, columns: list[str], doc: str,
+                       table_columns: list[str] | None = None):
+    @inventory_group.command(name, cls=ConfiguredCommand, help=doc)
+    @click.option("--cluster", metavar="NAME", help="Only this cluster.")
+    @db_option
+    @output_option()
+    def command(cluster: str | None, db: str | None, output: str, **_: Any) -> None:
+        with database(db) as engine, engine.connect() as conn:
+            rows = lister(conn, cluster)
+        emit(rows, columns, output, table_columns)
+
+    return command
+
+
+_inventory_command("clusters", store.list_clusters, store.CLUSTER_COLUMNS,
+                   "One row per cluster: active nodes and physical GPUs, state, last sample.")
+_inventory_command("nodes", store.list_nodes, store.NODE_COLUMNS,
+                   "One row per node: active physical GPUs, state, last seen.")
+_inventory_command("gpus", store.list_gpus, store.GPU_COLUMNS,
+                   "One row per physical GPU and one per MIG slice (same uuid as its parent). "
+                   "The table shows the main columns; -o json and -o csv carry all of them.",
+                   store.GPU_TABLE_COLUMNS)
+_inventory_command("allocations", store.list_allocations, store.ALLOCATION_COLUMNS,
+                   "Which pod (namespace/pod/container) used which GPU, first and last seen.")
+
+
+@inventory_group.command("sync-runs", cls=ConfiguredCommand)
+@click.option("--limit", type=click.IntRange(1), default=20, show_default=True)
+@db_option
+@output_option()
+def sync_runs(limit: int, db: str | None, output: str, **_: Any) -> None:
+    """The latest sync runs: status, requests made, counts, and the error if any."""
+    with database(db) as engine, engine.connect() as conn:
+        rows = store.list_sync_runs(conn, limit)
+    emit(rows, ["id", "started_at", "finished_at", "status", "requests", "clusters", "nodes",
+                "gpus", "error"], output)
+
+
+inventory_group.name = "inventory"
+inventory = inventory_group
+
+
+# -- db -------------------------------------------------------------------------------------
+@click.group(cls=ConfiguredGroup)
+def db() -> None:
+    """Manage the inventory database schema (Alembic migrations)."""
+
+
+@db.command("upgrade", cls=ConfiguredCommand)
+@db_option
+def db_upgrade(db: str | None, **_: Any) -> None:
+    """Create or migrate the schema to the version this gpufleet needs."""
+    with database(db, create=True) as engine:
+        before, after = migrate.upgrade(engine)
+    click.echo(f"inventory schema: {before or 'empty'} -> {after}")

@@ -1,0 +1,404 @@
+"""The GPU inventory database (SQLAlchemy Core; SQLite by default, PostgreSQL by URL).
+
+The store remembers: a GPU, node or cluster that stops reporting is marked stale, never
+deleted, and becomes active again when it reports. Writes are bulk upserts (one statement per
+table per sync) so a sync's cost is a handful of round trips whatever the fleet size.
+
+Timestamps are stored as naive UTC datetimes on both databases and turned into ISO-8601 with a
+``Z`` at the output edge.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.engine import Connection, Engine
+
+from hub.errors import InputError, UnavailableError
+from hub.normalize import Observation
+
+metadata = sa.MetaData()
+
+ACTIVE = "active"
+STALE = "stale"
+
+clusters = sa.Table(
+    "clusters", metadata,
+    sa.Column("cluster", sa.String(253), primary_key=True),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("first_seen", sa.DateTime, nullable=False),
+    sa.Column("last_seen", sa.DateTime, nullable=False),
+    sa.Column("last_sample_at", sa.DateTime),
+)
+
+nodes = sa.Table(
+    "nodes", metadata,
+    sa.Column("cluster", sa.String(253), primary_key=True),
+    sa.Column("node", sa.String(253), primary_key=True),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("first_seen", sa.DateTime, nullable=False),
+    sa.Column("last_seen", sa.DateTime, nullable=False),
+    sa.Column("last_sample_at", sa.DateTime),
+)
+
+gpus = sa.Table(
+    "gpus", metadata,
+    sa.Column("cluster", sa.String(253), primary_key=True),
+    sa.Column("node", sa.String(253), primary_key=True),
+    sa.Column("uuid", sa.String(128), primary_key=True),
+    # '' for the physical GPU, 'profile/instance' for a MIG slice: a primary key cannot be NULL
+    sa.Column("slice_key", sa.String(64), primary_key=True),
+    sa.Column("mig_profile", sa.String(32)),
+    sa.Column("mig_instance", sa.String(16)),
+    sa.Column("vendor", sa.String(16), nullable=False),
+    sa.Column("gpu_index", sa.Integer),
+    sa.Column("model", sa.String(128)),
+    sa.Column("driver_version", sa.String(64)),
+    sa.Column("pci_bus_id", sa.String(32)),
+    sa.Column("serial", sa.String(64)),
+    sa.Column("memory_total_mib", sa.Float),
+    sa.Column("memory_used_mib", sa.Float),
+    sa.Column("utilisation_pct", sa.Float),
+    sa.Column("power_w", sa.Float),
+    sa.Column("temperature_c", sa.Float),
+    sa.Column("state", sa.String(16), nullable=False),
+    sa.Column("first_seen", sa.DateTime, nullable=False),
+    sa.Column("last_seen", sa.DateTime, nullable=False),
+    sa.Column("last_sample_at", sa.DateTime),
+    sa.Index("ix_gpus_uuid", "uuid"),
+    sa.Index("ix_gpus_state", "state"),
+)
+
+allocations = sa.Table(
+    "allocations", metadata,
+    sa.Column("cluster", sa.String(253), primary_key=True),
+    sa.Column("node", sa.String(253), primary_key=True),
+    sa.Column("uuid", sa.String(128), primary_key=True),
+    sa.Column("slice_key", sa.String(64), primary_key=True),
+    sa.Column("namespace", sa.String(253), primary_key=True),
+    sa.Column("pod", sa.String(253), primary_key=True),
+    sa.Column("container", sa.String(253), primary_key=True),
+    sa.Column("first_seen", sa.DateTime, nullable=False),
+    sa.Column("last_seen", sa.DateTime, nullable=False),
+    sa.Column("last_sample_at", sa.DateTime),
+)
+
+sync_runs = sa.Table(
+    "sync_runs", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("started_at", sa.DateTime, nullable=False),
+    sa.Column("finished_at", sa.DateTime),
+    sa.Column("status", sa.String(16), nullable=False),  # ok | failed
+    sa.Column("requests", sa.Integer, nullable=False, default=0),
+    sa.Column("clusters", sa.Integer),
+    sa.Column("nodes", sa.Integer),
+    sa.Column("gpus", sa.Integer),
+    sa.Column("error", sa.Text),
+)
+
+
+# -- engine ---------------------------------------------------------------------------------
+def default_db_url() -> str:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return f"sqlite:///{Path(base) / 'gpufleet' / 'inventory.db'}"
+
+
+def safe_url(engine_or_url: Engine | str) -> str:
+    url = engine_or_url.url if isinstance(engine_or_url, Engine) else sa.make_url(engine_or_url)
+    return url.render_as_string(hide_password=True)
+
+
+def make_engine(url: str | None, *, create: bool = False) -> Engine:
+    """An engine for the inventory; SQLite gets WAL and explicit BEGIN handling.
+
+    With ``create`` false a missing SQLite file is an error instead of a new empty database,
+    so a typo in --db never silently shows an empty inventory.
+    """
+    url = url or default_db_url()
+    try:
+        parsed = sa.make_url(url)
+    except sa.exc.ArgumentError:
+        raise InputError(f"invalid database URL {url!r} (expected e.g. sqlite:///path or "
+                         "postgresql+psycopg://user@host/db)") from None
+    if parsed.drivername == "postgresql":
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    if parsed.get_backend_name() == "sqlite":
+        path = parsed.database
+        if path and path != ":memory:":
+            if create:
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+            elif not Path(path).exists():
+                raise UnavailableError(
+                    f"inventory database {path} does not exist yet: run `gpufleet sync` first"
+                )
+    try:
+        engine = sa.create_engine(parsed)
+    except (ImportError, sa.exc.NoSuchModuleError) as exc:
+        raise InputError(f"unsupported database URL {safe_url(parsed)}: {exc}") from None
+    if engine.dialect.name == "sqlite":
+        _sqlite_setup(engine)
+    return engine
+
+
+def _sqlite_setup(engine: Engine) -> None:
+    """SQLite: we emit BEGIN ourselves so a sync can take the write lock up front."""
+
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_conn: Any, record: Any) -> None:
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA busy_timeout = 5000")
+        if engine.url.database not in (None, "", ":memory:"):
+            cur.execute("PRAGMA journal_mode = WAL")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn: Connection) -> None:
+        opts = conn.get_execution_options()
+        busy_ms = opts.get("sqlite_busy_ms")
+        if busy_ms is not None:
+            conn.exec_driver_sql(f"PRAGMA busy_timeout = {int(busy_ms)}")
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if opts.get("sqlite_immediate") else "BEGIN")
+
+
+LOCK_KEY = 0x6770_7566  # "gpuf": the advisory lock id of the sync on PostgreSQL
+
+
+class LockHeld(UnavailableError):
+    """Another sync holds the inventory lock."""
+
+
+@contextmanager
+def locked_transaction(engine: Engine, lock_timeout: float) -> Iterator[Connection]:
+    """One transaction that no other sync on the same database can run beside.
+
+    SQLite: BEGIN IMMEDIATE takes the database's write lock (readers go on, thanks to WAL),
+    waiting up to the timeout. PostgreSQL: a transaction-scoped advisory lock, polled until the
+    timeout. Either way the lock ends with the transaction, so a crash cannot leave it held.
+    """
+    msg = (f"another sync holds the inventory lock on {safe_url(engine)} "
+           f"(waited {lock_timeout:g}s; raise --lock-timeout to wait longer)")
+    if engine.dialect.name == "sqlite":
+        conn = engine.connect().execution_options(
+            sqlite_immediate=True, sqlite_busy_ms=int(lock_timeout * 1000)
+        )
+        try:
+            try:
+                trans = conn.begin()
+            except sa.exc.OperationalError as exc:
+                if "locked" in str(exc.orig):
+                    raise LockHeld(msg) from None
+                raise
+            with trans:
+                conn.exec_driver_sql("PRAGMA busy_timeout = 5000")
+                yield conn
+        finally:
+            conn.close()
+        return
+    with engine.connect() as conn, conn.begin():
+        deadline = time.monotonic() + lock_timeout
+        while not conn.execute(sa.select(sa.func.pg_try_advisory_xact_lock(LOCK_KEY))).scalar():
+            if time.monotonic() >= deadline:
+                raise LockHeld(msg)
+            time.sleep(0.1)
+        yield conn
+
+
+# -- writes ---------------------------------------------------------------------------------
+def _insert(conn: Connection, table: sa.Table):  # dialect-specific INSERT ... ON CONFLICT
+    if conn.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert
+    return insert(table)
+
+
+def _upsert(conn: Connection, table: sa.Table, rows: Sequence[dict[str, Any]],
+            update: Sequence[str], keep_if_null: Sequence[str] = ()) -> None:
+    """Bulk INSERT ... ON CONFLICT DO UPDATE; first_seen is only ever set on insert."""
+    if not rows:
+        return
+    stmt = _insert(conn, table)
+    keys = [c.name for c in table.primary_key.columns]
+    set_ = {}
+    for col in update:
+        new = stmt.excluded[col]
+        set_[col] = sa.func.coalesce(new, table.c[col]) if col in keep_if_null else new
+    stmt = stmt.on_conflict_do_update(index_elements=keys, set_=set_)
+    for start in range(0, len(rows), 5000):
+        conn.execute(stmt, list(rows[start:start + 5000]))
+
+
+def utc(ts: float | None) -> dt.datetime | None:
+    if ts is None:
+        return None
+    return dt.datetime.fromtimestamp(ts, dt.UTC).replace(tzinfo=None)
+
+
+def now_utc() -> dt.datetime:
+    return dt.datetime.now(dt.UTC).replace(tzinfo=None)
+
+
+def apply_observations(conn: Connection, observations: Iterable[Observation],
+                       now: dt.datetime) -> dict[str, int]:
+    """Upsert what this sync saw as active, then mark everything it did not see stale."""
+    gpu_rows: list[dict[str, Any]] = []
+    alloc_rows: list[dict[str, Any]] = []
+    node_last: dict[tuple[str, str], dt.datetime | None] = {}
+    cluster_last: dict[str, dt.datetime | None] = {}
+    physical = 0
+    for obs in observations:
+        sample_at = utc(obs.sample_at)
+        key = (obs.cluster, obs.node)
+        if sample_at is not None:
+            node_last[key] = max(filter(None, (node_last.get(key), sample_at)))
+            prev = cluster_last.get(obs.cluster)
+            cluster_last[obs.cluster] = max(prev, sample_at) if prev else sample_at
+        else:
+            node_last.setdefault(key, None)
+            cluster_last.setdefault(obs.cluster, None)
+        physical += not obs.is_slice
+        slice_key = obs.slice_key
+        gpu_rows.append({
+            "cluster": obs.cluster, "node": obs.node, "uuid": obs.uuid, "slice_key": slice_key,
+            "mig_profile": obs.mig_profile, "mig_instance": obs.mig_instance,
+            "vendor": obs.vendor, "gpu_index": obs.index, "model": obs.model,
+            "driver_version": obs.driver_version, "pci_bus_id": obs.pci_bus_id,
+            "serial": obs.serial, "memory_total_mib": obs.memory_total_mib,
+            "memory_used_mib": obs.memory_used_mib, "utilisation_pct": obs.utilisation_pct,
+            "power_w": obs.power_w, "temperature_c": obs.temperature_c, "state": ACTIVE,
+            "first_seen": now, "last_seen": now, "last_sample_at": sample_at,
+        })
+        for namespace, pod, container in obs.allocations:
+            alloc_rows.append({
+                "cluster": obs.cluster, "node": obs.node, "uuid": obs.uuid,
+                "slice_key": slice_key, "namespace": namespace, "pod": pod,
+                "container": container, "first_seen": now, "last_seen": now,
+                "last_sample_at": sample_at,
+            })
+    seen = ["state", "last_seen", "last_sample_at"]
+    _upsert(conn, clusters, [
+        {"cluster": c, "state": ACTIVE, "first_seen": now, "last_seen": now, "last_sample_at": t}
+        for c, t in cluster_last.items()
+    ], seen, keep_if_null=["last_sample_at"])
+    _upsert(conn, nodes, [
+        {"cluster": c, "node": n, "state": ACTIVE, "first_seen": now, "last_seen": now,
+         "last_sample_at": t}
+        for (c, n), t in node_last.items()
+    ], seen, keep_if_null=["last_sample_at"])
+    gpu_update = [c for c in gpu_rows[0] if c not in ("cluster", "node", "uuid", "slice_key",
+                                                      "first_seen")] if gpu_rows else []
+    _upsert(conn, gpus, gpu_rows, gpu_update,
+            keep_if_null=["last_sample_at", "model", "driver_version", "pci_bus_id", "serial",
+                          "gpu_index"])
+    _upsert(conn, allocations, alloc_rows, ["last_seen", "last_sample_at"],
+            keep_if_null=["last_sample_at"])
+    for table in (clusters, nodes, gpus):
+        conn.execute(
+            table.update()
+            .where(table.c.state == ACTIVE, table.c.last_seen < now)
+            .values(state=STALE)
+        )
+    return {"clusters": len(cluster_last), "nodes": len(node_last), "gpus": physical}
+
+
+def record_run(conn: Connection, *, started_at: dt.datetime, status: str, requests: int,
+               counts: dict[str, int] | None = None, error: str | None = None) -> None:
+    counts = counts or {}
+    conn.execute(sync_runs.insert().values(
+        started_at=started_at, finished_at=now_utc(), status=status, requests=requests,
+        clusters=counts.get("clusters"), nodes=counts.get("nodes"), gpus=counts.get("gpus"),
+        error=error,
+    ))
+
+
+# -- reads ----------------------------------------------------------------------------------
+GPU_COLUMNS = [
+    "cluster", "node", "uuid", "index", "vendor", "model", "memory_total_mib", "mig_profile",
+    "mig_instance", "state", "first_seen", "last_seen", "last_sample_at", "utilisation_pct",
+    "memory_used_mib", "power_w", "temperature_c", "driver_version", "pci_bus_id", "serial",
+]
+GPU_TABLE_COLUMNS = [
+    "cluster", "node", "uuid", "index", "vendor", "model", "memory_total_mib", "mig_profile",
+    "mig_instance", "state", "utilisation_pct", "last_sample_at",
+]
+NODE_COLUMNS = ["cluster", "node", "gpus", "state", "last_seen", "last_sample_at"]
+CLUSTER_COLUMNS = ["cluster", "nodes", "gpus", "state", "last_seen", "last_sample_at"]
+ALLOCATION_COLUMNS = ["cluster", "node", "uuid", "mig_profile", "namespace", "pod", "container",
+                      "first_seen", "last_seen"]
+
+
+def _where_cluster(stmt: sa.Select, table: sa.Table, cluster: str | None) -> sa.Select:
+    return stmt.where(table.c.cluster == cluster) if cluster else stmt
+
+
+def list_gpus(conn: Connection, cluster: str | None = None) -> list[dict[str, Any]]:
+    stmt = _where_cluster(sa.select(gpus), gpus, cluster).order_by(
+        gpus.c.cluster, gpus.c.node, gpus.c.gpu_index, gpus.c.uuid, gpus.c.slice_key)
+    out = []
+    for row in conn.execute(stmt).mappings():
+        item = {c: row.get(c) for c in GPU_COLUMNS if c != "index"}
+        item["index"] = row["gpu_index"]
+        out.append({c: item[c] for c in GPU_COLUMNS})
+    return out
+
+
+def _active_physical_gpus():
+    return sa.and_(gpus.c.slice_key == "", gpus.c.state == ACTIVE)
+
+
+def list_nodes(conn: Connection, cluster: str | None = None) -> list[dict[str, Any]]:
+    count = (
+        sa.select(sa.func.count())
+        .where(gpus.c.cluster == nodes.c.cluster, gpus.c.node == nodes.c.node,
+               _active_physical_gpus())
+        .scalar_subquery()
+    )
+    stmt = _where_cluster(
+        sa.select(nodes.c.cluster, nodes.c.node, count.label("gpus"), nodes.c.state,
+                  nodes.c.last_seen, nodes.c.last_sample_at), nodes, cluster,
+    ).order_by(nodes.c.cluster, nodes.c.node)
+    return [dict(r) for r in conn.execute(stmt).mappings()]
+
+
+def list_clusters(conn: Connection, cluster: str | None = None) -> list[dict[str, Any]]:
+    node_count = (
+        sa.select(sa.func.count())
+        .where(nodes.c.cluster == clusters.c.cluster, nodes.c.state == ACTIVE)
+        .scalar_subquery()
+    )
+    gpu_count = (
+        sa.select(sa.func.count())
+        .where(gpus.c.cluster == clusters.c.cluster, _active_physical_gpus())
+        .scalar_subquery()
+    )
+    stmt = _where_cluster(
+        sa.select(clusters.c.cluster, node_count.label("nodes"), gpu_count.label("gpus"),
+                  clusters.c.state, clusters.c.last_seen, clusters.c.last_sample_at),
+        clusters, cluster,
+    ).order_by(clusters.c.cluster)
+    return [dict(r) for r in conn.execute(stmt).mappings()]
+
+
+def list_allocations(conn: Connection, cluster: str | None = None) -> list[dict[str, Any]]:
+    stmt = _where_cluster(sa.select(allocations), allocations, cluster).order_by(
+        allocations.c.cluster, allocations.c.node, allocations.c.uuid, allocations.c.first_seen)
+    out = []
+    for row in conn.execute(stmt).mappings():
+        item = dict(row)
+        item["mig_profile"] = row["slice_key"].split("/")[0] if row["slice_key"] else None
+        out.append({c: item[c] for c in ALLOCATION_COLUMNS})
+    return out
+
+
+def list_sync_runs(conn: Connection, limit: int = 20) -> list[dict[str, Any]]:
+    stmt = sa.select(sync_runs).order_by(sync_runs.c.id.desc()).limit(limit)
+    return [dict(r) for r in conn.execute(stmt).mappings()]

@@ -1,0 +1,12 @@
+"""Alembic environment: gpufleet always hands in an open connection (see hub.migrate)."""
+
+from __future__ import annotations
+
+from alembic import context
+
+from hub.inventory import metadata
+
+connection = context.config.attributes["connection"]
+context.configure(connection=connection, target_metadata=metadata, render_as_batch=True)
+with context.begin_transaction():
+    context.run_migrations()

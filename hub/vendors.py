@@ -1,0 +1,280 @@
+"""Everything gpufleet knows about exporter metric names and label spellings, in one place.
+
+Nothing outside this module knows that NVIDIA calls a GPU ``UUID`` and AMD calls it
+``gpu_uuid``, that dcgm-exporter spells the node ``Hostname`` in released images and
+``hostname`` on master, or that AMD names may carry an ``amd_`` prefix. Each profile turns the
+hub's (already aggregated) PromQL rows into plain dicts of neutral field names; ``normalize``
+merges those into observations without knowing which exporter produced them.
+
+The queries are fixed per vendor: their number never depends on the size of the fleet, and
+each one lets PromQL aggregate away every label we do not store.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+# Neutral value fields of an observation.
+UTILISATION = "utilisation_pct"
+MEMORY_USED = "memory_used_mib"
+MEMORY_FREE = "memory_free_mib"
+MEMORY_RESERVED = "memory_reserved_mib"
+MEMORY_TOTAL = "memory_total_mib"
+POWER = "power_w"
+TEMPERATURE = "temperature_c"
+ENGINE_ACTIVE = "engine_active_pct"  # profiling counter; the utilisation of MIG slices
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Where a series belongs: one physical GPU, or one MIG slice of it."""
+
+    cluster: str
+    node: str
+    uuid: str
+    mig_profile: str | None = None
+    mig_instance: str | None = None
+
+
+@dataclass(frozen=True)
+class Query:
+    """One PromQL request of a sync, and which parser reads its result."""
+
+    vendor: str
+    kind: str  # "identity" | "timestamp" | "values"
+    promql: str
+
+
+def _by(labels: list[str]) -> str:
+    return ", ".join(labels)
+
+
+class VendorProfile(ABC):
+    """Metric names, label spellings and unit conversions of one exporter family."""
+
+    vendor: str = ""
+    #: label names that identify a series' GPU or slice (aggregation keeps exactly these)
+    id_labels: list[str] = []
+    #: static attributes of a GPU (model, driver, ...) kept in the identity query
+    attr_labels: list[str] = []
+    #: device-level series: any metric whose name matches and carries this matcher is a GPU's
+    device_names: str = ""
+    device_matcher: str = ""
+    #: metric names (without prefix) -> neutral field, in order of preference
+    value_metrics: dict[str, str] = {}
+    #: metrics whose sample timestamps stand for the GPU's (scraped together)
+    timestamp_metrics: list[str] = []
+    name_prefixes: tuple[str, ...] = ("",)
+
+    def queries(self, window: str, step: str, cluster_label: str) -> list[Query]:
+        ids = [cluster_label, *self.id_labels]
+        ident = _by([*ids, *self.attr_labels, *POD_LABELS])
+        sel = f"{{{self.device_matcher}}}"
+        names = "|".join(
+            prefix + name for prefix in self.name_prefixes for name in self.value_metrics
+        )
+        # last_over_time keeps __name__ (Prometheus 2.x), so one request carries all fields;
+        # it also ignores staleness markers, which is what a look-back window means.
+        values = (
+            f"max by ({_by([*ids, '__name__'])}) "
+            f'(last_over_time({{__name__=~"{names}", {self.device_matcher}}}[{window}]))'
+        )
+        device = f'{{__name__=~"{self.device_names}", {self.device_matcher}}}'
+        identity = f"group by ({ident}) (last_over_time({device}[{window}]))"
+        # timestamp() of a raw selector is the sample's own time, but it drops __name__, so a
+        # regex over several names would collide: chain known names with `or` instead. The
+        # instant part sees the newest sample; the subquery finds samples hidden by a
+        # staleness marker (a target that went away) anywhere in the window.
+        chain = " or ".join(
+            f"timestamp({prefix}{name}{sel})"
+            for prefix in self.name_prefixes
+            for name in self.timestamp_metrics
+        )
+        per_gpu = f"max by ({_by(ids)}) ({chain})"
+        timestamps = f"{per_gpu} or max_over_time(({per_gpu})[{window}:{step}])"
+        return [
+            Query(self.vendor, "identity", identity),
+            Query(self.vendor, "timestamp", timestamps),
+            Query(self.vendor, "values", values),
+        ]
+
+    # -- parsing of aggregated rows -------------------------------------------------------
+    @abstractmethod
+    def node(self, labels: Mapping[str, str]) -> str:
+        """The node a series comes from."""
+
+    @abstractmethod
+    def identity(self, labels: Mapping[str, str], cluster_label: str) -> Identity | None:
+        """The GPU (or slice) a series belongs to; None for series that are not per-GPU."""
+
+    @abstractmethod
+    def attributes(self, labels: Mapping[str, str]) -> dict[str, Any]:
+        """Static attributes of the GPU (index, model, driver, ...)."""
+
+    def field(self, metric_name: str) -> str | None:
+        """Neutral field name of a metric, whatever its prefix."""
+        for prefix in self.name_prefixes:
+            if prefix and metric_name.startswith(prefix):
+                metric_name = metric_name[len(prefix):]
+                break
+        return self.value_metrics.get(metric_name)
+
+    def convert(self, field: str, value: float) -> float:
+        """Unit conversion into the neutral units (MiB, W, °C, percent)."""
+        return value
+
+
+POD_LABELS = [
+    "namespace", "pod", "container",
+    "exported_namespace", "exported_pod", "exported_container",
+]
+
+
+def allocation(labels: Mapping[str, str]) -> tuple[str, str, str] | None:
+    """(namespace, pod, container) of a series, honouring Prometheus's ``exported_`` renames."""
+    ns = labels.get("exported_namespace") or labels.get("namespace") or ""
+    pod = labels.get("exported_pod") or labels.get("pod") or ""
+    if not pod:
+        return None
+    container = labels.get("exported_container") or labels.get("container") or ""
+    return ns, pod, container
+
+
+class Nvidia(VendorProfile):
+    """NVIDIA dcgm-exporter (and gpufleet's own exporter, which speaks the same names)."""
+
+    vendor = "nvidia"
+    id_labels = ["Hostname", "hostname", "UUID", "GPU_I_PROFILE", "GPU_I_ID"]
+    attr_labels = ["gpu", "modelName", "DCGM_FI_DRIVER_VERSION", "pci_bus_id"]
+    device_names = "DCGM_FI_.+"
+    device_matcher = 'UUID!=""'
+    value_metrics = {
+        "DCGM_FI_DEV_GPU_UTIL": UTILISATION,
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE": ENGINE_ACTIVE,
+        "DCGM_FI_DEV_FB_USED": MEMORY_USED,
+        "DCGM_FI_DEV_FB_FREE": MEMORY_FREE,
+        "DCGM_FI_DEV_FB_RESERVED": MEMORY_RESERVED,
+        "DCGM_FI_DEV_POWER_USAGE": POWER,
+        "DCGM_FI_DEV_GPU_TEMP": TEMPERATURE,
+    }
+    timestamp_metrics = [
+        "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_GPU_TEMP",
+        "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_DEV_SM_CLOCK",
+        "DCGM_FI_DEV_MEM_COPY_UTIL", "DCGM_FI_DEV_XID_ERRORS",
+    ]
+
+    def node(self, labels: Mapping[str, str]) -> str:
+        return labels.get("Hostname") or labels.get("hostname") or ""
+
+    def identity(self, labels: Mapping[str, str], cluster_label: str) -> Identity | None:
+        uuid = labels.get("UUID")
+        if not uuid:
+            return None
+        profile = labels.get("GPU_I_PROFILE") or None
+        instance = labels.get("GPU_I_ID") or None
+        if profile is None and instance is not None:
+            profile = "unknown"
+        return Identity(labels.get(cluster_label, ""), self.node(labels), uuid,
+                        profile, instance if profile else None)
+
+    def attributes(self, labels: Mapping[str, str]) -> dict[str, Any]:
+        index = labels.get("gpu")
+        return {
+            "index": int(index) if index and index.isdigit() else None,
+            "model": labels.get("modelName") or None,
+            "driver_version": labels.get("DCGM_FI_DRIVER_VERSION") or None,
+            "pci_bus_id": labels.get("pci_bus_id") or None,
+        }
+
+    def convert(self, field: str, value: float) -> float:
+        if field == ENGINE_ACTIVE:
+            return value * 100.0  # DCGM profiling counters are ratios 0-1
+        return value
+
+
+class Amd(VendorProfile):
+    """AMD device-metrics-exporter, with or without its ``amd_`` name prefix."""
+
+    vendor = "amd"
+    id_labels = ["hostname", "gpu_id", "gpu_uuid", "serial_number"]
+    attr_labels = ["card_series", "card_model", "driver_version", "gpu_partition_id"]
+    device_names = "(amd_)?gpu_.+"
+    device_matcher = 'gpu_id!=""'
+    name_prefixes = ("", "amd_")
+    value_metrics = {
+        "gpu_gfx_activity": UTILISATION,
+        "gpu_used_vram": MEMORY_USED,
+        "gpu_free_vram": MEMORY_FREE,
+        "gpu_total_vram": MEMORY_TOTAL,
+        "gpu_power_usage": POWER,
+        "gpu_package_power": "package_power_w",
+        "gpu_edge_temperature": TEMPERATURE,
+        "gpu_junction_temperature": "junction_temperature_c",
+    }
+    timestamp_metrics = [
+        "gpu_gfx_activity", "gpu_used_vram", "gpu_total_vram", "gpu_power_usage",
+        "gpu_package_power", "gpu_edge_temperature", "gpu_junction_temperature", "gpu_health",
+    ]
+
+    def node(self, labels: Mapping[str, str]) -> str:
+        return labels.get("hostname") or labels.get("Hostname") or ""
+
+    def identity(self, labels: Mapping[str, str], cluster_label: str) -> Identity | None:
+        gpu_id = labels.get("gpu_id")
+        if not gpu_id:
+            return None
+        node = self.node(labels)
+        uuid = labels.get("gpu_uuid") or ""
+        if not uuid:
+            serial = labels.get("serial_number") or ""
+            uuid = f"serial:{serial}" if serial else f"{node}/{gpu_id}"
+        return Identity(labels.get(cluster_label, ""), node, uuid)
+
+    def attributes(self, labels: Mapping[str, str]) -> dict[str, Any]:
+        gpu_id = labels.get("gpu_id") or ""
+        return {
+            "index": int(gpu_id) if gpu_id.isdigit() else None,
+            "model": labels.get("card_series") or labels.get("card_model") or None,
+            "driver_version": labels.get("driver_version") or None,
+            "serial": labels.get("serial_number") or None,
+        }
+
+    # VRAM is reported in MB; like the AMD tools we take it as MiB (FIELD_NOTES).
+
+
+PROFILES: tuple[VendorProfile, ...] = (Nvidia(), Amd())
+
+
+def sync_queries(window: str, step: str, cluster_label: str) -> list[Query]:
+    """The whole, fixed request set of one sync."""
+    return [q for profile in PROFILES for q in profile.queries(window, step, cluster_label)]
+
+
+def profile(vendor: str) -> VendorProfile:
+    for p in PROFILES:
+        if p.vendor == vendor:
+            return p
+    raise KeyError(vendor)
+
+
+#: Metric names the hub's sync and checks read, for both vendors: the single source of the
+#: ACM allowlist (``observability-metrics-custom-allowlist``) and of alert rules.
+EXPORTER_HEALTH_METRICS = [
+    "gpufleet_exporter_up",
+    "gpufleet_exporter_collect_errors_total",
+    "gpufleet_exporter_last_collect_timestamp_seconds",
+]
+KUBE_STATE_METRICS = ["kube_node_status_capacity", "kube_node_status_allocatable"]
+
+
+def allowlist_metrics() -> list[str]:
+    names: set[str] = set()
+    for p in PROFILES:
+        for prefix in p.name_prefixes:
+            names.update(prefix + m for m in p.value_metrics)
+            names.update(prefix + m for m in p.timestamp_metrics)
+    names.update(EXPORTER_HEALTH_METRICS)
+    return sorted(names)

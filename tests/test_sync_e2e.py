@@ -1,0 +1,138 @@
+"""sync then inventory over a real hub Prometheus fed by real agents, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.clirun import gpufleet, gpufleet_json
+from tests.conftest import sample_text, wait_for
+
+EAST = ["dcgm-h100-8gpu-aicr-eks-156a357e.prom", "dcgm-h100-8gpu-aicr-eks-19edc950.prom",
+        "dcgm-rtx4000ada-lke-linode-podlabels.prom"]
+WEST = ["dcgm-a100-mig-lowercase.prom", "dcgm-l40s-upcloud-uks.prom",
+        "dcgm-t4-loaded-ericsson-ccd.prom"]
+AMD = ["amd-mi300x.prom", "amd-prefixed-vf.prom"]
+
+
+def series_count(names: list[str]) -> int:
+    return sum(1 for n in names for line in sample_text(n).splitlines()
+               if line.strip() and not line.startswith("#"))
+
+
+def start_fleet(hub, fleet, clusters: dict[str, list[str]]):
+    started = {name: fleet(name, [sample_text(f) for f in files])
+               for name, files in clusters.items()}
+    expected = sum(series_count(files) for files in clusters.values())
+    names = "|".join(clusters)
+    wait_for(hub.url, f'count({{__name__=~"DCGM_.+|(amd_)?gpu_.+", cluster=~"{names}"}})',
+             lambda r: bool(r) and int(float(r[0]["value"][1])) == expected)
+    return started
+
+
+def by(rows: list[dict], *keys: str) -> dict:
+    return {tuple(r[k] for k in keys) if len(keys) > 1 else r[keys[0]]: r for r in rows}
+
+
+def test_sync_builds_inventory_from_real_exporter_output(hub, fleet, db_url):
+    start_fleet(hub, fleet, {"east": EAST, "west": WEST, "amd": AMD})
+    env = {"GPUFLEET_HUB_URL": hub.url, "GPUFLEET_DB": db_url}
+    result = gpufleet("sync", "--stale-after", "30s", env=env)
+    assert result.exit_code == 0, result.output
+    assert "3 clusters, 8 nodes, 26 GPUs" in result.stdout
+
+    clusters = by(gpufleet_json("inventory", "clusters", env=env), "cluster")
+    assert {c: (v["nodes"], v["gpus"], v["state"]) for c, v in clusters.items()} == {
+        "east": (3, 17, "active"), "west": (3, 4, "active"), "amd": (2, 5, "active")}
+    assert all(v["last_sample_at"].endswith("Z") for v in clusters.values())
+
+    nodes = by(gpufleet_json("inventory", "nodes", "--cluster", "west", env=env), "node")
+    assert {n: v["gpus"] for n, v in nodes.items()} == {
+        "gpu-node-a1": 2, "gpu1-wl8sg": 1, "cp-bm14r7": 1}
+
+    gpus = gpufleet_json("inventory", "gpus", env=env)
+    assert len(gpus) == 17 + 4 + 5 + 3  # physical GPUs plus three MIG slices
+    for key in ("cluster", "node", "uuid", "index", "vendor", "model", "memory_total_mib",
+                "mig_profile", "mig_instance", "state", "first_seen", "last_seen",
+                "last_sample_at", "utilisation_pct", "memory_used_mib", "power_w",
+                "temperature_c"):
+        assert key in gpus[0]
+    table = by(gpus, "uuid", "mig_profile")
+
+    h100 = table[("GPU-c4529c8d-69c4-b61d-e0bc-7b2460096005", None)]
+    assert (h100["cluster"], h100["node"], h100["model"], h100["index"]) == (
+        "east", "ip-10-0-171-111.ec2.internal", "NVIDIA H100 80GB HBM3", 0)
+    assert h100["power_w"] == pytest.approx(113.611) and h100["temperature_c"] == 30
+    assert h100["memory_total_mib"] is None  # that scrape carries no FB_* family: null, not absent
+
+    t4 = next(g for g in gpus if g["model"] == "Tesla T4")
+    assert t4["memory_total_mib"] == 5120 + 9791 + 447 and t4["utilisation_pct"] == 91
+
+    parent = table[("GPU-a1000000-0000-4000-8000-000000000000", None)]
+    slices = [g for g in gpus if g["uuid"] == parent["uuid"] and g["mig_profile"]]
+    assert sorted((s["mig_profile"], s["mig_instance"]) for s in slices) == [
+        ("1g.10gb", "13"), ("2g.20gb", "5"), ("3g.40gb", "1")]
+    assert parent["node"] == "gpu-node-a1"  # from the lower-case `hostname` label
+    assert parent["memory_total_mib"] == 40624 + 19968 + 9728
+    big = table[(parent["uuid"], "3g.40gb")]
+    assert big["utilisation_pct"] == 62.5 and big["memory_used_mib"] == 10624
+    small = table[(parent["uuid"], "1g.10gb")]
+    assert small["utilisation_pct"] == 0 and small["state"] == "active"
+
+    mi300 = table[("5f0000aa-0000-4000-8000-00000000a001", None)]
+    assert (mi300["vendor"], mi300["model"], mi300["memory_total_mib"], mi300["power_w"]) == (
+        "amd", "AMD Instinct MI300X OAM", 196592, 640)
+    assert table[("serial:VF-SERIAL-0", None)]["model"] == "0x74b5"
+    trimmed = table[("amd-vf-node/2", None)]
+    assert trimmed["temperature_c"] == 33 and trimmed["utilisation_pct"] is None
+
+    allocations = gpufleet_json("inventory", "allocations", env=env)
+    assert {(a["cluster"], a["namespace"], a["pod"], a["container"]) for a in allocations} == {
+        ("east", "dynamo-workload", "vllm-agg-0-vllmdecodeworker-s65j5", "main"),
+        ("east", "dynamo-workload", "vllm-agg-0-vllmdecodeworker-dkb9q", "main"),
+        ("east", "default", "cuda-75454ffb9f-8ljq7", "cuda"),
+        ("west", "team-a", "trainer-0", "torch"),
+        ("amd", "inference", "llm-serve-7d9", "vllm"),
+    }
+    runs = gpufleet_json("inventory", "sync-runs", env=env)
+    assert runs[0]["status"] == "ok" and runs[0]["gpus"] == 26 and runs[0]["requests"] == 6
+
+
+def test_silent_cluster_turns_stale_and_comes_back(hub, fleet, db_url):
+    clusters = start_fleet(hub, fleet, {"east": EAST[2:], "west": WEST[1:2]})
+    env = {"GPUFLEET_HUB_URL": hub.url, "GPUFLEET_DB": db_url, "GPUFLEET_STALE_AFTER": "3s"}
+    assert gpufleet("sync", env=env).exit_code == 0
+    before = by(gpufleet_json("inventory", "gpus", env=env), "uuid")
+
+    clusters["west"].stop_exporters()  # the agent keeps running; its target is gone
+    time.sleep(4.5)
+    assert gpufleet("sync", env=env).exit_code == 0
+    state = by(gpufleet_json("inventory", "clusters", env=env), "cluster")
+    assert state["west"]["state"] == "stale" and state["east"]["state"] == "active"
+    assert state["west"]["gpus"] == 0  # counts are of active GPUs
+    after = by(gpufleet_json("inventory", "gpus", env=env), "uuid")
+    assert set(after) == set(before)  # nothing deleted
+    l40s = next(u for u, g in after.items() if g["model"] == "NVIDIA L40S")
+    assert after[l40s]["state"] == "stale"
+    assert after[l40s]["last_sample_at"] == before[l40s]["last_sample_at"] or (
+        after[l40s]["last_sample_at"] > before[l40s]["last_sample_at"])
+    assert after[l40s]["last_seen"] == before[l40s]["last_seen"]  # the last sync that saw it
+    assert state["west"]["last_sample_at"] is not None
+
+    fleet("west", [sample_text(WEST[1])])  # the cluster reports again
+    wait_for(hub.url, 'count(DCGM_FI_DEV_GPU_TEMP{cluster="west"})', lambda r: bool(r))
+    assert gpufleet("sync", env=env).exit_code == 0
+    back = by(gpufleet_json("inventory", "gpus", env=env), "uuid")
+    assert back[l40s]["state"] == "active"
+    assert back[l40s]["first_seen"] == before[l40s]["first_seen"]
+
+
+def test_request_count_does_not_grow_with_the_fleet(hub, fleet, tmp_path):
+    start_fleet(hub, fleet, {"one": EAST[2:]})
+    env = {"GPUFLEET_HUB_URL": hub.url, "GPUFLEET_DB": f"sqlite:///{tmp_path / 'a.db'}"}
+    small = gpufleet_json("sync", env=env)
+    start_fleet(hub, fleet, {"two": EAST[:2], "three": WEST, "four": AMD})
+    large = gpufleet_json("sync", env=env)
+    assert large["gpus"] > small["gpus"] * 10
+    assert large["requests"] == small["requests"] == 6
