@@ -17,6 +17,7 @@ import socket
 import subprocess
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -57,6 +58,8 @@ class PrometheusProcess:
         self.extra_args = extra_args or []
         self.proc: subprocess.Popen[bytes] | None = None
         self.scheme = "http"
+        #: (cert, key) for the readiness probe when the web config demands client certificates
+        self.client_cert: tuple[str, str] | None = None
 
     @property
     def url(self) -> str:
@@ -90,8 +93,10 @@ class PrometheusProcess:
                     f"prometheus exited with {self.proc.returncode}: "
                     + self.log_path.read_text()[-500:]
                 )
-            with contextlib.suppress(requests.RequestException):
-                r = requests.get(f"{self.url}/-/ready", timeout=1, verify=verify)
+            with contextlib.suppress(requests.RequestException), warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the probe does not verify TLS on purpose
+                r = requests.get(f"{self.url}/-/ready", timeout=1, verify=verify,
+                                 cert=self.client_cert)
                 if r.status_code in (200, 401):
                     return
             time.sleep(0.1)

@@ -162,7 +162,10 @@ class HubClient:
     def _post(self, path: str, data: dict[str, Any]) -> QueryResult:
         self.requests += 1
         try:
-            resp = self.session.post(self.url + path, data=data, timeout=self.timeout)
+            # verify/cert per request: requests lets REQUESTS_CA_BUNDLE in the environment
+            # override a session's own `verify`, which would silently ignore --ca-file.
+            resp = self.session.post(self.url + path, data=data, timeout=self.timeout,
+                                     verify=self.session.verify, cert=self.session.cert)
         except requests.Timeout:
             raise HubUnavailable(
                 f"hub {self.safe_url} did not answer within {self.timeout:g}s"

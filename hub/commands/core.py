@@ -54,23 +54,35 @@ def database(url: str | None, *, create: bool = False) -> Iterator[Engine]:
 
 
 # -- query ----------------------------------------------------------------------------------
-def _sample_rows(result_type: str, result: Any) -> list[dict[str, Any]]:
-    """Flatten a Prometheus result into one row per sample (labels as columns)."""
-    def point(ts: float, value: str) -> dict[str, Any]:
-        try:
-            number: Any = float(value)
-        except ValueError:
-            number = value
-        return {"time": iso(dt.datetime.fromtimestamp(float(ts), dt.UTC)), "value": number}
+def _point(ts: float, value: str) -> dict[str, Any]:
+    try:
+        number: Any = float(value)
+    except ValueError:
+        number = value
+    return {"time": iso(dt.datetime.fromtimestamp(float(ts), dt.UTC)), "value": number}
 
+
+def _series(result_type: str, result: Any) -> list[dict[str, Any]]:
+    """A Prometheus result as plain objects: metric labels plus typed points."""
     if result_type in ("scalar", "string"):
-        return [point(*result)]
-    rows = []
+        return [_point(*result)]
+    out = []
     for series in result:
-        labels = series.get("metric", {})
-        samples = series.get("values") or ([series["value"]] if "value" in series else [])
-        for ts, value in samples:
-            rows.append({**labels, **point(ts, value)})
+        if "values" in series:
+            out.append({"metric": series.get("metric", {}),
+                        "values": [_point(*p) for p in series["values"]]})
+        else:
+            out.append({"metric": series.get("metric", {}), **_point(*series["value"])})
+    return out
+
+
+def _sample_rows(series: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per sample, labels as columns (tables and CSV)."""
+    rows = []
+    for item in series:
+        labels = item.get("metric", {})
+        for point in item.get("values") or [item]:
+            rows.append({**labels, "time": point["time"], "value": point["value"]})
     return rows
 
 
@@ -100,13 +112,11 @@ def query(expr: str, range_: float | None, step: float, output: str, **opts: Any
             res = client.query(expr)
     for warning in res.warnings:
         click.echo(f"warning: hub returned a partial response: {warning}", err=True)
+    series = _series(res.result_type, res.result)
     if output == "json":
-        if res.result_type in ("matrix", "vector"):
-            click.echo(to_json(res.result))
-        else:
-            click.echo(to_json(_sample_rows(res.result_type, res.result)))
+        click.echo(to_json(series))
         return
-    rows = _sample_rows(res.result_type, res.result)
+    rows = _sample_rows(series)
     labels = sorted({k for row in rows for k in row} - {"time", "value", "__name__"})
     name = ["__name__"] if any("__name__" in r for r in rows) else []
     emit(rows, [*name, *labels, "time", "value"], output)

@@ -1,0 +1,160 @@
+"""`query`, config precedence, `db upgrade` and the one-line errors users see."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+
+from hub import inventory, migrate
+from tests.clirun import gpufleet
+from tests.conftest import sample_text, wait_for
+
+
+@pytest.fixture
+def loaded_hub(hub, fleet):
+    fleet("east", [sample_text("dcgm-h100-8gpu-aicr-eks-156a357e.prom")])
+    fleet("west", [sample_text("dcgm-l40s-upcloud-uks.prom")])
+    wait_for(hub.url, "count(DCGM_FI_DEV_GPU_TEMP)", lambda r: bool(r) and r[0]["value"][1] == "9")
+    return hub
+
+
+def test_query_instant_formats(loaded_hub):
+    env = {"GPUFLEET_HUB_URL": loaded_hub.url}
+    expr = "count by (cluster) (DCGM_FI_DEV_GPU_TEMP)"
+    data = json.loads(gpufleet("query", expr, "-o", "json", env=env).stdout)
+    assert {d["metric"]["cluster"]: d["value"] for d in data} == {"east": 8.0, "west": 1.0}
+    assert all(d["time"].endswith("Z") for d in data)
+    rows = list(csv.DictReader(io.StringIO(gpufleet("query", expr, "-o", "csv", env=env).stdout)))
+    assert {r["cluster"]: r["value"] for r in rows} == {"east": "8.0", "west": "1.0"}
+    table = gpufleet("query", expr, env=env).stdout
+    assert "CLUSTER" in table and "east" in table and "west" in table
+
+
+def test_query_range(loaded_hub):
+    env = {"GPUFLEET_HUB_URL": loaded_hub.url}
+    result = gpufleet("query", 'count(DCGM_FI_DEV_GPU_TEMP{cluster="east"})', "--range", "1m",
+                      "--step", "1s", "-o", "json", env=env)
+    assert result.exit_code == 0, result.output
+    series = json.loads(result.stdout)
+    assert len(series) == 1 and len(series[0]["values"]) >= 1
+    assert all(p["value"] == 8.0 for p in series[0]["values"])
+
+
+def test_promql_error_is_the_stores_message_on_one_line(hub):
+    result = gpufleet("query", "sum by (", "--hub-url", hub.url)
+    assert result.exit_code == 2
+    assert result.stderr.count("\n") == 1
+    assert result.stderr.startswith("error: PromQL error:") and "parse error" in result.stderr
+
+
+def test_unreachable_hub_exits_3():
+    result = gpufleet("query", "up", "--hub-url", "http://127.0.0.1:1")
+    assert result.exit_code == 3
+    assert result.stderr == "error: hub http://127.0.0.1:1 unreachable: connection refused\n"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["query", "up"], "no hub URL: pass --hub-url or set GPUFLEET_HUB_URL"),
+    (["query", "up", "--hub-url", "ftp://x"], "invalid hub URL 'ftp://x'"),
+    (["query", "up", "--hub-url", "http://h", "--range", "soon"], "invalid duration 'soon'"),
+    (["sync", "--hub-url", "http://h", "--db", "nonsense"], "invalid database URL 'nonsense'"),
+    (["sync", "--hub-url", "http://h", "--once", "--every", "5m"], "exclude each other"),
+    (["query", "up", "--hub-url", "http://h", "--token-file", "/nonexistent"],
+     "cannot read token file /nonexistent"),
+])
+def test_bad_input_gets_one_line_and_exit_2(args, message):
+    result = gpufleet(*args)
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_inventory_without_database_says_run_sync(tmp_path):
+    missing = tmp_path / "nothing.db"
+    result = gpufleet("inventory", "gpus", "--db", f"sqlite:///{missing}")
+    assert result.exit_code == 3
+    assert "run `gpufleet sync` first" in result.stderr
+    assert not missing.exists()  # a typo in --db never creates an empty database
+
+
+def test_default_database_follows_xdg(tmp_path, hub):
+    env = {"XDG_DATA_HOME": str(tmp_path / "xdg"), "GPUFLEET_HUB_URL": hub.url}
+    assert gpufleet("sync", "--once", env=env).exit_code == 0
+    assert (tmp_path / "xdg" / "gpufleet" / "inventory.db").is_file()
+
+
+def test_unreachable_postgres_exits_3(hub):
+    result = gpufleet("sync", "--hub-url", hub.url,
+                      "--db", "postgresql://gpufleet:pw-secret@127.0.0.1:1/inv")
+    assert result.exit_code == 3
+    assert "inventory database" in result.stderr and "unavailable" in result.stderr
+    assert "pw-secret" not in result.stderr
+
+
+def test_config_file_precedence_flags_env_file_defaults(tmp_path, hub):
+    cfg = tmp_path / "gpufleet.yaml"
+    cfg.write_text(f"hub-url: http://127.0.0.1:1\ndb: sqlite:///{tmp_path / 'file.db'}\n"
+                   "stale-after: 2m\n")
+    # the file alone: its (unreachable) hub is used
+    result = gpufleet("query", "vector(1)", "--config", str(cfg))
+    assert result.exit_code == 3 and "127.0.0.1:1" in result.stderr
+    # the environment beats the file
+    env = {"GPUFLEET_HUB_URL": hub.url}
+    assert gpufleet("query", "vector(1)", "--config", str(cfg), env=env).exit_code == 0
+    # a flag beats the environment
+    result = gpufleet("query", "vector(1)", "--config", str(cfg), "--hub-url",
+                      "http://127.0.0.1:2", env=env)
+    assert result.exit_code == 3 and "127.0.0.1:2" in result.stderr
+    # GPUFLEET_CONFIG and the group-level --config work the same way
+    assert gpufleet("sync", env={**env, "GPUFLEET_CONFIG": str(cfg)}).exit_code == 0
+    assert (tmp_path / "file.db").exists()
+    assert gpufleet("--config", str(cfg), "query", "vector(1)").exit_code == 3
+
+
+@pytest.mark.parametrize("text, message", [
+    ("hub-urll: x\n", "unknown option 'hub-urll'"),
+    ("- a\n- b\n", "must be a mapping"),
+    ("a: [\n", "not valid YAML"),
+])
+def test_bad_config_file(tmp_path, text, message):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(text)
+    result = gpufleet("query", "up", "--config", str(cfg))
+    assert result.exit_code == 2 and message in result.stderr
+
+
+def test_db_upgrade_creates_the_schema_the_models_describe(db_url):
+    result = gpufleet("db", "upgrade", "--db", db_url)
+    assert result.exit_code == 0 and "empty -> 0001" in result.stdout
+    engine = inventory.make_engine(db_url)
+    with engine.connect() as conn:
+        assert compare_metadata(MigrationContext.configure(conn), inventory.metadata) == []
+    assert migrate.current(engine) == migrate.head()
+    assert "0001 -> 0001" in gpufleet("db", "upgrade", "--db", db_url).stdout
+    engine.dispose()
+
+
+def test_sync_refuses_an_older_schema(tmp_path, hub):
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    engine = inventory.make_engine(url, create=True)
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE alembic_version (version_num VARCHAR(32))"))
+        conn.execute(sa.text("INSERT INTO alembic_version VALUES ('0000')"))
+    engine.dispose()
+    result = gpufleet("sync", "--hub-url", hub.url, "--db", url)
+    assert result.exit_code == 2 and "run `gpufleet db upgrade`" in result.stderr
+
+
+def test_every_command_has_help():
+    from hub.cli import COMMANDS
+
+    for name in COMMANDS:
+        result = gpufleet(name, "--help")
+        assert result.exit_code == 0, (name, result.output)
+        assert "Usage:" in result.stdout

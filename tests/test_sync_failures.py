@@ -1,0 +1,147 @@
+"""A failed sync leaves the inventory exactly as it was, records the run, and exits 2 or 3."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from hub import inventory
+from tests.clirun import gpufleet, gpufleet_json
+from tests.conftest import sample_text, wait_for
+from tests.httpstub import Request, Response, StubServer, forward, json_response
+
+T4 = "dcgm-t4-loaded-ericsson-ccd.prom"
+
+
+@pytest.fixture
+def synced(hub, fleet, db_url):
+    """One healthy sync, so there is an inventory to protect."""
+    fleet("east", [sample_text(T4), sample_text("amd-mi300x.prom")])
+    wait_for(hub.url, "count(DCGM_FI_DEV_GPU_UTIL) + count(gpu_gfx_activity)",
+             lambda r: bool(r) and r[0]["value"][1] == "3")
+    env = {"GPUFLEET_DB": db_url, "GPUFLEET_STALE_AFTER": "30s"}
+    assert gpufleet("sync", "--hub-url", hub.url, env=env).exit_code == 0
+    before = gpufleet_json("inventory", "gpus", env=env)
+    time.sleep(1.1)  # a later sync would move last_seen / last_sample_at if it committed
+    return env, before
+
+
+def assert_unchanged_with_failed_run(env, before, needle: str) -> None:
+    assert gpufleet_json("inventory", "gpus", env=env) == before
+    runs = gpufleet_json("inventory", "sync-runs", env=env)
+    assert runs[0]["status"] == "failed" and needle in runs[0]["error"]
+    assert runs[1]["status"] == "ok"
+
+
+def one_line(output: str) -> str:
+    lines = [line for line in output.splitlines() if line.strip()]
+    assert len(lines) == 1, output
+    assert "Traceback" not in output
+    return lines[0]
+
+
+def test_hub_stopped_during_a_sync(hub, synced):
+    env, before = synced
+    calls = {"n": 0}
+
+    def stop_after_two(req: Request) -> Response:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            hub.stop()
+        return forward(hub.url, req)
+
+    front = StubServer(stop_after_two)
+    try:
+        result = gpufleet("sync", "--hub-url", front.url, env=env)
+    finally:
+        front.stop()
+    assert result.exit_code == 3
+    assert "answered 502" in one_line(result.stderr)
+    assert_unchanged_with_failed_run(env, before, "502")
+    # with the hub gone altogether: unreachable, same guarantees
+    result = gpufleet("sync", "--hub-url", hub.url, env=env)
+    assert result.exit_code == 3
+    assert "unreachable: connection refused" in one_line(result.stderr)
+    assert gpufleet_json("inventory", "gpus", env=env) == before
+
+
+def test_partial_response_is_a_failure(hub, synced):
+    env, before = synced
+
+    def with_warnings(req: Request) -> Response:
+        upstream = forward(hub.url, req)
+        import json
+
+        data = json.loads(upstream.body)
+        data["warnings"] = ["receive-2: store unavailable"]
+        return json_response(200, data)
+
+    front = StubServer(with_warnings)
+    try:
+        result = gpufleet("sync", "--hub-url", front.url, env=env)
+    finally:
+        front.stop()
+    assert result.exit_code == 3
+    assert "partial response (receive-2: store unavailable)" in one_line(result.stderr)
+    assert_unchanged_with_failed_run(env, before, "partial response")
+
+
+@pytest.mark.parametrize("status", [500, 503])
+def test_server_error_exits_3(hub, synced, status):
+    env, before = synced
+    front = StubServer(lambda req: json_response(status, {"status": "error", "error": "boom"}))
+    try:
+        result = gpufleet("sync", "--hub-url", front.url, env=env)
+    finally:
+        front.stop()
+    assert result.exit_code == 3
+    assert f"answered {status}" in one_line(result.stderr)
+    assert_unchanged_with_failed_run(env, before, str(status))
+
+
+def test_timeout_exits_3(hub, synced):
+    env, before = synced
+
+    def slow(req: Request) -> Response:
+        time.sleep(2)
+        return forward(hub.url, req)
+
+    front = StubServer(slow)
+    try:
+        result = gpufleet("sync", "--hub-url", front.url, "--timeout", "0.5s", env=env)
+    finally:
+        front.stop()
+    assert result.exit_code == 3
+    assert "did not answer within 0.5s" in one_line(result.stderr)
+    assert_unchanged_with_failed_run(env, before, "did not answer")
+
+
+def test_promql_rejected_by_store_exits_2(hub, synced):
+    env, before = synced
+    front = StubServer(lambda req: json_response(
+        422, {"status": "error", "errorType": "execution", "error": "query too expensive"}))
+    try:
+        result = gpufleet("sync", "--hub-url", front.url, env=env)
+    finally:
+        front.stop()
+    assert result.exit_code == 2
+    assert one_line(result.stderr) == "error: PromQL error: query too expensive"
+    assert_unchanged_with_failed_run(env, before, "query too expensive")
+
+
+def test_second_sync_waits_for_the_lock_then_exits_3(hub, synced, db_url):
+    env, _ = synced
+    engine = inventory.make_engine(db_url)
+    try:
+        with inventory.locked_transaction(engine, 0):
+            started = time.monotonic()
+            result = gpufleet("sync", "--hub-url", hub.url, "--lock-timeout", "1s", env=env)
+            waited = time.monotonic() - started
+    finally:
+        engine.dispose()
+    assert result.exit_code == 3
+    assert "another sync holds the inventory lock" in one_line(result.stderr)
+    assert waited >= 0.9
+    # the lock is released with the transaction: the next sync runs
+    assert gpufleet("sync", "--hub-url", hub.url, env=env).exit_code == 0
