@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hub import vendors
-from hub.vendors import Identity, VendorProfile
+from hub.vendors import Identity, Query, VendorProfile
 
 Allocation = tuple[str, str, str]  # namespace, pod, container
 
@@ -81,9 +81,14 @@ class FleetBuilder:
         self._values: dict[Identity, dict[str, float]] = {}
 
     # -- feeding ----------------------------------------------------------------------------
-    def add(self, kind: str, profile: VendorProfile, rows: Iterable[Row]) -> None:
-        {"identity": self.add_identity, "timestamp": self.add_timestamps,
-         "values": self.add_values}[kind](profile, rows)
+    def add(self, query: Query, rows: Iterable[Row]) -> None:
+        profile = vendors.profile(query.vendor)
+        if query.kind == "identity":
+            self.add_identity(profile, rows)
+        elif query.kind == "timestamp":
+            self.add_timestamps(profile, rows)
+        else:
+            self.add_values(profile, query.field or "", rows)
 
     def add_identity(self, profile: VendorProfile, rows: Iterable[Row]) -> None:
         for row in rows:
@@ -110,14 +115,11 @@ class FleetBuilder:
             if ts > self._times.get(ident, float("-inf")):
                 self._times[ident] = ts
 
-    def add_values(self, profile: VendorProfile, rows: Iterable[Row]) -> None:
+    def add_values(self, profile: VendorProfile, fld: str, rows: Iterable[Row]) -> None:
         for row in rows:
-            labels = row["metric"]
-            ident = profile.identity(labels, self.cluster_label)
-            name = labels.get("__name__", "")
-            fld = profile.field(name)
+            ident = profile.identity(row["metric"], self.cluster_label)
             value = _value(row)
-            if ident is None or fld is None or value is None:
+            if ident is None or value is None:
                 continue
             self._values.setdefault(ident, {})[fld] = profile.convert(fld, value)
 
@@ -176,8 +178,8 @@ def _apply_values(obs: Observation, values: Mapping[str, float]) -> None:
         obs.utilisation_pct = _first(values, vendors.ENGINE_ACTIVE, vendors.UTILISATION)
     else:
         obs.utilisation_pct = _first(values, vendors.UTILISATION, vendors.ENGINE_ACTIVE)
-    obs.power_w = _first(values, vendors.POWER, "package_power_w")
-    obs.temperature_c = _first(values, vendors.TEMPERATURE, "junction_temperature_c")
+    obs.power_w = values.get(vendors.POWER)
+    obs.temperature_c = values.get(vendors.TEMPERATURE)
 
 
 def _sum(values: list[float | None]) -> float | None:

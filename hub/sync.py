@@ -57,7 +57,7 @@ def collect(client: HubClient, *, stale_after: float, cluster_label: str,
                 f"hub {client.safe_url} returned a partial response ({res.warnings[0]}); "
                 "inventory left unchanged"
             )
-        builder.add(query.kind, vendors.profile(query.vendor), res.result)
+        builder.add(query, res.result)
         del res
     return builder
 

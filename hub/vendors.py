@@ -7,7 +7,8 @@ hub's (already aggregated) PromQL rows into plain dicts of neutral field names; 
 merges those into observations without knowing which exporter produced them.
 
 The queries are fixed per vendor: their number never depends on the size of the fleet, and
-each one lets PromQL aggregate away every label we do not store.
+each one lets PromQL aggregate away every label we do not store, so a response carries one
+row per GPU and no more.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class Query:
     vendor: str
     kind: str  # "identity" | "timestamp" | "values"
     promql: str
+    field: str | None = None  # the neutral field a "values" query fills
 
 
 def _by(labels: list[str]) -> str:
@@ -63,43 +65,44 @@ class VendorProfile(ABC):
     #: device-level series: any metric whose name matches and carries this matcher is a GPU's
     device_names: str = ""
     device_matcher: str = ""
-    #: metric names (without prefix) -> neutral field, in order of preference
-    value_metrics: dict[str, str] = {}
+    #: neutral field -> metric names (without prefix), in order of preference
+    value_fields: dict[str, list[str]] = {}
     #: metrics whose sample timestamps stand for the GPU's (scraped together)
     timestamp_metrics: list[str] = []
     name_prefixes: tuple[str, ...] = ("",)
 
+    def _names(self, metric: str) -> str:
+        return "|".join(prefix + metric for prefix in self.name_prefixes)
+
     def queries(self, window: str, step: str, cluster_label: str) -> list[Query]:
-        ids = [cluster_label, *self.id_labels]
-        ident = _by([*ids, *self.attr_labels, *POD_LABELS])
-        sel = f"{{{self.device_matcher}}}"
-        names = "|".join(
-            prefix + name for prefix in self.name_prefixes for name in self.value_metrics
-        )
-        # last_over_time keeps __name__ (Prometheus 2.x), so one request carries all fields;
-        # it also ignores staleness markers, which is what a look-back window means.
-        values = (
-            f"max by ({_by([*ids, '__name__'])}) "
-            f'(last_over_time({{__name__=~"{names}", {self.device_matcher}}}[{window}]))'
-        )
-        device = f'{{__name__=~"{self.device_names}", {self.device_matcher}}}'
+        ids = _by([cluster_label, *self.id_labels])
+        ident = _by([cluster_label, *self.id_labels, *self.attr_labels, *POD_LABELS])
+        match = self.device_matcher
+        device = f'{{__name__=~"{self.device_names}", {match}}}'
         identity = f"group by ({ident}) (last_over_time({device}[{window}]))"
         # timestamp() of a raw selector is the sample's own time, but it drops __name__, so a
         # regex over several names would collide: chain known names with `or` instead. The
         # instant part sees the newest sample; the subquery finds samples hidden by a
         # staleness marker (a target that went away) anywhere in the window.
         chain = " or ".join(
-            f"timestamp({prefix}{name}{sel})"
+            f"timestamp({prefix}{name}{{{match}}})"
             for prefix in self.name_prefixes
             for name in self.timestamp_metrics
         )
-        per_gpu = f"max by ({_by(ids)}) ({chain})"
+        per_gpu = f"max by ({ids}) ({chain})"
         timestamps = f"{per_gpu} or max_over_time(({per_gpu})[{window}:{step}])"
-        return [
-            Query(self.vendor, "identity", identity),
-            Query(self.vendor, "timestamp", timestamps),
-            Query(self.vendor, "values", values),
-        ]
+        out = [Query(self.vendor, "identity", identity),
+               Query(self.vendor, "timestamp", timestamps)]
+        # One request per field keeps each response small (one value per GPU) however large
+        # the fleet; `or` picks the preferred metric where an exporter offers several.
+        for fld, metrics in self.value_fields.items():
+            promql = " or ".join(
+                f'max by ({ids}) (last_over_time({{__name__=~"{self._names(m)}", {match}}}'
+                f"[{window}]))"
+                for m in metrics
+            )
+            out.append(Query(self.vendor, "values", promql, fld))
+        return out
 
     # -- parsing of aggregated rows -------------------------------------------------------
     @abstractmethod
@@ -113,14 +116,6 @@ class VendorProfile(ABC):
     @abstractmethod
     def attributes(self, labels: Mapping[str, str]) -> dict[str, Any]:
         """Static attributes of the GPU (index, model, driver, ...)."""
-
-    def field(self, metric_name: str) -> str | None:
-        """Neutral field name of a metric, whatever its prefix."""
-        for prefix in self.name_prefixes:
-            if prefix and metric_name.startswith(prefix):
-                metric_name = metric_name[len(prefix):]
-                break
-        return self.value_metrics.get(metric_name)
 
     def convert(self, field: str, value: float) -> float:
         """Unit conversion into the neutral units (MiB, W, °C, percent)."""
@@ -151,14 +146,14 @@ class Nvidia(VendorProfile):
     attr_labels = ["gpu", "modelName", "DCGM_FI_DRIVER_VERSION", "pci_bus_id"]
     device_names = "DCGM_FI_.+"
     device_matcher = 'UUID!=""'
-    value_metrics = {
-        "DCGM_FI_DEV_GPU_UTIL": UTILISATION,
-        "DCGM_FI_PROF_GR_ENGINE_ACTIVE": ENGINE_ACTIVE,
-        "DCGM_FI_DEV_FB_USED": MEMORY_USED,
-        "DCGM_FI_DEV_FB_FREE": MEMORY_FREE,
-        "DCGM_FI_DEV_FB_RESERVED": MEMORY_RESERVED,
-        "DCGM_FI_DEV_POWER_USAGE": POWER,
-        "DCGM_FI_DEV_GPU_TEMP": TEMPERATURE,
+    value_fields = {
+        UTILISATION: ["DCGM_FI_DEV_GPU_UTIL"],
+        ENGINE_ACTIVE: ["DCGM_FI_PROF_GR_ENGINE_ACTIVE"],
+        MEMORY_USED: ["DCGM_FI_DEV_FB_USED"],
+        MEMORY_FREE: ["DCGM_FI_DEV_FB_FREE"],
+        MEMORY_RESERVED: ["DCGM_FI_DEV_FB_RESERVED"],
+        POWER: ["DCGM_FI_DEV_POWER_USAGE"],
+        TEMPERATURE: ["DCGM_FI_DEV_GPU_TEMP"],
     }
     timestamp_metrics = [
         "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_GPU_TEMP",
@@ -204,15 +199,13 @@ class Amd(VendorProfile):
     device_names = "(amd_)?gpu_.+"
     device_matcher = 'gpu_id!=""'
     name_prefixes = ("", "amd_")
-    value_metrics = {
-        "gpu_gfx_activity": UTILISATION,
-        "gpu_used_vram": MEMORY_USED,
-        "gpu_free_vram": MEMORY_FREE,
-        "gpu_total_vram": MEMORY_TOTAL,
-        "gpu_power_usage": POWER,
-        "gpu_package_power": "package_power_w",
-        "gpu_edge_temperature": TEMPERATURE,
-        "gpu_junction_temperature": "junction_temperature_c",
+    value_fields = {
+        UTILISATION: ["gpu_gfx_activity"],
+        MEMORY_USED: ["gpu_used_vram"],
+        MEMORY_FREE: ["gpu_free_vram"],
+        MEMORY_TOTAL: ["gpu_total_vram"],
+        POWER: ["gpu_power_usage", "gpu_package_power"],
+        TEMPERATURE: ["gpu_edge_temperature", "gpu_junction_temperature"],
     }
     timestamp_metrics = [
         "gpu_gfx_activity", "gpu_used_vram", "gpu_total_vram", "gpu_power_usage",
@@ -274,7 +267,7 @@ def allowlist_metrics() -> list[str]:
     names: set[str] = set()
     for p in PROFILES:
         for prefix in p.name_prefixes:
-            names.update(prefix + m for m in p.value_metrics)
+            names.update(prefix + m for ms in p.value_fields.values() for m in ms)
             names.update(prefix + m for m in p.timestamp_metrics)
     names.update(EXPORTER_HEALTH_METRICS)
     return sorted(names)

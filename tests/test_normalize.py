@@ -13,11 +13,21 @@ def row(value: float, **labels: str) -> dict:
     return {"metric": labels, "value": [1_800_000_000.0, str(value)]}
 
 
+def field_of(profile, name: str) -> str:
+    """The neutral field a metric fills (what the sync's per-field query would return)."""
+    bare = name.removeprefix("amd_")
+    return next(f for f, names in profile.value_fields.items() if bare in names)
+
+
 def build(nvidia: dict | None = None, amd: dict | None = None, label: str = "cluster"):
     b = FleetBuilder(label)
     for profile, parts in ((NV, nvidia or {}), (AMD, amd or {})):
-        for kind in ("identity", "timestamp", "values"):
-            b.add(kind, profile, parts.get(kind, []))
+        b.add_identity(profile, parts.get("identity", []))
+        b.add_timestamps(profile, parts.get("timestamp", []))
+        for r in parts.get("values", []):
+            labels = dict(r["metric"])
+            name = labels.pop("__name__")
+            b.add_values(profile, field_of(profile, name), [{**r, "metric": labels}])
     return {(o.uuid, o.mig_profile, o.mig_instance): o for o in b.observations()}
 
 
@@ -115,11 +125,13 @@ def test_cluster_label_is_configurable():
 
 
 def test_request_set_is_fixed_and_names_every_vendor():
-    small = vendors.sync_queries("10m", "1m", "cluster")
-    assert len(small) == 6
-    assert {(q.vendor, q.kind) for q in small} == {
+    queries = vendors.sync_queries("10m", "1m", "cluster")
+    assert len(queries) == 17  # 2 + 7 fields for NVIDIA, 2 + 6 fields for AMD
+    assert {(q.vendor, q.kind) for q in queries} == {
         (v, k) for v in ("nvidia", "amd") for k in ("identity", "timestamp", "values")}
-    assert all("cluster" in q.promql for q in small)
+    assert all("by (cluster," in q.promql for q in queries)
+    power = next(q for q in queries if q.vendor == "amd" and q.field == "power_w")
+    assert power.promql.index("gpu_power_usage") < power.promql.index("gpu_package_power")
 
 
 def test_allowlist_covers_what_the_sync_reads():
