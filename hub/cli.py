@@ -27,6 +27,8 @@ COMMANDS: dict[str, str] = {
     "sync": "hub.commands.core:sync",
     "inventory": "hub.commands.core:inventory",
     "db": "hub.commands.core:db",
+    "spoke": "hub.commands.onboard:spoke",
+    "policy": "hub.commands.onboard:policy",
 }
 
 CONFIG_ENV = "GPUFLEET_CONFIG"

@@ -34,7 +34,8 @@ def build(nvidia: dict | None = None, amd: dict | None = None, label: str = "clu
 def test_dcgm_gpu_with_both_hostname_spellings_and_memory_sum():
     ids = dict(cluster="c", UUID="GPU-1", gpu="3", modelName="NVIDIA H100 80GB HBM3")
     obs = build(nvidia={
-        "identity": [row(1, Hostname="n1", **ids), row(1, hostname="n2", **{**ids, "UUID": "GPU-2"})],
+        "identity": [row(1, Hostname="n1", **ids),
+                     row(1, hostname="n2", **{**ids, "UUID": "GPU-2"})],
         "timestamp": [row(1_800_000_000.5, cluster="c", Hostname="n1", UUID="GPU-1")],
         "values": [
             row(40, cluster="c", Hostname="n1", UUID="GPU-1", __name__="DCGM_FI_DEV_FB_USED"),

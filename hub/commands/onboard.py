@@ -1,0 +1,203 @@
+"""``gpufleet spoke render`` and ``gpufleet policy render|apply|status``: joining the fleet.
+
+Thin click layer: options in, :mod:`hub.render` / :mod:`hub.acm` do the work. Choice-like
+options are plain strings checked by ``hub.render`` so that a wrong value gets the same one-line
+error (exit 2) as every other input error, and ``--out`` is checked there too.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from hub import render
+from hub.cli import ConfiguredCommand, ConfiguredGroup
+from hub.errors import EXIT_FINDINGS, InputError
+from hub.options import env
+from hub.output import emit, output_option
+
+F = Callable[..., Any]
+# Every command also receives ``config`` (the --config FILE that ConfiguredCommand adds); click
+# has already turned it into option defaults by the time a command runs, so it is unused here.
+
+
+def _spoke_options(func: F) -> F:
+    """Options shared by ``spoke render`` and ``policy render`` (same manifests underneath)."""
+    options = [
+        click.option("--vendor", envvar=env("vendor"), metavar="nvidia|amd",
+                     help="GPU vendor of the cluster's nodes."),
+        click.option("--mode", envvar=env("mode"), default="remote-write", show_default=True,
+                     metavar="remote-write|acm",
+                     help="remote-write: a Prometheus agent pushes to Thanos Receive. "
+                          "acm: ACM Observability collects through OpenShift monitoring."),
+        click.option("--exporter", envvar=env("exporter"), default="upstream",
+                     show_default=True, metavar="upstream|builtin",
+                     help="upstream: the GPU operator's exporter (dcgm-exporter / AMD "
+                          "device-metrics-exporter) is already there; builtin: deploy "
+                          "gpufleet's own exporter DaemonSet."),
+        click.option("--remote-write-url", envvar=env("remote-write-url"), metavar="URL",
+                     help="The hub's receive endpoint (remote-write mode). Not --hub-url, "
+                          "which is the query endpoint."),
+        click.option("--remote-write-secret", envvar=env("remote-write-secret"),
+                     default=render.DEFAULT_SECRET, show_default=True, metavar="NAME",
+                     help="Secret with keys 'token' and 'ca.crt' for remote-write."),
+        click.option("--monitoring", envvar=env("monitoring"), default="platform",
+                     show_default=True, metavar="platform|user-workload",
+                     help="acm mode: which OpenShift monitoring stack scrapes the exporter."),
+        click.option("--platform", envvar=env("platform"), metavar="kubernetes|openshift",
+                     help="Pins non-root UIDs on kubernetes; lets the SCC assign them on "
+                          "openshift. Default: openshift in acm mode, else kubernetes."),
+        click.option("--exporter-namespace", envvar=env("exporter-namespace"), metavar="NS",
+                     help="Namespace of the upstream exporter (default: nvidia-gpu-operator "
+                          "or kube-amd-gpu); builtin: the spoke namespace."),
+        click.option("--exporter-selector", envvar=env("exporter-selector"), multiple=True,
+                     metavar="KEY=VALUE",
+                     help="Pod labels of the upstream exporter (repeatable). Default: "
+                          "app=nvidia-dcgm-exporter / app.kubernetes.io/name=metrics-exporter."),
+        click.option("--agent-image", envvar=env("agent-image"),
+                     default=render.DEFAULT_AGENT_IMAGE, show_default=True,
+                     help="Prometheus image of the agent."),
+        click.option("--exporter-image", envvar=env("exporter-image"),
+                     default=render.DEFAULT_EXPORTER_IMAGE, show_default=True,
+                     help="gpufleet image of the builtin exporter."),
+        click.option("--out", envvar=env("out"), metavar="DIR",
+                     help="Directory to write (replaced as a whole on re-render)."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def _kube_options(func: F) -> F:
+    func = click.option("--context", envvar=env("context"), metavar="CTX",
+                        help="kubeconfig context of the ACM hub (default: current context).")(func)
+    return click.option("--kubeconfig", envvar=env("kubeconfig"), metavar="FILE",
+                        help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config).")(func)
+
+
+def _require_out(out: str | None) -> str:
+    if not out:
+        raise InputError("--out DIR is required")
+    return out
+
+
+def _spoke_kwargs(params: dict[str, Any]) -> dict[str, Any]:
+    keys = ("vendor", "mode", "exporter", "remote_write_url", "remote_write_secret",
+            "monitoring", "platform", "exporter_namespace", "exporter_selector",
+            "agent_image", "exporter_image")
+    return {key: params[key] for key in keys}
+
+
+def _written(out: str, files: dict[str, str], hint: str) -> None:
+    click.echo(f"wrote {len(files)} files to {out} ({hint})")
+
+
+@click.group(cls=ConfiguredGroup)
+def spoke() -> None:
+    """Render what a spoke cluster applies to send its GPU metrics to the hub."""
+
+
+@spoke.command("render", cls=ConfiguredCommand)
+@click.option("--cluster", envvar=env("cluster"), metavar="NAME",
+              help="Cluster name: the 'cluster' label of every series it sends.")
+@click.option("--namespace", envvar=env("spoke-namespace"), default=render.DEFAULT_NAMESPACE,
+              show_default=True, metavar="NS", help="Namespace of the agent and exporter.")
+@_spoke_options
+def spoke_render(cluster: str | None, namespace: str, out: str | None,
+                 config: str | None = None, **params: Any) -> None:
+    """Write the spoke manifests for one cluster into --out.
+
+    remote-write mode writes a kustomization (agent, exporter scraping, RBAC, NetworkPolicy);
+    acm mode writes hub/ (the ACM metrics allowlist) and spoke/ (ServiceMonitor, namespace label).
+    """
+    target = _require_out(out)
+    values = render.spoke_values(cluster=cluster, namespace=namespace, **_spoke_kwargs(params))
+    files = render.render_spoke(values)
+    render.write_tree(files, target)
+    hint = ("kubectl apply -k " + target if values.mode == "remote-write"
+            else f"apply {target}/hub on the hub and {target}/spoke on the cluster")
+    _written(target, files, hint)
+
+
+@click.group(cls=ConfiguredGroup)
+def policy() -> None:
+    """ACM governance: onboard every labelled ManagedCluster with one policy."""
+
+
+@policy.command("render", cls=ConfiguredCommand)
+@click.option("--namespace", envvar=env("policy-namespace"),
+              default=render.DEFAULT_POLICY_NAMESPACE, show_default=True, metavar="NS",
+              help="Hub namespace of the Policy, Placement and bindings.")
+@click.option("--placement-label", envvar=env("placement-label"), multiple=True,
+              metavar="KEY=VALUE",
+              help="ManagedCluster label the Placement selects (repeatable). "
+                   "Default: gpufleet.io/onboard=true.")
+@click.option("--remediation", envvar=env("remediation"), default="inform", show_default=True,
+              metavar="inform|enforce", help="inform reports drift; enforce creates the objects.")
+@click.option("--cluster-set", envvar=env("cluster-set"), default="default", show_default=True,
+              metavar="NAME", help="ManagedClusterSet the Placement selects from.")
+@click.option("--spoke-namespace", envvar=env("spoke-namespace"),
+              default=render.DEFAULT_NAMESPACE, show_default=True, metavar="NS",
+              help="Namespace of the agent and exporter on each cluster.")
+@_spoke_options
+def policy_render(namespace: str, placement_label: tuple[str, ...], remediation: str,
+                  cluster_set: str, spoke_namespace: str, out: str | None,
+                  config: str | None = None, **params: Any) -> None:
+    """Write an ACM Policy, Placement and bindings that install the spoke manifests.
+
+    The cluster name and the remote-write credentials are ACM hub templates, resolved per
+    cluster: create Secret --remote-write-secret (keys token, ca.crt) in --namespace on the hub.
+    """
+    target = _require_out(out)
+    kwargs = _spoke_kwargs(params)
+    kwargs["vendor"] = kwargs["vendor"] or "nvidia"
+    kwargs["platform"] = kwargs["platform"] or "openshift"
+    spoke_values = render.policy_spoke(namespace, namespace=spoke_namespace, **kwargs)
+    values = render.policy_values(spoke_values, namespace=namespace,
+                                  placement_labels=placement_label, remediation=remediation,
+                                  cluster_set=cluster_set)
+    files = render.render_policy(values)
+    render.write_tree(files, target)
+    _written(target, files, f"gpufleet policy apply --dir {target}")
+
+
+@policy.command("apply", cls=ConfiguredCommand)
+@click.option("--dir", "directory", envvar=env("dir"), metavar="DIR",
+              help="Directory written by `gpufleet policy render`.")
+@_kube_options
+@output_option("table", "json")
+def policy_apply(directory: str | None, kubeconfig: str | None, context: str | None,
+                 output: str, config: str | None = None) -> None:
+    """Create or update the rendered policy objects on the ACM hub."""
+    from hub import acm, kube  # the kubernetes client loads only for commands that need it
+
+    if not directory:
+        raise InputError("--dir DIR is required")
+    objects = acm.load_dir(directory)
+    api = kube.api_client(kubeconfig, context)
+    with api:
+        rows = acm.apply_objects(api, objects)
+    emit(rows, acm.APPLY_COLUMNS, output)
+
+
+@policy.command("status", cls=ConfiguredCommand)
+@click.option("--namespace", envvar=env("policy-namespace"),
+              default=render.DEFAULT_POLICY_NAMESPACE, show_default=True, metavar="NS",
+              help="Hub namespace of the gpufleet policies.")
+@_kube_options
+@output_option("table", "json")
+def policy_status(namespace: str, kubeconfig: str | None, context: str | None,
+                  output: str, config: str | None = None) -> None:
+    """Compliance of the gpufleet policies, per cluster. Exit 1 when a cluster is NonCompliant."""
+    from hub import acm, kube
+
+    render.dns_label(namespace, "policy namespace")
+    api = kube.api_client(kubeconfig, context)
+    with api:
+        rows = acm.policy_status(api, namespace)
+    emit(rows, acm.STATUS_COLUMNS, output)
+    if acm.any_noncompliant(rows):
+        sys.exit(EXIT_FINDINGS)

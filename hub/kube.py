@@ -1,0 +1,164 @@
+"""The one door to Kubernetes APIs: a client for a kubeconfig context, and error translation.
+
+Everything gpufleet asks of a Kubernetes API server (the ACM hub's policies here, node capacity
+elsewhere) goes through the official ``kubernetes`` client built by :func:`api_client`, and every
+failure comes out of :func:`translate` as a one-line :class:`~hub.errors.GpufleetError` with the
+documented exit code. Nothing here prints tokens or kubeconfig contents: messages name the
+kubeconfig file, the context and the API host, never credentials.
+
+Tests point a kubeconfig at a local HTTP server (``tests/kubeapi.py``) that answers the real API
+paths; the client itself is never patched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+import urllib3
+import yaml
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
+
+from hub.errors import GpufleetError, InputError, UnavailableError
+
+T = TypeVar("T")
+
+#: (connect, read) timeouts of one API request, in seconds.
+REQUEST_TIMEOUT = (5.0, 30.0)
+#: Page size of list calls: bounded memory and API-server load whatever the fleet's size.
+PAGE_SIZE = 250
+
+
+def kubeconfig_path(kubeconfig: str | None) -> str:
+    """The kubeconfig to read: the flag, else ``$KUBECONFIG`` (may list several), else ~/.kube."""
+    # Read KUBECONFIG now: the kubernetes package reads it once at import time.
+    return kubeconfig or os.environ.get("KUBECONFIG") or str(Path("~/.kube/config").expanduser())
+
+
+def api_client(kubeconfig: str | None = None, context: str | None = None) -> client.ApiClient:
+    """An ApiClient for one context of a kubeconfig; InputError (exit 2) when it is unusable."""
+    path = kubeconfig_path(kubeconfig)
+    files = [p for p in path.split(os.pathsep) if p]
+    missing = [p for p in files if not Path(p).expanduser().is_file()]
+    if not files or len(missing) == len(files):
+        raise InputError(f"kubeconfig {path} not found (use --kubeconfig or KUBECONFIG)")
+    where = f"kubeconfig {path}" + (f", context {context!r}" if context else "")
+    try:
+        api = config.new_client_from_config(config_file=path, context=context,
+                                            persist_config=False)
+    except ConfigException as exc:
+        text = str(exc)
+        if context and "Expected object with name" in text:
+            raise InputError(f"context {context!r} not found in kubeconfig {path}") from None
+        # ConfigException texts name missing keys, never their values.
+        raise InputError(f"cannot use {where}: {_first_line(text)}") from None
+    except yaml.YAMLError:
+        raise InputError(f"kubeconfig {path} is not valid YAML") from None
+    except (OSError, ValueError, TypeError, AttributeError) as exc:
+        raise InputError(f"cannot use {where}: {type(exc).__name__}") from None
+    host = api.configuration.host or ""
+    if not urlsplit(host).hostname:
+        raise InputError(f"{where} names no API server")
+    return api
+
+
+def host_of(api: client.ApiClient) -> str:
+    """scheme://host:port of the API server, for messages (no path, no credentials)."""
+    parts = urlsplit(api.configuration.host or "")
+    return f"{parts.scheme}://{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+
+
+def _first_line(text: str) -> str:
+    line = (text.strip().splitlines() or [""])[0]
+    return line[:200]
+
+
+def _transport_reason(exc: BaseException) -> str:
+    """"Connection refused", "timed out", ...: the useful end of a urllib3 error chain."""
+    reason = getattr(exc, "reason", None) or exc
+    match = re.search(r"\[Errno -?\d+\] ([^'\")]+)", str(reason))
+    if match:
+        return match.group(1).strip()
+    if isinstance(reason, urllib3.exceptions.TimeoutError | TimeoutError):
+        return "timed out"
+    return type(reason).__name__
+
+
+def status_message(exc: ApiException) -> str:
+    """The ``message`` of the Kubernetes Status object in an error response, if any."""
+    try:
+        body = json.loads(exc.body or "")
+    except (TypeError, ValueError):
+        return _first_line(str(exc.reason or ""))
+    if isinstance(body, dict) and body.get("message"):
+        return _first_line(str(body["message"]))
+    return _first_line(str(exc.reason or ""))
+
+
+def translate(exc: BaseException, api: client.ApiClient, doing: str) -> GpufleetError:
+    """Map a client failure to the CLI's error classes (exit 2 input, exit 3 unavailable)."""
+    host = host_of(api)
+    if isinstance(exc, ApiException):
+        code = exc.status or 0
+        message = status_message(exc)
+        if code == 0:  # the client's own wrapper around TLS and transport failures
+            return UnavailableError(f"Kubernetes API at {host} unreachable while {doing}: "
+                                    f"{message}")
+        if code in (401, 403):
+            return InputError(f"Kubernetes API at {host} refused {doing} (HTTP {code}): "
+                              f"{message}")
+        if code == 404:
+            return UnavailableError(f"{doing}: not found at {host}: {message}")
+        if code >= 500 or code == 429:
+            return UnavailableError(f"Kubernetes API at {host} failed {doing} (HTTP {code}): "
+                                    f"{message}")
+        return InputError(f"Kubernetes API at {host} rejected {doing} (HTTP {code}): {message}")
+    if isinstance(exc, urllib3.exceptions.HTTPError | OSError):
+        return UnavailableError(f"Kubernetes API at {host} unreachable while {doing}: "
+                                f"{_transport_reason(exc)}")
+    return UnavailableError(f"Kubernetes API at {host}: {doing} failed: {type(exc).__name__}")
+
+
+def call(api: client.ApiClient, doing: str, func: Callable[..., T], *args: Any,
+         **kwargs: Any) -> T:
+    """Run one client method with timeouts; failures come out as GpufleetError.
+
+    ``ApiException`` with status 409 (conflict) is re-raised untouched: callers that create or
+    update decide what a conflict means.
+    """
+    kwargs.setdefault("_request_timeout", REQUEST_TIMEOUT)
+    try:
+        return func(*args, **kwargs)
+    except ApiException as exc:
+        if exc.status == 409:
+            raise
+        raise translate(exc, api, doing) from None
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        raise translate(exc, api, doing) from None
+
+
+def list_all(api: client.ApiClient, doing: str, func: Callable[..., Any], *args: Any,
+             page_size: int = PAGE_SIZE, **kwargs: Any) -> Iterator[dict[str, Any]]:
+    """Every item of a list call as a plain dict, page by page with ``limit``/``continue``.
+
+    Paging keeps memory and API-server load bounded whatever the size of the cluster. ``func``
+    is any client list method: CustomObjectsApi returns dicts, typed APIs return models, which
+    are turned into the same dicts the API sent (camelCase keys).
+    """
+    token: str | None = None
+    while True:
+        extra = {"_continue": token} if token else {}
+        page = call(api, doing, func, *args, limit=page_size, **extra, **kwargs)
+        if not isinstance(page, dict):
+            page = api.sanitize_for_serialization(page)
+        yield from page.get("items") or []
+        token = (page.get("metadata") or {}).get("continue") or None
+        if not token:
+            return

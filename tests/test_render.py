@@ -1,0 +1,568 @@
+"""`gpufleet spoke render`: manifests that validate, pass promtool, are safe and reproducible."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from click.testing import CliRunner, Result
+
+from hub import __version__, render
+from hub.cli import cli
+from hub.errors import InputError
+from hub.vendors import KUBE_STATE_METRICS, allowlist_metrics
+
+URL = "https://receive.hub.example.com/api/v1/receive"
+HOSTILE = 'x"\n  evil: true'
+#: Kinds from CRDs: no Kubernetes schema, checked structurally by the tests instead.
+CRD_KINDS = {"ServiceMonitor", "Policy", "Placement", "PlacementBinding",
+             "ManagedClusterSetBinding"}
+MATRIX = [
+    (vendor, exporter, mode)
+    for vendor in ("nvidia", "amd")
+    for exporter in ("upstream", "builtin")
+    for mode in ("remote-write", "acm")
+]
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> Result:
+    return CliRunner().invoke(cli, list(args), env=env or {}, catch_exceptions=False)
+
+
+def spoke(tmp_path: Path, *args: str, out: str = "out") -> Result:
+    return run("spoke", "render", "--out", str(tmp_path / out), *args)
+
+
+def values(**overrides: Any) -> render.SpokeValues:
+    options: dict[str, Any] = {"cluster": "east", "vendor": "nvidia", "remote_write_url": URL}
+    options.update(overrides)
+    return render.spoke_values(**options)
+
+
+def objects(files: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """Parsed manifests by path (kustomizations left out)."""
+    return {path: yaml.safe_load(text) for path, text in files.items()
+            if not path.endswith("kustomization.yaml")}
+
+
+def by_kind(files: dict[str, str], kind: str) -> list[dict[str, Any]]:
+    return [o for o in objects(files).values() if o["kind"] == kind]
+
+
+def one(files: dict[str, str], kind: str) -> dict[str, Any]:
+    found = by_kind(files, kind)
+    assert len(found) == 1, f"expected one {kind}, got {len(found)}"
+    return found[0]
+
+
+def promtool_check(config_text: str, tmp_path: Path) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.fail("promtool not found on PATH: install the Debian package 'prometheus'")
+    path = tmp_path / "prometheus.yml"
+    path.write_text(config_text)
+    proc = subprocess.run([promtool, "check", "config", "--agent", "--syntax-only", str(path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def quantity(text: str) -> float:
+    units = {"m": 1e-3, "": 1.0, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30}
+    number, unit = re.fullmatch(r"([0-9.]+)([A-Za-z]*)", str(text)).groups()  # type: ignore[union-attr]
+    return float(number) * units[unit]
+
+
+def subset(small: dict[str, str], big: dict[str, str]) -> bool:
+    return all(big.get(k) == v for k, v in small.items())
+
+
+# -- schemas and promtool ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("vendor", "exporter", "mode"), MATRIX)
+def test_every_core_object_validates_against_kubernetes_1_30(vendor, exporter, mode):
+    files = render.render_spoke(values(vendor=vendor, exporter=exporter, mode=mode))
+    for path, obj in objects(files).items():
+        if obj["kind"] in CRD_KINDS:
+            continue
+        try:
+            kubernetes_validate.validate(obj, "1.30", strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(f"{path}: {'.'.join(map(str, exc.path))}: {exc.message}")
+
+
+def test_strict_validation_would_catch_a_misspelt_field():
+    # The control for the test above: strict schemas reject unknown fields.
+    daemonset = one(render.render_spoke(values(exporter="builtin")), "DaemonSet")
+    daemonset["spec"]["template"]["spec"]["containers"][0]["securityContex"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(daemonset, "1.30", strict=True)
+
+
+@pytest.mark.parametrize("vendor", ["nvidia", "amd"])
+@pytest.mark.parametrize("exporter", ["upstream", "builtin"])
+def test_agent_config_in_the_configmap_passes_promtool(vendor, exporter, tmp_path):
+    files = render.render_spoke(values(vendor=vendor, exporter=exporter))
+    config_map = one(files, "ConfigMap")
+    promtool_check(config_map["data"]["prometheus.yml"], tmp_path)
+
+
+def test_promtool_rejects_a_broken_agent_config(tmp_path):
+    # The control for the promtool test: it does fail on a bad configuration.
+    with pytest.raises(AssertionError):
+        promtool_check("scrape_configs:\n  - job_name: x\n    kubernetes_sd_configs: [{}]\n"
+                       "    bogus_key: 1\n", tmp_path)
+
+
+# -- remote-write mode -----------------------------------------------------------------------------
+
+
+def agent_config(files: dict[str, str]) -> dict[str, Any]:
+    return yaml.safe_load(one(files, "ConfigMap")["data"]["prometheus.yml"])
+
+
+def test_agent_scrapes_through_dns_and_pushes_with_the_cluster_label():
+    files = render.render_spoke(values(cluster="gpu-east-1", exporter="builtin"))
+    config = agent_config(files)
+    assert config["global"]["external_labels"] == {"cluster": "gpu-east-1"}
+    [job] = config["scrape_configs"]
+    assert job["honor_labels"] is True
+    assert job["scrape_interval"] == "30s"
+    assert "kubernetes_sd_configs" not in job
+    [dns] = job["dns_sd_configs"]
+    service = one(files, "Service")
+    assert service["spec"]["clusterIP"] == "None"  # headless: one A record per pod
+    name, namespace = service["metadata"]["name"], service["metadata"]["namespace"]
+    assert dns == {"names": [f"{name}.{namespace}.svc"], "type": "A", "port": 9400,
+                   "refresh_interval": "30s"}
+    [write] = config["remote_write"]
+    assert write["url"] == URL
+    assert write["authorization"] == {"type": "Bearer",
+                                      "credentials_file": "/etc/gpufleet/remote-write/token"}
+    assert write["tls_config"] == {"ca_file": "/etc/gpufleet/remote-write/ca.crt"}
+
+
+def test_agent_keeps_exactly_the_allowlisted_metrics():
+    config = agent_config(render.render_spoke(values()))
+    [rule] = config["scrape_configs"][0]["metric_relabel_configs"]
+    assert rule["action"] == "keep" and rule["source_labels"] == ["__name__"]
+    regex = re.compile(rule["regex"])  # Prometheus anchors its regexes: fullmatch
+    for name in allowlist_metrics():
+        assert regex.fullmatch(name), name
+    for name in ("DCGM_FI_DEV_PCIE_TX_THROUGHPUT", "go_goroutines", "DCGM_FI_DEV_GPU_UTILX",
+                 "gpu_gfx_activity_total"):
+        assert not regex.fullmatch(name), name
+
+
+def test_credentials_come_from_a_secret_volume_named_by_the_flag(tmp_path):
+    result = spoke(tmp_path, "--cluster", "east", "--vendor", "nvidia", "--remote-write-url", URL,
+                   "--remote-write-secret", "hub-push-creds")
+    assert result.exit_code == 0, result.output
+    deployment = yaml.safe_load((tmp_path / "out" / "agent-deployment.yaml").read_text())
+    pod = deployment["spec"]["template"]["spec"]
+    [volume] = [v for v in pod["volumes"] if "secret" in v]
+    assert volume["secret"]["secretName"] == "hub-push-creds"
+    [mount] = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == volume["name"]]
+    assert mount == {"name": volume["name"], "mountPath": "/etc/gpufleet/remote-write",
+                     "readOnly": True}
+    # Only references: no Secret object and no credential value is rendered in this mode.
+    assert not (tmp_path / "out" / "remote-write-secret.yaml").exists()
+    assert all(o["kind"] != "Secret" for o in
+               objects(render.render_spoke(values(remote_write_secret="hub-push-creds"))).values())
+
+
+def test_agent_needs_no_kubernetes_api_access():
+    files = render.render_spoke(values())
+    for account in by_kind(files, "ServiceAccount"):
+        assert account["automountServiceAccountToken"] is False
+    role = one(files, "Role")
+    assert role["rules"] == []
+    assert "needs NO Kubernetes API access" in files["agent-role.yaml"]
+    binding = one(files, "RoleBinding")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": role["metadata"]["name"]}
+    pod = one(files, "Deployment")["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    assert binding["subjects"][0]["name"] == pod["serviceAccountName"]
+    assert not by_kind(files, "ClusterRole") and not by_kind(files, "ClusterRoleBinding")
+
+
+def test_agent_restarts_when_its_configuration_changes():
+    def checksum(url: str) -> str:
+        deployment = one(render.render_spoke(values(remote_write_url=url)), "Deployment")
+        return deployment["spec"]["template"]["metadata"]["annotations"][
+            "gpufleet.io/config-checksum"]
+
+    assert checksum(URL) == checksum(URL)
+    assert checksum(URL) != checksum(URL + "x")
+
+
+@pytest.mark.parametrize("exporter", ["upstream", "builtin"])
+@pytest.mark.parametrize("vendor", ["nvidia", "amd"])
+def test_only_the_agent_may_scrape_the_exporter(vendor, exporter):
+    files = render.render_spoke(values(vendor=vendor, exporter=exporter))
+    policy = one(files, "NetworkPolicy")["spec"]
+    service = one(files, "Service")
+    agent = one(files, "Deployment")
+    assert policy["policyTypes"] == ["Ingress"]
+    assert policy["podSelector"]["matchLabels"] == service["spec"]["selector"]
+    [rule] = policy["ingress"]
+    [peer] = rule["from"]
+    assert peer["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": agent["metadata"]["namespace"]}
+    assert subset(peer["podSelector"]["matchLabels"],
+                  agent["spec"]["template"]["metadata"]["labels"])
+    port = 9400 if exporter == "builtin" or vendor == "nvidia" else 5000
+    assert rule["ports"] == [{"protocol": "TCP", "port": port}]
+    assert agent_config(files)["scrape_configs"][0]["dns_sd_configs"][0]["port"] == port
+    if exporter == "builtin":
+        pods = one(files, "DaemonSet")["spec"]["template"]["metadata"]["labels"]
+        assert subset(policy["podSelector"]["matchLabels"], pods)
+
+
+def test_upstream_exporter_is_found_where_the_gpu_operator_runs_it():
+    nvidia = render.render_spoke(values(vendor="nvidia"))
+    service = one(nvidia, "Service")
+    assert service["metadata"]["namespace"] == "nvidia-gpu-operator"
+    assert service["spec"]["selector"] == {"app": "nvidia-dcgm-exporter"}
+    assert not by_kind(nvidia, "DaemonSet")
+    amd = render.render_spoke(values(vendor="amd", exporter_namespace="gpu-ops",
+                                     exporter_selector=["app=my-metrics"]))
+    service = one(amd, "Service")
+    assert service["metadata"]["namespace"] == "gpu-ops"
+    assert service["spec"]["selector"] == {"app": "my-metrics"}
+    assert service["spec"]["ports"][0]["port"] == 5000
+    assert agent_config(amd)["scrape_configs"][0]["dns_sd_configs"][0]["names"] == [
+        "gpufleet-exporter.gpu-ops.svc"]
+
+
+# -- the builtin exporter's security posture ------------------------------------------------------
+
+
+@pytest.mark.parametrize("vendor", ["nvidia", "amd"])
+def test_builtin_exporter_daemonset_is_locked_down(vendor):
+    files = render.render_spoke(values(vendor=vendor, exporter="builtin"))
+    daemonset = one(files, "DaemonSet")
+    pod = daemonset["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert not pod.get("hostNetwork") and not pod.get("hostPID") and not pod.get("hostIPC")
+    assert pod["automountServiceAccountToken"] is False
+    ctx = container["securityContext"]
+    assert ctx["allowPrivilegeEscalation"] is False
+    assert ctx["readOnlyRootFilesystem"] is True
+    assert ctx["capabilities"] == {"drop": ["ALL"]}
+    assert not ctx.get("privileged")
+    assert {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} in \
+        container["env"]
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert container["ports"] == [{"name": "metrics", "containerPort": 9400, "protocol": "TCP"}]
+    assert container["args"] == ["exporter", "--backend", "nvml" if vendor == "nvidia"
+                                 else "amdsmi", "--port", "9400"]
+    resources = container["resources"]
+    for kind in ("requests", "limits"):
+        assert quantity(resources[kind]["cpu"]) <= 0.2
+        assert quantity(resources[kind]["memory"]) <= 256 * 2**20
+    toleration = "nvidia.com/gpu" if vendor == "nvidia" else "amd.com/gpu"
+    assert pod["tolerations"] == [{"key": toleration, "operator": "Exists",
+                                   "effect": "NoSchedule"}]
+    selector = ({"nvidia.com/gpu.present": "true"} if vendor == "nvidia"
+                else {"feature.node.kubernetes.io/amd-gpu": "true"})
+    assert pod["nodeSelector"] == selector
+
+
+def test_nvidia_exporter_reaches_gpus_through_the_runtime_not_privileges():
+    files = render.render_spoke(values(vendor="nvidia", exporter="builtin"))
+    pod = one(files, "DaemonSet")["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
+    assert not [v for v in pod["volumes"] if "hostPath" in v]
+    assert "runtimeClassName: nvidia" in files["exporter-daemonset.yaml"]  # explained, optional
+    assert "nvidia.com/gpu" not in str(pod["containers"][0]["resources"])  # takes no GPU
+    namespace = one(files, "Namespace")
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+
+
+def test_amd_exporter_exceptions_are_minimal_and_explained():
+    files = render.render_spoke(values(vendor="amd", exporter="builtin"))
+    pod = one(files, "DaemonSet")["spec"]["template"]["spec"]
+    host_paths = sorted(v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v)
+    assert host_paths == ["/dev/dri", "/dev/kfd"]
+    assert 44 in pod["securityContext"]["supplementalGroups"]
+    text = files["exporter-daemonset.yaml"]
+    assert text.count("EXCEPTION (AMD)") == 2
+    assert "render" in text and "video" in text
+    namespace = one(files, "Namespace")
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+    assert "hostPath" in files["namespace.yaml"]
+
+
+def test_openshift_platform_lets_the_scc_choose_the_uid():
+    kube = render.render_spoke(values(exporter="builtin"))
+    shift = render.render_spoke(values(exporter="builtin", platform="openshift"))
+    assert one(kube, "Deployment")["spec"]["template"]["spec"]["securityContext"][
+        "runAsUser"] == 65534
+    for kind in ("Deployment", "DaemonSet"):
+        ctx = one(shift, kind)["spec"]["template"]["spec"]["securityContext"]
+        assert "runAsUser" not in ctx and ctx["runAsNonRoot"] is True
+
+
+# -- labels, images, kustomization -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("vendor", "exporter", "mode"), MATRIX)
+def test_every_object_carries_the_recommended_labels(vendor, exporter, mode):
+    files = render.render_spoke(values(vendor=vendor, exporter=exporter, mode=mode))
+    for path, obj in objects(files).items():
+        labels = obj["metadata"]["labels"]
+        for key in ("name", "instance", "component", "part-of", "managed-by", "version"):
+            assert labels.get(f"app.kubernetes.io/{key}"), f"{path} lacks {key}"
+        assert labels["app.kubernetes.io/part-of"] == "gpufleet"
+        assert labels["app.kubernetes.io/managed-by"] == "gpufleet"
+        assert labels["app.kubernetes.io/version"] == __version__
+
+
+def test_images_are_flags_with_pinned_defaults(tmp_path):
+    defaults = render.render_spoke(values(exporter="builtin"))
+    images = {c["image"] for kind in ("Deployment", "DaemonSet")
+              for c in one(defaults, kind)["spec"]["template"]["spec"]["containers"]}
+    assert images == {"quay.io/prometheus/prometheus:v2.53.1",
+                      f"ghcr.io/gpufleet/gpufleet:{__version__}"}
+    result = spoke(tmp_path, "--cluster", "east", "--vendor", "nvidia", "--remote-write-url", URL,
+                   "--exporter", "builtin", "--agent-image", "registry.local/prom:v9@sha256:ab",
+                   "--exporter-image", "registry.local/gpufleet:dev")
+    assert result.exit_code == 0, result.output
+    text = "".join(p.read_text() for p in (tmp_path / "out").glob("*.yaml"))
+    assert "registry.local/prom:v9@sha256:ab" in text and "registry.local/gpufleet:dev" in text
+    assert "quay.io/prometheus" not in text
+
+
+@pytest.mark.parametrize("mode", ["remote-write", "acm"])
+def test_kustomization_lists_every_file(mode, tmp_path):
+    result = spoke(tmp_path, "--cluster", "east", "--vendor", "amd", "--mode", mode,
+                   "--remote-write-url", URL, "--exporter", "builtin")
+    assert result.exit_code == 0, result.output
+    out = tmp_path / "out"
+    folders = [out] if mode == "remote-write" else [out / "hub", out / "spoke"]
+    for folder in folders:
+        kustomization = yaml.safe_load((folder / "kustomization.yaml").read_text())
+        on_disk = sorted(p.name for p in folder.glob("*.yaml") if p.name != "kustomization.yaml")
+        assert sorted(kustomization["resources"]) == on_disk
+        assert kustomization["kind"] == "Kustomization"
+
+
+# -- acm mode --------------------------------------------------------------------------------------
+
+
+def allowlist(files: dict[str, str]) -> tuple[str, list[str]]:
+    config_map = yaml.safe_load(files["hub/metrics-allowlist.yaml"])
+    assert config_map["metadata"] == {**config_map["metadata"],
+                                      "name": "observability-metrics-custom-allowlist",
+                                      "namespace": "open-cluster-management-observability"}
+    [(key, text)] = config_map["data"].items()
+    return key, yaml.safe_load(text)["names"]
+
+
+def test_acm_allowlist_is_the_hub_list_for_both_vendors():
+    nvidia = render.render_spoke(values(vendor="nvidia", mode="acm"))
+    amd = render.render_spoke(values(vendor="amd", mode="acm"))
+    key, names = allowlist(nvidia)
+    assert key == "metrics_list.yaml"
+    assert names == allowlist_metrics()
+    assert not set(KUBE_STATE_METRICS) & set(names)  # ACM's default allowlist has them
+    assert any(n.startswith("DCGM_") for n in names) and any(n.startswith("gpu_") for n in names)
+    assert nvidia["hub/metrics-allowlist.yaml"] == amd["hub/metrics-allowlist.yaml"]
+
+
+def test_acm_user_workload_uses_the_uwl_key_and_no_cluster_monitoring_label():
+    files = render.render_spoke(values(mode="acm", monitoring="user-workload", exporter="builtin"))
+    key, names = allowlist(files)
+    assert key == "uwl_metrics_list.yaml" and names == allowlist_metrics()
+    namespace = yaml.safe_load(files["spoke/namespace.yaml"])
+    assert "openshift.io/cluster-monitoring" not in namespace["metadata"]["labels"]
+    peer = one(files, "NetworkPolicy")["spec"]["ingress"][0]["from"][0]
+    assert peer["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "openshift-user-workload-monitoring"}
+
+
+@pytest.mark.parametrize("exporter", ["upstream", "builtin"])
+def test_acm_spoke_has_a_labelled_namespace_and_a_servicemonitor_only(exporter):
+    files = render.render_spoke(values(mode="acm", exporter=exporter))
+    spoke_files = {p: t for p, t in files.items() if p.startswith("spoke/")}
+    kinds = sorted(o["kind"] for o in objects(spoke_files).values())
+    expected = ["Namespace", "NetworkPolicy", "Service", "ServiceMonitor"]
+    if exporter == "builtin":
+        expected += ["DaemonSet", "ServiceAccount"]
+    assert kinds == sorted(expected)  # no agent, no remote-write: ACM's collector does that
+    namespace = yaml.safe_load(files["spoke/namespace.yaml"])
+    assert namespace["metadata"]["labels"]["openshift.io/cluster-monitoring"] == "true"
+    monitor = one(files, "ServiceMonitor")
+    service = one(files, "Service")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["namespace"] == namespace["metadata"]["name"] == \
+        service["metadata"]["namespace"]
+    assert subset(monitor["spec"]["selector"]["matchLabels"], service["metadata"]["labels"])
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [namespace["metadata"]["name"]]}
+    [endpoint] = monitor["spec"]["endpoints"]
+    assert endpoint["port"] in [p["name"] for p in service["spec"]["ports"]]
+    assert endpoint["interval"] == "30s" and endpoint["honorLabels"] is True
+    [keep] = endpoint["metricRelabelings"]
+    assert keep["action"] == "keep" and keep["regex"] == render.metrics_keep_regex()
+    peer = one(files, "NetworkPolicy")["spec"]["ingress"][0]["from"][0]
+    assert peer["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "openshift-monitoring"}
+    assert "remote_write" not in "".join(files.values())
+
+
+# -- safety: quoting, names, atomic writes, determinism --------------------------------------------
+
+
+NASTY = [HOSTILE, "a'b\"c", "\\", "#comment", "key: value", "- item", "&a *b !tag", "\t",
+         "é ü", "😀", "\x00", "\u2028", "\x85", " lead", "trail ", "{{hub x hub}}", "yes",
+         "null", "0o17", "", "'", '"', "a\\nb", "---", "...", "%YAML"]
+
+
+@pytest.mark.parametrize("text", NASTY)
+def test_quoted_scalars_always_parse_back_to_themselves(text):
+    quoted = render.yaml_quote(text)
+    assert "\n" not in quoted
+    assert yaml.safe_load(f"key: {quoted}\nother: 1\n") == {"key": text, "other": 1}
+
+
+def test_hostile_image_cannot_inject_keys(tmp_path):
+    result = spoke(tmp_path, "--cluster", "east", "--vendor", "nvidia", "--remote-write-url", URL,
+                   "--exporter", "builtin", "--exporter-image", HOSTILE, "--agent-image", HOSTILE)
+    assert result.exit_code == 0, result.output
+
+    def keys(node: Any) -> set[str]:
+        if isinstance(node, dict):
+            return set(node) | {k for v in node.values() for k in keys(v)}
+        if isinstance(node, list):
+            return {k for v in node for k in keys(v)}
+        return set()
+
+    for path in (tmp_path / "out").glob("*.yaml"):
+        obj = yaml.safe_load(path.read_text())
+        assert "evil" not in keys(obj), path.name
+    pod = yaml.safe_load((tmp_path / "out" / "exporter-daemonset.yaml").read_text())
+    assert pod["spec"]["template"]["spec"]["containers"][0]["image"] == HOSTILE
+
+
+def test_hostile_url_is_refused_with_one_line_and_nothing_written(tmp_path):
+    result = spoke(tmp_path, "--cluster", "east", "--vendor", "nvidia",
+                   "--remote-write-url", HOSTILE)
+    assert result.exit_code == 2
+    assert result.output.count("\n") == 1 and result.output.startswith("error: ")
+    assert not (tmp_path / "out").exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--cluster", "East_1", "--vendor", "nvidia"], "DNS-1123"),
+    (["--cluster", "a" * 64, "--vendor", "nvidia"], "DNS-1123"),
+    (["--cluster", "east", "--vendor", "intel"], "unknown vendor"),
+    (["--cluster", "east", "--vendor", "nvidia", "--mode", "push"], "unknown mode"),
+    (["--cluster", "east", "--vendor", "nvidia", "--exporter", "dcgm"], "unknown exporter"),
+    (["--cluster", "east", "--vendor", "nvidia", "--namespace", "gpu fleet"], "DNS-1123"),
+    (["--cluster", "east"], "vendor is required"),
+    (["--vendor", "nvidia"], "cluster name"),
+    (["--cluster", "east", "--vendor", "nvidia", "--remote-write-url", ""], "required"),
+    (["--cluster", "east", "--vendor", "nvidia", "--remote-write-url", "ftp://x/"], "http(s)"),
+    (["--cluster", "east", "--vendor", "nvidia", "--remote-write-url", "https://u:p@h/"],
+     "credentials"),
+    (["--cluster", "east", "--vendor", "nvidia", "--exporter-selector", "app"], "KEY=VALUE"),
+    (["--cluster", "east", "--vendor", "nvidia", "--remote-write-url", URL,
+      "--agent-image", "{{ evil }}"], "templates"),
+    (["--cluster", "east", "--vendor", "nvidia", "--mode", "acm", "--monitoring", "x"],
+     "unknown monitoring"),
+])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, message):
+    result = spoke(tmp_path, *args)
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("error: ") and result.output.count("\n") == 1
+    assert message in result.output
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_missing_out_is_an_input_error():
+    result = run("spoke", "render", "--cluster", "east", "--vendor", "nvidia",
+                 "--remote-write-url", URL)
+    assert result.exit_code == 2
+    assert result.output == "error: --out DIR is required\n"
+
+
+def test_failed_write_leaves_nothing_behind(tmp_path):
+    # "a.yaml" as a file and as a directory: the second write fails half-way through.
+    with pytest.raises(InputError):
+        render.write_tree({"a.yaml": "x: 1\n", "a.yaml/b.yaml": "y: 2\n"}, tmp_path / "out")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_rerender_replaces_the_directory_it_wrote(tmp_path):
+    args = ["--cluster", "east", "--vendor", "nvidia", "--remote-write-url", URL]
+    assert spoke(tmp_path, *args, "--exporter", "builtin").exit_code == 0
+    assert (tmp_path / "out" / "exporter-daemonset.yaml").exists()
+    inode = (tmp_path / "out").stat().st_ino
+    assert spoke(tmp_path, *args, "--exporter", "upstream").exit_code == 0
+    assert not (tmp_path / "out" / "exporter-daemonset.yaml").exists()  # no stale leftovers
+    assert (tmp_path / "out").stat().st_ino == inode  # same directory: a shell inside stays valid
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temporary directories
+
+
+def test_refuses_to_replace_a_directory_it_did_not_write(tmp_path):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "notes.txt").write_text("mine")
+    result = spoke(tmp_path, "--cluster", "east", "--vendor", "nvidia", "--remote-write-url", URL)
+    assert result.exit_code == 2 and "not written by gpufleet" in result.output
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["notes.txt"]
+    # An empty directory is fine.
+    (tmp_path / "empty").mkdir()
+    result = spoke(tmp_path, "--cluster", "east", "--vendor", "nvidia", "--remote-write-url", URL,
+                   out="empty")
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("mode", ["remote-write", "acm"])
+def test_rendering_twice_is_byte_identical(mode, tmp_path):
+    args = ["--cluster", "east", "--vendor", "amd", "--exporter", "builtin", "--mode", mode,
+            "--remote-write-url", URL]
+    assert spoke(tmp_path, *args, out="one").exit_code == 0
+    assert spoke(tmp_path, *args, out="two").exit_code == 0
+
+    def snapshot(root: Path) -> dict[str, bytes]:
+        return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+                if p.is_file()}
+
+    first = snapshot(tmp_path / "one")
+    assert first == snapshot(tmp_path / "two")
+    assert spoke(tmp_path, *args, out="one").exit_code == 0
+    assert snapshot(tmp_path / "one") == first
+
+
+def test_options_come_from_the_environment_and_config_file(tmp_path):
+    env = {"GPUFLEET_VENDOR": "amd", "GPUFLEET_REMOTE_WRITE_URL": URL}
+    result = run("spoke", "render", "--cluster", "west", "--out", str(tmp_path / "env"), env=env)
+    assert result.exit_code == 0, result.output
+    assert "amd.com/gpu" not in (tmp_path / "env" / "agent-deployment.yaml").read_text()
+    service = yaml.safe_load((tmp_path / "env" / "exporter-service.yaml").read_text())
+    assert service["spec"]["ports"][0]["port"] == 5000  # AMD's exporter port
+    config = tmp_path / "gpufleet.yaml"
+    config.write_text(yaml.safe_dump({"cluster": "north", "vendor": "nvidia",
+                                      "remote-write-url": URL}))
+    result = run("spoke", "render", "--config", str(config), "--out", str(tmp_path / "cfg"))
+    assert result.exit_code == 0, result.output
+    assert 'cluster: "north"' in (tmp_path / "cfg" / "agent-config.yaml").read_text()
+
+
+def test_templates_come_from_the_checkout_in_an_editable_install():
+    templates, policies = render.template_roots()
+    repo = Path(__file__).resolve().parents[1]
+    assert (templates, policies) == (repo / "templates", repo / "policies")
