@@ -39,6 +39,7 @@ test: setup
 bench: setup
 	$(PY) bench/sync_bench.py --gpus 1000
 	$(PY) bench/sync_bench.py --gpus 100000
+	$(PY) bench/exporter_bench.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache

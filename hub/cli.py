@@ -29,6 +29,7 @@ COMMANDS: dict[str, str] = {
     "db": "hub.commands.core:db",
     "spoke": "hub.commands.onboard:spoke",
     "policy": "hub.commands.onboard:policy",
+    "exporter": "spoke.cli:exporter",
 }
 
 CONFIG_ENV = "GPUFLEET_CONFIG"

@@ -54,10 +54,12 @@ def fleet(hub: PrometheusProcess, tmp_path: Path) -> Iterator[Callable[..., Clus
     """Factory: ``fleet("c1", [text, ...])`` starts exporters and an agent pushing to the hub."""
     started: list[Cluster] = []
 
-    def make(name: str, texts: list[str | Callable[[], str]], **agent_kwargs) -> Cluster:
+    def make(name: str, texts: list[str | Callable[[], str]] = (), *,  # type: ignore[assignment]
+             targets: list[str] = (), **agent_kwargs) -> Cluster:  # type: ignore[assignment]
+        """Texts are served by static endpoints; targets are real exporters (host:port)."""
         servers = [StaticServer(t).start() for t in texts]
-        agent = start_agent(tmp_path / f"agent-{name}", name, [s.target for s in servers],
-                            hub.url, **agent_kwargs)
+        agent = start_agent(tmp_path / f"agent-{name}", name,
+                            [s.target for s in servers] + list(targets), hub.url, **agent_kwargs)
         cluster = Cluster(name, agent, servers)
         started.append(cluster)
         return cluster

@@ -310,6 +310,11 @@ def test_openshift_platform_lets_the_scc_choose_the_uid():
     shift = render.render_spoke(values(exporter="builtin", platform="openshift"))
     assert one(kube, "Deployment")["spec"]["template"]["spec"]["securityContext"][
         "runAsUser"] == 65534
+    # the DaemonSet runs as the user the exporter image itself declares
+    containerfile = (Path(__file__).resolve().parents[1] / "spoke" / "Containerfile").read_text()
+    image_uid = int(re.search(r"^USER (\d+)", containerfile, re.M).group(1))
+    assert one(kube, "DaemonSet")["spec"]["template"]["spec"]["securityContext"][
+        "runAsUser"] == image_uid
     for kind in ("Deployment", "DaemonSet"):
         ctx = one(shift, kind)["spec"]["template"]["spec"]["securityContext"]
         assert "runAsUser" not in ctx and ctx["runAsNonRoot"] is True

@@ -1,0 +1,35 @@
+"""gpufleet's spoke-side GPU exporter.
+
+Speaks NVIDIA dcgm-exporter's and AMD device-metrics-exporter's metric names and labels, so
+the hub cannot tell it from the upstream exporters. Backends take their GPU library as an
+argument (``NvmlBackend(nvml=pynvml)``, ``AmdSmiBackend(amdsmi=amdsmi)``); ``Exporter`` reads
+them on an interval in the background and ``MetricsServer`` serves the last snapshot.
+"""
+
+from spoke._amdsmi import AmdSmiBackend, load_amdsmi
+from spoke._exporter import Exporter, Snapshot
+from spoke._http import MetricsServer, parse_listen
+from spoke._model import Backend, Collection, Failure, GpuReading, LibraryNotFound
+from spoke._nvml import NvmlBackend, load_nvml
+from spoke._select import LOADERS, NO_LIBRARY, open_backend
+from spoke._sim import SimBackend
+
+__all__ = [
+    "LOADERS",
+    "NO_LIBRARY",
+    "AmdSmiBackend",
+    "Backend",
+    "Collection",
+    "Exporter",
+    "Failure",
+    "GpuReading",
+    "LibraryNotFound",
+    "MetricsServer",
+    "NvmlBackend",
+    "SimBackend",
+    "Snapshot",
+    "load_amdsmi",
+    "load_nvml",
+    "open_backend",
+    "parse_listen",
+]

@@ -1,0 +1,92 @@
+"""The plain data a backend hands to the exporter, and the contract every backend keeps.
+
+Backends turn a vendor library's answers into ``GpuReading`` records in fixed units (MiB, W,
+°C, MHz, percent, ratio). Everything vendor-specific about *naming* happens later, in
+``spoke._naming``; everything vendor-specific about *asking* happens in the backend. Keeping
+the record between them plain lets tests build expected output without any library at all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class LibraryNotFound(Exception):
+    """The GPU management library (or its driver) is not on this host.
+
+    Distinct from a failing GPU: it ends the command with exit 3 before anything is served.
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReading:
+    """One GPU, or one MIG slice of it, as read in one collection pass.
+
+    ``None`` means the library does not report that value for this device; the series is then
+    left out rather than published as 0, which is what the upstream exporters do too.
+    Memory is MiB for both vendors: NVML's bytes are divided by 2**20, and AMD SMI's "MB"
+    already are MiB (it shifts bytes by 20), which is also what device-metrics-exporter shows.
+    """
+
+    index: int
+    uuid: str
+    model: str
+    driver_version: str = ""
+    pci_bus_id: str = ""
+    serial: str = ""
+    board_model: str = ""
+    #: MIG slice identity: a slice carries its PARENT's index and UUID plus these two.
+    mig_profile: str | None = None
+    mig_instance: int | None = None
+    util_pct: float | None = None
+    mem_used_mib: float | None = None
+    mem_free_mib: float | None = None
+    mem_reserved_mib: float | None = None
+    mem_total_mib: float | None = None
+    power_w: float | None = None
+    temp_c: float | None = None
+    junction_temp_c: float | None = None
+    sm_clock_mhz: float | None = None
+    last_xid: float | None = None
+    engine_active_ratio: float | None = None
+
+    @property
+    def is_slice(self) -> bool:
+        return self.mig_instance is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A device the library could not read this pass (lost from the bus, reset, ...)."""
+
+    index: int
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Collection:
+    """The outcome of one pass: what could be read, and which devices failed."""
+
+    readings: tuple[GpuReading, ...] = ()
+    failures: tuple[Failure, ...] = ()
+    #: devices the library enumerates, failed ones included (AMD's gpu_nodes_total)
+    device_count: int = 0
+
+
+class Backend(Protocol):
+    """What the exporter needs from a GPU library adapter.
+
+    ``collect`` may raise: the exporter then counts one error, reports ``up 0`` and serves no
+    GPU series until a later pass succeeds. A single failing device must instead be returned
+    as a ``Failure`` so the other devices keep being served.
+    """
+
+    name: str  # "nvml" | "amdsmi" | "sim", shown in build_info
+    vendor: str  # "nvidia" | "amd": which naming the readings are published under
+
+    def open(self) -> None: ...
+
+    def collect(self) -> Collection: ...
+
+    def close(self) -> None: ...

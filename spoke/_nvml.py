@@ -1,0 +1,278 @@
+"""NVIDIA backend: reads GPUs and MIG slices through NVML (the ``pynvml`` module).
+
+The module is a constructor argument, never imported here at top level: tests and the
+simulation hand in ``spoke._fakes.FakeNvml``, production hands in what ``load_nvml`` returns.
+Units are converted once, here: NVML's milliwatts → W, bytes → MiB.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from spoke._model import Collection, Failure, GpuReading, LibraryNotFound
+
+log = logging.getLogger(__name__)
+
+_MIB = 1024 * 1024
+_MAX_EVENTS_PER_PASS = 256  # bounds the drain so a storm of XIDs cannot stall a collection
+
+
+def load_nvml() -> Any:
+    """Import pynvml (from nvidia-ml-py). The shared library itself loads in ``nvmlInit``."""
+    try:
+        import pynvml
+    except ImportError:
+        raise LibraryNotFound(
+            "NVML library not found: the nvidia-ml-py package is not installed"
+        ) from None
+    return pynvml
+
+
+class NvmlBackend:
+    """Reads every GPU NVML enumerates; a GPU that errors is reported, not fatal."""
+
+    name = "nvml"
+    vendor = "nvidia"
+
+    def __init__(self, nvml: Any) -> None:
+        self._nvml = nvml
+        n = nvml
+        # Codes that mean "this device does not report that value": the series is left out.
+        self._absent = {
+            n.NVML_ERROR_NOT_SUPPORTED, n.NVML_ERROR_FUNCTION_NOT_FOUND,
+            n.NVML_ERROR_NOT_FOUND, n.NVML_ERROR_NO_PERMISSION,
+        }
+        self._driver = ""
+        self._events: Any = None
+        self._xid_state: dict[str, bool] = {}  # uuid -> registered (True) / unsupported
+        self._last_xid: dict[str, int] = {}
+        self._gpm_support: dict[str, bool] = {}
+        self._gpm_samples: dict[tuple[str, int], Any] = {}
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def open(self) -> None:
+        n = self._nvml
+        try:
+            n.nvmlInit()
+        except n.NVMLError as exc:
+            if exc.value == n.NVML_ERROR_LIBRARY_NOT_FOUND:
+                raise LibraryNotFound(
+                    f"NVML library not found (libnvidia-ml.so.1): {exc}"
+                ) from None
+            raise LibraryNotFound(f"NVML library not usable: {exc}") from None
+        try:
+            self._driver = str(n.nvmlSystemGetDriverVersion())
+        except n.NVMLError:
+            self._driver = ""
+        try:
+            self._events = n.nvmlEventSetCreate()
+        except n.NVMLError:
+            self._events = None  # no XID series, everything else still works
+
+    def close(self) -> None:
+        n = self._nvml
+        for sample in self._gpm_samples.values():
+            self._quiet(n.nvmlGpmSampleFree, sample)
+        self._gpm_samples.clear()
+        if self._events is not None:
+            self._quiet(n.nvmlEventSetFree, self._events)
+            self._events = None
+        self._quiet(n.nvmlShutdown)
+
+    # -- collection ---------------------------------------------------------------------
+    def collect(self) -> Collection:
+        n = self._nvml
+        count = n.nvmlDeviceGetCount()  # an error here fails the whole pass (up 0)
+        self._drain_xid_events()
+        readings: list[GpuReading] = []
+        failures: list[Failure] = []
+        seen_slices: set[tuple[str, int]] = set()
+        for index in range(count):
+            try:
+                readings.extend(self._read_gpu(index, seen_slices))
+            except n.NVMLError as exc:
+                failures.append(Failure(index, f"GPU {index}: {exc}"))
+        for key in set(self._gpm_samples) - seen_slices:
+            self._quiet(n.nvmlGpmSampleFree, self._gpm_samples.pop(key))
+        return Collection(tuple(readings), tuple(failures), count)
+
+    def _read_gpu(self, index: int, seen_slices: set[tuple[str, int]]) -> list[GpuReading]:
+        n = self._nvml
+        handle = n.nvmlDeviceGetHandleByIndex(index)
+        uuid = str(n.nvmlDeviceGetUUID(handle))
+        pci = self._opt(n.nvmlDeviceGetPciInfo, handle)
+        used, free, reserved, total = self._memory(handle)
+        util = self._opt(n.nvmlDeviceGetUtilizationRates, handle)
+        power_mw = self._opt(n.nvmlDeviceGetPowerUsage, handle)
+        gpu = GpuReading(
+            index=index,
+            uuid=uuid,
+            model=str(n.nvmlDeviceGetName(handle)),
+            driver_version=self._driver,
+            pci_bus_id=str(pci.busId) if pci is not None else "",
+            util_pct=float(util.gpu) if util is not None else None,
+            mem_used_mib=used,
+            mem_free_mib=free,
+            mem_reserved_mib=reserved,
+            mem_total_mib=total,
+            power_w=power_mw / 1000.0 if power_mw is not None else None,
+            temp_c=self._opt(n.nvmlDeviceGetTemperature, handle, n.NVML_TEMPERATURE_GPU),
+            sm_clock_mhz=self._opt(n.nvmlDeviceGetClockInfo, handle, n.NVML_CLOCK_SM),
+            last_xid=self._xid(handle, uuid),
+        )
+        mode = self._opt(n.nvmlDeviceGetMigMode, handle)
+        if mode is None or mode[0] != n.NVML_DEVICE_MIG_ENABLE:
+            return [gpu]
+        return [gpu, *self._read_slices(handle, gpu, seen_slices)]
+
+    def _read_slices(self, handle: Any, gpu: GpuReading,
+                     seen_slices: set[tuple[str, int]]) -> list[GpuReading]:
+        """MIG slices carry the parent's index and UUID, as dcgm-exporter's do."""
+        n = self._nvml
+        slices: list[GpuReading] = []
+        gpm = self._gpm_supported(handle, gpu.uuid)
+        for slot in range(n.nvmlDeviceGetMaxMigDeviceCount(handle)):
+            mig = self._opt(n.nvmlDeviceGetMigDeviceHandleByIndex, handle, slot)
+            if mig is None:
+                continue  # empty slot
+            gi_id = int(n.nvmlDeviceGetGpuInstanceId(mig))
+            used, free, _reserved, total = self._memory(mig)
+            active = None
+            if gpm:
+                seen_slices.add((gpu.uuid, gi_id))
+                active = self._engine_active(handle, gpu.uuid, gi_id)
+            slices.append(GpuReading(
+                index=gpu.index, uuid=gpu.uuid, model=gpu.model,
+                driver_version=gpu.driver_version, pci_bus_id=gpu.pci_bus_id,
+                mig_profile=self._profile_name(handle, mig, gi_id), mig_instance=gi_id,
+                mem_used_mib=used, mem_free_mib=free, mem_total_mib=total,
+                engine_active_ratio=active,
+            ))
+        return slices
+
+    # -- fields -------------------------------------------------------------------------
+    def _opt(self, fn: Any, *args: Any) -> Any:
+        """Call NVML; None when the device does not support it, raise when it failed."""
+        try:
+            return fn(*args)
+        except self._nvml.NVMLError as exc:
+            if exc.value in self._absent:
+                return None
+            raise
+
+    def _quiet(self, fn: Any, *args: Any) -> None:
+        try:
+            fn(*args)
+        except self._nvml.NVMLError as exc:
+            log.debug("ignored NVML error in cleanup: %s", exc)
+
+    def _memory(self, handle: Any) -> tuple[float | None, ...]:
+        """(used, free, reserved, total) in MiB; v2 separates what the driver reserves."""
+        n = self._nvml
+        v2 = getattr(n, "nvmlMemory_v2", None)
+        mem = self._opt(n.nvmlDeviceGetMemoryInfo, handle, v2) if v2 else None
+        reserved: float | None = None
+        if mem is not None:
+            reserved = float(mem.reserved // _MIB)
+        else:
+            mem = self._opt(n.nvmlDeviceGetMemoryInfo, handle)
+            if mem is None:
+                return None, None, None, None
+        return (float(mem.used // _MIB), float(mem.free // _MIB), reserved,
+                float(mem.total // _MIB))
+
+    def _profile_name(self, parent: Any, mig: Any, gi_id: int) -> str:
+        """dcgm-exporter's GPU_I_PROFILE, e.g. "1g.10gb" (NVML names it "MIG 1g.10gb")."""
+        n = self._nvml
+        by_id = getattr(n, "nvmlDeviceGetGpuInstanceProfileInfoById", None)
+        if by_id is not None:
+            try:
+                info = n.nvmlGpuInstanceGetInfo(n.nvmlDeviceGetGpuInstanceById(parent, gi_id))
+                name = str(by_id(parent, info.profileId).name)
+            except n.NVMLError:
+                name = ""  # e.g. not permitted in this container: derive it below
+            if name:
+                return name.removeprefix("MIG ").strip()
+        # NVIDIA's names round the slice's memory up to whole GB (A100 "1g.5gb" has 4864 MB,
+        # "7g.40gb" 40192 MB), so ceil reproduces them where the name itself is unavailable.
+        attrs = n.nvmlDeviceGetAttributes(mig)
+        return f"{attrs.gpuInstanceSliceCount}g.{math.ceil(attrs.memorySizeMB / 1024)}gb"
+
+    def _gpm_supported(self, handle: Any, uuid: str) -> bool:
+        if uuid not in self._gpm_support:
+            query = getattr(self._nvml, "nvmlGpmQueryDeviceSupport", None)
+            support = self._opt(query, handle) if query is not None else None
+            self._gpm_support[uuid] = bool(support is not None and support.isSupportedDevice)
+        return self._gpm_support[uuid]
+
+    def _engine_active(self, parent: Any, uuid: str, gi_id: int) -> float | None:
+        """DCGM_FI_PROF_GR_ENGINE_ACTIVE of a slice from two GPM samples, one pass apart.
+
+        GPM metrics are rates between two samples, so the first pass after start (or after
+        a slice appears) has no value yet; the series shows up one interval later.
+        """
+        n = self._nvml
+        sample = n.nvmlGpmSampleAlloc()
+        try:
+            n.nvmlGpmMigSampleGet(parent, gi_id, sample)
+        except n.NVMLError as exc:
+            self._quiet(n.nvmlGpmSampleFree, sample)
+            if exc.value in self._absent:
+                return None
+            raise
+        previous = self._gpm_samples.get((uuid, gi_id))
+        self._gpm_samples[(uuid, gi_id)] = sample
+        if previous is None:
+            return None
+        try:
+            request = n.c_nvmlGpmMetricsGet_t()
+            request.version = n.NVML_GPM_METRICS_GET_VERSION
+            request.numMetrics = 1
+            request.sample1 = previous
+            request.sample2 = sample
+            request.metrics[0].metricId = n.NVML_GPM_METRIC_GRAPHICS_UTIL
+            self._opt(n.nvmlGpmMetricsGet, request)
+            metric = request.metrics[0]
+            if metric.nvmlReturn != n.NVML_SUCCESS:
+                return None
+            return round(min(1.0, max(0.0, float(metric.value) / 100.0)), 6)  # % -> ratio
+        finally:
+            self._quiet(n.nvmlGpmSampleFree, previous)
+
+    # -- XID ----------------------------------------------------------------------------
+    def _xid(self, handle: Any, uuid: str) -> float | None:
+        """Last XID of the GPU (0 when none since start); None where events are unsupported."""
+        n = self._nvml
+        if self._events is None:
+            return None
+        if uuid not in self._xid_state:
+            try:
+                n.nvmlDeviceRegisterEvents(handle, n.nvmlEventTypeXidCriticalError, self._events)
+                self._xid_state[uuid] = True
+            except n.NVMLError as exc:
+                if exc.value == n.NVML_ERROR_GPU_IS_LOST:
+                    raise
+                self._xid_state[uuid] = False
+        if not self._xid_state[uuid]:
+            return None
+        return float(self._last_xid.get(uuid, 0))
+
+    def _drain_xid_events(self) -> None:
+        n = self._nvml
+        if self._events is None:
+            return
+        for _ in range(_MAX_EVENTS_PER_PASS):
+            try:
+                data = n.nvmlEventSetWait(self._events, 0)
+            except n.NVMLError:
+                return  # TIMEOUT: nothing pending (other errors: try again next pass)
+            if not data.eventType & n.nvmlEventTypeXidCriticalError:
+                continue
+            try:
+                uuid = str(n.nvmlDeviceGetUUID(data.device))
+            except n.NVMLError:
+                continue
+            self._last_xid[uuid] = int(data.eventData)
+            log.warning("XID %d on GPU %s", int(data.eventData), uuid)

@@ -1,0 +1,164 @@
+"""A simulated node for demos and tests: the real backends over a simulated library.
+
+``SimBackend`` builds a ``FakeNvml`` or ``FakeAmdSmi`` from a seed and a node name, and moves
+utilisation, memory and power along smooth, deterministic curves of the clock before each
+collection. Going through ``NvmlBackend``/``AmdSmiBackend`` means a demo exercises the same
+code (MIG slices, unit conversion, optional fields) as a real GPU host. Several nodes on one
+machine stay distinct because every UUID and serial derives from ``seed`` and the node name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from spoke._amdsmi import AmdSmiBackend
+from spoke._fakes import MIB, FakeAmdGpu, FakeAmdSmi, FakeMigSlice, FakeNvml, FakeNvmlGpu
+from spoke._model import Collection
+from spoke._nvml import NvmlBackend
+
+_PROFILE = re.compile(r"^([1-8])g\.(\d+)gb(\+me)?$")
+
+
+@dataclass(frozen=True)
+class _Model:
+    memory_mib: int
+    idle_w: float
+    max_w: float
+
+
+_NVIDIA_MODELS = {
+    "NVIDIA H100 80GB HBM3": _Model(81559, 70, 700),
+    "NVIDIA H200": _Model(143771, 75, 700),
+    "NVIDIA A100-SXM4-80GB": _Model(81920, 55, 400),
+    "NVIDIA L40S": _Model(46068, 35, 350),
+    "Tesla T4": _Model(15360, 10, 70),
+}
+_AMD_MODELS = {
+    "AMD Instinct MI300X": _Model(196592, 140, 750),
+    "AMD Instinct MI250X": _Model(65520, 90, 500),
+}
+DEFAULT_MODEL = {"nvidia": "NVIDIA H100 80GB HBM3", "amd": "AMD Instinct MI300X"}
+
+
+def parse_mig(spec: str | None) -> list[str]:
+    """``"3g.40gb,2g.20gb,1g.10gb"`` → profiles; ValueError naming the bad part."""
+    if not spec:
+        return []
+    profiles = [p.strip() for p in spec.split(",") if p.strip()]
+    for p in profiles:
+        if not _PROFILE.match(p):
+            raise ValueError(f"invalid MIG profile {p!r} (use e.g. 1g.10gb,3g.40gb)")
+    slices = sum(int(p.split("g", 1)[0]) for p in profiles)
+    if slices > 7:
+        raise ValueError(f"MIG profiles {spec!r} use {slices} compute slices; a GPU has 7")
+    return profiles
+
+
+def _profile_gb(profile: str) -> int:
+    """Memory of a MIG profile in GB ("3g.40gb" → 40); NVML's slices are a little smaller."""
+    return int(profile.split(".", 1)[1].split("gb", 1)[0])
+
+
+def _digest(seed: int, node: str, index: int) -> str:
+    return hashlib.sha256(f"{seed}\0{node}\0{index}".encode()).hexdigest()
+
+
+def _uuid(hexdigest: str) -> str:
+    h = hexdigest
+    return f"{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+def _wave(t: float, period: float, phase: float) -> float:
+    """0..1, smooth: a load that rises and falls over minutes, not a random walk."""
+    return 0.5 + 0.5 * math.sin(2 * math.pi * t / period + phase)
+
+
+class SimBackend:
+    """A deterministic simulated node: same seed, node name and clock → same output."""
+
+    name = "sim"
+
+    def __init__(self, *, vendor: str = "nvidia", gpus: int = 8, model: str | None = None,
+                 mig: str | None = None, seed: int = 0, node: str = "sim-node",
+                 clock: Callable[[], float] = time.time) -> None:
+        if vendor not in DEFAULT_MODEL:
+            raise ValueError(f"unknown simulated vendor {vendor!r} (use nvidia or amd)")
+        if gpus < 1:
+            raise ValueError("a simulated node needs at least one GPU")
+        profiles = parse_mig(mig)
+        if profiles and vendor != "nvidia":
+            raise ValueError("MIG slices exist only on NVIDIA GPUs")
+        self.vendor = vendor
+        self.model = model or DEFAULT_MODEL[vendor]
+        table = _NVIDIA_MODELS if vendor == "nvidia" else _AMD_MODELS
+        self._spec = table.get(self.model, next(iter(table.values())))
+        self._clock = clock
+        self._digests = [_digest(seed, node, i) for i in range(gpus)]
+        self._phases = [int(d[40:48], 16) / 0xFFFFFFFF * 2 * math.pi for d in self._digests]
+        self.nvml: FakeNvml | None = None
+        self.amdsmi: FakeAmdSmi | None = None
+        if vendor == "nvidia":
+            self.nvml = FakeNvml([self._nvidia_gpu(i, profiles) for i in range(gpus)],
+                                 driver="580.105.08")
+            self._inner: NvmlBackend | AmdSmiBackend = NvmlBackend(nvml=self.nvml)
+        else:
+            self.amdsmi = FakeAmdSmi([self._amd_gpu(i) for i in range(gpus)])
+            self._inner = AmdSmiBackend(amdsmi=self.amdsmi)
+
+    def _nvidia_gpu(self, i: int, profiles: list[str]) -> FakeNvmlGpu:
+        mig = None
+        if profiles:
+            mig = [
+                FakeMigSlice(gi_id=slot + 1, profile=p, slot=slot,
+                             memory_total=_profile_gb(p) * 1000 * MIB)
+                for slot, p in enumerate(profiles)
+            ]
+        return FakeNvmlGpu(
+            uuid="GPU-" + _uuid(self._digests[i]), name=self.model,
+            pci_bus_id=f"{i // 14:08X}:{0x18 + 0x11 * (i % 14):02X}:00.0",
+            memory_total=self._spec.memory_mib * MIB, memory_reserved=512 * MIB, mig=mig,
+        )
+
+    def _amd_gpu(self, i: int) -> FakeAmdGpu:
+        d = self._digests[i]
+        return FakeAmdGpu(
+            uuid=_uuid(d), market_name=self.model, serial=d[32:44].upper(),
+            bdf=f"0000:{0x0C + 0x11 * (i % 14):02x}:00.0", vram_total_mb=self._spec.memory_mib,
+        )
+
+    def _animate(self, t: float) -> None:
+        spec = self._spec
+        for i, phase in enumerate(self._phases):
+            load = _wave(t, 300.0 + 60.0 * (i % 5), phase)
+            util = round(100 * load)
+            power = spec.idle_w + (spec.max_w - spec.idle_w) * load
+            temp = round(30 + 45 * load)
+            if self.nvml is not None:
+                gpu = self.nvml.gpus[i]
+                gpu.util, gpu.power_mw, gpu.temp = util, round(power * 1000), temp
+                gpu.sm_clock = 210 if util < 5 else 1980
+                gpu.memory_used = int(gpu.memory_total * 0.9 * load) // MIB * MIB
+                for s in gpu.mig or []:
+                    s_load = _wave(t, 240.0 + 30.0 * s.slot, phase + s.slot)
+                    s.graphics_util = round(100 * s_load, 1)
+                    s.memory_used = int(s.memory_total * 0.9 * s_load) // MIB * MIB
+            elif self.amdsmi is not None:
+                agpu = self.amdsmi.gpus[i]
+                agpu.gfx_activity, agpu.power_w = util, round(power)
+                agpu.edge_temp, agpu.hotspot_temp = temp, temp + 8
+                agpu.vram_used_mb = int(agpu.vram_total_mb * 0.9 * load)
+
+    def open(self) -> None:
+        self._inner.open()
+
+    def collect(self) -> Collection:
+        self._animate(self._clock())
+        return self._inner.collect()
+
+    def close(self) -> None:
+        self._inner.close()

@@ -1,0 +1,138 @@
+"""``gpufleet exporter``: the click layer over ``spoke``; parsing and exit codes only."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import click
+
+from hub.cli import ConfiguredCommand
+from hub.durations import DURATION
+from hub.errors import InputError, UnavailableError
+from hub.options import env
+from spoke._exporter import Exporter
+from spoke._http import DEFAULT_PORT, MetricsServer, parse_listen
+from spoke._model import Backend, LibraryNotFound
+from spoke._select import LOADERS, open_backend
+from spoke._sim import SimBackend
+
+
+class _Terminated(Exception):
+    """SIGTERM arrived: Kubernetes is stopping the pod; shut down cleanly, exit 0."""
+
+
+@contextmanager
+def _sigterm_stops() -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _listen_address(listen: str | None, port: int | None) -> tuple[str, int]:
+    if listen and port is not None:
+        raise InputError("give --listen HOST:PORT or --port PORT, not both")
+    if port is not None:
+        return "0.0.0.0", port
+    try:
+        return parse_listen(listen or f"0.0.0.0:{DEFAULT_PORT}")
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+
+
+@click.command(cls=ConfiguredCommand)
+@click.option("--backend", type=click.Choice(["auto", "nvml", "amdsmi", "sim"]),
+              default="auto", show_default=True, envvar=env("backend"),
+              help="GPU library: auto tries NVML, then AMD SMI; sim serves a simulated node.")
+@click.option("--listen", envvar=env("listen"), metavar="HOST:PORT",
+              help=f"Address to serve /metrics and /healthz on [default: 0.0.0.0:{DEFAULT_PORT}].")
+@click.option("--port", type=click.IntRange(0, 65535), envvar=env("port"),
+              help="Short for --listen 0.0.0.0:PORT.")
+@click.option("--interval", type=DURATION, default="30s", show_default=True,
+              envvar=env("interval"), metavar="DURATION",
+              help="How often to read the GPUs (scrapes return the last reading).")
+@click.option("--node-name", "--sim-node", "node_name", envvar=[env("node-name"), "NODE_NAME"],
+              help="Hostname label of every series [default: $NODE_NAME, else the host name]; "
+                   "with --backend sim it also seeds the simulated UUIDs.")
+@click.option("--sim-gpus", type=click.IntRange(1, 4096), default=8, show_default=True,
+              envvar=env("sim-gpus"), help="Simulated GPUs on the node.")
+@click.option("--sim-vendor", type=click.Choice(["nvidia", "amd"]), default="nvidia",
+              show_default=True, envvar=env("sim-vendor"),
+              help="Simulate dcgm-exporter (nvidia) or device-metrics-exporter (amd) output.")
+@click.option("--sim-model", envvar=env("sim-model"),
+              help="Simulated model name [default: NVIDIA H100 80GB HBM3 / AMD Instinct MI300X].")
+@click.option("--sim-mig", envvar=env("sim-mig"), metavar="PROFILES",
+              help="Split every simulated NVIDIA GPU into MIG slices, "
+                   "e.g. 3g.40gb,2g.20gb,1g.10gb.")
+@click.option("--sim-seed", type=int, default=0, show_default=True, envvar=env("sim-seed"),
+              help="Seed of the simulated UUIDs, serials and load curves.")
+@click.pass_context
+def exporter(ctx: click.Context, backend: str, listen: str | None, port: int | None,
+             interval: float, node_name: str | None, sim_gpus: int, sim_vendor: str,
+             sim_model: str | None, sim_mig: str | None, sim_seed: int,
+             **_: Any) -> None:
+    """Serve GPU metrics with dcgm-exporter's or AMD device-metrics-exporter's names.
+
+    For nodes that cannot run the vendor exporters: the hub reads this output exactly like
+    theirs. GPUs are read every --interval in the background; a scrape returns the last
+    reading and never waits on the GPU library. Pod attribution (pod/namespace labels) is not
+    provided. Exit 3 when no GPU library is found.
+    """
+    host, bind_port = _listen_address(listen, port)
+    if interval <= 0:
+        raise InputError("--interval must be greater than 0")
+    hostname = node_name or socket.gethostname()
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    gpu: Backend
+    if backend == "sim":
+        try:
+            gpu = SimBackend(vendor=sim_vendor, gpus=sim_gpus, model=sim_model, mig=sim_mig,
+                             seed=sim_seed, node=hostname)
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
+        gpu.open()
+    else:
+        obj = ctx.obj if isinstance(ctx.obj, dict) else {}
+        try:
+            gpu = open_backend(backend, obj.get("loaders", LOADERS))
+        except LibraryNotFound as exc:
+            raise UnavailableError(str(exc)) from None
+
+    try:
+        exp = Exporter(gpu, hostname=hostname, interval=interval)
+        try:
+            server = MetricsServer(exp, host, bind_port)
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            raise InputError(f"cannot listen on {host}:{bind_port}: {reason}") from None
+        try:
+            exp.start()
+            click.echo(f"gpufleet exporter: serving http://{host}:{server.port}/metrics "
+                       f"(backend {gpu.name}, {exp.snapshot.gpus} GPUs, Hostname {hostname}, "
+                       f"every {interval:g}s)", err=True)
+            with _sigterm_stops():
+                try:
+                    server.serve_forever()
+                except _Terminated:
+                    click.echo("gpufleet exporter: terminated, shutting down", err=True)
+        finally:
+            exp.stop()
+            server.server_close()
+    finally:
+        gpu.close()

@@ -1,0 +1,115 @@
+"""The exposition of a fixed fake state equals the checked-in files, byte for byte.
+
+The registry is private (no process/platform collectors) and our families are built by hand,
+so prometheus-client adds no ``_created`` series: the output depends only on the state below.
+Regenerate after an intended change with
+``GPUFLEET_UPDATE_GOLDEN=1 pytest tests/test_exporter_golden.py`` and review the diff like
+code: these files are the contract with the hub.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from spoke import AmdSmiBackend, Backend, Exporter, NvmlBackend
+from spoke._fakes import MIB, FakeAmdGpu, FakeAmdSmi, FakeMigSlice, FakeNvml, FakeNvmlGpu
+
+GOLDEN = Path(__file__).parent / "fixtures" / "exporter"
+
+
+def nvidia_state() -> tuple[FakeNvml, Backend]:
+    fake = FakeNvml([
+        FakeNvmlGpu(uuid="GPU-c4529c8d-69c4-b61d-e0bc-7b2460096005",
+                    pci_bus_id="00000000:53:00.0", util=91, power_mw=113_611, temp=30,
+                    sm_clock=1980, memory_used=5120 * MIB, memory_reserved=591 * MIB),
+        FakeNvmlGpu(uuid="GPU-bc5610b9-79c8-fedd-8899-07539c7f868a",
+                    pci_bus_id="00000000:64:00.0", power_mw=68_347, temp=29, sm_clock=345,
+                    memory_used=20_000 * MIB, memory_reserved=None, xid_events=False,
+                    mig=[FakeMigSlice(gi_id=2, profile="3g.40gb", slot=0,
+                                      memory_total=40_320 * MIB, memory_used=12_288 * MIB,
+                                      graphics_util=37.5),
+                         FakeMigSlice(gi_id=9, profile="1g.10gb", slot=4,
+                                      memory_total=9_856 * MIB, memory_used=0)]),
+    ], driver="580.105.08")
+    return fake, NvmlBackend(nvml=fake)
+
+
+def amd_state() -> tuple[FakeAmdSmi, Backend]:
+    fake = FakeAmdSmi([
+        FakeAmdGpu(uuid="5bff74a1-0000-1000-80f6-e4d2c51d0d02", serial="692251001124",
+                   gfx_activity=87, vram_used_mb=150_000, power_w=612, edge_temp=None,
+                   hotspot_temp=71),
+        FakeAmdGpu(uuid="8aff74a1-0000-1000-80f6-e4d2c51d0d03", serial="692251001125",
+                   bdf="0000:1d:00.0", gfx_activity="N/A", vram_used_mb=285, power_w=141,
+                   edge_temp=36, hotspot_temp=41, temp_scale=1000),  # millidegrees
+    ])
+    return fake, AmdSmiBackend(amdsmi=fake)
+
+
+def exposition(backend: Backend) -> str:
+    ticks = itertools.count(0.0, 0.25)  # every pass "takes" exactly 0.25 s
+    exporter = Exporter(backend, hostname="ip-10-0-171-111.ec2.internal", interval=30,
+                        version="0.1.0", clock=lambda: 1_763_700_000.0,
+                        timer=lambda: next(ticks))
+    exporter.collect_once()
+    text = exporter.exposition().decode()
+    # what /metrics sends (rendered once per collection) is what the registry yields now
+    assert text == generate_latest(exporter.registry).decode()
+    return text
+
+
+def nvidia_text() -> str:
+    fake, backend = nvidia_state()
+    backend.open()
+    backend.collect()  # registers for XID events, takes the first GPM samples of the slices
+    fake.inject_xid(0, 79)
+    return exposition(backend)
+
+
+def amd_text() -> str:
+    _, backend = amd_state()
+    backend.open()
+    return exposition(backend)
+
+
+CASES = {
+    "nvidia.prom": nvidia_text,
+    "amd.prom": amd_text,
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_exposition_matches_golden(name):
+    text = CASES[name]()
+    path = GOLDEN / name
+    if os.environ.get("GPUFLEET_UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert text == path.read_text()
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_golden_is_valid_exposition(name):
+    text = (GOLDEN / name).read_text()
+    families = list(text_string_to_metric_families(text))
+    assert families and all(f.type in ("gauge", "counter") for f in families)
+    assert "_created" not in text
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool missing: install the Debian package 'prometheus'"
+    # promtool parses the text the way Prometheus will. Its linter's only findings may be the
+    # upstream names we copy on purpose: dcgm-exporter's camelCase labels (modelName, UUID)
+    # and device-metrics-exporter's gauge gpu_nodes_total.
+    result = subprocess.run([promtool, "check", "metrics"], input=text, text=True,
+                            capture_output=True, timeout=30)
+    upstream = ("label names should be written in 'snake_case' not 'camelCase'",
+                'gpu_nodes_total non-counter metrics should not have "_total" suffix')
+    problems = [line for line in (result.stdout + result.stderr).splitlines()
+                if line.strip() and not line.endswith(upstream)]
+    assert problems == [], result.stdout + result.stderr
