@@ -161,8 +161,13 @@ def cli(ctx: click.Context, config: str | None) -> None:
 
 
 def main() -> None:
+    """Console entry point: click's own handling, except that Ctrl-C exits 130, not 1."""
     try:
-        cli(prog_name="gpufleet")
-    except KeyboardInterrupt:
+        rv = cli.main(prog_name="gpufleet", standalone_mode=False)
+    except click.exceptions.Abort:
         click.echo("interrupted", err=True)
         sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    sys.exit(rv if isinstance(rv, int) else 0)

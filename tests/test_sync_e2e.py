@@ -136,3 +136,39 @@ def test_request_count_does_not_grow_with_the_fleet(hub, fleet, tmp_path):
     large = gpufleet_json("sync", env=env)
     assert large["gpus"] > small["gpus"] * 10
     assert large["requests"] == small["requests"] == 17
+
+
+def test_sync_every_loops_and_survives_a_failed_sync(hub, fleet, tmp_path):
+    """`--every` keeps syncing; a failed sync prints one line and the loop goes on."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    start_fleet(hub, fleet, {"east": EAST[2:]})
+    db = f"sqlite:///{tmp_path / 'loop.db'}"
+    env = {**os.environ, "GPUFLEET_DB": db}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hub", "sync", "--every", "1s", "--hub-url", hub.url],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        runs: list = []
+        while time.monotonic() < deadline and len(runs) < 2:
+            time.sleep(0.5)
+            if (tmp_path / "loop.db").exists():
+                runs = [r for r in gpufleet_json("inventory", "sync-runs", "--db", db)
+                        if r["status"] == "ok"]
+        assert len(runs) >= 2
+        hub.stop()  # the next syncs fail; the loop must keep going
+        time.sleep(2.5)
+        assert proc.poll() is None
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=10)
+    assert proc.returncode == 130
+    assert "sync ok: 1 clusters, 1 nodes, 1 GPUs" in out
+    assert "unreachable" in err
+    failed = [r for r in gpufleet_json("inventory", "sync-runs", "--db", db)
+              if r["status"] == "failed"]
+    assert failed and "unreachable" in failed[0]["error"]
