@@ -75,7 +75,9 @@ class PrometheusProcess:
             "--log.level=warn",
         ]
         if self.agent:
-            args += ["--enable-feature=agent", f"--storage.agent.path={data}"]
+            # A short flush deadline: an agent whose hub is gone stops in 1 s, not 1 min.
+            args += ["--enable-feature=agent", f"--storage.agent.path={data}",
+                     "--storage.remote.flush-deadline=1s"]
         else:
             args += [f"--storage.tsdb.path={data}", "--web.enable-remote-write-receiver"]
         args += self.extra_args
