@@ -27,6 +27,15 @@ from hub.normalize import Observation
 
 metadata = sa.MetaData()
 
+
+def _seen() -> list[sa.Column]:
+    """When a row was first and last seen by a sync, and the data's own newest sample time."""
+    return [
+        sa.Column("first_seen", sa.DateTime, nullable=False),
+        sa.Column("last_seen", sa.DateTime, nullable=False),
+        sa.Column("last_sample_at", sa.DateTime),
+    ]
+
 ACTIVE = "active"
 STALE = "stale"
 
@@ -34,9 +43,7 @@ clusters = sa.Table(
     "clusters", metadata,
     sa.Column("cluster", sa.String(253), primary_key=True),
     sa.Column("state", sa.String(16), nullable=False),
-    sa.Column("first_seen", sa.DateTime, nullable=False),
-    sa.Column("last_seen", sa.DateTime, nullable=False),
-    sa.Column("last_sample_at", sa.DateTime),
+    *_seen(),
 )
 
 nodes = sa.Table(
@@ -44,9 +51,7 @@ nodes = sa.Table(
     sa.Column("cluster", sa.String(253), primary_key=True),
     sa.Column("node", sa.String(253), primary_key=True),
     sa.Column("state", sa.String(16), nullable=False),
-    sa.Column("first_seen", sa.DateTime, nullable=False),
-    sa.Column("last_seen", sa.DateTime, nullable=False),
-    sa.Column("last_sample_at", sa.DateTime),
+    *_seen(),
 )
 
 gpus = sa.Table(
@@ -70,9 +75,7 @@ gpus = sa.Table(
     sa.Column("power_w", sa.Float),
     sa.Column("temperature_c", sa.Float),
     sa.Column("state", sa.String(16), nullable=False),
-    sa.Column("first_seen", sa.DateTime, nullable=False),
-    sa.Column("last_seen", sa.DateTime, nullable=False),
-    sa.Column("last_sample_at", sa.DateTime),
+    *_seen(),
     sa.Index("ix_gpus_uuid", "uuid"),
     sa.Index("ix_gpus_state", "state"),
 )
@@ -86,9 +89,7 @@ allocations = sa.Table(
     sa.Column("namespace", sa.String(253), primary_key=True),
     sa.Column("pod", sa.String(253), primary_key=True),
     sa.Column("container", sa.String(253), primary_key=True),
-    sa.Column("first_seen", sa.DateTime, nullable=False),
-    sa.Column("last_seen", sa.DateTime, nullable=False),
-    sa.Column("last_sample_at", sa.DateTime),
+    *_seen(),
 )
 
 sync_runs = sa.Table(

@@ -15,6 +15,21 @@ T4 = "dcgm-t4-loaded-ericsson-ccd.prom"
 
 
 @pytest.fixture
+def front():
+    """Start a StubServer in front of the hub with a plain handler function."""
+    started: list[StubServer] = []
+
+    def start(handler) -> StubServer:
+        server = StubServer(handler)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture
 def synced(hub, fleet, db_url):
     """One healthy sync, so there is an inventory to protect."""
     fleet("east", [sample_text(T4), sample_text("amd-mi300x.prom")])
@@ -41,7 +56,7 @@ def one_line(output: str) -> str:
     return lines[0]
 
 
-def test_hub_stopped_during_a_sync(hub, synced):
+def test_hub_stopped_during_a_sync(hub, synced, front):
     env, before = synced
     calls = {"n": 0}
 
@@ -51,11 +66,7 @@ def test_hub_stopped_during_a_sync(hub, synced):
             hub.stop()
         return forward(hub.url, req)
 
-    front = StubServer(stop_after_two)
-    try:
-        result = gpufleet("sync", "--hub-url", front.url, env=env)
-    finally:
-        front.stop()
+    result = gpufleet("sync", "--hub-url", front(stop_after_two).url, env=env)
     assert result.exit_code == 3
     assert "answered 502" in one_line(result.stderr)
     assert_unchanged_with_failed_run(env, before, "502")
@@ -66,7 +77,7 @@ def test_hub_stopped_during_a_sync(hub, synced):
     assert gpufleet_json("inventory", "gpus", env=env) == before
 
 
-def test_partial_response_is_a_failure(hub, synced):
+def test_partial_response_is_a_failure(hub, synced, front):
     env, before = synced
 
     def with_warnings(req: Request) -> Response:
@@ -77,54 +88,40 @@ def test_partial_response_is_a_failure(hub, synced):
         data["warnings"] = ["receive-2: store unavailable"]
         return json_response(200, data)
 
-    front = StubServer(with_warnings)
-    try:
-        result = gpufleet("sync", "--hub-url", front.url, env=env)
-    finally:
-        front.stop()
+    result = gpufleet("sync", "--hub-url", front(with_warnings).url, env=env)
     assert result.exit_code == 3
     assert "partial response (receive-2: store unavailable)" in one_line(result.stderr)
     assert_unchanged_with_failed_run(env, before, "partial response")
 
 
 @pytest.mark.parametrize("status", [500, 503])
-def test_server_error_exits_3(hub, synced, status):
+def test_server_error_exits_3(hub, synced, front, status):
     env, before = synced
-    front = StubServer(lambda req: json_response(status, {"status": "error", "error": "boom"}))
-    try:
-        result = gpufleet("sync", "--hub-url", front.url, env=env)
-    finally:
-        front.stop()
+    boom = front(lambda req: json_response(status, {"status": "error", "error": "boom"}))
+    result = gpufleet("sync", "--hub-url", boom.url, env=env)
     assert result.exit_code == 3
     assert f"answered {status}" in one_line(result.stderr)
     assert_unchanged_with_failed_run(env, before, str(status))
 
 
-def test_timeout_exits_3(hub, synced):
+def test_timeout_exits_3(hub, synced, front):
     env, before = synced
 
     def slow(req: Request) -> Response:
         time.sleep(2)
         return forward(hub.url, req)
 
-    front = StubServer(slow)
-    try:
-        result = gpufleet("sync", "--hub-url", front.url, "--timeout", "0.5s", env=env)
-    finally:
-        front.stop()
+    result = gpufleet("sync", "--hub-url", front(slow).url, "--timeout", "0.5s", env=env)
     assert result.exit_code == 3
     assert "did not answer within 0.5s" in one_line(result.stderr)
     assert_unchanged_with_failed_run(env, before, "did not answer")
 
 
-def test_promql_rejected_by_store_exits_2(hub, synced):
+def test_promql_rejected_by_store_exits_2(hub, synced, front):
     env, before = synced
-    front = StubServer(lambda req: json_response(
+    rejecting = front(lambda req: json_response(
         422, {"status": "error", "errorType": "execution", "error": "query too expensive"}))
-    try:
-        result = gpufleet("sync", "--hub-url", front.url, env=env)
-    finally:
-        front.stop()
+    result = gpufleet("sync", "--hub-url", rejecting.url, env=env)
     assert result.exit_code == 2
     assert one_line(result.stderr) == "error: PromQL error: query too expensive"
     assert_unchanged_with_failed_run(env, before, "query too expensive")
