@@ -30,6 +30,8 @@ COMMANDS: dict[str, str] = {
     "spoke": "hub.commands.onboard:spoke",
     "policy": "hub.commands.onboard:policy",
     "exporter": "spoke.cli:exporter",
+    "serve": "hub.commands.service:serve",
+    "hub": "hub.commands.service:hub_group",
 }
 
 CONFIG_ENV = "GPUFLEET_CONFIG"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -341,15 +341,15 @@ def _where_cluster(stmt: sa.Select, table: sa.Table, cluster: str | None) -> sa.
     return stmt.where(table.c.cluster == cluster) if cluster else stmt
 
 
+def gpu_item(row: Mapping[str, Any]) -> dict[str, Any]:
+    """One gpus row as every consumer shows it (CLI JSON, API): ``index``, not gpu_index."""
+    return {c: (row["gpu_index"] if c == "index" else row[c]) for c in GPU_COLUMNS}
+
+
 def list_gpus(conn: Connection, cluster: str | None = None) -> list[dict[str, Any]]:
     stmt = _where_cluster(sa.select(gpus), gpus, cluster).order_by(
         gpus.c.cluster, gpus.c.node, gpus.c.gpu_index, gpus.c.uuid, gpus.c.slice_key)
-    out = []
-    for row in conn.execute(stmt).mappings():
-        item = {c: row.get(c) for c in GPU_COLUMNS if c != "index"}
-        item["index"] = row["gpu_index"]
-        out.append({c: item[c] for c in GPU_COLUMNS})
-    return out
+    return [gpu_item(row) for row in conn.execute(stmt).mappings()]
 
 
 def _active_physical_gpus():

@@ -7,6 +7,8 @@ from typing import Any
 
 import click
 
+from hub.durations import DURATION
+
 F = Callable[..., Any]
 
 
@@ -49,4 +51,17 @@ db_option = click.option(
     "--db", envvar=env("db"), metavar="URL",
     help="Inventory database as a SQLAlchemy URL "
          "(default: SQLite at $XDG_DATA_HOME/gpufleet/inventory.db).",
+)
+
+stale_after_option = click.option(
+    "--stale-after", type=DURATION, default="10m", show_default=True, envvar=env("stale-after"),
+    metavar="DURATION",
+    help="Look-back window: no sample within it means stale (10m covers one missed 300s ACM "
+         "push).",
+)
+
+lock_timeout_option = click.option(
+    "--lock-timeout", type=DURATION, default="0s", show_default=True,
+    envvar=env("lock-timeout"), metavar="DURATION",
+    help="How long to wait for another sync on the same database to finish.",
 )

@@ -17,7 +17,14 @@ from hub import migrate
 from hub.cli import ConfiguredCommand, ConfiguredGroup
 from hub.durations import DURATION, parse_duration
 from hub.errors import InputError, UnavailableError
-from hub.options import cluster_label_option, db_option, env, hub_options
+from hub.options import (
+    cluster_label_option,
+    db_option,
+    env,
+    hub_options,
+    lock_timeout_option,
+    stale_after_option,
+)
 from hub.output import emit, iso, output_option, to_json
 from hub.promclient import HubClient, HubSettings
 
@@ -127,13 +134,8 @@ def query(expr: str, range_: float | None, step: float, output: str, **opts: Any
 @click.option("--once", is_flag=True, help="Run one sync and exit (the default).")
 @click.option("--every", type=DURATION, envvar=env("every"), metavar="DURATION",
               help="Keep running, one sync every DURATION (e.g. 5m).")
-@click.option("--stale-after", type=DURATION, default="10m", show_default=True,
-              envvar=env("stale-after"), metavar="DURATION",
-              help="Look-back window: no sample within it means stale (10m covers one missed "
-                   "300s ACM push).")
-@click.option("--lock-timeout", type=DURATION, default="0s", show_default=True,
-              envvar=env("lock-timeout"), metavar="DURATION",
-              help="How long to wait for another sync on the same database to finish.")
+@stale_after_option
+@lock_timeout_option
 @hub_options
 @cluster_label_option
 @db_option

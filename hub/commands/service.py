@@ -1,0 +1,206 @@
+"""``gpufleet serve`` and ``gpufleet hub render``: thin click wrappers over hub.service."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import click
+from sqlalchemy.engine import Engine
+
+from hub import api, migrate, render
+from hub import service as svc
+from hub.cli import ConfiguredCommand, ConfiguredGroup
+from hub.commands.core import database, hub_client
+from hub.durations import DURATION, format_duration, parse_duration
+from hub.errors import InputError
+from hub.httpserve import parse_listen
+from hub.inventory import safe_url
+from hub.options import (
+    cluster_label_option,
+    db_option,
+    env,
+    hub_options,
+    lock_timeout_option,
+    stale_after_option,
+)
+from hub.promclient import HubClient
+from hub.sync import SyncResult, run_sync
+
+log = logging.getLogger("gpufleet.service")
+
+
+def service_jobs(engine: Engine, client: HubClient, *, stale_after: float, cluster_label: str,
+                 lock_timeout: float) -> svc.Jobs:
+    """The scheduled work. Reconcile and report plug in here, one line each:
+
+    ``after_sync=[lambda: reconcile_job(engine, ...)]`` and
+    ``findings=lambda: report_findings(engine, ...)``.
+    """
+    def sync() -> SyncResult:
+        return run_sync(engine, client, stale_after=stale_after, cluster_label=cluster_label,
+                        lock_timeout=lock_timeout)
+
+    return svc.Jobs(sync=sync, after_sync=[], findings=None)
+
+
+@contextmanager
+def _until_signalled() -> Iterator[threading.Event]:
+    """An event set by SIGTERM; Ctrl-C stays a KeyboardInterrupt (exit 130 in hub.cli)."""
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _prepare_schema(engine: Engine) -> None:
+    """Create the schema now so the API answers before the first sync finishes.
+
+    An old schema is the user's to upgrade (exit 2, as `sync` does); a database that is not
+    up yet is the scheduler's business: it retries with backoff and /healthz says why.
+    """
+    try:
+        migrate.ensure_schema(engine)
+    except InputError:
+        raise
+    except Exception as exc:
+        log.warning("inventory database not ready yet: %s", svc.describe_error(exc))
+
+
+@click.command(cls=ConfiguredCommand)
+@click.option("--every", type=DURATION, default="5m", show_default=True, envvar=env("every"),
+              metavar="DURATION", help="Sync interval; a failed sync is retried sooner "
+              "(5s, 10s, 20s ... at most DURATION).")
+@click.option("--listen", envvar=env("listen"), default="127.0.0.1:8080", show_default=True,
+              metavar="HOST:PORT", help="Address of /metrics, /healthz and /api/v1 "
+              "(0.0.0.0:8080 in a pod).")
+@stale_after_option
+@lock_timeout_option
+@hub_options
+@cluster_label_option
+@db_option
+def serve(every: float, listen: str, stale_after: float, lock_timeout: float,
+          cluster_label: str, db: str | None, **opts: Any) -> None:
+    """Run the hub service: sync on a schedule and serve the inventory over HTTP.
+
+    \b
+    Endpoints (read-only, GET/HEAD):
+      /healthz               200 while the last sync succeeded within two intervals, else 503
+      /metrics               Prometheus metrics (sync duration, failures, GPUs by state, ...)
+      /api/v1/openapi.json   the API's OpenAPI description
+      /api/v1/clusters, /nodes, /gpus[/UUID], /findings, /sync-runs
+
+    Syncs take the same lock as `gpufleet sync`, so a CronJob or a second service on the
+    same database never runs beside it. SIGTERM stops it cleanly (exit 0); Ctrl-C exits 130.
+    """
+    if every <= 0:
+        raise InputError("--every must be greater than 0")
+    if stale_after <= 0:
+        raise InputError("--stale-after must be greater than 0")
+    try:
+        host, port = parse_listen(listen)
+    except ValueError as exc:
+        raise InputError(f"--listen: {exc}") from None
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    with hub_client(opts) as client, database(db, create=True) as engine:
+        readonly = api.read_only_engine(db)
+        try:
+            jobs = service_jobs(engine, client, stale_after=stale_after,
+                                cluster_label=cluster_label, lock_timeout=lock_timeout)
+            try:  # bind first: a port in use fails before anything touches the database
+                service = svc.build_service(jobs, every=every, engine=readonly, host=host,
+                                            port=port)
+            except OSError as exc:
+                reason = exc.strerror or str(exc)
+                raise InputError(f"cannot listen on {listen}: {reason}") from None
+            try:
+                _prepare_schema(engine)
+            except BaseException:
+                service.server.server_close()
+                raise
+            _run(service, client, engine, every)
+        finally:
+            readonly.dispose()
+
+
+def _run(service: svc.Service, client: HubClient, engine: Engine, every: float) -> None:
+    with _until_signalled() as stop:
+        service.start()
+        click.echo(f"gpufleet serve: {service.url} (sync every {format_duration(every)} from "
+                   f"{client.safe_url} into {safe_url(engine)})", err=True)
+        try:
+            while not stop.wait(0.5):
+                pass
+            click.echo("gpufleet serve: terminated, shutting down", err=True)
+        finally:
+            service.stop()
+
+
+# -- hub render -------------------------------------------------------------------------------
+@click.group(cls=ConfiguredGroup)
+def hub_group() -> None:
+    """The hub service's own deployment."""
+
+
+@hub_group.command("render", cls=ConfiguredCommand)
+@click.option("--out", envvar=env("out"), metavar="DIR",
+              help="Directory to write (replaced as a whole on re-render).")
+@click.option("--namespace", envvar=env("hub-namespace"), default=render.DEFAULT_NAMESPACE,
+              show_default=True, metavar="NS", help="Namespace of the hub service.")
+@click.option("--image", envvar=env("hub-image"), default=render.DEFAULT_EXPORTER_IMAGE,
+              show_default=True, help="gpufleet image.")
+@click.option("--kind", envvar=env("hub-kind"), default="deployment", show_default=True,
+              metavar="deployment|cronjob", help="deployment: `gpufleet serve` with metrics "
+              "and API; cronjob: `gpufleet sync` on a schedule, nothing served.")
+@click.option("--every", envvar=env("every"), default="5m", show_default=True,
+              metavar="DURATION", help="Sync interval (a CronJob needs a divisor of 1h or 24h).")
+@click.option("--hub-url", envvar=env("hub-url"), metavar="URL",
+              help="PromQL endpoint of the hub store, as reached from inside the cluster.")
+@click.option("--db-secret", envvar=env("db-secret"), default=render.DEFAULT_DB_SECRET,
+              show_default=True, metavar="NAME",
+              help=f"Secret whose key '{render.DB_SECRET_KEY}' holds the database URL.")
+@click.option("--hub-token-secret", envvar=env("hub-token-secret"),
+              default=render.DEFAULT_TOKEN_SECRET, show_default=True, metavar="NAME",
+              help=f"Secret whose key '{render.TOKEN_KEY}' holds the hub's bearer token "
+                   "('' for none).")
+@click.option("--hub-ca-configmap", envvar=env("hub-ca-configmap"), metavar="NAME",
+              help="ConfigMap holding the hub's CA bundle (default: the system CAs).")
+@click.option("--hub-ca-key", envvar=env("hub-ca-key"), default=render.DEFAULT_CA_KEY,
+              show_default=True, metavar="KEY",
+              help="Key of the CA bundle in --hub-ca-configmap (OpenShift's injected bundle: "
+                   "ca-bundle.crt).")
+def hub_render(out: str | None, namespace: str, image: str, kind: str, every: str,
+               hub_url: str | None, db_secret: str, hub_token_secret: str,
+               hub_ca_configmap: str | None, hub_ca_key: str, **_: Any) -> None:
+    """Write the hub service's manifests into --out (apply with `kubectl apply -k DIR`).
+
+    Secrets are referenced by name, never rendered: create the database Secret (and the
+    token Secret / CA ConfigMap) yourself.
+    """
+    if not out:
+        raise InputError("--out DIR is required")
+    try:
+        seconds = parse_duration(every)
+    except ValueError as exc:
+        raise InputError(f"--every: {exc}") from None
+    values = render.hub_service_values(
+        hub_url=hub_url, namespace=namespace, image=image, kind=kind, every=seconds,
+        db_secret=db_secret, hub_token_secret=hub_token_secret,
+        hub_ca_configmap=hub_ca_configmap, hub_ca_key=hub_ca_key)
+    files = render.render_hub_service(values)
+    render.write_tree(files, out)
+    click.echo(f"wrote {len(files)} files to {out} (kubectl apply -k {out})")
+
+
+hub_group.name = "hub"

@@ -1,0 +1,390 @@
+"""``gpufleet serve``: sync on a schedule, keep its health, serve it (see hub.api).
+
+The schedule is a plain object, :class:`Scheduler`, over plain callables (:class:`Jobs`): the
+sync, the jobs that follow a successful sync (reconcile) and the findings provider (report
+checks). Time comes in as ``clock`` and ``sleep`` so tests drive hours of schedule in
+microseconds; nothing here knows about HTTP, and the HTTP side only reads the scheduler's
+state. :class:`Service` puts the two on threads for the command.
+
+Retries are deterministic on purpose: a failed sync is retried after 5 s, 10 s, 20 s ...
+capped at the interval, with no jitter. A single hub service per database is the norm (the
+sync lock makes a second one harmless, not useful), so there is no herd to spread out, and a
+fixed sequence is what an operator reading the log and the tests expect.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import click
+import sqlalchemy as sa
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import generate_latest
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
+from sqlalchemy.engine import Engine
+
+from hub import __version__, api
+from hub.errors import InputError
+from hub.inventory import LockHeld
+from hub.sync import SyncResult
+
+log = logging.getLogger("gpufleet.service")
+
+DEFAULT_EVERY = 300.0
+DEFAULT_BACKOFF = 5.0
+Finding = dict[str, Any]
+
+
+@dataclass
+class Jobs:
+    """What the scheduler runs. Only ``sync`` is required.
+
+    ``after_sync`` run in order after each successful sync (reconcile goes here); one failing
+    is logged and counted, and the others still run. ``findings`` is called after them and
+    its answer is kept until the next one: /api/v1/findings and the gpufleet_findings metric
+    serve that copy, so a scrape or an API call never runs the checks.
+    """
+
+    sync: Callable[[], SyncResult]
+    after_sync: list[Callable[[], None]] = field(default_factory=list)
+    findings: Callable[[], list[Finding]] | None = None
+
+
+@dataclass(frozen=True)
+class SyncState:
+    """What the scheduler knows, as an immutable snapshot (clock seconds throughout)."""
+
+    started_at: float
+    last_attempt_at: float | None = None
+    last_success_at: float | None = None
+    last_result: SyncResult | None = None
+    last_error: str | None = None
+    consecutive_failures: int = 0
+    lock_held: bool = False
+    next_run_at: float | None = None
+    findings: tuple[Finding, ...] = ()
+    findings_at: float | None = None
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line for the log and /healthz: a GpufleetError's own message, else a short one.
+
+    Never ``str()`` of a database exception, which carries the SQL and its parameters.
+    """
+    if isinstance(exc, click.ClickException):
+        return exc.format_message()
+    if isinstance(exc, sa.exc.SQLAlchemyError):
+        return api.database_error(exc)
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+def _job_name(job: Callable[..., Any]) -> str:
+    return getattr(job, "__name__", None) or type(job).__name__
+
+
+def health(state: SyncState, every: float, now: float) -> tuple[bool, dict[str, Any]]:
+    """Healthy while the last successful sync is at most two intervals old.
+
+    Two, not one: a sync that takes a while, or one retried after a blip, must not flap the
+    probe; a hub that has been failing for two whole intervals is worth a page.
+    """
+    details: dict[str, Any] = {
+        "status": "ok",
+        "interval_seconds": every,
+        "last_success": _utc(state.last_success_at),
+        "last_success_age_seconds": (round(now - state.last_success_at, 3)
+                                     if state.last_success_at is not None else None),
+        "last_error": state.last_error,
+        "consecutive_failures": state.consecutive_failures,
+    }
+    if state.last_result is not None:
+        result = state.last_result
+        details["last_sync"] = {"clusters": result.clusters, "nodes": result.nodes,
+                                "gpus": result.gpus, "requests": result.requests}
+    reason = None
+    if state.last_success_at is None:
+        reason = "never synced yet"
+    elif now - state.last_success_at > 2 * every:
+        reason = (f"last successful sync {now - state.last_success_at:.0f}s ago, more than "
+                  f"two intervals ({2 * every:g}s)")
+    if reason is None:
+        return True, details
+    if state.lock_held:
+        reason += "; another sync holds the inventory lock"
+    elif state.last_error:
+        reason += f"; last error: {state.last_error}"
+    return False, {**details, "status": "unavailable", "reason": reason}
+
+
+def _utc(ts: float | None) -> dt.datetime | None:
+    return None if ts is None else dt.datetime.fromtimestamp(ts, dt.UTC)
+
+
+# -- metrics ----------------------------------------------------------------------------------
+class _InventoryCollector(Collector):
+    """gpufleet_gpus from the database at scrape time, gpufleet_findings from the last run.
+
+    Reading at scrape time means a sync by another process (a `gpufleet sync` CronJob, a
+    second replica) shows too. A failed read drops gpufleet_gpus from that scrape rather than
+    failing it, and says so in gpufleet_inventory_read_ok.
+    """
+
+    def __init__(self, gpu_counts: Callable[[], list[tuple[str, str, int]]] | None,
+                 findings: Callable[[], Iterable[Finding]]) -> None:
+        self.gpu_counts = gpu_counts
+        self.findings = findings
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        return iter(())  # unchecked collector: no database read at registration
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        if self.gpu_counts is not None:
+            ok = GaugeMetricFamily("gpufleet_inventory_read_ok",
+                                   "1 if this scrape could read the inventory database.")
+            try:
+                counts = self.gpu_counts()
+            except Exception as exc:
+                log.warning("metrics: cannot read the inventory: %s", describe_error(exc))
+                ok.add_metric([], 0)
+            else:
+                ok.add_metric([], 1)
+                gpus = GaugeMetricFamily(
+                    "gpufleet_gpus", "Physical GPUs in the inventory by cluster and state "
+                    "(MIG slices not counted).", labels=["cluster", "state"])
+                for cluster, state, count in counts:
+                    gpus.add_metric([cluster, state], count)
+                yield gpus
+            yield ok
+        by_severity = dict.fromkeys(api.SEVERITIES, 0)
+        for finding in self.findings():
+            severity = str(finding.get("severity", "error"))
+            by_severity[severity] = by_severity.get(severity, 0) + 1
+        family = GaugeMetricFamily("gpufleet_findings",
+                                   "Findings of the latest checks by severity.",
+                                   labels=["severity"])
+        for severity, count in sorted(by_severity.items()):
+            family.add_metric([severity], count)
+        yield family
+
+
+class ServiceMetrics:
+    """The service's metrics in a registry of its own (no global state between tests)."""
+
+    def __init__(self, *, process: bool = True) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        if process:
+            ProcessCollector(registry=self.registry)
+        self.sync_duration = Histogram(
+            "gpufleet_sync_duration_seconds", "Duration of sync attempts (failed ones too).",
+            buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
+            registry=self.registry)
+        self.last_success = Gauge(
+            "gpufleet_sync_last_success_timestamp_seconds",
+            "Unix time of the last successful sync (0 before the first).",
+            registry=self.registry)
+        self.failures = Counter("gpufleet_sync_failures", "Failed sync attempts.",
+                                registry=self.registry)
+        self.lock_held = Counter(
+            "gpufleet_sync_lock_held", "Sync attempts skipped because another sync held the "
+            "inventory lock.", registry=self.registry)
+        self.job_failures = Counter(
+            "gpufleet_job_failures", "Failures of the jobs run after a sync (reconcile, "
+            "findings).", ["job"], registry=self.registry)
+        info = Gauge("gpufleet_build_info", "gpufleet version.", ["version"],
+                     registry=self.registry)
+        info.labels(__version__).set(1)
+
+    def watch(self, gpu_counts: Callable[[], list[tuple[str, str, int]]] | None,
+              findings: Callable[[], Iterable[Finding]]) -> None:
+        self.registry.register(_InventoryCollector(gpu_counts, findings))
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+# -- scheduler --------------------------------------------------------------------------------
+class Scheduler:
+    """Runs the jobs every ``every`` seconds and retries a failed sync with backoff.
+
+    ``clock()`` gives seconds (wall time: they also feed a timestamp metric) and
+    ``sleep(seconds)`` waits; by default it waits on the stop event so :meth:`stop` ends a
+    wait at once. A sync that succeeds is followed by the next one ``every`` after it started
+    (no drift); one that fails is retried after ``backoff * 2**(n-1)`` capped at ``every``;
+    one that finds the lock held (another sync is writing the same inventory) is not a
+    failure and simply waits for its next turn.
+    """
+
+    def __init__(self, jobs: Jobs, every: float, *, clock: Callable[[], float] = time.time,
+                 sleep: Callable[[float], Any] | None = None,
+                 backoff: float = DEFAULT_BACKOFF, metrics: ServiceMetrics | None = None
+                 ) -> None:
+        if every <= 0:
+            raise InputError("--every must be greater than 0")
+        self.jobs = jobs
+        self.every = float(every)
+        self.backoff = float(backoff)
+        self.clock = clock
+        self._stop = threading.Event()
+        self.sleep = sleep or self._stop.wait
+        self.metrics = metrics
+        self._lock = threading.Lock()
+        self._state = SyncState(started_at=clock())
+
+    # state ----------------------------------------------------------------------------------
+    @property
+    def state(self) -> SyncState:
+        with self._lock:
+            return self._state
+
+    def _update(self, **changes: Any) -> None:
+        with self._lock:
+            self._state = replace(self._state, **changes)
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        return health(self.state, self.every, self.clock())
+
+    def findings(self) -> tuple[list[Finding], float | None]:
+        state = self.state
+        return list(state.findings), state.findings_at
+
+    def retry_delay(self, failures: int) -> float:
+        return min(self.every, self.backoff * 2 ** max(0, failures - 1))
+
+    # running --------------------------------------------------------------------------------
+    def tick(self) -> float:
+        """One attempt (sync, then the follow-up jobs if it worked); returns the delay until
+        the next one."""
+        started = self.clock()
+        self._update(last_attempt_at=started)
+        try:
+            result = self.jobs.sync()
+        except LockHeld as exc:
+            message = describe_error(exc)
+            log.info("sync skipped: %s; next try in %gs", message, self.every)
+            self._update(lock_held=True)
+            if self.metrics:
+                self.metrics.lock_held.inc()
+            return self._next(self.every)
+        except Exception as exc:
+            message = describe_error(exc)
+            failures = self.state.consecutive_failures + 1
+            delay = self.retry_delay(failures)
+            self._update(last_error=message, consecutive_failures=failures, lock_held=False)
+            if self.metrics:
+                self.metrics.failures.inc()
+                self.metrics.sync_duration.observe(max(0.0, self.clock() - started))
+            log.warning("sync failed (%d in a row), retrying in %gs: %s", failures, delay,
+                        message)
+            return self._next(delay)
+        finished = self.clock()
+        self._update(last_success_at=finished, last_result=result, last_error=None,
+                     consecutive_failures=0, lock_held=False)
+        if self.metrics:
+            self.metrics.sync_duration.observe(max(0.0, finished - started))
+            self.metrics.last_success.set(finished)
+        took = (result.finished_at - result.started_at).total_seconds()
+        log.info("sync ok: %d clusters, %d nodes, %d GPUs (%d requests, %.1fs)",
+                 result.clusters, result.nodes, result.gpus, result.requests, took)
+        self._after_sync()
+        return self._next(max(0.0, started + self.every - self.clock()))
+
+    def _next(self, delay: float) -> float:
+        self._update(next_run_at=self.clock() + delay)
+        return delay
+
+    def _after_sync(self) -> None:
+        for job in self.jobs.after_sync:
+            self._guarded(_job_name(job), job)
+        if self.jobs.findings is not None:
+            provider = self.jobs.findings
+            found = self._guarded("findings", lambda: list(provider()))
+            if found is not None:
+                self._update(findings=tuple(found), findings_at=self.clock())
+
+    def _guarded(self, name: str, job: Callable[[], Any]) -> Any:
+        try:
+            return job()
+        except Exception as exc:
+            if self.metrics:
+                self.metrics.job_failures.labels(name).inc()
+            log.warning("%s failed after a successful sync: %s", name, describe_error(exc))
+            return None
+
+    def run(self) -> None:
+        """Tick until :meth:`stop`; the first sync starts at once."""
+        while not self._stop.is_set():
+            delay = self.tick()
+            if self._stop.is_set():
+                break
+            self.sleep(delay)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    @property
+    def stopped(self) -> bool:
+        return self._stop.is_set()
+
+
+# -- the service ------------------------------------------------------------------------------
+class Service:
+    """A scheduler and an API server on their own threads."""
+
+    def __init__(self, scheduler: Scheduler, server: api.ApiServer) -> None:
+        self.scheduler = scheduler
+        self.server = server
+        self._thread = threading.Thread(target=self._run_scheduler, name="scheduler",
+                                        daemon=True)
+
+    def _run_scheduler(self) -> None:
+        try:
+            self.scheduler.run()
+        except BaseException:  # the loop catches job errors; this is a bug, keep serving
+            log.exception("the scheduler stopped unexpectedly")
+            raise
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def start(self) -> Service:
+        self.server.start()
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop scheduling, wait a little for a sync in flight, stop serving.
+
+        A sync still running after ``timeout`` dies with the process: it is one transaction,
+        so the database rolls it back and nothing is half-written.
+        """
+        self.scheduler.stop()
+        self._thread.join(timeout)
+        self.server.stop()
+
+
+def build_service(jobs: Jobs, *, every: float, engine: Engine, host: str = "127.0.0.1",
+                  port: int = 0, clock: Callable[[], float] = time.time,
+                  backoff: float = DEFAULT_BACKOFF, process_metrics: bool = True) -> Service:
+    """Wire jobs, metrics and the API over a read-only ``engine``; binds the port now
+    (OSError when it cannot) but starts nothing."""
+    metrics = ServiceMetrics(process=process_metrics)
+    scheduler = Scheduler(jobs, every, clock=clock, backoff=backoff, metrics=metrics)
+
+    def counts() -> list[tuple[str, str, int]]:
+        with engine.connect() as conn:
+            return api.gpu_counts(conn)
+
+    metrics.watch(counts, lambda: scheduler.state.findings)
+    router = api.build_router(engine, health=scheduler.health, findings=scheduler.findings,
+                              metrics=metrics.exposition)
+    return Service(scheduler, api.ApiServer(router, host, port))

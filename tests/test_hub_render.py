@@ -1,0 +1,286 @@
+"""`gpufleet hub render`: the hub service's own manifests validate, hold no secret, are safe."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from click.testing import CliRunner, Result
+
+from hub import __version__
+from hub.cli import cli
+from hub.errors import InputError
+from hub.render import cron_schedule, hub_service_values, render_hub_service
+
+HUB = "https://rbac-query-proxy-open-cluster-management-observability.apps.hub.example.com"
+HOSTILE = 'x"\n  evil: true'
+CRD_KINDS = {"ServiceMonitor"}
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> Result:
+    return CliRunner().invoke(cli, list(args), env=env or {}, catch_exceptions=False)
+
+
+def render(tmp_path: Path, *args: str, out: str = "out") -> Result:
+    return run("hub", "render", "--out", str(tmp_path / out), *args)
+
+
+def files_for(**overrides: Any) -> dict[str, str]:
+    options: dict[str, Any] = {"hub_url": HUB}
+    options.update(overrides)
+    return render_hub_service(hub_service_values(**options))
+
+
+def objects(files: dict[str, str]) -> dict[str, dict[str, Any]]:
+    return {p: yaml.safe_load(t) for p, t in files.items() if p != "kustomization.yaml"}
+
+
+def one(files: dict[str, str], kind: str) -> dict[str, Any]:
+    found = [o for o in objects(files).values() if o["kind"] == kind]
+    assert len(found) == 1, f"expected one {kind}, got {len(found)}"
+    return found[0]
+
+
+def pod_of(files: dict[str, str]) -> dict[str, Any]:
+    if any(o["kind"] == "CronJob" for o in objects(files).values()):
+        return one(files, "CronJob")["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    return one(files, "Deployment")["spec"]["template"]["spec"]
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file()}
+
+
+VARIANTS = [
+    {},
+    {"kind": "cronjob"},
+    {"hub_ca_configmap": "hub-ca", "hub_ca_key": "ca-bundle.crt"},
+    {"kind": "cronjob", "hub_token_secret": "", "every": 3600.0},
+]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_core_objects_validate_against_kubernetes_1_30(variant):
+    for path, obj in objects(files_for(**variant)).items():
+        if obj["kind"] in CRD_KINDS:
+            continue
+        try:
+            kubernetes_validate.validate(obj, "1.30", strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(f"{path}: {'.'.join(map(str, exc.path))}: {exc.message}")
+
+
+def test_strict_validation_catches_a_misspelt_field():
+    deployment = one(files_for(), "Deployment")
+    deployment["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, "1.30", strict=True)
+
+
+def test_deployment_runs_serve_with_secrets_by_reference_only():
+    files = files_for(hub_ca_configmap="hub-ca")
+    pod = pod_of(files)
+    [container] = pod["containers"]
+    assert container["command"] == ["gpufleet"]
+    assert container["args"] == [
+        "serve", "--listen", "0.0.0.0:8080", "--every", "5m", "--hub-url", HUB,
+        "--token-file", "/etc/gpufleet/hub-token/token", "--ca-file", "/etc/gpufleet/hub-ca/ca.crt"]
+    assert container["env"] == [{"name": "GPUFLEET_DB", "valueFrom": {"secretKeyRef": {
+        "name": "gpufleet-db", "key": "url"}}}]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["hub-token"]["secret"]["secretName"] == "gpufleet-hub-token"
+    assert volumes["hub-ca"]["configMap"] == {"name": "hub-ca", "items": [
+        {"key": "ca.crt", "path": "ca.crt"}]}
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["hub-token"] == {"name": "hub-token", "mountPath": "/etc/gpufleet/hub-token",
+                                   "readOnly": True}
+    assert mounts["hub-ca"]["mountPath"] == "/etc/gpufleet/hub-ca"
+    kinds = sorted(o["kind"] for o in objects(files).values())
+    assert kinds == ["Deployment", "Namespace", "Service", "ServiceAccount", "ServiceMonitor"]
+    assert "Secret" not in kinds and "ConfigMap" not in kinds
+    assert "stringData" not in "".join(files.values())
+
+
+def test_without_token_or_ca_nothing_is_mounted_or_passed():
+    files = files_for(hub_token_secret=None)
+    container = pod_of(files)["containers"][0]
+    assert "--token-file" not in container["args"] and "--ca-file" not in container["args"]
+    assert [v["name"] for v in pod_of(files)["volumes"]] == ["tmp"]
+
+
+@pytest.mark.parametrize("variant", [{}, {"kind": "cronjob"}])
+def test_workloads_are_locked_down(variant):
+    files = files_for(**variant)
+    pod = pod_of(files)
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["automountServiceAccountToken"] is False
+    assert not pod.get("hostNetwork") and not pod.get("hostPID")
+    ctx = pod["containers"][0]["securityContext"]
+    assert ctx["allowPrivilegeEscalation"] is False and ctx["readOnlyRootFilesystem"] is True
+    assert ctx["capabilities"] == {"drop": ["ALL"]} and not ctx.get("privileged")
+    assert one(files, "ServiceAccount")["automountServiceAccountToken"] is False
+    assert one(files, "Namespace")["metadata"]["labels"][
+        "pod-security.kubernetes.io/enforce"] == "restricted"
+
+
+def test_probes_service_and_servicemonitor_agree():
+    files = files_for()
+    container = pod_of(files)["containers"][0]
+    assert container["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
+    assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert container["livenessProbe"]["tcpSocket"] == {"port": "http"}
+    service = one(files, "Service")
+    pods = one(files, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pods.items()
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    monitor = one(files, "ServiceMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= \
+        service["metadata"]["labels"].items()
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["gpufleet"]}
+    [endpoint] = monitor["spec"]["endpoints"]
+    assert endpoint["port"] == service["spec"]["ports"][0]["name"]
+    assert endpoint["path"] == "/metrics"
+    deployment = one(files, "Deployment")
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+
+
+def test_cronjob_runs_sync_on_the_derived_schedule_and_serves_nothing():
+    files = files_for(kind="cronjob", every=900.0)
+    cron = one(files, "CronJob")
+    assert cron["spec"]["schedule"] == "*/15 * * * *"
+    assert cron["spec"]["concurrencyPolicy"] == "Forbid"
+    container = pod_of(files)["containers"][0]
+    assert container["args"][0] == "sync" and "--every" not in container["args"]
+    assert not [o for o in objects(files).values() if o["kind"] in ("Service", "ServiceMonitor")]
+
+
+@pytest.mark.parametrize(("every", "schedule"), [
+    (60, "* * * * *"), (300, "*/5 * * * *"), (1800, "*/30 * * * *"), (3600, "0 * * * *"),
+    (7200, "0 */2 * * *"), (6 * 3600, "0 */6 * * *"), (86400, "0 0 * * *"),
+])
+def test_cron_schedules(every, schedule):
+    assert cron_schedule(every) == schedule
+
+
+@pytest.mark.parametrize("every", [30, 90, 7 * 60, 45 * 60, 5 * 3600, 2 * 86400])
+def test_intervals_cron_cannot_keep_are_refused(every):
+    with pytest.raises(InputError):
+        cron_schedule(every)
+
+
+def test_every_object_carries_the_recommended_labels():
+    for variant in VARIANTS:
+        for path, obj in objects(files_for(**variant)).items():
+            labels = obj["metadata"]["labels"]
+            for key in ("name", "instance", "component", "part-of", "managed-by", "version"):
+                assert labels.get(f"app.kubernetes.io/{key}"), f"{path} lacks {key}"
+            assert labels["app.kubernetes.io/version"] == __version__
+            if obj["kind"] != "Namespace":
+                assert obj["metadata"]["namespace"] == "gpufleet"
+
+
+def test_kustomization_lists_every_file(tmp_path):
+    for kind in ("deployment", "cronjob"):
+        out = tmp_path / kind
+        result = render(tmp_path, "--hub-url", HUB, "--kind", kind, out=kind)
+        assert result.exit_code == 0, result.output
+        kustomization = yaml.safe_load((out / "kustomization.yaml").read_text())
+        on_disk = sorted(p.name for p in out.glob("*.yaml") if p.name != "kustomization.yaml")
+        assert sorted(kustomization["resources"]) == on_disk
+
+
+def test_rendering_twice_is_byte_identical(tmp_path):
+    args = ["--hub-url", HUB, "--hub-ca-configmap", "hub-ca", "--namespace", "fleet-hub"]
+    assert render(tmp_path, *args, out="one").exit_code == 0
+    assert render(tmp_path, *args, out="two").exit_code == 0
+    first = snapshot(tmp_path / "one")
+    assert first == snapshot(tmp_path / "two")
+    assert render(tmp_path, *args, out="one").exit_code == 0
+    assert snapshot(tmp_path / "one") == first
+
+
+def test_hostile_image_is_quoted_and_cannot_add_keys(tmp_path):
+    result = render(tmp_path, "--hub-url", HUB, "--image", HOSTILE)
+    assert result.exit_code == 0, result.output
+
+    def keys(node: Any) -> set[str]:
+        if isinstance(node, dict):
+            return set(node) | {k for v in node.values() for k in keys(v)}
+        if isinstance(node, list):
+            return {k for v in node for k in keys(v)}
+        return set()
+
+    for path in (tmp_path / "out").glob("*.yaml"):
+        assert "evil" not in keys(yaml.safe_load(path.read_text())), path.name
+    deployment = yaml.safe_load((tmp_path / "out" / "deployment.yaml").read_text())
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == HOSTILE
+
+
+def test_hub_url_with_query_characters_stays_one_argument():
+    url = "https://hub.example.com/api?tenant=a&x='1'#frag:y,*z"
+    args = pod_of(files_for(hub_url=url))["containers"][0]["args"]
+    assert args[args.index("--hub-url") + 1] == url
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    ([], "--hub-url is required"),
+    (["--hub-url", HOSTILE], "spaces or control characters"),
+    (["--hub-url", "ftp://hub/"], "http(s)"),
+    (["--hub-url", "https://user:pw@hub.example.com/"], "must not carry credentials"),
+    (["--hub-url", HUB, "--kind", "statefulset"], "unknown kind"),
+    (["--hub-url", HUB, "--namespace", "Fleet Hub"], "DNS-1123"),
+    (["--hub-url", HUB, "--every", "soon"], "--every: invalid duration"),
+    (["--hub-url", HUB, "--every", "0s"], "--every must be at least 1s"),
+    (["--hub-url", HUB, "--kind", "cronjob", "--every", "45m"], "cannot be a cron schedule"),
+    (["--hub-url", HUB, "--kind", "cronjob", "--every", "30s"], "not whole minutes"),
+    (["--hub-url", HUB, "--db-secret", "DB_Secret"], "--db-secret"),
+    (["--hub-url", HUB, "--db-secret", ""], "--db-secret"),
+    (["--hub-url", HUB, "--hub-token-secret", "a b"], "--hub-token-secret"),
+    (["--hub-url", HUB, "--hub-ca-configmap", "ca\nx"], "--hub-ca-configmap"),
+    (["--hub-url", HUB, "--hub-ca-configmap", "ca", "--hub-ca-key", "../x"], "--hub-ca-key"),
+    (["--hub-url", HUB, "--image", "{{ evil }}"], "templates"),
+    (["--hub-url", HUB, "--image", ""], "--image must not be empty"),
+])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, message):
+    result = render(tmp_path, *args)
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("error: ") and result.output.count("\n") == 1
+    assert message in result.output
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_missing_out_is_an_input_error():
+    result = run("hub", "render", "--hub-url", HUB)
+    assert result.exit_code == 2 and result.output == "error: --out DIR is required\n"
+
+
+def test_refuses_to_replace_a_directory_it_did_not_write(tmp_path):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "notes.txt").write_text("mine")
+    result = render(tmp_path, "--hub-url", HUB)
+    assert result.exit_code == 2 and "not written by gpufleet" in result.output
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["notes.txt"]
+
+
+def test_options_come_from_the_environment_and_config_file(tmp_path):
+    env = {"GPUFLEET_HUB_URL": HUB, "GPUFLEET_HUB_KIND": "cronjob", "GPUFLEET_EVERY": "1h"}
+    result = run("hub", "render", "--out", str(tmp_path / "env"), env=env)
+    assert result.exit_code == 0, result.output
+    cron = yaml.safe_load((tmp_path / "env" / "cronjob.yaml").read_text())
+    assert cron["spec"]["schedule"] == "0 * * * *"
+    config = tmp_path / "gpufleet.yaml"
+    config.write_text(yaml.safe_dump({"hub-url": HUB, "db-secret": "inventory-pg",
+                                      "every": "10m"}))
+    result = run("hub", "render", "--config", str(config), "--out", str(tmp_path / "cfg"))
+    assert result.exit_code == 0, result.output
+    deployment = yaml.safe_load((tmp_path / "cfg" / "deployment.yaml").read_text())
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["env"][0]["valueFrom"]["secretKeyRef"]["name"] == "inventory-pg"
+    assert container["args"][container["args"].index("--every") + 1] == "10m"

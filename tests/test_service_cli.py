@@ -1,0 +1,124 @@
+"""`gpufleet serve` as a real process: start, answer, stop on SIGTERM / Ctrl-C; bad flags."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+from hub.localstack import free_port
+from tests.clirun import gpufleet
+
+SECRET_TOKEN = "tok-s3cret-hub"
+SECRET_PASSWORD = "pw-s3cret-url"
+
+
+def start(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "hub", "serve", *args],
+                            env={**os.environ, **(env or {})}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def wait_status(proc: subprocess.Popen[str], url: str, want: int,
+                timeout: float = 20.0) -> dict:
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        try:
+            r = requests.get(url + "/healthz", timeout=2)
+        except requests.ConnectionError as exc:
+            last = exc
+        else:
+            last = r.text
+            if r.status_code == want:
+                return r.json()
+        time.sleep(0.1)
+    raise AssertionError(f"/healthz never answered {want}: {last}")
+
+
+def test_serve_syncs_serves_and_exits_0_on_sigterm(hub, tmp_path: Path):
+    port = free_port()
+    db = f"sqlite:///{tmp_path / 'inv.db'}"
+    proc = start("--hub-url", hub.url, "--db", db, "--every", "10s",
+                 "--listen", f"127.0.0.1:{port}")
+    try:
+        url = f"http://127.0.0.1:{port}"
+        body = wait_status(proc, url, 200)
+        assert body["status"] == "ok" and body["last_sync"]["gpus"] == 0
+        assert requests.get(url + "/api/v1/sync-runs", timeout=5).json()["items"][0][
+            "status"] == "ok"
+        assert "gpufleet_sync_last_success_timestamp_seconds" in requests.get(
+            url + "/metrics", timeout=5).text
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=15)
+    assert proc.returncode == 0, err
+    assert f"gpufleet serve: http://127.0.0.1:{port}" in err
+    assert "sync ok: 0 clusters" in err and "terminated, shutting down" in err
+    with socket.socket() as s:  # nothing listens on the port any more
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", port))
+        s.listen()
+
+
+def test_unreachable_hub_keeps_serving_503_and_ctrl_c_exits_130(tmp_path: Path):
+    port = free_port()
+    token = tmp_path / "token"
+    token.write_text(SECRET_TOKEN)
+    proc = start("--hub-url", f"http://admin:{SECRET_PASSWORD}@127.0.0.1:{free_port()}",
+                 "--token-file", str(token), "--db", f"sqlite:///{tmp_path / 'inv.db'}",
+                 "--every", "1s", "--listen", f"127.0.0.1:{port}")
+    try:
+        url = f"http://127.0.0.1:{port}"
+        body = wait_status(proc, url, 503)
+        deadline = time.monotonic() + 10
+        while "unreachable" not in body.get("reason", "") and time.monotonic() < deadline:
+            time.sleep(0.2)
+            body = requests.get(url + "/healthz", timeout=2).json()
+        assert body["reason"].startswith("never synced yet; last error: hub http://127.0.0.1:")
+        assert "unreachable" in body["reason"]
+        pages = [requests.get(url + p, timeout=2).text
+                 for p in ("/healthz", "/metrics", "/api/v1/sync-runs", "/api/v1/openapi.json")]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=15)
+    assert proc.returncode == 130, err
+    assert "sync failed" in err and "Traceback" not in err
+    for text in [out, err, *pages]:
+        assert SECRET_PASSWORD not in text and SECRET_TOKEN not in text
+
+
+def test_bad_listen_is_one_line_exit_2():
+    proc = subprocess.run([sys.executable, "-m", "hub", "serve", "--hub-url",
+                           "http://127.0.0.1:1", "--listen", "localhost"],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: --listen: invalid listen address 'localhost'")
+    assert proc.stderr.count("\n") == 1
+
+
+def test_port_in_use_is_one_line_exit_2(tmp_path: Path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run([sys.executable, "-m", "hub", "serve", "--hub-url",
+                               "http://127.0.0.1:1", "--db", f"sqlite:///{tmp_path / 'x.db'}",
+                               "--listen", f"127.0.0.1:{port}"],
+                              capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == (f"error: cannot listen on 127.0.0.1:{port}: "
+                           "Address already in use\n")
+
+
+def test_serve_and_hub_are_listed_commands():
+    result = gpufleet("--help")
+    assert "serve" in result.output and "hub" in result.output
+    assert gpufleet("hub", "--help").output.count("render") >= 1
