@@ -32,6 +32,9 @@ COMMANDS: dict[str, str] = {
     "exporter": "spoke.cli:exporter",
     "serve": "hub.commands.service:serve",
     "hub": "hub.commands.service:hub_group",
+    "reconcile": "hub.commands.validate:reconcile",
+    "report": "hub.commands.validate:report",
+    "alerts": "hub.commands.validate:alerts",
 }
 
 CONFIG_ENV = "GPUFLEET_CONFIG"

@@ -162,3 +162,47 @@ def list_all(api: client.ApiClient, doing: str, func: Callable[..., Any], *args:
         token = (page.get("metadata") or {}).get("continue") or None
         if not token:
             return
+
+
+# -- listings for reconcile (issue 5) ---------------------------------------------------------
+MANAGED_CLUSTERS = ("cluster.open-cluster-management.io", "v1", "managedclusters")
+
+
+def _raw_json(api: client.ApiClient, doing: str,
+              func: Callable[..., Any]) -> Callable[..., dict[str, Any]]:
+    """A list method returning the API's JSON as is: no typed models to build and validate
+    (large clusters list faster, and a field the models do not expect cannot break a read)."""
+
+    def fetch(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        resp = func(*args, _preload_content=False, **kwargs)
+        try:
+            page = json.loads(resp.data)
+        except ValueError:
+            raise UnavailableError(f"Kubernetes API at {host_of(api)} answered {doing} with "
+                                   "something that is not JSON") from None
+        finally:
+            resp.release_conn()
+        if not isinstance(page, dict):
+            raise UnavailableError(f"Kubernetes API at {host_of(api)} answered {doing} with "
+                                   "an unexpected document")
+        return page
+
+    return fetch
+
+
+def list_nodes(api: client.ApiClient, page_size: int = PAGE_SIZE) -> Iterator[dict[str, Any]]:
+    """Every Node of one cluster, as the API sent it (capacity, allocatable, labels)."""
+    doing = "listing nodes"
+    return list_all(api, doing, _raw_json(api, doing, client.CoreV1Api(api).list_node),
+                    page_size=page_size)
+
+
+def list_managed_clusters(api: client.ApiClient, page_size: int = PAGE_SIZE,
+                          label_selector: str | None = None) -> Iterator[dict[str, Any]]:
+    """Every ACM ManagedCluster on a hub (optionally those a label selector picks): the
+    clusters that should be reporting."""
+    group, version, plural = MANAGED_CLUSTERS
+    extra = {"label_selector": label_selector} if label_selector else {}
+    return list_all(api, "listing ManagedClusters (is this context an ACM hub?)",
+                    client.CustomObjectsApi(api).list_cluster_custom_object, group, version,
+                    plural, page_size=page_size, **extra)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
+import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
@@ -13,6 +15,17 @@ from sqlalchemy.engine import Engine
 from hub.errors import InputError
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+#: Modules that define tables on hub.inventory.metadata; importing them completes it.
+TABLE_MODULES = ("hub.inventory", "hub.reconcile_store")
+
+
+def metadata() -> sa.MetaData:
+    """The whole schema the code expects, whichever command happened to import what."""
+    for name in TABLE_MODULES:
+        importlib.import_module(name)
+    from hub.inventory import metadata as complete
+
+    return complete
 
 
 def _config(connection=None) -> Config:

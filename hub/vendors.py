@@ -60,6 +60,9 @@ class VendorProfile(ABC):
     vendor: str = ""
     #: label names that identify a series' GPU or slice (aggregation keeps exactly these)
     id_labels: list[str] = []
+    #: the id labels that name the node (in order of preference) and a MIG slice
+    node_labels: list[str] = []
+    slice_labels: list[str] = []
     #: static attributes of a GPU (model, driver, ...) kept in the identity query
     attr_labels: list[str] = []
     #: device-level series: any metric whose name matches and carries this matcher is a GPU's
@@ -105,9 +108,9 @@ class VendorProfile(ABC):
         return out
 
     # -- parsing of aggregated rows -------------------------------------------------------
-    @abstractmethod
     def node(self, labels: Mapping[str, str]) -> str:
-        """The node a series comes from."""
+        """The node a series comes from: the first node label that is set."""
+        return next((labels[n] for n in self.node_labels if labels.get(n)), "")
 
     @abstractmethod
     def identity(self, labels: Mapping[str, str], cluster_label: str) -> Identity | None:
@@ -143,6 +146,8 @@ class Nvidia(VendorProfile):
 
     vendor = "nvidia"
     id_labels = ["Hostname", "hostname", "UUID", "GPU_I_PROFILE", "GPU_I_ID"]
+    node_labels = ["Hostname", "hostname"]  # released images / master since 2026-05
+    slice_labels = ["GPU_I_PROFILE", "GPU_I_ID"]
     attr_labels = ["gpu", "modelName", "DCGM_FI_DRIVER_VERSION", "pci_bus_id"]
     device_names = "DCGM_FI_.+"
     device_matcher = 'UUID!=""'
@@ -160,9 +165,6 @@ class Nvidia(VendorProfile):
         "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_DEV_SM_CLOCK",
         "DCGM_FI_DEV_MEM_COPY_UTIL", "DCGM_FI_DEV_XID_ERRORS",
     ]
-
-    def node(self, labels: Mapping[str, str]) -> str:
-        return labels.get("Hostname") or labels.get("hostname") or ""
 
     def identity(self, labels: Mapping[str, str], cluster_label: str) -> Identity | None:
         uuid = labels.get("UUID")
@@ -195,6 +197,7 @@ class Amd(VendorProfile):
 
     vendor = "amd"
     id_labels = ["hostname", "gpu_id", "gpu_uuid", "serial_number"]
+    node_labels = ["hostname"]
     attr_labels = ["card_series", "card_model", "driver_version", "gpu_partition_id"]
     device_names = "(amd_)?gpu_.+"
     device_matcher = 'gpu_id!=""'
@@ -211,9 +214,6 @@ class Amd(VendorProfile):
         "gpu_gfx_activity", "gpu_used_vram", "gpu_total_vram", "gpu_power_usage",
         "gpu_package_power", "gpu_edge_temperature", "gpu_junction_temperature", "gpu_health",
     ]
-
-    def node(self, labels: Mapping[str, str]) -> str:
-        return labels.get("hostname") or labels.get("Hostname") or ""
 
     def identity(self, labels: Mapping[str, str], cluster_label: str) -> Identity | None:
         gpu_id = labels.get("gpu_id")
@@ -270,4 +270,20 @@ def allowlist_metrics() -> list[str]:
             names.update(prefix + m for ms in p.value_fields.values() for m in ms)
             names.update(prefix + m for m in p.timestamp_metrics)
     names.update(EXPORTER_HEALTH_METRICS)
+    # reconcile --source hub reads node labels (MIG strategy, time-slicing replicas) from
+    # kube-state-metrics; ACM's default allowlist forwards the capacity series, not these.
+    names.add(KUBE_NODE_LABELS)
     return sorted(names)
+
+
+# -- label roles and extra series, for validation queries and alert rules (issue 5) ----------
+#: Which of a profile's ``id_labels`` name the node a series comes from, and which name a MIG
+#: slice inside a GPU; the remaining id labels identify the physical GPU. Report queries and
+#: alert rules group by these roles, so they stay fixed-size and vendor-neutral.
+NODE_LABELS: dict[str, list[str]] = {p.vendor: p.node_labels for p in PROFILES}
+SLICE_LABELS: dict[str, list[str]] = {p.vendor: p.slice_labels for p in PROFILES}
+EXPORTER_UP, EXPORTER_COLLECT_ERRORS, EXPORTER_LAST_COLLECT = EXPORTER_HEALTH_METRICS
+#: the node label of gpufleet's exporter health series (spoke/_naming.py HEALTH_NODE_LABEL)
+EXPORTER_NODE_LABEL = "hostname"
+#: kube-state-metrics' node labels (label_<sanitised name>; only labels on its allowlist)
+KUBE_NODE_LABELS = "kube_node_labels"

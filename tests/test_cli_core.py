@@ -135,7 +135,7 @@ def test_db_upgrade_creates_the_schema_the_models_describe(db_url):
     assert result.exit_code == 0 and f"empty -> {head}" in result.stdout
     engine = inventory.make_engine(db_url)
     with engine.connect() as conn:
-        assert compare_metadata(MigrationContext.configure(conn), inventory.metadata) == []
+        assert compare_metadata(MigrationContext.configure(conn), migrate.metadata()) == []
     assert migrate.current(engine) == migrate.head()
     assert f"{head} -> {head}" in gpufleet("db", "upgrade", "--db", db_url).stdout
     engine.dispose()

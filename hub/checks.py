@@ -1,0 +1,421 @@
+"""Validation rules: plain facts in, findings out (pure; no database, no network).
+
+``gpufleet report`` gathers the facts (the inventory, the latest reconcile run, and a few
+fixed PromQL answers from the hub, see :mod:`hub.alerts`) and runs every check here; the same
+failure modes are rendered as Prometheus alerting rules by ``gpufleet alerts render``.
+
+Freshness is the age of the newest sample, never the presence of a series: ACM pushes every
+300 s by default, so one missed push (twice the interval) is a warning, and the adoption
+contract's freshness guarantee (``--max-age``, 1 h) is the error line.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+ERROR = "error"
+WARNING = "warning"
+INFO = "info"
+SEVERITIES = (ERROR, WARNING, INFO)
+_RANK = {s: i for i, s in enumerate(SEVERITIES)}
+
+
+@dataclass(frozen=True)
+class Finding:
+    severity: str
+    check: str
+    message: str
+    cluster: str | None = None
+    node: str | None = None
+    gpu: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        return {k: out[k] for k in ("severity", "check", "cluster", "node", "gpu", "message")}
+
+    def sort_key(self) -> tuple[Any, ...]:
+        return (_RANK[self.severity], self.check, self.cluster or "", self.node or "",
+                self.gpu or "", self.message)
+
+
+# -- facts ---------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ClusterFacts:
+    cluster: str
+    state: str
+    last_sample_at: dt.datetime | None
+    nodes_active: int = 0
+    nodes_known: int = 0
+    gpus_active: int = 0
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    cluster: str
+    node: str
+    state: str
+    last_sample_at: dt.datetime | None
+    gpus_active: int = 0
+    gpus_stale: int = 0
+
+
+@dataclass(frozen=True)
+class GpuFacts:
+    """A physical GPU of the inventory."""
+
+    cluster: str
+    node: str
+    uuid: str
+    state: str
+    last_sample_at: dt.datetime | None = None
+    index: int | None = None
+
+
+@dataclass(frozen=True)
+class SyncFacts:
+    started_at: dt.datetime
+    status: str  # ok | failed
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ReconcileFacts:
+    """The latest reconcile run: its non-matching nodes and its cluster rows."""
+
+    finished_at: dt.datetime
+    source: str
+    nodes: Sequence[Mapping[str, Any]]
+    clusters: Sequence[Mapping[str, Any]]
+
+
+@dataclass(frozen=True)
+class ExpectedFacts:
+    """The ACM ManagedCluster set of the latest reconcile that read it."""
+
+    listed_at: dt.datetime
+    available: Mapping[str, str | None]  # cluster -> ManagedClusterConditionAvailable
+
+
+@dataclass(frozen=True)
+class GpuRef:
+    cluster: str
+    node: str
+    gpu: str
+    pod: str | None = None
+
+
+@dataclass(frozen=True)
+class NodeRef:
+    cluster: str
+    node: str
+
+
+@dataclass
+class HubHistory:
+    """What the hub's fixed history queries returned (see hub.alerts.read_history)."""
+
+    window: float
+    zero_usage: list[GpuRef] = field(default_factory=list)
+    stuck: list[NodeRef] = field(default_factory=list)
+    exporter_down: list[NodeRef] = field(default_factory=list)
+    collect_errors: list[tuple[NodeRef, float]] = field(default_factory=list)
+    visible: dict[str, int] = field(default_factory=dict)  # cluster -> GPUs visible
+
+
+# -- helpers -------------------------------------------------------------------------------------
+def age_seconds(ts: dt.datetime | None, now: dt.datetime) -> float | None:
+    if ts is None:
+        return None
+    if ts.tzinfo is not None:
+        ts = ts.astimezone(dt.UTC).replace(tzinfo=None)
+    return max(0.0, (now - ts).total_seconds())
+
+
+def human(seconds: float | None) -> str:
+    """3h12m, 45s: short ages for messages."""
+    if seconds is None:
+        return "never"
+    secs = round(seconds)
+    if secs < 60:
+        return f"{secs}s"
+    days, rest = divmod(secs, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, sec = divmod(rest, 60)
+    parts = [(days, "d"), (hours, "h"), (minutes, "m")] + ([(sec, "s")] if not days else [])
+    text = "".join(f"{n}{u}" for n, u in parts if n)
+    return text or "0s"
+
+
+def _iso(ts: dt.datetime | None) -> str:
+    return ts.strftime("%Y-%m-%dT%H:%M:%SZ") if ts else "never"
+
+
+def worst(findings: Iterable[Finding]) -> str | None:
+    ranks = [_RANK[f.severity] for f in findings]
+    return SEVERITIES[min(ranks)] if ranks else None
+
+
+# -- inventory checks ------------------------------------------------------------------------------
+def check_inventory(clusters: Sequence[ClusterFacts],
+                    last_sync: SyncFacts | None, last_ok: SyncFacts | None,
+                    now: dt.datetime, max_age: float) -> list[Finding]:
+    """The inventory itself: empty, never synced, last sync failed or too old."""
+    out: list[Finding] = []
+    if not clusters:
+        out.append(Finding(ERROR, "inventory", "the inventory holds no clusters: run "
+                                               "`gpufleet sync` against the hub"))
+    if last_sync is not None and last_sync.status != "ok":
+        out.append(Finding(WARNING, "sync", f"the latest sync ({_iso(last_sync.started_at)}) "
+                                            f"failed: {last_sync.error or 'no detail'}"))
+    if last_ok is not None:
+        age = age_seconds(last_ok.started_at, now) or 0.0
+        if age > max_age:
+            out.append(Finding(ERROR, "sync", f"the latest successful sync was {human(age)} ago "
+                                              f"(> max age {human(max_age)}): the inventory "
+                                              "itself is out of date"))
+    elif clusters:
+        out.append(Finding(WARNING, "sync", "no successful sync recorded"))
+    return out
+
+
+def check_freshness(clusters: Sequence[ClusterFacts], now: dt.datetime, max_age: float,
+                    push_interval: float) -> list[Finding]:
+    """Heartbeat per cluster: the age of its newest sample."""
+    out: list[Finding] = []
+    for c in clusters:
+        age = age_seconds(c.last_sample_at, now)
+        if age is None:
+            out.append(Finding(ERROR, "freshness", "no sample with a timestamp ever seen",
+                               c.cluster))
+        elif age > max_age:
+            out.append(Finding(ERROR, "freshness",
+                               f"newest GPU sample is {human(age)} old (> max age "
+                               f"{human(max_age)}; last {_iso(c.last_sample_at)})", c.cluster))
+        elif age > 2 * push_interval:
+            out.append(Finding(WARNING, "freshness",
+                               f"newest GPU sample is {human(age)} old (> 2 × push interval "
+                               f"{human(push_interval)}: at least one push missed)", c.cluster))
+    return out
+
+
+def check_missing_clusters(clusters: Sequence[ClusterFacts],
+                           expected: ExpectedFacts | None) -> list[Finding]:
+    """ACM ManagedClusters that should report GPU metrics and never did."""
+    if expected is None:
+        return []
+    known = {c.cluster for c in clusters}
+    out = []
+    for name in sorted(set(expected.available) - known):
+        avail = expected.available[name]
+        state = f", Available={avail}" if avail else ""
+        out.append(Finding(ERROR, "missing_cluster",
+                           f"ACM ManagedCluster{state} (listed {_iso(expected.listed_at)}) has "
+                           "never sent GPU metrics to the hub", name))
+    return out
+
+
+def check_partial_data(nodes: Sequence[NodeFacts], gpus: Sequence[GpuFacts]) -> list[Finding]:
+    """Some nodes of a cluster silent while others report; GPUs gone from reporting nodes."""
+    out: list[Finding] = []
+    by_cluster: dict[str, list[NodeFacts]] = {}
+    for n in nodes:
+        by_cluster.setdefault(n.cluster, []).append(n)
+    for cluster, members in sorted(by_cluster.items()):
+        reporting = [n for n in members if n.state == "active"]
+        if not reporting:
+            continue  # the whole cluster is silent: the freshness check says so once
+        for n in members:
+            if n.state != "active":
+                out.append(Finding(
+                    WARNING, "partial_data",
+                    f"node stopped reporting (last sample {_iso(n.last_sample_at)}, "
+                    f"{n.gpus_stale} GPUs) while {len(reporting)} of {len(members)} nodes of "
+                    "the cluster report", cluster, n.node))
+    active_nodes = {(n.cluster, n.node): n for n in nodes if n.state == "active"}
+    for g in gpus:
+        node = active_nodes.get((g.cluster, g.node))
+        if g.state != "active" and node is not None:
+            index = f" (index {g.index})" if g.index is not None else ""
+            out.append(Finding(
+                WARNING, "gpu_dropped",
+                f"GPU{index} no longer reported since {_iso(g.last_sample_at)}; the node "
+                f"reports {node.gpus_active} of {node.gpus_active + node.gpus_stale} GPUs",
+                g.cluster, g.node, g.uuid))
+    return out
+
+
+def check_duplicate_uuids(gpus: Sequence[GpuFacts]) -> list[Finding]:
+    """One physical GPU reported from two places: a mislabelled cluster or a cloned node."""
+    places: dict[str, set[tuple[str, str]]] = {}
+    for g in gpus:
+        if g.state == "active":
+            places.setdefault(g.uuid, set()).add((g.cluster, g.node))
+    out = []
+    for uuid, where in sorted(places.items()):
+        if len(where) > 1:
+            listed = ", ".join(f"{c}/{n}" for c, n in sorted(where))
+            first = sorted(where)[0]
+            out.append(Finding(ERROR, "duplicate_uuid",
+                               f"the same GPU UUID is reported by {len(where)} nodes: {listed}",
+                               first[0], first[1], uuid))
+    return out
+
+
+#: severity of each node status of a reconcile run
+RECONCILE_SEVERITY = {
+    "count_mismatch": ERROR,
+    "missing_in_metrics": ERROR,
+    "missing_in_kubernetes": WARNING,
+    "node_not_reporting": WARNING,
+}
+
+
+def check_reconcile(run: ReconcileFacts | None, now: dt.datetime,
+                    max_age: float) -> list[Finding]:
+    """GPU count mismatches of the latest reconcile run."""
+    if run is None:
+        return [Finding(INFO, "reconcile", "no reconcile run yet: GPU counts were not checked "
+                                           "against Kubernetes (run `gpufleet reconcile`)")]
+    out: list[Finding] = []
+    age = age_seconds(run.finished_at, now) or 0.0
+    if age > max_age:
+        out.append(Finding(INFO, "reconcile", f"the latest reconcile ({run.source} source) is "
+                                              f"{human(age)} old"))
+    for row in run.nodes:
+        severity = RECONCILE_SEVERITY.get(str(row.get("status")))
+        if severity:
+            out.append(Finding(severity, str(row["status"]), str(row.get("reason") or ""),
+                               row.get("cluster"), row.get("node")))
+    for row in run.clusters:
+        if row.get("status") == "no_gpu_metrics":
+            out.append(Finding(ERROR, "no_gpu_metrics", str(row.get("reason") or ""),
+                               row.get("cluster")))
+        elif row.get("status") == "no_kubernetes_data":
+            out.append(Finding(WARNING, "no_kubernetes_data", str(row.get("reason") or ""),
+                               row.get("cluster")))
+    return out
+
+
+# -- hub checks ------------------------------------------------------------------------------------
+def hub_skipped(reason: str) -> list[Finding]:
+    return [Finding(INFO, "hub_checks", f"{reason}: zero-usage, stuck-exporter, exporter-health "
+                                        "and hub-visibility checks skipped")]
+
+
+def check_zero_usage(history: HubHistory) -> list[Finding]:
+    window = human(history.window)
+    return [Finding(WARNING, "zero_usage",
+                    f"utilisation exactly 0 for the whole {window} while pod {g.pod} is "
+                    "allocated to it", g.cluster, g.node, g.gpu)
+            for g in history.zero_usage]
+
+
+def check_stuck_exporters(history: HubHistory) -> list[Finding]:
+    window = human(history.window)
+    return [Finding(WARNING, "stuck_exporter",
+                    f"no value of any GPU on this node changed in {window} although samples "
+                    "keep arriving: the collector is stuck", n.cluster, n.node)
+            for n in history.stuck]
+
+
+def check_exporter_health(history: HubHistory) -> list[Finding]:
+    out = [Finding(ERROR, "exporter_down", "gpufleet exporter reports up=0: it cannot read "
+                                           "its GPUs", n.cluster, n.node)
+           for n in history.exporter_down]
+    window = human(history.window)
+    out += [Finding(WARNING, "collect_errors",
+                    f"{value:g} collection errors in the last {window}", n.cluster, n.node)
+            for n, value in history.collect_errors]
+    return out
+
+
+def check_visibility(history: HubHistory, expected: Iterable[str], basis: str) -> list[Finding]:
+    """The ACM query proxy filters by the token's permissions without saying so: compare the
+    clusters the hub returns GPU series for with those that should be there."""
+    expected = set(expected)
+    hidden = sorted(expected - set(history.visible))
+    if not hidden:
+        return []
+    listed = ", ".join(hidden[:20]) + (f" and {len(hidden) - 20} more" if len(hidden) > 20
+                                       else "")
+    return [Finding(ERROR, "hub_visibility",
+                    f"the hub returns GPU series for {len(expected) - len(hidden)} of "
+                    f"{len(expected)} {basis} clusters; not visible: {listed} (a token that "
+                    "may not see them, or they send nothing)")]
+
+
+# -- all of them -----------------------------------------------------------------------------------
+@dataclass
+class Facts:
+    """Everything the report checks, gathered by the report command."""
+
+    now: dt.datetime
+    clusters: list[ClusterFacts]
+    nodes: list[NodeFacts]
+    gpus: list[GpuFacts]
+    last_sync: SyncFacts | None = None
+    last_ok_sync: SyncFacts | None = None
+    reconcile: ReconcileFacts | None = None
+    expected: ExpectedFacts | None = None
+    history: HubHistory | None = None
+    hub_skipped: str | None = None  # why the hub checks did not run
+
+
+def run_checks(facts: Facts, *, max_age: float = 3600.0,
+               push_interval: float = 300.0) -> list[Finding]:
+    now = facts.now
+    out = check_inventory(facts.clusters, facts.last_sync, facts.last_ok_sync, now, max_age)
+    out += check_freshness(facts.clusters, now, max_age, push_interval)
+    out += check_missing_clusters(facts.clusters, facts.expected)
+    out += check_partial_data(facts.nodes, facts.gpus)
+    out += check_duplicate_uuids(facts.gpus)
+    out += check_reconcile(facts.reconcile, now, max_age)
+    if facts.history is not None:
+        out += check_zero_usage(facts.history)
+        out += check_stuck_exporters(facts.history)
+        out += check_exporter_health(facts.history)
+        if facts.expected is not None:
+            out += check_visibility(facts.history, facts.expected.available, "expected (ACM)")
+        else:
+            active = [c.cluster for c in facts.clusters if c.state == "active"]
+            out += check_visibility(facts.history, active, "active inventory")
+    elif facts.hub_skipped:
+        out += hub_skipped(facts.hub_skipped)
+    return sorted(set(out), key=Finding.sort_key)
+
+
+def summarize(facts: Facts, findings: Sequence[Finding]) -> list[dict[str, Any]]:
+    """One row per cluster: newest sample and its age, nodes reporting of expected, GPUs."""
+    expected_nodes: dict[str, int] = {}
+    if facts.reconcile is not None:
+        for row in facts.reconcile.clusters:
+            if row.get("k8s_gpu_nodes") is not None:
+                expected_nodes[str(row["cluster"])] = int(row["k8s_gpu_nodes"])
+    by_cluster: dict[str, list[Finding]] = {}
+    for f in findings:
+        if f.cluster:
+            by_cluster.setdefault(f.cluster, []).append(f)
+    expected = facts.expected.available if facts.expected else {}
+    known = {c.cluster: c for c in facts.clusters}
+    rows = []
+    for name in sorted(set(known) | set(expected)):
+        c = known.get(name)
+        age = age_seconds(c.last_sample_at, facts.now) if c else None
+        mine = by_cluster.get(name, [])
+        rows.append({
+            "cluster": name,
+            "status": worst(f for f in mine if f.severity != INFO) or "ok",
+            "state": c.state if c else "absent",
+            "last_sample_at": c.last_sample_at if c else None,
+            "age_seconds": None if age is None else round(age, 1),
+            "age": human(age),
+            "nodes_reporting": c.nodes_active if c else 0,
+            "nodes_expected": max(expected_nodes.get(name, 0), c.nodes_known if c else 0),
+            "gpus": c.gpus_active if c else 0,
+            "expected": (name in expected) if facts.expected else None,
+            "findings": len(mine),
+        })
+    return rows

@@ -1,0 +1,360 @@
+"""`reconcile`, `report` and `alerts render`: thin click wrappers over hub.reconcile,
+hub.checks, hub.report and hub.alerts.
+
+The commands gather plain data through the project's doors (the inventory database, the hub
+client, the Kubernetes client) and hand it to pure functions; exit 1 means "ran and found
+problems", so cron jobs and CI can gate on it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from hub import inventory, migrate
+from hub import reconcile as rc
+from hub.cli import ConfiguredCommand, ConfiguredGroup
+from hub.durations import DURATION, format_duration
+from hub.errors import EXIT_FINDINGS, InputError, UnavailableError
+from hub.options import cluster_label_option, db_option, env, hub_options
+from hub.output import emit, output_option
+
+SOURCES = ("hub", "kube", "file")
+RECONCILE_COLUMNS = ["scope", "cluster", "node", "status", "mode", "k8s_gpus",
+                     "k8s_allocatable", "expected_gpus", "observed_gpus", "k8s_slices",
+                     "observed_slices", "reason", "metrics_node", "resources", "managed",
+                     "available"]
+RECONCILE_TABLE = ["cluster", "node", "status", "mode", "k8s_gpus", "observed_gpus", "reason"]
+#: `--managed-clusters` given without a value: the kubeconfig's current context
+CURRENT_CONTEXT = "-"
+
+
+def _pairs(values: tuple[str, ...], flag: str, *, value_required: bool) -> list[tuple[str, str]]:
+    """``A=B`` flags (``A`` alone means ``A=A`` unless a value is required)."""
+    out: list[tuple[str, str]] = []
+    for raw in values:
+        key, sep, value = raw.partition("=")
+        if not sep and not value_required:
+            value = key
+        if not key or not value:
+            form = "CLUSTER=FILE" if value_required else "CTX[=CLUSTER]"
+            raise InputError(f"{flag} {raw!r}: expected {form}")
+        out.append((key, value))
+    return out
+
+
+def _nodes_from_files(pairs: list[tuple[str, str]]) -> tuple[list[rc.NodeView], set[str]]:
+    views: list[rc.NodeView] = []
+    seen: set[str] = set()
+    for cluster, path in pairs:
+        if cluster in seen:
+            raise InputError(f"--nodes-json names cluster {cluster!r} twice")
+        seen.add(cluster)
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise InputError(f"--nodes-json {cluster}={path}: {exc.strerror}") from None
+        except UnicodeDecodeError:
+            raise InputError(f"--nodes-json {cluster}={path}: not UTF-8 text") from None
+        try:
+            doc = json.loads(text)
+        except ValueError as exc:
+            raise InputError(f"--nodes-json {cluster}={path}: not valid JSON "
+                             f"(line {getattr(exc, 'lineno', '?')})") from None
+        views += rc.nodes_from_document(cluster, doc, f"--nodes-json {cluster}={path}")
+    return views, seen
+
+
+def _nodes_from_kube(pairs: list[tuple[str, str]],
+                     kubeconfig: str | None) -> tuple[list[rc.NodeView], set[str]]:
+    from hub import kube
+
+    views: list[rc.NodeView] = []
+    clusters: set[str] = set()
+    for context, cluster in pairs:
+        if cluster in clusters:
+            raise InputError(f"--context maps two contexts to cluster {cluster!r}")
+        clusters.add(cluster)
+        api = kube.api_client(kubeconfig, context)
+        try:
+            views += [rc.node_from_object(cluster, obj) for obj in kube.list_nodes(api)]
+        finally:
+            api.close()
+    return views, clusters
+
+
+def _nodes_from_hub(opts: dict[str, Any], stale_after: float,
+                    cluster_label: str) -> tuple[list[rc.NodeView], set[str]]:
+    from hub.commands.core import hub_client
+    from hub.promclient import PartialResponse
+
+    results = []
+    with hub_client(opts) as client:
+        for promql in rc.ksm_queries(format_duration(stale_after), cluster_label):
+            res = client.query(promql)
+            if res.warnings:
+                raise PartialResponse(f"hub {client.safe_url} returned a partial response "
+                                      f"({res.warnings[0]}): nothing stored")
+            results.append(res.result)
+    return rc.nodes_from_ksm(results[0], results[1], cluster_label)
+
+
+def _managed(context: str, kubeconfig: str | None,
+             selector: str | None) -> list[rc.ManagedCluster]:
+    from hub import kube
+
+    api = kube.api_client(kubeconfig, None if context == CURRENT_CONTEXT else context)
+    try:
+        return [rc.managed_cluster(obj)
+                for obj in kube.list_managed_clusters(api, label_selector=selector)]
+    finally:
+        api.close()
+
+
+@click.command(cls=ConfiguredCommand)
+@click.option("--source", type=click.Choice(SOURCES), envvar=env("source"),
+              help="Where the Kubernetes view comes from. Default: file with --nodes-json, "
+                   "kube with --context, else hub (kube-state-metrics through the hub).")
+@click.option("--context", "contexts", multiple=True, metavar="CTX[=CLUSTER]",
+              help="kubeconfig context of a spoke cluster (repeatable); the cluster name is "
+                   "the context's unless mapped with =CLUSTER. Config key: contexts.")
+@click.option("--kubeconfig", envvar=env("kubeconfig"), metavar="FILE",
+              help="kubeconfig file (default: $KUBECONFIG, then ~/.kube/config).")
+@click.option("--nodes-json", "nodes_json", multiple=True, metavar="CLUSTER=FILE",
+              help="`kubectl get nodes -o json` of a cluster, for air-gapped sites "
+                   "(repeatable).")
+@click.option("--managed-clusters", "managed_clusters", is_flag=False,
+              flag_value=CURRENT_CONTEXT, default=None, envvar=env("managed-clusters"),
+              metavar="[HUB_CONTEXT]",
+              help="Read the ACM ManagedCluster list from this kubeconfig context (the "
+                   "current one when no value is given): the clusters that should report.")
+@click.option("--managed-cluster-selector", "managed_cluster_selector",
+              envvar=env("managed-cluster-selector"), metavar="SELECTOR",
+              help="Only ManagedClusters with these labels are expected (a label selector, "
+                   "e.g. gpufleet.io/onboard=true, the label `policy render` places on).")
+@click.option("--stale-after", type=DURATION, default="10m", show_default=True,
+              envvar=env("stale-after"), metavar="DURATION",
+              help="--source hub: look-back window of the kube-state-metrics queries.")
+@hub_options
+@cluster_label_option
+@db_option
+@output_option()
+@click.pass_context
+def reconcile(ctx: click.Context, source: str | None, contexts: tuple[str, ...],
+              kubeconfig: str | None, nodes_json: tuple[str, ...],
+              managed_clusters: str | None, managed_cluster_selector: str | None,
+              stale_after: float, cluster_label: str, db: str | None, output: str,
+              **opts: Any) -> None:
+    """Compare, per node, the GPUs the hub sees with what Kubernetes advertises.
+
+    Reads the inventory database (run `gpufleet sync` first; this command never syncs) and
+    the Kubernetes view from one source, then gives every GPU node one status: match,
+    missing_in_metrics, missing_in_kubernetes, count_mismatch or node_not_reporting. MIG
+    (mixed and single strategy), time-slicing and AMD partitions are understood. The run is
+    stored for `gpufleet report`. Exits 1 when any node does not match (or a managed cluster
+    sends no GPU metrics).
+
+    \b
+    Examples:
+      gpufleet reconcile                                  # kube-state-metrics via the hub
+      gpufleet reconcile --context east --context ocp-west=west
+      gpufleet reconcile --nodes-json lab=nodes.json -o json
+      gpufleet reconcile --managed-clusters acm-hub
+    """
+    from hub import reconcile_store as store
+    from hub.commands.core import database
+
+    if contexts and nodes_json:
+        raise InputError("--context and --nodes-json exclude each other: one source per run")
+    source = source or ("file" if nodes_json else "kube" if contexts else "hub")
+    if nodes_json and source != "file":
+        raise InputError(f"--nodes-json applies to --source file, not --source {source}")
+    if contexts and source != "kube":
+        raise InputError(f"--context applies to --source kube, not --source {source}")
+    if source == "file" and not nodes_json:
+        raise InputError("--source file needs --nodes-json CLUSTER=FILE")
+    if source == "kube" and not contexts:
+        raise InputError("--source kube needs --context CTX (one per cluster)")
+    if managed_cluster_selector and not managed_clusters:
+        raise InputError("--managed-cluster-selector needs --managed-clusters")
+    if source == "hub" and not opts.get("hub_url"):
+        raise InputError("--source hub (the default without --context or --nodes-json) needs "
+                         "--hub-url or GPUFLEET_HUB_URL")
+    file_pairs = _pairs(nodes_json, "--nodes-json", value_required=True)
+    context_pairs = _pairs(contexts, "--context", value_required=False)
+
+    with database(db) as engine:
+        migrate.ensure_schema(engine)
+        started = inventory.now_utc()
+        with engine.connect() as conn:
+            observed = store.observed_nodes(conn)
+        if source == "file":
+            views, covered = _nodes_from_files(file_pairs)
+        elif source == "kube":
+            views, covered = _nodes_from_kube(context_pairs, kubeconfig)
+        else:
+            views, covered = _nodes_from_hub(opts, stale_after, cluster_label)
+        managed = (_managed(managed_clusters, kubeconfig, managed_cluster_selector)
+                   if managed_clusters else None)
+        result = rc.compare(views, observed, covered=covered, fleet_wide=source == "hub",
+                            managed=managed)
+        with engine.begin() as conn:
+            run_id = store.save_run(conn, result, source=source, started_at=started,
+                                    managed_clusters=managed is not None)
+    rows = result.rows()
+    if output == "csv":
+        rows = [{**r, "resources": json.dumps(r.get("resources") or {})} for r in rows]
+    emit(rows, RECONCILE_COLUMNS, output, RECONCILE_TABLE)
+    if output == "table":
+        problems = sum(1 for r in result.nodes if r.status != rc.MATCH)
+        click.echo(f"reconcile run {run_id} ({source}): {len(result.nodes)} GPU nodes, "
+                   f"{problems} not matching", err=True)
+    if result.failed:
+        ctx.exit(EXIT_FINDINGS)
+
+
+@click.command(cls=ConfiguredCommand)
+@click.option("--max-age", type=DURATION, default="1h", show_default=True,
+              envvar=env("max-age"), metavar="DURATION",
+              help="Freshness guarantee: a cluster whose newest sample is older is an error.")
+@click.option("--push-interval", type=DURATION, default="300s", show_default=True,
+              envvar=env("push-interval"), metavar="DURATION",
+              help="How often spokes push (ACM: 300s); older than twice this is a warning.")
+@click.option("--window", type=DURATION, default="1h", show_default=True, envvar=env("window"),
+              metavar="DURATION",
+              help="History window of the hub checks (zero usage, stuck collectors, errors).")
+@click.option("--max-findings", type=click.IntRange(1), default=50, show_default=True,
+              help="Findings listed in -o markdown (the rest are counted).")
+@click.option("--out", metavar="FILE",
+              help="Write the report to FILE (atomically) instead of standard output.")
+@hub_options
+@cluster_label_option
+@db_option
+@output_option("table", "json", "markdown", "html")
+@click.pass_context
+def report(ctx: click.Context, max_age: float, push_interval: float, window: float,
+           max_findings: int, out: str | None, cluster_label: str, db: str | None,
+           output: str, **opts: Any) -> None:
+    """Check the latest data and print findings with a per-cluster summary.
+
+    Checks freshness (newest sample against --max-age and twice --push-interval), expected
+    but silent clusters (the ACM list of the latest `reconcile --managed-clusters`), partial
+    data and GPUs gone from reporting nodes, GPU count mismatches (latest reconcile),
+    duplicate GPU UUIDs, and, with --hub-url, zero-usage GPUs with pods, stuck collectors,
+    exporter health and clusters the hub's token cannot see. Exits 1 on any error finding.
+
+    \b
+    Examples:
+      gpufleet report
+      gpufleet report --hub-url https://rbac-query-proxy... -o html --out /srv/fleet.html
+      gpufleet report -o markdown > comment.md
+    """
+    from hub import checks
+    from hub import reconcile_store as store
+    from hub import report as rpt
+    from hub.alerts import read_history
+    from hub.commands.core import database, hub_client
+
+    if max_age <= 0 or push_interval <= 0 or window <= 0:
+        raise InputError("--max-age, --push-interval and --window must be greater than 0")
+    now = inventory.now_utc()
+    with database(db) as engine:
+        if migrate.current(engine) is None:
+            raise UnavailableError(f"inventory database {inventory.safe_url(engine)} is empty: "
+                                   "run `gpufleet sync` first")
+        migrate.ensure_schema(engine)
+        with engine.connect() as conn:
+            facts = store.report_facts(conn, now)
+    hub_failure: UnavailableError | None = None
+    hub_url = None
+    if opts.get("hub_url"):
+        with hub_client(opts) as client:
+            hub_url = client.safe_url
+            try:
+                facts.history = read_history(client, window=window, max_age=max_age,
+                                             push_interval=push_interval,
+                                             cluster_label=cluster_label, at=time.time())
+            except UnavailableError as exc:
+                hub_failure = exc
+                facts.hub_skipped = None
+    else:
+        facts.hub_skipped = "no hub URL configured (--hub-url or GPUFLEET_HUB_URL)"
+    findings = checks.run_checks(facts, max_age=max_age, push_interval=push_interval)
+    if hub_failure is not None:
+        findings.insert(0, checks.Finding(checks.ERROR, "hub", "hub checks failed: "
+                                          + hub_failure.format_message()))
+    run = facts.reconcile
+    result = rpt.Report(
+        generated_at=now, max_age=max_age, push_interval=push_interval, window=window,
+        summary=checks.summarize(facts, findings), findings=findings, hub=hub_url,
+        reconcile={"finished_at": run.finished_at, "source": run.source} if run else None,
+    )
+    text = rpt.render(result, output, max_findings=max_findings)
+    if out:
+        rpt.write_atomic(out, text)
+        c = result.counts
+        click.echo(f"wrote {out}: {c['error']} errors, {c['warning']} warnings, "
+                   f"{c['info']} info", err=True)
+    else:
+        click.echo(text, nl=False)
+    if hub_failure is not None:
+        raise hub_failure
+    if result.failed:
+        ctx.exit(EXIT_FINDINGS)
+
+
+@click.group(cls=ConfiguredGroup)
+def alerts() -> None:
+    """Prometheus alerting rules for the hub (Thanos Ruler, ACM, Prometheus Operator)."""
+
+
+@alerts.command("render", cls=ConfiguredCommand)
+@click.option("--out", envvar=env("alerts-out"), metavar="DIR",
+              help="Directory to write (replaced as a whole on re-render).")
+@click.option("--max-age", type=DURATION, default="1h", show_default=True,
+              envvar=env("max-age"), metavar="DURATION",
+              help="A cluster without a GPU sample for longer is critical.")
+@click.option("--push-interval", type=DURATION, default="300s", show_default=True,
+              envvar=env("push-interval"), metavar="DURATION",
+              help="Spokes' push interval; no sample for twice this is a warning.")
+@click.option("--window", type=DURATION, default="1h", show_default=True, envvar=env("window"),
+              metavar="DURATION", help="Window of the zero-usage and stuck-collector alerts.")
+@click.option("--lookback", type=DURATION, default="24h", show_default=True,
+              envvar=env("lookback"), metavar="DURATION",
+              help="How long a silent cluster stays in the stale alert.")
+@click.option("--namespace", envvar=env("alerts-namespace"), default="gpufleet",
+              show_default=True, metavar="NS", help="Namespace of the PrometheusRule.")
+@cluster_label_option
+def alerts_render(out: str | None, max_age: float, push_interval: float, window: float,
+                  lookback: float, namespace: str, cluster_label: str, **_: Any) -> None:
+    """Write the report's failure modes as alerting rules into --out.
+
+    gpufleet-alerts.rules.yaml is a plain rules file (Prometheus, Thanos Ruler; for ACM,
+    merge its groups into the thanos-ruler-custom-rules ConfigMap); the same groups as a
+    PrometheusRule (monitoring.coreos.com/v1) are in gpufleet-alerts.prometheusrule.yaml.
+    Alerts: cluster data late/stale, exporter down, collection errors, GPU count dropped,
+    zero usage with a pod allocated, stuck collector. Both vendors, both AMD name prefixes.
+    """
+    from hub import alerts as al
+    from hub import render
+
+    if not out:
+        raise InputError("--out DIR is required")
+    if min(max_age, push_interval, window, lookback) <= 0:
+        raise InputError("durations must be greater than 0")
+    if lookback <= max_age:
+        raise InputError("--lookback must be longer than --max-age")
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", cluster_label):
+        raise InputError(f"--cluster-label {cluster_label!r} is not a Prometheus label name")
+    if not render.DNS_LABEL.match(namespace):
+        raise InputError(f"--namespace {namespace!r} is not a valid namespace name")
+    settings = al.AlertSettings(max_age=max_age, push_interval=push_interval, window=window,
+                                lookback=lookback, cluster_label=cluster_label, namespace=namespace)
+    files = al.render_files(settings)
+    render.write_tree(files, out)
+    click.echo(f"wrote {len(files)} files to {out} ({', '.join(sorted(files))})")

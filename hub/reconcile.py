@@ -1,0 +1,590 @@
+"""Per node: the GPUs the hub sees against what Kubernetes advertises (pure).
+
+Three sources describe the Kubernetes side: the API itself (``--source kube``), kube-state-metrics
+through the hub (``--source hub``) and ``kubectl get nodes -o json`` files for air-gapped sites
+(``--source file``). Each is turned into the same :class:`NodeView` here, so that one function,
+:func:`compare`, decides every node's status whatever the source was. The inventory side is
+:class:`ObservedNode`, read from the database by :mod:`hub.reconcile_store`.
+
+Counts legitimately differ in a few well-known ways, and the compare knows them, because a
+report that cries wolf on every time-sliced node gets ignored:
+
+* MIG, mixed strategy: Kubernetes advertises ``nvidia.com/mig-<g>g.<mem>gb`` slices and
+  ``nvidia.com/gpu`` only for whole GPUs; the hub sees physical GPUs and their slices.
+* MIG, single strategy (label ``nvidia.com/mig.strategy=single``): ``nvidia.com/gpu`` counts MIG
+  devices. The label is set on nodes without MIG too, so MIG is assumed only when the hub sees
+  slices or the product label names a MIG profile.
+* Time-slicing / MPS: advertised = physical × ``nvidia.com/gpu.replicas``, as ``nvidia.com/gpu``
+  or, renamed, ``nvidia.com/gpu.shared``.
+* AMD partitions: ``amd.com/<cpx|dpx|qpx|spx>_<nps>`` resources count partitions while the
+  exporter reports series for partition 0 only, i.e. one per physical GPU.
+
+Every node gets exactly one status; the reason names both numbers and the rule applied.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from hub import vendors
+from hub.errors import InputError
+
+# -- Kubernetes resource and label names --------------------------------------------------------
+NVIDIA_GPU = "nvidia.com/gpu"
+NVIDIA_SHARED = "nvidia.com/gpu.shared"
+NVIDIA_MIG = re.compile(r"^nvidia\.com/mig-(\d+g\.\d+gb.*)$")
+AMD_GPU = "amd.com/gpu"
+AMD_PARTITION = re.compile(r"^amd\.com/(spx|dpx|qpx|cpx)_(nps\d+)$")
+#: compute partitions per physical GPU of each AMD compute-partition mode (MI300X: 8 XCDs)
+AMD_PARTITIONS_PER_GPU = {"spx": 1, "dpx": 2, "qpx": 4, "cpx": 8}
+GPU_RESOURCE_PREFIXES = ("nvidia.com/", "amd.com/")
+
+REPLICAS = "nvidia.com/gpu.replicas"
+SHARING = "nvidia.com/gpu.sharing-strategy"
+MIG_STRATEGY = "nvidia.com/mig.strategy"
+GPU_COUNT = "nvidia.com/gpu.count"
+GPU_PRODUCT = "nvidia.com/gpu.product"
+#: node labels the compare reads (kube-state-metrics exposes them as label_<sanitised>)
+LABELS = (REPLICAS, SHARING, MIG_STRATEGY, GPU_COUNT, GPU_PRODUCT)
+
+# -- statuses ----------------------------------------------------------------------------------
+MATCH = "match"
+MISSING_IN_METRICS = "missing_in_metrics"
+MISSING_IN_KUBERNETES = "missing_in_kubernetes"
+COUNT_MISMATCH = "count_mismatch"
+NODE_NOT_REPORTING = "node_not_reporting"
+NODE_STATUSES = (MATCH, MISSING_IN_METRICS, MISSING_IN_KUBERNETES, COUNT_MISMATCH,
+                 NODE_NOT_REPORTING)
+
+#: cluster-level statuses; the first four are findings, the rest are informative
+CLUSTER_NO_GPU_METRICS = "no_gpu_metrics"  # GPU nodes in Kubernetes, no GPU metrics ever
+CLUSTER_NOT_REPORTING = "not_reporting"  # GPU metrics known but all stale
+CLUSTER_NO_KUBERNETES_DATA = "no_kubernetes_data"  # a fleet-wide source lacks this cluster
+CLUSTER_SILENT = "silent"  # an ACM ManagedCluster with neither metrics nor node data
+CLUSTER_OK = "ok"
+CLUSTER_MISMATCH = "mismatch"  # node rows tell which
+CLUSTER_NO_GPUS = "no_gpus"  # neither side has GPUs: nothing is expected to report
+CLUSTER_NOT_CHECKED = "not_checked"  # the chosen source does not speak for this cluster
+CLUSTER_FINDINGS = (CLUSTER_NO_GPU_METRICS, CLUSTER_NOT_REPORTING, CLUSTER_NO_KUBERNETES_DATA,
+                    CLUSTER_SILENT)
+#: cluster statuses that fail `gpufleet reconcile` (exit 1), besides node statuses
+CLUSTER_FAILURES = (CLUSTER_NO_GPU_METRICS, CLUSTER_SILENT)
+
+ACTIVE = "active"
+
+
+# -- plain data --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class NodeView:
+    """What Kubernetes says about one node: GPU resources and GPU-related labels only."""
+
+    cluster: str
+    node: str
+    capacity: Mapping[str, int]
+    allocatable: Mapping[str, int] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def gpus(self) -> int:
+        return sum(self.capacity.values())
+
+
+@dataclass(frozen=True)
+class ObservedNode:
+    """What the inventory knows about one node (from the hub's metrics)."""
+
+    cluster: str
+    node: str
+    state: str  # active | stale
+    gpus: int  # active physical GPUs
+    slices: int = 0  # active MIG slices
+    mig_gpus: int = 0  # active physical GPUs that have active slices
+    vendor: str | None = None
+    last_sample_at: dt.datetime | None = None
+
+
+@dataclass(frozen=True)
+class ManagedCluster:
+    """An ACM ManagedCluster: a cluster that should be reporting."""
+
+    name: str
+    available: str | None = None  # the ManagedClusterConditionAvailable status, if any
+
+
+@dataclass(frozen=True)
+class NodeResult:
+    cluster: str
+    node: str
+    status: str
+    mode: str  # whole | time-slicing | mps | mig-mixed | mig-single | amd-partition | none
+    k8s_gpus: int | None  # every GPU resource Kubernetes advertises (capacity), summed
+    observed_gpus: int | None  # active physical GPUs in the inventory
+    reason: str
+    k8s_allocatable: int | None = None
+    expected_gpus: int | None = None  # physical GPUs the advertisement implies, when it does
+    k8s_slices: int | None = None
+    observed_slices: int | None = None
+    resources: Mapping[str, int] = field(default_factory=dict)
+    metrics_node: str | None = None  # the inventory's spelling, when it differs
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["resources"] = dict(self.resources)
+        return {"scope": "node", **out}
+
+
+@dataclass(frozen=True)
+class ClusterResult:
+    cluster: str
+    status: str
+    reason: str
+    managed: bool | None = None  # None: no ManagedCluster list was read
+    available: str | None = None
+    k8s_gpu_nodes: int | None = None
+    k8s_gpus: int | None = None
+    observed_nodes: int = 0
+    observed_gpus: int = 0
+
+    @property
+    def expected(self) -> bool:
+        """Should this cluster report GPU metrics? (a managed cluster that has GPUs, or may)"""
+        return bool(self.managed) and self.status != CLUSTER_NO_GPUS
+
+    def as_row(self) -> dict[str, Any]:
+        """The cluster as a row of `reconcile` output (node rows carry the node columns)."""
+        return {
+            "scope": "cluster", "cluster": self.cluster, "node": None, "status": self.status,
+            "mode": None, "k8s_gpus": self.k8s_gpus, "observed_gpus": self.observed_gpus,
+            "reason": self.reason, "managed": self.managed, "available": self.available,
+            "k8s_gpu_nodes": self.k8s_gpu_nodes, "observed_nodes": self.observed_nodes,
+        }
+
+
+@dataclass(frozen=True)
+class Reconciliation:
+    nodes: list[NodeResult]
+    clusters: list[ClusterResult]
+
+    @property
+    def failed(self) -> bool:
+        return (any(r.status != MATCH for r in self.nodes)
+                or any(c.status in CLUSTER_FAILURES for c in self.clusters))
+
+    def rows(self) -> list[dict[str, Any]]:
+        """Node rows, then the clusters that are findings on their own."""
+        return ([r.as_dict() for r in self.nodes]
+                + [c.as_row() for c in self.clusters if c.status in CLUSTER_FINDINGS])
+
+
+# -- sources: Kubernetes objects and kube-state-metrics rows -> NodeView -------------------------
+def _count(value: Any, what: str) -> int:
+    """A resource quantity as a count; GPU quantities are plain integers."""
+    try:
+        number = float(str(value))
+    except ValueError:
+        raise InputError(f"{what}: quantity {value!r} is not a number") from None
+    if number != number or number < 0:
+        raise InputError(f"{what}: quantity {value!r} is not a count")
+    return int(number)
+
+
+def is_gpu_resource(name: str) -> bool:
+    return name.startswith(GPU_RESOURCE_PREFIXES)
+
+
+def _gpu_resources(mapping: Mapping[str, Any] | None, what: str) -> dict[str, int]:
+    return {k: _count(v, f"{what} {k}") for k, v in (mapping or {}).items()
+            if is_gpu_resource(k)}
+
+
+def _gpu_labels(labels: Mapping[str, str] | None) -> dict[str, str]:
+    return {k: str(v) for k, v in (labels or {}).items()
+            if k.startswith(GPU_RESOURCE_PREFIXES) or k.split("/", 1)[0].endswith(".amd.com")}
+
+
+def node_from_object(cluster: str, obj: Mapping[str, Any]) -> NodeView:
+    """A Node object (API JSON, camelCase) as a NodeView."""
+    if not isinstance(obj, Mapping) or not isinstance(obj.get("metadata"), Mapping):
+        raise InputError(f"cluster {cluster}: a Node without metadata")
+    name = str(obj["metadata"].get("name") or "")
+    if not name:
+        raise InputError(f"cluster {cluster}: a Node without a name")
+    status = obj.get("status") or {}
+    what = f"node {name}"
+    return NodeView(cluster, name, _gpu_resources(status.get("capacity"), what),
+                    _gpu_resources(status.get("allocatable"), what),
+                    _gpu_labels(obj["metadata"].get("labels")))
+
+
+def nodes_from_document(cluster: str, doc: Any, source: str) -> list[NodeView]:
+    """``kubectl get nodes -o json`` (a List or NodeList), or a single Node, as NodeViews."""
+    if isinstance(doc, Mapping) and doc.get("kind") == "Node":
+        return [node_from_object(cluster, doc)]
+    if not isinstance(doc, Mapping) or not isinstance(doc.get("items"), list):
+        raise InputError(f"{source} is not the output of `kubectl get nodes -o json` "
+                         "(expected an object with 'items')")
+    items = doc["items"]
+    for item in items:
+        if isinstance(item, Mapping) and item.get("kind") not in (None, "Node"):
+            raise InputError(f"{source} holds a {item.get('kind')}, not Nodes")
+    return [node_from_object(cluster, item) for item in items]
+
+
+_MIG_SANITISED = re.compile(r"^nvidia_com_mig_(\d+)g_(\d+)gb(.*)$")
+
+
+def resource_from_ksm(name: str) -> str | None:
+    """kube-state-metrics sanitises resource names (non-alphanumerics -> ``_``); undo it for
+    the GPU resources we know. None for anything else (cpu, memory, ...)."""
+    mig = _MIG_SANITISED.match(name)
+    if mig:
+        g, mem, rest = mig.groups()
+        return f"nvidia.com/mig-{g}g.{mem}gb" + rest.replace("_", "+")
+    if name == "nvidia_com_gpu_shared":
+        return NVIDIA_SHARED
+    for vendor in ("nvidia", "amd"):
+        prefix = f"{vendor}_com_"
+        if name.startswith(prefix) and len(name) > len(prefix):
+            return f"{vendor}.com/{name[len(prefix):]}"
+    return None
+
+
+def ksm_label(label: str) -> str:
+    """The kube-state-metrics label of a node label (``kube_node_labels``)."""
+    return "label_" + re.sub(r"[^A-Za-z0-9_]", "_", label)
+
+
+# kube-state-metrics resources the hub source asks for: GPU ones, and cpu to list every node
+KSM_GPU_RESOURCES = "nvidia_com_.+|amd_com_.+"
+
+
+def ksm_queries(window: str, cluster_label: str) -> list[str]:
+    """The fixed request set of ``--source hub``: resources, then labels, of every node.
+
+    Query 1 returns capacity (GPU resources and cpu, so that a node without GPUs is known to
+    exist) and allocatable (GPU resources), tagged by a ``kind`` label. Query 2 returns the
+    labels the compare reads, where kube-state-metrics' label allowlist exposes them. Both
+    group by the cluster label, node and resource: one row per node and resource, however
+    many clusters there are.
+    """
+    capacity, allocatable = vendors.KUBE_STATE_METRICS
+    by = f"{cluster_label}, node, resource"
+
+    def part(metric: str, resources: str, kind: str) -> str:
+        inner = f'last_over_time({metric}{{resource=~"{resources}"}}[{window}])'
+        return f'label_replace(max by ({by}) ({inner}), "kind", "{kind}", "", "")'
+
+    resources = (part(capacity, KSM_GPU_RESOURCES + "|cpu", "capacity") + " or "
+                 + part(allocatable, KSM_GPU_RESOURCES, "allocatable"))
+    label_names = ", ".join(ksm_label(label) for label in LABELS)
+    labels = (f"max by ({cluster_label}, node, {label_names}) "
+              f"(last_over_time({vendors.KUBE_NODE_LABELS}[{window}]))")
+    return [resources, labels]
+
+
+def nodes_from_ksm(resource_rows: Iterable[Mapping[str, Any]],
+                   label_rows: Iterable[Mapping[str, Any]],
+                   cluster_label: str) -> tuple[list[NodeView], set[str]]:
+    """NodeViews from the two ``ksm_queries`` results, and the clusters they cover."""
+    capacity: dict[tuple[str, str], dict[str, int]] = {}
+    allocatable: dict[tuple[str, str], dict[str, int]] = {}
+    covered: set[str] = set()
+    for row in resource_rows:
+        metric = row.get("metric") or {}
+        cluster, node = metric.get(cluster_label, ""), metric.get("node", "")
+        if not cluster or not node:
+            continue
+        covered.add(cluster)
+        key = (cluster, node)
+        target = allocatable if metric.get("kind") == "allocatable" else capacity
+        target.setdefault(key, {})
+        name = resource_from_ksm(metric.get("resource", ""))
+        if name is None:
+            continue
+        target[key][name] = _count(row["value"][1], f"node {node} {name}")
+    labels: dict[tuple[str, str], dict[str, str]] = {}
+    wanted = {ksm_label(label): label for label in LABELS}
+    for row in label_rows:
+        metric = row.get("metric") or {}
+        key = (metric.get(cluster_label, ""), metric.get("node", ""))
+        labels[key] = {wanted[k]: v for k, v in metric.items() if k in wanted and v}
+    views = [NodeView(c, n, caps, allocatable.get((c, n), {}), labels.get((c, n), {}))
+             for (c, n), caps in sorted(capacity.items())]
+    return views, covered
+
+
+def managed_cluster(obj: Mapping[str, Any]) -> ManagedCluster:
+    """A ManagedCluster object as plain data (its Available condition, if reported)."""
+    name = str((obj.get("metadata") or {}).get("name") or "")
+    available = None
+    for cond in (obj.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "ManagedClusterConditionAvailable":
+            available = str(cond.get("status"))
+    return ManagedCluster(name, available)
+
+
+# -- the compare ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Verdict:
+    mode: str
+    ok: bool
+    reason: str
+    expected_gpus: int | None = None
+    k8s_slices: int | None = None
+    observed_slices: int | None = None
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def _int_label(labels: Mapping[str, str], key: str) -> int | None:
+    try:
+        return int(labels[key])
+    except (KeyError, ValueError):
+        return None
+
+
+def _judge(view: NodeView, obs: ObservedNode) -> _Verdict:
+    """How many GPUs the advertisement implies, under which rule, and whether the hub agrees."""
+    cap, labels = view.capacity, view.labels
+    seen = obs.gpus
+    mig = {m.group(1): n for k, n in cap.items() if (m := NVIDIA_MIG.match(k)) and n}
+    amd_parts = {k: n for k, n in cap.items() if AMD_PARTITION.match(k) and n}
+    nv_gpu, shared, amd_gpu = cap.get(NVIDIA_GPU, 0), cap.get(NVIDIA_SHARED, 0), cap.get(AMD_GPU, 0)
+    replicas = _int_label(labels, REPLICAS)
+    product = labels.get(GPU_PRODUCT, "")
+
+    if mig:
+        slices = sum(mig.values())
+        whole_seen = seen - obs.mig_gpus
+        detail = ", ".join(f"{n}× mig-{p}" for p, n in sorted(mig.items()))
+        ok = slices == obs.slices and nv_gpu == whole_seen
+        reason = (f"k8s {_plural(slices, 'MIG slice')} ({detail}) + {_plural(nv_gpu, 'whole GPU')}"
+                  f" (MIG mixed strategy) {'=' if ok else 'vs'} {_plural(obs.slices, 'slice')} "
+                  f"on {_plural(obs.mig_gpus, 'GPU')} + {_plural(whole_seen, 'whole GPU')} "
+                  "observed")
+        return _Verdict("mig-mixed", ok, reason, _int_label(labels, GPU_COUNT), slices,
+                        obs.slices)
+
+    advertised = nv_gpu + shared
+    sharing = labels.get(SHARING, "")
+    if shared or (replicas or 1) > 1:
+        mode = "mps" if sharing == "mps" else "time-slicing"
+        name = f" {NVIDIA_SHARED}" if shared else ""
+        if replicas is None:
+            return _Verdict(mode, False,
+                            f"k8s {advertised}{name} shared GPUs, replica count unknown (label "
+                            f"{REPLICAS} not available) vs {seen} observed")
+        if advertised % replicas:
+            return _Verdict(mode, False,
+                            f"k8s {advertised}{name} is not a multiple of {replicas} replicas "
+                            f"({mode}); {seen} observed")
+        physical = advertised // replicas
+        ok = physical == seen
+        reason = (f"k8s {advertised}{name} = {physical} × {replicas} replicas ({mode})"
+                  + ("" if ok else f" vs {seen} observed"))
+        return _Verdict(mode, ok, reason, physical)
+
+    if nv_gpu and labels.get(MIG_STRATEGY) == "single" and (obs.slices or "-MIG-" in product):
+        ok = nv_gpu == obs.slices
+        reason = (f"k8s {_plural(nv_gpu, 'MIG device')} (MIG single strategy) "
+                  f"{'=' if ok else 'vs'} {_plural(obs.slices, 'slice')} observed on "
+                  f"{_plural(seen, 'GPU')}")
+        if not obs.slices:
+            reason += f" (product {product}: is the exporter MIG-aware?)"
+        return _Verdict("mig-single", ok, reason, None, nv_gpu, obs.slices)
+
+    if amd_parts:
+        physical, parts = 0, []
+        exact = True
+        for name, count in sorted(amd_parts.items()):
+            mode_name = AMD_PARTITION.match(name).group(1)  # type: ignore[union-attr]
+            per_gpu = AMD_PARTITIONS_PER_GPU[mode_name]
+            exact &= count % per_gpu == 0
+            physical += count // per_gpu
+            parts.append(f"{count} {name} = {count // per_gpu} × {per_gpu} "
+                         f"{mode_name.upper()} partitions")
+        physical += amd_gpu
+        whole = f" + {amd_gpu} {AMD_GPU}" if amd_gpu else ""
+        ok = exact and physical == seen
+        reason = (f"k8s {'; '.join(parts)}{whole} (AMD partitions; the exporter reports "
+                  f"partition 0 only) {'=' if ok else 'vs'} {seen} observed")
+        if not exact:
+            listed = ", ".join(f"{n} {k}" for k, n in sorted(amd_parts.items()))
+            reason = f"k8s {listed} is not a whole number of GPUs' partitions; {seen} observed"
+        return _Verdict("amd-partition", ok, reason, physical if exact else None)
+
+    advertised = nv_gpu + amd_gpu
+    ok = advertised == seen
+    reason = f"k8s {advertised} {'=' if ok else 'vs'} {seen} observed"
+    factor = advertised // seen if seen and advertised % seen == 0 else 0
+    if not ok and amd_gpu and factor in AMD_PARTITIONS_PER_GPU.values():
+        reason += (f" ({factor} per GPU: partitions advertised as {AMD_GPU}? the device "
+                   "plugin's mixed naming tells)")
+    elif not ok and nv_gpu and factor > 1 and seen > 1 and replicas is None:
+        reason += f" ({factor} per GPU: time-slicing without the {REPLICAS} label?)"
+    return _Verdict("whole", ok, reason, advertised)
+
+
+def _iso(ts: dt.datetime | None) -> str:
+    return ts.strftime("%Y-%m-%dT%H:%M:%SZ") if ts else "never"
+
+
+def _node_result(cluster: str, view: NodeView | None,
+                 obs: ObservedNode | None) -> NodeResult | None:
+    name = view.node if view else obs.node  # type: ignore[union-attr]
+    metrics_node = obs.node if obs and view and obs.node != view.node else None
+    resources = dict(sorted(view.capacity.items())) if view else {}
+    advertised = view.gpus if view else 0
+    allocatable = sum(view.allocatable.values()) if view and view.allocatable else None
+    base = {"cluster": cluster, "node": name, "k8s_gpus": advertised if view else None,
+            "observed_gpus": obs.gpus if obs else None, "k8s_allocatable": allocatable,
+            "resources": resources, "metrics_node": metrics_node}
+    if not advertised:
+        if obs is None:
+            return None  # a node without GPUs, unknown to the hub: not a GPU node
+        where = ("Kubernetes does not list the node" if view is None
+                 else "Kubernetes advertises no GPU resources on it")
+        if obs.state != ACTIVE or not obs.gpus:
+            return NodeResult(status=MATCH, mode="none", **base,
+                              reason=f"retired: {where}, and its metrics stopped "
+                                     f"(last sample {_iso(obs.last_sample_at)})")
+        return NodeResult(status=MISSING_IN_KUBERNETES, mode="none", **base,
+                          reason=f"hub sees {_plural(obs.gpus, 'GPU')}; {where}")
+    listing = ", ".join(f"{n} {k}" for k, n in resources.items() if n)
+    if obs is None:
+        return NodeResult(status=MISSING_IN_METRICS, mode="none", **base,
+                          reason=f"k8s advertises {listing}; the hub has never seen the node")
+    if obs.state != ACTIVE:
+        return NodeResult(status=NODE_NOT_REPORTING, mode="none", **base,
+                          reason=f"k8s advertises {listing}; no GPU sample since "
+                                 f"{_iso(obs.last_sample_at)} (stale in the inventory)")
+    verdict = _judge(view, obs)  # type: ignore[arg-type]
+    reason = verdict.reason
+    capacity = advertised
+    if allocatable is not None and allocatable < capacity:
+        reason += (f"; allocatable {allocatable} < capacity {capacity} (devices the device "
+                   "plugin marks unhealthy)")
+    return NodeResult(status=MATCH if verdict.ok else COUNT_MISMATCH, mode=verdict.mode,
+                      **base, reason=reason, expected_gpus=verdict.expected_gpus,
+                      k8s_slices=verdict.k8s_slices, observed_slices=verdict.observed_slices)
+
+
+def _managed(mc: ManagedCluster | None) -> str:
+    if mc is None:
+        return "ACM ManagedCluster"
+    return "ACM ManagedCluster" + (f", Available={mc.available}" if mc.available else "")
+
+
+def _short(name: str) -> str:
+    return name.lower().split(".", 1)[0]
+
+
+def _pair(views: Sequence[NodeView], observed: Sequence[ObservedNode]
+          ) -> list[tuple[NodeView | None, ObservedNode | None]]:
+    """Match nodes by name: exact, then case-insensitive, then by unique short host name
+    (an exporter's Hostname may be the FQDN of a node Kubernetes names by its short name)."""
+    pairs: list[tuple[NodeView | None, ObservedNode | None]] = []
+    left = {v.node: v for v in views}
+    right = {o.node: o for o in observed}
+    for name in sorted(set(left) & set(right)):
+        pairs.append((left.pop(name), right.pop(name)))
+    for key in (str.lower, _short):
+        lk: dict[str, list[str]] = {}
+        rk: dict[str, list[str]] = {}
+        for name in left:
+            lk.setdefault(key(name), []).append(name)
+        for name in right:
+            rk.setdefault(key(name), []).append(name)
+        for k in sorted(set(lk) & set(rk)):
+            if len(lk[k]) == 1 and len(rk[k]) == 1:
+                pairs.append((left.pop(lk[k][0]), right.pop(rk[k][0])))
+    pairs += [(v, None) for v in left.values()]
+    pairs += [(None, o) for o in right.values()]
+    return pairs
+
+
+def compare(views: Iterable[NodeView], observed: Iterable[ObservedNode], *,
+            covered: Iterable[str], fleet_wide: bool = False,
+            managed: Sequence[ManagedCluster] | None = None) -> Reconciliation:
+    """Every node's status, and every cluster's, from the two views.
+
+    ``covered`` are the clusters the Kubernetes source speaks for (a cluster it lists with no
+    GPU node is covered too). ``fleet_wide`` says the source should cover every cluster (the
+    hub's kube-state-metrics): an inventory cluster it lacks is then a finding, while a
+    ``--context`` or ``--nodes-json`` source simply did not look at it. ``managed`` is the ACM
+    ManagedCluster list when it was read: the clusters that should be reporting.
+    """
+    by_cluster: dict[str, list[NodeView]] = {}
+    for view in views:
+        by_cluster.setdefault(view.cluster, []).append(view)
+    seen: dict[str, list[ObservedNode]] = {}
+    for obs in observed:
+        seen.setdefault(obs.cluster, []).append(obs)
+    covered = set(covered) | set(by_cluster)
+    nodes: list[NodeResult] = []
+    for cluster in sorted(covered):
+        for view, obs in _pair(by_cluster.get(cluster, []), seen.get(cluster, [])):
+            result = _node_result(cluster, view, obs)
+            if result is not None:
+                nodes.append(result)
+    nodes.sort(key=lambda r: (r.cluster, r.node))
+
+    managed_by = {m.name: m for m in managed or []}
+    clusters: list[ClusterResult] = []
+    for cluster in sorted(covered | set(seen) | set(managed_by)):
+        views_here = by_cluster.get(cluster, [])
+        obs_here = seen.get(cluster, [])
+        active = [o for o in obs_here if o.state == ACTIVE and o.gpus]
+        gpu_views = [v for v in views_here if v.gpus]
+        mc = managed_by.get(cluster)
+        tag = f" ({_managed(mc)})" if mc else ""
+        common = {"managed": (cluster in managed_by) if managed is not None else None,
+                  "available": mc.available if mc else None,
+                  "observed_nodes": len(active), "observed_gpus": sum(o.gpus for o in active)}
+        if cluster in covered:
+            k8s = {"k8s_gpu_nodes": len(gpu_views), "k8s_gpus": sum(v.gpus for v in gpu_views)}
+            bad = [r for r in nodes if r.cluster == cluster and r.status != MATCH]
+            if not gpu_views and not active:
+                status, reason = CLUSTER_NO_GPUS, "no GPU nodes in Kubernetes, no GPU metrics"
+            elif gpu_views and not obs_here:
+                status = CLUSTER_NO_GPU_METRICS
+                reason = (f"k8s advertises {_plural(k8s['k8s_gpus'], 'GPU')} on "
+                          f"{_plural(len(gpu_views), 'node')}; the hub has no GPU metrics from "
+                          f"this cluster{tag}")
+            elif gpu_views and not active:
+                last = max((o.last_sample_at for o in obs_here if o.last_sample_at),
+                           default=None)
+                status = CLUSTER_NOT_REPORTING
+                reason = f"GPU metrics stopped: last sample {_iso(last)}{tag}"
+            elif bad:
+                status = CLUSTER_MISMATCH
+                total = sum(1 for r in nodes if r.cluster == cluster)
+                reason = f"{len(bad)} of {_plural(total, 'GPU node')} differ"
+            else:
+                status, reason = CLUSTER_OK, "every GPU node matches"
+            clusters.append(ClusterResult(cluster, status, reason, **common, **k8s))
+        elif obs_here and fleet_wide:
+            clusters.append(ClusterResult(
+                cluster, CLUSTER_NO_KUBERNETES_DATA,
+                "the hub has GPU metrics but no kube-state-metrics node data from this "
+                f"cluster{tag}: its counts cannot be checked", **common))
+        elif obs_here:
+            clusters.append(ClusterResult(cluster, CLUSTER_NOT_CHECKED,
+                                          "not among the clusters this run looked at", **common))
+        else:
+            clusters.append(ClusterResult(
+                cluster, CLUSTER_SILENT,
+                f"{_managed(mc)} with no GPU metrics in the hub and no node data from the "
+                "chosen source", **common))
+    return Reconciliation(nodes, clusters)
+
+
+def resources_json(resources: Mapping[str, int]) -> str:
+    return json.dumps(dict(sorted(resources.items())), separators=(",", ":"))

@@ -1,0 +1,273 @@
+"""Reconcile runs in the inventory database, and the inventory reads that reconcile and report do.
+
+The tables share :data:`hub.inventory.metadata` (Alembic revision 0002 creates them). A run is
+stored whole, in one transaction, with one row per node and per cluster, so that ``report``
+can use the latest run's count mismatches and the ACM ManagedCluster set it read. Old runs are
+pruned (the latest :data:`KEEP_RUNS` stay), so a reconcile every few minutes does not grow the
+database without bound.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from hub import inventory
+from hub.checks import (
+    ClusterFacts,
+    ExpectedFacts,
+    Facts,
+    GpuFacts,
+    NodeFacts,
+    ReconcileFacts,
+    SyncFacts,
+)
+from hub.inventory import gpus, metadata, nodes
+from hub.reconcile import (
+    CLUSTER_NO_GPUS,
+    MATCH,
+    ObservedNode,
+    Reconciliation,
+    resources_json,
+)
+
+#: runs kept in the database; older ones are deleted with their rows
+KEEP_RUNS = 100
+
+reconcile_runs = sa.Table(
+    "reconcile_runs", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("started_at", sa.DateTime, nullable=False),
+    sa.Column("finished_at", sa.DateTime, nullable=False),
+    sa.Column("source", sa.String(16), nullable=False),  # hub | kube | file
+    # whether the ACM ManagedCluster list was read: only then is the expected set known
+    sa.Column("managed_clusters", sa.Boolean, nullable=False),
+    sa.Column("clusters", sa.Integer, nullable=False),
+    sa.Column("nodes", sa.Integer, nullable=False),
+    sa.Column("problems", sa.Integer, nullable=False),
+)
+
+reconcile_results = sa.Table(
+    "reconcile_results", metadata,
+    sa.Column("run_id", sa.Integer, sa.ForeignKey("reconcile_runs.id", ondelete="CASCADE"),
+              primary_key=True),
+    sa.Column("cluster", sa.String(253), primary_key=True),
+    sa.Column("node", sa.String(253), primary_key=True),
+    sa.Column("status", sa.String(32), nullable=False),
+    sa.Column("mode", sa.String(32), nullable=False),
+    sa.Column("k8s_gpus", sa.Integer),
+    sa.Column("k8s_allocatable", sa.Integer),
+    sa.Column("expected_gpus", sa.Integer),
+    sa.Column("observed_gpus", sa.Integer),
+    sa.Column("k8s_slices", sa.Integer),
+    sa.Column("observed_slices", sa.Integer),
+    sa.Column("resources", sa.Text),  # JSON object: resource -> capacity
+    sa.Column("metrics_node", sa.String(253)),
+    sa.Column("reason", sa.Text, nullable=False),
+)
+
+reconcile_clusters = sa.Table(
+    "reconcile_clusters", metadata,
+    sa.Column("run_id", sa.Integer, sa.ForeignKey("reconcile_runs.id", ondelete="CASCADE"),
+              primary_key=True),
+    sa.Column("cluster", sa.String(253), primary_key=True),
+    sa.Column("status", sa.String(32), nullable=False),
+    sa.Column("managed", sa.Boolean),  # NULL: no ManagedCluster list was read
+    sa.Column("available", sa.String(16)),
+    sa.Column("k8s_gpu_nodes", sa.Integer),
+    sa.Column("k8s_gpus", sa.Integer),
+    sa.Column("observed_nodes", sa.Integer, nullable=False),
+    sa.Column("observed_gpus", sa.Integer, nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+)
+
+
+# -- the inventory side of a reconcile ----------------------------------------------------------
+def observed_nodes(conn: Connection) -> list[ObservedNode]:
+    """Every node of the inventory with its active physical GPUs and MIG slices.
+
+    One grouped query: the cost does not grow with more than the size of the answer.
+    """
+    active = gpus.c.state == inventory.ACTIVE
+    physical = sa.and_(active, gpus.c.slice_key == "")
+    is_slice = sa.and_(active, gpus.c.slice_key != "")
+    counts = (
+        sa.select(
+            gpus.c.cluster, gpus.c.node,
+            sa.func.count().filter(physical).label("gpus"),
+            sa.func.count().filter(is_slice).label("slices"),
+            sa.func.count(sa.distinct(sa.case((is_slice, gpus.c.uuid)))).label("mig_gpus"),
+            sa.func.max(gpus.c.vendor).label("vendor"),
+        )
+        .group_by(gpus.c.cluster, gpus.c.node)
+        .subquery()
+    )
+    stmt = (
+        sa.select(nodes.c.cluster, nodes.c.node, nodes.c.state, nodes.c.last_sample_at,
+                  counts.c.gpus, counts.c.slices, counts.c.mig_gpus, counts.c.vendor)
+        .select_from(nodes.outerjoin(counts, sa.and_(counts.c.cluster == nodes.c.cluster,
+                                                     counts.c.node == nodes.c.node)))
+        .order_by(nodes.c.cluster, nodes.c.node)
+    )
+    return [
+        ObservedNode(r.cluster, r.node, r.state, r.gpus or 0, r.slices or 0, r.mig_gpus or 0,
+                     r.vendor, r.last_sample_at)
+        for r in conn.execute(stmt)
+    ]
+
+
+# -- runs ----------------------------------------------------------------------------------------
+def save_run(conn: Connection, rec: Reconciliation, *, source: str, started_at: dt.datetime,
+             managed_clusters: bool, keep: int = KEEP_RUNS) -> int:
+    """Store one run with its node and cluster rows; returns the run id."""
+    result = conn.execute(reconcile_runs.insert().values(
+        started_at=started_at, finished_at=inventory.now_utc(), source=source,
+        managed_clusters=managed_clusters,
+        clusters=sum(1 for c in rec.clusters if c.k8s_gpus is not None),
+        nodes=len(rec.nodes), problems=sum(1 for r in rec.nodes if r.status != MATCH),
+    ))
+    run_id = int(result.inserted_primary_key[0])
+    rows = [{
+        "run_id": run_id, "cluster": r.cluster, "node": r.node, "status": r.status,
+        "mode": r.mode, "k8s_gpus": r.k8s_gpus, "k8s_allocatable": r.k8s_allocatable,
+        "expected_gpus": r.expected_gpus, "observed_gpus": r.observed_gpus,
+        "k8s_slices": r.k8s_slices, "observed_slices": r.observed_slices,
+        "resources": resources_json(r.resources), "metrics_node": r.metrics_node,
+        "reason": r.reason,
+    } for r in rec.nodes]
+    for start in range(0, len(rows), 5000):
+        conn.execute(reconcile_results.insert(), rows[start:start + 5000])
+    cluster_rows = [{
+        "run_id": run_id, "cluster": c.cluster, "status": c.status, "managed": c.managed,
+        "available": c.available, "k8s_gpu_nodes": c.k8s_gpu_nodes, "k8s_gpus": c.k8s_gpus,
+        "observed_nodes": c.observed_nodes, "observed_gpus": c.observed_gpus,
+        "reason": c.reason,
+    } for c in rec.clusters]
+    if cluster_rows:
+        conn.execute(reconcile_clusters.insert(), cluster_rows)
+    _prune(conn, keep)
+    return run_id
+
+
+def _prune(conn: Connection, keep: int) -> None:
+    # Children first: SQLite does not enforce ON DELETE CASCADE unless asked per connection.
+    cutoff = conn.execute(
+        sa.select(reconcile_runs.c.id).order_by(reconcile_runs.c.id.desc())
+        .offset(keep).limit(1)
+    ).scalar()
+    if cutoff is None:
+        return
+    for table in (reconcile_results, reconcile_clusters):
+        conn.execute(table.delete().where(table.c.run_id <= cutoff))
+    conn.execute(reconcile_runs.delete().where(reconcile_runs.c.id <= cutoff))
+
+
+@dataclass(frozen=True)
+class StoredRun:
+    """One reconcile run as stored: its header, node rows and cluster rows."""
+
+    id: int
+    started_at: dt.datetime
+    finished_at: dt.datetime
+    source: str
+    managed_clusters: bool
+    nodes: list[dict[str, Any]]
+    clusters: list[dict[str, Any]]
+
+
+def _run(conn: Connection, where: Any = None) -> StoredRun | None:
+    stmt = sa.select(reconcile_runs).order_by(reconcile_runs.c.id.desc()).limit(1)
+    if where is not None:
+        stmt = stmt.where(where)
+    head = conn.execute(stmt).mappings().first()
+    if head is None:
+        return None
+    node_rows = []
+    for row in conn.execute(
+        sa.select(reconcile_results).where(reconcile_results.c.run_id == head["id"])
+        .order_by(reconcile_results.c.cluster, reconcile_results.c.node)
+    ).mappings():
+        item = {k: v for k, v in row.items() if k != "run_id"}
+        item["resources"] = json.loads(item["resources"] or "{}")
+        node_rows.append(item)
+    cluster_rows = [
+        {k: v for k, v in row.items() if k != "run_id"}
+        for row in conn.execute(
+            sa.select(reconcile_clusters).where(reconcile_clusters.c.run_id == head["id"])
+            .order_by(reconcile_clusters.c.cluster)
+        ).mappings()
+    ]
+    return StoredRun(head["id"], head["started_at"], head["finished_at"], head["source"],
+                     bool(head["managed_clusters"]), node_rows, cluster_rows)
+
+
+def latest_run(conn: Connection) -> StoredRun | None:
+    return _run(conn)
+
+
+def latest_managed_run(conn: Connection) -> StoredRun | None:
+    """The latest run that read the ACM ManagedCluster list (a plain run does not forget it)."""
+    return _run(conn, reconcile_runs.c.managed_clusters.is_(True))
+
+
+def expected_clusters(run: StoredRun | None) -> dict[str, str | None]:
+    """Clusters that should report GPU metrics -> their ACM Available condition.
+
+    A managed cluster the node source showed to have no GPUs at all is not expected to.
+    """
+    if run is None:
+        return {}
+    return {c["cluster"]: c["available"] for c in run.clusters
+            if c["managed"] and c["status"] != CLUSTER_NO_GPUS}
+
+
+# -- what `report` checks ------------------------------------------------------------------------
+def report_facts(conn: Connection, now: dt.datetime) -> Facts:
+    """Everything the report's database checks need, read in a handful of queries."""
+    clusters = inventory.list_clusters(conn)
+    node_rows = inventory.list_nodes(conn)
+    gpu_rows = conn.execute(
+        sa.select(gpus.c.cluster, gpus.c.node, gpus.c.uuid, gpus.c.state, gpus.c.last_sample_at,
+                  gpus.c.gpu_index)
+        .where(gpus.c.slice_key == "")
+        .order_by(gpus.c.cluster, gpus.c.node, gpus.c.gpu_index, gpus.c.uuid)
+    ).all()
+    gpu_facts = [GpuFacts(r.cluster, r.node, r.uuid, r.state, r.last_sample_at, r.gpu_index)
+                 for r in gpu_rows]
+    stale_per_node: dict[tuple[str, str], int] = {}
+    for g in gpu_facts:
+        if g.state != inventory.ACTIVE:
+            stale_per_node[(g.cluster, g.node)] = stale_per_node.get((g.cluster, g.node), 0) + 1
+    known_nodes: dict[str, int] = {}
+    for n in node_rows:
+        known_nodes[n["cluster"]] = known_nodes.get(n["cluster"], 0) + 1
+    runs = inventory.list_sync_runs(conn, limit=1)
+    last_sync = SyncFacts(runs[0]["started_at"], runs[0]["status"], runs[0]["error"]) \
+        if runs else None
+    ok = conn.execute(
+        sa.select(inventory.sync_runs.c.started_at)
+        .where(inventory.sync_runs.c.status == "ok")
+        .order_by(inventory.sync_runs.c.id.desc()).limit(1)
+    ).scalar()
+    run = latest_run(conn)
+    managed = latest_managed_run(conn) if run is not None and not run.managed_clusters else run
+    return Facts(
+        now=now,
+        clusters=[ClusterFacts(c["cluster"], c["state"], c["last_sample_at"], c["nodes"],
+                               known_nodes.get(c["cluster"], 0), c["gpus"]) for c in clusters],
+        nodes=[NodeFacts(n["cluster"], n["node"], n["state"], n["last_sample_at"], n["gpus"],
+                         stale_per_node.get((n["cluster"], n["node"]), 0)) for n in node_rows],
+        gpus=gpu_facts,
+        last_sync=last_sync,
+        last_ok_sync=SyncFacts(ok, "ok") if ok is not None else None,
+        reconcile=ReconcileFacts(
+            run.finished_at, run.source, [r for r in run.nodes if r["status"] != MATCH],
+            run.clusters) if run is not None else None,
+        expected=ExpectedFacts(managed.finished_at, expected_clusters(managed))
+        if managed is not None and managed.managed_clusters else None,
+    )
