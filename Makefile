@@ -36,6 +36,11 @@ test: setup
 	$(VENV)/bin/ruff check hub spoke tests bench
 	$(VENV)/bin/pytest -q
 
+# The main job: a local multi-cluster fleet end to end (hub, agents, exporters, sync,
+# reconcile, report), every process stopped at the end.
+demo: setup
+	$(VENV)/bin/gpufleet demo
+
 bench: setup
 	$(PY) bench/sync_bench.py --gpus 1000
 	$(PY) bench/sync_bench.py --gpus 100000

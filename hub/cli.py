@@ -27,6 +27,7 @@ COMMANDS: dict[str, str] = {
     "sync": "hub.commands.core:sync",
     "inventory": "hub.commands.core:inventory",
     "db": "hub.commands.core:db",
+    "demo": "hub.commands.demo:demo",
     "spoke": "hub.commands.onboard:spoke",
     "policy": "hub.commands.onboard:policy",
     "exporter": "spoke.cli:exporter",

@@ -83,7 +83,11 @@ class PrometheusProcess:
         args += self.extra_args
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(args, stdout=log, stderr=log, start_new_session=True)
-        self.wait_ready(timeout)
+        try:
+            self.wait_ready(timeout)
+        except BaseException:  # Ctrl-C or not ready: never leave the process behind
+            self.stop()
+            raise
         return self
 
     def wait_ready(self, timeout: float) -> None:

@@ -1,0 +1,81 @@
+"""`gpufleet demo`: a local multi-cluster fleet, end to end (see hub/demo.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from hub.cli import ConfiguredCommand
+from hub.errors import UnavailableError
+
+
+@click.command(cls=ConfiguredCommand)
+@click.option("--clusters", type=click.IntRange(2, 20), default=3, show_default=True,
+              help="Simulated clusters, each with its own Prometheus agent.")
+@click.option("--nodes", type=click.IntRange(1, 32), default=4, show_default=True,
+              help="GPU nodes per cluster, each running gpufleet's simulated exporter.")
+@click.option("--gpus-per-node", type=click.IntRange(1, 16), default=8, show_default=True)
+@click.option("--workdir", type=click.Path(file_okay=False, path_type=Path),
+              default=Path("gpufleet-demo"), show_default=True,
+              help="Where the hub data, inventory database, node lists and report go "
+                   "(emptied first if a previous demo made it).")
+@click.option("--keep-running", is_flag=True,
+              help="Leave the fleet running at the end so you can try the PromQL; Ctrl-C stops.")
+def demo(clusters: int, nodes: int, gpus_per_node: int, workdir: Path, keep_running: bool,
+         **_: Any) -> None:
+    """Run a local multi-cluster GPU fleet end to end, on loopback.
+
+    Starts a hub Prometheus with the remote-write receiver, one Prometheus agent per cluster
+    and gpufleet's exporter (simulated NVIDIA and AMD GPUs, one MIG node) per node; then
+    runs sync, reconcile (against node lists with one deliberate mismatch) and report. One
+    cluster goes silent partway, so the report shows a stale cluster. Every process it
+    starts is stopped at the end or on Ctrl-C.
+    """
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+    from hub import demo as impl
+
+    console = Console(stderr=True, highlight=False)
+    bars: dict[str, Any] = {}
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        console=console, transient=True)
+
+    def say(text: str) -> None:
+        console.print(f"[bold]>[/bold] {text}")
+
+    def step(what: str, done: int, total: int) -> None:
+        if what not in bars:
+            bars[what] = progress.add_task(what, total=total)
+        progress.update(bars[what], completed=done, total=total)
+
+    try:
+        with progress:
+            result = impl.run(clusters=clusters, nodes=nodes, gpus_per_node=gpus_per_node,
+                              workdir=workdir, say=say, progress=step, keep_running=keep_running)
+    except TimeoutError as exc:
+        raise UnavailableError(f"demo: {exc}") from None
+    except FileNotFoundError as exc:
+        raise UnavailableError(f"demo: {exc}") from None
+    db = result.db_url
+    click.echo("")
+    click.echo(f"Inventory database  {db}")
+    click.echo(f"HTML report         {result.report}")
+    if result.freshness_s is not None:
+        click.echo(f"End-to-end freshness {result.freshness_s:.1f}s (a change on a GPU until "
+                   "the inventory shows it)")
+    click.echo(f"Whole run           {result.elapsed_s:.0f}s")
+    click.echo("")
+    click.echo("Try next:")
+    click.echo(f"  gpufleet inventory clusters --db {db}")
+    click.echo(f"  gpufleet inventory gpus --db {db} --cluster {result.clusters[0]['cluster']}")
+    click.echo(f"  gpufleet report --db {db} -o markdown")
+    click.echo("  gpufleet demo --keep-running   # then, while it runs:")
+    click.echo("  gpufleet query 'count by (cluster) (DCGM_FI_DEV_GPU_TEMP)' "
+               f"--hub-url {result.hub_url}")
+    click.echo("  gpufleet query 'avg by (cluster) (DCGM_FI_DEV_GPU_UTIL)' --range 5m --step 30s "
+               f"--hub-url {result.hub_url}")
+    sys.stdout.flush()

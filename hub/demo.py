@@ -1,0 +1,356 @@
+"""The main job on one machine: a local multi-cluster GPU fleet, end to end.
+
+Everything is real except the GPUs: a hub Prometheus with the remote-write receiver, one
+Prometheus agent per cluster pushing with its cluster label, and gpufleet's own exporter per
+node on its simulated backend (NVIDIA and AMD, one node in MIG mode). The demo then runs the
+same commands a platform team runs: sync, reconcile against node lists, report. One cluster
+goes silent partway so the report has something to say, and the end-to-end freshness (a
+change on a GPU until the inventory shows it) is measured, not assumed.
+
+Every process and thread it starts is stopped on the way out, Ctrl-C included.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hub import inventory
+from hub.errors import InputError, UnavailableError
+from hub.localstack import PrometheusProcess, hub_config, start_agent
+from hub.promclient import HubClient
+from hub.sync import run_sync
+
+MARKER = ".gpufleet-demo"
+CLUSTER_NAMES = ["prod-east", "prod-west", "research", "edge-1", "edge-2", "lab"]
+STALE_AFTER = 8.0  # seconds: short so the demo shows a stale cluster within its two minutes
+PROBE_TEMPERATURE = 99.0
+
+Say = Callable[[str], None]
+
+
+class ProbeBackend:
+    """Wraps a backend; after :meth:`mark`, GPU 0 reports a temperature nothing else does.
+
+    That marked value travelling exporter -> agent -> hub -> sync -> inventory is what the
+    demo's freshness figure measures.
+    """
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.name, self.vendor = inner.name, inner.vendor
+        self.marked = False
+
+    def open(self) -> None:
+        self.inner.open()
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def mark(self) -> None:
+        self.marked = True
+
+    def collect(self):  # -> spoke.Collection
+        result = self.inner.collect()
+        if not self.marked:
+            return result
+        readings = tuple(
+            dataclasses.replace(r, temp_c=PROBE_TEMPERATURE) if r.index == 0 else r
+            for r in result.readings
+        )
+        return dataclasses.replace(result, readings=readings)
+
+
+@dataclass
+class Node:
+    cluster: str
+    name: str
+    vendor: str
+    gpus: int  # what the exporter reports
+    advertised: int  # what the node list (Kubernetes) says
+    mig: str | None = None
+    target: str = ""
+
+
+@dataclass
+class Plan:
+    """Who runs what: plain data, so the layout is testable without starting anything."""
+
+    clusters: list[str]
+    nodes: list[Node] = field(default_factory=list)
+
+    @property
+    def silent(self) -> str:
+        return self.clusters[-1]
+
+    @property
+    def mismatch(self) -> Node:
+        return self.nodes[1] if len(self.nodes) > 1 else self.nodes[0]
+
+
+def plan(clusters: int, nodes: int, gpus_per_node: int) -> Plan:
+    names = [CLUSTER_NAMES[i] if i < len(CLUSTER_NAMES) else f"cluster-{i + 1}"
+             for i in range(clusters)]
+    p = Plan(names)
+    for ci, cluster in enumerate(names):
+        for ni in range(nodes):
+            vendor = "amd" if (ci + ni) % 3 == 2 else "nvidia"
+            p.nodes.append(Node(cluster, f"{cluster}-gpu-{ni + 1:02d}", vendor,
+                                gpus_per_node, gpus_per_node,
+                                mig="3g.40gb,3g.40gb" if ci == 0 and ni == 0 else None))
+    # One deliberate mismatch: Kubernetes advertises a GPU the exporter no longer sees.
+    if gpus_per_node > 1:
+        p.mismatch.gpus = gpus_per_node - 1
+    return p
+
+
+def node_list(p: Plan, cluster: str) -> dict[str, Any]:
+    """What `kubectl get nodes -o json` says for one simulated cluster."""
+    items = []
+    for node in (n for n in p.nodes if n.cluster == cluster):
+        labels = {"kubernetes.io/hostname": node.name, "node-role.kubernetes.io/worker": ""}
+        capacity = {"cpu": "96", "memory": "2113645552Ki", "pods": "250"}
+        if node.vendor == "amd":
+            labels["amd.com/gpu.product-name"] = "AMD_Instinct_MI300X"
+            capacity["amd.com/gpu"] = str(node.advertised)
+        elif node.mig:
+            slices = node.mig.split(",")
+            labels.update({"nvidia.com/mig.strategy": "mixed", "nvidia.com/gpu.count":
+                           str(node.advertised), "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"})
+            for profile in sorted(set(slices)):
+                capacity[f"nvidia.com/mig-{profile}"] = str(node.advertised * slices.count(profile))
+            capacity["nvidia.com/gpu"] = "0"
+        else:
+            labels.update({"nvidia.com/gpu.count": str(node.advertised),
+                           "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"})
+            capacity["nvidia.com/gpu"] = str(node.advertised)
+        items.append({"apiVersion": "v1", "kind": "Node",
+                      "metadata": {"name": node.name, "labels": labels},
+                      "status": {"capacity": capacity, "allocatable": dict(capacity)}})
+    return {"apiVersion": "v1", "kind": "List", "items": items, "metadata": {}}
+
+
+def prepare_workdir(workdir: Path) -> None:
+    """A fresh directory; only one that a previous demo made is ever emptied."""
+    if workdir.exists():
+        if not (workdir / MARKER).exists() and any(workdir.iterdir()):
+            raise InputError(f"--workdir {workdir} is not empty and was not made by the demo")
+        shutil.rmtree(workdir)
+    workdir.mkdir(parents=True)
+    (workdir / MARKER).write_text("made by gpufleet demo; emptied on the next run\n")
+
+
+@dataclass
+class Result:
+    db_url: str
+    report: Path
+    hub_url: str
+    freshness_s: float | None
+    reconcile: dict[str, int]
+    report_exit: int
+    clusters: list[dict[str, Any]]
+    elapsed_s: float
+
+
+class Fleet:
+    """The running processes and threads; :meth:`close` stops every one of them."""
+
+    def __init__(self) -> None:
+        self.procs: list[PrometheusProcess] = []
+        self.exporters: list[Any] = []
+        self.servers: list[Any] = []
+        self.agents: dict[str, PrometheusProcess] = {}
+        self.probes: list[ProbeBackend] = []
+
+    def close(self) -> None:
+        for server in self.servers:
+            with contextlib.suppress(Exception):
+                server.stop()
+        for exporter in self.exporters:
+            with contextlib.suppress(Exception):
+                exporter.stop()
+        for proc in reversed(self.procs):
+            proc.stop()
+
+
+def start_fleet(p: Plan, workdir: Path, fleet: Fleet, say: Say) -> PrometheusProcess:
+    from spoke import Exporter, MetricsServer, SimBackend
+
+    hub = PrometheusProcess(workdir / "hub", hub_config())
+    fleet.procs.append(hub)
+    hub.start()
+    say(f"hub Prometheus (remote-write receiver) on {hub.url}")
+    for node in p.nodes:
+        backend = ProbeBackend(SimBackend(vendor=node.vendor, gpus=node.gpus, mig=node.mig,
+                                          node=node.name, seed=7))
+        backend.open()
+        fleet.probes.append(backend)
+        exporter = Exporter(backend, hostname=node.name, interval=1.0).start()
+        fleet.exporters.append(exporter)
+        server = MetricsServer(exporter, "127.0.0.1", 0).start()
+        fleet.servers.append(server)
+        node.target = server.url.removeprefix("http://")
+    for cluster in p.clusters:
+        targets = [n.target for n in p.nodes if n.cluster == cluster]
+        agent = start_agent(workdir / f"agent-{cluster}", cluster, targets, hub.url)
+        fleet.procs.append(agent)
+        fleet.agents[cluster] = agent
+        vendors = sorted({n.vendor for n in p.nodes if n.cluster == cluster})
+        say(f"cluster {cluster}: {len(targets)} nodes ({', '.join(vendors)}), agent pushing "
+            f"with cluster={cluster}")
+    return hub
+
+
+def wait_for_data(engine, client: HubClient, p: Plan,
+                  progress: Callable[[int, int], None], timeout: float = 60.0):
+    """Sync until every simulated GPU is in the inventory; returns the last SyncResult."""
+    want = sum(n.gpus for n in p.nodes)
+    deadline = time.monotonic() + timeout
+    while True:
+        result = run_sync(engine, client, stale_after=STALE_AFTER)
+        progress(min(result.gpus, want), want)
+        if result.gpus >= want:
+            return result
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only {result.gpus} of {want} GPUs reached the inventory "
+                               f"within {timeout:.0f}s")
+        time.sleep(0.5)
+
+
+def measure_freshness(engine, client: HubClient, probe: ProbeBackend, node: Node,
+                      timeout: float = 30.0) -> float:
+    """Seconds from a change on a GPU until a sync shows it in the inventory."""
+    probe.mark()
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        run_sync(engine, client, stale_after=STALE_AFTER)
+        with engine.connect() as conn:
+            rows = inventory.list_gpus(conn, node.cluster)
+        if any(r["node"] == node.name and r["index"] == 0 and r["mig_profile"] is None
+               and r["temperature_c"] == PROBE_TEMPERATURE for r in rows):
+            return time.monotonic() - started
+        time.sleep(0.2)
+    raise TimeoutError("the marked GPU value never reached the inventory")
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else "no output"
+
+
+def _gpufleet(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "hub", *args], capture_output=True, text=True)
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM ends the demo like Ctrl-C does: through the same cleanup."""
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run(*, clusters: int, nodes: int, gpus_per_node: int, workdir: Path, say: Say,
+        progress: Callable[[str, int, int], None], keep_running: bool = False) -> Result:
+    started = time.monotonic()
+    if clusters < 2 or nodes < 1 or gpus_per_node < 1:
+        raise InputError("the demo needs at least 2 clusters, 1 node and 1 GPU per node")
+    p = plan(clusters, nodes, gpus_per_node)
+    workdir = workdir.resolve()
+    prepare_workdir(workdir)
+    db_url = f"sqlite:///{workdir / 'inventory.db'}"
+    report = workdir / "report.html"
+    fleet = Fleet()
+    with _terminate_as_interrupt():
+        try:
+            hub = start_fleet(p, workdir, fleet, say)
+            client = HubClient(hub.url)
+            engine = inventory.make_engine(db_url, create=True)
+            first = wait_for_data(engine, client, p, lambda seen, want: progress(
+                "GPUs in the inventory", seen, want))
+            say(f"sync: {first.clusters} clusters, {first.nodes} nodes, {first.gpus} GPUs "
+                f"in {first.requests} PromQL requests")
+            probe_node = next(n for n in p.nodes if n.cluster != p.silent and not n.mig)
+            probe = fleet.probes[p.nodes.index(probe_node)]
+            freshness = measure_freshness(engine, client, probe, probe_node)
+            say(f"freshness: a change on GPU 0 of {probe_node.name} was in the inventory "
+                f"after {freshness:.1f}s")
+
+            fleet.agents[p.silent].stop()
+            say(f"cluster {p.silent} goes silent (its agent stopped)")
+            quiet_since = time.monotonic()
+            while (waited := time.monotonic() - quiet_since) < STALE_AFTER + 1:
+                progress(f"waiting for {p.silent} to pass --stale-after", int(waited),
+                         int(STALE_AFTER + 1))
+                time.sleep(0.5)
+            progress(f"waiting for {p.silent} to pass --stale-after", int(STALE_AFTER + 1),
+                     int(STALE_AFTER + 1))
+            second = run_sync(engine, client, stale_after=STALE_AFTER)
+            say(f"sync: {second.clusters} clusters reporting, {second.gpus} GPUs active")
+            with engine.connect() as conn:
+                cluster_rows = inventory.list_clusters(conn)
+            engine.dispose()
+
+            reconcile_counts = reconcile(p, workdir, db_url, say)
+            report_exit = make_report(db_url, hub.url, report, say)
+            if keep_running:
+                say(f"fleet still running; hub at {hub.url}. Ctrl-C to stop.")
+                while True:
+                    time.sleep(3600)
+        finally:
+            fleet.close()
+    return Result(db_url, report, hub.url, freshness, reconcile_counts, report_exit,
+                  cluster_rows, time.monotonic() - started)
+
+
+def reconcile(p: Plan, workdir: Path, db_url: str, say: Say) -> dict[str, int]:
+    args = []
+    for cluster in p.clusters:
+        path = workdir / "nodes" / f"{cluster}.json"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(json.dumps(node_list(p, cluster), indent=2))
+        args += ["--nodes-json", f"{cluster}={path}"]
+    proc = _gpufleet("reconcile", "--source", "file", *args, "--db", db_url, "-o", "json")
+    if proc.returncode not in (0, 1):
+        raise UnavailableError(f"demo: reconcile failed: {_last_line(proc.stderr)}")
+    counts: dict[str, int] = {}
+    for row in json.loads(proc.stdout):
+        counts[row["status"]] = counts.get(row["status"], 0) + 1
+        if row["status"] != "match":
+            where = row["cluster"] + (f"/{row['node']}" if row.get("node") else "")
+            say(f"reconcile: {where}: {row['status']}"
+                + (f" ({row['reason']})" if row.get("reason") else ""))
+    say("reconcile: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+    return counts
+
+
+def make_report(db_url: str, hub_url: str, out: Path, say: Say) -> int:
+    proc = _gpufleet("report", "--db", db_url, "--hub-url", hub_url,
+                     "--max-age", f"{STALE_AFTER:g}s", "--push-interval", "2s",
+                     "-o", "html", "--out", str(out))
+    if proc.returncode not in (0, 1) or not out.exists():
+        raise UnavailableError(f"demo: report failed: {_last_line(proc.stderr)}")
+    summary = _gpufleet("report", "--db", db_url, "--max-age", f"{STALE_AFTER:g}s",
+                        "--push-interval", "2s", "-o", "json")
+    findings = json.loads(summary.stdout).get("findings", []) if summary.stdout else []
+    by_severity: dict[str, int] = {}
+    for f in findings:
+        by_severity[f["severity"]] = by_severity.get(f["severity"], 0) + 1
+    say("report: " + (", ".join(f"{n} {s}" for s, n in sorted(by_severity.items()))
+                      or "no findings"))
+    return proc.returncode

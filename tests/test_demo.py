@@ -1,0 +1,92 @@
+"""`gpufleet demo`: the layout as plain data, and the real run as a user starts it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hub import demo
+from tests.clirun import gpufleet_json
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_plan_mixes_vendors_has_one_mig_node_and_one_mismatch():
+    p = demo.plan(3, 4, 8)
+    assert len(p.nodes) == 12 and p.silent == "research"
+    assert {n.vendor for n in p.nodes} == {"nvidia", "amd"}
+    assert [n.name for n in p.nodes if n.mig] == ["prod-east-gpu-01"]
+    off = [n for n in p.nodes if n.gpus != n.advertised]
+    assert len(off) == 1 and off[0].advertised - off[0].gpus == 1
+
+
+def test_node_list_is_what_kubectl_get_nodes_prints():
+    p = demo.plan(2, 3, 4)
+    listing = demo.node_list(p, "prod-east")
+    assert listing["kind"] == "List" and len(listing["items"]) == 3
+    by_name = {n["metadata"]["name"]: n for n in listing["items"]}
+    mig = by_name["prod-east-gpu-01"]
+    assert mig["metadata"]["labels"]["nvidia.com/mig.strategy"] == "mixed"
+    assert mig["status"]["capacity"]["nvidia.com/mig-3g.40gb"] == "8"  # 4 GPUs × 2 slices
+    amd = next(n for n in p.nodes if n.cluster == "prod-east" and n.vendor == "amd")
+    assert by_name[amd.name]["status"]["capacity"]["amd.com/gpu"] == "4"
+
+
+def test_workdir_that_the_demo_did_not_make_is_never_emptied(tmp_path):
+    (tmp_path / "precious.txt").write_text("keep me")
+    with pytest.raises(demo.InputError, match="not made by the demo"):
+        demo.prepare_workdir(tmp_path)
+    assert (tmp_path / "precious.txt").exists()
+
+
+def leftovers(workdir: Path) -> list[str]:
+    """Processes whose command line mentions the workdir (Prometheus hub and agents)."""
+    out = subprocess.run(["pgrep", "-af", str(workdir)], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "pgrep" not in line]
+
+
+def run_demo(workdir: Path, **kwargs) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "hub", "demo", "--clusters", "2", "--nodes", "2",
+         "--gpus-per-node", "2", "--workdir", str(workdir)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "COLUMNS": "200"}, **kwargs)
+
+
+def test_demo_runs_end_to_end_twice_and_leaves_nothing_running(tmp_path):
+    workdir = tmp_path / "demo"
+    for _ in range(2):  # a second run in the same workdir works
+        proc = run_demo(workdir)
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        assert leftovers(workdir) == []
+    assert f"HTML report         {workdir / 'report.html'}" in out
+    assert "End-to-end freshness" in out
+    assert "prod-west goes silent" in err
+    assert "count_mismatch" in err  # the deliberate mismatch is found
+    html = (workdir / "report.html").read_text()
+    assert "<html" in html.lower() and "prod-west" in html
+    db = f"sqlite:///{workdir / 'inventory.db'}"
+    clusters = {c["cluster"]: c for c in gpufleet_json("inventory", "clusters", "--db", db)}
+    assert clusters["prod-west"]["state"] == "stale"
+    assert clusters["prod-east"]["state"] == "active" and clusters["prod-east"]["gpus"] == 3
+
+
+def test_ctrl_c_stops_every_process(tmp_path):
+    workdir = tmp_path / "demo"
+    proc = run_demo(workdir)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(leftovers(workdir)) < 3:
+        time.sleep(0.2)  # hub + two agents are up
+    assert len(leftovers(workdir)) >= 3
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+    assert leftovers(workdir) == []
