@@ -122,3 +122,42 @@ def test_serve_and_hub_are_listed_commands():
     result = gpufleet("--help")
     assert "serve" in result.output and "hub" in result.output
     assert gpufleet("hub", "--help").output.count("render") >= 1
+
+
+def test_serve_reconciles_through_the_hub_and_serves_the_reports_findings(hub, fleet,
+                                                                           tmp_path: Path):
+    """With --reconcile, each sync is followed by a hub-side reconcile; /api/v1/findings
+    carries the same checks `gpufleet report` prints (here: a count mismatch)."""
+    import json
+
+    from tests.conftest import sample_text, wait_for
+    from tests.test_reconcile_e2e import ksm_text
+
+    t4 = sample_text("dcgm-t4-loaded-ericsson-ccd.prom")  # one GPU on node cp-bm14r7
+    fleet("east", [t4, ksm_text({"cp-bm14r7": {"nvidia_com_gpu": 2}}, {})])
+    wait_for(hub.url, "count(kube_node_status_capacity) + count(DCGM_FI_DEV_GPU_UTIL)",
+             lambda r: bool(r) and r[0]["value"][1] == "3")  # cpu + gpu capacity, util
+    port = free_port()
+    db = f"sqlite:///{tmp_path / 'inv.db'}"
+    proc = start("--hub-url", hub.url, "--db", db, "--every", "30s", "--reconcile",
+                 "--stale-after", "30s", "--listen", f"127.0.0.1:{port}")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_status(proc, url, 200)
+        deadline = time.monotonic() + 20
+        findings: list = []
+        while time.monotonic() < deadline and not findings:
+            items = requests.get(url + "/api/v1/findings", timeout=5).json()["items"]
+            findings = [f for f in items if f["check"] == "count_mismatch"]
+            time.sleep(0.2)
+        assert findings and findings[0]["node"] == "cp-bm14r7"
+        assert "gpufleet_findings{severity=\"error\"}" in requests.get(
+            url + "/metrics", timeout=5).text
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=15)
+    result = gpufleet("report", "--db", db, "-o", "json")
+    assert result.exit_code == 1  # an error finding: the same one the service served
+    report = json.loads(result.stdout)
+    assert any(f["check"] == "count_mismatch" and f["node"] == "cp-bm14r7"
+               for f in report["findings"])

@@ -35,17 +35,31 @@ log = logging.getLogger("gpufleet.service")
 
 
 def service_jobs(engine: Engine, client: HubClient, *, stale_after: float, cluster_label: str,
-                 lock_timeout: float) -> svc.Jobs:
-    """The scheduled work. Reconcile and report plug in here, one line each:
+                 lock_timeout: float, reconcile: bool = False, max_age: float = 3600.0,
+                 push_interval: float = 300.0, window: float = 3600.0) -> svc.Jobs:
+    """The scheduled work: sync; then, when asked, a hub-side reconcile; then the findings.
 
-    ``after_sync=[lambda: reconcile_job(engine, ...)]`` and
-    ``findings=lambda: report_findings(engine, ...)``.
+    The findings are exactly `gpufleet report`'s (hub.validate.assess with this client), so
+    /api/v1/findings and `gpufleet_findings` agree with what an operator prints.
     """
+    from hub import validate
+
     def sync() -> SyncResult:
         return run_sync(engine, client, stale_after=stale_after, cluster_label=cluster_label,
                         lock_timeout=lock_timeout)
 
-    return svc.Jobs(sync=sync, after_sync=[], findings=None)
+    def reconcile_job() -> None:
+        views, covered = validate.nodes_from_hub(client, stale_after=stale_after,
+                                                 cluster_label=cluster_label)
+        validate.reconcile_run(engine, views, covered, source="hub")
+
+    def findings() -> list[dict[str, Any]]:
+        assessed = validate.assess(engine, client, max_age=max_age, push_interval=push_interval,
+                                   window=window, cluster_label=cluster_label)
+        return [f.as_dict() for f in assessed.findings]
+
+    return svc.Jobs(sync=sync, after_sync=[reconcile_job] if reconcile else [],
+                    findings=findings)
 
 
 @contextmanager
@@ -83,12 +97,24 @@ def _prepare_schema(engine: Engine) -> None:
 @click.option("--listen", envvar=env("listen"), default="127.0.0.1:8080", show_default=True,
               metavar="HOST:PORT", help="Address of /metrics, /healthz and /api/v1 "
               "(0.0.0.0:8080 in a pod).")
+@click.option("--reconcile", is_flag=True, envvar=env("reconcile"),
+              help="After each sync, reconcile GPU counts with kube-state-metrics through the "
+                   "hub (no access to the spokes needed).")
+@click.option("--max-age", type=DURATION, default="1h", show_default=True,
+              envvar=env("max-age"), metavar="DURATION",
+              help="Findings: the freshness guarantee (as `gpufleet report`).")
+@click.option("--push-interval", type=DURATION, default="300s", show_default=True,
+              envvar=env("push-interval"), metavar="DURATION",
+              help="Findings: how often spokes push (as `gpufleet report`).")
+@click.option("--window", type=DURATION, default="1h", show_default=True, envvar=env("window"),
+              metavar="DURATION", help="Findings: history window of the hub checks.")
 @stale_after_option
 @lock_timeout_option
 @hub_options
 @cluster_label_option
 @db_option
-def serve(every: float, listen: str, stale_after: float, lock_timeout: float,
+def serve(every: float, listen: str, reconcile: bool, max_age: float, push_interval: float,
+          window: float, stale_after: float, lock_timeout: float,
           cluster_label: str, db: str | None, **opts: Any) -> None:
     """Run the hub service: sync on a schedule and serve the inventory over HTTP.
 
@@ -99,8 +125,11 @@ def serve(every: float, listen: str, stale_after: float, lock_timeout: float,
       /api/v1/openapi.json   the API's OpenAPI description
       /api/v1/clusters, /nodes, /gpus[/UUID], /findings, /sync-runs
 
-    Syncs take the same lock as `gpufleet sync`, so a CronJob or a second service on the
-    same database never runs beside it. SIGTERM stops it cleanly (exit 0); Ctrl-C exits 130.
+    After each successful sync it runs the checks of `gpufleet report` (served at
+    /api/v1/findings and as gpufleet_findings) and, with --reconcile, a reconcile from
+    kube-state-metrics through the hub. Syncs take the same lock as `gpufleet sync`, so a
+    CronJob or a second service on the same database never runs beside it. SIGTERM stops it
+    cleanly (exit 0); Ctrl-C exits 130.
     """
     if every <= 0:
         raise InputError("--every must be greater than 0")
@@ -117,7 +146,9 @@ def serve(every: float, listen: str, stale_after: float, lock_timeout: float,
         readonly = api.read_only_engine(db)
         try:
             jobs = service_jobs(engine, client, stale_after=stale_after,
-                                cluster_label=cluster_label, lock_timeout=lock_timeout)
+                                cluster_label=cluster_label, lock_timeout=lock_timeout,
+                                reconcile=reconcile, max_age=max_age,
+                                push_interval=push_interval, window=window)
             try:  # bind first: a port in use fails before anything touches the database
                 service = svc.build_service(jobs, every=every, engine=readonly, host=host,
                                             port=port)

@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from pathlib import Path
 from typing import Any
 
 import click
 
-from hub import inventory, migrate
+from hub import migrate, validate
 from hub import reconcile as rc
 from hub.cli import ConfiguredCommand, ConfiguredGroup
-from hub.durations import DURATION, format_duration
-from hub.errors import EXIT_FINDINGS, InputError, UnavailableError
+from hub.durations import DURATION
+from hub.errors import EXIT_FINDINGS, InputError
 from hub.options import cluster_label_option, db_option, env, hub_options
 from hub.output import emit, output_option
 
@@ -88,22 +87,6 @@ def _nodes_from_kube(pairs: list[tuple[str, str]],
     return views, clusters
 
 
-def _nodes_from_hub(opts: dict[str, Any], stale_after: float,
-                    cluster_label: str) -> tuple[list[rc.NodeView], set[str]]:
-    from hub.commands.core import hub_client
-    from hub.promclient import PartialResponse
-
-    results = []
-    with hub_client(opts) as client:
-        for promql in rc.ksm_queries(format_duration(stale_after), cluster_label):
-            res = client.query(promql)
-            if res.warnings:
-                raise PartialResponse(f"hub {client.safe_url} returned a partial response "
-                                      f"({res.warnings[0]}): nothing stored")
-            results.append(res.result)
-    return rc.nodes_from_ksm(results[0], results[1], cluster_label)
-
-
 def _managed(context: str, kubeconfig: str | None,
              selector: str | None) -> list[rc.ManagedCluster]:
     from hub import kube
@@ -166,8 +149,7 @@ def reconcile(ctx: click.Context, source: str | None, contexts: tuple[str, ...],
       gpufleet reconcile --nodes-json lab=nodes.json -o json
       gpufleet reconcile --managed-clusters acm-hub
     """
-    from hub import reconcile_store as store
-    from hub.commands.core import database
+    from hub.commands.core import database, hub_client
 
     if contexts and nodes_json:
         raise InputError("--context and --nodes-json exclude each other: one source per run")
@@ -190,22 +172,18 @@ def reconcile(ctx: click.Context, source: str | None, contexts: tuple[str, ...],
 
     with database(db) as engine:
         migrate.ensure_schema(engine)
-        started = inventory.now_utc()
-        with engine.connect() as conn:
-            observed = store.observed_nodes(conn)
         if source == "file":
             views, covered = _nodes_from_files(file_pairs)
         elif source == "kube":
             views, covered = _nodes_from_kube(context_pairs, kubeconfig)
         else:
-            views, covered = _nodes_from_hub(opts, stale_after, cluster_label)
+            with hub_client(opts) as client:
+                views, covered = validate.nodes_from_hub(client, stale_after=stale_after,
+                                                         cluster_label=cluster_label)
         managed = (_managed(managed_clusters, kubeconfig, managed_cluster_selector)
                    if managed_clusters else None)
-        result = rc.compare(views, observed, covered=covered, fleet_wide=source == "hub",
-                            managed=managed)
-        with engine.begin() as conn:
-            run_id = store.save_run(conn, result, source=source, started_at=started,
-                                    managed_clusters=managed is not None)
+        run_id, result = validate.reconcile_run(engine, views, covered, source=source,
+                                                managed=managed)
     rows = result.rows()
     if output == "csv":
         rows = [{**r, "resources": json.dumps(r.get("resources") or {})} for r in rows]
@@ -255,39 +233,23 @@ def report(ctx: click.Context, max_age: float, push_interval: float, window: flo
       gpufleet report -o markdown > comment.md
     """
     from hub import checks
-    from hub import reconcile_store as store
     from hub import report as rpt
-    from hub.alerts import read_history
     from hub.commands.core import database, hub_client
 
     if max_age <= 0 or push_interval <= 0 or window <= 0:
         raise InputError("--max-age, --push-interval and --window must be greater than 0")
-    now = inventory.now_utc()
     with database(db) as engine:
-        if migrate.current(engine) is None:
-            raise UnavailableError(f"inventory database {inventory.safe_url(engine)} is empty: "
-                                   "run `gpufleet sync` first")
-        migrate.ensure_schema(engine)
-        with engine.connect() as conn:
-            facts = store.report_facts(conn, now)
-    hub_failure: UnavailableError | None = None
-    hub_url = None
-    if opts.get("hub_url"):
-        with hub_client(opts) as client:
-            hub_url = client.safe_url
-            try:
-                facts.history = read_history(client, window=window, max_age=max_age,
-                                             push_interval=push_interval,
-                                             cluster_label=cluster_label, at=time.time())
-            except UnavailableError as exc:
-                hub_failure = exc
-                facts.hub_skipped = None
-    else:
-        facts.hub_skipped = "no hub URL configured (--hub-url or GPUFLEET_HUB_URL)"
-    findings = checks.run_checks(facts, max_age=max_age, push_interval=push_interval)
-    if hub_failure is not None:
-        findings.insert(0, checks.Finding(checks.ERROR, "hub", "hub checks failed: "
-                                          + hub_failure.format_message()))
+        if opts.get("hub_url"):
+            with hub_client(opts) as client:
+                assessed = validate.assess(engine, client, max_age=max_age,
+                                           push_interval=push_interval, window=window,
+                                           cluster_label=cluster_label)
+        else:
+            assessed = validate.assess(engine, None, max_age=max_age,
+                                       push_interval=push_interval, window=window,
+                                       cluster_label=cluster_label)
+    facts, findings, now = assessed.facts, assessed.findings, assessed.now
+    hub_url, hub_failure = assessed.hub_url, assessed.hub_failure
     run = facts.reconcile
     result = rpt.Report(
         generated_at=now, max_age=max_age, push_interval=push_interval, window=window,

@@ -1,0 +1,95 @@
+"""Reconcile and report as plain functions over the project's doors (database, hub client).
+
+The `reconcile` and `report` commands and the `serve` scheduler all run exactly these, so a
+finding on the service's /api/v1/findings is the finding `gpufleet report` prints.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy.engine import Engine
+
+from hub import checks, inventory, migrate
+from hub import reconcile as rc
+from hub import reconcile_store as store
+from hub.durations import format_duration
+from hub.errors import UnavailableError
+from hub.promclient import HubClient, PartialResponse
+
+
+def nodes_from_hub(client: HubClient, *, stale_after: float,
+                   cluster_label: str) -> tuple[list[rc.NodeView], set[str]]:
+    """The Kubernetes view through the hub: kube-state-metrics, a fixed pair of queries."""
+    results = []
+    for promql in rc.ksm_queries(format_duration(stale_after), cluster_label):
+        res = client.query(promql)
+        if res.warnings:
+            raise PartialResponse(f"hub {client.safe_url} returned a partial response "
+                                  f"({res.warnings[0]}): nothing stored")
+        results.append(res.result)
+    return rc.nodes_from_ksm(results[0], results[1], cluster_label)
+
+
+def reconcile_run(engine: Engine, views: list[rc.NodeView], covered: set[str], *, source: str,
+                  managed: list[rc.ManagedCluster] | None = None
+                  ) -> tuple[int, rc.Reconciliation]:
+    """Compare the Kubernetes view with the inventory and store the run; (run id, result)."""
+    migrate.ensure_schema(engine)
+    started = inventory.now_utc()
+    with engine.connect() as conn:
+        observed = store.observed_nodes(conn)
+    result = rc.compare(views, observed, covered=covered, fleet_wide=source == "hub",
+                        managed=managed)
+    with engine.begin() as conn:
+        run_id = store.save_run(conn, result, source=source, started_at=started,
+                                managed_clusters=managed is not None)
+    return run_id, result
+
+
+@dataclass
+class Assessment:
+    """Everything a report shows: the facts, the findings, and whether the hub answered."""
+
+    facts: Any  # checks.Facts
+    findings: list[checks.Finding]
+    now: dt.datetime
+    hub_url: str | None = None
+    hub_failure: UnavailableError | None = field(default=None)
+
+
+def assess(engine: Engine, client: HubClient | None, *, max_age: float, push_interval: float,
+           window: float, cluster_label: str) -> Assessment:
+    """Run every check on the latest inventory (and the hub's recent history, given a client).
+
+    A hub that fails is not fatal here: the assessment carries an error finding and the
+    failure, so a scheduled page shows the problem instead of yesterday's all-green.
+    """
+    from hub.alerts import read_history
+
+    now = inventory.now_utc()
+    if migrate.current(engine) is None:
+        raise UnavailableError(f"inventory database {inventory.safe_url(engine)} is empty: "
+                               "run `gpufleet sync` first")
+    migrate.ensure_schema(engine)
+    with engine.connect() as conn:
+        facts = store.report_facts(conn, now)
+    failure: UnavailableError | None = None
+    if client is not None:
+        try:
+            facts.history = read_history(client, window=window, max_age=max_age,
+                                         push_interval=push_interval,
+                                         cluster_label=cluster_label, at=time.time())
+        except UnavailableError as exc:
+            failure = exc
+            facts.hub_skipped = None
+    else:
+        facts.hub_skipped = "no hub URL configured (--hub-url or GPUFLEET_HUB_URL)"
+    findings = checks.run_checks(facts, max_age=max_age, push_interval=push_interval)
+    if failure is not None:
+        findings.insert(0, checks.Finding(checks.ERROR, "hub", "hub checks failed: "
+                                          + failure.format_message()))
+    return Assessment(facts, findings, now, client.safe_url if client else None, failure)
