@@ -16,11 +16,10 @@ import contextlib
 import dataclasses
 import json
 import shutil
-import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from hub import inventory
 from hub.errors import InputError, UnavailableError
 from hub.localstack import PrometheusProcess, hub_config, start_agent
 from hub.promclient import HubClient
+from hub.signals import on_sigterm
 from hub.sync import run_sync
 
 MARKER = ".gpufleet-demo"
@@ -252,17 +252,9 @@ def _gpufleet(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "hub", *args], capture_output=True, text=True)
 
 
-@contextlib.contextmanager
-def _terminate_as_interrupt() -> Iterator[None]:
+def _interrupt(signum: int, frame: object) -> None:
     """SIGTERM ends the demo like Ctrl-C does: through the same cleanup."""
-    def handler(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    raise KeyboardInterrupt
 
 
 def run(*, clusters: int, nodes: int, gpus_per_node: int, workdir: Path, say: Say,
@@ -276,7 +268,7 @@ def run(*, clusters: int, nodes: int, gpus_per_node: int, workdir: Path, say: Sa
     db_url = f"sqlite:///{workdir / 'inventory.db'}"
     report = workdir / "report.html"
     fleet = Fleet()
-    with _terminate_as_interrupt():
+    with on_sigterm(_interrupt):
         try:
             hub = start_fleet(p, workdir, fleet, say)
             client = HubClient(hub.url)

@@ -65,3 +65,22 @@ lock_timeout_option = click.option(
     envvar=env("lock-timeout"), metavar="DURATION",
     help="How long to wait for another sync on the same database to finish.",
 )
+
+max_age_option = click.option(
+    "--max-age", type=DURATION, default="1h", show_default=True, envvar=env("max-age"),
+    metavar="DURATION",
+    help="Freshness guarantee (adoption contract): a cluster without a GPU sample for longer "
+         "is an error.",
+)
+
+push_interval_option = click.option(
+    "--push-interval", type=DURATION, default="300s", show_default=True,
+    envvar=env("push-interval"), metavar="DURATION",
+    help="How often spokes push (ACM: 300s); no sample for twice this is a warning.",
+)
+
+window_option = click.option(
+    "--window", type=DURATION, default="1h", show_default=True, envvar=env("window"),
+    metavar="DURATION",
+    help="History window of the zero-usage, stuck-collector and exporter-error checks.",
+)

@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import logging
-import signal
 import socket
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import click
@@ -16,6 +12,7 @@ from hub.cli import ConfiguredCommand
 from hub.durations import DURATION
 from hub.errors import InputError, UnavailableError
 from hub.options import env
+from hub.signals import on_sigterm
 from spoke._exporter import Exporter
 from spoke._http import DEFAULT_PORT, MetricsServer, parse_listen
 from spoke._model import Backend, LibraryNotFound
@@ -27,20 +24,8 @@ class _Terminated(Exception):
     """SIGTERM arrived: Kubernetes is stopping the pod; shut down cleanly, exit 0."""
 
 
-@contextmanager
-def _sigterm_stops() -> Iterator[None]:
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        raise _Terminated
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise _Terminated
 
 
 def _listen_address(listen: str | None, port: int | None) -> tuple[str, int]:
@@ -126,7 +111,7 @@ def exporter(ctx: click.Context, backend: str, listen: str | None, port: int | N
             click.echo(f"gpufleet exporter: serving http://{host}:{server.port}/metrics "
                        f"(backend {gpu.name}, {exp.snapshot.gpus} GPUs, Hostname {hostname}, "
                        f"every {interval:g}s)", err=True)
-            with _sigterm_stops():
+            with on_sigterm(_raise_terminated):
                 try:
                     server.serve_forever()
                 except _Terminated:

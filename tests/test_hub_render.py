@@ -14,6 +14,7 @@ from hub import __version__
 from hub.cli import cli
 from hub.errors import InputError
 from hub.render import cron_schedule, hub_service_values, render_hub_service
+from tests.manifests import all_keys
 
 HUB = "https://rbac-query-proxy-open-cluster-management-observability.apps.hub.example.com"
 HOSTILE = 'x"\n  evil: true'
@@ -210,15 +211,8 @@ def test_hostile_image_is_quoted_and_cannot_add_keys(tmp_path):
     result = render(tmp_path, "--hub-url", HUB, "--image", HOSTILE)
     assert result.exit_code == 0, result.output
 
-    def keys(node: Any) -> set[str]:
-        if isinstance(node, dict):
-            return set(node) | {k for v in node.values() for k in keys(v)}
-        if isinstance(node, list):
-            return {k for v in node for k in keys(v)}
-        return set()
-
     for path in (tmp_path / "out").glob("*.yaml"):
-        assert "evil" not in keys(yaml.safe_load(path.read_text())), path.name
+        assert "evil" not in all_keys(yaml.safe_load(path.read_text())), path.name
     deployment = yaml.safe_load((tmp_path / "out" / "deployment.yaml").read_text())
     assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == HOSTILE
 

@@ -17,6 +17,7 @@ from hub import __version__, render
 from hub.cli import cli
 from hub.errors import InputError
 from hub.vendors import KUBE_STATE_METRICS, allowlist_metrics
+from tests.manifests import all_keys
 
 URL = "https://receive.hub.example.com/api/v1/receive"
 HOSTILE = 'x"\n  evil: true'
@@ -447,16 +448,9 @@ def test_hostile_image_cannot_inject_keys(tmp_path):
                    "--exporter", "builtin", "--exporter-image", HOSTILE, "--agent-image", HOSTILE)
     assert result.exit_code == 0, result.output
 
-    def keys(node: Any) -> set[str]:
-        if isinstance(node, dict):
-            return set(node) | {k for v in node.values() for k in keys(v)}
-        if isinstance(node, list):
-            return {k for v in node for k in keys(v)}
-        return set()
-
     for path in (tmp_path / "out").glob("*.yaml"):
         obj = yaml.safe_load(path.read_text())
-        assert "evil" not in keys(obj), path.name
+        assert "evil" not in all_keys(obj), path.name
     pod = yaml.safe_load((tmp_path / "out" / "exporter-daemonset.yaml").read_text())
     assert pod["spec"]["template"]["spec"]["containers"][0]["image"] == HOSTILE
 

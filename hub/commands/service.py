@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import logging
-import signal
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import click
@@ -26,9 +23,13 @@ from hub.options import (
     env,
     hub_options,
     lock_timeout_option,
+    max_age_option,
+    push_interval_option,
     stale_after_option,
+    window_option,
 )
 from hub.promclient import HubClient
+from hub.signals import on_sigterm
 from hub.sync import SyncResult, run_sync
 
 log = logging.getLogger("gpufleet.service")
@@ -62,20 +63,6 @@ def service_jobs(engine: Engine, client: HubClient, *, stale_after: float, clust
                     findings=findings)
 
 
-@contextmanager
-def _until_signalled() -> Iterator[threading.Event]:
-    """An event set by SIGTERM; Ctrl-C stays a KeyboardInterrupt (exit 130 in hub.cli)."""
-    stop = threading.Event()
-    if threading.current_thread() is not threading.main_thread():
-        yield stop
-        return
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
-    try:
-        yield stop
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def _prepare_schema(engine: Engine) -> None:
     """Create the schema now so the API answers before the first sync finishes.
 
@@ -100,14 +87,9 @@ def _prepare_schema(engine: Engine) -> None:
 @click.option("--reconcile", is_flag=True, envvar=env("reconcile"),
               help="After each sync, reconcile GPU counts with kube-state-metrics through the "
                    "hub (no access to the spokes needed).")
-@click.option("--max-age", type=DURATION, default="1h", show_default=True,
-              envvar=env("max-age"), metavar="DURATION",
-              help="Findings: the freshness guarantee (as `gpufleet report`).")
-@click.option("--push-interval", type=DURATION, default="300s", show_default=True,
-              envvar=env("push-interval"), metavar="DURATION",
-              help="Findings: how often spokes push (as `gpufleet report`).")
-@click.option("--window", type=DURATION, default="1h", show_default=True, envvar=env("window"),
-              metavar="DURATION", help="Findings: history window of the hub checks.")
+@max_age_option
+@push_interval_option
+@window_option
 @stale_after_option
 @lock_timeout_option
 @hub_options
@@ -166,7 +148,8 @@ def serve(every: float, listen: str, reconcile: bool, max_age: float, push_inter
 
 
 def _run(service: svc.Service, client: HubClient, engine: Engine, every: float) -> None:
-    with _until_signalled() as stop:
+    stop = threading.Event()  # set by SIGTERM; Ctrl-C stays a KeyboardInterrupt (exit 130)
+    with on_sigterm(lambda signum, frame: stop.set()):
         service.start()
         click.echo(f"gpufleet serve: {service.url} (sync every {format_duration(every)} from "
                    f"{client.safe_url} into {safe_url(engine)})", err=True)

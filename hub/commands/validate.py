@@ -20,7 +20,15 @@ from hub import reconcile as rc
 from hub.cli import ConfiguredCommand, ConfiguredGroup
 from hub.durations import DURATION
 from hub.errors import EXIT_FINDINGS, InputError
-from hub.options import cluster_label_option, db_option, env, hub_options
+from hub.options import (
+    cluster_label_option,
+    db_option,
+    env,
+    hub_options,
+    max_age_option,
+    push_interval_option,
+    window_option,
+)
 from hub.output import emit, output_option
 
 SOURCES = ("hub", "kube", "file")
@@ -197,15 +205,9 @@ def reconcile(ctx: click.Context, source: str | None, contexts: tuple[str, ...],
 
 
 @click.command(cls=ConfiguredCommand)
-@click.option("--max-age", type=DURATION, default="1h", show_default=True,
-              envvar=env("max-age"), metavar="DURATION",
-              help="Freshness guarantee: a cluster whose newest sample is older is an error.")
-@click.option("--push-interval", type=DURATION, default="300s", show_default=True,
-              envvar=env("push-interval"), metavar="DURATION",
-              help="How often spokes push (ACM: 300s); older than twice this is a warning.")
-@click.option("--window", type=DURATION, default="1h", show_default=True, envvar=env("window"),
-              metavar="DURATION",
-              help="History window of the hub checks (zero usage, stuck collectors, errors).")
+@max_age_option
+@push_interval_option
+@window_option
 @click.option("--max-findings", type=click.IntRange(1), default=50, show_default=True,
               help="Findings listed in -o markdown (the rest are counted).")
 @click.option("--out", metavar="FILE",
@@ -278,14 +280,9 @@ def alerts() -> None:
 @alerts.command("render", cls=ConfiguredCommand)
 @click.option("--out", envvar=env("alerts-out"), metavar="DIR",
               help="Directory to write (replaced as a whole on re-render).")
-@click.option("--max-age", type=DURATION, default="1h", show_default=True,
-              envvar=env("max-age"), metavar="DURATION",
-              help="A cluster without a GPU sample for longer is critical.")
-@click.option("--push-interval", type=DURATION, default="300s", show_default=True,
-              envvar=env("push-interval"), metavar="DURATION",
-              help="Spokes' push interval; no sample for twice this is a warning.")
-@click.option("--window", type=DURATION, default="1h", show_default=True, envvar=env("window"),
-              metavar="DURATION", help="Window of the zero-usage and stuck-collector alerts.")
+@max_age_option
+@push_interval_option
+@window_option
 @click.option("--lookback", type=DURATION, default="24h", show_default=True,
               envvar=env("lookback"), metavar="DURATION",
               help="How long a silent cluster stays in the stale alert.")
