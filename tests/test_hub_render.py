@@ -14,11 +14,9 @@ from hub import __version__
 from hub.cli import cli
 from hub.errors import InputError
 from hub.render import cron_schedule, hub_service_values, render_hub_service
-from tests.manifests import all_keys
+from tests.manifests import HOSTILE, all_keys, assert_core_objects_valid, objects, one
 
 HUB = "https://rbac-query-proxy-open-cluster-management-observability.apps.hub.example.com"
-HOSTILE = 'x"\n  evil: true'
-CRD_KINDS = {"ServiceMonitor"}
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> Result:
@@ -33,16 +31,6 @@ def files_for(**overrides: Any) -> dict[str, str]:
     options: dict[str, Any] = {"hub_url": HUB}
     options.update(overrides)
     return render_hub_service(hub_service_values(**options))
-
-
-def objects(files: dict[str, str]) -> dict[str, dict[str, Any]]:
-    return {p: yaml.safe_load(t) for p, t in files.items() if p != "kustomization.yaml"}
-
-
-def one(files: dict[str, str], kind: str) -> dict[str, Any]:
-    found = [o for o in objects(files).values() if o["kind"] == kind]
-    assert len(found) == 1, f"expected one {kind}, got {len(found)}"
-    return found[0]
 
 
 def pod_of(files: dict[str, str]) -> dict[str, Any]:
@@ -66,13 +54,7 @@ VARIANTS = [
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_core_objects_validate_against_kubernetes_1_30(variant):
-    for path, obj in objects(files_for(**variant)).items():
-        if obj["kind"] in CRD_KINDS:
-            continue
-        try:
-            kubernetes_validate.validate(obj, "1.30", strict=True)
-        except kubernetes_validate.ValidationError as exc:
-            pytest.fail(f"{path}: {'.'.join(map(str, exc.path))}: {exc.message}")
+    assert_core_objects_valid(files_for(**variant))
 
 
 def test_strict_validation_catches_a_misspelt_field():

@@ -17,13 +17,16 @@ from hub import __version__, render
 from hub.cli import cli
 from hub.errors import InputError
 from hub.vendors import KUBE_STATE_METRICS, allowlist_metrics
-from tests.manifests import all_keys
+from tests.manifests import (
+    HOSTILE,
+    all_keys,
+    assert_core_objects_valid,
+    by_kind,
+    objects,
+    one,
+)
 
 URL = "https://receive.hub.example.com/api/v1/receive"
-HOSTILE = 'x"\n  evil: true'
-#: Kinds from CRDs: no Kubernetes schema, checked structurally by the tests instead.
-CRD_KINDS = {"ServiceMonitor", "Policy", "Placement", "PlacementBinding",
-             "ManagedClusterSetBinding"}
 MATRIX = [
     (vendor, exporter, mode)
     for vendor in ("nvidia", "amd")
@@ -44,22 +47,6 @@ def values(**overrides: Any) -> render.SpokeValues:
     options: dict[str, Any] = {"cluster": "east", "vendor": "nvidia", "remote_write_url": URL}
     options.update(overrides)
     return render.spoke_values(**options)
-
-
-def objects(files: dict[str, str]) -> dict[str, dict[str, Any]]:
-    """Parsed manifests by path (kustomizations left out)."""
-    return {path: yaml.safe_load(text) for path, text in files.items()
-            if not path.endswith("kustomization.yaml")}
-
-
-def by_kind(files: dict[str, str], kind: str) -> list[dict[str, Any]]:
-    return [o for o in objects(files).values() if o["kind"] == kind]
-
-
-def one(files: dict[str, str], kind: str) -> dict[str, Any]:
-    found = by_kind(files, kind)
-    assert len(found) == 1, f"expected one {kind}, got {len(found)}"
-    return found[0]
 
 
 def promtool_check(config_text: str, tmp_path: Path) -> None:
@@ -88,14 +75,8 @@ def subset(small: dict[str, str], big: dict[str, str]) -> bool:
 
 @pytest.mark.parametrize(("vendor", "exporter", "mode"), MATRIX)
 def test_every_core_object_validates_against_kubernetes_1_30(vendor, exporter, mode):
-    files = render.render_spoke(values(vendor=vendor, exporter=exporter, mode=mode))
-    for path, obj in objects(files).items():
-        if obj["kind"] in CRD_KINDS:
-            continue
-        try:
-            kubernetes_validate.validate(obj, "1.30", strict=True)
-        except kubernetes_validate.ValidationError as exc:
-            pytest.fail(f"{path}: {'.'.join(map(str, exc.path))}: {exc.message}")
+    assert_core_objects_valid(render.render_spoke(values(vendor=vendor, exporter=exporter,
+                                                         mode=mode)))
 
 
 def test_strict_validation_would_catch_a_misspelt_field():
