@@ -546,3 +546,12 @@ def test_templates_come_from_the_checkout_in_an_editable_install():
     templates, policies = render.template_roots()
     repo = Path(__file__).resolve().parents[1]
     assert (templates, policies) == (repo / "templates", repo / "policies")
+
+
+def test_image_is_short_for_exporter_image(tmp_path):
+    result = spoke(tmp_path, "--cluster", "east", "--vendor", "nvidia", "--remote-write-url", URL,
+                   "--exporter", "builtin", "--image", "registry.example.com/gpufleet:9.9")
+    assert result.exit_code == 0, result.output
+    daemonset = yaml.safe_load((tmp_path / "out" / "exporter-daemonset.yaml").read_text())
+    assert daemonset["spec"]["template"]["spec"]["containers"][0]["image"] == (
+        "registry.example.com/gpufleet:9.9")

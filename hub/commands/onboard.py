@@ -60,9 +60,10 @@ def _spoke_options(func: F) -> F:
         click.option("--agent-image", envvar=env("agent-image"),
                      default=render.DEFAULT_AGENT_IMAGE, show_default=True,
                      help="Prometheus image of the agent."),
-        click.option("--exporter-image", envvar=env("exporter-image"),
-                     default=render.DEFAULT_EXPORTER_IMAGE, show_default=True,
-                     help="gpufleet image of the builtin exporter."),
+        click.option("--exporter-image", "--image", "exporter_image",
+                     envvar=env("exporter-image"), default=render.DEFAULT_EXPORTER_IMAGE,
+                     show_default=True,
+                     help="gpufleet image of the builtin exporter (--image for short)."),
         click.option("--out", envvar=env("out"), metavar="DIR",
                      help="Directory to write (replaced as a whole on re-render)."),
     ]
