@@ -159,3 +159,13 @@ def test_every_command_has_help():
         result = gpufleet(name, "--help")
         assert result.exit_code == 0, (name, result.output)
         assert "Usage:" in result.stdout
+
+
+def test_inventory_of_a_database_without_schema_says_it_is_empty(tmp_path):
+    """A sync that has not finished its first transaction leaves a file with no tables."""
+    path = tmp_path / "new.db"
+    path.touch()
+    for args in (["inventory", "gpus"], ["inventory", "sync-runs"]):
+        result = gpufleet(*args, "--db", f"sqlite:///{path}")
+        assert result.exit_code == 3
+        assert "is empty: run `gpufleet sync` first" in result.stderr

@@ -60,6 +60,14 @@ def database(url: str | None, *, create: bool = False) -> Iterator[Engine]:
         engine.dispose()
 
 
+def require_schema(engine: Engine) -> None:
+    """Reads need the schema: a database file with none yet is empty, not broken."""
+    if migrate.current(engine) is None:
+        raise UnavailableError(f"inventory database {store.safe_url(engine)} is empty: "
+                               "run `gpufleet sync` first")
+    migrate.ensure_schema(engine)
+
+
 # -- query ----------------------------------------------------------------------------------
 def _point(ts: float, value: str) -> dict[str, Any]:
     try:
@@ -191,8 +199,10 @@ def _inventory_command(name: str, lister, columns: list[str], doc: str,
     @db_option
     @output_option()
     def command(cluster: str | None, db: str | None, output: str, **_: Any) -> None:
-        with database(db) as engine, engine.connect() as conn:
-            rows = lister(conn, cluster)
+        with database(db) as engine:
+            require_schema(engine)
+            with engine.connect() as conn:
+                rows = lister(conn, cluster)
         emit(rows, columns, output, table_columns)
 
     return command
@@ -216,8 +226,10 @@ _inventory_command("allocations", store.list_allocations, store.ALLOCATION_COLUM
 @output_option()
 def sync_runs(limit: int, db: str | None, output: str, **_: Any) -> None:
     """The latest sync runs: status, requests made, counts, and the error if any."""
-    with database(db) as engine, engine.connect() as conn:
-        rows = store.list_sync_runs(conn, limit)
+    with database(db) as engine:
+        require_schema(engine)
+        with engine.connect() as conn:
+            rows = store.list_sync_runs(conn, limit)
     emit(rows, ["id", "started_at", "finished_at", "status", "requests", "clusters", "nodes",
                 "gpus", "error"], output)
 
