@@ -38,7 +38,6 @@ from hub.sync import SyncResult
 
 log = logging.getLogger("gpufleet.service")
 
-DEFAULT_EVERY = 300.0
 DEFAULT_BACKOFF = 5.0
 Finding = dict[str, Any]
 
