@@ -29,10 +29,10 @@ import requests
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hub import vendors  # noqa: E402
-from hub.durations import format_duration  # noqa: E402
-from hub.localstack import PrometheusProcess, hub_config, require_binary  # noqa: E402
-from hub.sync import subquery_step  # noqa: E402
+from hub.common._durations import format_duration  # noqa: E402
+from hub.devstack._prometheus import PrometheusProcess, hub_config, require_binary  # noqa: E402
+from hub.inventory._sync import subquery_step  # noqa: E402
+from hub.store import _vendors as vendors  # noqa: E402
 
 GPUS_PER_NODE = 8
 NODES_PER_CLUSTER = 50

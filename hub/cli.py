@@ -19,7 +19,7 @@ import click
 import yaml
 
 from hub import __version__
-from hub.errors import InputError
+from hub.common._errors import InputError
 
 # name -> "module:attribute"; modules import only when their command runs or --help lists it.
 COMMANDS: dict[str, str] = {

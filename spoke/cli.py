@@ -9,10 +9,10 @@ from typing import Any
 import click
 
 from hub.cli import ConfiguredCommand
-from hub.durations import DURATION
-from hub.errors import InputError, UnavailableError
-from hub.options import env
-from hub.signals import on_sigterm
+from hub.common._durations import DURATION
+from hub.common._errors import InputError, UnavailableError
+from hub.common._options import env
+from hub.common._signals import on_sigterm
 from spoke._exporter import Exporter
 from spoke._http import DEFAULT_PORT, MetricsServer, parse_listen
 from spoke._model import Backend, LibraryNotFound

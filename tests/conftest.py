@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from hub.localstack import PrometheusProcess, StaticServer, hub_config, start_agent
+from hub.devstack._prometheus import PrometheusProcess, StaticServer, hub_config, start_agent
 
 SAMPLES = Path(__file__).resolve().parents[1].parent / "shared" / "samples"
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -118,7 +118,7 @@ def postgres_server() -> Iterator[str]:
     import shutil
     import tempfile
 
-    from hub.localstack import free_port
+    from hub.devstack._prometheus import free_port
 
     base = Path(tempfile.mkdtemp(prefix="gpufleet-pg-"))
     data, sock = base / "data", base / "sock"

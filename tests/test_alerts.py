@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hub import alerts, vendors
-from tests.clirun import gpufleet
+from hub.store import _vendors as vendors
+from hub.validate import _alerts as alerts
 from tests.conftest import FIXTURES
+from tests.support.clirun import gpufleet
 
 UNIT_TESTS = FIXTURES / "alerts" / "gpufleet-alerts.test.yaml"
 

@@ -18,13 +18,14 @@ import requests
 import sqlalchemy as sa
 from prometheus_client.parser import text_string_to_metric_families
 
-from hub import api, inventory
-from hub.localstack import PrometheusProcess, StaticServer, hub_config, start_agent
-from hub.promclient import HubClient
-from hub.service import Jobs, Service, build_service
-from hub.sync import run_sync
-from tests.clirun import gpufleet_json
+from hub.devstack._prometheus import PrometheusProcess, StaticServer, hub_config, start_agent
+from hub.inventory import _db as inventory
+from hub.inventory._sync import run_sync
+from hub.service import _api as api
+from hub.service._scheduler import Jobs, Service, build_service
+from hub.store._client import HubClient
 from tests.conftest import sample_text, wait_for
+from tests.support.clirun import gpufleet_json
 from tests.test_sync_e2e import AMD, EAST, WEST, series_count
 
 CLUSTERS = {"east": EAST, "west": WEST, "amd": AMD}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 
-from hub import checks
-from hub.checks import (
+from hub.validate import _checks as checks
+from hub.validate._checks import (
     ClusterFacts,
     ExpectedFacts,
     Facts,

@@ -11,9 +11,10 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
-from hub import inventory, migrate
-from tests.clirun import gpufleet
+from hub.inventory import _db as inventory
+from hub.inventory import _migrate as migrate
 from tests.conftest import sample_text, wait_for
+from tests.support.clirun import gpufleet
 
 
 @pytest.fixture

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from hub import demo
-from tests.clirun import gpufleet_json
+from hub.devstack import _demo as demo
+from tests.support.clirun import gpufleet_json
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -90,7 +90,7 @@ def test_hub_sync_reads_the_exporter_into_the_same_inventory_fields(hub, fleet, 
                                                                      tmp_path):
     """What the upstream samples give (model, memory, utilisation, power, temperature, MIG
     slices of their parent) the project's own exporter gives too, for both vendors."""
-    from tests.clirun import gpufleet, gpufleet_json
+    from tests.support.clirun import gpufleet, gpufleet_json
 
     nvidia = exporter_url("gpu-node-a", gpus=2, mig="3g.40gb,1g.10gb", seed=1)
     whole = exporter_url("gpu-node-c", gpus=2, seed=2)

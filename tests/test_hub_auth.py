@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hub.localstack import PrometheusProcess, hub_config
-from tests.clirun import gpufleet
-from tests.httpstub import Request, Response, StubServer, forward
+from hub.devstack._prometheus import PrometheusProcess, hub_config
+from tests.support.clirun import gpufleet
+from tests.support.httpstub import Request, Response, StubServer, forward
 
 TOKEN = "sha256~s3cr3t-t0ken-value"
 

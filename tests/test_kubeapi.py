@@ -9,10 +9,10 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from hub import kube
-from hub.errors import InputError, UnavailableError
-from tests.kubeapi import KubeAPI, parse_route, plural_of
-from tests.kubeapi import kube_api as kube_api
+from hub.common._errors import InputError, UnavailableError
+from hub.kube import _client as kube
+from tests.support.kubeapi import KubeAPI, parse_route, plural_of
+from tests.support.kubeapi import kube_api as kube_api
 
 POLICY = ("policy.open-cluster-management.io", "v1")
 

@@ -1,4 +1,4 @@
-from hub.localstack import StaticServer
+from hub.devstack._prometheus import StaticServer
 from tests.conftest import sample_text, wait_for
 
 

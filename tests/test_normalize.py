@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from hub import vendors
-from hub.normalize import FleetBuilder
+from hub.inventory._normalize import FleetBuilder
+from hub.store import _vendors as vendors
 
 NV = vendors.profile("nvidia")
 AMD = vendors.profile("amd")

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from hub import reconcile as rc
-from hub.errors import InputError
-from hub.reconcile import ManagedCluster, NodeView, ObservedNode
+from hub.common._errors import InputError
+from hub.validate import _reconcile as rc
+from hub.validate._reconcile import ManagedCluster, NodeView, ObservedNode
 
 SAMPLES = Path(__file__).resolve().parents[1].parent / "shared" / "samples"
 T0 = dt.datetime(2026, 11, 28, 12, 0, 0)

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from hub import reconcile as rc
-from hub.promclient import HubClient
-from tests.clirun import gpufleet
+from hub.store._client import HubClient
+from hub.validate import _reconcile as rc
 from tests.conftest import FIXTURES, sample_text, wait_for
-from tests.kubeapi import KubeAPI
-from tests.kubeapi import kube_api as kube_api
+from tests.support.clirun import gpufleet
+from tests.support.kubeapi import KubeAPI
+from tests.support.kubeapi import kube_api as kube_api
 from tests.test_reconcile import node_object, nvidia_labels, time_sliced, vks_label_sets
 
 EAST = ["dcgm-h100-8gpu-aicr-eks-156a357e.prom", "dcgm-h100-8gpu-aicr-eks-19edc950.prom",
@@ -255,7 +255,7 @@ def test_reconcile_input_and_dependency_errors(kube_api, empty_db, tmp_path):
 
 
 def test_managed_clusters_are_listed_page_by_page_and_by_label(kube_api):
-    from hub import kube
+    from hub.kube import _client as kube
 
     for i in range(5):
         kube_api.put_object({

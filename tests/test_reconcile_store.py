@@ -7,11 +7,12 @@ import datetime as dt
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
-from hub import inventory, migrate
-from hub import reconcile as rc
-from hub import reconcile_store as store
-from hub.normalize import Observation
-from tests.clirun import gpufleet
+from hub.inventory import _db as inventory
+from hub.inventory import _migrate as migrate
+from hub.inventory._normalize import Observation
+from hub.validate import _reconcile as rc
+from hub.validate import _reconcile_store as store
+from tests.support.clirun import gpufleet
 
 NOW = dt.datetime(2026, 11, 28, 12, 0, 0)
 

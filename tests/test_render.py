@@ -13,11 +13,12 @@ import pytest
 import yaml
 from click.testing import CliRunner, Result
 
-from hub import __version__, render
+from hub import __version__
 from hub.cli import cli
-from hub.errors import InputError
-from hub.vendors import KUBE_STATE_METRICS, allowlist_metrics
-from tests.manifests import (
+from hub.common._errors import InputError
+from hub.onboard import _render as render
+from hub.store._vendors import KUBE_STATE_METRICS, allowlist_metrics
+from tests.support.manifests import (
     HOSTILE,
     all_keys,
     assert_core_objects_valid,

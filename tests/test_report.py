@@ -13,14 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from hub import checks, inventory, migrate
-from hub import reconcile as rc
-from hub import reconcile_store as store
-from hub import report as rpt
-from hub.checks import ERROR, INFO, WARNING, Finding
-from hub.errors import InputError
-from hub.normalize import Observation
-from tests.clirun import gpufleet
+from hub.common._errors import InputError
+from hub.inventory import _db as inventory
+from hub.inventory import _migrate as migrate
+from hub.inventory._normalize import Observation
+from hub.validate import _checks as checks
+from hub.validate import _reconcile as rc
+from hub.validate import _reconcile_store as store
+from hub.validate import _report as rpt
+from hub.validate._checks import ERROR, INFO, WARNING, Finding
+from tests.support.clirun import gpufleet
 
 NOW = dt.datetime(2026, 11, 28, 12, 0, 0)
 HOSTILE = '<script>alert("x")</script>|`rm`'

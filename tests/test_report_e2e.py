@@ -10,12 +10,12 @@ import re
 import time
 from collections.abc import Callable
 
-from hub import alerts
-from hub.promclient import HubClient
-from tests.clirun import gpufleet
+from hub.store._client import HubClient
+from hub.validate import _alerts as alerts
 from tests.conftest import sample_text, wait_for
-from tests.kubeapi import KubeAPI
-from tests.kubeapi import kube_api as kube_api
+from tests.support.clirun import gpufleet
+from tests.support.kubeapi import KubeAPI
+from tests.support.kubeapi import kube_api as kube_api
 from tests.test_reconcile import node_object, nvidia_labels
 
 H100_A, H100_B = "ip-10-0-171-111.ec2.internal", "ip-100-64-147-149.ec2.internal"

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import requests
 
-from hub.localstack import free_port
-from tests.clirun import gpufleet
+from hub.devstack._prometheus import free_port
+from tests.support.clirun import gpufleet
 
 SECRET_TOKEN = "tok-s3cret-hub"
 SECRET_PASSWORD = "pw-s3cret-url"

@@ -9,11 +9,18 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from hub.errors import InputError
-from hub.inventory import LockHeld
-from hub.promclient import HubUnavailable
-from hub.service import Jobs, Scheduler, ServiceMetrics, SyncState, describe_error, health
-from hub.sync import SyncResult
+from hub.common._errors import InputError
+from hub.inventory._db import LockHeld
+from hub.inventory._sync import SyncResult
+from hub.service._scheduler import (
+    Jobs,
+    Scheduler,
+    ServiceMetrics,
+    SyncState,
+    describe_error,
+    health,
+)
+from hub.store._client import HubUnavailable
 
 T0 = 1_700_000_000.0
 

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from tests.clirun import gpufleet, gpufleet_json
 from tests.conftest import sample_text, wait_for
+from tests.support.clirun import gpufleet, gpufleet_json
 
 EAST = ["dcgm-h100-8gpu-aicr-eks-156a357e.prom", "dcgm-h100-8gpu-aicr-eks-19edc950.prom",
         "dcgm-rtx4000ada-lke-linode-podlabels.prom"]

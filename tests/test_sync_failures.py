@@ -6,10 +6,10 @@ import time
 
 import pytest
 
-from hub import inventory
-from tests.clirun import gpufleet, gpufleet_json
+from hub.inventory import _db as inventory
 from tests.conftest import sample_text, wait_for
-from tests.httpstub import Request, Response, StubServer, forward, json_response
+from tests.support.clirun import gpufleet, gpufleet_json
+from tests.support.httpstub import Request, Response, StubServer, forward, json_response
 
 T4 = "dcgm-t4-loaded-ericsson-ccd.prom"
 

@@ -12,12 +12,10 @@ import click
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from hub import inventory as store
-from hub import migrate
 from hub.cli import ConfiguredCommand, ConfiguredGroup
-from hub.durations import DURATION, parse_duration
-from hub.errors import InputError, UnavailableError
-from hub.options import (
+from hub.common._durations import DURATION, parse_duration
+from hub.common._errors import InputError, UnavailableError
+from hub.common._options import (
     cluster_label_option,
     db_option,
     env,
@@ -25,8 +23,10 @@ from hub.options import (
     lock_timeout_option,
     stale_after_option,
 )
-from hub.output import emit, iso, output_option, to_json
-from hub.promclient import HubClient, HubSettings
+from hub.common._output import emit, iso, output_option, to_json
+from hub.inventory import _db as store
+from hub.inventory import _migrate as migrate
+from hub.store._client import HubClient, HubSettings
 
 
 def hub_client(opts: dict[str, Any]) -> HubClient:
@@ -157,7 +157,7 @@ def sync(once: bool, every: float | None, stale_after: float, lock_timeout: floa
     them) and records the run in sync_runs. Exits 3 when the hub or database is unavailable
     or another sync holds the lock; 2 on a PromQL error.
     """
-    from hub.sync import run_sync
+    from hub.inventory._sync import run_sync
 
     if once and every:
         raise InputError("--once and --every exclude each other")

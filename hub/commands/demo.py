@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from hub.cli import ConfiguredCommand
-from hub.errors import UnavailableError
+from hub.common._errors import UnavailableError
 
 
 @click.command(cls=ConfiguredCommand)
@@ -37,7 +37,7 @@ def demo(clusters: int, nodes: int, gpus_per_node: int, workdir: Path, keep_runn
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from hub import demo as impl
+    from hub.devstack import _demo as impl
 
     console = Console(stderr=True, highlight=False)
     bars: dict[str, Any] = {}

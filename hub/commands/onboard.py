@@ -13,11 +13,11 @@ from typing import Any
 
 import click
 
-from hub import render
 from hub.cli import ConfiguredCommand, ConfiguredGroup
-from hub.errors import EXIT_FINDINGS, InputError
-from hub.options import env
-from hub.output import emit, output_option
+from hub.common._errors import EXIT_FINDINGS, InputError
+from hub.common._options import env
+from hub.common._output import emit, output_option
+from hub.onboard import _render as render
 
 F = Callable[..., Any]
 # Every command also receives ``config`` (the --config FILE that ConfiguredCommand adds); click
@@ -173,7 +173,10 @@ def policy_render(namespace: str, placement_label: tuple[str, ...], remediation:
 def policy_apply(directory: str | None, kubeconfig: str | None, context: str | None,
                  output: str, config: str | None = None) -> None:
     """Create or update the rendered policy objects on the ACM hub."""
-    from hub import acm, kube  # the kubernetes client loads only for commands that need it
+    from hub.kube import (
+        _client as kube,  # the kubernetes client loads only for commands that need it
+    )
+    from hub.onboard import _acm as acm
 
     if not directory:
         raise InputError("--dir DIR is required")
@@ -193,7 +196,8 @@ def policy_apply(directory: str | None, kubeconfig: str | None, context: str | N
 def policy_status(namespace: str, kubeconfig: str | None, context: str | None,
                   output: str, config: str | None = None) -> None:
     """Compliance of the gpufleet policies, per cluster. Exit 1 when a cluster is NonCompliant."""
-    from hub import acm, kube
+    from hub.kube import _client as kube
+    from hub.onboard import _acm as acm
 
     render.dns_label(namespace, "policy namespace")
     api = kube.api_client(kubeconfig, context)

@@ -9,15 +9,12 @@ from typing import Any
 import click
 from sqlalchemy.engine import Engine
 
-from hub import api, migrate, render
-from hub import service as svc
 from hub.cli import ConfiguredCommand, ConfiguredGroup
 from hub.commands.core import database, hub_client
-from hub.durations import DURATION, format_duration, parse_duration
-from hub.errors import InputError
-from hub.httpserve import parse_listen
-from hub.inventory import safe_url
-from hub.options import (
+from hub.common._durations import DURATION, format_duration, parse_duration
+from hub.common._errors import InputError
+from hub.common._httpserve import parse_listen
+from hub.common._options import (
     cluster_label_option,
     db_option,
     env,
@@ -28,9 +25,14 @@ from hub.options import (
     stale_after_option,
     window_option,
 )
-from hub.promclient import HubClient
-from hub.signals import on_sigterm
-from hub.sync import SyncResult, run_sync
+from hub.common._signals import on_sigterm
+from hub.inventory import _migrate as migrate
+from hub.inventory._db import safe_url
+from hub.inventory._sync import SyncResult, run_sync
+from hub.onboard import _render as render
+from hub.service import _api as api
+from hub.service import _scheduler as svc
+from hub.store._client import HubClient
 
 log = logging.getLogger("gpufleet.service")
 
@@ -43,7 +45,7 @@ def service_jobs(engine: Engine, client: HubClient, *, stale_after: float, clust
     The findings are exactly `gpufleet report`'s (hub.validate.assess with this client), so
     /api/v1/findings and `gpufleet_findings` agree with what an operator prints.
     """
-    from hub import validate
+    from hub.validate import _assess as validate
 
     def sync() -> SyncResult:
         return run_sync(engine, client, stale_after=stale_after, cluster_label=cluster_label,

@@ -15,12 +15,10 @@ from typing import Any
 
 import click
 
-from hub import migrate, validate
-from hub import reconcile as rc
 from hub.cli import ConfiguredCommand, ConfiguredGroup
-from hub.durations import DURATION
-from hub.errors import EXIT_FINDINGS, InputError
-from hub.options import (
+from hub.common._durations import DURATION
+from hub.common._errors import EXIT_FINDINGS, InputError
+from hub.common._options import (
     cluster_label_option,
     db_option,
     env,
@@ -29,7 +27,10 @@ from hub.options import (
     push_interval_option,
     window_option,
 )
-from hub.output import emit, output_option
+from hub.common._output import emit, output_option
+from hub.inventory import _migrate as migrate
+from hub.validate import _assess as validate
+from hub.validate import _reconcile as rc
 
 SOURCES = ("hub", "kube", "file")
 RECONCILE_COLUMNS = ["scope", "cluster", "node", "status", "mode", "k8s_gpus",
@@ -79,7 +80,7 @@ def _nodes_from_files(pairs: list[tuple[str, str]]) -> tuple[list[rc.NodeView], 
 
 def _nodes_from_kube(pairs: list[tuple[str, str]],
                      kubeconfig: str | None) -> tuple[list[rc.NodeView], set[str]]:
-    from hub import kube
+    from hub.kube import _client as kube
 
     views: list[rc.NodeView] = []
     clusters: set[str] = set()
@@ -97,7 +98,7 @@ def _nodes_from_kube(pairs: list[tuple[str, str]],
 
 def _managed(context: str, kubeconfig: str | None,
              selector: str | None) -> list[rc.ManagedCluster]:
-    from hub import kube
+    from hub.kube import _client as kube
 
     api = kube.api_client(kubeconfig, None if context == CURRENT_CONTEXT else context)
     try:
@@ -234,9 +235,9 @@ def report(ctx: click.Context, max_age: float, push_interval: float, window: flo
       gpufleet report --hub-url https://rbac-query-proxy... -o html --out /srv/fleet.html
       gpufleet report -o markdown > comment.md
     """
-    from hub import checks
-    from hub import report as rpt
     from hub.commands.core import database, hub_client
+    from hub.validate import _checks as checks
+    from hub.validate import _report as rpt
 
     if max_age <= 0 or push_interval <= 0 or window <= 0:
         raise InputError("--max-age, --push-interval and --window must be greater than 0")
@@ -299,8 +300,8 @@ def alerts_render(out: str | None, max_age: float, push_interval: float, window:
     Alerts: cluster data late/stale, exporter down, collection errors, GPU count dropped,
     zero usage with a pod allocated, stuck collector. Both vendors, both AMD name prefixes.
     """
-    from hub import alerts as al
-    from hub import render
+    from hub.onboard import _render as render
+    from hub.validate import _alerts as al
 
     if not out:
         raise InputError("--out DIR is required")

@@ -13,12 +13,14 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
-from hub import checks, inventory, migrate
-from hub import reconcile as rc
-from hub import reconcile_store as store
-from hub.durations import format_duration
-from hub.errors import UnavailableError
-from hub.promclient import HubClient, PartialResponse
+from hub.common._durations import format_duration
+from hub.common._errors import UnavailableError
+from hub.inventory import _db as inventory
+from hub.inventory import _migrate as migrate
+from hub.store._client import HubClient, PartialResponse
+from hub.validate import _checks as checks
+from hub.validate import _reconcile as rc
+from hub.validate import _reconcile_store as store
 
 
 def nodes_from_hub(client: HubClient, *, stale_after: float,
@@ -68,7 +70,7 @@ def assess(engine: Engine, client: HubClient | None, *, max_age: float, push_int
     A hub that fails is not fatal here: the assessment carries an error finding and the
     failure, so a scheduled page shows the problem instead of yesterday's all-green.
     """
-    from hub.alerts import read_history
+    from hub.validate._alerts import read_history
 
     now = inventory.now_utc()
     if migrate.current(engine) is None:

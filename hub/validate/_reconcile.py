@@ -31,8 +31,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from hub import vendors
-from hub.errors import InputError
+from hub.common._errors import InputError
+from hub.store import _vendors as vendors
 
 # -- Kubernetes resource and label names --------------------------------------------------------
 NVIDIA_GPU = "nvidia.com/gpu"

@@ -21,11 +21,11 @@ from typing import Any
 
 import yaml
 
-from hub import vendors
-from hub.checks import GpuRef, HubHistory, NodeRef
-from hub.durations import format_duration
-from hub.promclient import HubClient, PartialResponse
-from hub.vendors import VendorProfile
+from hub.common._durations import format_duration
+from hub.store import _vendors as vendors
+from hub.store._client import HubClient, PartialResponse
+from hub.store._vendors import VendorProfile
+from hub.validate._checks import GpuRef, HubHistory, NodeRef
 
 RULES_FILE = "gpufleet-alerts.rules.yaml"
 PROMETHEUS_RULE_FILE = "gpufleet-alerts.prometheusrule.yaml"

@@ -32,10 +32,11 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
-from hub import __version__, inventory
-from hub.httpserve import BackgroundHTTPServer
-from hub.output import iso
-from hub.vendors import PROFILES
+from hub import __version__
+from hub.common._httpserve import BackgroundHTTPServer
+from hub.common._output import iso
+from hub.inventory import _db as inventory
+from hub.store._vendors import PROFILES
 
 log = logging.getLogger("gpufleet.api")
 

@@ -17,8 +17,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from hub import inventory
-from hub.checks import (
+from hub.inventory import _db as inventory
+from hub.inventory._db import gpus, metadata, nodes
+from hub.validate._checks import (
     ClusterFacts,
     ExpectedFacts,
     Facts,
@@ -27,8 +28,7 @@ from hub.checks import (
     ReconcileFacts,
     SyncFacts,
 )
-from hub.inventory import gpus, metadata, nodes
-from hub.reconcile import (
+from hub.validate._reconcile import (
     CLUSTER_NO_GPUS,
     MATCH,
     ObservedNode,

@@ -17,8 +17,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from hub import vendors
-from hub.vendors import Identity, Query, VendorProfile
+from hub.store import _vendors as vendors
+from hub.store._vendors import Identity, Query, VendorProfile
 
 Allocation = tuple[str, str, str]  # namespace, pod, container
 

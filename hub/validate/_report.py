@@ -20,9 +20,9 @@ from typing import Any
 
 import jinja2
 
-from hub.checks import ERROR, INFO, SEVERITIES, WARNING, Finding, human
-from hub.errors import InputError
-from hub.output import iso, to_json, to_table
+from hub.common._errors import InputError
+from hub.common._output import iso, to_json, to_table
+from hub.validate._checks import ERROR, INFO, SEVERITIES, WARNING, Finding, human
 
 FORMATS = ("table", "json", "markdown", "html")
 #: GitHub's limit for one comment; the Markdown stays below it
@@ -189,7 +189,7 @@ def _chart(report: Report) -> dict[str, Any]:
 
 
 def _template_dir() -> Path:
-    from hub.render import template_roots
+    from hub.onboard._render import template_roots
 
     return template_roots()[0] / "report"
 

@@ -31,10 +31,11 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 from sqlalchemy.engine import Engine
 
-from hub import __version__, api
-from hub.errors import InputError
-from hub.inventory import LockHeld
-from hub.sync import SyncResult
+from hub import __version__
+from hub.common._errors import InputError
+from hub.inventory._db import LockHeld
+from hub.inventory._sync import SyncResult
+from hub.service import _api as api
 
 log = logging.getLogger("gpufleet.service")
 

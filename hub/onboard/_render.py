@@ -35,9 +35,9 @@ import jinja2
 import yaml
 
 from hub import __version__
-from hub.durations import format_duration
-from hub.errors import InputError, UnavailableError
-from hub.vendors import allowlist_metrics
+from hub.common._durations import format_duration
+from hub.common._errors import InputError, UnavailableError
+from hub.store._vendors import allowlist_metrics
 
 VENDORS = ("nvidia", "amd")
 MODES = ("remote-write", "acm")
@@ -337,12 +337,12 @@ def policy_spoke(policy_namespace: str | None = DEFAULT_POLICY_NAMESPACE,
 
 def template_roots() -> tuple[Path, Path]:
     """(templates, policies) directories: bundled in a wheel, at the repo top in a checkout."""
-    here = Path(__file__).resolve().parent
-    for base in (here / "_bundled", here.parent):
+    package = Path(__file__).resolve().parents[1]  # hub/
+    for base in (package / "_bundled", package.parent):
         templates, policies = base / "templates", base / "policies"
         if (templates / "spoke").is_dir() and policies.is_dir():
             return templates, policies
-    raise UnavailableError(f"gpufleet templates not found next to {here} (broken installation?)")
+    raise UnavailableError(f"gpufleet templates not found next to {package} (broken installation?)")
 
 
 def yaml_quote(value: Any) -> str:

@@ -22,8 +22,8 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
-from hub.errors import InputError, UnavailableError
-from hub.normalize import Observation
+from hub.common._errors import InputError, UnavailableError
+from hub.inventory._normalize import Observation
 
 metadata = sa.MetaData()
 

@@ -14,11 +14,13 @@ from dataclasses import dataclass
 
 from sqlalchemy.engine import Engine
 
-from hub import inventory, migrate, vendors
-from hub.durations import format_duration
-from hub.errors import GpufleetError
-from hub.normalize import FleetBuilder
-from hub.promclient import HubClient, PartialResponse
+from hub.common._durations import format_duration
+from hub.common._errors import GpufleetError
+from hub.inventory import _db as inventory
+from hub.inventory import _migrate as migrate
+from hub.inventory._normalize import FleetBuilder
+from hub.store import _vendors as vendors
+from hub.store._client import HubClient, PartialResponse
 
 
 @dataclass

@@ -12,18 +12,18 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Engine
 
-from hub.errors import InputError
+from hub.common._errors import InputError
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 #: Modules that define tables on hub.inventory.metadata; importing them completes it.
-TABLE_MODULES = ("hub.inventory", "hub.reconcile_store")
+TABLE_MODULES = ("hub.inventory._db", "hub.validate._reconcile_store")
 
 
 def metadata() -> sa.MetaData:
     """The whole schema the code expects, whichever command happened to import what."""
     for name in TABLE_MODULES:
         importlib.import_module(name)
-    from hub.inventory import metadata as complete
+    from hub.inventory._db import metadata as complete
 
     return complete
 

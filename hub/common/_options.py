@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from hub.durations import DURATION
+from hub.common._durations import DURATION
 
 F = Callable[..., Any]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from alembic import context
 
-from hub.migrate import metadata
+from hub.inventory._migrate import metadata
 
 connection = context.config.attributes["connection"]
 context.configure(connection=connection, target_metadata=metadata(), render_as_batch=True)

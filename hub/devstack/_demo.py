@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hub import inventory
-from hub.errors import InputError, UnavailableError
-from hub.localstack import PrometheusProcess, hub_config, start_agent
-from hub.promclient import HubClient
-from hub.signals import on_sigterm
-from hub.sync import run_sync
+from hub.common._errors import InputError, UnavailableError
+from hub.common._signals import on_sigterm
+from hub.devstack._prometheus import PrometheusProcess, hub_config, start_agent
+from hub.inventory import _db as inventory
+from hub.inventory._sync import run_sync
+from hub.store._client import HubClient
 
 MARKER = ".gpufleet-demo"
 CLUSTER_NAMES = ["prod-east", "prod-west", "research", "edge-1", "edge-2", "lab"]
