@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from hub.inventory._normalize import FleetBuilder
 from hub.store import _vendors as vendors
 
@@ -13,6 +15,11 @@ def row(value: float, **labels: str) -> dict:
     return {"metric": labels, "value": [1_800_000_000.0, str(value)]}
 
 
+def stamp(ts: float, **labels: str) -> dict:
+    """A row of the sample-times query: the newest sample's own time and its value."""
+    return {"metric": {"__name__": "DCGM_FI_DEV_GPU_TEMP", **labels}, "value": [ts, "40"]}
+
+
 def field_of(profile, name: str) -> str:
     """The neutral field a metric fills (what the sync's per-field query would return)."""
     bare = name.removeprefix("amd_")
@@ -22,7 +29,6 @@ def field_of(profile, name: str) -> str:
 def build(nvidia: dict | None = None, amd: dict | None = None, label: str = "cluster"):
     b = FleetBuilder(label)
     for profile, parts in ((NV, nvidia or {}), (AMD, amd or {})):
-        b.add_identity(profile, parts.get("identity", []))
         b.add_timestamps(profile, parts.get("timestamp", []))
         for r in parts.get("values", []):
             labels = dict(r["metric"])
@@ -33,16 +39,15 @@ def build(nvidia: dict | None = None, amd: dict | None = None, label: str = "clu
 
 def test_dcgm_gpu_with_both_hostname_spellings_and_memory_sum():
     ids = dict(cluster="c", UUID="GPU-1", gpu="3", modelName="NVIDIA H100 80GB HBM3")
+    one = dict(Hostname="n1", **ids)
     obs = build(nvidia={
-        "identity": [row(1, Hostname="n1", **ids),
-                     row(1, hostname="n2", **{**ids, "UUID": "GPU-2"})],
-        "timestamp": [row(1_800_000_000.5, cluster="c", Hostname="n1", UUID="GPU-1")],
+        "timestamp": [stamp(1_800_000_000.5, **one)],
         "values": [
-            row(40, cluster="c", Hostname="n1", UUID="GPU-1", __name__="DCGM_FI_DEV_FB_USED"),
-            row(60, cluster="c", Hostname="n1", UUID="GPU-1", __name__="DCGM_FI_DEV_FB_FREE"),
-            row(2, cluster="c", Hostname="n1", UUID="GPU-1", __name__="DCGM_FI_DEV_FB_RESERVED"),
-            row(250.5, cluster="c", Hostname="n1", UUID="GPU-1",
-                __name__="DCGM_FI_DEV_POWER_USAGE"),
+            row(40, **one, __name__="DCGM_FI_DEV_FB_USED"),
+            row(60, **one, __name__="DCGM_FI_DEV_FB_FREE"),
+            row(2, **one, __name__="DCGM_FI_DEV_FB_RESERVED"),
+            row(250.5, **one, __name__="DCGM_FI_DEV_POWER_USAGE"),
+            row(31, hostname="n2", **{**ids, "UUID": "GPU-2"}, __name__="DCGM_FI_DEV_GPU_TEMP"),
         ],
     })
     gpu = obs[("GPU-1", None, None)]
@@ -50,20 +55,17 @@ def test_dcgm_gpu_with_both_hostname_spellings_and_memory_sum():
     assert gpu.model == "NVIDIA H100 80GB HBM3"
     assert gpu.memory_total_mib == 102 and gpu.memory_used_mib == 40
     assert gpu.power_w == 250.5 and gpu.sample_at == 1_800_000_000.5
-    # a GPU that reports nothing but its identity still exists, with null fields
+    # a GPU that reports one field still exists, with the others null
     other = obs[("GPU-2", None, None)]
     assert other.node == "n2" and other.memory_total_mib is None and other.utilisation_pct is None
+    assert other.temperature_c == 31 and other.sample_at is None  # no sample time known
 
 
 def test_mig_slices_keep_parent_uuid_and_parent_is_synthesised():
-    base = dict(cluster="c", hostname="n", UUID="GPU-M")
+    base = dict(cluster="c", hostname="n", UUID="GPU-M", gpu="0", modelName="A100",
+                exported_pod="trainer-0", exported_namespace="team-a", exported_container="torch")
     slices = [("3g.40gb", "1", 10000, 30000, 0.5), ("1g.10gb", "13", 0, 9728, 0.0)]
     obs = build(nvidia={
-        "identity": [
-            row(1, **base, GPU_I_PROFILE=p, GPU_I_ID=i, gpu="0", modelName="A100",
-                exported_pod="trainer-0", exported_namespace="team-a", exported_container="torch")
-            for p, i, *_ in slices
-        ],
         "values": [
             r for p, i, used, free, active in slices for r in (
                 row(used, **base, GPU_I_PROFILE=p, GPU_I_ID=i, __name__="DCGM_FI_DEV_FB_USED"),
@@ -87,17 +89,14 @@ def test_mig_slices_keep_parent_uuid_and_parent_is_synthesised():
 
 def test_amd_uuid_fallbacks_prefix_and_units():
     common = dict(cluster="c", hostname="amd1")
+    mi300 = dict(common, gpu_id="0", gpu_uuid="u-0", card_series="MI300X", card_model="x")
     obs = build(amd={
-        "identity": [
-            row(1, **common, gpu_id="0", gpu_uuid="u-0", card_series="MI300X", card_model="x"),
-            row(1, **common, gpu_id="1", serial_number="S1", card_model="0x74b5"),
-            row(1, **common, gpu_id="2"),
-        ],
         "values": [
-            row(196592, **common, gpu_id="0", gpu_uuid="u-0", __name__="gpu_total_vram"),
-            row(1000, **common, gpu_id="0", gpu_uuid="u-0", __name__="gpu_used_vram"),
-            row(71, **common, gpu_id="0", gpu_uuid="u-0", __name__="gpu_gfx_activity"),
-            row(90, **common, gpu_id="1", serial_number="S1", __name__="amd_gpu_package_power"),
+            row(196592, **mi300, __name__="gpu_total_vram"),
+            row(1000, **mi300, __name__="gpu_used_vram"),
+            row(71, **mi300, __name__="gpu_gfx_activity"),
+            row(90, **common, gpu_id="1", serial_number="S1", card_model="0x74b5",
+                __name__="amd_gpu_package_power"),
             row(33, **common, gpu_id="2", __name__="amd_gpu_junction_temperature"),
         ],
     })
@@ -112,27 +111,58 @@ def test_amd_uuid_fallbacks_prefix_and_units():
 
 
 def test_series_without_gpu_identity_are_ignored():
-    obs = build(
-        nvidia={"identity": [row(1, cluster="c", Hostname="n")]},  # e.g. a node-level series
-        amd={"identity": [row(2, cluster="c", hostname="n")]},  # gpu_nodes_total
+    obs = build(  # e.g. node-level series such as gpu_nodes_total
+        nvidia={"values": [row(1, cluster="c", Hostname="n", __name__="DCGM_FI_DEV_GPU_TEMP")]},
+        amd={"values": [row(2, cluster="c", hostname="n", __name__="gpu_edge_temperature")]},
     )
     assert obs == {}
 
 
 def test_cluster_label_is_configurable():
-    obs = build(nvidia={"identity": [row(1, acm_cluster="prod-1", Hostname="n", UUID="G")]},
+    obs = build(nvidia={"values": [row(1, acm_cluster="prod-1", Hostname="n", UUID="G",
+                                       __name__="DCGM_FI_DEV_GPU_TEMP")]},
                 label="acm_cluster")
     assert obs[("G", None, None)].cluster == "prod-1"
 
 
 def test_request_set_is_fixed_and_names_every_vendor():
     queries = vendors.sync_queries("10m", "1m", "cluster")
-    assert len(queries) == 17  # 2 + 7 fields for NVIDIA, 2 + 6 fields for AMD
+    assert len(queries) == 15  # 7 fields + sample times for NVIDIA, 6 + sample times for AMD
     assert {(q.vendor, q.kind) for q in queries} == {
-        (v, k) for v in ("nvidia", "amd") for k in ("identity", "timestamp", "values")}
-    assert all("by (cluster," in q.promql for q in queries)
+        (v, k) for v in ("nvidia", "amd") for k in ("timestamp", "values")}
     power = next(q for q in queries if q.vendor == "amd" and q.field == "power_w")
     assert power.promql.index("gpu_power_usage") < power.promql.index("gpu_package_power")
+
+
+def test_sync_names_metrics_exactly_so_thanos_can_prune():
+    """No `__name__` regex: the store would match it against every metric name it holds."""
+    for q in vendors.sync_queries("10m", "1m", "cluster"):
+        assert ".+" not in q.promql and ".*" not in q.promql, q.promql
+        for names in re.findall(r'__name__=~"([^"]*)"', q.promql):  # explicit a|b lists only
+            assert re.fullmatch(r"[A-Za-z_:][A-Za-z0-9_:]*(\|[A-Za-z_:][A-Za-z0-9_:]*)*", names)
+        assert "[10m" in q.promql  # every query looks back the whole window
+
+
+def test_each_field_comes_from_the_gpus_newest_series():
+    """A pod change mid-window: the old series lingers; its values must not win a `max`."""
+    gpu = dict(cluster="c", Hostname="n", UUID="GPU-P", gpu="0", modelName="H100")
+    old = dict(gpu, pod="old-0", namespace="a", DCGM_FI_DRIVER_VERSION="550")
+    new = dict(gpu, pod="new-0", namespace="b", DCGM_FI_DRIVER_VERSION="580")
+    obs = build(nvidia={
+        "timestamp": [stamp(1_800_000_100, **new), stamp(1_800_000_000, **old)],
+        "values": [  # the old pod used more memory and more compute than the new one
+            row(90, **old, __name__="DCGM_FI_DEV_GPU_UTIL"),
+            row(70000, **old, __name__="DCGM_FI_DEV_FB_USED"),
+            row(11000, **old, __name__="DCGM_FI_DEV_FB_FREE"),
+            row(5, **new, __name__="DCGM_FI_DEV_GPU_UTIL"),
+            row(1000, **new, __name__="DCGM_FI_DEV_FB_USED"),
+            row(80000, **new, __name__="DCGM_FI_DEV_FB_FREE"),
+        ],
+    })[("GPU-P", None, None)]
+    assert obs.utilisation_pct == 5 and obs.memory_used_mib == 1000
+    assert obs.memory_total_mib == 81000  # not 70000 + 80000: no sum across series
+    assert obs.driver_version == "580" and obs.sample_at == 1_800_000_100
+    assert obs.allocations == {("a", "old-0", ""), ("b", "new-0", "")}  # both used it
 
 
 def test_allowlist_covers_what_the_sync_reads():
@@ -141,3 +171,20 @@ def test_allowlist_covers_what_the_sync_reads():
                    "amd_gpu_used_vram", "gpufleet_exporter_up"):
         assert needed in names
     assert names == sorted(set(names))
+
+
+def test_range_answer_is_cut_to_each_series_newest_sample():
+    """The sample-times query decodes one sample per series, whatever the density."""
+    import json
+
+    from hub.store._client import _newest_sample
+
+    body = {"status": "success", "data": {"resultType": "matrix", "result": [
+        {"metric": {"__name__": "x", "pod": 'odd "values":[[1,"2"]] ]'},
+         "values": [[1.5, "1"], [2.5, "NaN"], [3.25, "7"]]},
+        {"metric": {"UUID": "b"}, "values": [[9, "+Inf"]]},
+    ]}}
+    compact = json.dumps(body, separators=(",", ":")).encode()  # as Prometheus writes it
+    cut = json.loads(_newest_sample(compact))["data"]["result"]
+    assert [r["value"] for r in cut] == [[3.25, "7"], [9, "+Inf"]]
+    assert cut[0]["metric"]["pod"] == 'odd "values":[[1,"2"]] ]'

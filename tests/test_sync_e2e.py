@@ -40,7 +40,7 @@ def test_sync_builds_inventory_from_real_exporter_output(hub, fleet, db_url):
     env = {"GPUFLEET_HUB_URL": hub.url, "GPUFLEET_DB": db_url}
     result = gpufleet("sync", "--stale-after", "30s", env=env)
     assert result.exit_code == 0, result.output
-    assert "3 clusters, 8 nodes, 26 GPUs (17 requests" in result.stdout
+    assert "3 clusters, 8 nodes, 26 GPUs (15 requests" in result.stdout
 
     clusters = by(gpufleet_json("inventory", "clusters", env=env), "cluster")
     assert {c: (v["nodes"], v["gpus"], v["state"]) for c, v in clusters.items()} == {
@@ -96,7 +96,7 @@ def test_sync_builds_inventory_from_real_exporter_output(hub, fleet, db_url):
         ("amd", "inference", "llm-serve-7d9", "vllm"),
     }
     runs = gpufleet_json("inventory", "sync-runs", env=env)
-    assert runs[0]["status"] == "ok" and runs[0]["gpus"] == 26 and runs[0]["requests"] == 17
+    assert runs[0]["status"] == "ok" and runs[0]["gpus"] == 26 and runs[0]["requests"] == 15
 
 
 def test_silent_cluster_turns_stale_and_comes_back(hub, fleet, db_url):
@@ -135,7 +135,7 @@ def test_request_count_does_not_grow_with_the_fleet(hub, fleet, tmp_path):
     start_fleet(hub, fleet, {"two": EAST[:2], "three": WEST, "four": AMD})
     large = gpufleet_json("sync", env=env)
     assert large["gpus"] > small["gpus"] * 10
-    assert large["requests"] == small["requests"] == 17
+    assert large["requests"] == small["requests"] == 15
 
 
 def test_sync_every_loops_and_survives_a_failed_sync(hub, fleet, tmp_path):
@@ -173,3 +173,31 @@ def test_sync_every_loops_and_survives_a_failed_sync(hub, fleet, tmp_path):
     failed = [r for r in gpufleet_json("inventory", "sync-runs", "--db", db)
               if r["status"] == "failed"]
     assert failed and "unreachable" in failed[0]["error"]
+
+
+def test_pod_change_mid_window_takes_each_field_from_the_newest_series(hub, fleet, db_url):
+    """The old pod's series lingers in the window; its values must not win (nor add up)."""
+    t4 = sample_text("dcgm-t4-loaded-ericsson-ccd.prom")
+    old = (t4.replace('DCGM_FI_DRIVER_VERSION="590.48.01"}',
+                      'DCGM_FI_DRIVER_VERSION="590.48.01",pod="train-0",namespace="a"}'))
+    new = (t4.replace('DCGM_FI_DRIVER_VERSION="590.48.01"}',
+                      'DCGM_FI_DRIVER_VERSION="590.48.01",pod="serve-0",namespace="b"}')
+           .replace("} 91\n", "} 3\n").replace("} 5120\n", "} 100\n")
+           .replace("} 9791\n", "} 14811\n"))
+    text = {"now": old}
+    fleet("east", [lambda: text["now"]])
+    wait_for(hub.url, 'count(DCGM_FI_DEV_GPU_UTIL{pod="train-0"})', bool)
+    text["now"] = new  # the scheduler moved the GPU to another pod
+    wait_for(hub.url, 'count(DCGM_FI_DEV_GPU_UTIL{pod="serve-0"})', bool)
+    time.sleep(1.5)  # a few samples of the new series
+    env = {"GPUFLEET_HUB_URL": hub.url, "GPUFLEET_DB": db_url, "GPUFLEET_STALE_AFTER": "60s"}
+    lingering = wait_for(hub.url, 'last_over_time(DCGM_FI_DEV_GPU_UTIL{cluster="east"}[60s])',
+                         lambda r: len(r) == 2)
+    assert {r["metric"]["pod"] for r in lingering} == {"train-0", "serve-0"}
+    assert gpufleet("sync", env=env).exit_code == 0
+    gpu, = gpufleet_json("inventory", "gpus", env=env)
+    assert gpu["utilisation_pct"] == 3  # not max(91, 3)
+    assert gpu["memory_used_mib"] == 100
+    assert gpu["memory_total_mib"] == 100 + 14811 + 447 == 5120 + 9791 + 447  # the card
+    allocs = gpufleet_json("inventory", "allocations", env=env)
+    assert {(a["namespace"], a["pod"]) for a in allocs} == {("a", "train-0"), ("b", "serve-0")}

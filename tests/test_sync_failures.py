@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -68,8 +69,9 @@ def test_hub_stopped_during_a_sync(hub, synced, front):
 
     result = gpufleet("sync", "--hub-url", front(stop_after_two).url, env=env)
     assert result.exit_code == 3
-    assert "answered 502" in one_line(result.stderr)
-    assert_unchanged_with_failed_run(env, before, "502")
+    # 502 from the front, or 503 from the hub shutting down under a concurrent request
+    assert re.search("answered 50[23]", one_line(result.stderr))
+    assert_unchanged_with_failed_run(env, before, "answered 50")
     # with the hub gone altogether: unreachable, same guarantees
     result = gpufleet("sync", "--hub-url", hub.url, env=env)
     assert result.exit_code == 3

@@ -21,6 +21,7 @@ from hub.common._options import (
     env,
     hub_options,
     lock_timeout_option,
+    query_concurrency_option,
     stale_after_option,
 )
 from hub.common._output import emit, iso, output_option, to_json
@@ -144,15 +145,18 @@ def query(expr: str, range_: float | None, step: float, output: str, **opts: Any
               help="Keep running, one sync every DURATION (e.g. 5m).")
 @stale_after_option
 @lock_timeout_option
+@query_concurrency_option
 @hub_options
 @cluster_label_option
 @db_option
 @output_option("text", "json", default="text")
 def sync(once: bool, every: float | None, stale_after: float, lock_timeout: float,
-         cluster_label: str, db: str | None, output: str, **opts: Any) -> None:
+         query_concurrency: int, cluster_label: str, db: str | None, output: str,
+         **opts: Any) -> None:
     """Fill the inventory database from the hub (one transaction per sync).
 
-    Issues a fixed set of PromQL queries (their number does not grow with the fleet), marks
+    Issues a fixed set of PromQL queries (their number does not grow with the fleet; at most
+    --query-concurrency at once), then writes in one short transaction, marks
     GPUs, nodes and clusters without a sample in --stale-after as stale (never deleting
     them) and records the run in sync_runs. Exits 3 when the hub or database is unavailable
     or another sync holds the lock; 2 on a PromQL error.
@@ -167,7 +171,8 @@ def sync(once: bool, every: float | None, stale_after: float, lock_timeout: floa
         while True:
             try:
                 result = run_sync(engine, client, stale_after=stale_after,
-                                  cluster_label=cluster_label, lock_timeout=lock_timeout)
+                                  cluster_label=cluster_label, lock_timeout=lock_timeout,
+                                  query_concurrency=query_concurrency)
             except UnavailableError as exc:
                 if not every:
                     raise

@@ -66,6 +66,17 @@ lock_timeout_option = click.option(
     help="How long to wait for another sync on the same database to finish.",
 )
 
+#: a sync's PromQL requests in flight at once (why 2: hub.inventory._sync.collect)
+QUERY_CONCURRENCY = 2
+
+query_concurrency_option = click.option(
+    "--query-concurrency", type=click.IntRange(1, 16), default=QUERY_CONCURRENCY, show_default=True,
+    envvar=env("query-concurrency"), metavar="N",
+    help="PromQL requests in flight at once during a sync. 2 keeps the hub evaluating one "
+         "query while the client decodes the last; more loads the shared hub store and "
+         "holds more responses in memory.",
+)
+
 max_age_option = click.option(
     "--max-age", type=DURATION, default="1h", show_default=True, envvar=env("max-age"),
     metavar="DURATION",

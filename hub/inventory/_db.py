@@ -295,20 +295,62 @@ def apply_observations(conn: Connection, observations: Iterable[Observation],
          "last_sample_at": t}
         for (c, n), t in node_last.items()
     ], seen, keep_if_null=["last_sample_at"])
-    gpu_update = [c for c in gpu_rows[0] if c not in ("cluster", "node", "uuid", "slice_key",
-                                                      "first_seen")] if gpu_rows else []
-    _upsert(conn, gpus, gpu_rows, gpu_update,
-            keep_if_null=["last_sample_at", "model", "driver_version", "pci_bus_id", "serial",
-                          "gpu_index"])
+    _write_gpus(conn, gpu_rows, now)
     _upsert(conn, allocations, alloc_rows, ["last_seen", "last_sample_at"],
             keep_if_null=["last_sample_at"])
-    for table in (clusters, nodes, gpus):
+    for table in (clusters, nodes):
         conn.execute(
             table.update()
             .where(table.c.state == ACTIVE, table.c.last_seen < now)
             .values(state=STALE)
         )
     return {"clusters": len(cluster_last), "nodes": len(node_last), "gpus": physical}
+
+
+GPU_KEY = ("cluster", "node", "uuid", "slice_key")
+#: columns a sync leaves as they were when it does not know them (a series without labels)
+GPU_KEEP_IF_NULL = ("last_sample_at", "model", "driver_version", "pci_bus_id", "serial",
+                    "gpu_index")
+
+
+def _write_gpus(conn: Connection, rows: list[dict[str, Any]], now: dt.datetime) -> None:
+    """Write only what changed, so a steady-state sync costs little more than a first one.
+
+    One SELECT reads what the table holds; a row whose columns (other than last_seen) are
+    unchanged is not rewritten but touched by one UPDATE of last_seen with every other active
+    row this sync saw. GPUs the table holds as active that this sync did not see turn stale.
+    """
+    if not rows:
+        conn.execute(gpus.update().where(gpus.c.state == ACTIVE).values(state=STALE))
+        return
+    compare = [c for c in rows[0] if c not in (*GPU_KEY, "first_seen", "last_seen")]
+    held = {tuple(r[:4]): r[4:] for r in conn.execute(
+        sa.select(*(gpus.c[c] for c in (*GPU_KEY, *compare)))).all()}
+    keep = {i for i, c in enumerate(compare) if c in GPU_KEEP_IF_NULL}
+    changed: list[dict[str, Any]] = []
+    seen: set[tuple[Any, ...]] = set()
+    for row in rows:
+        key = tuple(row[c] for c in GPU_KEY)
+        seen.add(key)
+        old = held.get(key)
+        if old is None or any(
+            new != was and not (new is None and i in keep)
+            for i, (new, was) in enumerate(zip((row[c] for c in compare), old, strict=True))
+        ):
+            changed.append(row)
+    state_at = compare.index("state")
+    gone = [{f"k_{c}": v for c, v in zip(GPU_KEY, key, strict=True)}
+            for key, old in held.items() if old[state_at] == ACTIVE and key not in seen]
+    _upsert(conn, gpus, changed, ["last_seen", *compare], keep_if_null=GPU_KEEP_IF_NULL)
+    if gone:
+        conn.execute(
+            gpus.update().where(*(gpus.c[c] == sa.bindparam(f"k_{c}") for c in GPU_KEY))
+            .values(state=STALE),
+            gone,
+        )
+    # every row still active was seen by this sync (the gone ones just turned stale)
+    conn.execute(gpus.update().where(gpus.c.state == ACTIVE, gpus.c.last_seen < now)
+                 .values(last_seen=now))
 
 
 def record_run(conn: Connection, *, started_at: dt.datetime, status: str, requests: int,

@@ -1,7 +1,7 @@
-"""Turn the hub's aggregated PromQL rows into vendor-neutral GPU observations (pure).
+"""Turn the hub's PromQL rows into vendor-neutral GPU observations (pure).
 
-A :class:`FleetBuilder` takes one query result at a time (so a sync holds one response in
-memory, never all of them) and yields :class:`Observation` objects. It asks the vendor
+A :class:`FleetBuilder` takes one query result at a time (so a sync holds only the responses
+in flight, never all of them) and yields :class:`Observation` objects. It asks the vendor
 profiles what labels and names mean; it knows nothing about any exporter itself.
 
 Rules that hold for every vendor:
@@ -69,67 +69,88 @@ def _value(row: Row) -> float | None:
     return None if v != v else v  # NaN is "no value"
 
 
+def series_key(labels: Mapping[str, str]) -> int:
+    """A series' label set without its name, as one int: the join key between a field's rows
+    and the sample times (every family of one scrape carries the same labels). A 64-bit hash
+    rather than the labels themselves keeps 100,000 GPUs' keys in a few MB."""
+    return hash(frozenset(kv for kv in labels.items() if kv[0] != "__name__"))
+
+
+@dataclass(slots=True)
+class _Series:
+    """What one series (label set) of a GPU said: its attributes and its fields' values."""
+
+    attrs: dict[str, Any]
+    values: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Gpu:
+    vendor: str
+    series: dict[int, _Series] = field(default_factory=dict)
+    allocations: set[Allocation] = field(default_factory=set)
+
+
 class FleetBuilder:
-    """Accumulates query results of one sync into observations."""
+    """Accumulates query results of one sync into observations.
+
+    Rows arrive in any order (the sync fetches concurrently); each is folded into its GPU and
+    dropped, so the builder holds one small record per series, never the responses. A GPU
+    with several series in the window (new pod, exporter restart, driver upgrade) takes each
+    field from its newest series, ranked by the sample times, when observations are built.
+    """
 
     def __init__(self, cluster_label: str = "cluster") -> None:
         self.cluster_label = cluster_label
-        self._seen: dict[Identity, str] = {}  # identity -> vendor (existence)
-        self._attrs: dict[Identity, dict[str, Any]] = {}
-        self._allocs: dict[Identity, set[Allocation]] = {}
-        self._times: dict[Identity, float] = {}
-        self._values: dict[Identity, dict[str, float]] = {}
+        self._gpus: dict[Identity, _Gpu] = {}
+        self._times: dict[int, float] = {}  # series key -> newest sample time
 
     # -- feeding ----------------------------------------------------------------------------
     def add(self, query: Query, rows: Iterable[Row]) -> None:
         profile = vendors.profile(query.vendor)
-        if query.kind == "identity":
-            self.add_identity(profile, rows)
-        elif query.kind == "timestamp":
+        if query.kind == "timestamp":
             self.add_timestamps(profile, rows)
         else:
             self.add_values(profile, query.field or "", rows)
 
-    def add_identity(self, profile: VendorProfile, rows: Iterable[Row]) -> None:
+    def add_timestamps(self, profile: VendorProfile, rows: Iterable[Row]) -> None:
+        """Rows of HubClient.query_newest: ``value`` is [newest sample's time, its value]."""
+        for row in rows:
+            try:
+                ts = float(row["value"][0])
+            except (KeyError, IndexError, TypeError, ValueError):
+                continue
+            key = series_key(row["metric"])
+            if ts > self._times.get(key, float("-inf")):
+                self._times[key] = ts
+
+    def add_values(self, profile: VendorProfile, fld: str, rows: Iterable[Row]) -> None:
         for row in rows:
             labels = row["metric"]
             ident = profile.identity(labels, self.cluster_label)
             if ident is None:
                 continue
-            self._seen[ident] = profile.vendor
-            attrs = profile.attributes(labels)
-            known = self._attrs.setdefault(ident, {})
-            for key, value in attrs.items():
-                if value is not None and known.get(key) is None:
-                    known[key] = value
-            alloc = vendors.allocation(labels)
-            if alloc is not None:
-                self._allocs.setdefault(ident, set()).add(alloc)
-
-    def add_timestamps(self, profile: VendorProfile, rows: Iterable[Row]) -> None:
-        for row in rows:
-            ident = profile.identity(row["metric"], self.cluster_label)
-            ts = _value(row)
-            if ident is None or ts is None:
-                continue
-            if ts > self._times.get(ident, float("-inf")):
-                self._times[ident] = ts
-
-    def add_values(self, profile: VendorProfile, fld: str, rows: Iterable[Row]) -> None:
-        for row in rows:
-            ident = profile.identity(row["metric"], self.cluster_label)
+            gpu = self._gpus.get(ident)
+            if gpu is None:
+                gpu = self._gpus[ident] = _Gpu(profile.vendor)
+            key = series_key(labels)
+            series = gpu.series.get(key)
+            if series is None:
+                series = gpu.series[key] = _Series(profile.attributes(labels))
+                alloc = vendors.allocation(labels)
+                if alloc is not None:
+                    gpu.allocations.add(alloc)
             value = _value(row)
-            if ident is None or value is None:
-                continue
-            self._values.setdefault(ident, {})[fld] = profile.convert(fld, value)
+            if value is not None:
+                series.values[fld] = profile.convert(fld, value)
 
     # -- results ----------------------------------------------------------------------------
     def observations(self) -> Iterator[Observation]:
         """Every GPU and slice seen, parents synthesised for slice-only GPUs."""
         slices_of: dict[Identity, list[Observation]] = {}
         physical: dict[Identity, Observation] = {}
-        for ident, vendor in self._seen.items():
-            obs = self._observation(ident, vendor)
+        for ident, gpu in self._gpus.items():
+            obs = self._observation(ident, gpu)
             if obs.is_slice:
                 parent = Identity(ident.cluster, ident.node, ident.uuid)
                 slices_of.setdefault(parent, []).append(obs)
@@ -141,16 +162,29 @@ class FleetBuilder:
                 physical[parent] = _parent_from_slices(parent, slices)
         yield from physical.values()
 
-    def _observation(self, ident: Identity, vendor: str) -> Observation:
-        attrs = self._attrs.get(ident, {})
-        values = self._values.get(ident, {})
+    def _observation(self, ident: Identity, gpu: _Gpu) -> Observation:
+        times = self._times
+        if len(gpu.series) == 1:
+            (key, only), = gpu.series.items()
+            newest_first = [only]
+            sample_at = times.get(key)
+        else:
+            ranked = sorted(gpu.series.items(),
+                            key=lambda kv: times.get(kv[0], float("-inf")), reverse=True)
+            newest_first = [s for _, s in ranked]
+            sample_at = times.get(ranked[0][0])
+        # The newest series decides; an older one only fills what the newest does not report.
+        attrs: dict[str, Any] = {}
+        values: dict[str, float] = {}
+        for series in reversed(newest_first):
+            attrs.update((k, v) for k, v in series.attrs.items() if v is not None)
+            values.update(series.values)
         obs = Observation(
-            cluster=ident.cluster, node=ident.node, uuid=ident.uuid, vendor=vendor,
+            cluster=ident.cluster, node=ident.node, uuid=ident.uuid, vendor=gpu.vendor,
             mig_profile=ident.mig_profile, mig_instance=ident.mig_instance,
             index=attrs.get("index"), model=attrs.get("model"),
             driver_version=attrs.get("driver_version"), pci_bus_id=attrs.get("pci_bus_id"),
-            serial=attrs.get("serial"), sample_at=self._times.get(ident),
-            allocations=self._allocs.get(ident, set()),
+            serial=attrs.get("serial"), sample_at=sample_at, allocations=gpu.allocations,
         )
         _apply_values(obs, values)
         return obs

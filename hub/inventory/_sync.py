@@ -1,21 +1,26 @@
 """One sync: ask the hub a fixed set of PromQL queries, fold them into the inventory.
 
-The request count is a constant (three queries per vendor), whatever the number of clusters,
-nodes or GPUs; each response is parsed and dropped before the next is fetched. The database
-work is one transaction under the sync lock: a failure anywhere (hub down, 5xx, timeout,
-partial response, PromQL error) rolls it back whole, and the failed run is recorded apart.
+The request count is a constant (one query per neutral field and one for sample times, per
+vendor), whatever the number of clusters, nodes or GPUs; a bounded number run at once and
+each response is folded and dropped as it arrives. The fetch comes first, outside any lock;
+the database work is then one short transaction under the sync lock: a failure anywhere (hub
+down, 5xx, timeout, partial response, PromQL error) leaves the inventory as it was, and the
+failed run is recorded apart.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import time
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 from sqlalchemy.engine import Engine
 
 from hub.common._durations import format_duration
 from hub.common._errors import GpufleetError
+from hub.common._options import QUERY_CONCURRENCY
 from hub.inventory import _db as inventory
 from hub.inventory import _migrate as migrate
 from hub.inventory._normalize import FleetBuilder
@@ -46,39 +51,77 @@ def subquery_step(window: float) -> float:
     return min(60.0, max(1.0, window / 10))
 
 
+#: Requests in flight at once. Two keeps one query evaluating on the hub while the client
+#: decodes the previous answer, and asks of the shared store no more than two of its cores;
+#: more buys nothing on a busy hub and holds more decoded responses in memory at once.
+DEFAULT_QUERY_CONCURRENCY = QUERY_CONCURRENCY
+
+
+def _fetch(client: HubClient, query: vendors.Query, at: float) -> tuple[vendors.Query, list]:
+    ask = client.query_newest if query.kind == "timestamp" else client.query
+    res = ask(query.promql, time=at)
+    if res.warnings:
+        raise PartialResponse(
+            f"hub {client.safe_url} returned a partial response ({res.warnings[0]}); "
+            "inventory left unchanged"
+        )
+    return query, res.result
+
+
 def collect(client: HubClient, *, stale_after: float, cluster_label: str,
-            at: float | None = None) -> FleetBuilder:
-    """Fetch and fold every sync query; raises on the first failure."""
+            at: float | None = None,
+            concurrency: int = DEFAULT_QUERY_CONCURRENCY) -> FleetBuilder:
+    """Fetch and fold every sync query, at most ``concurrency`` in flight; raises on the
+    first failure. Each answer is folded and dropped as it arrives, so memory holds at most
+    ``concurrency`` responses, whatever the request count."""
     at = time.time() if at is None else at
     builder = FleetBuilder(cluster_label)
     window, step = format_duration(stale_after), format_duration(subquery_step(stale_after))
-    for query in vendors.sync_queries(window, step, cluster_label):
-        res = client.query(query.promql, time=at)
-        if res.warnings:
-            raise PartialResponse(
-                f"hub {client.safe_url} returned a partial response ({res.warnings[0]}); "
-                "inventory left unchanged"
-            )
-        builder.add(query, res.result)
-        del res
+    queries = iter(vendors.sync_queries(window, step, cluster_label))
+    with ThreadPoolExecutor(max_workers=max(1, concurrency),
+                            thread_name_prefix="sync-query") as pool:
+        pending = {pool.submit(_fetch, client, q, at)
+                   for q in itertools.islice(queries, max(1, concurrency))}
+        try:
+            while pending:
+                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    query, rows = future.result()
+                    builder.add(query, rows)
+                    del rows
+                    for q in itertools.islice(queries, 1):
+                        pending.add(pool.submit(_fetch, client, q, at))
+        finally:
+            for future in pending:
+                future.cancel()
     return builder
 
 
 def run_sync(engine: Engine, client: HubClient, *, stale_after: float = 600.0,
-             cluster_label: str = "cluster", lock_timeout: float = 0.0) -> SyncResult:
-    """Run one sync. Raises a GpufleetError (with its exit code) when it fails."""
+             cluster_label: str = "cluster", lock_timeout: float = 0.0,
+             query_concurrency: int = DEFAULT_QUERY_CONCURRENCY) -> SyncResult:
+    """Run one sync. Raises a GpufleetError (with its exit code) when it fails.
+
+    The hub is asked first, outside any lock: other writers (reconcile, another sync) never
+    wait behind HTTP requests, and no database transaction stays open across them. Then one
+    short transaction under the sync lock writes everything; its time (``now``, which marks
+    what this sync saw) is taken under the lock, so a sync that waited for the lock cannot
+    stamp rows older than the one that held it.
+    """
     migrate.ensure_schema(engine)
     started = inventory.now_utc()
     requests_before = client.requests
     try:
+        builder = collect(client, stale_after=stale_after, cluster_label=cluster_label,
+                          at=started.replace(tzinfo=dt.UTC).timestamp(),
+                          concurrency=query_concurrency)
+        requests = client.requests - requests_before
         with inventory.locked_transaction(engine, lock_timeout) as conn:
-            builder = collect(client, stale_after=stale_after, cluster_label=cluster_label,
-                              at=started.replace(tzinfo=dt.UTC).timestamp())
-            counts = inventory.apply_observations(conn, builder.observations(), started)
-            del builder
-            requests = client.requests - requests_before
+            now = inventory.now_utc()
+            counts = inventory.apply_observations(conn, builder.observations(), now)
             inventory.record_run(conn, started_at=started, status="ok", requests=requests,
                                  counts=counts)
+        del builder
     except inventory.LockHeld:
         raise  # the other sync records its own run; we never touched the database
     except GpufleetError as exc:

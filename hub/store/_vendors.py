@@ -3,12 +3,12 @@
 Nothing outside this module knows that NVIDIA calls a GPU ``UUID`` and AMD calls it
 ``gpu_uuid``, that dcgm-exporter spells the node ``Hostname`` in released images and
 ``hostname`` on master, or that AMD names may carry an ``amd_`` prefix. Each profile turns the
-hub's (already aggregated) PromQL rows into plain dicts of neutral field names; ``normalize``
+hub's PromQL rows into plain dicts of neutral field names; ``normalize``
 merges those into observations without knowing which exporter produced them.
 
-The queries are fixed per vendor: their number never depends on the size of the fleet, and
-each one lets PromQL aggregate away every label we do not store, so a response carries one
-row per GPU and no more.
+The queries are fixed per vendor: their number never depends on the size of the fleet. Each
+names its metrics exactly (no ``__name__`` regex, which the store matches against every name
+in its index and which keeps Thanos from pruning its store fan-out).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class Query:
     """One PromQL request of a sync, and which parser reads its result."""
 
     vendor: str
-    kind: str  # "identity" | "timestamp" | "values"
+    kind: str  # "timestamp" | "values"
     promql: str
     field: str | None = None  # the neutral field a "values" query fills
 
@@ -65,46 +65,49 @@ class VendorProfile(ABC):
     slice_labels: list[str] = []
     #: static attributes of a GPU (model, driver, ...) kept in the identity query
     attr_labels: list[str] = []
-    #: device-level series: any metric whose name matches and carries this matcher is a GPU's
-    device_names: str = ""
+    #: device-level series carry this matcher (node-level ones such as gpu_nodes_total do not)
     device_matcher: str = ""
     #: neutral field -> metric names (without prefix), in order of preference
     value_fields: dict[str, list[str]] = {}
-    #: metrics whose sample timestamps stand for the GPU's (scraped together)
+    #: metrics whose sample timestamps stand for the GPU's (scraped together): alert rules
     timestamp_metrics: list[str] = []
+    #: the one family whose sample times the sync reads for every series (see queries())
+    clock_metric: str = ""
     name_prefixes: tuple[str, ...] = ("",)
 
-    def _names(self, metric: str) -> str:
-        return "|".join(prefix + metric for prefix in self.name_prefixes)
+    def _any_name(self, metric: str, selector: str) -> str:
+        """``selector`` (with ``{}`` for the metric name) over each prefix, chained with
+        ``or``: exact names only, so Thanos can prune its store fan-out."""
+        return " or ".join(selector.format(prefix + metric) for prefix in self.name_prefixes)
 
     def queries(self, window: str, step: str, cluster_label: str) -> list[Query]:
-        ids = _by([cluster_label, *self.id_labels])
-        ident = _by([cluster_label, *self.id_labels, *self.attr_labels, *POD_LABELS])
+        """One request per neutral field plus one for sample times, all series unaggregated.
+
+        Every query keeps each series' full label set: aggregating (``max by``) would mix a
+        GPU's old series (a previous pod, exporter or driver, lingering in the window) with
+        its new one. The client joins a field's series to their sample times on the label
+        set and keeps, per GPU, the value of the newest series (FleetBuilder). Identity,
+        attributes and allocations come from the same rows, so no ``__name__`` regex is
+        needed. ``or`` picks the preferred metric where an exporter offers several.
+        """
         match = self.device_matcher
-        device = f'{{__name__=~"{self.device_names}", {match}}}'
-        identity = f"group by ({ident}) (last_over_time({device}[{window}]))"
-        # timestamp() of a raw selector is the sample's own time, but it drops __name__, so a
-        # regex over several names would collide: chain known names with `or` instead. The
-        # instant part sees the newest sample; the subquery finds samples hidden by a
-        # staleness marker (a target that went away) anywhere in the window.
-        chain = " or ".join(
-            f"timestamp({prefix}{name}{{{match}}})"
-            for prefix in self.name_prefixes
-            for name in self.timestamp_metrics
-        )
-        per_gpu = f"max by ({ids}) ({chain})"
-        timestamps = f"{per_gpu} or max_over_time(({per_gpu})[{window}:{step}])"
-        out = [Query(self.vendor, "identity", identity),
-               Query(self.vendor, "timestamp", timestamps)]
-        # One request per field keeps each response small (one value per GPU) however large
-        # the fleet; `or` picks the preferred metric where an exporter offers several.
+        out = []
         for fld, metrics in self.value_fields.items():
             promql = " or ".join(
-                f'max by ({ids}) (last_over_time({{__name__=~"{self._names(m)}", {match}}}'
-                f"[{window}]))"
+                self._any_name(m, f"last_over_time({{}}{{{{{match}}}}}[{window}])")
                 for m in metrics
             )
             out.append(Query(self.vendor, "values", promql, fld))
+        # Sample times: the raw samples of one family over the window (a range selector
+        # returns each sample with its own time, skips staleness markers, and sees series older
+        # than the store's look-back, as ACM's 300 s pushes need); the client keeps only each
+        # series' newest (HubClient.query_newest). Prometheus 2.42 answers
+        # `max_over_time(timestamp(x)[w:s])` with nothing, so no subquery can do this. One
+        # family stands for the whole scrape: a GPU's series all carry the same labels.
+        names = "|".join(prefix + self.clock_metric for prefix in self.name_prefixes)
+        stamps = (f"{self.clock_metric}{{{match}}}[{window}]" if len(self.name_prefixes) == 1
+                  else f'{{__name__=~"{names}", {match}}}[{window}]')
+        out.append(Query(self.vendor, "timestamp", stamps))
         return out
 
     # -- parsing of aggregated rows -------------------------------------------------------
@@ -149,7 +152,6 @@ class Nvidia(VendorProfile):
     node_labels = ["Hostname", "hostname"]  # released images / master since 2026-05
     slice_labels = ["GPU_I_PROFILE", "GPU_I_ID"]
     attr_labels = ["gpu", "modelName", "DCGM_FI_DRIVER_VERSION", "pci_bus_id"]
-    device_names = "DCGM_FI_.+"
     device_matcher = 'UUID!=""'
     value_fields = {
         UTILISATION: ["DCGM_FI_DEV_GPU_UTIL"],
@@ -160,6 +162,7 @@ class Nvidia(VendorProfile):
         POWER: ["DCGM_FI_DEV_POWER_USAGE"],
         TEMPERATURE: ["DCGM_FI_DEV_GPU_TEMP"],
     }
+    clock_metric = "DCGM_FI_DEV_GPU_TEMP"  # on every GPU and MIG slice, in every field set
     timestamp_metrics = [
         "DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_GPU_TEMP",
         "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_DEV_SM_CLOCK",
@@ -199,7 +202,6 @@ class Amd(VendorProfile):
     id_labels = ["hostname", "gpu_id", "gpu_uuid", "serial_number"]
     node_labels = ["hostname"]
     attr_labels = ["card_series", "card_model", "driver_version", "gpu_partition_id"]
-    device_names = "(amd_)?gpu_.+"
     device_matcher = 'gpu_id!=""'
     name_prefixes = ("", "amd_")
     value_fields = {
@@ -210,6 +212,7 @@ class Amd(VendorProfile):
         POWER: ["gpu_power_usage", "gpu_package_power"],
         TEMPERATURE: ["gpu_edge_temperature", "gpu_junction_temperature"],
     }
+    clock_metric = "gpu_edge_temperature"  # also on trimmed virtual functions
     timestamp_metrics = [
         "gpu_gfx_activity", "gpu_used_vram", "gpu_total_vram", "gpu_power_usage",
         "gpu_package_power", "gpu_edge_temperature", "gpu_junction_temperature", "gpu_health",
