@@ -1,21 +1,29 @@
-"""Sync benchmark: one full sync of a synthetic fleet of N GPUs held by a real Prometheus.
+"""Sync benchmark: gpufleet's sync beside a raw and a naive fetch, one real Prometheus a size.
 
-Prints one JSON line: gpus, clusters, requests, sync_s, fetch_s, ratio, peak_rss_mb.
+Prints one JSON line per fleet size (``--gpus 10000 100000 200000``), all measured in one run
+on one store:
 
-- The fleet (8-GPU nodes, 50 nodes a cluster, NVIDIA and AMD mixed, every 10th NVIDIA GPU in
-  MIG mode with two slices) is written as OpenMetrics and backfilled with
-  ``promtool tsdb create-blocks-from openmetrics``, then served by a real Prometheus.
-- sync_s is the time of the sync itself (``gpufleet sync -o json``: started_at..finished_at),
-  run in a child process whose peak RSS is read with wait4 (so the generator's memory does
-  not count).
-- fetch_s is the same PromQL requests fetched with plain HTTP and JSON-decoded, nothing else:
-  the floor any client pays. ratio = sync_s / fetch_s is the client's own overhead.
+- raw_s / raw_hub_cpu_s: one instant selector per family the inventory reads, all labels,
+  JSON-decoded; the floor any client pays, and the hub CPU it costs.
+- naive_s: what a user would write: prometheus-api-client ``custom_query`` and
+  ``MetricSnapshotDataFrame`` per family, merged per vendor with pandas.
+- fetch_s: gpufleet's sync queries (``requests`` of them), plain HTTP and JSON decode.
+- sync_first_s / sync_steady_s: ``gpufleet sync`` as a whole process (start-up included) on a
+  fresh database, then again on the filled one (the service's steady state); peak_rss_mb is
+  the larger peak RSS of the two (wait4), hub_cpu_s the store's CPU time during the steady
+  one (utime + stime from /proc/PID/stat of the Prometheus process).
+
+The fleet: 8-GPU nodes, 50 nodes a cluster, a quarter of the nodes AMD, GPU 0 of every 10th
+NVIDIA node in MIG mode with two slices, a sample every 30 s over the 10-minute window (the
+density at which a ``__name__`` regex over the window passes Prometheus's default
+``--query.max-samples``). It is written as OpenMetrics, backfilled with ``promtool tsdb
+create-blocks-from openmetrics`` with timestamps ending when measuring starts, and served by
+a real Prometheus with default limits.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import subprocess
@@ -37,126 +45,189 @@ from hub.store import _vendors as vendors  # noqa: E402
 GPUS_PER_NODE = 8
 NODES_PER_CLUSTER = 50
 STALE_AFTER = 600.0
+INTERVAL = 30.0  # dcgm-exporter's collect interval
+SAMPLES = int(STALE_AFTER // INTERVAL)  # 20 per series in the window
+NV_FAMILIES = [("DCGM_FI_DEV_GPU_UTIL", 37), ("DCGM_FI_DEV_FB_USED", 20480),
+               ("DCGM_FI_DEV_FB_FREE", 60000), ("DCGM_FI_DEV_FB_RESERVED", 577),
+               ("DCGM_FI_DEV_POWER_USAGE", 312.5), ("DCGM_FI_DEV_GPU_TEMP", 45)]
+AMD_FAMILIES = [("gpu_gfx_activity", 12), ("gpu_used_vram", 2048), ("gpu_total_vram", 196592),
+                ("gpu_power_usage", 420), ("gpu_edge_temperature", 40)]
+MIG_ONLY = [("DCGM_FI_PROF_GR_ENGINE_ACTIVE", 0.5)]
 
 
-def write_openmetrics(path: Path, gpus: int, now: float) -> int:
-    """Write the fleet; returns the number of clusters."""
-    nodes = max(1, gpus // GPUS_PER_NODE)
-    clusters = max(1, (nodes + NODES_PER_CLUSTER - 1) // NODES_PER_CLUSTER)
-    times = [now - 240, now - 120, now - 30]
-    nv_series: list[str] = []  # label sets, NVIDIA
-    nv_mig: list[str] = []
-    amd_series: list[str] = []
+def fleet_labels(gpus: int) -> tuple[list[str], list[str], list[str], int]:
+    """Label sets (NVIDIA whole GPUs, NVIDIA MIG slices, AMD) and the cluster count."""
+    nodes = max(1, (gpus + GPUS_PER_NODE - 1) // GPUS_PER_NODE)
+    nv: list[str] = []
+    mig: list[str] = []
+    amd: list[str] = []
     made = 0
     for n in range(nodes):
         cluster = f"cluster-{n // NODES_PER_CLUSTER:04d}"
         node = f"{cluster}-node-{n % NODES_PER_CLUSTER:03d}"
-        amd = n % 4 == 3  # a quarter of the nodes are AMD
         for g in range(GPUS_PER_NODE):
             if made >= gpus:
                 break
             made += 1
-            if amd:
-                amd_series.append(
+            if n % 4 == 3:  # a quarter of the nodes are AMD
+                amd.append(
                     f'cluster="{cluster}",hostname="{node}",gpu_id="{g}",'
                     f'gpu_uuid="amd-{n:06d}-{g}",serial_number="SN{n:06d}{g}",'
                     f'card_series="AMD Instinct MI300X OAM",card_model="0x74a1",'
-                    f'driver_version="6.8.5"')
+                    f'driver_version="6.8.5",instance="10.0.{n % 250}.{g}:5000",job="amd"')
                 continue
             base = (f'cluster="{cluster}",Hostname="{node}",gpu="{g}",'
                     f'UUID="GPU-{n:08x}-0000-4000-8000-{g:012x}",device="nvidia{g}",'
                     f'modelName="NVIDIA H100 80GB HBM3",DCGM_FI_DRIVER_VERSION="580.105.08",'
-                    f'pci_bus_id="00000000:{g:02X}:00.0"')
+                    f'pci_bus_id="00000000:{g:02X}:00.0",instance="10.1.{n % 250}.1:9400",'
+                    f'job="dcgm-exporter"')
             if g == 0 and n % 10 == 0:
-                nv_mig.append(base + ',GPU_I_PROFILE="3g.40gb",GPU_I_ID="1"')
-                nv_mig.append(base + ',GPU_I_PROFILE="3g.40gb",GPU_I_ID="2"')
+                mig.append(base + ',GPU_I_PROFILE="3g.40gb",GPU_I_ID="1"')
+                mig.append(base + ',GPU_I_PROFILE="3g.40gb",GPU_I_ID="2"')
             else:
-                nv_series.append(base)
-    families: list[tuple[str, list[str], float]] = [
-        ("DCGM_FI_DEV_GPU_UTIL", nv_series + nv_mig, 37),
-        ("DCGM_FI_DEV_FB_USED", nv_series + nv_mig, 20480),
-        ("DCGM_FI_DEV_FB_FREE", nv_series + nv_mig, 60000),
-        ("DCGM_FI_DEV_POWER_USAGE", nv_series + nv_mig, 312.5),
-        ("DCGM_FI_DEV_GPU_TEMP", nv_series + nv_mig, 45),
-        ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", nv_mig, 0.5),
-        ("gpu_gfx_activity", amd_series, 12),
-        ("gpu_used_vram", amd_series, 2048),
-        ("gpu_total_vram", amd_series, 196592),
-        ("gpu_power_usage", amd_series, 420),
-        ("gpu_edge_temperature", amd_series, 40),
-    ]
-    with path.open("w") as out:
+                nv.append(base)
+    return nv, mig, amd, (nodes + NODES_PER_CLUSTER - 1) // NODES_PER_CLUSTER
+
+
+def write_openmetrics(path: Path, gpus: int, end: float) -> int:
+    """Write the fleet, samples every INTERVAL up to ``end``; returns the cluster count."""
+    nv, mig, amd, clusters = fleet_labels(gpus)
+    stamps = [f"{end - INTERVAL * i:.3f}" for i in reversed(range(SAMPLES))]
+    families = ([(n, nv + mig, v) for n, v in NV_FAMILIES] + [(n, mig, v) for n, v in MIG_ONLY]
+                + [(n, amd, v) for n, v in AMD_FAMILIES])
+    with path.open("w", buffering=1 << 20) as out:
         for name, series, value in families:
             out.write(f"# TYPE {name} gauge\n")
             for labels in series:
-                for ts in times:
-                    out.write(f"{name}{{{labels}}} {value} {ts:.3f}\n")
+                head = f"{name}{{{labels}}} {value} "
+                out.write("".join(f"{head}{ts}\n" for ts in stamps))
         out.write("# EOF\n")
     return clusters
 
 
-def plain_fetch(url: str, queries: list[str], at: float) -> float:
-    """The floor: the same requests, decoded, and nothing else."""
-    started = time.perf_counter()
+def hub_cpu(pid: int) -> float:
+    """CPU seconds (user + system) the hub store's process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def read_families() -> list[tuple[str, str]]:
+    """(vendor, metric name) of every family the inventory reads, each prefix spelled out."""
+    out = []
+    for p in vendors.PROFILES:
+        names = [m for ms in p.value_fields.values() for m in ms]
+        for prefix in p.name_prefixes:
+            out += [(p.vendor, prefix + m) for m in dict.fromkeys(names)]
+    return out
+
+
+def plain(url: str, queries: list[str], at: float) -> None:
     with requests.Session() as s:
         for q in queries:
-            r = s.post(f"{url}/api/v1/query", data={"query": q, "time": f"{at:.3f}"}, timeout=600)
+            r = s.post(f"{url}/api/v1/query", data={"query": q, "time": f"{at:.3f}"},
+                       timeout=600)
             body = json.loads(r.content)
             assert body["status"] == "success", body
             del body, r
+
+
+def naive(url: str, at: float) -> int:
+    """prometheus-api-client + MetricSnapshotDataFrame per family, merged with pandas."""
+    import pandas as pd
+    from prometheus_api_client import MetricSnapshotDataFrame, PrometheusConnect
+
+    prom = PrometheusConnect(url, disable_ssl=True)
+    frames: dict[str, pd.DataFrame] = {}
+    for vendor, name in read_families():
+        result = prom.custom_query(name, params={"time": f"{at:.3f}"})
+        if not result:
+            continue
+        df = MetricSnapshotDataFrame(result).drop(columns=["__name__", "timestamp"])
+        df = df.rename(columns={"value": name})
+        keys = [c for c in df.columns if c != name]
+        frames[vendor] = (df if vendor not in frames
+                          else frames[vendor].merge(df, on=keys, how="outer"))
+    return sum(len(f) for f in frames.values())
+
+
+def run_sync(url: str, db: str) -> tuple[dict, float, float]:
+    """`gpufleet sync` in a child: its JSON result, wall seconds and peak RSS in MB."""
+    cmd = [sys.executable, "-m", "hub", "sync", "--hub-url", url, "--db", db,
+           "--stale-after", format_duration(STALE_AFTER), "--timeout", "600s", "-o", "json"]
+    started = time.perf_counter()
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, cwd=ROOT)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - started
+        if os.waitstatus_to_exitcode(status) != 0:
+            err.seek(0)
+            raise SystemExit(f"sync failed: {err.read().decode()}")
+        out.seek(0)
+        return json.loads(out.read()), wall, usage.ru_maxrss / 1024
+
+
+def timed(fn, *args) -> float:
+    started = time.perf_counter()
+    fn(*args)
     return time.perf_counter() - started
 
 
-def run_sync(url: str, db: str) -> tuple[dict, float]:
-    """`gpufleet sync` in a child; returns its JSON result and its peak RSS in MB."""
-    cmd = [sys.executable, "-m", "hub", "sync", "--hub-url", url, "--db", db,
-           "--stale-after", format_duration(STALE_AFTER), "--timeout", "600s", "-o", "json"]
-    with tempfile.TemporaryFile() as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.PIPE, cwd=ROOT)
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        if proc.returncode != 0:
-            err = proc.stderr.read().decode() if proc.stderr else ""
-            raise SystemExit(f"sync failed ({proc.returncode}): {err}")
-        out.seek(0)
-        return json.loads(out.read()), usage.ru_maxrss / 1024
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gpus", type=int, default=1000)
-    parser.add_argument("--workdir", type=Path)
-    args = parser.parse_args()
+def measure(gpus: int, workdir: Path | None) -> dict:
     promtool = require_binary("promtool")
-    with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         work = Path(tmp)
-        now = time.time()
+        # samples end when measuring starts: generation and backfill take ~2 s per 1,000 GPUs
+        lead = 30 + gpus * 0.002
+        end = time.time() + lead
         om = work / "fleet.om"
-        clusters = write_openmetrics(om, args.gpus, now)
+        clusters = write_openmetrics(om, gpus, end)
         data = work / "hub" / "data"
         data.mkdir(parents=True)
         subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(om),
                         str(data)], check=True, capture_output=True)
         om.unlink()
-        hub = PrometheusProcess(work / "hub", hub_config()).start(timeout=300)
+        hub = PrometheusProcess(work / "hub", hub_config()).start(timeout=600)
         try:
+            pid = hub.proc.pid if hub.proc else 0
+            time.sleep(max(0.0, end - time.time()))
             window = format_duration(STALE_AFTER)
             step = format_duration(subquery_step(STALE_AFTER))
-            queries = [q.promql for q in vendors.sync_queries(window, step, "cluster")]
+            ours = [q.promql for q in vendors.sync_queries(window, step, "cluster")]
+            raw = [name for _, name in read_families()]
             at = time.time()
-            plain_fetch(hub.url, queries, at)  # warm Prometheus's caches for both sides
-            result, rss = run_sync(hub.url, f"sqlite:///{work / 'inventory.db'}")
-            fetch_s = plain_fetch(hub.url, queries, at)
+            plain(hub.url, raw, at)  # warm the store's caches for every side
+            cpu = hub_cpu(pid)
+            raw_s = timed(plain, hub.url, raw, at)
+            raw_cpu = hub_cpu(pid) - cpu
+            naive_s = timed(naive, hub.url, at)
+            fetch_s = timed(plain, hub.url, ours, at)
+            db = f"sqlite:///{work / 'inventory.db'}"
+            first, first_s, rss1 = run_sync(hub.url, db)
+            cpu = hub_cpu(pid)
+            steady, steady_s, rss2 = run_sync(hub.url, db)
+            sync_cpu = hub_cpu(pid) - cpu
+            assert first["gpus"] == steady["gpus"], (first, steady)
         finally:
             hub.stop()
-    started = dt.datetime.fromisoformat(result["started_at"])
-    finished = dt.datetime.fromisoformat(result["finished_at"])
-    sync_s = (finished - started).total_seconds()
-    print(json.dumps({
-        "gpus": result["gpus"], "clusters": clusters, "requests": result["requests"],
-        "sync_s": round(sync_s, 3), "fetch_s": round(fetch_s, 3),
-        "ratio": round(sync_s / fetch_s, 2), "peak_rss_mb": round(rss, 1),
-    }))
+    return {
+        "gpus": steady["gpus"], "clusters": clusters, "requests": steady["requests"],
+        "raw_s": round(raw_s, 2), "naive_s": round(naive_s, 2), "fetch_s": round(fetch_s, 2),
+        "sync_first_s": round(first_s, 2), "sync_steady_s": round(steady_s, 2),
+        "hub_cpu_s": round(sync_cpu, 2), "raw_hub_cpu_s": round(raw_cpu, 2),
+        "peak_rss_mb": round(max(rss1, rss2), 1),
+        "steady_vs_naive": round(steady_s / naive_s, 2),
+        "hub_cpu_vs_raw": round(sync_cpu / raw_cpu, 2) if raw_cpu else None,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gpus", type=int, nargs="+", default=[1000],
+                        help="fleet sizes, one store and one JSON line each")
+    parser.add_argument("--workdir", type=Path)
+    args = parser.parse_args()
+    for gpus in args.gpus:
+        print(json.dumps(measure(gpus, args.workdir)), flush=True)
 
 
 if __name__ == "__main__":

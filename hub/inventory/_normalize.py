@@ -69,11 +69,13 @@ def _value(row: Row) -> float | None:
     return None if v != v else v  # NaN is "no value"
 
 
-def series_key(labels: Mapping[str, str]) -> int:
+def series_key(labels: dict[str, str]) -> int:
     """A series' label set without its name, as one int: the join key between a field's rows
     and the sample times (every family of one scrape carries the same labels). A 64-bit hash
-    rather than the labels themselves keeps 100,000 GPUs' keys in a few MB."""
-    return hash(frozenset(kv for kv in labels.items() if kv[0] != "__name__"))
+    rather than the labels themselves keeps 100,000 GPUs' keys in a few MB. Drops
+    ``__name__`` from the (decoded, throw-away) row it is given."""
+    labels.pop("__name__", None)
+    return hash(frozenset(labels.items()))
 
 
 @dataclass(slots=True)
@@ -104,6 +106,8 @@ class FleetBuilder:
         self.cluster_label = cluster_label
         self._gpus: dict[Identity, _Gpu] = {}
         self._times: dict[int, float] = {}  # series key -> newest sample time
+        #: series key -> its record, so a series' labels are parsed once, not once a field
+        self._series: dict[int, _Series | None] = {}
 
     # -- feeding ----------------------------------------------------------------------------
     def add(self, query: Query, rows: Iterable[Row]) -> None:
@@ -164,21 +168,19 @@ class FleetBuilder:
 
     def _observation(self, ident: Identity, gpu: _Gpu) -> Observation:
         times = self._times
-        if len(gpu.series) == 1:
+        if len(gpu.series) == 1:  # the common case: one series, nothing to choose
             (key, only), = gpu.series.items()
-            newest_first = [only]
             sample_at = times.get(key)
+            attrs, values = only.attrs, only.values
         else:
             ranked = sorted(gpu.series.items(),
                             key=lambda kv: times.get(kv[0], float("-inf")), reverse=True)
-            newest_first = [s for _, s in ranked]
             sample_at = times.get(ranked[0][0])
-        # The newest series decides; an older one only fills what the newest does not report.
-        attrs: dict[str, Any] = {}
-        values: dict[str, float] = {}
-        for series in reversed(newest_first):
-            attrs.update((k, v) for k, v in series.attrs.items() if v is not None)
-            values.update(series.values)
+            # The newest series decides; an older one only fills what the newest lacks.
+            attrs, values = {}, {}
+            for _, series in reversed(ranked):
+                attrs.update((k, v) for k, v in series.attrs.items() if v is not None)
+                values.update(series.values)
         obs = Observation(
             cluster=ident.cluster, node=ident.node, uuid=ident.uuid, vendor=gpu.vendor,
             mig_profile=ident.mig_profile, mig_instance=ident.mig_instance,

@@ -148,10 +148,7 @@ class HubClient:
     # -- API ------------------------------------------------------------------------------
     def query(self, promql: str, time: float | None = None) -> QueryResult:
         """Instant query. POSTed as a form so long PromQL never hits URL length limits."""
-        data: dict[str, Any] = {"query": promql}
-        if time is not None:
-            data["time"] = f"{time:.3f}"
-        return self._post("/api/v1/query", data)
+        return self._post("/api/v1/query", _instant(promql, time))
 
     def query_newest(self, promql: str, time: float | None = None) -> QueryResult:
         """Instant query of a range selector (``name[10m]``), each series cut to its newest
@@ -163,10 +160,7 @@ class HubClient:
         objects. In JSON a ``"values":[`` outside a string can only open a series' samples
         (inside label strings the quotes are escaped), and samples hold no brackets.
         """
-        data: dict[str, Any] = {"query": promql}
-        if time is not None:
-            data["time"] = f"{time:.3f}"
-        return self._post("/api/v1/query", data, rewrite=_newest_sample)
+        return self._post("/api/v1/query", _instant(promql, time), rewrite=_newest_sample)
 
     def query_range(self, promql: str, start: float, end: float, step: float) -> QueryResult:
         data = {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
@@ -231,6 +225,13 @@ class HubClient:
             result=data_.get("result", []),
             warnings=list(body.get("warnings") or []),
         )
+
+
+def _instant(promql: str, time: float | None) -> dict[str, Any]:
+    data: dict[str, Any] = {"query": promql}
+    if time is not None:
+        data["time"] = f"{time:.3f}"
+    return data
 
 
 _SAMPLES = re.compile(rb'"values":\[(?:\[[^\]]*\],)*(\[[^\]]*\])\]')
