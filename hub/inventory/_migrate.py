@@ -12,7 +12,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Engine
 
-from hub.common._errors import InputError
+from hub.common import InputError
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 #: Modules that define tables on hub.inventory.metadata; importing them completes it.
