@@ -37,10 +37,10 @@ import requests
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hub.common._durations import format_duration  # noqa: E402
-from hub.devstack._prometheus import PrometheusProcess, hub_config, require_binary  # noqa: E402
-from hub.inventory._sync import subquery_step  # noqa: E402
-from hub.store import _vendors as vendors  # noqa: E402
+from hub import store  # noqa: E402
+from hub.common import format_duration  # noqa: E402
+from hub.devstack import PrometheusProcess, hub_config, require_binary  # noqa: E402
+from hub.inventory import subquery_step  # noqa: E402
 
 GPUS_PER_NODE = 8
 NODES_PER_CLUSTER = 50
@@ -114,7 +114,7 @@ def hub_cpu(pid: int) -> float:
 def read_families() -> list[tuple[str, str]]:
     """(vendor, metric name) of every family the inventory reads, each prefix spelled out."""
     out = []
-    for p in vendors.PROFILES:
+    for p in store.PROFILES:
         names = [m for ms in p.value_fields.values() for m in ms]
         for prefix in p.name_prefixes:
             out += [(p.vendor, prefix + m) for m in dict.fromkeys(names)]
@@ -192,7 +192,7 @@ def measure(gpus: int, workdir: Path | None) -> dict:
             time.sleep(max(0.0, end - time.time()))
             window = format_duration(STALE_AFTER)
             step = format_duration(subquery_step(STALE_AFTER))
-            ours = [q.promql for q in vendors.sync_queries(window, step, "cluster")]
+            ours = [q.promql for q in store.sync_queries(window, step, "cluster")]
             raw = [name for _, name in read_families()]
             at = time.time()
             plain(hub.url, raw, at)  # warm the store's caches for every side

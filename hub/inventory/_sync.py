@@ -18,14 +18,12 @@ from dataclasses import dataclass
 
 from sqlalchemy.engine import Engine
 
-from hub.common._durations import format_duration
-from hub.common._errors import GpufleetError
-from hub.common._options import QUERY_CONCURRENCY
+from hub import store
+from hub.common import QUERY_CONCURRENCY, GpufleetError, format_duration
 from hub.inventory import _db as inventory
 from hub.inventory import _migrate as migrate
 from hub.inventory._normalize import FleetBuilder
-from hub.store import _vendors as vendors
-from hub.store._client import HubClient, PartialResponse
+from hub.store import HubClient, PartialResponse
 
 
 @dataclass
@@ -57,7 +55,7 @@ def subquery_step(window: float) -> float:
 DEFAULT_QUERY_CONCURRENCY = QUERY_CONCURRENCY
 
 
-def _fetch(client: HubClient, query: vendors.Query, at: float) -> tuple[vendors.Query, list]:
+def _fetch(client: HubClient, query: store.Query, at: float) -> tuple[store.Query, list]:
     ask = client.query_newest if query.kind == "timestamp" else client.query
     res = ask(query.promql, time=at)
     if res.warnings:
@@ -77,7 +75,7 @@ def collect(client: HubClient, *, stale_after: float, cluster_label: str,
     at = time.time() if at is None else at
     builder = FleetBuilder(cluster_label)
     window, step = format_duration(stale_after), format_duration(subquery_step(stale_after))
-    queries = iter(vendors.sync_queries(window, step, cluster_label))
+    queries = iter(store.sync_queries(window, step, cluster_label))
     with ThreadPoolExecutor(max_workers=max(1, concurrency),
                             thread_name_prefix="sync-query") as pool:
         pending = {pool.submit(_fetch, client, q, at)
