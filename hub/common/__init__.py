@@ -22,6 +22,7 @@ from hub.common._httpserve import (
     parse_listen,
 )
 from hub.common._options import (
+    QUERY_CONCURRENCY,
     cluster_label_option,
     db_option,
     env,
@@ -29,6 +30,7 @@ from hub.common._options import (
     lock_timeout_option,
     max_age_option,
     push_interval_option,
+    query_concurrency_option,
     stale_after_option,
     window_option,
 )
@@ -48,6 +50,7 @@ __all__ = [
     "CONFIG_ENV",
     "DURATION",
     "EXIT_FINDINGS",
+    "QUERY_CONCURRENCY",
     "BackgroundHTTPServer",
     "ConfiguredCommand",
     "ConfiguredGroup",
@@ -69,6 +72,7 @@ __all__ = [
     "parse_duration",
     "parse_listen",
     "push_interval_option",
+    "query_concurrency_option",
     "stale_after_option",
     "template_roots",
     "to_json",

@@ -114,6 +114,8 @@ class FleetBuilder:
         profile = store.profile(query.vendor)
         if query.kind == "timestamp":
             self.add_timestamps(profile, rows)
+            if query.field:  # the newest sample's value is the field's value
+                self.add_values(profile, query.field, rows)
         else:
             self.add_values(profile, query.field or "", rows)
 
@@ -129,24 +131,32 @@ class FleetBuilder:
                 self._times[key] = ts
 
     def add_values(self, profile: VendorProfile, fld: str, rows: Iterable[Row]) -> None:
+        known = self._series
+        convert = profile.convert
         for row in rows:
             labels = row["metric"]
-            ident = profile.identity(labels, self.cluster_label)
-            if ident is None:
-                continue
-            gpu = self._gpus.get(ident)
-            if gpu is None:
-                gpu = self._gpus[ident] = _Gpu(profile.vendor)
             key = series_key(labels)
-            series = gpu.series.get(key)
-            if series is None:
-                series = gpu.series[key] = _Series(profile.attributes(labels))
-                alloc = store.allocation(labels)
-                if alloc is not None:
-                    gpu.allocations.add(alloc)
+            if key in known:
+                series = known[key]
+            else:
+                series = known[key] = self._new_series(profile, labels, key)
             value = _value(row)
-            if value is not None:
-                series.values[fld] = profile.convert(fld, value)
+            if series is not None and value is not None:
+                series.values[fld] = convert(fld, value)
+
+    def _new_series(self, profile: VendorProfile, labels: Mapping[str, str],
+                    key: int) -> _Series | None:
+        ident = profile.identity(labels, self.cluster_label)
+        if ident is None:
+            return None  # not a GPU's series (e.g. node-level)
+        gpu = self._gpus.get(ident)
+        if gpu is None:
+            gpu = self._gpus[ident] = _Gpu(profile.vendor)
+        series = gpu.series[key] = _Series(profile.attributes(labels))
+        alloc = store.allocation(labels)
+        if alloc is not None:
+            gpu.allocations.add(alloc)
+        return series
 
     # -- results ----------------------------------------------------------------------------
     def observations(self) -> Iterator[Observation]:

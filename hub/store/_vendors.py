@@ -47,7 +47,9 @@ class Query:
     vendor: str
     kind: str  # "timestamp" | "values"
     promql: str
-    field: str | None = None  # the neutral field a "values" query fills
+    #: the neutral field a "values" query fills; for "timestamp", the field its newest
+    #: samples' values fill too (when the clock family is that field's only metric)
+    field: str | None = None
 
 
 def _by(labels: list[str]) -> str:
@@ -92,7 +94,12 @@ class VendorProfile(ABC):
         """
         match = self.device_matcher
         out = []
+        # the field read from the clock family itself comes with the sample times (below)
+        clock_field = next((f for f, ms in self.value_fields.items()
+                            if ms == [self.clock_metric]), None)
         for fld, metrics in self.value_fields.items():
+            if fld == clock_field:
+                continue
             promql = " or ".join(
                 self._any_name(m, f"last_over_time({{}}{{{{{match}}}}}[{window}])")
                 for m in metrics
@@ -107,7 +114,7 @@ class VendorProfile(ABC):
         names = "|".join(prefix + self.clock_metric for prefix in self.name_prefixes)
         stamps = (f"{self.clock_metric}{{{match}}}[{window}]" if len(self.name_prefixes) == 1
                   else f'{{__name__=~"{names}", {match}}}[{window}]')
-        out.append(Query(self.vendor, "timestamp", stamps))
+        out.append(Query(self.vendor, "timestamp", stamps, clock_field))
         return out
 
     # -- parsing of aggregated rows -------------------------------------------------------
