@@ -188,3 +188,17 @@ def test_range_answer_is_cut_to_each_series_newest_sample():
     cut = json.loads(_newest_sample(compact))["data"]["result"]
     assert [r["value"] for r in cut] == [[3.25, "7"], [9, "+Inf"]]
     assert cut[0]["metric"]["pod"] == 'odd "values":[[1,"2"]] ]'
+
+
+def test_streamed_rows_decode_one_by_one_and_read_warnings_at_the_end():
+    from hub.store import StreamedRows
+
+    text = ('{"status":"success","data":{"resultType":"vector","result":['
+            '{"metric":{"a":"]"},"value":[1,"2"]}, {"metric":{},"value":[3,"4"]}]},'
+            '"warnings":["receive-2: store unavailable"]}')
+    start = text.index('"result":[') + len('"result":[')
+    rows = StreamedRows(text, start)
+    assert [r["value"] for r in rows] == [[1, "2"], [3, "4"]]
+    assert rows.warnings == ["receive-2: store unavailable"]
+    empty = StreamedRows('{"data":{"result":[]}}', len('{"data":{"result":['))
+    assert list(empty) == [] and empty.warnings == []

@@ -90,7 +90,7 @@ class _Series:
 class _Gpu:
     vendor: str
     series: dict[int, _Series] = field(default_factory=dict)
-    allocations: set[Allocation] = field(default_factory=set)
+    allocations: set[Allocation] | None = None  # most GPUs have none: no empty set each
 
 
 class FleetBuilder:
@@ -113,14 +113,14 @@ class FleetBuilder:
     def add(self, query: Query, rows: Iterable[Row]) -> None:
         profile = store.profile(query.vendor)
         if query.kind == "timestamp":
-            self.add_timestamps(profile, rows)
-            if query.field:  # the newest sample's value is the field's value
-                self.add_values(profile, query.field, rows)
+            self.add_timestamps(profile, rows, query.field)
         else:
             self.add_values(profile, query.field or "", rows)
 
-    def add_timestamps(self, profile: VendorProfile, rows: Iterable[Row]) -> None:
-        """Rows of HubClient.query_newest: ``value`` is [newest sample's time, its value]."""
+    def add_timestamps(self, profile: VendorProfile, rows: Iterable[Row],
+                       fld: str | None = None) -> None:
+        """Rows of HubClient.query_newest: ``value`` is [newest sample's time, its value];
+        with ``fld`` the value fills that field too (rows are read once: they may stream)."""
         for row in rows:
             try:
                 ts = float(row["value"][0])
@@ -129,6 +129,8 @@ class FleetBuilder:
             key = series_key(row["metric"])
             if ts > self._times.get(key, float("-inf")):
                 self._times[key] = ts
+            if fld:
+                self.add_values(profile, fld, (row,))
 
     def add_values(self, profile: VendorProfile, fld: str, rows: Iterable[Row]) -> None:
         known = self._series
@@ -155,6 +157,8 @@ class FleetBuilder:
         series = gpu.series[key] = _Series(profile.attributes(labels))
         alloc = store.allocation(labels)
         if alloc is not None:
+            if gpu.allocations is None:
+                gpu.allocations = set()
             gpu.allocations.add(alloc)
         return series
 
@@ -163,7 +167,9 @@ class FleetBuilder:
         """Every GPU and slice seen, parents synthesised for slice-only GPUs."""
         slices_of: dict[Identity, list[Observation]] = {}
         physical: dict[Identity, Observation] = {}
-        for ident, gpu in self._gpus.items():
+        self._series.clear()  # only needed while answers arrive
+        while self._gpus:  # each GPU's records go as its observation is made (memory)
+            ident, gpu = self._gpus.popitem()
             obs = self._observation(ident, gpu)
             if obs.is_slice:
                 parent = Identity(ident.cluster, ident.node, ident.uuid)
@@ -196,7 +202,8 @@ class FleetBuilder:
             mig_profile=ident.mig_profile, mig_instance=ident.mig_instance,
             index=attrs.get("index"), model=attrs.get("model"),
             driver_version=attrs.get("driver_version"), pci_bus_id=attrs.get("pci_bus_id"),
-            serial=attrs.get("serial"), sample_at=sample_at, allocations=gpu.allocations,
+            serial=attrs.get("serial"), sample_at=sample_at,
+            allocations=gpu.allocations or set(),
         )
         _apply_values(obs, values)
         return obs

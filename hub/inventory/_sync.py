@@ -23,7 +23,7 @@ from hub.common import QUERY_CONCURRENCY, GpufleetError, format_duration
 from hub.inventory import _db as inventory
 from hub.inventory import _migrate as migrate
 from hub.inventory._normalize import FleetBuilder
-from hub.store import HubClient, PartialResponse
+from hub.store import HubClient, PartialResponse, QueryResult
 
 
 @dataclass
@@ -55,15 +55,21 @@ def subquery_step(window: float) -> float:
 DEFAULT_QUERY_CONCURRENCY = QUERY_CONCURRENCY
 
 
-def _fetch(client: HubClient, query: store.Query, at: float) -> tuple[store.Query, list]:
+def _fetch(client: HubClient, query: store.Query, at: float) -> tuple[store.Query, QueryResult]:
     ask = client.query_newest if query.kind == "timestamp" else client.query
-    res = ask(query.promql, time=at)
-    if res.warnings:
+    return query, ask(query.promql, time=at, stream=True)
+
+
+def _fold(builder: FleetBuilder, client: HubClient, query: store.Query,
+          res: QueryResult) -> None:
+    """Fold one answer (decoded row by row as it is folded); a partial one fails the sync."""
+    builder.add(query, res.result)
+    warnings = res.warnings or getattr(res.result, "warnings", [])
+    if warnings:
         raise PartialResponse(
-            f"hub {client.safe_url} returned a partial response ({res.warnings[0]}); "
+            f"hub {client.safe_url} returned a partial response ({warnings[0]}); "
             "inventory left unchanged"
         )
-    return query, res.result
 
 
 def collect(client: HubClient, *, stale_after: float, cluster_label: str,
@@ -84,9 +90,9 @@ def collect(client: HubClient, *, stale_after: float, cluster_label: str,
             while pending:
                 done, pending = wait(pending, return_when=FIRST_COMPLETED)
                 for future in done:
-                    query, rows = future.result()
-                    builder.add(query, rows)
-                    del rows
+                    query, res = future.result()
+                    _fold(builder, client, query, res)
+                    del res
                     for q in itertools.islice(queries, 1):
                         pending.add(pool.submit(_fetch, client, q, at))
         finally:

@@ -9,6 +9,8 @@ from hub.store._client import (
     HubClient,
     HubSettings,
     PartialResponse,
+    QueryResult,
+    StreamedRows,
 )
 from hub.store._vendors import (
     ENGINE_ACTIVE,
@@ -58,6 +60,8 @@ __all__ = [
     "Identity",
     "PartialResponse",
     "Query",
+    "QueryResult",
+    "StreamedRows",
     "VendorProfile",
     "allocation",
     "allowlist_metrics",

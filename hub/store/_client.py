@@ -16,7 +16,7 @@ import json
 import os
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -146,11 +146,18 @@ class HubClient:
         self.close()
 
     # -- API ------------------------------------------------------------------------------
-    def query(self, promql: str, time: float | None = None) -> QueryResult:
-        """Instant query. POSTed as a form so long PromQL never hits URL length limits."""
-        return self._post("/api/v1/query", _instant(promql, time))
+    def query(self, promql: str, time: float | None = None, *,
+              stream: bool = False) -> QueryResult:
+        """Instant query. POSTed as a form so long PromQL never hits URL length limits.
 
-    def query_newest(self, promql: str, time: float | None = None) -> QueryResult:
+        With ``stream`` the result is a :class:`StreamedRows`: decoded one row at a time as
+        it is iterated, so a 100,000-series answer never exists as 100,000 decoded dicts at
+        once (~200 MB); its ``warnings`` are known once it has been iterated.
+        """
+        return self._post("/api/v1/query", _instant(promql, time), stream=stream)
+
+    def query_newest(self, promql: str, time: float | None = None, *,
+                     stream: bool = False) -> QueryResult:
         """Instant query of a range selector (``name[10m]``), each series cut to its newest
         sample, returned as an instant vector (``value`` = [sample time, value]).
 
@@ -160,7 +167,8 @@ class HubClient:
         objects. In JSON a ``"values":[`` outside a string can only open a series' samples
         (inside label strings the quotes are escaped), and samples hold no brackets.
         """
-        return self._post("/api/v1/query", _instant(promql, time), rewrite=_newest_sample)
+        return self._post("/api/v1/query", _instant(promql, time), rewrite=_newest_sample,
+                          stream=stream)
 
     def query_range(self, promql: str, start: float, end: float, step: float) -> QueryResult:
         data = {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
@@ -174,7 +182,8 @@ class HubClient:
 
     # -- transport ------------------------------------------------------------------------
     def _post(self, path: str, data: dict[str, Any],
-              rewrite: Callable[[bytes], bytes] | None = None) -> QueryResult:
+              rewrite: Callable[[bytes], bytes] | None = None,
+              stream: bool = False) -> QueryResult:
         with self._count_lock:
             self.requests += 1
         try:
@@ -196,11 +205,18 @@ class HubClient:
             raise HubUnavailable(
                 f"cannot talk to hub {self.safe_url}: {exc.strerror or exc}"
             ) from None
+        rows: StreamedRows | None = None
         try:
             content = resp.content
             if rewrite is not None and resp.status_code == 200:
                 content = rewrite(content)
-            body = json.loads(content)
+            start = content.find(b'"result":[') if stream and resp.status_code == 200 else -1
+            if start < 0:
+                body = json.loads(content)
+            else:  # the envelope now, the rows one by one as the caller folds them
+                text = content.decode()
+                body = json.loads(text[:start] + '"result":[]}}')
+                rows = StreamedRows(text, start + len('"result":['))
             del content
         except ValueError:
             body = None
@@ -222,9 +238,41 @@ class HubClient:
         data_ = body.get("data") or {}
         return QueryResult(
             result_type=data_.get("resultType", ""),
-            result=data_.get("result", []),
+            result=data_.get("result", []) if rows is None else rows,
             warnings=list(body.get("warnings") or []),
         )
+
+
+_DECODER = json.JSONDecoder()
+
+
+class StreamedRows:
+    """The ``result`` array of an answer, decoded one element at a time (iterate once).
+
+    The Thanos ``warnings`` follow the array in the body, so they are read when the
+    iteration ends: a caller must check :attr:`warnings` after consuming the rows.
+    """
+
+    def __init__(self, text: str, start: int) -> None:
+        self._text: str | None = text
+        self._start = start
+        self.warnings: list[str] = []
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        text, j = self._text, self._start
+        if text is None:
+            raise RuntimeError("the rows of a streamed answer can be read once")
+        self._text = None
+        decode = _DECODER.raw_decode
+        while True:
+            while text[j] in " \t\r\n,":
+                j += 1
+            if text[j] == "]":
+                break
+            row, j = decode(text, j)
+            yield row
+        tail = json.loads('{"data":{"result":[]' + text[j + 1:])
+        self.warnings = list(tail.get("warnings") or [])
 
 
 def _instant(promql: str, time: float | None) -> dict[str, Any]:
