@@ -52,10 +52,6 @@ class Query:
     field: str | None = None
 
 
-def _by(labels: list[str]) -> str:
-    return ", ".join(labels)
-
-
 class VendorProfile(ABC):
     """Metric names, label spellings and unit conversions of one exporter family."""
 
@@ -65,8 +61,6 @@ class VendorProfile(ABC):
     #: the id labels that name the node (in order of preference) and a MIG slice
     node_labels: list[str] = []
     slice_labels: list[str] = []
-    #: static attributes of a GPU (model, driver, ...) kept in the identity query
-    attr_labels: list[str] = []
     #: device-level series carry this matcher (node-level ones such as gpu_nodes_total do not)
     device_matcher: str = ""
     #: neutral field -> metric names (without prefix), in order of preference
@@ -117,7 +111,7 @@ class VendorProfile(ABC):
         out.append(Query(self.vendor, "timestamp", stamps, clock_field))
         return out
 
-    # -- parsing of aggregated rows -------------------------------------------------------
+    # -- parsing of rows -------------------------------------------------------
     def node(self, labels: Mapping[str, str]) -> str:
         """The node a series comes from: the first node label that is set."""
         return next((labels[n] for n in self.node_labels if labels.get(n)), "")
@@ -133,12 +127,6 @@ class VendorProfile(ABC):
     def convert(self, field: str, value: float) -> float:
         """Unit conversion into the neutral units (MiB, W, °C, percent)."""
         return value
-
-
-POD_LABELS = [
-    "namespace", "pod", "container",
-    "exported_namespace", "exported_pod", "exported_container",
-]
 
 
 def allocation(labels: Mapping[str, str]) -> tuple[str, str, str] | None:
@@ -158,7 +146,6 @@ class Nvidia(VendorProfile):
     id_labels = ["Hostname", "hostname", "UUID", "GPU_I_PROFILE", "GPU_I_ID"]
     node_labels = ["Hostname", "hostname"]  # released images / master since 2026-05
     slice_labels = ["GPU_I_PROFILE", "GPU_I_ID"]
-    attr_labels = ["gpu", "modelName", "DCGM_FI_DRIVER_VERSION", "pci_bus_id"]
     device_matcher = 'UUID!=""'
     value_fields = {
         UTILISATION: ["DCGM_FI_DEV_GPU_UTIL"],
@@ -208,7 +195,6 @@ class Amd(VendorProfile):
     vendor = "amd"
     id_labels = ["hostname", "gpu_id", "gpu_uuid", "serial_number"]
     node_labels = ["hostname"]
-    attr_labels = ["card_series", "card_model", "driver_version", "gpu_partition_id"]
     device_matcher = 'gpu_id!=""'
     name_prefixes = ("", "amd_")
     value_fields = {
