@@ -10,7 +10,7 @@ on one store:
 - fetch_s: gpufleet's sync queries (``requests`` of them), plain HTTP and JSON decode.
 - sync_first_s / sync_steady_s: ``gpufleet sync`` as a whole process (start-up included) on a
   fresh database, then again on the filled one (the service's steady state); peak_rss_mb is
-  the larger peak RSS of the two (wait4), hub_cpu_s the store's CPU time during the steady
+  the larger peak RSS (VmHWM) of the two, hub_cpu_s the store's CPU time during the steady
   one (utime + stime from /proc/PID/stat of the Prometheus process).
 
 The fleet: 8-GPU nodes, 50 nodes a cluster, a quarter of the nodes AMD, GPU 0 of every 10th
@@ -150,20 +150,32 @@ def naive(url: str, at: float) -> int:
     return sum(len(f) for f in frames.values())
 
 
+#: runs `gpufleet sync` and writes its own peak RSS (VmHWM) at exit: the rusage of a child
+#: (wait4) starts from the parent's high-water mark at fork, which here holds pandas frames
+_SYNC_CHILD = (
+    "import atexit, runpy, sys\n"
+    "path = sys.argv.pop(1)\n"
+    "def hwm():\n"
+    "    line = next(x for x in open('/proc/self/status') if x.startswith('VmHWM:'))\n"
+    "    open(path, 'w').write(line.split()[1])\n"
+    "atexit.register(hwm)\n"
+    "sys.argv[0] = 'gpufleet'\n"
+    "runpy.run_module('hub', run_name='__main__')\n"
+)
+
+
 def run_sync(url: str, db: str) -> tuple[dict, float, float]:
     """`gpufleet sync` in a child: its JSON result, wall seconds and peak RSS in MB."""
-    cmd = [sys.executable, "-m", "hub", "sync", "--hub-url", url, "--db", db,
-           "--stale-after", format_duration(STALE_AFTER), "--timeout", "600s", "-o", "json"]
-    started = time.perf_counter()
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, cwd=ROOT)
-        _, status, usage = os.wait4(proc.pid, 0)
+    with tempfile.NamedTemporaryFile() as hwm:
+        cmd = [sys.executable, "-c", _SYNC_CHILD, hwm.name, "sync", "--hub-url", url,
+               "--db", db, "--stale-after", format_duration(STALE_AFTER), "--timeout", "600s",
+               "-o", "json"]
+        started = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, cwd=ROOT)
         wall = time.perf_counter() - started
-        if os.waitstatus_to_exitcode(status) != 0:
-            err.seek(0)
-            raise SystemExit(f"sync failed: {err.read().decode()}")
-        out.seek(0)
-        return json.loads(out.read()), wall, usage.ru_maxrss / 1024
+        if proc.returncode != 0:
+            raise SystemExit(f"sync failed: {proc.stderr.decode()}")
+        return json.loads(proc.stdout), wall, int(Path(hwm.name).read_text()) / 1024
 
 
 def timed(fn, *args) -> float:
