@@ -11,6 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+#: where the kubelet serves its pod-resources API (the exporter's --kubelet-socket default)
+KUBELET_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+
 
 class LibraryNotFound(Exception):
     """The GPU management library (or its driver) is not on this host.
