@@ -36,6 +36,7 @@ from hub import __version__
 from hub.common._httpserve import BackgroundHTTPServer
 from hub.common._output import iso
 from hub.inventory import _db as inventory
+from hub.inventory._health import LEVELS as HEALTH_LEVELS
 from hub.store._vendors import PROFILES
 
 log = logging.getLogger("gpufleet.api")
@@ -166,7 +167,8 @@ def decode_token(token: str) -> tuple[str, str, str, str]:
 
 # -- inventory reads ----------------------------------------------------------------------------
 def page_gpus(conn: Connection, *, cluster: str | None = None, node: str | None = None,
-              state: str | None = None, vendor: str | None = None, limit: int = DEFAULT_LIMIT,
+              state: str | None = None, vendor: str | None = None,
+              health: str | None = None, limit: int = DEFAULT_LIMIT,
               after: Sequence[str] | None = None
               ) -> tuple[list[dict[str, Any]], tuple[str, ...] | None]:
     """One page of GPUs (physical and MIG slices) in primary-key order, and the key to go on.
@@ -178,7 +180,7 @@ def page_gpus(conn: Connection, *, cluster: str | None = None, node: str | None 
     table = inventory.gpus
     stmt = sa.select(table)
     for column, value in (("cluster", cluster), ("node", node), ("state", state),
-                          ("vendor", vendor)):
+                          ("vendor", vendor), ("health", health)):
         if value is not None:
             stmt = stmt.where(table.c[column] == value)
     if after is not None:
@@ -263,7 +265,8 @@ def nodes(query: Query, engine: Engine) -> Response:
 
 
 def gpus(query: Query, engine: Engine) -> Response:
-    params = Params(query, ["cluster", "node", "state", "vendor", "limit", "continue"])
+    params = Params(query, ["cluster", "node", "state", "vendor", "health", "limit",
+                            "continue"])
     token = params.text("continue")
     after = decode_token(token) if token is not None else None
     filters = {
@@ -271,6 +274,7 @@ def gpus(query: Query, engine: Engine) -> Response:
         "node": params.text("node"),
         "state": params.choice("state", STATES),
         "vendor": params.choice("vendor", VENDORS),
+        "health": params.choice("health", HEALTH_LEVELS),
     }
     limit = params.integer("limit", DEFAULT_LIMIT, MAX_LIMIT)
     with engine.connect() as conn:
@@ -433,6 +437,8 @@ def build_router(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, A
                   _param("state", "Only GPUs in this state.",
                          {"type": "string", "enum": list(STATES)}),
                   _param("vendor", "Only this vendor.", {"type": "string", "enum": list(VENDORS)}),
+                  _param("health", "Only GPUs of this health (XID, ECC, row remapping).",
+                         {"type": "string", "enum": list(HEALTH_LEVELS)}),
                   _param("limit", f"Page size (1-{MAX_LIMIT}).",
                          {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT,
                           "default": DEFAULT_LIMIT}),
@@ -465,6 +471,8 @@ _GPU_TYPES: dict[str, dict[str, Any]] = {
     "last_seen": _TIME, "last_sample_at": _TIME, "memory_total_mib": _NUMBER,
     "memory_used_mib": _NUMBER, "utilisation_pct": _NUMBER, "power_w": _NUMBER,
     "temperature_c": _NUMBER,
+    "health": {"type": ["string", "null"], "enum": [*HEALTH_LEVELS, None]},
+    "health_reasons": _TEXT,
 }
 
 
