@@ -13,14 +13,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent import futures
 from pathlib import Path
 
-import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from spoke import Exporter, NvmlBackend
+from spoke._fakekubelet import FakeKubelet
 from spoke._fakes import FakeMigSlice, FakeNvml, FakeNvmlGpu
 from spoke._naming import select_fields
 from spoke._podresources import KubeletPods
@@ -73,41 +72,18 @@ def list_response(*pods: bytes) -> bytes:
 
 
 # -- a kubelet ----------------------------------------------------------------------------
-class Kubelet:
-    """A gRPC server on a unix socket serving v1.PodResourcesLister/List."""
-
-    def __init__(self, socket_path: Path, answer: Callable[[], bytes]) -> None:
-        self.answer = answer
-        self.calls = 0
-        self.socket_path = socket_path
-        handler = grpc.method_handlers_generic_handler("v1.PodResourcesLister", {
-            "List": grpc.unary_unary_rpc_method_handler(
-                self._list, request_deserializer=lambda b: b,
-                response_serializer=lambda b: b),
-        })
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        self.server.add_generic_rpc_handlers((handler,))
-        self.server.add_insecure_port(f"unix://{socket_path}")
-
-    def _list(self, request: bytes, context: grpc.ServicerContext) -> bytes:
-        assert request == b""  # ListPodResourcesRequest has no fields
-        self.calls += 1
-        return self.answer()
-
-
 @pytest.fixture
-def kubelet(tmp_path: Path) -> Iterator[Callable[[Callable[[], bytes]], Kubelet]]:
-    started: list[Kubelet] = []
+def kubelet(tmp_path: Path) -> Iterator[Callable[[Callable[[], bytes]], FakeKubelet]]:
+    started: list[FakeKubelet] = []
 
-    def start(answer: Callable[[], bytes]) -> Kubelet:
-        k = Kubelet(tmp_path / "kubelet.sock", answer)
-        k.server.start()
+    def start(answer: Callable[[], bytes]) -> FakeKubelet:
+        k = FakeKubelet(tmp_path / "kubelet.sock", answer).start()
         started.append(k)
         return k
 
     yield start
     for k in started:
-        k.server.stop(None)
+        k.stop()
 
 
 def nvml_exporter(pods: KubeletPods | None, **kwargs) -> Exporter:
