@@ -99,6 +99,17 @@ def nvml_exporter(pods: KubeletPods | None, **kwargs) -> Exporter:
     return Exporter(backend, hostname="node-1", interval=30, pods=pods, **kwargs)
 
 
+def collected_once(tmp_path: Path) -> Exporter:
+    """One collection with pod attribution from the kubelet socket in ``tmp_path``."""
+    client = KubeletPods(str(tmp_path / "kubelet.sock"), timeout=5)
+    try:
+        exp = nvml_exporter(client)
+        exp.collect_once()
+    finally:
+        client.close()
+    return exp
+
+
 def series(exp: Exporter, name: str) -> list[dict[str, str]]:
     text = exp.exposition().decode()
     return [dict(s.labels) for f in text_string_to_metric_families(text) for s in f.samples
@@ -119,12 +130,7 @@ def test_allocated_gpus_and_mig_slices_carry_pod_namespace_container(kubelet, tm
                                                                mig_uuid))),
         pod("web", "team-c", container("nginx")),  # no devices at all
     ))
-    client = KubeletPods(str(tmp_path / "kubelet.sock"), timeout=5)
-    try:
-        exp = nvml_exporter(client)
-        exp.collect_once()
-    finally:
-        client.close()
+    exp = collected_once(tmp_path)
     assert k.calls == 1
     assert pods_of(exp) == {
         (GPU0, "", "team-a", "trainer-0", "main"),
@@ -140,12 +146,7 @@ def test_time_sliced_replicas_give_one_series_per_pod(kubelet, tmp_path):
         pod("a", "ns", container("c", devices("nvidia.com/gpu", f"{GPU1}::0"))),
         pod("b", "ns", container("c", devices("nvidia.com/gpu", f"{GPU1}::3"))),
     ))
-    client = KubeletPods(str(tmp_path / "kubelet.sock"), timeout=5)
-    try:
-        exp = nvml_exporter(client)
-        exp.collect_once()
-    finally:
-        client.close()
+    exp = collected_once(tmp_path)
     assert {p for p in pods_of(exp, "DCGM_FI_DEV_GPU_UTIL") if p[0] == GPU1} == {
         (GPU1, "", "ns", "a", "c"), (GPU1, "", "ns", "b", "c")}
 
