@@ -31,7 +31,7 @@ from pathlib import Path
 import pynvml
 import requests
 
-from hub.devstack._prometheus import free_port
+from hub.devstack import free_port
 from spoke import Exporter, MetricsServer, NvmlBackend
 from spoke._fakekubelet import FakeKubelet
 from spoke._fakes import MIB, FakeNvml, FakeNvmlGpu

@@ -29,10 +29,10 @@ import requests
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hub.common._durations import format_duration  # noqa: E402
-from hub.devstack._prometheus import PrometheusProcess, hub_config, require_binary  # noqa: E402
-from hub.inventory._sync import subquery_step  # noqa: E402
-from hub.store import _vendors as vendors  # noqa: E402
+from hub import store  # noqa: E402
+from hub.common import format_duration  # noqa: E402
+from hub.devstack import PrometheusProcess, hub_config, require_binary  # noqa: E402
+from hub.inventory import subquery_step  # noqa: E402
 
 GPUS_PER_NODE = 8
 NODES_PER_CLUSTER = 50
@@ -142,7 +142,7 @@ def main() -> None:
         try:
             window = format_duration(STALE_AFTER)
             step = format_duration(subquery_step(STALE_AFTER))
-            queries = [q.promql for q in vendors.sync_queries(window, step, "cluster")]
+            queries = [q.promql for q in store.sync_queries(window, step, "cluster")]
             at = time.time()
             plain_fetch(hub.url, queries, at)  # warm Prometheus's caches for both sides
             result, rss = run_sync(hub.url, f"sqlite:///{work / 'inventory.db'}")

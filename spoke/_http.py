@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import http.server
 
-from hub.common._httpserve import BackgroundHTTPServer, parse_listen
+from hub.common import BackgroundHTTPServer, parse_listen
 from spoke._exporter import Exporter
 
 __all__ = ["CONTENT_TYPE", "DEFAULT_PORT", "MetricsServer", "parse_listen"]

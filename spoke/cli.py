@@ -9,11 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from hub.cli import ConfiguredCommand
-from hub.common._durations import DURATION
-from hub.common._errors import InputError, UnavailableError
-from hub.common._options import env
-from hub.common._signals import on_sigterm
+from hub.common import DURATION, ConfiguredCommand, InputError, UnavailableError, env, on_sigterm
 from spoke._exporter import Exporter
 from spoke._http import DEFAULT_PORT, MetricsServer, parse_listen
 from spoke._model import KUBELET_SOCKET, Backend, LibraryNotFound

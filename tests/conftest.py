@@ -5,27 +5,13 @@ A missing ``prometheus`` binary fails these tests loudly (UnavailableError), nev
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-import requests
 
 from hub.devstack._prometheus import PrometheusProcess, StaticServer, hub_config, start_agent
-
-SAMPLES = Path(__file__).resolve().parents[1].parent / "shared" / "samples"
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
-
-
-def sample_text(name: str) -> str:
-    """Real exporter output from shared/samples, or a fixture written from FIELD_NOTES."""
-    for base in (FIXTURES, SAMPLES):
-        path = base / name
-        if path.exists():
-            return path.read_text()
-    raise FileNotFoundError(name)
 
 
 @pytest.fixture
@@ -72,19 +58,6 @@ def fleet(hub: PrometheusProcess, tmp_path: Path) -> Iterator[Callable[..., Clus
             cluster.stop_exporters()
 
 
-def wait_for(hub_url: str, query: str, predicate: Callable[[list], bool],
-             timeout: float = 30.0) -> list:
-    """Poll an instant query until the result satisfies the predicate."""
-    deadline = time.monotonic() + timeout
-    result: list = []
-    while time.monotonic() < deadline:
-        r = requests.post(f"{hub_url}/api/v1/query", data={"query": query}, timeout=5)
-        result = r.json()["data"]["result"]
-        if predicate(result):
-            return result
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {query!r}; last result: {result}")
-
 
 # -- databases ------------------------------------------------------------------------------
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
@@ -118,7 +91,7 @@ def postgres_server() -> Iterator[str]:
     import shutil
     import tempfile
 
-    from hub.devstack._prometheus import free_port
+    from hub.devstack import free_port
 
     base = Path(tempfile.mkdtemp(prefix="gpufleet-pg-"))
     data, sock = base / "data", base / "sock"

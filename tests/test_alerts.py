@@ -12,8 +12,8 @@ import yaml
 
 from hub.store import _vendors as vendors
 from hub.validate import _alerts as alerts
-from tests.conftest import FIXTURES
 from tests.support.clirun import gpufleet
+from tests.support.samples import FIXTURES
 
 UNIT_TESTS = FIXTURES / "alerts" / "gpufleet-alerts.test.yaml"
 

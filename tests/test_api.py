@@ -20,13 +20,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hub.devstack._prometheus import PrometheusProcess, StaticServer, hub_config, start_agent
 from hub.inventory import _db as inventory
-from hub.inventory._sync import run_sync
+from hub.inventory import run_sync
+from hub.service import Jobs, Service, build_service
 from hub.service import _api as api
-from hub.service._scheduler import Jobs, Service, build_service
-from hub.store._client import HubClient
-from tests.conftest import sample_text, wait_for
+from hub.store import HubClient
 from tests.support.clirun import gpufleet_json
-from tests.test_sync_e2e import AMD, EAST, WEST, series_count
+from tests.support.promql import wait_for
+from tests.support.samples import AMD, EAST, WEST, sample_text, series_count
 
 CLUSTERS = {"east": EAST, "west": WEST, "amd": AMD}
 MIG_PARENT = "GPU-a1000000-0000-4000-8000-000000000000"

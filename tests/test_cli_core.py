@@ -13,8 +13,9 @@ from alembic.runtime.migration import MigrationContext
 
 from hub.inventory import _db as inventory
 from hub.inventory import _migrate as migrate
-from tests.conftest import sample_text, wait_for
 from tests.support.clirun import gpufleet
+from tests.support.promql import wait_for
+from tests.support.samples import sample_text
 
 
 @pytest.fixture

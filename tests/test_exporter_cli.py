@@ -15,7 +15,7 @@ import requests
 from click.testing import CliRunner
 
 from hub.cli import cli
-from hub.devstack._prometheus import free_port
+from hub.devstack import free_port
 from spoke import LibraryNotFound
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from spoke import Exporter, MetricsServer, SimBackend
-from tests.conftest import wait_for
+from tests.support.promql import wait_for
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hub.devstack._prometheus import PrometheusProcess, hub_config
+from hub.devstack import PrometheusProcess, hub_config
 from tests.support.clirun import gpufleet
 from tests.support.httpstub import Request, Response, StubServer, forward
 

@@ -12,8 +12,8 @@ from click.testing import CliRunner, Result
 
 from hub import __version__
 from hub.cli import cli
-from hub.common._errors import InputError
-from hub.onboard._render import cron_schedule, hub_service_values, render_hub_service
+from hub.common import InputError
+from hub.onboard import cron_schedule, hub_service_values, render_hub_service
 from tests.support.manifests import HOSTILE, all_keys, assert_core_objects_valid, objects, one
 
 HUB = "https://rbac-query-proxy-open-cluster-management-observability.apps.hub.example.com"

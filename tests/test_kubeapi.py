@@ -9,7 +9,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from hub.common._errors import InputError, UnavailableError
+from hub.common import InputError, UnavailableError
 from hub.kube import _client as kube
 from tests.support.kubeapi import KubeAPI, parse_route, plural_of
 from tests.support.kubeapi import kube_api as kube_api

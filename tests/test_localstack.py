@@ -1,5 +1,6 @@
 from hub.devstack._prometheus import StaticServer
-from tests.conftest import sample_text, wait_for
+from tests.support.promql import wait_for
+from tests.support.samples import sample_text
 
 
 def test_agent_pushes_sample_with_cluster_label(hub, fleet):

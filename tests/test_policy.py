@@ -14,11 +14,11 @@ import pytest
 import yaml
 from click.testing import CliRunner, Result
 
+from hub import onboard as render
 from hub.cli import cli
-from hub.onboard import _render as render
 from tests.support.kubeapi import KubeAPI
 from tests.support.kubeapi import kube_api as kube_api
-from tests.test_render import HOSTILE, promtool_check
+from tests.support.manifests import HOSTILE, promtool_check
 
 URL = "https://receive.hub.example.com/api/v1/receive"
 CLUSTER_NAME = "{{hub .ManagedClusterName hub}}"

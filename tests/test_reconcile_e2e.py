@@ -9,13 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from hub.store._client import HubClient
+from hub.store import HubClient
 from hub.validate import _reconcile as rc
-from tests.conftest import FIXTURES, sample_text, wait_for
 from tests.support.clirun import gpufleet
 from tests.support.kubeapi import KubeAPI
 from tests.support.kubeapi import kube_api as kube_api
-from tests.test_reconcile import node_object, nvidia_labels, time_sliced, vks_label_sets
+from tests.support.nodes import ksm_text, node_object, nvidia_labels, time_sliced, vks_label_sets
+from tests.support.promql import wait_for
+from tests.support.samples import FIXTURES, sample_text
 
 EAST = ["dcgm-h100-8gpu-aicr-eks-156a357e.prom", "dcgm-h100-8gpu-aicr-eks-19edc950.prom",
         "dcgm-rtx4000ada-lke-linode-podlabels.prom"]
@@ -38,26 +39,6 @@ def dcgm_text(node: str, gpus: int, slices: list[str] = (), model: str = "NVIDIA
                          f'GPU_I_ID="{i + 1}"}} 35')
     return "\n".join(lines) + "\n"
 
-
-def ksm_text(capacity: dict[str, dict[str, int]], labels: dict[str, dict[str, str]],
-             allocatable: dict[str, dict[str, int]] | None = None) -> str:
-    """kube-state-metrics output: node capacity, allocatable and (allowlisted) labels."""
-    lines = ["# TYPE kube_node_status_capacity gauge"]
-    for node, resources in capacity.items():
-        for resource, value in {"cpu": 96, **resources}.items():
-            unit = "core" if resource == "cpu" else "integer"
-            lines.append(f'kube_node_status_capacity{{node="{node}",resource="{resource}",'
-                         f'unit="{unit}"}} {value}')
-    lines.append("# TYPE kube_node_status_allocatable gauge")
-    for node, resources in (allocatable or capacity).items():
-        for resource, value in resources.items():
-            lines.append(f'kube_node_status_allocatable{{node="{node}",resource="{resource}",'
-                         f'unit="integer"}} {value}')
-    lines.append("# TYPE kube_node_labels gauge")
-    for node, values in labels.items():
-        extra = "".join(f',{rc.ksm_label(k)}="{v}"' for k, v in values.items())
-        lines.append(f'kube_node_labels{{node="{node}"{extra}}} 1')
-    return "\n".join(lines) + "\n"
 
 
 def lines_of(texts: list[str]) -> int:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +12,10 @@ import yaml
 from click.testing import CliRunner, Result
 
 from hub import __version__
+from hub import onboard as render
 from hub.cli import cli
-from hub.common._errors import InputError
-from hub.onboard import _render as render
-from hub.store._vendors import KUBE_STATE_METRICS, allowlist_metrics
+from hub.common import InputError
+from hub.store import KUBE_STATE_METRICS, allowlist_metrics
 from tests.support.manifests import (
     HOSTILE,
     all_keys,
@@ -25,6 +23,7 @@ from tests.support.manifests import (
     by_kind,
     objects,
     one,
+    promtool_check,
 )
 
 URL = "https://receive.hub.example.com/api/v1/receive"
@@ -49,16 +48,6 @@ def values(**overrides: Any) -> render.SpokeValues:
     options.update(overrides)
     return render.spoke_values(**options)
 
-
-def promtool_check(config_text: str, tmp_path: Path) -> None:
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.fail("promtool not found on PATH: install the Debian package 'prometheus'")
-    path = tmp_path / "prometheus.yml"
-    path.write_text(config_text)
-    proc = subprocess.run([promtool, "check", "config", "--agent", "--syntax-only", str(path)],
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def quantity(text: str) -> float:

@@ -43,7 +43,7 @@ def test_installed_wheel_renders_from_bundled_templates(tmp_path):
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "GPUFLEET_"))}
     where = _run([str(python), "-c",
-                  "import hub.onboard._render as r; print(r.__file__); "
+                  "import hub.common._templates as r; print(r.__file__); "
                   "print(r.template_roots()[0])"],
                  cwd=tmp_path, env=env).split()
     assert where[0].startswith(str(site)), "the wheel's hub package must be the one imported"

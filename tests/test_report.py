@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hub.common._errors import InputError
+from hub.common import InputError
 from hub.inventory import _db as inventory
 from hub.inventory import _migrate as migrate
 from hub.inventory._normalize import Observation

@@ -10,13 +10,14 @@ import re
 import time
 from collections.abc import Callable
 
-from hub.store._client import HubClient
+from hub.store import HubClient
 from hub.validate import _alerts as alerts
-from tests.conftest import sample_text, wait_for
 from tests.support.clirun import gpufleet
 from tests.support.kubeapi import KubeAPI
 from tests.support.kubeapi import kube_api as kube_api
-from tests.test_reconcile import node_object, nvidia_labels
+from tests.support.nodes import node_object, nvidia_labels
+from tests.support.promql import wait_for
+from tests.support.samples import sample_text
 
 H100_A, H100_B = "ip-10-0-171-111.ec2.internal", "ip-100-64-147-149.ec2.internal"
 RTX = "lke529760-766837-0a634ab30000"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import requests
 
-from hub.devstack._prometheus import free_port
+from hub.devstack import free_port
 from tests.support.clirun import gpufleet
 
 SECRET_TOKEN = "tok-s3cret-hub"
@@ -131,7 +131,7 @@ def test_serve_reconciles_through_the_hub_and_serves_the_reports_findings(hub, f
     import json
 
     from tests.conftest import sample_text, wait_for
-    from tests.test_reconcile_e2e import ksm_text
+    from tests.support.nodes import ksm_text
 
     t4 = sample_text("dcgm-t4-loaded-ericsson-ccd.prom")  # one GPU on node cp-bm14r7
     fleet("east", [t4, ksm_text({"cp-bm14r7": {"nvidia_com_gpu": 2}}, {})])

@@ -9,9 +9,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from hub.common._errors import InputError
-from hub.inventory._db import LockHeld
-from hub.inventory._sync import SyncResult
+from hub.common import InputError
+from hub.inventory import LockHeld, SyncResult
 from hub.service._scheduler import (
     Jobs,
     Scheduler,

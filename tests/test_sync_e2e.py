@@ -6,19 +6,9 @@ import time
 
 import pytest
 
-from tests.conftest import sample_text, wait_for
 from tests.support.clirun import gpufleet, gpufleet_json
-
-EAST = ["dcgm-h100-8gpu-aicr-eks-156a357e.prom", "dcgm-h100-8gpu-aicr-eks-19edc950.prom",
-        "dcgm-rtx4000ada-lke-linode-podlabels.prom"]
-WEST = ["dcgm-a100-mig-lowercase.prom", "dcgm-l40s-upcloud-uks.prom",
-        "dcgm-t4-loaded-ericsson-ccd.prom"]
-AMD = ["amd-mi300x.prom", "amd-prefixed-vf.prom"]
-
-
-def series_count(names: list[str]) -> int:
-    return sum(1 for n in names for line in sample_text(n).splitlines()
-               if line.strip() and not line.startswith("#"))
+from tests.support.promql import wait_for
+from tests.support.samples import AMD, EAST, WEST, sample_text, series_count
 
 
 def start_fleet(hub, fleet, clusters: dict[str, list[str]]):

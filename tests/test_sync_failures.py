@@ -7,9 +7,10 @@ import time
 import pytest
 
 from hub.inventory import _db as inventory
-from tests.conftest import sample_text, wait_for
 from tests.support.clirun import gpufleet, gpufleet_json
 from tests.support.httpstub import Request, Response, StubServer, forward, json_response
+from tests.support.promql import wait_for
+from tests.support.samples import sample_text
 
 T4 = "dcgm-t4-loaded-ericsson-ccd.prom"
 

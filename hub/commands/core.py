@@ -12,21 +12,26 @@ import click
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from hub.cli import ConfiguredCommand, ConfiguredGroup
-from hub.common._durations import DURATION, parse_duration
-from hub.common._errors import InputError, UnavailableError
-from hub.common._options import (
+from hub import inventory as inv
+from hub.common import (
+    DURATION,
+    ConfiguredCommand,
+    ConfiguredGroup,
+    InputError,
+    UnavailableError,
     cluster_label_option,
     db_option,
+    emit,
     env,
     hub_options,
+    iso,
     lock_timeout_option,
+    output_option,
+    parse_duration,
     stale_after_option,
+    to_json,
 )
-from hub.common._output import emit, iso, output_option, to_json
-from hub.inventory import _db as store
-from hub.inventory import _migrate as migrate
-from hub.store._client import HubClient, HubSettings
+from hub.store import HubClient, HubSettings
 
 
 def hub_client(opts: dict[str, Any]) -> HubClient:
@@ -48,13 +53,13 @@ def hub_client(opts: dict[str, Any]) -> HubClient:
 @contextmanager
 def database(url: str | None, *, create: bool = False) -> Iterator[Engine]:
     """An engine whose connection failures become one-line exit-3 errors."""
-    engine = store.make_engine(url, create=create)
+    engine = inv.make_engine(url, create=create)
     try:
         yield engine
     except sa.exc.OperationalError as exc:
         reason = str(exc.orig).strip().splitlines()[0] if exc.orig else "connection failed"
         raise UnavailableError(
-            f"inventory database {store.safe_url(engine)} unavailable: {reason}"
+            f"inventory database {inv.safe_url(engine)} unavailable: {reason}"
         ) from None
     finally:
         engine.dispose()
@@ -62,10 +67,10 @@ def database(url: str | None, *, create: bool = False) -> Iterator[Engine]:
 
 def require_schema(engine: Engine) -> None:
     """Reads need the schema: a database file with none yet is empty, not broken."""
-    if migrate.current(engine) is None:
-        raise UnavailableError(f"inventory database {store.safe_url(engine)} is empty: "
+    if inv.current(engine) is None:
+        raise UnavailableError(f"inventory database {inv.safe_url(engine)} is empty: "
                                "run `gpufleet sync` first")
-    migrate.ensure_schema(engine)
+    inv.ensure_schema(engine)
 
 
 # -- query ----------------------------------------------------------------------------------
@@ -157,7 +162,7 @@ def sync(once: bool, every: float | None, stale_after: float, lock_timeout: floa
     them) and records the run in sync_runs. Exits 3 when the hub or database is unavailable
     or another sync holds the lock; 2 on a PromQL error.
     """
-    from hub.inventory._sync import run_sync
+    from hub.inventory import run_sync
 
     if once and every:
         raise InputError("--once and --every exclude each other")
@@ -208,15 +213,15 @@ def _inventory_command(name: str, lister, columns: list[str], doc: str,
     return command
 
 
-_inventory_command("clusters", store.list_clusters, store.CLUSTER_COLUMNS,
+_inventory_command("clusters", inv.list_clusters, inv.CLUSTER_COLUMNS,
                    "One row per cluster: active nodes and physical GPUs, state, last sample.")
-_inventory_command("nodes", store.list_nodes, store.NODE_COLUMNS,
+_inventory_command("nodes", inv.list_nodes, inv.NODE_COLUMNS,
                    "One row per node: active physical GPUs, state, last seen.")
-_inventory_command("gpus", store.list_gpus, store.GPU_COLUMNS,
+_inventory_command("gpus", inv.list_gpus, inv.GPU_COLUMNS,
                    "One row per physical GPU and one per MIG slice (same uuid as its parent). "
                    "The table shows the main columns; -o json and -o csv carry all of them.",
-                   store.GPU_TABLE_COLUMNS)
-_inventory_command("allocations", store.list_allocations, store.ALLOCATION_COLUMNS,
+                   inv.GPU_TABLE_COLUMNS)
+_inventory_command("allocations", inv.list_allocations, inv.ALLOCATION_COLUMNS,
                    "Which pod (namespace/pod/container) used which GPU, first and last seen.")
 
 
@@ -229,7 +234,7 @@ def sync_runs(limit: int, db: str | None, output: str, **_: Any) -> None:
     with database(db) as engine:
         require_schema(engine)
         with engine.connect() as conn:
-            rows = store.list_sync_runs(conn, limit)
+            rows = inv.list_sync_runs(conn, limit)
     emit(rows, ["id", "started_at", "finished_at", "status", "requests", "clusters", "nodes",
                 "gpus", "error"], output)
 
@@ -249,5 +254,5 @@ def db() -> None:
 def db_upgrade(db: str | None, **_: Any) -> None:
     """Create or migrate the schema to the version this gpufleet needs."""
     with database(db, create=True) as engine:
-        before, after = migrate.upgrade(engine)
+        before, after = inv.upgrade(engine)
     click.echo(f"inventory schema: {before or 'empty'} -> {after}")

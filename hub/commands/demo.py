@@ -8,8 +8,7 @@ from typing import Any
 
 import click
 
-from hub.cli import ConfiguredCommand
-from hub.common._errors import UnavailableError
+from hub.common import ConfiguredCommand, UnavailableError
 
 
 @click.command(cls=ConfiguredCommand)
@@ -37,7 +36,7 @@ def demo(clusters: int, nodes: int, gpus_per_node: int, workdir: Path, keep_runn
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
-    from hub.devstack import _demo as impl
+    from hub import devstack
 
     console = Console(stderr=True, highlight=False)
     bars: dict[str, Any] = {}
@@ -54,7 +53,7 @@ def demo(clusters: int, nodes: int, gpus_per_node: int, workdir: Path, keep_runn
 
     try:
         with progress:
-            result = impl.run(clusters=clusters, nodes=nodes, gpus_per_node=gpus_per_node,
+            result = devstack.run(clusters=clusters, nodes=nodes, gpus_per_node=gpus_per_node,
                               workdir=workdir, say=say, progress=step, keep_running=keep_running)
     except TimeoutError as exc:
         raise UnavailableError(f"demo: {exc}") from None

@@ -13,11 +13,16 @@ from typing import Any
 
 import click
 
-from hub.cli import ConfiguredCommand, ConfiguredGroup
-from hub.common._errors import EXIT_FINDINGS, InputError
-from hub.common._options import env
-from hub.common._output import emit, output_option
-from hub.onboard import _render as render
+from hub import onboard as onboarding
+from hub.common import (
+    EXIT_FINDINGS,
+    ConfiguredCommand,
+    ConfiguredGroup,
+    InputError,
+    emit,
+    env,
+    output_option,
+)
 
 F = Callable[..., Any]
 # Every command also receives ``config`` (the --config FILE that ConfiguredCommand adds); click
@@ -42,7 +47,7 @@ def _spoke_options(func: F) -> F:
                      help="The hub's receive endpoint (remote-write mode). Not --hub-url, "
                           "which is the query endpoint."),
         click.option("--remote-write-secret", envvar=env("remote-write-secret"),
-                     default=render.DEFAULT_SECRET, show_default=True, metavar="NAME",
+                     default=onboarding.DEFAULT_SECRET, show_default=True, metavar="NAME",
                      help="Secret with keys 'token' and 'ca.crt' for remote-write."),
         click.option("--monitoring", envvar=env("monitoring"), default="platform",
                      show_default=True, metavar="platform|user-workload",
@@ -58,10 +63,10 @@ def _spoke_options(func: F) -> F:
                      help="Pod labels of the upstream exporter (repeatable). Default: "
                           "app=nvidia-dcgm-exporter / app.kubernetes.io/name=metrics-exporter."),
         click.option("--agent-image", envvar=env("agent-image"),
-                     default=render.DEFAULT_AGENT_IMAGE, show_default=True,
+                     default=onboarding.DEFAULT_AGENT_IMAGE, show_default=True,
                      help="Prometheus image of the agent."),
         click.option("--exporter-image", "--image", "exporter_image",
-                     envvar=env("exporter-image"), default=render.DEFAULT_EXPORTER_IMAGE,
+                     envvar=env("exporter-image"), default=onboarding.DEFAULT_EXPORTER_IMAGE,
                      show_default=True,
                      help="gpufleet image of the builtin exporter (--image for short)."),
         click.option("--out", envvar=env("out"), metavar="DIR",
@@ -104,7 +109,7 @@ def spoke() -> None:
 @spoke.command("render", cls=ConfiguredCommand)
 @click.option("--cluster", envvar=env("cluster"), metavar="NAME",
               help="Cluster name: the 'cluster' label of every series it sends.")
-@click.option("--namespace", envvar=env("spoke-namespace"), default=render.DEFAULT_NAMESPACE,
+@click.option("--namespace", envvar=env("spoke-namespace"), default=onboarding.DEFAULT_NAMESPACE,
               show_default=True, metavar="NS", help="Namespace of the agent and exporter.")
 @_spoke_options
 def spoke_render(cluster: str | None, namespace: str, out: str | None,
@@ -115,9 +120,9 @@ def spoke_render(cluster: str | None, namespace: str, out: str | None,
     acm mode writes hub/ (the ACM metrics allowlist) and spoke/ (ServiceMonitor, namespace label).
     """
     target = _require_out(out)
-    values = render.spoke_values(cluster=cluster, namespace=namespace, **_spoke_kwargs(params))
-    files = render.render_spoke(values)
-    render.write_tree(files, target)
+    values = onboarding.spoke_values(cluster=cluster, namespace=namespace, **_spoke_kwargs(params))
+    files = onboarding.render_spoke(values)
+    onboarding.write_tree(files, target)
     hint = ("kubectl apply -k " + target if values.mode == "remote-write"
             else f"apply {target}/hub on the hub and {target}/spoke on the cluster")
     _written(target, files, hint)
@@ -130,7 +135,7 @@ def policy() -> None:
 
 @policy.command("render", cls=ConfiguredCommand)
 @click.option("--namespace", envvar=env("policy-namespace"),
-              default=render.DEFAULT_POLICY_NAMESPACE, show_default=True, metavar="NS",
+              default=onboarding.DEFAULT_POLICY_NAMESPACE, show_default=True, metavar="NS",
               help="Hub namespace of the Policy, Placement and bindings.")
 @click.option("--placement-label", envvar=env("placement-label"), multiple=True,
               metavar="KEY=VALUE",
@@ -141,7 +146,7 @@ def policy() -> None:
 @click.option("--cluster-set", envvar=env("cluster-set"), default="default", show_default=True,
               metavar="NAME", help="ManagedClusterSet the Placement selects from.")
 @click.option("--spoke-namespace", envvar=env("spoke-namespace"),
-              default=render.DEFAULT_NAMESPACE, show_default=True, metavar="NS",
+              default=onboarding.DEFAULT_NAMESPACE, show_default=True, metavar="NS",
               help="Namespace of the agent and exporter on each cluster.")
 @_spoke_options
 def policy_render(namespace: str, placement_label: tuple[str, ...], remediation: str,
@@ -156,12 +161,12 @@ def policy_render(namespace: str, placement_label: tuple[str, ...], remediation:
     kwargs = _spoke_kwargs(params)
     kwargs["vendor"] = kwargs["vendor"] or "nvidia"
     kwargs["platform"] = kwargs["platform"] or "openshift"
-    spoke_values = render.policy_spoke(namespace, namespace=spoke_namespace, **kwargs)
-    values = render.policy_values(spoke_values, namespace=namespace,
+    spoke_values = onboarding.policy_spoke(namespace, namespace=spoke_namespace, **kwargs)
+    values = onboarding.policy_values(spoke_values, namespace=namespace,
                                   placement_labels=placement_label, remediation=remediation,
                                   cluster_set=cluster_set)
-    files = render.render_policy(values)
-    render.write_tree(files, target)
+    files = onboarding.render_policy(values)
+    onboarding.write_tree(files, target)
     _written(target, files, f"gpufleet policy apply --dir {target}")
 
 
@@ -173,36 +178,32 @@ def policy_render(namespace: str, placement_label: tuple[str, ...], remediation:
 def policy_apply(directory: str | None, kubeconfig: str | None, context: str | None,
                  output: str, config: str | None = None) -> None:
     """Create or update the rendered policy objects on the ACM hub."""
-    from hub.kube import (
-        _client as kube,  # the kubernetes client loads only for commands that need it
-    )
-    from hub.onboard import _acm as acm
+    from hub import kube  # the kubernetes client loads only for commands that need it
 
     if not directory:
         raise InputError("--dir DIR is required")
-    objects = acm.load_dir(directory)
+    objects = onboarding.load_dir(directory)
     api = kube.api_client(kubeconfig, context)
     with api:
-        rows = acm.apply_objects(api, objects)
-    emit(rows, acm.APPLY_COLUMNS, output)
+        rows = onboarding.apply_objects(api, objects)
+    emit(rows, onboarding.APPLY_COLUMNS, output)
 
 
 @policy.command("status", cls=ConfiguredCommand)
 @click.option("--namespace", envvar=env("policy-namespace"),
-              default=render.DEFAULT_POLICY_NAMESPACE, show_default=True, metavar="NS",
+              default=onboarding.DEFAULT_POLICY_NAMESPACE, show_default=True, metavar="NS",
               help="Hub namespace of the gpufleet policies.")
 @_kube_options
 @output_option("table", "json")
 def policy_status(namespace: str, kubeconfig: str | None, context: str | None,
                   output: str, config: str | None = None) -> None:
     """Compliance of the gpufleet policies, per cluster. Exit 1 when a cluster is NonCompliant."""
-    from hub.kube import _client as kube
-    from hub.onboard import _acm as acm
+    from hub import kube
 
-    render.dns_label(namespace, "policy namespace")
+    onboarding.dns_label(namespace, "policy namespace")
     api = kube.api_client(kubeconfig, context)
     with api:
-        rows = acm.policy_status(api, namespace)
-    emit(rows, acm.STATUS_COLUMNS, output)
-    if acm.any_noncompliant(rows):
+        rows = onboarding.policy_status(api, namespace)
+    emit(rows, onboarding.STATUS_COLUMNS, output)
+    if onboarding.any_noncompliant(rows):
         sys.exit(EXIT_FINDINGS)

@@ -9,30 +9,31 @@ from typing import Any
 import click
 from sqlalchemy.engine import Engine
 
-from hub.cli import ConfiguredCommand, ConfiguredGroup
+from hub import inventory as inv
+from hub import onboard
+from hub import service as svc
 from hub.commands.core import database, hub_client
-from hub.common._durations import DURATION, format_duration, parse_duration
-from hub.common._errors import InputError
-from hub.common._httpserve import parse_listen
-from hub.common._options import (
+from hub.common import (
+    DURATION,
+    ConfiguredCommand,
+    ConfiguredGroup,
+    InputError,
     cluster_label_option,
     db_option,
     env,
+    format_duration,
     hub_options,
     lock_timeout_option,
     max_age_option,
+    on_sigterm,
+    parse_duration,
+    parse_listen,
     push_interval_option,
     stale_after_option,
     window_option,
 )
-from hub.common._signals import on_sigterm
-from hub.inventory import _migrate as migrate
-from hub.inventory._db import safe_url
-from hub.inventory._sync import SyncResult, run_sync
-from hub.onboard import _render as render
-from hub.service import _api as api
-from hub.service import _scheduler as svc
-from hub.store._client import HubClient
+from hub.inventory import SyncResult, run_sync, safe_url
+from hub.store import HubClient
 
 log = logging.getLogger("gpufleet.service")
 
@@ -45,19 +46,19 @@ def service_jobs(engine: Engine, client: HubClient, *, stale_after: float, clust
     The findings are exactly `gpufleet report`'s (hub.validate.assess with this client), so
     /api/v1/findings and `gpufleet_findings` agree with what an operator prints.
     """
-    from hub.validate import _assess as validate
+    from hub import validate as validation
 
     def sync() -> SyncResult:
         return run_sync(engine, client, stale_after=stale_after, cluster_label=cluster_label,
                         lock_timeout=lock_timeout)
 
     def reconcile_job() -> None:
-        views, covered = validate.nodes_from_hub(client, stale_after=stale_after,
+        views, covered = validation.nodes_from_hub(client, stale_after=stale_after,
                                                  cluster_label=cluster_label)
-        validate.reconcile_run(engine, views, covered, source="hub")
+        validation.reconcile_run(engine, views, covered, source="hub")
 
     def findings() -> list[dict[str, Any]]:
-        assessed = validate.assess(engine, client, max_age=max_age, push_interval=push_interval,
+        assessed = validation.assess(engine, client, max_age=max_age, push_interval=push_interval,
                                    window=window, cluster_label=cluster_label)
         return [f.as_dict() for f in assessed.findings]
 
@@ -72,7 +73,7 @@ def _prepare_schema(engine: Engine) -> None:
     up yet is the scheduler's business: it retries with backoff and /healthz says why.
     """
     try:
-        migrate.ensure_schema(engine)
+        inv.ensure_schema(engine)
     except InputError:
         raise
     except Exception as exc:
@@ -127,7 +128,7 @@ def serve(every: float, listen: str, reconcile: bool, max_age: float, push_inter
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)
     with hub_client(opts) as client, database(db, create=True) as engine:
-        readonly = api.read_only_engine(db)
+        readonly = svc.read_only_engine(db)
         try:
             jobs = service_jobs(engine, client, stale_after=stale_after,
                                 cluster_label=cluster_label, lock_timeout=lock_timeout,
@@ -172,9 +173,9 @@ def hub_group() -> None:
 @hub_group.command("render", cls=ConfiguredCommand)
 @click.option("--out", envvar=env("out"), metavar="DIR",
               help="Directory to write (replaced as a whole on re-render).")
-@click.option("--namespace", envvar=env("hub-namespace"), default=render.DEFAULT_NAMESPACE,
+@click.option("--namespace", envvar=env("hub-namespace"), default=onboard.DEFAULT_NAMESPACE,
               show_default=True, metavar="NS", help="Namespace of the hub service.")
-@click.option("--image", envvar=env("hub-image"), default=render.DEFAULT_EXPORTER_IMAGE,
+@click.option("--image", envvar=env("hub-image"), default=onboard.DEFAULT_EXPORTER_IMAGE,
               show_default=True, help="gpufleet image.")
 @click.option("--kind", envvar=env("hub-kind"), default="deployment", show_default=True,
               metavar="deployment|cronjob", help="deployment: `gpufleet serve` with metrics "
@@ -183,16 +184,16 @@ def hub_group() -> None:
               metavar="DURATION", help="Sync interval (a CronJob needs a divisor of 1h or 24h).")
 @click.option("--hub-url", envvar=env("hub-url"), metavar="URL",
               help="PromQL endpoint of the hub store, as reached from inside the cluster.")
-@click.option("--db-secret", envvar=env("db-secret"), default=render.DEFAULT_DB_SECRET,
+@click.option("--db-secret", envvar=env("db-secret"), default=onboard.DEFAULT_DB_SECRET,
               show_default=True, metavar="NAME",
-              help=f"Secret whose key '{render.DB_SECRET_KEY}' holds the database URL.")
+              help=f"Secret whose key '{onboard.DB_SECRET_KEY}' holds the database URL.")
 @click.option("--hub-token-secret", envvar=env("hub-token-secret"),
-              default=render.DEFAULT_TOKEN_SECRET, show_default=True, metavar="NAME",
-              help=f"Secret whose key '{render.TOKEN_KEY}' holds the hub's bearer token "
+              default=onboard.DEFAULT_TOKEN_SECRET, show_default=True, metavar="NAME",
+              help=f"Secret whose key '{onboard.TOKEN_KEY}' holds the hub's bearer token "
                    "('' for none).")
 @click.option("--hub-ca-configmap", envvar=env("hub-ca-configmap"), metavar="NAME",
               help="ConfigMap holding the hub's CA bundle (default: the system CAs).")
-@click.option("--hub-ca-key", envvar=env("hub-ca-key"), default=render.DEFAULT_CA_KEY,
+@click.option("--hub-ca-key", envvar=env("hub-ca-key"), default=onboard.DEFAULT_CA_KEY,
               show_default=True, metavar="KEY",
               help="Key of the CA bundle in --hub-ca-configmap (OpenShift's injected bundle: "
                    "ca-bundle.crt).")
@@ -210,12 +211,12 @@ def hub_render(out: str | None, namespace: str, image: str, kind: str, every: st
         seconds = parse_duration(every)
     except ValueError as exc:
         raise InputError(f"--every: {exc}") from None
-    values = render.hub_service_values(
+    values = onboard.hub_service_values(
         hub_url=hub_url, namespace=namespace, image=image, kind=kind, every=seconds,
         db_secret=db_secret, hub_token_secret=hub_token_secret,
         hub_ca_configmap=hub_ca_configmap, hub_ca_key=hub_ca_key)
-    files = render.render_hub_service(values)
-    render.write_tree(files, out)
+    files = onboard.render_hub_service(values)
+    onboard.write_tree(files, out)
     click.echo(f"wrote {len(files)} files to {out} (kubectl apply -k {out})")
 
 

@@ -15,22 +15,24 @@ from typing import Any
 
 import click
 
-from hub.cli import ConfiguredCommand, ConfiguredGroup
-from hub.common._durations import DURATION
-from hub.common._errors import EXIT_FINDINGS, InputError
-from hub.common._options import (
+from hub import inventory as inv
+from hub import validate as validation
+from hub.common import (
+    DURATION,
+    EXIT_FINDINGS,
+    ConfiguredCommand,
+    ConfiguredGroup,
+    InputError,
     cluster_label_option,
     db_option,
+    emit,
     env,
     hub_options,
     max_age_option,
+    output_option,
     push_interval_option,
     window_option,
 )
-from hub.common._output import emit, output_option
-from hub.inventory import _migrate as migrate
-from hub.validate import _assess as validate
-from hub.validate import _reconcile as rc
 
 SOURCES = ("hub", "kube", "file")
 RECONCILE_COLUMNS = ["scope", "cluster", "node", "status", "mode", "k8s_gpus",
@@ -56,8 +58,8 @@ def _pairs(values: tuple[str, ...], flag: str, *, value_required: bool) -> list[
     return out
 
 
-def _nodes_from_files(pairs: list[tuple[str, str]]) -> tuple[list[rc.NodeView], set[str]]:
-    views: list[rc.NodeView] = []
+def _nodes_from_files(pairs: list[tuple[str, str]]) -> tuple[list[validation.NodeView], set[str]]:
+    views: list[validation.NodeView] = []
     seen: set[str] = set()
     for cluster, path in pairs:
         if cluster in seen:
@@ -74,36 +76,36 @@ def _nodes_from_files(pairs: list[tuple[str, str]]) -> tuple[list[rc.NodeView], 
         except ValueError as exc:
             raise InputError(f"--nodes-json {cluster}={path}: not valid JSON "
                              f"(line {getattr(exc, 'lineno', '?')})") from None
-        views += rc.nodes_from_document(cluster, doc, f"--nodes-json {cluster}={path}")
+        views += validation.nodes_from_document(cluster, doc, f"--nodes-json {cluster}={path}")
     return views, seen
 
 
 def _nodes_from_kube(pairs: list[tuple[str, str]],
-                     kubeconfig: str | None) -> tuple[list[rc.NodeView], set[str]]:
-    from hub.kube import _client as kube
+                     kubeconfig: str | None) -> tuple[list[validation.NodeView], set[str]]:
+    from hub import kube as kube_
 
-    views: list[rc.NodeView] = []
+    views: list[validation.NodeView] = []
     clusters: set[str] = set()
     for context, cluster in pairs:
         if cluster in clusters:
             raise InputError(f"--context maps two contexts to cluster {cluster!r}")
         clusters.add(cluster)
-        api = kube.api_client(kubeconfig, context)
+        api = kube_.api_client(kubeconfig, context)
         try:
-            views += [rc.node_from_object(cluster, obj) for obj in kube.list_nodes(api)]
+            views += [validation.node_from_object(cluster, obj) for obj in kube_.list_nodes(api)]
         finally:
             api.close()
     return views, clusters
 
 
 def _managed(context: str, kubeconfig: str | None,
-             selector: str | None) -> list[rc.ManagedCluster]:
-    from hub.kube import _client as kube
+             selector: str | None) -> list[validation.ManagedCluster]:
+    from hub import kube as kube_
 
-    api = kube.api_client(kubeconfig, None if context == CURRENT_CONTEXT else context)
+    api = kube_.api_client(kubeconfig, None if context == CURRENT_CONTEXT else context)
     try:
-        return [rc.managed_cluster(obj)
-                for obj in kube.list_managed_clusters(api, label_selector=selector)]
+        return [validation.managed_cluster(obj)
+                for obj in kube_.list_managed_clusters(api, label_selector=selector)]
     finally:
         api.close()
 
@@ -180,25 +182,25 @@ def reconcile(ctx: click.Context, source: str | None, contexts: tuple[str, ...],
     context_pairs = _pairs(contexts, "--context", value_required=False)
 
     with database(db) as engine:
-        migrate.ensure_schema(engine)
+        inv.ensure_schema(engine)
         if source == "file":
             views, covered = _nodes_from_files(file_pairs)
         elif source == "kube":
             views, covered = _nodes_from_kube(context_pairs, kubeconfig)
         else:
             with hub_client(opts) as client:
-                views, covered = validate.nodes_from_hub(client, stale_after=stale_after,
+                views, covered = validation.nodes_from_hub(client, stale_after=stale_after,
                                                          cluster_label=cluster_label)
         managed = (_managed(managed_clusters, kubeconfig, managed_cluster_selector)
                    if managed_clusters else None)
-        run_id, result = validate.reconcile_run(engine, views, covered, source=source,
+        run_id, result = validation.reconcile_run(engine, views, covered, source=source,
                                                 managed=managed)
     rows = result.rows()
     if output == "csv":
         rows = [{**r, "resources": json.dumps(r.get("resources") or {})} for r in rows]
     emit(rows, RECONCILE_COLUMNS, output, RECONCILE_TABLE)
     if output == "table":
-        problems = sum(1 for r in result.nodes if r.status != rc.MATCH)
+        problems = sum(1 for r in result.nodes if r.status != validation.MATCH)
         click.echo(f"reconcile run {run_id} ({source}): {len(result.nodes)} GPU nodes, "
                    f"{problems} not matching", err=True)
     if result.failed:
@@ -236,32 +238,30 @@ def report(ctx: click.Context, max_age: float, push_interval: float, window: flo
       gpufleet report -o markdown > comment.md
     """
     from hub.commands.core import database, hub_client
-    from hub.validate import _checks as checks
-    from hub.validate import _report as rpt
 
     if max_age <= 0 or push_interval <= 0 or window <= 0:
         raise InputError("--max-age, --push-interval and --window must be greater than 0")
     with database(db) as engine:
         if opts.get("hub_url"):
             with hub_client(opts) as client:
-                assessed = validate.assess(engine, client, max_age=max_age,
+                assessed = validation.assess(engine, client, max_age=max_age,
                                            push_interval=push_interval, window=window,
                                            cluster_label=cluster_label)
         else:
-            assessed = validate.assess(engine, None, max_age=max_age,
+            assessed = validation.assess(engine, None, max_age=max_age,
                                        push_interval=push_interval, window=window,
                                        cluster_label=cluster_label)
     facts, findings, now = assessed.facts, assessed.findings, assessed.now
     hub_url, hub_failure = assessed.hub_url, assessed.hub_failure
     run = facts.reconcile
-    result = rpt.Report(
+    result = validation.Report(
         generated_at=now, max_age=max_age, push_interval=push_interval, window=window,
-        summary=checks.summarize(facts, findings), findings=findings, hub=hub_url,
+        summary=validation.summarize(facts, findings), findings=findings, hub=hub_url,
         reconcile={"finished_at": run.finished_at, "source": run.source} if run else None,
     )
-    text = rpt.render(result, output, max_findings=max_findings)
+    text = validation.render_report(result, output, max_findings=max_findings)
     if out:
-        rpt.write_atomic(out, text)
+        validation.write_atomic(out, text)
         c = result.counts
         click.echo(f"wrote {out}: {c['error']} errors, {c['warning']} warnings, "
                    f"{c['info']} info", err=True)
@@ -300,8 +300,7 @@ def alerts_render(out: str | None, max_age: float, push_interval: float, window:
     Alerts: cluster data late/stale, exporter down, collection errors, GPU count dropped,
     zero usage with a pod allocated, stuck collector. Both vendors, both AMD name prefixes.
     """
-    from hub.onboard import _render as render
-    from hub.validate import _alerts as al
+    from hub import onboard as onboarding
 
     if not out:
         raise InputError("--out DIR is required")
@@ -311,10 +310,10 @@ def alerts_render(out: str | None, max_age: float, push_interval: float, window:
         raise InputError("--lookback must be longer than --max-age")
     if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", cluster_label):
         raise InputError(f"--cluster-label {cluster_label!r} is not a Prometheus label name")
-    if not render.DNS_LABEL.match(namespace):
+    if not onboarding.DNS_LABEL.match(namespace):
         raise InputError(f"--namespace {namespace!r} is not a valid namespace name")
-    settings = al.AlertSettings(max_age=max_age, push_interval=push_interval, window=window,
+    settings = validation.AlertSettings(max_age=max_age, push_interval=push_interval, window=window,
                                 lookback=lookback, cluster_label=cluster_label, namespace=namespace)
-    files = al.render_files(settings)
-    render.write_tree(files, out)
+    files = validation.render_alert_files(settings)
+    onboarding.write_tree(files, out)
     click.echo(f"wrote {len(files)} files to {out} ({', '.join(sorted(files))})")

@@ -1,0 +1,77 @@
+"""Small helpers every part shares, the spoke exporter included: errors and exit codes,
+durations, SIGTERM handling, the click base, the HTTP server base, shared options and output.
+Nothing here imports another hub package.
+"""
+
+from __future__ import annotations
+
+from hub.common._clibase import CONFIG_ENV, ConfiguredCommand, ConfiguredGroup, load_config
+from hub.common._durations import (
+    DURATION,
+    format_duration,
+    parse_duration,
+)
+from hub.common._errors import (
+    EXIT_FINDINGS,
+    GpufleetError,
+    InputError,
+    UnavailableError,
+)
+from hub.common._httpserve import (
+    BackgroundHTTPServer,
+    parse_listen,
+)
+from hub.common._options import (
+    cluster_label_option,
+    db_option,
+    env,
+    hub_options,
+    lock_timeout_option,
+    max_age_option,
+    push_interval_option,
+    stale_after_option,
+    window_option,
+)
+from hub.common._output import (
+    emit,
+    iso,
+    output_option,
+    to_json,
+    to_table,
+)
+from hub.common._signals import (
+    on_sigterm,
+)
+from hub.common._templates import template_roots
+
+__all__ = [
+    "CONFIG_ENV",
+    "DURATION",
+    "EXIT_FINDINGS",
+    "BackgroundHTTPServer",
+    "ConfiguredCommand",
+    "ConfiguredGroup",
+    "GpufleetError",
+    "InputError",
+    "UnavailableError",
+    "cluster_label_option",
+    "db_option",
+    "emit",
+    "env",
+    "format_duration",
+    "hub_options",
+    "iso",
+    "load_config",
+    "lock_timeout_option",
+    "max_age_option",
+    "on_sigterm",
+    "output_option",
+    "parse_duration",
+    "parse_listen",
+    "push_interval_option",
+    "stale_after_option",
+    "template_roots",
+    "to_json",
+    "to_table",
+    "window_option",
+]

@@ -24,12 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hub.common._errors import InputError, UnavailableError
-from hub.common._signals import on_sigterm
+from hub import inventory as inv
+from hub.common import InputError, UnavailableError, on_sigterm
 from hub.devstack._prometheus import PrometheusProcess, hub_config, start_agent
-from hub.inventory import _db as inventory
-from hub.inventory._sync import run_sync
-from hub.store._client import HubClient
+from hub.inventory import run_sync
+from hub.store import HubClient
 
 MARKER = ".gpufleet-demo"
 CLUSTER_NAMES = ["prod-east", "prod-west", "research", "edge-1", "edge-2", "lab"]
@@ -235,7 +234,7 @@ def measure_freshness(engine, client: HubClient, probe: ProbeBackend, node: Node
     while time.monotonic() - started < timeout:
         run_sync(engine, client, stale_after=STALE_AFTER)
         with engine.connect() as conn:
-            rows = inventory.list_gpus(conn, node.cluster)
+            rows = inv.list_gpus(conn, node.cluster)
         if any(r["node"] == node.name and r["index"] == 0 and r["mig_profile"] is None
                and r["temperature_c"] == PROBE_TEMPERATURE for r in rows):
             return time.monotonic() - started
@@ -272,7 +271,7 @@ def run(*, clusters: int, nodes: int, gpus_per_node: int, workdir: Path, say: Sa
         try:
             hub = start_fleet(p, workdir, fleet, say)
             client = HubClient(hub.url)
-            engine = inventory.make_engine(db_url, create=True)
+            engine = inv.make_engine(db_url, create=True)
             first = wait_for_data(engine, client, p, lambda seen, want: progress(
                 "GPUs in the inventory", seen, want))
             say(f"sync: {first.clusters} clusters, {first.nodes} nodes, {first.gpus} GPUs "
@@ -295,7 +294,7 @@ def run(*, clusters: int, nodes: int, gpus_per_node: int, workdir: Path, say: Sa
             second = run_sync(engine, client, stale_after=STALE_AFTER)
             say(f"sync: {second.clusters} clusters reporting, {second.gpus} GPUs active")
             with engine.connect() as conn:
-                cluster_rows = inventory.list_clusters(conn)
+                cluster_rows = inv.list_clusters(conn)
             engine.dispose()
 
             reconcile_counts = reconcile(p, workdir, db_url, say)

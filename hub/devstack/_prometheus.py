@@ -24,7 +24,7 @@ from pathlib import Path
 import requests
 import yaml
 
-from hub.common._errors import UnavailableError
+from hub.common import UnavailableError
 
 
 def free_port() -> int:

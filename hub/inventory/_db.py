@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
-from hub.common._errors import InputError, UnavailableError
+from hub.common import InputError, UnavailableError
 from hub.inventory._normalize import Observation
 
 metadata = sa.MetaData()

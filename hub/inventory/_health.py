@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from hub.store import _vendors as vendors
+from hub import store
 
 OK = "ok"
 DEGRADED = "degraded"
@@ -34,23 +34,23 @@ _HW_SLOWDOWN = {0x8: "hw slowdown", 0x40: "hw thermal slowdown",
 
 def assess(values: Mapping[str, float]) -> tuple[str | None, str | None]:
     """(health, reasons joined by "; ") of one GPU's health fields; (None, None) when none."""
-    fields = (vendors.LAST_XID, vendors.ECC_DBE, vendors.ROW_REMAP_FAILURE,
-              vendors.CLOCKS_EVENT_REASONS, vendors.DEVICE_HEALTH)
+    fields = (store.LAST_XID, store.ECC_DBE, store.ROW_REMAP_FAILURE,
+              store.CLOCKS_EVENT_REASONS, store.DEVICE_HEALTH)
     if not any(values.get(f) is not None for f in fields):
         return None, None
     failed: list[str] = []
     degraded: list[str] = []
-    xid = values.get(vendors.LAST_XID)
+    xid = values.get(store.LAST_XID)
     if xid:
         (failed if int(xid) in FATAL_XIDS else degraded).append(f"xid {int(xid)}")
-    dbe = values.get(vendors.ECC_DBE)
+    dbe = values.get(store.ECC_DBE)
     if dbe:
         failed.append(f"ecc dbe {dbe:g}")
-    if values.get(vendors.ROW_REMAP_FAILURE):
+    if values.get(store.ROW_REMAP_FAILURE):
         failed.append("row remap failure")
-    if values.get(vendors.DEVICE_HEALTH) == 0:
+    if values.get(store.DEVICE_HEALTH) == 0:
         failed.append("exporter reports unhealthy")
-    reasons = values.get(vendors.CLOCKS_EVENT_REASONS)
+    reasons = values.get(store.CLOCKS_EVENT_REASONS)
     if reasons:
         degraded += [text for bit, text in _HW_SLOWDOWN.items() if int(reasons) & bit]
     if failed:
@@ -65,11 +65,11 @@ def merge(parts: list[Mapping[str, float]]) -> dict[str, float]:
     out: dict[str, float] = {}
     for values in parts:
         for key, value in values.items():
-            if key == vendors.DEVICE_HEALTH:
+            if key == store.DEVICE_HEALTH:
                 out[key] = min(out.get(key, value), value)
-            elif key == vendors.CLOCKS_EVENT_REASONS:
+            elif key == store.CLOCKS_EVENT_REASONS:
                 out[key] = float(int(out.get(key, 0)) | int(value))
-            elif key == vendors.LAST_XID:
+            elif key == store.LAST_XID:
                 # the fatal XID wins over a later benign one on another slice
                 old = out.get(key)
                 if old is None or int(value) in FATAL_XIDS or not old:

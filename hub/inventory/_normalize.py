@@ -17,9 +17,9 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from hub import store
 from hub.inventory import _health as health
-from hub.store import _vendors as vendors
-from hub.store._vendors import Identity, Query, VendorProfile
+from hub.store import Identity, Query, VendorProfile
 
 Allocation = tuple[str, str, str]  # namespace, pod, container
 
@@ -88,7 +88,7 @@ class FleetBuilder:
 
     # -- feeding ----------------------------------------------------------------------------
     def add(self, query: Query, rows: Iterable[Row]) -> None:
-        profile = vendors.profile(query.vendor)
+        profile = store.profile(query.vendor)
         if query.kind == "identity":
             self.add_identity(profile, rows)
         elif query.kind == "timestamp":
@@ -108,7 +108,7 @@ class FleetBuilder:
             for key, value in attrs.items():
                 if value is not None and known.get(key) is None:
                     known[key] = value
-            alloc = vendors.allocation(labels)
+            alloc = store.allocation(labels)
             if alloc is not None:
                 self._allocs.setdefault(ident, set()).add(alloc)
 
@@ -170,26 +170,26 @@ def _first(values: Mapping[str, float], *names: str) -> float | None:
 
 
 def _apply_values(obs: Observation, values: Mapping[str, float]) -> None:
-    used = values.get(vendors.MEMORY_USED)
-    free = values.get(vendors.MEMORY_FREE)
-    total = values.get(vendors.MEMORY_TOTAL)
+    used = values.get(store.MEMORY_USED)
+    free = values.get(store.MEMORY_FREE)
+    total = values.get(store.MEMORY_TOTAL)
     if total is None and used is not None and free is not None:
-        total = used + free + (values.get(vendors.MEMORY_RESERVED) or 0.0)
+        total = used + free + (values.get(store.MEMORY_RESERVED) or 0.0)
     if used is None and total is not None and free is not None:
         used = total - free
     obs.memory_total_mib = total
     obs.memory_used_mib = used
     # DCGM's GPU_UTIL is 0 or absent on MIG slices; the profiling counter is the real one there.
     if obs.is_slice:
-        obs.utilisation_pct = _first(values, vendors.ENGINE_ACTIVE, vendors.UTILISATION)
+        obs.utilisation_pct = _first(values, store.ENGINE_ACTIVE, store.UTILISATION)
     else:
-        obs.utilisation_pct = _first(values, vendors.UTILISATION, vendors.ENGINE_ACTIVE)
-    obs.power_w = values.get(vendors.POWER)
-    obs.temperature_c = values.get(vendors.TEMPERATURE)
+        obs.utilisation_pct = _first(values, store.UTILISATION, store.ENGINE_ACTIVE)
+    obs.power_w = values.get(store.POWER)
+    obs.temperature_c = values.get(store.TEMPERATURE)
     _apply_health(obs, {k: v for k, v in values.items() if k in _HEALTH_FIELDS})
 
 
-_HEALTH_FIELDS = frozenset(f for p in vendors.PROFILES for f in p.health_fields)
+_HEALTH_FIELDS = frozenset(f for p in store.PROFILES for f in p.health_fields)
 
 
 def _apply_health(obs: Observation, values: dict[str, float]) -> None:

@@ -14,13 +14,12 @@ from dataclasses import dataclass
 
 from sqlalchemy.engine import Engine
 
-from hub.common._durations import format_duration
-from hub.common._errors import GpufleetError
+from hub import store
+from hub.common import GpufleetError, format_duration
 from hub.inventory import _db as inventory
 from hub.inventory import _migrate as migrate
 from hub.inventory._normalize import FleetBuilder
-from hub.store import _vendors as vendors
-from hub.store._client import HubClient, PartialResponse
+from hub.store import HubClient, PartialResponse
 
 
 @dataclass
@@ -52,7 +51,7 @@ def collect(client: HubClient, *, stale_after: float, cluster_label: str,
     at = time.time() if at is None else at
     builder = FleetBuilder(cluster_label)
     window, step = format_duration(stale_after), format_duration(subquery_step(stale_after))
-    for query in vendors.sync_queries(window, step, cluster_label):
+    for query in store.sync_queries(window, step, cluster_label):
         res = client.query(query.promql, time=at)
         if res.warnings:
             raise PartialResponse(

@@ -26,7 +26,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
-from hub.common._errors import GpufleetError, InputError, UnavailableError
+from hub.common import GpufleetError, InputError, UnavailableError
 
 T = TypeVar("T")
 

@@ -1,0 +1,96 @@
+"""What a cluster installs to join the fleet and how it is rolled out: spoke manifests, ACM
+policies, the hub service's own manifests, and applying policies through ACM. ACM apply/status
+load the kubernetes client only when used.
+"""
+
+from __future__ import annotations
+
+from hub.common import template_roots
+from hub.onboard._hubservice import (
+    DB_SECRET_KEY,
+    DEFAULT_CA_KEY,
+    DEFAULT_DB_SECRET,
+    DEFAULT_TOKEN_SECRET,
+    TOKEN_KEY,
+    cron_schedule,
+    hub_service_values,
+    render_hub_service,
+)
+from hub.onboard._policy import (
+    DEFAULT_POLICY_NAMESPACE,
+    acm_hub,
+    policy_spoke,
+    policy_values,
+    render_policy,
+)
+from hub.onboard._render import (
+    DEFAULT_EXPORTER_IMAGE,
+    DEFAULT_NAMESPACE,
+    DNS_LABEL,
+    dns_label,
+    write_tree,
+    yaml_quote,
+)
+from hub.onboard._spoke import (
+    DEFAULT_AGENT_IMAGE,
+    DEFAULT_SECRET,
+    SpokeValues,
+    metrics_keep_regex,
+    render_spoke,
+    spoke_manifests,
+    spoke_values,
+)
+
+_LAZY = {
+    "APPLY_COLUMNS": ("_acm", "APPLY_COLUMNS"),
+    "STATUS_COLUMNS": ("_acm", "STATUS_COLUMNS"),
+    "any_noncompliant": ("_acm", "any_noncompliant"),
+    "apply_objects": ("_acm", "apply_objects"),
+    "load_dir": ("_acm", "load_dir"),
+    "policy_status": ("_acm", "policy_status"),
+}
+
+def __getattr__(name: str) -> object:
+    """ACM helpers import the kubernetes client: load them only when asked for."""
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        return getattr(importlib.import_module(f"{__name__}.{module}"), attr)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+__all__ = [
+    "APPLY_COLUMNS",
+    "DB_SECRET_KEY",
+    "DEFAULT_AGENT_IMAGE",
+    "DEFAULT_CA_KEY",
+    "DEFAULT_DB_SECRET",
+    "DEFAULT_EXPORTER_IMAGE",
+    "DEFAULT_NAMESPACE",
+    "DEFAULT_POLICY_NAMESPACE",
+    "DEFAULT_SECRET",
+    "DEFAULT_TOKEN_SECRET",
+    "DNS_LABEL",
+    "STATUS_COLUMNS",
+    "TOKEN_KEY",
+    "SpokeValues",
+    "acm_hub",
+    "any_noncompliant",
+    "apply_objects",
+    "cron_schedule",
+    "dns_label",
+    "hub_service_values",
+    "load_dir",
+    "metrics_keep_regex",
+    "policy_spoke",
+    "policy_status",
+    "policy_values",
+    "render_hub_service",
+    "render_policy",
+    "render_spoke",
+    "spoke_manifests",
+    "spoke_values",
+    "template_roots",
+    "write_tree",
+    "yaml_quote",
+]

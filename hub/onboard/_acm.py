@@ -21,8 +21,8 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from hub.common._errors import InputError, UnavailableError
-from hub.kube._client import call, list_all, translate
+from hub.common import InputError, UnavailableError
+from hub.kube import call, list_all, translate
 
 POLICY_GROUP = "policy.open-cluster-management.io"
 CLUSTER_GROUP = "cluster.open-cluster-management.io"

@@ -20,24 +20,18 @@ from __future__ import annotations
 import base64
 import binascii
 import datetime as dt
-import http.server
 import json
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
 
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
-from hub import __version__
-from hub.common._httpserve import BackgroundHTTPServer
-from hub.common._output import iso
-from hub.inventory import _db as inventory
-from hub.inventory._health import LEVELS as HEALTH_LEVELS
-from hub.store._vendors import PROFILES
+from hub import inventory as inv
+from hub.store import PROFILES
 
 log = logging.getLogger("gpufleet.api")
 
@@ -45,17 +39,18 @@ DEFAULT_LIMIT = 500
 MAX_LIMIT = 5000
 DEFAULT_RUNS = 20
 MAX_RUNS = 1000
-STATES = (inventory.ACTIVE, inventory.STALE)
+STATES = (inv.ACTIVE, inv.STALE)
 SEVERITIES = ("error", "warning", "info")
 VENDORS = tuple(p.vendor for p in PROFILES)
+HEALTH_LEVELS = inv.HEALTH_LEVELS
 #: Prometheus text format 0.0.4: what every Prometheus (2.42 included) parses.
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 Query = Mapping[str, list[str]]
 Response = tuple[int, Any]
 Handler = Callable[..., Response]
-GPU_KEY = (inventory.gpus.c.cluster, inventory.gpus.c.node, inventory.gpus.c.uuid,
-           inventory.gpus.c.slice_key)
+GPU_KEY = (inv.gpus.c.cluster, inv.gpus.c.node, inv.gpus.c.uuid,
+           inv.gpus.c.slice_key)
 
 
 class ApiError(Exception):
@@ -84,7 +79,7 @@ def read_only_engine(url: str | None) -> Engine:
     rollback can undo it, and a connect timeout so a dead server fails a request rather than
     hanging it.
     """
-    engine = inventory.make_engine(url, create=True)
+    engine = inv.make_engine(url, create=True)
     if engine.dialect.name == "sqlite":
 
         @event.listens_for(engine, "connect")
@@ -177,7 +172,7 @@ def page_gpus(conn: Connection, *, cluster: str | None = None, node: str | None 
     rides the primary-key index on both databases. The extra row only tells whether another
     page exists, so the last page says so itself instead of a trailing empty one.
     """
-    table = inventory.gpus
+    table = inv.gpus
     stmt = sa.select(table)
     for column, value in (("cluster", cluster), ("node", node), ("state", state),
                           ("vendor", vendor), ("health", health)):
@@ -189,7 +184,7 @@ def page_gpus(conn: Connection, *, cluster: str | None = None, node: str | None 
     more = len(rows) > limit
     rows = rows[:limit]
     last = tuple(rows[-1][c.name] for c in GPU_KEY) if more else None
-    return [inventory.gpu_item(r) for r in rows], last
+    return [inv.gpu_item(r) for r in rows], last
 
 
 def gpu_detail(conn: Connection, uuid: str) -> dict[str, Any] | None:
@@ -200,7 +195,7 @@ def gpu_detail(conn: Connection, uuid: str) -> dict[str, Any] | None:
     node whose physical row is active, then the most recently seen, then primary-key order;
     the other places are listed in ``also_seen_on`` so nothing is hidden.
     """
-    table = inventory.gpus
+    table = inv.gpus
     rows = conn.execute(
         sa.select(table).where(table.c.uuid == uuid).order_by(*GPU_KEY)
     ).mappings().all()
@@ -217,7 +212,7 @@ def gpu_detail(conn: Connection, uuid: str) -> dict[str, Any] | None:
     ordered = sorted(places.items(), key=lambda item: item[0])
     ordered.sort(key=lambda item: physical_of(item[1])["last_seen"] or dt.datetime.min,
                  reverse=True)
-    ordered.sort(key=lambda item: physical_of(item[1])["state"] != inventory.ACTIVE)
+    ordered.sort(key=lambda item: physical_of(item[1])["state"] != inv.ACTIVE)
     chosen = ordered[0][1]
     physical = next((r for r in chosen if r["slice_key"] == ""), None)
     others = []
@@ -226,15 +221,15 @@ def gpu_detail(conn: Connection, uuid: str) -> dict[str, Any] | None:
         others.append({"cluster": cluster, "node": node, "state": first["state"],
                        "last_seen": first["last_seen"]})
     return {
-        "gpu": inventory.gpu_item(physical) if physical is not None else None,
-        "slices": [inventory.gpu_item(r) for r in chosen if r["slice_key"] != ""],
+        "gpu": inv.gpu_item(physical) if physical is not None else None,
+        "slices": [inv.gpu_item(r) for r in chosen if r["slice_key"] != ""],
         "also_seen_on": others,
     }
 
 
 def gpu_counts(conn: Connection) -> list[tuple[str, str, int]]:
     """Physical GPUs by (cluster, state), every known state present for every cluster."""
-    table = inventory.gpus
+    table = inv.gpus
     rows = conn.execute(
         sa.select(table.c.cluster, table.c.state, sa.func.count())
         .where(table.c.slice_key == "")
@@ -255,13 +250,13 @@ def _listing(items: list[Any], token: str | None = None) -> dict[str, Any]:
 def clusters(query: Query, engine: Engine) -> Response:
     cluster = Params(query, ["cluster"]).text("cluster")
     with engine.connect() as conn:
-        return 200, _listing(inventory.list_clusters(conn, cluster))
+        return 200, _listing(inv.list_clusters(conn, cluster))
 
 
 def nodes(query: Query, engine: Engine) -> Response:
     cluster = Params(query, ["cluster"]).text("cluster")
     with engine.connect() as conn:
-        return 200, _listing(inventory.list_nodes(conn, cluster))
+        return 200, _listing(inv.list_nodes(conn, cluster))
 
 
 def gpus(query: Query, engine: Engine) -> Response:
@@ -296,323 +291,4 @@ def gpu(query: Query, engine: Engine, uuid: str) -> Response:
 def sync_runs(query: Query, engine: Engine) -> Response:
     limit = Params(query, ["limit"]).integer("limit", DEFAULT_RUNS, MAX_RUNS)
     with engine.connect() as conn:
-        return 200, _listing(inventory.list_sync_runs(conn, limit))
-
-
-# -- routes and the OpenAPI description -------------------------------------------------------
-def _param(name: str, description: str, schema: dict[str, Any] | None = None,
-           where: str = "query") -> dict[str, Any]:
-    return {"name": name, "in": where, "required": where == "path",
-            "description": description, "schema": schema or {"type": "string"}}
-
-
-def _ref(name: str) -> dict[str, str]:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
-def _list_of(name: str) -> dict[str, Any]:
-    return {"type": "object", "required": ["items", "continue"], "properties": {
-        "items": {"type": "array", "items": _ref(name)},
-        "continue": {"type": ["string", "null"],
-                     "description": "Token of the next page; null on the last page."},
-    }}
-
-
-CLUSTER_PARAM = _param("cluster", "Only this cluster.")
-LIMIT_RUNS = _param("limit", f"Number of runs (1-{MAX_RUNS}).",
-                    {"type": "integer", "minimum": 1, "maximum": MAX_RUNS,
-                     "default": DEFAULT_RUNS})
-
-
-@dataclass(frozen=True)
-class Route:
-    path: str  # OpenAPI path; a trailing "{name}" takes the rest of the path, percent-decoded
-    handler: Handler
-    summary: str
-    response: dict[str, Any]
-    parameters: tuple[dict[str, Any], ...] = ()
-    content_type: str = "application/json"
-    errors: tuple[int, ...] = (400,)
-
-    @property
-    def prefix(self) -> str | None:
-        head, sep, _ = self.path.partition("{")
-        return head if sep else None
-
-
-@dataclass
-class Router:
-    """Finds a route for a path and turns whatever the handler does into (status, body)."""
-
-    engine: Engine
-    routes: list[Route] = field(default_factory=list)
-
-    def resolve(self, path: str) -> tuple[Route, dict[str, str]] | None:
-        for route in self.routes:
-            prefix = route.prefix
-            if prefix is None and path == route.path:
-                return route, {}
-            if prefix is not None and path.startswith(prefix):
-                name = route.path[len(prefix):].strip("{}")
-                return route, {name: unquote(path[len(prefix):])}
-        return None
-
-    def handle(self, path: str, query: Query) -> Response:
-        found = self.resolve(path)
-        if found is None:
-            return 404, {"error": f"no such path {path!r}: see /api/v1/openapi.json"}
-        route, params = found
-        try:
-            return route.handler(query, self.engine, **params)
-        except ApiError as exc:
-            return exc.status, {"error": exc.message}
-        except sa.exc.SQLAlchemyError as exc:
-            return 503, {"error": database_error(exc)}
-        except Exception:
-            log.exception("internal error serving %s", path)
-            return 500, {"error": "internal error (see the service log)"}
-
-
-def database_error(exc: BaseException) -> str:
-    """A one-line reason for a failed database read, without the URL or the statement."""
-    orig = getattr(exc, "orig", None)
-    text = str(orig if orig is not None else exc).strip()
-    first = text.splitlines()[0] if text else type(exc).__name__
-    if "no such table" in first or type(orig).__name__ == "UndefinedTable":
-        return "the inventory is empty: no sync has completed yet"
-    return f"inventory database unavailable: {first}"
-
-
-def build_router(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, Any]]],
-                 findings: Callable[[], tuple[list[dict[str, Any]], float | None]],
-                 metrics: Callable[[], bytes]) -> Router:
-    """All routes: the inventory handlers above plus the service's own state, passed in.
-
-    ``health`` answers (ok, details); ``findings`` the latest findings and when they were
-    made (epoch seconds, None before the first); ``metrics`` the Prometheus exposition.
-    """
-
-    def healthz(query: Query, engine: Engine) -> Response:
-        Params(query, [])
-        ok, details = health()
-        return (200 if ok else 503), details
-
-    def metrics_(query: Query, engine: Engine) -> Response:
-        Params(query, [])
-        return 200, Raw(metrics(), METRICS_CONTENT_TYPE)
-
-    def findings_(query: Query, engine: Engine) -> Response:
-        params = Params(query, ["severity", "cluster"])
-        severity = params.choice("severity", SEVERITIES)
-        cluster = params.text("cluster")
-        items, generated = findings()
-        selected = [f for f in items
-                    if (severity is None or f.get("severity") == severity)
-                    and (cluster is None or f.get("cluster") == cluster)]
-        when = dt.datetime.fromtimestamp(generated, dt.UTC) if generated is not None else None
-        return 200, {**_listing(selected), "generated_at": when}
-
-    router = Router(engine)
-
-    def openapi(query: Query, engine: Engine) -> Response:
-        Params(query, [])
-        return 200, openapi_document(router.routes)
-
-    router.routes = [
-        Route("/healthz", healthz, "Whether the last sync succeeded within two intervals "
-              "(200) or not (503, with the reason).", _ref("Health"), errors=(400, 503)),
-        Route("/metrics", metrics_, "Prometheus metrics of the service and the inventory.",
-              {"type": "string"}, content_type=METRICS_CONTENT_TYPE),
-        Route("/api/v1/openapi.json", openapi, "This description (OpenAPI 3.1).",
-              {"type": "object"}),
-        Route("/api/v1/clusters", clusters, "Clusters: active nodes and physical GPUs, "
-              "state, last sample.", _list_of("Cluster"), (CLUSTER_PARAM,),
-              errors=(400, 503)),
-        Route("/api/v1/nodes", nodes, "Nodes: active physical GPUs, state, last sample.",
-              _list_of("Node"), (CLUSTER_PARAM,), errors=(400, 503)),
-        Route("/api/v1/gpus", gpus, "GPUs, one item per physical GPU and one per MIG slice, "
-              "in (cluster, node, uuid, slice) order; paged.", _list_of("Gpu"), (
-                  CLUSTER_PARAM,
-                  _param("node", "Only this node."),
-                  _param("state", "Only GPUs in this state.",
-                         {"type": "string", "enum": list(STATES)}),
-                  _param("vendor", "Only this vendor.", {"type": "string", "enum": list(VENDORS)}),
-                  _param("health", "Only GPUs of this health (XID, ECC, row remapping).",
-                         {"type": "string", "enum": list(HEALTH_LEVELS)}),
-                  _param("limit", f"Page size (1-{MAX_LIMIT}).",
-                         {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT,
-                          "default": DEFAULT_LIMIT}),
-                  _param("continue", "The 'continue' token of the previous page."),
-              ), errors=(400, 503)),
-        Route("/api/v1/gpus/{uuid}", gpu, "One GPU (the physical device) with its MIG "
-              "slices. A uuid seen on several nodes answers the active, most recently seen "
-              "one and lists the others in also_seen_on.", _ref("GpuDetail"),
-              (_param("uuid", "GPU uuid, percent-encoded ('/' as %2F).", where="path"),),
-              errors=(400, 404, 503)),
-        Route("/api/v1/findings", findings_, "Findings of the latest checks (empty until "
-              "checks are configured).", {**_list_of("Finding"), "properties": {
-                  **_list_of("Finding")["properties"],
-                  "generated_at": {"type": ["string", "null"], "format": "date-time"}}},
-              (_param("severity", "Only this severity.",
-                      {"type": "string", "enum": list(SEVERITIES)}), CLUSTER_PARAM)),
-        Route("/api/v1/sync-runs", sync_runs, "Sync runs, latest first.",
-              _list_of("SyncRun"), (LIMIT_RUNS,), errors=(400, 503)),
-    ]
-    return router
-
-
-_TIME = {"type": ["string", "null"], "format": "date-time"}
-_NUMBER = {"type": ["number", "null"]}
-_TEXT = {"type": ["string", "null"]}
-_GPU_TYPES: dict[str, dict[str, Any]] = {
-    "cluster": {"type": "string"}, "node": {"type": "string"}, "uuid": {"type": "string"},
-    "index": {"type": ["integer", "null"]}, "vendor": {"type": "string", "enum": list(VENDORS)},
-    "state": {"type": "string", "enum": list(STATES)}, "first_seen": _TIME,
-    "last_seen": _TIME, "last_sample_at": _TIME, "memory_total_mib": _NUMBER,
-    "memory_used_mib": _NUMBER, "utilisation_pct": _NUMBER, "power_w": _NUMBER,
-    "temperature_c": _NUMBER,
-    "health": {"type": ["string", "null"], "enum": [*HEALTH_LEVELS, None]},
-    "health_reasons": _TEXT,
-}
-
-
-def _object(columns: Sequence[str], types: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
-    return {"type": "object", "required": list(columns),
-            "properties": {c: types.get(c, _TEXT) for c in columns}}
-
-
-def _schemas() -> dict[str, Any]:
-    counted = {"nodes": {"type": "integer"}, "gpus": {"type": "integer"},
-               "state": _GPU_TYPES["state"], "last_seen": _TIME, "last_sample_at": _TIME,
-               "cluster": {"type": "string"}, "node": {"type": "string"}}
-    place = _object(["cluster", "node", "state", "last_seen"], counted)
-    runs = {"id": {"type": "integer"}, "started_at": _TIME, "finished_at": _TIME,
-            "status": {"type": "string", "enum": ["ok", "failed"]},
-            "requests": {"type": "integer"}, "clusters": {"type": ["integer", "null"]},
-            "nodes": {"type": ["integer", "null"]}, "gpus": {"type": ["integer", "null"]}}
-    return {
-        "Cluster": _object(inventory.CLUSTER_COLUMNS, counted),
-        "Node": _object(inventory.NODE_COLUMNS, counted),
-        "Gpu": _object(inventory.GPU_COLUMNS, _GPU_TYPES),
-        "GpuDetail": {"type": "object", "required": ["gpu", "slices", "also_seen_on"],
-                      "properties": {
-                          "gpu": {"oneOf": [_ref("Gpu"), {"type": "null"}]},
-                          "slices": {"type": "array", "items": _ref("Gpu")},
-                          "also_seen_on": {"type": "array", "items": place}}},
-        "SyncRun": _object(list(inventory.sync_runs.c.keys()), runs),
-        "Finding": _object(["severity", "check", "cluster", "node", "gpu", "message"],
-                           {"severity": {"type": "string", "enum": list(SEVERITIES)},
-                            "check": {"type": "string"}, "message": {"type": "string"}}),
-        "Health": {"type": "object", "required": ["status"], "properties": {
-            "status": {"type": "string", "enum": ["ok", "unavailable"]},
-            "reason": {"type": "string"}, "last_success": _TIME,
-            "last_success_age_seconds": _NUMBER, "last_error": _TEXT,
-            "consecutive_failures": {"type": "integer"},
-            "interval_seconds": {"type": "number"}}},
-        "Error": {"type": "object", "required": ["error"],
-                  "properties": {"error": {"type": "string"}}},
-    }
-
-
-_STATUS_TEXT = {400: "Bad query parameters", 404: "Not found",
-                503: "Not available (inventory database or service not healthy)"}
-
-
-def openapi_document(routes: Sequence[Route]) -> dict[str, Any]:
-    """OpenAPI 3.1 built from the route table itself, so no path goes undocumented."""
-    paths: dict[str, Any] = {}
-    for route in routes:
-        responses: dict[str, Any] = {"200": {"description": "OK", "content": {
-            route.content_type.split(";")[0]: {"schema": route.response}}}}
-        for status in route.errors:
-            responses[str(status)] = {"description": _STATUS_TEXT[status], "content": {
-                "application/json": {"schema": _ref("Health" if route.path == "/healthz"
-                                                     and status == 503 else "Error")}}}
-        operation = {"summary": route.summary, "operationId": _operation_id(route.path),
-                     "parameters": list(route.parameters), "responses": responses}
-        paths[route.path] = {"get": operation}
-    return {
-        "openapi": "3.1.0",
-        "info": {"title": "gpufleet hub service", "version": __version__,
-                 "description": "Read-only view of the GPU inventory. Only GET and HEAD."},
-        "paths": paths,
-        "components": {"schemas": _schemas()},
-    }
-
-
-def _operation_id(path: str) -> str:
-    words = [w.strip("{}") for w in path.replace(".", "/").replace("-", "/").split("/") if w]
-    return "get" + "".join(w[:1].upper() + w[1:] for w in words if w not in ("api", "v1"))
-
-
-# -- HTTP -------------------------------------------------------------------------------------
-def _plain(value: Any) -> Any:
-    if isinstance(value, dt.datetime):
-        return iso(value)
-    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
-
-
-def encode_json(body: Any) -> bytes:
-    return (json.dumps(body, default=_plain, separators=(",", ":")) + "\n").encode()
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    server: ApiServer
-    protocol_version = "HTTP/1.1"
-    timeout = 60
-    disable_nagle_algorithm = True
-
-    def version_string(self) -> str:
-        return "gpufleet"  # no Python version in the Server header
-
-    def do_GET(self) -> None:
-        self._dispatch(body=True)
-
-    def do_HEAD(self) -> None:
-        self._dispatch(body=False)
-
-    def _refuse(self) -> None:
-        self._send(405, encode_json({"error": f"method {self.command} not allowed: the API "
-                                              "is read-only (GET, HEAD)"}),
-                   "application/json", body=True, extra={"Allow": "GET, HEAD"})
-
-    do_POST = do_PUT = do_PATCH = do_DELETE = do_OPTIONS = _refuse
-
-    def _dispatch(self, body: bool) -> None:
-        url = urlsplit(self.path)
-        try:
-            query = parse_qs(url.query, keep_blank_values=True, max_num_fields=50)
-        except ValueError:
-            status, payload = 400, {"error": "too many query parameters"}
-        else:
-            status, payload = self.server.router.handle(url.path, query)
-        if isinstance(payload, Raw):
-            self._send(status, payload.body, payload.content_type, body)
-        else:
-            self._send(status, encode_json(payload), "application/json", body)
-
-    def _send(self, status: int, data: bytes, content_type: str, body: bool,
-              extra: Mapping[str, str] | None = None) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(data)))
-        self.send_header("Cache-Control", "no-store")
-        self.send_header("X-Content-Type-Options", "nosniff")
-        for key, value in (extra or {}).items():
-            self.send_header(key, value)
-        self.end_headers()
-        if body:
-            self.wfile.write(data)
-
-    def log_message(self, format: str, *args: object) -> None:
-        log.debug("%s %s", self.address_string(), format % args)
-
-
-class ApiServer(BackgroundHTTPServer):
-    """Serves a router. Binding errors (port in use, bad host) raise OSError at once."""
-
-    thread_name = "api-http"
-
-    def __init__(self, router: Router, host: str, port: int) -> None:
-        self.router = router
-        super().__init__(host, port, _Handler)
+        return 200, _listing(inv.list_sync_runs(conn, limit))

@@ -32,10 +32,11 @@ from prometheus_client.registry import Collector
 from sqlalchemy.engine import Engine
 
 from hub import __version__
-from hub.common._errors import InputError
-from hub.inventory._db import LockHeld
-from hub.inventory._sync import SyncResult
+from hub.common import InputError
+from hub.inventory import LockHeld, SyncResult
 from hub.service import _api as api
+from hub.service._http import ApiServer
+from hub.service._routes import build_router, database_error
 
 log = logging.getLogger("gpufleet.service")
 
@@ -82,7 +83,7 @@ def describe_error(exc: BaseException) -> str:
     if isinstance(exc, click.ClickException):
         return exc.format_message()
     if isinstance(exc, sa.exc.SQLAlchemyError):
-        return api.database_error(exc)
+        return database_error(exc)
     lines = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
@@ -339,7 +340,7 @@ class Scheduler:
 class Service:
     """A scheduler and an API server on their own threads."""
 
-    def __init__(self, scheduler: Scheduler, server: api.ApiServer) -> None:
+    def __init__(self, scheduler: Scheduler, server: ApiServer) -> None:
         self.scheduler = scheduler
         self.server = server
         self._thread = threading.Thread(target=self._run_scheduler, name="scheduler",
@@ -385,6 +386,6 @@ def build_service(jobs: Jobs, *, every: float, engine: Engine, host: str = "127.
             return api.gpu_counts(conn)
 
     metrics.watch(counts, lambda: scheduler.state.findings)
-    router = api.build_router(engine, health=scheduler.health, findings=scheduler.findings,
+    router = build_router(engine, health=scheduler.health, findings=scheduler.findings,
                               metrics=metrics.exposition)
-    return Service(scheduler, api.ApiServer(router, host, port))
+    return Service(scheduler, ApiServer(router, host, port))

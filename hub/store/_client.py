@@ -20,7 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import requests
 
-from hub.common._errors import InputError, UnavailableError
+from hub.common import InputError, UnavailableError
 
 TOKEN_ENV = "GPUFLEET_TOKEN"
 

@@ -21,11 +21,9 @@ from typing import Any
 
 import yaml
 
-from hub.common._durations import format_duration
-from hub.inventory import _health as health
-from hub.store import _vendors as vendors
-from hub.store._client import HubClient, PartialResponse
-from hub.store._vendors import VendorProfile
+from hub import inventory, store
+from hub.common import format_duration
+from hub.store import HubClient, PartialResponse, VendorProfile
 from hub.validate._checks import GpuRef, HubHistory, NodeRef
 
 RULES_FILE = "gpufleet-alerts.rules.yaml"
@@ -37,12 +35,12 @@ MIN_SAMPLES = 3
 
 # -- label roles ---------------------------------------------------------------------------------
 def node_labels(p: VendorProfile) -> list[str]:
-    return vendors.NODE_LABELS[p.vendor]
+    return store.NODE_LABELS[p.vendor]
 
 
 def gpu_labels(p: VendorProfile) -> list[str]:
     """Labels of the physical GPU (no node, no MIG slice)."""
-    skip = set(node_labels(p)) | set(vendors.SLICE_LABELS[p.vendor])
+    skip = set(node_labels(p)) | set(store.SLICE_LABELS[p.vendor])
     return [label for label in p.id_labels if label not in skip]
 
 
@@ -105,9 +103,9 @@ def zero_usage(p: VendorProfile, window: str, cl: str) -> str:
     """
     ids = _by(cl, p.id_labels)
     keep = _by(ids, "namespace", "pod", "exported_namespace", "exported_pod")
-    slice_labels = vendors.SLICE_LABELS[p.vendor]
+    slice_labels = store.SLICE_LABELS[p.vendor]
     on_slices = f', {slice_labels[0]}!=""' if slice_labels else ""
-    engine = _field_names(p, vendors.ENGINE_ACTIVE) if slice_labels else []
+    engine = _field_names(p, store.ENGINE_ACTIVE) if slice_labels else []
 
     def idle(name: str, extra: str) -> list[str]:
         out = []
@@ -117,7 +115,7 @@ def zero_usage(p: VendorProfile, window: str, cl: str) -> str:
                        f"(count_over_time({sel}) >= {MIN_SAMPLES}))")
         return out
 
-    parts = [q for name in _field_names(p, vendors.UTILISATION) for q in idle(name, "")]
+    parts = [q for name in _field_names(p, store.UTILISATION) for q in idle(name, "")]
     parts += [q for name in engine for q in idle(name, on_slices)]
     busy = [f"max by ({ids}) (max_over_time({name}{{{p.device_matcher}{on_slices}}}"
             f"[{window}])) > 0" for name in engine]
@@ -155,26 +153,26 @@ def gpu_failed(p: VendorProfile, window: str, cl: str) -> str:
     parts: list[str] = []
     for fld, metrics in p.health_fields.items():
         for name in _names(p, metrics):
-            agg = "min" if fld == vendors.DEVICE_HEALTH else "max"
+            agg = "min" if fld == store.DEVICE_HEALTH else "max"
             sel = f"{agg} by ({ids}) (last_over_time({name}{{{p.device_matcher}}}[{window}]))"
-            if fld == vendors.LAST_XID:
-                parts += [f"{sel} == {xid}" for xid in sorted(health.FATAL_XIDS)]
-            elif fld in (vendors.ECC_DBE, vendors.ROW_REMAP_FAILURE):
+            if fld == store.LAST_XID:
+                parts += [f"{sel} == {xid}" for xid in sorted(inventory.FATAL_XIDS)]
+            elif fld in (store.ECC_DBE, store.ROW_REMAP_FAILURE):
                 parts.append(f"{sel} > 0")
-            elif fld == vendors.DEVICE_HEALTH:
+            elif fld == store.DEVICE_HEALTH:
                 parts.append(f"{sel} == 0")
     return _or(parts)
 
 
 # -- failure modes of gpufleet's own exporter ------------------------------------------------------
 def exporter_down(window: str, cl: str) -> str:
-    return (f"max by ({cl}, {vendors.EXPORTER_NODE_LABEL}) "
-            f"(last_over_time({vendors.EXPORTER_UP}[{window}])) == 0")
+    return (f"max by ({cl}, {store.EXPORTER_NODE_LABEL}) "
+            f"(last_over_time({store.EXPORTER_UP}[{window}])) == 0")
 
 
 def collect_errors(window: str, cl: str) -> str:
-    return (f"sum by ({cl}, {vendors.EXPORTER_NODE_LABEL}) "
-            f"(increase({vendors.EXPORTER_COLLECT_ERRORS}[{window}])) > 0")
+    return (f"sum by ({cl}, {store.EXPORTER_NODE_LABEL}) "
+            f"(increase({store.EXPORTER_COLLECT_ERRORS}[{window}])) > 0")
 
 
 # -- the report's history: one fixed set of instant queries -------------------------------------
@@ -196,11 +194,11 @@ def read_history(client: HubClient, *, window: float, max_age: float, push_inter
     w = format_duration(window)
     cl = cluster_label
     history = HubHistory(window=window)
-    for p in vendors.PROFILES:
+    for p in store.PROFILES:
         for row in _rows(client, zero_usage(p, w, cl), at):
             labels = row.get("metric") or {}
             ident = p.identity(labels, cl)
-            alloc = vendors.allocation(labels)
+            alloc = store.allocation(labels)
             if ident is None or alloc is None:
                 continue
             gpu = ident.uuid + (f" {ident.mig_profile}/{ident.mig_instance or ''}"
@@ -214,13 +212,13 @@ def read_history(client: HubClient, *, window: float, max_age: float, push_inter
     for row in _rows(client, exporter_down(push, cl), at):
         labels = row.get("metric") or {}
         history.exporter_down.append(NodeRef(labels.get(cl, ""),
-                                             labels.get(vendors.EXPORTER_NODE_LABEL, "")))
+                                             labels.get(store.EXPORTER_NODE_LABEL, "")))
     for row in _rows(client, collect_errors(w, cl), at):
         labels = row.get("metric") or {}
         history.collect_errors.append((NodeRef(labels.get(cl, ""),
-                                               labels.get(vendors.EXPORTER_NODE_LABEL, "")),
+                                               labels.get(store.EXPORTER_NODE_LABEL, "")),
                                        float(row["value"][1])))
-    visible = _or([visible_gpus(p, format_duration(max_age), cl) for p in vendors.PROFILES])
+    visible = _or([visible_gpus(p, format_duration(max_age), cl) for p in store.PROFILES])
     for row in _rows(client, visible, at):
         cluster = (row.get("metric") or {}).get(cl, "")
         history.visible[cluster] = history.visible.get(cluster, 0) + int(float(row["value"][1]))
@@ -251,7 +249,7 @@ def rules(s: AlertSettings) -> list[dict[str, Any]]:
     age, push2 = format_duration(s.max_age), format_duration(2 * s.push_interval)
     window, lookback = format_duration(s.window), format_duration(s.lookback)
     offset = format_duration(s.drop_offset)
-    profiles = vendors.PROFILES
+    profiles = store.PROFILES
 
     def seen(w: str) -> str:
         return _or([presence(p, w, cl) for p in profiles])
@@ -286,7 +284,7 @@ def rules(s: AlertSettings) -> list[dict[str, Any]]:
             "labels": {"severity": "critical"},
             "annotations": {
                 "summary": f"gpufleet exporter on {where}/{{{{ $labels."
-                           f"{vendors.EXPORTER_NODE_LABEL} }}}} cannot read its GPUs",
+                           f"{store.EXPORTER_NODE_LABEL} }}}} cannot read its GPUs",
                 "description": "gpufleet_exporter_up is 0: the GPU library failed; the node's "
                                "GPU metrics are missing or old.",
             },
@@ -297,7 +295,7 @@ def rules(s: AlertSettings) -> list[dict[str, Any]]:
             "labels": {"severity": "warning"},
             "annotations": {
                 "summary": f"gpufleet exporter on {where}/{{{{ $labels."
-                           f"{vendors.EXPORTER_NODE_LABEL} }}}} fails to collect",
+                           f"{store.EXPORTER_NODE_LABEL} }}}} fails to collect",
                 "description": f"Collection errors in the last {window}.",
             },
         },

@@ -13,11 +13,9 @@ from typing import Any
 
 from sqlalchemy.engine import Engine
 
-from hub.common._durations import format_duration
-from hub.common._errors import UnavailableError
-from hub.inventory import _db as inventory
-from hub.inventory import _migrate as migrate
-from hub.store._client import HubClient, PartialResponse
+from hub import inventory as inv
+from hub.common import UnavailableError, format_duration
+from hub.store import HubClient, PartialResponse
 from hub.validate import _checks as checks
 from hub.validate import _reconcile as rc
 from hub.validate import _reconcile_store as store
@@ -40,8 +38,8 @@ def reconcile_run(engine: Engine, views: list[rc.NodeView], covered: set[str], *
                   managed: list[rc.ManagedCluster] | None = None
                   ) -> tuple[int, rc.Reconciliation]:
     """Compare the Kubernetes view with the inventory and store the run; (run id, result)."""
-    migrate.ensure_schema(engine)
-    started = inventory.now_utc()
+    inv.ensure_schema(engine)
+    started = inv.now_utc()
     with engine.connect() as conn:
         observed = store.observed_nodes(conn)
     result = rc.compare(views, observed, covered=covered, fleet_wide=source == "hub",
@@ -72,11 +70,11 @@ def assess(engine: Engine, client: HubClient | None, *, max_age: float, push_int
     """
     from hub.validate._alerts import read_history
 
-    now = inventory.now_utc()
-    if migrate.current(engine) is None:
-        raise UnavailableError(f"inventory database {inventory.safe_url(engine)} is empty: "
+    now = inv.now_utc()
+    if inv.current(engine) is None:
+        raise UnavailableError(f"inventory database {inv.safe_url(engine)} is empty: "
                                "run `gpufleet sync` first")
-    migrate.ensure_schema(engine)
+    inv.ensure_schema(engine)
     with engine.connect() as conn:
         facts = store.report_facts(conn, now)
     failure: UnavailableError | None = None

@@ -31,8 +31,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from hub.common._errors import InputError
-from hub.store import _vendors as vendors
+from hub import store
+from hub.common import InputError
 
 # -- Kubernetes resource and label names --------------------------------------------------------
 NVIDIA_GPU = "nvidia.com/gpu"
@@ -272,7 +272,7 @@ def ksm_queries(window: str, cluster_label: str) -> list[str]:
     group by the cluster label, node and resource: one row per node and resource, however
     many clusters there are.
     """
-    capacity, allocatable = vendors.KUBE_STATE_METRICS
+    capacity, allocatable = store.KUBE_STATE_METRICS
     by = f"{cluster_label}, node, resource"
 
     def part(metric: str, resources: str, kind: str) -> str:
@@ -283,7 +283,7 @@ def ksm_queries(window: str, cluster_label: str) -> list[str]:
                  + part(allocatable, KSM_GPU_RESOURCES, "allocatable"))
     label_names = ", ".join(ksm_label(label) for label in LABELS)
     labels = (f"max by ({cluster_label}, node, {label_names}) "
-              f"(last_over_time({vendors.KUBE_NODE_LABELS}[{window}]))")
+              f"(last_over_time({store.KUBE_NODE_LABELS}[{window}]))")
     return [resources, labels]
 
 

@@ -17,8 +17,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from hub.inventory import _db as inventory
-from hub.inventory._db import gpus, metadata, nodes
+from hub import inventory as inv
+from hub.inventory import gpus, nodes, reconcile_clusters, reconcile_results, reconcile_runs
 from hub.validate._checks import (
     ClusterFacts,
     ExpectedFacts,
@@ -39,61 +39,13 @@ from hub.validate._reconcile import (
 #: runs kept in the database; older ones are deleted with their rows
 KEEP_RUNS = 100
 
-reconcile_runs = sa.Table(
-    "reconcile_runs", metadata,
-    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column("started_at", sa.DateTime, nullable=False),
-    sa.Column("finished_at", sa.DateTime, nullable=False),
-    sa.Column("source", sa.String(16), nullable=False),  # hub | kube | file
-    # whether the ACM ManagedCluster list was read: only then is the expected set known
-    sa.Column("managed_clusters", sa.Boolean, nullable=False),
-    sa.Column("clusters", sa.Integer, nullable=False),
-    sa.Column("nodes", sa.Integer, nullable=False),
-    sa.Column("problems", sa.Integer, nullable=False),
-)
-
-reconcile_results = sa.Table(
-    "reconcile_results", metadata,
-    sa.Column("run_id", sa.Integer, sa.ForeignKey("reconcile_runs.id", ondelete="CASCADE"),
-              primary_key=True),
-    sa.Column("cluster", sa.String(253), primary_key=True),
-    sa.Column("node", sa.String(253), primary_key=True),
-    sa.Column("status", sa.String(32), nullable=False),
-    sa.Column("mode", sa.String(32), nullable=False),
-    sa.Column("k8s_gpus", sa.Integer),
-    sa.Column("k8s_allocatable", sa.Integer),
-    sa.Column("expected_gpus", sa.Integer),
-    sa.Column("observed_gpus", sa.Integer),
-    sa.Column("k8s_slices", sa.Integer),
-    sa.Column("observed_slices", sa.Integer),
-    sa.Column("resources", sa.Text),  # JSON object: resource -> capacity
-    sa.Column("metrics_node", sa.String(253)),
-    sa.Column("reason", sa.Text, nullable=False),
-)
-
-reconcile_clusters = sa.Table(
-    "reconcile_clusters", metadata,
-    sa.Column("run_id", sa.Integer, sa.ForeignKey("reconcile_runs.id", ondelete="CASCADE"),
-              primary_key=True),
-    sa.Column("cluster", sa.String(253), primary_key=True),
-    sa.Column("status", sa.String(32), nullable=False),
-    sa.Column("managed", sa.Boolean),  # NULL: no ManagedCluster list was read
-    sa.Column("available", sa.String(16)),
-    sa.Column("k8s_gpu_nodes", sa.Integer),
-    sa.Column("k8s_gpus", sa.Integer),
-    sa.Column("observed_nodes", sa.Integer, nullable=False),
-    sa.Column("observed_gpus", sa.Integer, nullable=False),
-    sa.Column("reason", sa.Text, nullable=False),
-)
-
-
 # -- the inventory side of a reconcile ----------------------------------------------------------
 def observed_nodes(conn: Connection) -> list[ObservedNode]:
     """Every node of the inventory with its active physical GPUs and MIG slices.
 
     One grouped query: the cost does not grow with more than the size of the answer.
     """
-    active = gpus.c.state == inventory.ACTIVE
+    active = gpus.c.state == inv.ACTIVE
     physical = sa.and_(active, gpus.c.slice_key == "")
     is_slice = sa.and_(active, gpus.c.slice_key != "")
     counts = (
@@ -126,7 +78,7 @@ def save_run(conn: Connection, rec: Reconciliation, *, source: str, started_at: 
              managed_clusters: bool, keep: int = KEEP_RUNS) -> int:
     """Store one run with its node and cluster rows; returns the run id."""
     result = conn.execute(reconcile_runs.insert().values(
-        started_at=started_at, finished_at=inventory.now_utc(), source=source,
+        started_at=started_at, finished_at=inv.now_utc(), source=source,
         managed_clusters=managed_clusters,
         clusters=sum(1 for c in rec.clusters if c.k8s_gpus is not None),
         nodes=len(rec.nodes), problems=sum(1 for r in rec.nodes if r.status != MATCH),
@@ -229,8 +181,8 @@ def expected_clusters(run: StoredRun | None) -> dict[str, str | None]:
 # -- what `report` checks ------------------------------------------------------------------------
 def report_facts(conn: Connection, now: dt.datetime) -> Facts:
     """Everything the report's database checks need, read in a handful of queries."""
-    clusters = inventory.list_clusters(conn)
-    node_rows = inventory.list_nodes(conn)
+    clusters = inv.list_clusters(conn)
+    node_rows = inv.list_nodes(conn)
     gpu_rows = conn.execute(
         sa.select(gpus.c.cluster, gpus.c.node, gpus.c.uuid, gpus.c.state, gpus.c.last_sample_at,
                   gpus.c.gpu_index, gpus.c.health, gpus.c.health_reasons)
@@ -242,18 +194,18 @@ def report_facts(conn: Connection, now: dt.datetime) -> Facts:
                  for r in gpu_rows]
     stale_per_node: dict[tuple[str, str], int] = {}
     for g in gpu_facts:
-        if g.state != inventory.ACTIVE:
+        if g.state != inv.ACTIVE:
             stale_per_node[(g.cluster, g.node)] = stale_per_node.get((g.cluster, g.node), 0) + 1
     known_nodes: dict[str, int] = {}
     for n in node_rows:
         known_nodes[n["cluster"]] = known_nodes.get(n["cluster"], 0) + 1
-    runs = inventory.list_sync_runs(conn, limit=1)
+    runs = inv.list_sync_runs(conn, limit=1)
     last_sync = SyncFacts(runs[0]["started_at"], runs[0]["status"], runs[0]["error"]) \
         if runs else None
     ok = conn.execute(
-        sa.select(inventory.sync_runs.c.started_at)
-        .where(inventory.sync_runs.c.status == "ok")
-        .order_by(inventory.sync_runs.c.id.desc()).limit(1)
+        sa.select(inv.sync_runs.c.started_at)
+        .where(inv.sync_runs.c.status == "ok")
+        .order_by(inv.sync_runs.c.id.desc()).limit(1)
     ).scalar()
     run = latest_run(conn)
     managed = latest_managed_run(conn) if run is not None and not run.managed_clusters else run

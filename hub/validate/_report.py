@@ -20,8 +20,7 @@ from typing import Any
 
 import jinja2
 
-from hub.common._errors import InputError
-from hub.common._output import iso, to_json, to_table
+from hub.common import InputError, iso, to_json, to_table
 from hub.validate._checks import ERROR, INFO, SEVERITIES, WARNING, Finding, human
 
 FORMATS = ("table", "json", "markdown", "html")
@@ -189,7 +188,7 @@ def _chart(report: Report) -> dict[str, Any]:
 
 
 def _template_dir() -> Path:
-    from hub.onboard._render import template_roots
+    from hub.common import template_roots
 
     return template_roots()[0] / "report"
 

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 
 def all_keys(node: Any) -> set[str]:
@@ -51,3 +56,14 @@ def assert_core_objects_valid(files: dict[str, str], version: str = "1.30") -> N
             kubernetes_validate.validate(obj, version, strict=True)
         except kubernetes_validate.ValidationError as exc:
             pytest.fail(f"{path}: {'.'.join(map(str, exc.path))}: {exc.message}")
+
+
+def promtool_check(config_text: str, tmp_path: Path) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.fail("promtool not found on PATH: install the Debian package 'prometheus'")
+    path = tmp_path / "prometheus.yml"
+    path.write_text(config_text)
+    proc = subprocess.run([promtool, "check", "config", "--agent", "--syntax-only", str(path)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

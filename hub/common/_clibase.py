@@ -1,0 +1,118 @@
+"""The click base every gpufleet command stands on: ``--config FILE`` for any command.
+
+A command's defaults can come from a YAML mapping whose keys are long option names.
+Precedence is flags > ``GPUFLEET_*`` environment > config file > defaults, which is click's own
+order once the file is handed to click as the context's ``default_map``. The spoke exporter
+uses it too, so it lives with the shared helpers.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+
+from hub.common._errors import InputError
+
+CONFIG_ENV = "GPUFLEET_CONFIG"
+
+
+def _config_path(args: list[str], parent: click.Context | None) -> str | None:
+    for i, arg in enumerate(args):
+        if arg == "--":
+            break
+        if arg == "--config" and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith("--config="):
+            return arg.split("=", 1)[1]
+    ctx = parent
+    while ctx is not None:
+        if ctx.params.get("config"):
+            return ctx.params["config"]
+        ctx = ctx.parent
+    return os.environ.get(CONFIG_ENV) or None
+
+
+def _all_option_names(command: click.Command) -> set[str]:
+    names: set[str] = set()
+    for param in command.params:
+        names.add(param.name or "")
+    if isinstance(command, click.Group):
+        for name in command.list_commands(click.Context(command)):
+            sub = command.get_command(click.Context(command), name)
+            if sub is not None:
+                names |= _all_option_names(sub)
+    return names
+
+
+def load_config(path: str, root: click.Command,
+                command: click.Command | None = None) -> dict[str, Any]:
+    """Read the YAML config; keys are long option names (``hub-url`` or ``hub_url``).
+
+    One file may serve every command, so a key is valid when any command has that option.
+    The invoked ``command``'s own options are checked first: only a key it lacks makes us
+    load every command to look further, so ``gpufleet exporter --config`` with exporter keys
+    never imports the hub's machinery (SQLAlchemy, Alembic, Kubernetes, Jinja2).
+    """
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise InputError(f"cannot read config file {path}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise InputError(f"config file {path} is not valid YAML{where}") from None
+    if not isinstance(data, dict):
+        raise InputError(f"config file {path} must be a mapping of option names to values")
+    own = {param.name or "" for param in command.params} if command is not None else set()
+    known: set[str] | None = None
+    values: dict[str, Any] = {}
+    for key, value in data.items():
+        name = str(key).lstrip("-").replace("-", "_")
+        if name not in own and known is None:
+            known = _all_option_names(root)
+        if name == "config" or (name not in own and name not in (known or set())):
+            raise InputError(f"config file {path}: unknown option {key!r}")
+        values[name] = value
+    return values
+
+
+class ConfiguredCommand(click.Command):
+    """A command whose defaults can come from ``--config FILE``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not any(p.name == "config" for p in self.params):
+            self.params.append(
+                click.Option(
+                    ["--config"],
+                    type=click.Path(dir_okay=False),
+                    envvar=CONFIG_ENV,
+                    help="YAML file of option values (keys are long option names).",
+                )
+            )
+
+    def make_context(self, info_name, args, parent=None, **extra):  # type: ignore[override]
+        path = _config_path(list(args), parent)
+        if path and "default_map" not in extra:
+            root = parent.find_root().command if parent else self
+            extra["default_map"] = load_config(path, root, self)
+        return super().make_context(info_name, args, parent=parent, **extra)
+
+
+class ConfiguredGroup(click.Group):
+    """A group whose subcommands are ConfiguredCommands and which passes --config down."""
+
+    command_class = ConfiguredCommand
+
+    def make_context(self, info_name, args, parent=None, **extra):  # type: ignore[override]
+        # A group's own default_map would be keyed by subcommand; subcommands load the file.
+        return super().make_context(info_name, args, parent=parent, **extra)
+
+
+ConfiguredGroup.group_class = ConfiguredGroup

@@ -1,0 +1,22 @@
+"""Where gpufleet's Jinja2 templates live, for every part that renders (manifests, report, page).
+
+In a checkout they sit at the repository top (templates/, policies/); a wheel bundles them
+under hub/_bundled/ (see pyproject.toml), so both places are tried.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hub.common._errors import UnavailableError
+
+
+def template_roots() -> tuple[Path, Path]:
+    """(templates, policies) directories: bundled in a wheel, at the repo top in a checkout."""
+    package = Path(__file__).resolve().parents[1]  # hub/
+    for base in (package / "_bundled", package.parent):
+        templates, policies = base / "templates", base / "policies"
+        if (templates / "spoke").is_dir() and policies.is_dir():
+            return templates, policies
+    raise UnavailableError(f"gpufleet templates not found next to {package} (broken installation?)")
+

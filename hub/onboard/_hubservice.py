@@ -1,0 +1,177 @@
+"""The hub service's own manifests (``gpufleet hub render``): Deployment or CronJob.
+
+Secrets are referenced by name only; nothing secret is ever rendered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from hub.common import InputError, format_duration
+from hub.onboard._render import (
+    DEFAULT_EXPORTER_IMAGE,
+    DEFAULT_NAMESPACE,
+    PLAIN_KEY,
+    _choice,
+    _dns_subdomain,
+    _image,
+    _kustomization,
+    _labels,
+    _render,
+    _selector,
+    dns_label,
+)
+
+KINDS = ("deployment", "cronjob")
+DEFAULT_EVERY = 300.0  # the service's default sync interval (gpufleet serve --every)
+DEFAULT_DB_SECRET = "gpufleet-db"
+DEFAULT_TOKEN_SECRET = "gpufleet-hub-token"
+DB_SECRET_KEY = "url"
+TOKEN_KEY = "token"
+DEFAULT_CA_KEY = "ca.crt"
+SERVICE_PORT = 8080
+TOKEN_DIR = "/etc/gpufleet/hub-token"
+CA_DIR = "/etc/gpufleet/hub-ca"
+HUB_NAME = "gpufleet-hub"
+
+
+@dataclass(frozen=True)
+class HubServiceValues:
+    """Everything that varies in the hub service's manifests; secrets only by name."""
+
+    hub_url: str
+    namespace: str = DEFAULT_NAMESPACE
+    image: str = DEFAULT_EXPORTER_IMAGE
+    kind: str = "deployment"
+    every: float = DEFAULT_EVERY
+    db_secret: str = DEFAULT_DB_SECRET
+    hub_token_secret: str | None = DEFAULT_TOKEN_SECRET
+    hub_ca_configmap: str | None = None
+    hub_ca_key: str = DEFAULT_CA_KEY
+
+
+def cron_schedule(every: float) -> str:
+    """A cron schedule that fires every ``every`` seconds, when cron can say it exactly.
+
+    Cron counts minutes within the hour and hours within the day, so only divisors of 60
+    minutes or of 24 hours repeat evenly; anything else would drift at the hour or day
+    boundary and is refused rather than approximated.
+    """
+    hint = ("use a divisor of 60 minutes (1m, 2m, 5m, 10m, 15m, 30m) or of 24 hours "
+            "(1h, 2h, 3h, 4h, 6h, 8h, 12h, 24h)")
+    if every < 60 or every % 60:
+        raise InputError(f"--every {format_duration(every)} is not whole minutes: a CronJob "
+                         f"runs at most once a minute; {hint}")
+    minutes = int(every // 60)
+    if minutes < 60 and 60 % minutes == 0:
+        return "* * * * *" if minutes == 1 else f"*/{minutes} * * * *"
+    if minutes % 60 == 0:
+        hours = minutes // 60
+        if hours == 24:
+            return "0 0 * * *"
+        if hours < 24 and 24 % hours == 0:
+            return "0 * * * *" if hours == 1 else f"0 */{hours} * * *"
+    raise InputError(f"--every {format_duration(every)} cannot be a cron schedule; {hint}")
+
+
+def _hub_url(value: str | None) -> str:
+    text = (value or "").strip()
+    if not text:
+        raise InputError("--hub-url is required: the PromQL endpoint the service queries "
+                         "(e.g. the rbac-query-proxy route of ACM Observability)")
+    if any(ch.isspace() or not ch.isprintable() for ch in text):
+        raise InputError("--hub-url must not contain spaces or control characters")
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InputError("--hub-url must be an http(s) URL with a host")
+    if parts.username or parts.password:
+        raise InputError("--hub-url must not carry credentials; the token comes from "
+                         "--hub-token-secret")
+    return text
+
+
+def hub_service_values(*, hub_url: str | None, namespace: str | None = DEFAULT_NAMESPACE,
+                       image: str | None = DEFAULT_EXPORTER_IMAGE,
+                       kind: str | None = "deployment", every: float = DEFAULT_EVERY,
+                       db_secret: str | None = DEFAULT_DB_SECRET,
+                       hub_token_secret: str | None = DEFAULT_TOKEN_SECRET,
+                       hub_ca_configmap: str | None = None,
+                       hub_ca_key: str | None = DEFAULT_CA_KEY) -> HubServiceValues:
+    """Check raw option values; InputError names the bad one. Empty secret names mean none."""
+    kind_ = _choice(kind, KINDS, "kind")
+    if every < 1:
+        raise InputError("--every must be at least 1s")
+    if kind_ == "cronjob":
+        cron_schedule(every)
+    token = hub_token_secret or None
+    ca = hub_ca_configmap or None
+    key = hub_ca_key or ""
+    if not PLAIN_KEY.match(key) or "/" in key or len(key) > 253:
+        raise InputError(f"--hub-ca-key {key!r} is not a valid ConfigMap key")
+    return HubServiceValues(
+        hub_url=_hub_url(hub_url),
+        namespace=dns_label(namespace, "namespace"),
+        image=_image(image, "--image"),
+        kind=kind_,
+        every=float(every),
+        db_secret=_dns_subdomain(db_secret or "", "--db-secret"),
+        hub_token_secret=_dns_subdomain(token, "--hub-token-secret") if token else None,
+        hub_ca_configmap=_dns_subdomain(ca, "--hub-ca-configmap") if ca else None,
+        hub_ca_key=key,
+    )
+
+
+def _hub_args(values: HubServiceValues) -> list[str]:
+    args = ["--hub-url", values.hub_url]
+    if values.hub_token_secret:
+        args += ["--token-file", f"{TOKEN_DIR}/{TOKEN_KEY}"]
+    if values.hub_ca_configmap:
+        args += ["--ca-file", f"{CA_DIR}/{values.hub_ca_key}"]
+    return args
+
+
+def render_hub_service(values: HubServiceValues) -> dict[str, str]:
+    """All files of ``gpufleet hub render``: relative path -> text, in apply order.
+
+    A Deployment runs ``gpufleet serve`` with a Service and ServiceMonitor for its /metrics;
+    a CronJob runs ``gpufleet sync`` and has nothing to scrape, so it gets neither.
+    """
+    every = format_duration(values.every)
+    if values.kind == "deployment":
+        args = ["serve", "--listen", f"0.0.0.0:{SERVICE_PORT}", "--every", every,
+                *_hub_args(values)]
+    else:
+        args = ["sync", *_hub_args(values)]
+    context = {
+        "v": values,
+        "name": HUB_NAME,
+        "labels": _labels(HUB_NAME, "hub", values.namespace),
+        "selector": _selector(HUB_NAME, values.namespace),
+        "args": args,
+        "port": SERVICE_PORT,
+        "every": every,
+        "schedule": cron_schedule(values.every) if values.kind == "cronjob" else None,
+        # A sync that outlives its interval is stopped before the next one is due.
+        "deadline": max(60, int(values.every)),
+        "db_key": DB_SECRET_KEY,
+        "token_key": TOKEN_KEY,
+        "token_dir": TOKEN_DIR,
+        "ca_dir": CA_DIR,
+    }
+    files: dict[str, str] = {
+        "namespace.yaml": _render(
+            "templates/common/namespace.yaml.j2", ns_name=values.namespace,
+            ns_labels={**_labels(values.namespace, "namespace", values.namespace),
+                       "pod-security.kubernetes.io/enforce": "restricted"}),
+        "serviceaccount.yaml": _render("templates/hubservice/serviceaccount.yaml.j2",
+                                              **context),
+    }
+    if values.kind == "deployment":
+        for name in ("service.yaml", "deployment.yaml", "servicemonitor.yaml"):
+            files[name] = _render(f"templates/hubservice/{name}.j2", **context)
+    else:
+        files["cronjob.yaml"] = _render("templates/hubservice/cronjob.yaml.j2",
+                                               **context)
+    files["kustomization.yaml"] = _kustomization(files)
+    return files

@@ -1,0 +1,115 @@
+"""The OpenAPI 3.1 description of the API, built from the routes and the inventory columns."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from hub import __version__
+from hub import inventory as inv
+from hub.service._api import HEALTH_LEVELS, SEVERITIES, STATES, VENDORS
+
+if TYPE_CHECKING:
+    from hub.service._routes import Route
+
+
+def _param(name: str, description: str, schema: dict[str, Any] | None = None,
+           where: str = "query") -> dict[str, Any]:
+    return {"name": name, "in": where, "required": where == "path",
+            "description": description, "schema": schema or {"type": "string"}}
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _list_of(name: str) -> dict[str, Any]:
+    return {"type": "object", "required": ["items", "continue"], "properties": {
+        "items": {"type": "array", "items": _ref(name)},
+        "continue": {"type": ["string", "null"],
+                     "description": "Token of the next page; null on the last page."},
+    }}
+
+
+_TIME = {"type": ["string", "null"], "format": "date-time"}
+_NUMBER = {"type": ["number", "null"]}
+_TEXT = {"type": ["string", "null"]}
+_GPU_TYPES: dict[str, dict[str, Any]] = {
+    "cluster": {"type": "string"}, "node": {"type": "string"}, "uuid": {"type": "string"},
+    "index": {"type": ["integer", "null"]}, "vendor": {"type": "string", "enum": list(VENDORS)},
+    "state": {"type": "string", "enum": list(STATES)}, "first_seen": _TIME,
+    "last_seen": _TIME, "last_sample_at": _TIME, "memory_total_mib": _NUMBER,
+    "memory_used_mib": _NUMBER, "utilisation_pct": _NUMBER, "power_w": _NUMBER,
+    "temperature_c": _NUMBER,
+    "health": {"type": ["string", "null"], "enum": [*HEALTH_LEVELS, None]},
+    "health_reasons": {"type": ["string", "null"]},
+}
+
+
+def _object(columns: Sequence[str], types: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
+    return {"type": "object", "required": list(columns),
+            "properties": {c: types.get(c, _TEXT) for c in columns}}
+
+
+def _schemas() -> dict[str, Any]:
+    counted = {"nodes": {"type": "integer"}, "gpus": {"type": "integer"},
+               "state": _GPU_TYPES["state"], "last_seen": _TIME, "last_sample_at": _TIME,
+               "cluster": {"type": "string"}, "node": {"type": "string"}}
+    place = _object(["cluster", "node", "state", "last_seen"], counted)
+    runs = {"id": {"type": "integer"}, "started_at": _TIME, "finished_at": _TIME,
+            "status": {"type": "string", "enum": ["ok", "failed"]},
+            "requests": {"type": "integer"}, "clusters": {"type": ["integer", "null"]},
+            "nodes": {"type": ["integer", "null"]}, "gpus": {"type": ["integer", "null"]}}
+    return {
+        "Cluster": _object(inv.CLUSTER_COLUMNS, counted),
+        "Node": _object(inv.NODE_COLUMNS, counted),
+        "Gpu": _object(inv.GPU_COLUMNS, _GPU_TYPES),
+        "GpuDetail": {"type": "object", "required": ["gpu", "slices", "also_seen_on"],
+                      "properties": {
+                          "gpu": {"oneOf": [_ref("Gpu"), {"type": "null"}]},
+                          "slices": {"type": "array", "items": _ref("Gpu")},
+                          "also_seen_on": {"type": "array", "items": place}}},
+        "SyncRun": _object(list(inv.sync_runs.c.keys()), runs),
+        "Finding": _object(["severity", "check", "cluster", "node", "gpu", "message"],
+                           {"severity": {"type": "string", "enum": list(SEVERITIES)},
+                            "check": {"type": "string"}, "message": {"type": "string"}}),
+        "Health": {"type": "object", "required": ["status"], "properties": {
+            "status": {"type": "string", "enum": ["ok", "unavailable"]},
+            "reason": {"type": "string"}, "last_success": _TIME,
+            "last_success_age_seconds": _NUMBER, "last_error": _TEXT,
+            "consecutive_failures": {"type": "integer"},
+            "interval_seconds": {"type": "number"}}},
+        "Error": {"type": "object", "required": ["error"],
+                  "properties": {"error": {"type": "string"}}},
+    }
+
+
+_STATUS_TEXT = {400: "Bad query parameters", 404: "Not found",
+                503: "Not available (inventory database or service not healthy)"}
+
+
+def openapi_document(routes: Sequence[Route]) -> dict[str, Any]:
+    """OpenAPI 3.1 built from the route table itself, so no path goes undocumented."""
+    paths: dict[str, Any] = {}
+    for route in routes:
+        responses: dict[str, Any] = {"200": {"description": "OK", "content": {
+            route.content_type.split(";")[0]: {"schema": route.response}}}}
+        for status in route.errors:
+            responses[str(status)] = {"description": _STATUS_TEXT[status], "content": {
+                "application/json": {"schema": _ref("Health" if route.path == "/healthz"
+                                                     and status == 503 else "Error")}}}
+        operation = {"summary": route.summary, "operationId": _operation_id(route.path),
+                     "parameters": list(route.parameters), "responses": responses}
+        paths[route.path] = {"get": operation}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "gpufleet hub service", "version": __version__,
+                 "description": "Read-only view of the GPU inventory. Only GET and HEAD."},
+        "paths": paths,
+        "components": {"schemas": _schemas()},
+    }
+
+
+def _operation_id(path: str) -> str:
+    words = [w.strip("{}") for w in path.replace(".", "/").replace("-", "/").split("/") if w]
+    return "get" + "".join(w[:1].upper() + w[1:] for w in words if w not in ("api", "v1"))

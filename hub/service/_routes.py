@@ -1,0 +1,191 @@
+"""The API's routes: which path runs which handler, and the service's own endpoints.
+
+A route carries its OpenAPI description beside its handler, so the description cannot drift
+from what is served.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from hub.service._api import (
+    DEFAULT_LIMIT,
+    DEFAULT_RUNS,
+    HEALTH_LEVELS,
+    MAX_LIMIT,
+    MAX_RUNS,
+    METRICS_CONTENT_TYPE,
+    SEVERITIES,
+    STATES,
+    VENDORS,
+    ApiError,
+    Handler,
+    Params,
+    Query,
+    Raw,
+    Response,
+    _listing,
+    clusters,
+    gpu,
+    gpus,
+    log,
+    nodes,
+    sync_runs,
+)
+from hub.service._openapi import _list_of, _param, _ref, openapi_document
+
+# -- routes and the OpenAPI description -------------------------------------------------------
+
+
+
+
+
+
+CLUSTER_PARAM = _param("cluster", "Only this cluster.")
+LIMIT_RUNS = _param("limit", f"Number of runs (1-{MAX_RUNS}).",
+                    {"type": "integer", "minimum": 1, "maximum": MAX_RUNS,
+                     "default": DEFAULT_RUNS})
+
+
+@dataclass(frozen=True)
+class Route:
+    path: str  # OpenAPI path; a trailing "{name}" takes the rest of the path, percent-decoded
+    handler: Handler
+    summary: str
+    response: dict[str, Any]
+    parameters: tuple[dict[str, Any], ...] = ()
+    content_type: str = "application/json"
+    errors: tuple[int, ...] = (400,)
+
+    @property
+    def prefix(self) -> str | None:
+        head, sep, _ = self.path.partition("{")
+        return head if sep else None
+
+
+@dataclass
+class Router:
+    """Finds a route for a path and turns whatever the handler does into (status, body)."""
+
+    engine: Engine
+    routes: list[Route] = field(default_factory=list)
+
+    def resolve(self, path: str) -> tuple[Route, dict[str, str]] | None:
+        for route in self.routes:
+            prefix = route.prefix
+            if prefix is None and path == route.path:
+                return route, {}
+            if prefix is not None and path.startswith(prefix):
+                name = route.path[len(prefix):].strip("{}")
+                return route, {name: unquote(path[len(prefix):])}
+        return None
+
+    def handle(self, path: str, query: Query) -> Response:
+        found = self.resolve(path)
+        if found is None:
+            return 404, {"error": f"no such path {path!r}: see /api/v1/openapi.json"}
+        route, params = found
+        try:
+            return route.handler(query, self.engine, **params)
+        except ApiError as exc:
+            return exc.status, {"error": exc.message}
+        except sa.exc.SQLAlchemyError as exc:
+            return 503, {"error": database_error(exc)}
+        except Exception:
+            log.exception("internal error serving %s", path)
+            return 500, {"error": "internal error (see the service log)"}
+
+
+def database_error(exc: BaseException) -> str:
+    """A one-line reason for a failed database read, without the URL or the statement."""
+    orig = getattr(exc, "orig", None)
+    text = str(orig if orig is not None else exc).strip()
+    first = text.splitlines()[0] if text else type(exc).__name__
+    if "no such table" in first or type(orig).__name__ == "UndefinedTable":
+        return "the inventory is empty: no sync has completed yet"
+    return f"inventory database unavailable: {first}"
+
+
+def build_router(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, Any]]],
+                 findings: Callable[[], tuple[list[dict[str, Any]], float | None]],
+                 metrics: Callable[[], bytes]) -> Router:
+    """All routes: the inventory handlers above plus the service's own state, passed in.
+
+    ``health`` answers (ok, details); ``findings`` the latest findings and when they were
+    made (epoch seconds, None before the first); ``metrics`` the Prometheus exposition.
+    """
+
+    def healthz(query: Query, engine: Engine) -> Response:
+        Params(query, [])
+        ok, details = health()
+        return (200 if ok else 503), details
+
+    def metrics_(query: Query, engine: Engine) -> Response:
+        Params(query, [])
+        return 200, Raw(metrics(), METRICS_CONTENT_TYPE)
+
+    def findings_(query: Query, engine: Engine) -> Response:
+        params = Params(query, ["severity", "cluster"])
+        severity = params.choice("severity", SEVERITIES)
+        cluster = params.text("cluster")
+        items, generated = findings()
+        selected = [f for f in items
+                    if (severity is None or f.get("severity") == severity)
+                    and (cluster is None or f.get("cluster") == cluster)]
+        when = dt.datetime.fromtimestamp(generated, dt.UTC) if generated is not None else None
+        return 200, {**_listing(selected), "generated_at": when}
+
+    router = Router(engine)
+
+    def openapi(query: Query, engine: Engine) -> Response:
+        Params(query, [])
+        return 200, openapi_document(router.routes)
+
+    router.routes = [
+        Route("/healthz", healthz, "Whether the last sync succeeded within two intervals "
+              "(200) or not (503, with the reason).", _ref("Health"), errors=(400, 503)),
+        Route("/metrics", metrics_, "Prometheus metrics of the service and the inventory.",
+              {"type": "string"}, content_type=METRICS_CONTENT_TYPE),
+        Route("/api/v1/openapi.json", openapi, "This description (OpenAPI 3.1).",
+              {"type": "object"}),
+        Route("/api/v1/clusters", clusters, "Clusters: active nodes and physical GPUs, "
+              "state, last sample.", _list_of("Cluster"), (CLUSTER_PARAM,),
+              errors=(400, 503)),
+        Route("/api/v1/nodes", nodes, "Nodes: active physical GPUs, state, last sample.",
+              _list_of("Node"), (CLUSTER_PARAM,), errors=(400, 503)),
+        Route("/api/v1/gpus", gpus, "GPUs, one item per physical GPU and one per MIG slice, "
+              "in (cluster, node, uuid, slice) order; paged.", _list_of("Gpu"), (
+                  CLUSTER_PARAM,
+                  _param("node", "Only this node."),
+                  _param("state", "Only GPUs in this state.",
+                         {"type": "string", "enum": list(STATES)}),
+                  _param("vendor", "Only this vendor.", {"type": "string", "enum": list(VENDORS)}),
+                  _param("health", "Only GPUs of this health (XID, ECC, row remapping).",
+                         {"type": "string", "enum": list(HEALTH_LEVELS)}),
+                  _param("limit", f"Page size (1-{MAX_LIMIT}).",
+                         {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT,
+                          "default": DEFAULT_LIMIT}),
+                  _param("continue", "The 'continue' token of the previous page."),
+              ), errors=(400, 503)),
+        Route("/api/v1/gpus/{uuid}", gpu, "One GPU (the physical device) with its MIG "
+              "slices. A uuid seen on several nodes answers the active, most recently seen "
+              "one and lists the others in also_seen_on.", _ref("GpuDetail"),
+              (_param("uuid", "GPU uuid, percent-encoded ('/' as %2F).", where="path"),),
+              errors=(400, 404, 503)),
+        Route("/api/v1/findings", findings_, "Findings of the latest checks (empty until "
+              "checks are configured).", {**_list_of("Finding"), "properties": {
+                  **_list_of("Finding")["properties"],
+                  "generated_at": {"type": ["string", "null"], "format": "date-time"}}},
+              (_param("severity", "Only this severity.",
+                      {"type": "string", "enum": list(SEVERITIES)}), CLUSTER_PARAM)),
+        Route("/api/v1/sync-runs", sync_runs, "Sync runs, latest first.",
+              _list_of("SyncRun"), (LIMIT_RUNS,), errors=(400, 503)),
+    ]
+    return router
