@@ -17,8 +17,8 @@ from hub.store import _vendors as vendors
 from hub.validate._checks import GpuFacts, check_gpu_health
 from spoke import Exporter, SimBackend
 from spoke._sim import parse_fault
-from tests.conftest import wait_for
 from tests.support.clirun import gpufleet, gpufleet_json
+from tests.support.promql import wait_for
 
 NV = vendors.profile("nvidia")
 AMD = vendors.profile("amd")
