@@ -31,9 +31,7 @@ from pathlib import Path
 import pynvml
 import requests
 
-from hub.devstack import free_port
 from spoke import Exporter, MetricsServer, NvmlBackend
-from spoke._fakekubelet import FakeKubelet
 from spoke._fakes import MIB, FakeNvml, FakeNvmlGpu
 from spoke._podresources import KubeletPods, ListPodResourcesResponse
 
@@ -111,6 +109,8 @@ def serve(gpus: int, port: int, socket: str | None) -> None:
 
 def scrape_figures(gpus: int, scrapes: int,
                    socket: str | None) -> tuple[float, float, int, dict[str, int]]:
+    from hub.devstack import free_port  # the parent's only: the child measures an exporter
+
     port = free_port()
     extra = ["--socket", socket] if socket else []
     child = subprocess.Popen([sys.executable, __file__, "--serve", str(gpus), "--port",
@@ -157,6 +157,8 @@ def main() -> None:
     if args.serve:
         serve(args.serve, args.port, args.socket)
         return
+
+    from spoke._fakekubelet import FakeKubelet  # the parent serves the kubelet, not the child
 
     print(f"python {sys.version.split()[0]}, pid {os.getpid()}, {os.cpu_count()} CPUs")
     print(f"full default field set; pod attribution {'off' if args.no_pods else 'on'}")
