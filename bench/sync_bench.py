@@ -115,7 +115,7 @@ def read_families() -> list[tuple[str, str]]:
     """(vendor, metric name) of every family the inventory reads, each prefix spelled out."""
     out = []
     for p in store.PROFILES:
-        names = [m for ms in p.value_fields.values() for m in ms]
+        names = [m for ms in (*p.value_fields.values(), *p.health_fields.values()) for m in ms]
         for prefix in p.name_prefixes:
             out += [(p.vendor, prefix + m) for m in dict.fromkeys(names)]
     return out

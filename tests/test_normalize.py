@@ -127,7 +127,7 @@ def test_cluster_label_is_configurable():
 
 def test_request_set_is_fixed_and_names_every_vendor():
     queries = vendors.sync_queries("10m", "1m", "cluster")
-    assert len(queries) == 14  # NVIDIA: 6 fields + sample times with temperature; AMD: 6 + 1
+    assert len(queries) == 20  # NVIDIA 6 values + 4 health + sample times; AMD 6 + 2 + 1
     assert {(q.vendor, q.kind) for q in queries} == {
         (v, k) for v in ("nvidia", "amd") for k in ("timestamp", "values")}
     power = next(q for q in queries if q.vendor == "amd" and q.field == "power_w")
