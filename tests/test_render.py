@@ -29,7 +29,7 @@ from tests.support.manifests import (
 URL = "https://receive.hub.example.com/api/v1/receive"
 MATRIX = [
     (vendor, exporter, mode)
-    for vendor in ("nvidia", "amd")
+    for vendor in ("nvidia", "amd", "nvidia,amd")
     for exporter in ("upstream", "builtin")
     for mode in ("remote-write", "acm")
 ]
@@ -77,7 +77,7 @@ def test_strict_validation_would_catch_a_misspelt_field():
         kubernetes_validate.validate(daemonset, "1.30", strict=True)
 
 
-@pytest.mark.parametrize("vendor", ["nvidia", "amd"])
+@pytest.mark.parametrize("vendor", ["nvidia", "amd", "nvidia,amd"])
 @pytest.mark.parametrize("exporter", ["upstream", "builtin"])
 def test_agent_config_in_the_configmap_passes_promtool(vendor, exporter, tmp_path):
     files = render.render_spoke(values(vendor=vendor, exporter=exporter))
@@ -178,7 +178,9 @@ def test_agent_restarts_when_its_configuration_changes():
 @pytest.mark.parametrize("exporter", ["upstream", "builtin"])
 @pytest.mark.parametrize("vendor", ["nvidia", "amd"])
 def test_only_the_agent_may_scrape_the_exporter(vendor, exporter):
-    files = render.render_spoke(values(vendor=vendor, exporter=exporter))
+    restrict = exporter == "upstream"  # upstream: only on request (next test)
+    files = render.render_spoke(values(vendor=vendor, exporter=exporter,
+                                       restrict_exporter_ingress=restrict))
     policy = one(files, "NetworkPolicy")["spec"]
     service = one(files, "Service")
     agent = one(files, "Deployment")
@@ -196,6 +198,57 @@ def test_only_the_agent_may_scrape_the_exporter(vendor, exporter):
     if exporter == "builtin":
         pods = one(files, "DaemonSet")["spec"]["template"]["metadata"]["labels"]
         assert subset(policy["podSelector"]["matchLabels"], pods)
+
+
+@pytest.mark.parametrize("mode", ["remote-write", "acm"])
+def test_no_networkpolicy_in_a_namespace_we_do_not_own_unless_asked(mode, tmp_path):
+    """A NetworkPolicy in the GPU operator's namespace would cut off the scrapers already there."""
+    for vendor in ("nvidia", "amd", "nvidia,amd"):
+        files = render.render_spoke(values(vendor=vendor, mode=mode))
+        assert not by_kind(files, "NetworkPolicy")
+    result = spoke(tmp_path, "--cluster", "east", "--vendor", "nvidia", "--mode", mode,
+                   "--remote-write-url", URL, "--restrict-exporter-ingress")
+    assert result.exit_code == 0, result.output
+    written = {str(p.relative_to(tmp_path / "out")): p.read_text()
+               for p in (tmp_path / "out").rglob("*.yaml")}
+    policy = one(written, "NetworkPolicy")
+    assert policy["metadata"]["namespace"] == "nvidia-gpu-operator"
+    assert "cuts off every other scraper" in "".join(written.values())
+
+
+@pytest.mark.parametrize("exporter", ["upstream", "builtin"])
+def test_one_agent_scrapes_both_vendors_of_a_mixed_cluster(exporter, tmp_path):
+    result = spoke(tmp_path, "--cluster", "east", "--vendor", "nvidia,amd", "--exporter",
+                   exporter, "--remote-write-url", URL)
+    assert result.exit_code == 0, result.output
+    files = {p.name: p.read_text() for p in (tmp_path / "out").glob("*.yaml")}
+    assert one(files, "Deployment")["metadata"]["name"] == "gpufleet-agent"
+    jobs = {job["job_name"]: (job["dns_sd_configs"][0]["names"], job["dns_sd_configs"][0]["port"])
+            for job in agent_config(files)["scrape_configs"]}
+    services = {s["metadata"]["name"]: s for s in by_kind(files, "Service")}
+    assert sorted(services) == ["gpufleet-exporter-amd", "gpufleet-exporter-nvidia"]
+    for vendor, port in (("nvidia", 9400), ("amd", 5000 if exporter == "upstream" else 9400)):
+        service = services[f"gpufleet-exporter-{vendor}"]
+        namespace = service["metadata"]["namespace"]
+        assert jobs[f"gpu-exporter-{vendor}"] == (
+            [f"gpufleet-exporter-{vendor}.{namespace}.svc"], port)
+    if exporter == "upstream":
+        assert services["gpufleet-exporter-nvidia"]["metadata"]["namespace"] == \
+            "nvidia-gpu-operator"
+        assert services["gpufleet-exporter-amd"]["metadata"]["namespace"] == "kube-amd-gpu"
+    else:  # two DaemonSets, each on its vendor's nodes, each selected by its own Service
+        daemonsets = {d["metadata"]["name"]: d for d in by_kind(files, "DaemonSet")}
+        assert sorted(daemonsets) == sorted(services)
+        for name, daemonset in daemonsets.items():
+            pods = daemonset["spec"]["template"]["metadata"]["labels"]
+            assert subset(services[name]["spec"]["selector"], pods)
+        assert "nvidia.com/gpu.present" in daemonsets["gpufleet-exporter-nvidia"]["spec"][
+            "template"]["spec"]["nodeSelector"]
+        namespace = one(files, "Namespace")["metadata"]["labels"]
+        assert namespace["pod-security.kubernetes.io/enforce"] == "privileged"  # AMD hostPath
+    kustomization = yaml.safe_load(files["kustomization.yaml"])
+    assert sorted(kustomization["resources"]) == sorted(n for n in files
+                                                         if n != "kustomization.yaml")
 
 
 def test_upstream_exporter_is_found_where_the_gpu_operator_runs_it():
@@ -375,9 +428,9 @@ def test_acm_spoke_has_a_labelled_namespace_and_a_servicemonitor_only(exporter):
     files = render.render_spoke(values(mode="acm", exporter=exporter))
     spoke_files = {p: t for p, t in files.items() if p.startswith("spoke/")}
     kinds = sorted(o["kind"] for o in objects(spoke_files).values())
-    expected = ["Namespace", "NetworkPolicy", "Service", "ServiceMonitor"]
+    expected = ["Namespace", "Service", "ServiceMonitor"]
     if exporter == "builtin":
-        expected += ["DaemonSet", "ServiceAccount"]
+        expected += ["DaemonSet", "NetworkPolicy", "ServiceAccount"]
     assert kinds == sorted(expected)  # no agent, no remote-write: ACM's collector does that
     namespace = yaml.safe_load(files["spoke/namespace.yaml"])
     assert namespace["metadata"]["labels"]["openshift.io/cluster-monitoring"] == "true"
@@ -393,9 +446,10 @@ def test_acm_spoke_has_a_labelled_namespace_and_a_servicemonitor_only(exporter):
     assert endpoint["interval"] == "30s" and endpoint["honorLabels"] is True
     [keep] = endpoint["metricRelabelings"]
     assert keep["action"] == "keep" and keep["regex"] == render.metrics_keep_regex()
-    peer = one(files, "NetworkPolicy")["spec"]["ingress"][0]["from"][0]
-    assert peer["namespaceSelector"]["matchLabels"] == {
-        "kubernetes.io/metadata.name": "openshift-monitoring"}
+    if exporter == "builtin":
+        peer = one(files, "NetworkPolicy")["spec"]["ingress"][0]["from"][0]
+        assert peer["namespaceSelector"]["matchLabels"] == {
+            "kubernetes.io/metadata.name": "openshift-monitoring"}
     assert "remote_write" not in "".join(files.values())
 
 

@@ -32,8 +32,9 @@ F = Callable[..., Any]
 def _spoke_options(func: F) -> F:
     """Options shared by ``spoke render`` and ``policy render`` (same manifests underneath)."""
     options = [
-        click.option("--vendor", envvar=env("vendor"), metavar="nvidia|amd",
-                     help="GPU vendor of the cluster's nodes."),
+        click.option("--vendor", envvar=env("vendor"), metavar="nvidia|amd|nvidia,amd",
+                     help="GPU vendor(s) of the cluster's nodes. A comma list renders one "
+                          "agent scraping every listed vendor's exporter (mixed clusters)."),
         click.option("--mode", envvar=env("mode"), default="remote-write", show_default=True,
                      metavar="remote-write|acm",
                      help="remote-write: a Prometheus agent pushes to Thanos Receive. "
@@ -69,6 +70,12 @@ def _spoke_options(func: F) -> F:
                      envvar=env("exporter-image"), default=onboarding.DEFAULT_EXPORTER_IMAGE,
                      show_default=True,
                      help="gpufleet image of the builtin exporter (--image for short)."),
+        click.option("--restrict-exporter-ingress", envvar=env("restrict-exporter-ingress"),
+                     is_flag=True, default=False,
+                     help="Upstream exporter: also render a NetworkPolicy in the GPU "
+                          "operator's namespace admitting only our scraper. It cuts off every "
+                          "other scraper there (see docs/onboarding.md). Builtin exporters "
+                          "always get one."),
         click.option("--out", envvar=env("out"), metavar="DIR",
                      help="Directory to write (replaced as a whole on re-render)."),
     ]
@@ -93,7 +100,7 @@ def _require_out(out: str | None) -> str:
 def _spoke_kwargs(params: dict[str, Any]) -> dict[str, Any]:
     keys = ("vendor", "mode", "exporter", "remote_write_url", "remote_write_secret",
             "monitoring", "platform", "exporter_namespace", "exporter_selector",
-            "agent_image", "exporter_image")
+            "agent_image", "exporter_image", "restrict_exporter_ingress")
     return {key: params[key] for key in keys}
 
 
