@@ -1,9 +1,16 @@
 """A local fleet of real processes (hub Prometheus with the remote-write receiver, agents,
-static exporters) for the demo, the tests and the benchmarks, and the demo itself.
+static exporters) for the demo, the tests and the benchmarks, and the demo itself; and a hub
+profile that behaves like ACM Observability's (sparse pushes, long look-back, query proxy).
 """
 
 from __future__ import annotations
 
+from hub.devstack._acm import (
+    MetricsCollector,
+    RbacQueryProxy,
+    hub_args,
+    inject_matchers,
+)
 from hub.devstack._demo import (
     run,
 )
@@ -15,9 +22,13 @@ from hub.devstack._prometheus import (
 )
 
 __all__ = [
+    "MetricsCollector",
     "PrometheusProcess",
+    "RbacQueryProxy",
     "free_port",
+    "hub_args",
     "hub_config",
+    "inject_matchers",
     "require_binary",
     "run",
 ]
