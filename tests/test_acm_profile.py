@@ -174,3 +174,18 @@ def test_freshness_and_partial_visibility_through_the_query_proxy(acm_hub, db_ur
     assert "not visible: west" in visibility["message"]
     assert not any(f["check"] == "freshness" for f in report["findings"]), report["findings"]
     assert proxy.seen and all('cluster=~"east"' in q for q in proxy.seen)
+
+
+def test_the_syncs_queries_stay_valid_when_the_proxy_narrows_them(acm_hub, tmp_path):
+    """A limited token's sync goes through the rewritten queries: valid PromQL for the store,
+    and it sees only its clusters (which the report's hub_visibility finding warns about)."""
+    acm_hub.cluster("east", [sample_text(T4)])
+    acm_hub.cluster("west", [sample_text("amd-mi300x.prom")])
+    proxy = acm_hub.proxy({"team-token": ["east"]})
+    wait_for(acm_hub.url, "count(DCGM_FI_DEV_GPU_UTIL) + count(gpu_gfx_activity)", bool)
+    env = {"GPUFLEET_DB": f"sqlite:///{tmp_path / 'team.db'}", "GPUFLEET_TOKEN": "team-token"}
+    sync(env, proxy.url)
+    assert states(env) == {"east": {"active"}}
+    assert proxy.seen and all('cluster=~"east"' in q for q in proxy.seen)
+    result = gpufleet("sync", "--hub-url", proxy.url, env={**env, "GPUFLEET_TOKEN": "nobody"})
+    assert result.exit_code == 3 and "refused" in result.output
