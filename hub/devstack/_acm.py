@@ -34,6 +34,8 @@ import cramjam
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from hub.common import BackgroundHTTPServer
+
 #: ACM's defaults: metrics-collector interval, and Thanos Query's look-back (twice the interval).
 ACM_PUSH_INTERVAL = 300.0
 ACM_LOOKBACK = 600.0
@@ -277,12 +279,12 @@ def _with_matchers(block: str, matchers: str) -> str:
     return "{" + (f"{inner}, {matchers}" if inner else matchers) + "}"
 
 
-class RbacQueryProxy(http.server.ThreadingHTTPServer):
+class RbacQueryProxy(BackgroundHTTPServer):
     """ACM's rbac-query-proxy on loopback: a bearer token maps to the clusters it may see
     (``None``: all). Queries of a limited token get ``cluster=~"..."`` on every selector;
     the answer says nothing about it. An unknown token is refused (401)."""
 
-    daemon_threads = True
+    thread_name = "rbac-query-proxy"
 
     def __init__(self, upstream: str, tokens: Mapping[str, Iterable[str] | None],
                  cluster_label: str = "cluster") -> None:
@@ -301,20 +303,7 @@ class RbacQueryProxy(http.server.ThreadingHTTPServer):
             def log_message(self, *args: object) -> None:
                 return
 
-        super().__init__(("127.0.0.1", 0), _H)
-        self._thread = threading.Thread(target=self.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-    def start(self) -> RbacQueryProxy:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self.shutdown()
-        self.server_close()
+        super().__init__("127.0.0.1", 0, _H)
 
     def rewrite(self, promql: str, clusters: list[str] | None) -> str:
         if clusters is None:
