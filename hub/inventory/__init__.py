@@ -32,6 +32,7 @@ from hub.inventory._migrate import (
     ensure_schema,
     upgrade,
 )
+from hub.inventory._reconcile_runs import reconcile_clusters, reconcile_results, reconcile_runs
 from hub.inventory._sync import (
     SyncResult,
     run_sync,
@@ -61,6 +62,9 @@ __all__ = [
     "metadata",
     "nodes",
     "now_utc",
+    "reconcile_clusters",
+    "reconcile_results",
+    "reconcile_runs",
     "run_sync",
     "safe_url",
     "subquery_step",
