@@ -103,7 +103,7 @@ class MetricsCollector:
     sources: list[Source]
     interval: float = ACM_PUSH_INTERVAL
     extra_labels: dict[str, str] = field(default_factory=dict)
-    #: wall-clock time (s) of the last push that carried samples from source i
+    #: wall-clock time (s) stamped on the last accepted push that carried source i's samples
     last_pushed: dict[int, float] = field(default_factory=dict)
     pushes: int = 0
 
@@ -123,16 +123,17 @@ class MetricsCollector:
         except Exception:  # a failing exporter is skipped, as the collector's federate would
             return None
 
-    def collect(self) -> list[tuple[dict[str, str], float, int]]:
+    def collect(self) -> tuple[list[tuple[dict[str, str], float, int]], set[int]]:
+        """One snapshot of every source: the series to push, and which sources answered."""
         now_ms = int(time.time() * 1000)
         base = {"cluster": self.cluster, "clusterID": cluster_id(self.cluster),
                 **self.extra_labels}
         out: list[tuple[dict[str, str], float, int]] = []
+        answered: set[int] = set()
         for i, source in enumerate(self.sources):
             text = self._read(source)
             if text is None:
                 continue
-            found = False
             for family in text_string_to_metric_families(text):
                 for sample in family.samples:
                     if math.isnan(sample.value):
@@ -140,13 +141,11 @@ class MetricsCollector:
                     labels = {**sample.labels, "__name__": sample.name, "job": "gpu-exporter",
                               "instance": f"source-{i}", **base}
                     out.append((labels, float(sample.value), now_ms))
-                    found = True
-            if found:
-                self.last_pushed[i] = now_ms / 1000
-        return out
+                    answered.add(i)
+        return out, answered
 
     def push_once(self) -> int:
-        series = self.collect()
+        series, answered = self.collect()
         if series:
             body = cramjam.snappy.compress_raw(encode_write_request(series))
             r = self._session.post(
@@ -155,6 +154,8 @@ class MetricsCollector:
                          "Content-Type": "application/x-protobuf",
                          "X-Prometheus-Remote-Write-Version": "0.1.0"})
             r.raise_for_status()
+            for i in answered:
+                self.last_pushed[i] = series[0][2] / 1000
         self.pushes += 1
         return len(series)
 
