@@ -251,6 +251,20 @@ def test_one_agent_scrapes_both_vendors_of_a_mixed_cluster(exporter, tmp_path):
                                                          if n != "kustomization.yaml")
 
 
+def test_acm_mixed_cluster_labels_both_gpu_operator_namespaces():
+    files = render.render_spoke(values(vendor="nvidia,amd", mode="acm"))
+    namespaces = {n["metadata"]["name"]: n["metadata"]["labels"]
+                  for n in by_kind(files, "Namespace")}
+    assert sorted(namespaces) == ["kube-amd-gpu", "nvidia-gpu-operator"]
+    assert all(labels["openshift.io/cluster-monitoring"] == "true"
+               for labels in namespaces.values())
+    monitors = {m["metadata"]["namespace"]: m["metadata"]["name"]
+                for m in by_kind(files, "ServiceMonitor")}
+    assert monitors == {"nvidia-gpu-operator": "gpufleet-exporter-nvidia",
+                        "kube-amd-gpu": "gpufleet-exporter-amd"}
+    assert {"spoke/namespace-nvidia.yaml", "spoke/namespace-amd.yaml"} <= set(files)
+
+
 def test_upstream_exporter_is_found_where_the_gpu_operator_runs_it():
     nvidia = render.render_spoke(values(vendor="nvidia"))
     service = one(nvidia, "Service")

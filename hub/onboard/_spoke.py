@@ -339,17 +339,17 @@ def spoke_manifests(values: SpokeValues) -> dict[str, str]:
 
 
 def _namespace_files(values: SpokeValues, context: dict[str, Any]) -> dict[str, str]:
-    """Our namespace (remote-write) or each exporter namespace (acm: it gets labels)."""
-    files: dict[str, str] = {}
-    seen: set[str] = set()
+    """Our namespace (remote-write), or each exporter namespace (acm: it gets labels); with
+    two namespaces (a mixed cluster's GPU operators) each file names its vendor."""
+    targets: dict[str, ExporterTarget] = {}
     for target in context["exporters"]:
         ns = values.namespace if values.mode == "remote-write" else target.namespace
-        if ns in seen:
-            continue
-        seen.add(ns)
-        name = "namespace.yaml" if not seen - {ns} else f"namespace{target.suffix}.yaml"
-        files[name] = _render("templates/spoke/namespace.yaml.j2", **context, x=target, ns=ns)
-    return files
+        targets.setdefault(ns, target)
+    return {
+        ("namespace.yaml" if len(targets) == 1 else f"namespace{target.suffix}.yaml"):
+            _render("templates/spoke/namespace.yaml.j2", **context, x=target, ns=ns)
+        for ns, target in targets.items()
+    }
 
 
 
