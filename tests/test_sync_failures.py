@@ -80,16 +80,21 @@ def test_hub_stopped_during_a_sync(hub, synced, front):
     assert gpufleet_json("inventory", "gpus", env=env) == before
 
 
-def test_partial_response_is_a_failure(hub, synced, front):
-    env, before = synced
+def with_warnings(hub_url: str):
+    """A store that ignores partial_response=false and answers partial results anyway."""
 
-    def with_warnings(req: Request) -> Response:
-        upstream = forward(hub.url, req)
+    def handle(req: Request) -> Response:
+        upstream = forward(hub_url, req)
         data = json.loads(upstream.body)
         data["warnings"] = ["receive-2: store unavailable"]
         return json_response(200, data)
 
-    result = gpufleet("sync", "--hub-url", front(with_warnings).url, env=env)
+    return handle
+
+
+def test_partial_response_is_a_failure(hub, synced, front):
+    env, before = synced
+    result = gpufleet("sync", "--hub-url", front(with_warnings(hub.url)).url, env=env)
     assert result.exit_code == 3
     assert "partial response (receive-2: store unavailable)" in one_line(result.stderr)
     assert_unchanged_with_failed_run(env, before, "partial response")
@@ -139,6 +144,17 @@ def test_thanos_refusing_a_partial_answer_is_unavailable_not_a_promql_error(hub,
     result = gpufleet("query", "--hub-url", bad.url, "a / on() b")
     assert result.exit_code == 2
     assert "PromQL error" in one_line(result.stderr)
+
+
+@pytest.mark.parametrize("command", [["report", "-o", "json"], ["reconcile", "--source", "hub"]])
+def test_every_command_reading_the_hub_fails_on_a_partial_answer(hub, synced, front, command):
+    """Not only sync: a report or reconcile from a partial answer would look healthy."""
+    env, _ = synced
+    for handler, needle in ((with_warnings(hub.url), "partial response"),
+                            (thanos_like(hub.url), "could not read all its stores")):
+        result = gpufleet(*command, "--hub-url", front(handler).url, env=env)
+        assert result.exit_code == 3, result.output
+        assert needle in one_line(result.stderr)
 
 
 @pytest.mark.parametrize("status", [500, 503])
