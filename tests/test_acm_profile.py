@@ -159,6 +159,12 @@ def test_freshness_and_partial_visibility_through_the_query_proxy(acm_hub, db_ur
     env = {"GPUFLEET_DB": db_url, "GPUFLEET_TOKEN": "admin-token"}
     sync(env, proxy.url)
     assert states(env) == {"east": {"active"}, "west": {"active"}}
+    # clusterID, job and instance on every series change nothing: each GPU once
+    gpus = gpufleet_json("inventory", "gpus", env=env)
+    expected = {"east": sample_text(T4).count("\nDCGM_FI_DEV_GPU_UTIL{"),
+                "west": sample_text("amd-mi300x.prom").count("\ngpu_gfx_activity{")}
+    assert {c: sum(g["cluster"] == c for g in gpus) for c in expected} == expected
+    assert len({g["uuid"] for g in gpus}) == len(gpus)
     args = ["report", "--hub-url", proxy.url, "--push-interval", f"{ACM_TEST_PUSH:g}s",
             "--max-age", "1h"]
     result = gpufleet(*args, "-o", "json", env=env)
