@@ -110,11 +110,9 @@ def thanos_like(hub_url: str):
                 "status": "error", "errorType": "execution",
                 "error": "expanding series: proxy Series(): rpc error: code = Unavailable "
                          "desc = receive-2: store unavailable"})
-        upstream = forward(hub_url, req)
-        data = json.loads(upstream.body)
-        data["warnings"] = ["receive-2: store unavailable"]
-        return json_response(200, data)
+        return partial(req)
 
+    partial = with_warnings(hub_url)
     return handle
 
 

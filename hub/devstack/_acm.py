@@ -23,15 +23,16 @@ import hashlib
 import http.server
 import math
 import re
-import struct
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 import cramjam
 import requests
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from prometheus_client.parser import text_string_to_metric_families
 
 from hub.common import BackgroundHTTPServer
@@ -53,39 +54,51 @@ def cluster_id(cluster: str) -> str:
 
 
 # -- remote write ---------------------------------------------------------------------------------
-# Prometheus' remote-write body is a snappy-compressed (block format) protobuf WriteRequest. Its
-# schema is three nested messages of strings, doubles and int64s; encoding them by hand takes a
-# dozen lines, while the protobuf runtime would need the .proto compiled into generated code that
-# no PyPI package ships for Python. Snappy comes from cramjam (maintained, wheels everywhere).
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
+# Prometheus' remote-write body is a snappy-compressed (block format) protobuf WriteRequest. The
+# messages are built at import from a descriptor of the fields remote write 1.0 sends (as in
+# prompb/types.proto and remote.proto), like spoke/_podresources.py does: the protobuf runtime
+# (already a dependency) without generated code. Snappy comes from cramjam (maintained, wheels
+# everywhere, no C library to install as python-snappy needs).
+_PROMPB: dict[str, list[tuple[str, int, str]]] = {
+    "Label": [("name", 1, "string"), ("value", 2, "string")],
+    "Sample": [("value", 1, "double"), ("timestamp", 2, "int64")],
+    "TimeSeries": [("labels", 1, "Label[]"), ("samples", 2, "Sample[]")],
+    "WriteRequest": [("timeseries", 1, "TimeSeries[]")],
+}
 
 
-def _field(number: int, payload: bytes) -> bytes:
-    """A length-delimited field (wire type 2)."""
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+def _write_request_class() -> Any:
+    proto = descriptor_pb2.FieldDescriptorProto
+    scalars = {"string": proto.TYPE_STRING, "double": proto.TYPE_DOUBLE,
+               "int64": proto.TYPE_INT64}
+    file = descriptor_pb2.FileDescriptorProto(name="gpufleet/prompb/remote.proto",
+                                              package="prometheus", syntax="proto3")
+    for message, fields in _PROMPB.items():
+        m = file.message_type.add(name=message)
+        for name, number, kind in fields:
+            if kind.endswith("[]"):
+                m.field.add(name=name, number=number, label=proto.LABEL_REPEATED,
+                            type=proto.TYPE_MESSAGE, type_name=f".prometheus.{kind[:-2]}")
+            else:
+                m.field.add(name=name, number=number, label=proto.LABEL_OPTIONAL,
+                            type=scalars[kind])
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(file)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("prometheus.WriteRequest"))
+
+
+WriteRequest = _write_request_class()
 
 
 def encode_write_request(series: Iterable[tuple[Mapping[str, str], float, int]]) -> bytes:
     """A WriteRequest of one sample per series: (labels, value, timestamp in ms)."""
-    body = bytearray()
+    request = WriteRequest()
     for labels, value, ts_ms in series:
-        ts = bytearray()
+        ts = request.timeseries.add()
         for name in sorted(labels):  # the receiver expects labels sorted by name
-            ts += _field(1, _field(1, name.encode()) + _field(2, labels[name].encode()))
-        sample = b"\x09" + struct.pack("<d", value) + b"\x10" + _varint(ts_ms)
-        ts += _field(2, sample)
-        body += _field(1, bytes(ts))
-    return bytes(body)
+            ts.labels.add(name=name, value=labels[name])
+        ts.samples.add(value=value, timestamp=ts_ms)
+    return request.SerializeToString()
 
 
 Source = Callable[[], str] | str  # exporter text, a function giving it, or an exporter's URL
