@@ -14,7 +14,7 @@ import time
 import pytest
 import requests
 
-from hub.devstack._acm import cluster_id, encode_write_request, inject_matchers
+from hub.devstack._acm import Scope, cluster_id, encode_write_request, inject_matchers
 from tests.conftest import ACM_TEST_LOOKBACK, ACM_TEST_PUSH
 from tests.support.clirun import gpufleet, gpufleet_json
 from tests.support.promql import wait_for
@@ -199,3 +199,31 @@ def test_the_syncs_queries_stay_valid_when_the_proxy_narrows_them(acm_hub, tmp_p
     assert proxy.seen and all('cluster=~"east"' in q for q in proxy.seen)
     result = gpufleet("sync", "--hub-url", proxy.url, env={**env, "GPUFLEET_TOKEN": "nobody"})
     assert result.exit_code == 3 and "refused" in result.output
+
+
+def test_a_namespace_scoped_token_sees_only_gpus_its_namespaces_use(acm_hub, tmp_path):
+    """ACM's proxy adds a namespace matcher for a namespace-scoped user: only GPU series that
+    carry one of its namespaces (a pod of theirs on it) remain; the report must say the rest of
+    the fleet is not visible rather than show a small healthy fleet."""
+    acm_hub.cluster("east", [sample_text(T4)])
+    acm_hub.cluster("west", [sample_text("amd-mi300x.prom")])
+    proxy = acm_hub.proxy({"team-token": Scope(namespaces=("inference",)),
+                           "admin-token": None})
+    wait_for(acm_hub.url, "count(DCGM_FI_DEV_GPU_UTIL) + count(gpu_gfx_activity)", bool)
+    env = {"GPUFLEET_DB": f"sqlite:///{tmp_path / 'team.db'}", "GPUFLEET_TOKEN": "admin-token"}
+    sync(env, proxy.url)
+    assert len(gpufleet_json("inventory", "gpus", env=env)) == 3
+    proxy.seen.clear()
+    team = {**env, "GPUFLEET_TOKEN": "team-token"}
+    result = gpufleet("report", "--hub-url", proxy.url, "--push-interval",
+                      f"{ACM_TEST_PUSH:g}s", "-o", "json", env=team)
+    assert result.exit_code == 1, result.output
+    [visibility] = [f for f in json.loads(result.stdout)["findings"]
+                    if f["check"] == "hub_visibility"]
+    assert "not visible: east" in visibility["message"]
+    assert proxy.seen and all('namespace=~"inference"' in q for q in proxy.seen)
+    # a sync with the namespace-scoped token sees the one GPU a pod of theirs uses
+    narrow = {**team, "GPUFLEET_DB": f"sqlite:///{tmp_path / 'narrow.db'}"}
+    sync(narrow, proxy.url)
+    gpus = gpufleet_json("inventory", "gpus", env=narrow)
+    assert [(g["cluster"], g["index"]) for g in gpus] == [("west", 1)]

@@ -293,18 +293,44 @@ def _with_matchers(block: str, matchers: str) -> str:
     return "{" + (f"{inner}, {matchers}" if inner else matchers) + "}"
 
 
+@dataclass(frozen=True)
+class Scope:
+    """What a token may see: ``None`` for all clusters (or all namespaces)."""
+
+    clusters: tuple[str, ...] | None = None
+    namespaces: tuple[str, ...] | None = None
+
+    def matchers(self, cluster_label: str) -> str | None:
+        """The matchers ACM's proxy adds for this scope; None when it sees everything."""
+        parts = [f'{label}=~"{"|".join(re.escape(v) for v in values) or "^$"}"'
+                 for label, values in ((cluster_label, self.clusters),
+                                       ("namespace", self.namespaces))
+                 if values is not None]
+        return ", ".join(parts) or None
+
+
+def scope(value: Scope | Iterable[str] | None) -> Scope:
+    """A Scope from a Scope, a list of clusters, or None (everything)."""
+    if value is None or isinstance(value, Scope):
+        return value or Scope()
+    return Scope(clusters=tuple(sorted(value)))
+
+
 class RbacQueryProxy(BackgroundHTTPServer):
-    """ACM's rbac-query-proxy on loopback: a bearer token maps to the clusters it may see
-    (``None``: all). Queries of a limited token get ``cluster=~"..."`` on every selector;
-    the answer says nothing about it. An unknown token is refused (401)."""
+    """ACM's rbac-query-proxy on loopback: a bearer token maps to what it may see (a
+    :class:`Scope`, a list of clusters, or ``None`` for everything). Queries of a limited token
+    get ``cluster=~"..."`` and/or ``namespace=~"..."`` on every selector; the answer says
+    nothing about it. An unknown token is refused (401). A namespace-scoped user therefore sees
+    only series carrying one of its namespaces: GPU series without a pod (or whose workload
+    namespace sits in ``exported_namespace``) vanish for it."""
 
     thread_name = "rbac-query-proxy"
 
-    def __init__(self, upstream: str, tokens: Mapping[str, Iterable[str] | None],
+    def __init__(self, upstream: str, tokens: Mapping[str, Scope | Iterable[str] | None],
                  cluster_label: str = "cluster") -> None:
         outer = self
         self.upstream = upstream.rstrip("/")
-        self.tokens = {t: (None if c is None else sorted(c)) for t, c in tokens.items()}
+        self.tokens = {t: scope(v) for t, v in tokens.items()}
         self.cluster_label = cluster_label
         self.seen: list[str] = []  # the rewritten queries, for tests
 
@@ -319,11 +345,9 @@ class RbacQueryProxy(BackgroundHTTPServer):
 
         super().__init__("127.0.0.1", 0, _H)
 
-    def rewrite(self, promql: str, clusters: list[str] | None) -> str:
-        if clusters is None:
-            return promql
-        regex = "|".join(re.escape(c) for c in clusters) or "^$"  # nothing visible
-        return inject_matchers(promql, f'{self.cluster_label}=~"{regex}"')
+    def rewrite(self, promql: str, allowed: Scope) -> str:
+        matchers = allowed.matchers(self.cluster_label)
+        return promql if matchers is None else inject_matchers(promql, matchers)
 
     def _handle(self, h: http.server.BaseHTTPRequestHandler) -> None:
         auth = h.headers.get("Authorization", "")
@@ -336,10 +360,10 @@ class RbacQueryProxy(BackgroundHTTPServer):
         form = parse_qs(parts.query, keep_blank_values=True)
         if h.command == "POST":
             form.update(parse_qs(h.rfile.read(length).decode(), keep_blank_values=True))
-        clusters = self.tokens[token]
+        allowed = self.tokens[token]
         for key in ("query", "match[]"):
             if key in form:
-                form[key] = [self.rewrite(q, clusters) for q in form[key]]
+                form[key] = [self.rewrite(q, allowed) for q in form[key]]
                 self.seen.extend(form[key])
         try:
             r = requests.post(self.upstream + parts.path, data=urlencode(form, doseq=True),
