@@ -8,6 +8,7 @@ from __future__ import annotations
 from hub.devstack._acm import (
     MetricsCollector,
     RbacQueryProxy,
+    Scope,
     hub_args,
     inject_matchers,
 )
@@ -25,6 +26,7 @@ __all__ = [
     "MetricsCollector",
     "PrometheusProcess",
     "RbacQueryProxy",
+    "Scope",
     "free_port",
     "hub_args",
     "hub_config",
