@@ -174,7 +174,8 @@ def policy_render(namespace: str, placement_label: tuple[str, ...], remediation:
                                   cluster_set=cluster_set)
     files = onboarding.render_policy(values)
     onboarding.write_tree(files, target)
-    _written(target, files, f"gpufleet policy apply --dir {target}")
+    _written(target, files, f"gpufleet policy apply --dir {target}; it places clusters "
+                            f"labelled {onboarding.VENDOR_LABEL}={values.spoke.vendor}")
 
 
 @policy.command("apply", cls=ConfiguredCommand)
