@@ -123,8 +123,9 @@ def spoke_render(cluster: str | None, namespace: str, out: str | None,
                  config: str | None = None, **params: Any) -> None:
     """Write the spoke manifests for one cluster into --out.
 
-    remote-write mode writes a kustomization (agent, exporter scraping, RBAC, NetworkPolicy);
-    acm mode writes hub/ (the ACM metrics allowlist) and spoke/ (ServiceMonitor, namespace label).
+    remote-write mode writes a kustomization (agent, exporter scraping, RBAC, and a
+    NetworkPolicy for a builtin exporter or with --restrict-exporter-ingress); acm mode
+    writes hub/ (the ACM metrics allowlist) and spoke/ (ServiceMonitor, namespace label).
     """
     target = _require_out(out)
     values = onboarding.spoke_values(cluster=cluster, namespace=namespace, **_spoke_kwargs(params))
