@@ -151,6 +151,12 @@ def test_a_silent_gpu_turns_stale_on_time_and_never_flaps(acm_hub, db_url):
     # and on time: well before the hub's look-back would have dropped the series too (the
     # "5 minutes late" of ACM, scaled)
     assert first_stale[0] <= last + STALE_AFTER + ACM_TEST_PUSH
+    # the report's freshness check agrees: west missed pushes, east's sparse pushes are fine
+    result = gpufleet("report", "--hub-url", acm_hub.url, "--push-interval",
+                      f"{ACM_TEST_PUSH:g}s", "-o", "json", env=env)
+    freshness = {f["cluster"] for f in json.loads(result.stdout)["findings"]
+                 if f["check"] == "freshness"}
+    assert freshness == {"west"}, result.output
 
 
 def test_freshness_and_partial_visibility_through_the_query_proxy(acm_hub, db_url):
