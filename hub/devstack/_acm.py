@@ -2,7 +2,7 @@
 
 A plain Prometheus agent pushing to a plain Prometheus flatters the hub service: a sample every
 second, staleness markers the moment a target goes, a 5-minute look-back, no query proxy. ACM
-differs on every point, and each difference has hidden bugs before:
+differs on every point, and each difference can hide a bug from tests that do not have it:
 
 * its metrics-collector pushes **one sample per series every 300 s** and sends **no staleness
   markers** (:class:`MetricsCollector`, our own small remote-write client: a Prometheus agent
@@ -10,8 +10,8 @@ differs on every point, and each difference has hidden bugs before:
 * Thanos Query looks back **600 s** (``--query.lookback-delta``, :func:`hub_args`), so a series
   that stopped stays visible to instant queries for up to 10 minutes;
 * every series carries ``cluster`` **and** ``clusterID`` (and whatever else ACM adds);
-* the **rbac-query-proxy** adds ``cluster`` matchers to every selector for a token that may not
-  see every cluster, and says nothing about it (:class:`RbacQueryProxy`).
+* the **rbac-query-proxy** adds ``cluster`` / ``namespace`` matchers to every selector for a
+  token that may not see everything, and says nothing about it (:class:`RbacQueryProxy`).
 
 Tests scale the times down and keep the ratios (push every 3 s, look back 6 s).
 """
@@ -145,9 +145,11 @@ class MetricsCollector:
         answered: set[int] = set()
         for i, source in enumerate(self.sources):
             text = self._read(source)
-            if text is None:
-                continue
-            for family in text_string_to_metric_families(text):
+            try:
+                families = list(text_string_to_metric_families(text or ""))
+            except ValueError:
+                continue  # unparsable output: skipped like an unreachable exporter
+            for family in families:
                 for sample in family.samples:
                     if math.isnan(sample.value):
                         continue  # never anything that could read as a staleness marker
