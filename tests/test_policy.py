@@ -291,7 +291,12 @@ def test_policy_render_is_byte_identical_and_quotes_hostile_values(tmp_path):
     (["--vendor", "nvidia,intel"], "unknown vendor"),
     (["--vendor", ","], "vendor is required"),
     (["--placement-label", "gpufleet.io/gpu-vendor=amd"], "set from --vendor"),
-    (["--vendor", "nvidia,amd", "--exporter-namespace", "gpu"], "one vendor's exporter"),
+    (["--vendor", "nvidia,amd", "--exporter-namespace", "gpu"], "name the vendor"),
+    (["--vendor", "nvidia,amd", "--exporter-selector", "app=x"], "name the vendor"),
+    (["--vendor", "nvidia", "--exporter-namespace", "amd=gpu"], "does not list"),
+    (["--vendor", "amd", "--exporter-selector", "intel:app=x"], "unknown vendor"),
+    (["--vendor", "amd", "--exporter", "builtin", "--exporter-namespace", "amd=x"],
+     "upstream exporters"),
     (["--remote-write-url", ""], "required"),
     (["--remote-write-url", URL, "--spoke-namespace", "-x"], "DNS-1123"),
 ])

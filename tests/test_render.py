@@ -251,6 +251,29 @@ def test_one_agent_scrapes_both_vendors_of_a_mixed_cluster(exporter, tmp_path):
                                                          if n != "kustomization.yaml")
 
 
+def test_mixed_cluster_names_each_vendors_exporter_namespace_and_pods(tmp_path):
+    result = spoke(tmp_path, "--cluster", "east", "--vendor", "nvidia,amd", "--remote-write-url",
+                   URL, "--exporter-namespace", "amd=amd-ops,nvidia=gpu-operator",
+                   "--exporter-selector", "amd:app=my-metrics")
+    assert result.exit_code == 0, result.output
+    files = {p.name: p.read_text() for p in (tmp_path / "out").glob("*.yaml")}
+    services = {s["metadata"]["name"]: s for s in by_kind(files, "Service")}
+    nvidia, amd = services["gpufleet-exporter-nvidia"], services["gpufleet-exporter-amd"]
+    assert nvidia["metadata"]["namespace"] == "gpu-operator"
+    assert nvidia["spec"]["selector"] == {"app": "nvidia-dcgm-exporter"}  # the default
+    assert amd["metadata"]["namespace"] == "amd-ops"
+    assert amd["spec"]["selector"] == {"app": "my-metrics"}
+    names = {job["job_name"]: job["dns_sd_configs"][0]["names"]
+             for job in agent_config(files)["scrape_configs"]}
+    assert names == {"gpu-exporter-nvidia": ["gpufleet-exporter-nvidia.gpu-operator.svc"],
+                     "gpu-exporter-amd": ["gpufleet-exporter-amd.amd-ops.svc"]}
+    # a single vendor may name itself too
+    single = render.render_spoke(values(vendor="amd", exporter_namespace="amd=amd-ops",
+                                        exporter_selector=["amd:app=m"]))
+    assert one(single, "Service")["metadata"]["namespace"] == "amd-ops"
+    assert one(single, "Service")["spec"]["selector"] == {"app": "m"}
+
+
 def test_acm_mixed_cluster_labels_both_gpu_operator_namespaces():
     files = render.render_spoke(values(vendor="nvidia,amd", mode="acm"))
     namespaces = {n["metadata"]["name"]: n["metadata"]["labels"]

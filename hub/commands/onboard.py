@@ -56,13 +56,16 @@ def _spoke_options(func: F) -> F:
         click.option("--platform", envvar=env("platform"), metavar="kubernetes|openshift",
                      help="Pins non-root UIDs on kubernetes; lets the SCC assign them on "
                           "openshift. Default: openshift in acm mode, else kubernetes."),
-        click.option("--exporter-namespace", envvar=env("exporter-namespace"), metavar="NS",
+        click.option("--exporter-namespace", envvar=env("exporter-namespace"),
+                     metavar="NS|VENDOR=NS,...",
                      help="Namespace of the upstream exporter (default: nvidia-gpu-operator "
-                          "or kube-amd-gpu); builtin: the spoke namespace."),
+                          "or kube-amd-gpu); builtin: the spoke namespace. With several "
+                          "vendors name each: nvidia=NS,amd=NS."),
         click.option("--exporter-selector", envvar=env("exporter-selector"), multiple=True,
-                     metavar="KEY=VALUE",
+                     metavar="[VENDOR:]KEY=VALUE",
                      help="Pod labels of the upstream exporter (repeatable). Default: "
-                          "app=nvidia-dcgm-exporter / app.kubernetes.io/name=metrics-exporter."),
+                          "app=nvidia-dcgm-exporter / app.kubernetes.io/name=metrics-exporter. "
+                          "With several vendors prefix the vendor: amd:KEY=VALUE."),
         click.option("--agent-image", envvar=env("agent-image"),
                      default=onboarding.DEFAULT_AGENT_IMAGE, show_default=True,
                      help="Prometheus image of the agent."),

@@ -99,6 +99,10 @@ class SpokeValues:
     namespace: str = DEFAULT_NAMESPACE
     exporter_namespace: str | None = None
     exporter_selector: tuple[tuple[str, str], ...] = ()
+    #: Per-vendor upstream exporter namespace / pod labels (``amd=NS``, ``amd:KEY=VALUE``):
+    #: a mixed cluster's operators each have their own.
+    vendor_namespaces: tuple[tuple[str, str], ...] = ()
+    vendor_selectors: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()
     agent_image: str = DEFAULT_AGENT_IMAGE
     exporter_image: str = DEFAULT_EXPORTER_IMAGE
     #: Set only for ACM policies: the Secret's data come from the hub (``fromSecret``).
@@ -157,10 +161,15 @@ def spoke_values(
     if not cluster_is_template:
         cluster_ = dns_label(cluster, "cluster name")
     namespace_ = dns_label(namespace, "namespace")
-    selector = tuple(sorted(label_pair(s, "exporter selector") for s in exporter_selector))
+    vendor_namespaces, exporter_namespace = _vendor_namespaces(exporter_namespace, vendors)
+    vendor_selectors, plain = _vendor_selectors(exporter_selector, vendors)
+    selector = tuple(sorted(label_pair(s, "exporter selector") for s in plain))
+    if (vendor_namespaces or vendor_selectors) and exporter_ == "builtin":
+        raise InputError("VENDOR=NS and VENDOR:KEY=VALUE describe upstream exporters: the "
+                         "builtin exporter runs in the spoke namespace")
     if len(vendors) > 1 and exporter_ == "upstream" and (exporter_namespace or selector):
-        raise InputError("--exporter-namespace and --exporter-selector describe one vendor's "
-                         "exporter: with several vendors the GPU operators' defaults are used")
+        raise InputError("with several vendors, name the vendor: --exporter-namespace "
+                         "nvidia=NS,amd=NS and --exporter-selector amd:KEY=VALUE")
     if exporter_ == "builtin":
         exporter_ns: str | None = dns_label(exporter_namespace or namespace_,
                                             "exporter namespace")
@@ -182,11 +191,48 @@ def spoke_values(
         namespace=namespace_,
         exporter_namespace=exporter_ns,
         exporter_selector=selector,
+        vendor_namespaces=vendor_namespaces,
+        vendor_selectors=vendor_selectors,
         agent_image=_image(agent_image, "--agent-image"),
         exporter_image=_image(exporter_image, "--exporter-image"),
         restrict_exporter_ingress=bool(restrict_exporter_ingress),
     )
 
+
+
+def _vendor_namespaces(value: str | None, vendors: tuple[str, ...],
+                       ) -> tuple[tuple[tuple[str, str], ...], str | None]:
+    """``NS`` (for every vendor) or ``nvidia=NS,amd=NS``: (per-vendor pairs, plain NS)."""
+    if not value or "=" not in value:
+        return (), value
+    pairs: dict[str, str] = {}
+    for item in value.split(","):
+        vendor, _, ns = item.partition("=")
+        vendor = _vendor_of(vendor, vendors, "--exporter-namespace")
+        pairs[vendor] = dns_label(ns.strip(), "exporter namespace")
+    return tuple(sorted(pairs.items())), None
+
+
+def _vendor_selectors(values: Iterable[str], vendors: tuple[str, ...],
+                      ) -> tuple[tuple[tuple[str, tuple[tuple[str, str], ...]], ...], list[str]]:
+    """``KEY=VALUE`` (every vendor) or ``amd:KEY=VALUE`` (label keys never contain ':')."""
+    scoped: dict[str, list[tuple[str, str]]] = {}
+    plain: list[str] = []
+    for item in values:
+        vendor, sep, pair = item.partition(":")
+        if not sep:
+            plain.append(item)
+            continue
+        vendor = _vendor_of(vendor, vendors, "--exporter-selector")
+        scoped.setdefault(vendor, []).append(label_pair(pair, "exporter selector"))
+    return tuple(sorted((v, tuple(sorted(p))) for v, p in scoped.items())), plain
+
+
+def _vendor_of(text: str, vendors: tuple[str, ...], option: str) -> str:
+    vendor = _choice(text, VENDORS, "vendor")
+    if vendor not in vendors:
+        raise InputError(f"{option} names vendor {vendor!r}, which --vendor does not list")
+    return vendor
 
 
 def metrics_keep_regex() -> str:
@@ -251,14 +297,16 @@ def exporter_targets(values: SpokeValues) -> list[ExporterTarget]:
         suffix = f"-{vendor}" if values.mixed else ""
         name = f"gpufleet-exporter{suffix}"
         pods = (_selector(name, values.namespace) if builtin
-                else dict(values.exporter_selector or deployment.upstream_selector))
+                else dict(dict(values.vendor_selectors).get(vendor) or values.exporter_selector
+                          or deployment.upstream_selector))
         targets.append(ExporterTarget(
             vendor=vendor,
             name=name,
             job=f"gpu-exporter{suffix}",
             suffix=suffix,
             deployment=deployment,
-            namespace=values.exporter_namespace or deployment.upstream_namespace,
+            namespace=(dict(values.vendor_namespaces).get(vendor) or values.exporter_namespace
+                       or deployment.upstream_namespace),
             pods=pods,
             port=BUILTIN_PORT if builtin else deployment.upstream_port,
             node_selector=dict(deployment.node_selector),
