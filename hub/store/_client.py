@@ -161,7 +161,10 @@ class HubClient:
         return self._post("/api/v1/query_range", data)
 
     def prometheus_connect(self):  # -> prometheus_api_client.PrometheusConnect
-        """prometheus-api-client on the same session, for DataFrame-based reporting."""
+        """prometheus-api-client on the same session, for DataFrame-based reporting.
+
+        Pass ``params=NO_PARTIAL_RESPONSE`` to its queries: it does not send it by itself.
+        """
         from prometheus_api_client import PrometheusConnect
 
         return PrometheusConnect(self.url, session=self.session, disable_ssl=False)
