@@ -185,6 +185,7 @@ def sync(once: bool, every: float | None, stale_after: float, lock_timeout: floa
                     click.echo(
                         f"sync ok: {result.clusters} clusters, {result.nodes} nodes, "
                         f"{result.gpus} GPUs ({result.requests} requests, {took:.1f}s)"
+                        + (f"; {result.note}" if result.note else "")
                     )
             if not every:
                 return

@@ -9,7 +9,6 @@ problems", so cron jobs and CI can gate on it.
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -308,8 +307,6 @@ def alerts_render(out: str | None, max_age: float, push_interval: float, window:
         raise InputError("durations must be greater than 0")
     if lookback <= max_age:
         raise InputError("--lookback must be longer than --max-age")
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", cluster_label):
-        raise InputError(f"--cluster-label {cluster_label!r} is not a Prometheus label name")
     if not onboarding.DNS_LABEL.match(namespace):
         raise InputError(f"--namespace {namespace!r} is not a valid namespace name")
     settings = validation.AlertSettings(max_age=max_age, push_interval=push_interval, window=window,

@@ -33,9 +33,12 @@ from hub.inventory._migrate import (
     upgrade,
 )
 from hub.inventory._sync import (
+    NO_GPU_SERIES,
     SyncResult,
+    missing_label_error,
     run_sync,
     subquery_step,
+    unlabelled,
 )
 
 __all__ = [
@@ -45,6 +48,7 @@ __all__ = [
     "GPU_COLUMNS",
     "GPU_TABLE_COLUMNS",
     "NODE_COLUMNS",
+    "NO_GPU_SERIES",
     "STALE",
     "LockHeld",
     "SyncResult",
@@ -59,11 +63,13 @@ __all__ = [
     "list_sync_runs",
     "make_engine",
     "metadata",
+    "missing_label_error",
     "nodes",
     "now_utc",
     "run_sync",
     "safe_url",
     "subquery_step",
     "sync_runs",
+    "unlabelled",
     "upgrade",
 ]

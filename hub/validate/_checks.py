@@ -16,6 +16,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from hub.inventory import NO_GPU_SERIES
+
 ERROR = "error"
 WARNING = "warning"
 INFO = "info"
@@ -167,6 +169,17 @@ def check_inventory(clusters: Sequence[ClusterFacts],
     if not clusters:
         out.append(Finding(ERROR, "inventory", "the inventory holds no clusters: run "
                                                "`gpufleet sync` against the hub"))
+    if any(c.cluster == "" for c in clusters):
+        out.append(Finding(WARNING, "inventory", "the inventory holds GPUs under a cluster with "
+                                                 "an empty name (filed without the cluster "
+                                                 "label by an earlier release); left alone, "
+                                                 "prune them when stale", ""))
+    if (last_sync is not None and last_sync.status == "ok" and last_sync.error == NO_GPU_SERIES
+            and clusters):
+        out.append(Finding(ERROR, "sync", f"the latest sync ({_iso(last_sync.started_at)}) saw "
+                                          f"no GPU series at all, yet the inventory knows "
+                                          f"{len(clusters)} cluster(s): the hub lost the GPU "
+                                          "metrics (allowlist, exporters, --hub-url?)"))
     if last_sync is not None and last_sync.status != "ok":
         out.append(Finding(WARNING, "sync", f"the latest sync ({_iso(last_sync.started_at)}) "
                                             f"failed: {last_sync.error or 'no detail'}"))

@@ -1,0 +1,115 @@
+"""Never "ok" about what was not seen: a wrong cluster label, an empty hub, a bad label name."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hub import inventory as inv
+from hub.inventory import _db
+from tests.support.clirun import gpufleet, gpufleet_json
+from tests.support.httpstub import Request, Response, StubServer, json_response
+from tests.support.promql import wait_for
+from tests.support.samples import sample_text
+
+T4 = "dcgm-t4-loaded-ericsson-ccd.prom"
+
+
+def one_line(output: str) -> str:
+    lines = [line for line in output.splitlines() if line.strip()]
+    assert len(lines) == 1, output
+    assert "Traceback" not in output
+    return lines[0]
+
+
+@pytest.fixture
+def synced(hub, fleet, tmp_path):
+    fleet("east", [sample_text(T4)])
+    wait_for(hub.url, "count(DCGM_FI_DEV_GPU_UTIL)", lambda r: bool(r))
+    env = {"GPUFLEET_DB": f"sqlite:///{tmp_path / 'inv.db'}", "GPUFLEET_STALE_AFTER": "30s",
+           "GPUFLEET_HUB_URL": hub.url}
+    assert gpufleet("sync", env=env).exit_code == 0
+    return env, gpufleet_json("inventory", "gpus", env=env)
+
+
+def test_a_cluster_label_no_series_carries_fails_the_sync_and_writes_nothing(synced):
+    env, before = synced
+    result = gpufleet("sync", "--cluster-label", "clustr", env=env)
+    assert result.exit_code == 2
+    line = one_line(result.stderr)
+    assert "no GPU series carries label 'clustr'; they carry: " in line
+    carried = line.split("they carry: ")[1].split(" (")[0].split(", ")
+    assert "cluster" in carried and "UUID" in carried
+    assert gpufleet_json("inventory", "gpus", env=env) == before
+    assert {c["cluster"] for c in gpufleet_json("inventory", "clusters", env=env)} == {"east"}
+    runs = gpufleet_json("inventory", "sync-runs", env=env)
+    assert runs[0]["status"] == "failed" and "'clustr'" in runs[0]["error"]
+
+
+def test_series_of_which_only_some_carry_the_label_fail_too():
+    rows = [{"metric": {"cluster": "east", "UUID": "a"}}, {"metric": {"UUID": "b"}},
+            {"metric": {"cluster": "", "UUID": "c"}}]
+    assert inv.unlabelled(rows, "cluster") == 2
+    err = inv.missing_label_error("cluster", 2, 3, ["UUID", "instance"])
+    assert err.exit_code == 2
+    assert err.format_message().startswith("2 of 3 GPU series lack label 'cluster'; "
+                                           "they carry: UUID, instance")
+
+
+@pytest.mark.parametrize("command", [["sync"], ["serve"], ["report"], ["reconcile"],
+                                     ["alerts", "render", "--out", "unused"]])
+@pytest.mark.parametrize("label", ["cluster) (up) or count by (cluster", "Hostname, cluster",
+                                   "9lives", ""])
+def test_cluster_label_must_be_a_prometheus_label_name(command, label, tmp_path):
+    env = {"GPUFLEET_DB": f"sqlite:///{tmp_path / 'inv.db'}",
+           "GPUFLEET_HUB_URL": "http://127.0.0.1:1"}
+    result = gpufleet(*command, "--cluster-label", label, env=env)
+    assert result.exit_code == 2
+    assert "is not a Prometheus label name" in one_line(result.stderr)
+    env["GPUFLEET_CLUSTER_LABEL"] = label or "-"
+    assert gpufleet(*command, env=env).exit_code == 2
+    assert not (tmp_path / "inv.db").exists()
+
+
+def empty_hub(req: Request) -> Response:
+    return json_response(200, {"status": "success",
+                               "data": {"resultType": "vector", "result": []}})
+
+
+def test_a_sync_that_sees_no_gpu_series_says_so_and_report_makes_it_an_error(synced):
+    env, _ = synced
+    server = StubServer(empty_hub)
+    try:
+        result = gpufleet("sync", "--hub-url", server.url, env=env)
+        assert result.exit_code == 0
+        assert "the hub returned no GPU series" in one_line(result.stdout)
+        runs = gpufleet_json("inventory", "sync-runs", env=env)
+        assert runs[0]["status"] == "ok" and runs[0]["error"] == inv.NO_GPU_SERIES
+    finally:
+        server.stop()
+    report = gpufleet("report", "--hub-url", "", "-o", "json", env=env)
+    assert report.exit_code == 1
+    findings = json.loads(report.stdout)["findings"]
+    assert any(f["severity"] == "error" and f["check"] == "sync"
+               and "no GPU series" in f["message"] for f in findings)
+
+
+def test_rows_with_an_empty_cluster_name_are_left_alone_but_reported(tmp_path):
+    import sqlalchemy as sa
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    engine = inv.make_engine(url, create=True)
+    try:
+        inv.ensure_schema(engine)
+        now = inv.now_utc()
+        with engine.begin() as conn:
+            conn.execute(sa.insert(_db.clusters).values(cluster="", state="active",
+                                                        first_seen=now, last_seen=now,
+                                                        last_sample_at=now))
+    finally:
+        engine.dispose()
+    result = gpufleet("report", "--db", url, "-o", "json")
+    findings = json.loads(result.stdout)["findings"]
+    assert any(f["check"] == "inventory" and "empty name" in f["message"] for f in findings)
+    assert [c["cluster"] for c in gpufleet_json("inventory", "clusters", "--db", url)] == [""]
