@@ -56,7 +56,11 @@ def database(url: str | None, *, create: bool = False) -> Iterator[Engine]:
     engine = inv.make_engine(url, create=create)
     try:
         yield engine
-    except sa.exc.OperationalError as exc:
+    except sa.exc.DatabaseError as exc:
+        # OperationalError (unreachable, locked) or a bare DatabaseError (a file that is not
+        # a database); integrity or programming errors are bugs and keep their traceback.
+        if type(exc) not in (sa.exc.OperationalError, sa.exc.DatabaseError):
+            raise
         reason = str(exc.orig).strip().splitlines()[0] if exc.orig else "connection failed"
         raise UnavailableError(
             f"inventory database {inv.safe_url(engine)} unavailable: {reason}"
@@ -168,6 +172,8 @@ def sync(once: bool, every: float | None, stale_after: float, lock_timeout: floa
         raise InputError("--once and --every exclude each other")
     if stale_after <= 0:
         raise InputError("--stale-after must be greater than 0")
+    if every is not None and every <= 0:
+        raise InputError("--every must be greater than 0 (leave it out to sync once)")
     with hub_client(opts) as client, database(db, create=True) as engine:
         while True:
             try:
@@ -227,7 +233,8 @@ _inventory_command("allocations", inv.list_allocations, inv.ALLOCATION_COLUMNS,
 
 
 @inventory_group.command("sync-runs", cls=ConfiguredCommand)
-@click.option("--limit", type=click.IntRange(1), default=20, show_default=True)
+@click.option("--limit", type=click.IntRange(1, 1_000_000), default=20, show_default=True,
+              help="How many runs to show, newest first.")
 @db_option
 @output_option()
 def sync_runs(limit: int, db: str | None, output: str, **_: Any) -> None:

@@ -135,7 +135,11 @@ def make_engine(url: str | None, *, create: bool = False) -> Engine:
         path = parsed.database
         if path and path != ":memory:":
             if create:
-                Path(path).parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    Path(path).parent.mkdir(parents=True, exist_ok=True)
+                except OSError as exc:
+                    raise InputError(f"cannot create the directory of inventory database "
+                                     f"{path}: {exc.strerror}") from None
             elif not Path(path).exists():
                 raise UnavailableError(
                     f"inventory database {path} does not exist yet: run `gpufleet sync` first"

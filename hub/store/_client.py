@@ -77,7 +77,13 @@ class HubSettings:
     def validate(self) -> None:
         if not self.url:
             raise InputError("no hub URL: pass --hub-url or set GPUFLEET_HUB_URL")
-        parts = urlsplit(self.url)
+        try:
+            parts = urlsplit(self.url)
+            parts.port  # noqa: B018 - raises ValueError on a bad port
+        except ValueError as exc:
+            raise InputError(f"invalid hub URL (--hub-url): {exc}") from None
+        if not self.timeout > 0:
+            raise InputError(f"--timeout must be greater than 0 (got {self.timeout:g}s)")
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise InputError(f"invalid hub URL {redact_url(self.url)!r}: expected http(s)://host[:port]")
         if bool(self.cert_file) != bool(self.key_file):
@@ -160,6 +166,13 @@ class HubClient:
 
     # -- transport ------------------------------------------------------------------------
     def _post(self, path: str, data: dict[str, Any]) -> QueryResult:
+        for value in data.values():
+            try:
+                str(value).encode("utf-8")
+            except UnicodeEncodeError:
+                # A shell argument with bytes that are not UTF-8 arrives as surrogates.
+                raise PromQLError("PromQL error: the expression holds bytes that are not "
+                                  "valid UTF-8") from None
         self.requests += 1
         try:
             # verify/cert per request: requests lets REQUESTS_CA_BUNDLE in the environment

@@ -226,8 +226,11 @@ def write_atomic(path: str | os.PathLike[str], text: str) -> Path:
     target = Path(os.path.abspath(path))
     if target.is_dir():
         raise InputError(f"--out {path} is a directory")
+    if not target.parent.is_dir():
+        # A typo in the directory must not silently grow a new tree (cron would write there
+        # forever while the web server serves the old page).
+        raise InputError(f"--out {path}: directory {target.parent} does not exist")
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     except OSError as exc:
         raise InputError(f"cannot write {path}: {exc.strerror}") from None
