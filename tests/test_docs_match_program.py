@@ -103,7 +103,8 @@ INVOCATION = re.compile(r"\bgpufleet((?:\s+(?:[a-z][a-z0-9-]*(?:[|/][a-z][a-z0-9
 OPTION = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
 SPAN = re.compile(r"`([^`]+)`")
 FOREIGN = ("promtool", "metric-labels", "-n ", "prometheus", "kubectl", "oc ", "helm", "pip",
-           "chromium", "make ", "python", "dcgm", "alembic", "curl", "pg_ctl", "initdb", "ruff", "pytest")
+           "chromium", "make ", "python", "dcgm", "alembic", "curl", "pg_ctl", "initdb", "ruff",
+           "pytest")
 
 
 def resolve(words: list[str], tree: dict[tuple[str, ...], click.Command]
