@@ -113,3 +113,16 @@ def test_rows_with_an_empty_cluster_name_are_left_alone_but_reported(tmp_path):
     findings = json.loads(result.stdout)["findings"]
     assert any(f["check"] == "inventory" and "empty name" in f["message"] for f in findings)
     assert [c["cluster"] for c in gpufleet_json("inventory", "clusters", "--db", url)] == [""]
+
+
+def test_query_of_a_metric_the_hub_does_not_know_warns_on_stderr(synced):
+    env, _ = synced
+    typo = gpufleet("query", "DCGM_FI_DEV_GPU_UTL", env=env)
+    assert typo.exit_code == 0
+    assert "(none)" in typo.stdout or typo.stdout.strip() == ""
+    assert one_line(typo.stderr) == ("warning: the hub has no series named "
+                                     "'DCGM_FI_DEV_GPU_UTL' (a typo, or not in the allowlist?)")
+    # a known metric whose matchers select nothing is an honest empty answer
+    empty = gpufleet("query", 'DCGM_FI_DEV_GPU_UTIL{cluster="nowhere"}', env=env)
+    assert empty.exit_code == 0 and empty.stderr == ""
+    assert gpufleet("query", "sum by (cluster) (DCGM_FI_DEV_GPU_UTIL)", env=env).stderr == ""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,6 +18,7 @@ from hub.common import (
     DURATION,
     ConfiguredCommand,
     ConfiguredGroup,
+    GpufleetError,
     InputError,
     UnavailableError,
     cluster_label_option,
@@ -110,6 +112,37 @@ def _sample_rows(series: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+_GROUPING = re.compile(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)")
+_KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and",
+             "or", "unless", "offset", "atan2", "inf", "nan"}
+
+
+def metric_names(expr: str) -> list[str]:
+    """Metric names an expression selects (best effort: strings, matchers, ranges, grouping
+    clauses and function names removed), for the "no such metric" hint only."""
+    text = re.sub(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`', "", expr)
+    text = re.sub(r"\{[^}]*\}|\[[^\]]*\]", " ", text)
+    text = _GROUPING.sub(" ", text)
+    names = []
+    for m in re.finditer(r"(?<![\w.])([A-Za-z_:][\w:]*)(?!\w)(?!\s*\()", text):
+        if m.group(1).lower() not in _KEYWORDS and m.group(1) not in names:
+            names.append(m.group(1))
+    return names
+
+
+def unknown_metrics(client: HubClient, expr: str) -> list[str]:
+    """Names in ``expr`` of which the hub holds no series at all (at most three asked)."""
+    unknown = []
+    for name in metric_names(expr)[:3]:
+        try:
+            found = client.query(f'count({{__name__="{name}"}})').result
+        except GpufleetError:
+            return []
+        if not found:
+            unknown.append(name)
+    return unknown
+
+
 @click.command(cls=ConfiguredCommand)
 @click.argument("expr")
 @click.option("--range", "range_", type=DURATION, metavar="DURATION",
@@ -134,6 +167,10 @@ def query(expr: str, range_: float | None, step: float, output: str, **opts: Any
             res = client.query_range(expr, end - range_, end, step)
         else:
             res = client.query(expr)
+        if not range_ and res.result_type == "vector" and not res.result:
+            for name in unknown_metrics(client, expr):
+                click.echo(f"warning: the hub has no series named {name!r} (a typo, or not "
+                           "in the allowlist?)", err=True)
     for warning in res.warnings:
         click.echo(f"warning: hub returned a partial response: {warning}", err=True)
     series = _series(res.result_type, res.result)
