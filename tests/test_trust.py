@@ -126,3 +126,20 @@ def test_query_of_a_metric_the_hub_does_not_know_warns_on_stderr(synced):
     empty = gpufleet("query", 'DCGM_FI_DEV_GPU_UTIL{cluster="nowhere"}', env=env)
     assert empty.exit_code == 0 and empty.stderr == ""
     assert gpufleet("query", "sum by (cluster) (DCGM_FI_DEV_GPU_UTIL)", env=env).stderr == ""
+
+
+def test_a_reconcile_that_compared_nothing_says_so_and_exits_1(synced, tmp_path):
+    env, _ = synced  # the hub has GPU metrics but no kube-state-metrics
+    result = gpufleet("reconcile", env=env)
+    assert result.exit_code == 1
+    assert ("finding: nothing to compare: no node capacity for GPU resources reached the hub"
+            in result.stderr and "kube_node_status_capacity" in result.stderr)
+    rows = json.loads(gpufleet("reconcile", "-o", "json", env=env).stdout)
+    assert rows[-1]["status"] == "nothing_to_compare"
+    nodes = tmp_path / "nodes.json"
+    nodes.write_text(json.dumps({"kind": "NodeList", "items": [
+        {"metadata": {"name": "cpu-1", "labels": {}}, "status": {"capacity": {"cpu": "8"}}}]}))
+    result = gpufleet("reconcile", "--nodes-json", f"east={nodes}", env=env)
+    assert result.exit_code == 1
+    assert f"nothing to compare: the file {nodes} listed no node with a GPU resource" \
+        in result.stderr

@@ -195,6 +195,12 @@ def reconcile(ctx: click.Context, source: str | None, contexts: tuple[str, ...],
         run_id, result = validation.reconcile_run(engine, views, covered, source=source,
                                                 managed=managed)
     rows = result.rows()
+    where = ", ".join(v for _, v in file_pairs) if source == "file" else \
+        ", ".join(k for k, _ in context_pairs)
+    empty = validation.nothing_to_compare(views, source, where)
+    if empty:
+        rows.append({"scope": "fleet", "cluster": None, "node": None,
+                     "status": validation.NOTHING_TO_COMPARE, "reason": empty})
     if output == "csv":
         rows = [{**r, "resources": json.dumps(r.get("resources") or {})} for r in rows]
     emit(rows, RECONCILE_COLUMNS, output, RECONCILE_TABLE)
@@ -202,7 +208,9 @@ def reconcile(ctx: click.Context, source: str | None, contexts: tuple[str, ...],
         problems = sum(1 for r in result.nodes if r.status != validation.MATCH)
         click.echo(f"reconcile run {run_id} ({source}): {len(result.nodes)} GPU nodes, "
                    f"{problems} not matching", err=True)
-    if result.failed:
+        if empty:
+            click.echo(f"finding: {empty}", err=True)
+    if result.failed or empty:
         ctx.exit(EXIT_FINDINGS)
 
 
