@@ -143,3 +143,38 @@ def test_a_reconcile_that_compared_nothing_says_so_and_exits_1(synced, tmp_path)
     assert result.exit_code == 1
     assert f"nothing to compare: the file {nodes} listed no node with a GPU resource" \
         in result.stderr
+
+
+def test_a_silent_cluster_shows_what_was_last_known_and_is_never_green(tmp_path):
+    import datetime as dt
+
+    from hub.inventory._normalize import Observation
+
+    url = f"sqlite:///{tmp_path / 'inv.db'}"
+    engine = inv.make_engine(url, create=True)
+    try:
+        inv.ensure_schema(engine)
+        then = inv.now_utc() - dt.timedelta(seconds=60)
+        t = then.replace(tzinfo=dt.UTC).timestamp()
+        with engine.begin() as conn:
+            _db.apply_observations(conn, [Observation("east", "a", f"GPU-{i}", "nvidia",
+                                                      index=i, sample_at=t) for i in range(32)],
+                                   then)
+            _db.apply_observations(conn, [], inv.now_utc())  # the cluster went silent
+            _db.record_run(conn, started_at=inv.now_utc(), status="ok", requests=1)
+    finally:
+        engine.dispose()
+    [cluster] = gpufleet_json("inventory", "clusters", "--db", url)
+    assert (cluster["gpus"], cluster["stale_gpus"], cluster["state"]) == (0, 32, "stale")
+    [node] = gpufleet_json("inventory", "nodes", "--db", url)
+    assert (node["gpus"], node["stale_gpus"]) == (0, 32)
+    table = gpufleet("report", "--db", url, "--max-age", "1d", "--push-interval", "1d")
+    assert "0 of 32 reporting" in table.stdout
+    data = json.loads(gpufleet("report", "--db", url, "--max-age", "1d",
+                               "--push-interval", "1d", "-o", "json").stdout)
+    [row] = data["summary"]
+    assert (row["gpus"], row["stale_gpus"], row["status"]) == (0, 32, "warning")
+    html = gpufleet("report", "--db", url, "--max-age", "1d", "--push-interval", "1d",
+                    "-o", "html").stdout
+    assert 'class="bar ok"' not in html and 'class="bar warning"' in html
+    assert "0 of 32 reporting" in html
