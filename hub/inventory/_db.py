@@ -350,7 +350,12 @@ def _where_cluster(stmt: sa.Select, table: sa.Table, cluster: str | None) -> sa.
 
 def gpu_item(row: Mapping[str, Any]) -> dict[str, Any]:
     """One gpus row as every consumer shows it (CLI JSON, API): ``index``, not gpu_index."""
-    return {c: (row["gpu_index"] if c == "index" else row[c]) for c in GPU_COLUMNS}
+    item = {c: (row["gpu_index"] if c == "index" else row[c]) for c in GPU_COLUMNS}
+    # one type everywhere (CLI JSON, API): the MIG instance is a number like the index
+    instance = item.get("mig_instance")
+    if isinstance(instance, str) and instance.isdigit():
+        item["mig_instance"] = int(instance)
+    return item
 
 
 def list_gpus(conn: Connection, cluster: str | None = None) -> list[dict[str, Any]]:

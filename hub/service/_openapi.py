@@ -40,7 +40,7 @@ _GPU_TYPES: dict[str, dict[str, Any]] = {
     "state": {"type": "string", "enum": list(STATES)}, "first_seen": _TIME,
     "last_seen": _TIME, "last_sample_at": _TIME, "memory_total_mib": _NUMBER,
     "memory_used_mib": _NUMBER, "utilisation_pct": _NUMBER, "power_w": _NUMBER,
-    "temperature_c": _NUMBER,
+    "temperature_c": _NUMBER, "mig_instance": {"type": ["integer", "null"]},
 }
 
 

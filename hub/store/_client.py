@@ -13,6 +13,7 @@ No secret (token, URL credentials, key) is ever part of an exception message or 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -228,8 +229,11 @@ def _reason(exc: Exception) -> str:
                    "Remote end closed connection"):
         if marker in text:
             return marker.lower()
-    if "Max retries exceeded" in text and "(Caused by" in text:
-        inner = text.split("(Caused by", 1)[1]
-        return inner.split(":", 1)[0].strip(" ()'") or "connection failed"
+    ssl = re.search(r"\[SSL: [A-Z0-9_]+\] ([a-z0-9 ,_-]+)", text)
+    if ssl:  # e.g. "wrong version number" (plain HTTP answered a TLS hello)
+        return ssl.group(1).strip()
+    inner = re.search(r"\(Caused by (\w+)\(", text)
+    if inner:  # the cause's type, whole: never a message cut at its first colon
+        return inner.group(1)
     return type(exc).__name__
 
