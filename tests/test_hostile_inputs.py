@@ -77,3 +77,15 @@ def test_an_sqlite_path_whose_directory_cannot_be_made(tmp_path):
         assert "cannot create the directory of inventory database" in last_line(result.stderr)
     assert blocker.read_text() == "not a directory"
 
+
+
+def test_tls_files_that_are_not_what_their_flag_says_are_input_errors(tmp_path):
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n")
+    result = gpufleet("query", "up", "--hub-url", "https://127.0.0.1:1", "--ca-file", str(junk))
+    assert result.exit_code == 2
+    assert last_line(result.stderr) == f"error: --ca-file {junk} holds no PEM CA certificate"
+    result = gpufleet("sync", "--hub-url", "https://127.0.0.1:1", "--cert-file", str(junk),
+                      "--key-file", str(junk), "--db", f"sqlite:///{tmp_path / 'i.db'}")
+    assert result.exit_code == 2
+    assert "are not a matching PEM certificate and key" in last_line(result.stderr)

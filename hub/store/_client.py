@@ -93,6 +93,26 @@ class HubSettings:
                            (self.key_file, "key")):
             if path and not Path(path).is_file():
                 raise InputError(f"{what} file not found: {path}")
+        self._check_tls_files()
+
+    def _check_tls_files(self) -> None:
+        """Load the CA and client certificate once here: a file that is not what its flag
+        says is the user's input error (2), not a hub that cannot be reached (3)."""
+        import ssl
+
+        if self.ca_file:
+            try:
+                ssl.create_default_context(cafile=self.ca_file)
+            except (ssl.SSLError, ValueError, OSError):
+                raise InputError(f"--ca-file {self.ca_file} holds no PEM CA certificate") \
+                    from None
+        if self.cert_file and self.key_file:
+            try:
+                ssl.create_default_context().load_cert_chain(self.cert_file, self.key_file,
+                                                            password=b"")
+            except (ssl.SSLError, ValueError, OSError):
+                raise InputError(f"--cert-file {self.cert_file} and --key-file {self.key_file} "
+                                 "are not a matching PEM certificate and key") from None
 
 
 def build_session(settings: HubSettings) -> requests.Session:
