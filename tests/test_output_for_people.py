@@ -76,3 +76,15 @@ def test_a_tls_error_is_named_whole(tmp_path):
         server.stop()
     assert message.endswith(": wrong version number"), message
     assert "[SSL" not in message and "SSLError(" not in message
+
+
+def test_long_error_details_are_cut_at_a_word_never_inside_one():
+    from hub.common import shorten
+
+    text = "upstream said: " + " ".join(f"word{i}" for i in range(100))
+    short = shorten(text, 60)
+    assert len(short) <= 60 and short.endswith("…")
+    assert short[:-1].split()[-1] in text.split()  # the last word is whole
+    assert shorten("a\nb   c") == "a b c"
+    html = "<html>" + "x" * 400 + "</html>"
+    assert len(shorten(html)) == 200  # one unbroken token: cut, but marked as cut

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import requests
 
-from hub.common import InputError, UnavailableError
+from hub.common import InputError, UnavailableError, shorten
 
 TOKEN_ENV = "GPUFLEET_TOKEN"
 
@@ -226,7 +226,7 @@ class HubClient:
                 "check the token or client certificate"
             )
         if resp.status_code >= 400 or not isinstance(body, dict):
-            detail = body.get("error") if isinstance(body, dict) else resp.text[:200]
+            detail = body.get("error") if isinstance(body, dict) else shorten(resp.text)
             raise HubUnavailable(
                 f"hub {self.safe_url} answered {resp.status_code} {resp.reason}"
                 + (f": {detail}" if detail else "")
