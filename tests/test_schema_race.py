@@ -5,27 +5,18 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import uuid
 
 import sqlalchemy as sa
 
 from hub.inventory import _migrate as migrate
+from tests.support.pg import create_database
 
 CLOSED = "http://127.0.0.1:1"
 
 
-def _fresh_db(server: str) -> str:
-    name = "race_" + uuid.uuid4().hex[:10]
-    engine = sa.create_engine(f"{server}/postgres", isolation_level="AUTOCOMMIT")
-    with engine.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    engine.dispose()
-    return f"{server}/{name}"
-
-
 def test_two_syncs_on_an_empty_postgresql_never_race_in_schema_creation(postgres_server):
     for _trial in range(6):
-        url = _fresh_db(postgres_server)
+        url = create_database(postgres_server, "race_")
         cmd = [sys.executable, "-m", "hub", "sync", "--db", url, "--hub-url", CLOSED]
         procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   text=True) for _ in range(2)]
