@@ -178,3 +178,13 @@ def test_a_silent_cluster_shows_what_was_last_known_and_is_never_green(tmp_path)
                     "-o", "html").stdout
     assert 'class="bar ok"' not in html and 'class="bar warning"' in html
     assert "0 of 32 reporting" in html
+
+
+def test_nothing_to_compare_names_the_empty_source():
+    from hub.validate import NodeView, nothing_to_compare
+
+    cpu_only = [NodeView("east", "cpu-1", {})]
+    assert nothing_to_compare([NodeView("east", "g", {"nvidia.com/gpu": 8})], "kube") is None
+    assert nothing_to_compare(cpu_only, "kube", "east-ctx") == (
+        "nothing to compare: the Kubernetes API of context east-ctx listed no node with a GPU resource")
+    assert "kube_node_status_capacity" in (nothing_to_compare([], "hub") or "")

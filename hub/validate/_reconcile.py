@@ -193,9 +193,8 @@ def nothing_to_compare(views: Iterable[NodeView], source: str, where: str = "") 
         return ("nothing to compare: no node capacity for GPU resources reached the hub "
                 "(is kube_node_status_capacity in the ACM metrics allowlist, and does "
                 "kube-state-metrics run on the spokes?)")
-    what = "Kubernetes API" if source == "kube" else "file"
-    return f"nothing to compare: the {what} {where} listed no node with a GPU resource".replace(
-        "  ", " ")
+    what = f"Kubernetes API of context {where}" if source == "kube" else f"file {where}"
+    return f"nothing to compare: the {what.strip()} listed no node with a GPU resource"
 
 
 # -- sources: Kubernetes objects and kube-state-metrics rows -> NodeView -------------------------
