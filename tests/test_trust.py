@@ -186,5 +186,6 @@ def test_nothing_to_compare_names_the_empty_source():
     cpu_only = [NodeView("east", "cpu-1", {})]
     assert nothing_to_compare([NodeView("east", "g", {"nvidia.com/gpu": 8})], "kube") is None
     assert nothing_to_compare(cpu_only, "kube", "east-ctx") == (
-        "nothing to compare: the Kubernetes API of context east-ctx listed no node with a GPU resource")
+        "nothing to compare: the Kubernetes API of context east-ctx listed no node with a "
+        "GPU resource")
     assert "kube_node_status_capacity" in (nothing_to_compare([], "hub") or "")
