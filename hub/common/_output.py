@@ -80,10 +80,11 @@ def terminal_width() -> int:
     """The terminal's width ($COLUMNS first); 220 when not on a terminal (files, pipes)."""
     import os
     import shutil
+    import sys
 
     if os.environ.get("COLUMNS", "").isdigit():
         return int(os.environ["COLUMNS"])
-    if not click.get_text_stream("stdout").isatty():
+    if not sys.stdout.isatty():
         return 220
     return shutil.get_terminal_size((220, 24)).columns
 
