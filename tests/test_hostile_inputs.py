@@ -50,6 +50,8 @@ def test_a_corrupt_sqlite_file_is_a_one_line_exit_3(corrupt_db, args):
     (["sync", "--hub-url", "http://h:99999"], {}, "invalid hub URL (--hub-url): Port out of range"),
     (["inventory", "sync-runs", "--limit", "99999999999999999999"], {}, "not in the range"),
     (["sync", "--every", "0s"], {}, "--every must be greater than 0"),
+    (["query", "up", "--range", "1h", "--step", "0s"], {}, "must be greater than 0"),
+    (["query", "up", "--range", "0s"], {}, "must be greater than 0"),
     (["query", 'up{a="\udcff"}'], {}, "bytes that are not valid UTF-8"),
 ])
 def test_bad_values_are_input_errors(tmp_path, args, env, needle):

@@ -161,6 +161,8 @@ def query(expr: str, range_: float | None, step: float, output: str, **opts: Any
 
     A PromQL error prints the store's message and exits 2; an unreachable hub exits 3.
     """
+    if (range_ is not None and range_ <= 0) or step <= 0:
+        raise InputError("--range and --step must be greater than 0")
     with hub_client(opts) as client:
         if range_:
             end = time.time()
