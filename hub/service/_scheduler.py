@@ -308,8 +308,9 @@ class Scheduler:
             self.metrics.sync_duration.observe(max(0.0, finished - started))
             self.metrics.last_success.set(finished)
         took = (result.finished_at - result.started_at).total_seconds()
-        log.info("sync ok: %d clusters, %d nodes, %d GPUs (%d requests, %.1fs)",
-                 result.clusters, result.nodes, result.gpus, result.requests, took)
+        log.info("sync ok: %d clusters, %d nodes, %d GPUs (%d requests, %.1fs)%s",
+                 result.clusters, result.nodes, result.gpus, result.requests, took,
+                 f"; {result.note}" if getattr(result, "note", None) else "")
         self._after_sync()
         return self._next(max(0.0, started + self.every - self.clock()))
 
