@@ -18,7 +18,8 @@ import yaml
 from prometheus_client import generate_latest
 
 from hub.cli import cli
-from hub.service._scheduler import ServiceMetrics
+from hub.inventory import _db
+from hub.service._scheduler import Jobs, build_service
 from spoke._exporter import Exporter
 from spoke._sim import SimBackend
 from tests.support.clirun import gpufleet
@@ -64,13 +65,31 @@ def alert_names(tmp_path: Path) -> set[str]:
     return names
 
 
-def metric_names() -> set[str]:
-    """Sample names of the hub service's /metrics and the exporter's /metrics."""
-    service = ServiceMetrics(process=False)
-    service.watch(lambda: [("east", "active", 1)], lambda: [{"severity": "error"}])
-    exporter = Exporter(SimBackend(gpus=1), hostname="node-a")
+def metric_names(tmp_path: Path) -> set[str]:
+    """Sample names of the hub service's /metrics (the router's own answer over an
+    inventory with one GPU) and of the exporter's /metrics."""
+    from hub import inventory as inv
+    from hub.inventory._normalize import Observation
+
+    url = f"sqlite:///{tmp_path / 'metrics.db'}"
+    engine = inv.make_engine(url, create=True)
+    inv.ensure_schema(engine)
+    with engine.begin() as conn:
+        _db.apply_observations(conn, [Observation("east", "a", "GPU-1", "nvidia")],
+                               inv.now_utc())
+    service = build_service(Jobs(sync=lambda: None), every=3600.0,  # type: ignore[arg-type]
+                            engine=engine, process_metrics=False)
+    try:
+        status, raw = service.server.router.handle("/metrics", {})
+    finally:
+        service.server.server_close()
+        engine.dispose()
+    assert status == 200
+    backend = SimBackend(gpus=1)
+    backend.open()
+    exporter = Exporter(backend, hostname="node-a")
     exporter.collect_once()
-    text = generate_latest(service.registry).decode() + generate_latest(exporter.registry).decode()
+    text = raw.body.decode() + generate_latest(exporter.registry).decode()
     names = {line.split("{")[0].split(" ")[0] for line in text.splitlines()
              if line and not line.startswith("#")}
     return {n for n in names if n.startswith("gpufleet_")}
@@ -164,8 +183,8 @@ def test_every_alert_the_docs_name_exists(tmp_path):
     assert not missing, "alerts `gpufleet alerts render` does not write:\n" + "\n".join(missing)
 
 
-def test_every_gpufleet_metric_the_docs_name_exists():
-    exposed = metric_names()
+def test_every_gpufleet_metric_the_docs_name_exists(tmp_path):
+    exposed = metric_names(tmp_path)
     bases = exposed | {re.sub(r"_(total|bucket|count|sum|created)$", "", n) for n in exposed}
     missing = []
     for where, no, line in raw_lines():
@@ -188,7 +207,7 @@ def test_the_checks_catch_a_drifted_doc(bad, tmp_path, monkeypatch):
     monkeypatch.setattr(__import__(__name__, fromlist=["ROOT"]), "ROOT", tmp_path)
     checks = [test_every_command_and_option_the_docs_name_exists,
               lambda: test_every_alert_the_docs_name_exists(tmp_path),
-              test_every_gpufleet_metric_the_docs_name_exists]
+              lambda: test_every_gpufleet_metric_the_docs_name_exists(tmp_path)]
     failed = 0
     for check in checks:
         try:
