@@ -13,6 +13,8 @@ from hub.devstack._acm import (
     inject_matchers,
 )
 from hub.devstack._demo import (
+    gpufleet_command,
+    keep_syncing,
     run,
 )
 from hub.devstack._prometheus import (
@@ -28,9 +30,11 @@ __all__ = [
     "RbacQueryProxy",
     "Scope",
     "free_port",
+    "gpufleet_command",
     "hub_args",
     "hub_config",
     "inject_matchers",
+    "keep_syncing",
     "require_binary",
     "run",
 ]
