@@ -13,6 +13,7 @@ row per GPU and no more.
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -131,14 +132,40 @@ POD_LABELS = [
 ]
 
 
+#: Pod names of the exporters themselves (dcgm-exporter under the GPU Operator or Helm, AMD's
+#: device-metrics-exporter, gpufleet's own). Scraped through a ServiceMonitor without
+#: honorLabels, an idle GPU's series carry only these *target* labels (the exporter's pod and
+#: namespace), while a workload's labels arrive as ``exported_*``.
+#: One regex for Python and PromQL (RE2, fully anchored by Prometheus's =~ / !~).
+EXPORTER_POD_REGEX = (r"(nvidia-)?dcgm-exporter(-.*)?"
+                      r"|(amd-)?(gpu-)?(device-)?metrics-exporter(-.*)?"
+                      r"|gpufleet-exporter(-.*)?")
+_EXPORTER_POD = re.compile(f"(?:{EXPORTER_POD_REGEX})")
+
+
+def is_exporter_pod(pod: str) -> bool:
+    return bool(_EXPORTER_POD.fullmatch(pod))
+
+
 def allocation(labels: Mapping[str, str]) -> tuple[str, str, str] | None:
-    """(namespace, pod, container) of a series, honouring Prometheus's ``exported_`` renames."""
-    ns = labels.get("exported_namespace") or labels.get("namespace") or ""
-    pod = labels.get("exported_pod") or labels.get("pod") or ""
-    if not pod:
+    """(namespace, pod, container) of the workload using a GPU, or None when unallocated.
+
+    The rule, for every vendor: ``exported_pod`` / ``exported_namespace`` /
+    ``exported_container`` (Prometheus renamed the exporter's own labels because the target
+    carries the same names) win over ``pod`` / ``namespace`` / ``container``. When no
+    ``exported_pod`` is present and ``pod`` names the exporter's own pod, those are the
+    scrape target's labels, not a user: the GPU is unallocated. The exporter is never a
+    GPU's user.
+    """
+    pod = labels.get("exported_pod") or ""
+    if pod:
+        ns = labels.get("exported_namespace") or ""
+        container = labels.get("exported_container") or ""
+        return ns, pod, container
+    pod = labels.get("pod") or ""
+    if not pod or is_exporter_pod(pod):
         return None
-    container = labels.get("exported_container") or labels.get("container") or ""
-    return ns, pod, container
+    return labels.get("namespace") or "", pod, labels.get("container") or ""
 
 
 class Nvidia(VendorProfile):
@@ -287,3 +314,41 @@ EXPORTER_UP, EXPORTER_COLLECT_ERRORS, EXPORTER_LAST_COLLECT = EXPORTER_HEALTH_ME
 EXPORTER_NODE_LABEL = "hostname"
 #: kube-state-metrics' node labels (label_<sanitised name>; only labels on its allowlist)
 KUBE_NODE_LABELS = "kube_node_labels"
+
+
+# -- MIG: how much of a GPU a slice is (issue 12) --------------------------------------------
+#: Compute slices of a whole GPU per model family (NVIDIA MIG user guide: A100, H100, H200,
+#: B200 and GH200 have 7 GPU instances' worth of compute slices, A30 has 4). Matched as a
+#: case-insensitive substring of the model name, first match wins.
+MIG_COMPUTE_SLICES: tuple[tuple[str, int], ...] = (
+    ("A30", 4),
+    ("A100", 7), ("H100", 7), ("H200", 7), ("H800", 7), ("A800", 7), ("GH200", 7),
+    ("B200", 7), ("GB200", 7), ("B100", 7), ("RTX PRO 6000", 4),
+)
+#: ``3g.40gb`` (a GPU instance) or ``1c.3g.40gb`` (a compute instance of 1 slice inside it)
+_PROFILE = re.compile(r"^(?:(\d+)c\.)?(\d+)g\.")
+
+
+def compute_slices(model: str | None) -> int | None:
+    """How many compute slices a whole GPU of this model has; None when we do not know."""
+    upper = (model or "").upper()
+    return next((n for name, n in MIG_COMPUTE_SLICES if name.upper() in upper), None)
+
+
+def mig_share(model: str | None, profile: str | None, slice_memory_mib: float | None = None,
+              gpu_memory_mib: float | None = None) -> float:
+    """The fraction of its GPU a MIG slice counts as (a whole GPU is 1.0).
+
+    ``3g.40gb`` on a 7-slice GPU is 3/7. A profile we cannot read, or a model whose slice
+    count we do not know, counts as its share of the GPU's memory; with no memory figures
+    either it counts as one slice of seven (the common case), never as a whole GPU.
+    """
+    if profile is None:
+        return 1.0
+    match = _PROFILE.match(profile)
+    total = compute_slices(model)
+    if match and total:
+        return min(1.0, int(match.group(1) or match.group(2)) / total)
+    if slice_memory_mib and gpu_memory_mib and gpu_memory_mib > 0:
+        return min(1.0, slice_memory_mib / gpu_memory_mib)
+    return 1.0 / 7.0
