@@ -22,6 +22,7 @@ from hub.store._vendors import (
     MEMORY_RESERVED,
     MEMORY_TOTAL,
     MEMORY_USED,
+    MODEL_LABELS,
     NODE_LABELS,
     POWER,
     PROFILES,
@@ -38,6 +39,7 @@ from hub.store._vendors import (
     mig_share,
     profile,
     sync_queries,
+    usage_queries,
 )
 
 __all__ = [
@@ -52,6 +54,7 @@ __all__ = [
     "MEMORY_RESERVED",
     "MEMORY_TOTAL",
     "MEMORY_USED",
+    "MODEL_LABELS",
     "NODE_LABELS",
     "POWER",
     "PROFILES",
@@ -71,4 +74,5 @@ __all__ = [
     "mig_share",
     "profile",
     "sync_queries",
+    "usage_queries",
 ]

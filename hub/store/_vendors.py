@@ -352,3 +352,48 @@ def mig_share(model: str | None, profile: str | None, slice_memory_mib: float | 
     if slice_memory_mib and gpu_memory_mib and gpu_memory_mib > 0:
         return min(1.0, slice_memory_mib / gpu_memory_mib)
     return 1.0 / 7.0
+
+
+# -- usage ledger queries (issue 12) ----------------------------------------------------------
+#: Neutral fields of the usage ledger, and the aggregation each query applies over a bucket.
+USAGE_FIELDS: tuple[tuple[str, str], ...] = (
+    (UTILISATION, "avg"), (UTILISATION, "max"), (ENGINE_ACTIVE, "avg"), (ENGINE_ACTIVE, "max"),
+    (MEMORY_USED, "avg"), (MEMORY_USED, "max"), (POWER, "avg"),
+)
+#: the model label(s) of each vendor, kept in usage queries (a MIG slice's share needs it)
+MODEL_LABELS = {"nvidia": ["modelName"], "amd": ["card_series", "card_model"]}
+USAGE_POD_LABELS = ["namespace", "pod", "exported_namespace", "exported_pod"]
+
+
+def usage_group(p: VendorProfile, cluster_label: str) -> str:
+    return _by([cluster_label, *p.id_labels, *MODEL_LABELS[p.vendor], *USAGE_POD_LABELS])
+
+
+def usage_queries(bucket: str, step: str, cluster_label: str) -> list[Query]:
+    """The fixed request set of one usage bucket, whatever the fleet size.
+
+    Per vendor and field: ``avg by (identity, allocation) (avg_over_time(metric[bucket]))``
+    (``max`` likewise), evaluated at the bucket's end. Coverage counts the ``step``-long
+    slices of the bucket that hold a sample:
+    ``count_over_time((max by (...) (last_over_time(metric[step])))[bucket:step])``,
+    evaluated one step after the bucket's end so its points are the ends of those slices.
+    A Query's ``kind`` is ``usage:<agg>`` or ``coverage``.
+    """
+    out: list[Query] = []
+    for p in PROFILES:
+        group = usage_group(p, cluster_label)
+        match = p.device_matcher
+        for fld, agg in USAGE_FIELDS:
+            metrics = p.value_fields.get(fld)
+            if not metrics:
+                continue
+            promql = " or ".join(
+                f'{agg} by ({group}) ({agg}_over_time({{__name__=~"{p._names(m)}", {match}}}'
+                f"[{bucket}]))"
+                for m in metrics
+            )
+            out.append(Query(p.vendor, f"usage:{agg}", promql, fld))
+        names = "|".join(prefix + m for prefix in p.name_prefixes for m in p.timestamp_metrics)
+        inner = f'max by ({group}) (last_over_time({{__name__=~"{names}", {match}}}[{step}]))'
+        out.append(Query(p.vendor, "coverage", f"count_over_time(({inner})[{bucket}:{step}])"))
+    return out

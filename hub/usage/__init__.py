@@ -4,6 +4,31 @@ history of one GPU. Reads the inventory (tables, events, usage ledger); writes n
 
 from __future__ import annotations
 
+from hub.usage._answers import (
+    CAPACITY_FIGURES,
+    CAPACITY_GROUPS,
+    GROUPS,
+    IDLE_COLUMNS,
+    USAGE_FIGURES,
+    capacity,
+    group_columns,
+    idle_allocated,
+    usage_frame,
+    usage_summary,
+)
 from hub.usage._history import HISTORY_COLUMNS, gpu_history
 
-__all__ = ["HISTORY_COLUMNS", "gpu_history"]
+__all__ = [
+    "CAPACITY_FIGURES",
+    "CAPACITY_GROUPS",
+    "GROUPS",
+    "HISTORY_COLUMNS",
+    "IDLE_COLUMNS",
+    "USAGE_FIGURES",
+    "capacity",
+    "gpu_history",
+    "group_columns",
+    "idle_allocated",
+    "usage_frame",
+    "usage_summary",
+]

@@ -8,7 +8,7 @@ from sqlalchemy.engine import Connection
 
 from hub import inventory as inv
 
-HISTORY_COLUMNS = ["bucket_start", "node", "slice", "namespace", "pod", "gpu_hours",
+HISTORY_COLUMNS = ["bucket_start", "cluster", "node", "slice", "namespace", "pod", "gpu_hours",
                    "avg_utilisation_pct", "energy_wh", "coverage"]
 
 
@@ -24,5 +24,5 @@ def gpu_history(conn: Connection, uuid: str, *, events: int = 100,
         "slices": [r for r in rows if r["mig_profile"] is not None],
         "events": inv.list_events(conn, uuid=uuid, limit=events),
         "allocations": inv.gpu_allocations(conn, uuid),
-        "usage": [],
+        "usage": inv.recent_usage(conn, uuid, limit=usage_rows),
     }

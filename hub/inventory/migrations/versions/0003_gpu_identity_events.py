@@ -91,9 +91,47 @@ def upgrade() -> None:
     )
     op.create_index("ix_events_at", "events", ["at"])
     op.create_index("ix_events_uuid_at", "events", ["uuid", "at"])
+    _usage_tables()
+
+
+def _usage_tables() -> None:
+    """The usage ledger (hub/inventory/_ledger.py): rows per bucket, and collected buckets."""
+    op.create_table(
+        "usage",
+        sa.Column("bucket_start", sa.DateTime, primary_key=True),
+        sa.Column("cluster", sa.String(253), primary_key=True),
+        sa.Column("node", sa.String(253), primary_key=True),
+        sa.Column("uuid", sa.String(128), primary_key=True),
+        sa.Column("slice", sa.String(64), primary_key=True),
+        sa.Column("namespace", sa.String(253), primary_key=True),
+        sa.Column("pod", sa.String(253), primary_key=True),
+        sa.Column("bucket_end", sa.DateTime, nullable=False),
+        sa.Column("vendor", sa.String(16), nullable=False),
+        sa.Column("model", sa.String(128)),
+        sa.Column("gpu_share", sa.Float, nullable=False),
+        sa.Column("gpu_hours", sa.Float, nullable=False),
+        sa.Column("avg_utilisation_pct", sa.Float),
+        sa.Column("max_utilisation_pct", sa.Float),
+        sa.Column("avg_memory_used_mib", sa.Float),
+        sa.Column("max_memory_used_mib", sa.Float),
+        sa.Column("avg_power_w", sa.Float),
+        sa.Column("energy_wh", sa.Float),
+        sa.Column("coverage", sa.Float, nullable=False),
+    )
+    op.create_index("ix_usage_uuid_bucket", "usage", ["uuid", "bucket_start"])
+    op.create_table(
+        "usage_buckets",
+        sa.Column("bucket_start", sa.DateTime, primary_key=True),
+        sa.Column("bucket_end", sa.DateTime, nullable=False),
+        sa.Column("collected_at", sa.DateTime, nullable=False),
+        sa.Column("rows", sa.Integer, nullable=False),
+        sa.Column("requests", sa.Integer, nullable=False),
+    )
 
 
 def downgrade() -> None:
+    op.drop_table("usage_buckets")
+    op.drop_table("usage")
     op.drop_table("events")
     op.drop_index("ix_gpus_state", table_name="gpus")
     op.drop_index("ix_gpus_cluster_node", table_name="gpus")
