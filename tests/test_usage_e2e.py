@@ -189,3 +189,36 @@ def test_usage_collect_usage_idle_capacity_on_a_backfilled_hub(tmp_path, db_url)
         assert {u["node"] for u in history["usage"]} == {"n1", "n2"}
     finally:
         hub.stop()
+
+
+def test_serve_collects_completed_buckets_and_report_warns_of_idle_allocated_gpus(tmp_path):
+    from hub.commands.service import service_jobs
+    from hub.store import HubClient, HubSettings
+
+    t0 = (time.time() // HOUR) * HOUR - 4 * HOUR
+    hub = backfilled_hub(tmp_path / "hub", fleet_text(t0)).start(timeout=120)
+    db = f"sqlite:///{tmp_path / 'inv.db'}"
+    env = {"GPUFLEET_HUB_URL": hub.url, "GPUFLEET_DB": db}
+    try:
+        assert gpufleet("sync", "--stale-after", "4h", env=env).exit_code == 0
+        engine = inv.make_engine(db)
+        with HubClient.from_settings(HubSettings(url=hub.url)) as client:
+            jobs = service_jobs(engine, client, stale_after=4 * HOUR, cluster_label="cluster",
+                                lock_timeout=0)
+            jobs.after_sync[-1]()  # the usage job serve runs after each sync
+            with engine.connect() as conn:
+                done = {r.bucket_start for r in conn.execute(inv.usage_buckets.select())}
+            # every completed bucket of the last 48 h, the three with data among them
+            assert {inv._ledger.utc(t0 + i * HOUR) for i in range(3)} <= done
+            assert len(done) >= 46  # 48 h back, less the one or two not complete yet
+            jobs.after_sync[-1]()  # nothing pending: nothing asked again
+            findings = jobs.findings()
+        engine.dispose()
+        idle = [f for f in findings if f["check"] == "idle_allocated_gpu"]
+        assert [(f["severity"], f["cluster"], f["node"], f["gpu"]) for f in idle] == [
+            ("warning", "c1", "n1", "GPU-B")]
+        assert "research/nb-1" in idle[0]["message"] and "3 GPU-hours" in idle[0]["message"]
+        report = gpufleet("report", "-o", "json", env=env)
+        assert "idle_allocated_gpu" in report.stdout
+    finally:
+        hub.stop()
