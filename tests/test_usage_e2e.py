@@ -187,6 +187,7 @@ def test_usage_collect_usage_idle_capacity_on_a_backfilled_hub(tmp_path, db_url)
                               "idle_allocated_gpu_hours,avg_utilisation_pct,energy_kwh")
         history = gpufleet_json("inventory", "gpu", "GPU-MV", env=env)
         assert {u["node"] for u in history["usage"]} == {"n1", "n2"}
+        check_api(db_url, t0, rows)
     finally:
         hub.stop()
 
@@ -222,3 +223,49 @@ def test_serve_collects_completed_buckets_and_report_warns_of_idle_allocated_gpu
         assert "idle_allocated_gpu" in report.stdout
     finally:
         hub.stop()
+
+
+def check_api(db_url: str, t0: float, by_namespace: dict) -> None:
+    """The read API answers the same figures, with the same filters and paging rules."""
+    from hub.service import read_only_engine
+    from hub.service._routes import build_router
+
+    engine = read_only_engine(db_url)
+    router = build_router(engine, health=lambda: (True, {}), findings=lambda: ([], None),
+                          metrics=lambda: b"")
+
+    def get(path: str, status: int = 200, **query: str):
+        code, body = router.handle(path, {k: [v] for k, v in query.items()})
+        assert code == status, body
+        return body
+
+    try:
+        period = {"from": iso(t0), "until": iso(t0 + 3 * HOUR)}
+        items = get("/api/v1/usage", **period)["items"]
+        assert {r["namespace"]: r for r in items} == by_namespace
+        by_two = get("/api/v1/usage", **period, by="cluster,model")["items"]
+        assert {(r["cluster"], r["model"]) for r in by_two} >= {
+            ("c1", "NVIDIA H100 80GB HBM3"), ("c2", "NVIDIA A100-SXM4-80GB")}
+        assert [i["uuid"] for i in get("/api/v1/idle", **period)["items"]] == ["GPU-B"]
+        cap = get("/api/v1/capacity", by="cluster")["items"]
+        assert {c["cluster"]: c["allocated"] for c in cap}["c1"] == 3.0
+        page = get("/api/v1/events", limit="3")
+        assert len(page["items"]) == 3 and page["continue"]
+        rest = get("/api/v1/events", limit="5000", **{"continue": page["continue"]})
+        everything = get("/api/v1/events", limit="5000")["items"]
+        assert page["items"] + rest["items"] == everything and rest["continue"] is None
+        assert {e["type"] for e in everything} == {"appeared"}
+        hist = get("/api/v1/gpus/GPU-MV/history")
+        assert hist["gpu"]["node"] == "n2" and hist["events"][0]["type"] == "appeared"
+        assert get("/api/v1/gpus/GPU-MV")["gpu"]["uuid"] == "GPU-MV"
+        assert get("/api/v1/gpus/nope/history", 404) == {"error": "unknown GPU 'nope'"}
+        assert "unknown by" in get("/api/v1/usage", 400, by="team")["error"]
+        assert "since and from" in get("/api/v1/usage", 400, since="1h",
+                                       **{"from": iso(t0)})["error"]
+        assert "unknown type" in get("/api/v1/events", 400, type="exploded")["error"]
+        doc = get("/api/v1/openapi.json")
+        for path in ("/api/v1/usage", "/api/v1/idle", "/api/v1/capacity", "/api/v1/events",
+                     "/api/v1/gpus/{uuid}/history"):
+            assert path in doc["paths"]
+    finally:
+        engine.dispose()
