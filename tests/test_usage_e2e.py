@@ -25,6 +25,7 @@ from hub import inventory as inv
 from hub import usage
 from tests.support.backfill import backfilled_hub, openmetrics
 from tests.support.clirun import gpufleet, gpufleet_json
+from tests.test_report import chromium_dom
 
 HOUR = 3600.0
 H100 = 'modelName="NVIDIA H100 80GB HBM3"'
@@ -221,6 +222,19 @@ def test_serve_collects_completed_buckets_and_report_warns_of_idle_allocated_gpu
         assert "research/nb-1" in idle[0]["message"] and "3 GPU-hours" in idle[0]["message"]
         report = gpufleet("report", "-o", "json", env=env)
         assert "idle_allocated_gpu" in report.stdout
+        page = tmp_path / "report.html"
+        gpufleet("report", "-o", "html", "--out", str(page), env=env)
+        dom = chromium_dom(page)
+        bars = {e["attrs"]["data-namespace"]: e["text"] for e in dom.find("g")
+                if "data-namespace" in e["attrs"]}
+        assert {"ml", "research", "vision", "hpc", "(unallocated)"} == set(bars)
+        assert "3.0 GPU-h" in bars["research"] and "7.3 GPU-h" in bars["ml"]
+        [idle_row] = [e for e in dom.find("tr") if "data-uuid" in e["attrs"]]
+        assert idle_row["attrs"]["data-uuid"] == "GPU-B" and "research/nb-1" in idle_row["text"]
+        [h100] = [i for i, e in enumerate(dom.elements)
+                  if e["attrs"].get("data-model") == "NVIDIA H100 80GB HBM3"]
+        cells = [e["text"] for e in dom.elements[h100 + 1:h100 + 7]]
+        assert cells == ["NVIDIA H100 80GB HBM3", "4", "4", "0", "3", "1"]
     finally:
         hub.stop()
 

@@ -78,6 +78,9 @@ gpus = sa.Table(
     sa.Column("power_w", sa.Float),
     sa.Column("temperature_c", sa.Float),
     sa.Column("state", sa.String(16), nullable=False),
+    # JSON [[cluster, node], ...]: other places that reported this GPU concurrently in the
+    # latest sync (a mislabelled cluster or a cloned node: the duplicate_uuid check)
+    sa.Column("also_reporting", sa.Text),
     *_seen(),
     sa.Index("ix_gpus_state", "state"),
     sa.Index("ix_gpus_cluster_node", "cluster", "node"),
@@ -272,23 +275,48 @@ def now_utc() -> dt.datetime:
 CHANGE_FIELDS = ("model", "memory_total_mib", "driver_version")
 
 
-def _newest_per_identity(observations: Iterable[Observation]) -> tuple[
-        dict[tuple[str, str], Observation], list[Observation]]:
-    """One observation per (uuid, slice), the one with the newest sample.
+#: Two places whose newest samples of one GPU are this close both report it now (a
+#: duplicate, not a move). Allows one ACM push interval (300 s) between them.
+CONCURRENT_S = 300.0
+
+
+def _newest_per_identity(observations: Iterable[Observation],
+                         known: Mapping[tuple[str, str], Mapping[str, Any]]) -> tuple[
+        dict[tuple[str, str], Observation], dict[tuple[str, str], list[list[str]]],
+        list[Observation]]:
+    """One observation per (uuid, slice), the places reporting it beside, and all of them.
 
     Right after a move the look-back window still shows the GPU's last samples from its old
-    node; the newest sample says where it is now. Every observation is returned as well, for
-    its allocations (which belong to the node that saw them).
+    node; the newest sample says where it is now. Places whose newest samples are within
+    CONCURRENT_S of each other report at the same time: the GPU stays where the inventory
+    had it (no flapping `moved` events) and the others are kept as ``also_reporting``.
+    Every observation is returned as well, for its allocations (which belong to the node
+    that saw them).
     """
-    chosen: dict[tuple[str, str], Observation] = {}
+    def t(o: Observation) -> float:
+        return o.sample_at if o.sample_at is not None else float("-inf")
+
+    by_key: dict[tuple[str, str], list[Observation]] = {}
     every: list[Observation] = []
     for obs in observations:
         every.append(obs)
-        key = (obs.uuid, obs.slice_key)
-        old = chosen.get(key)
-        if old is None or (obs.sample_at or float("-inf")) > (old.sample_at or float("-inf")):
-            chosen[key] = obs
-    return chosen, every
+        by_key.setdefault((obs.uuid, obs.slice_key), []).append(obs)
+    chosen: dict[tuple[str, str], Observation] = {}
+    others: dict[tuple[str, str], list[list[str]]] = {}
+    for key, group in by_key.items():
+        newest = max(group, key=t)
+        if len(group) == 1:
+            chosen[key] = newest
+            continue
+        current = [o for o in group if t(o) >= t(newest) - CONCURRENT_S]
+        row = known.get(key)
+        pick = next((o for o in current if row is not None
+                     and (o.cluster, o.node) == (row["cluster"], row["node"])), newest)
+        chosen[key] = pick
+        beside = sorted({(o.cluster, o.node) for o in current} - {(pick.cluster, pick.node)})
+        if beside:
+            others[key] = [list(p) for p in beside]
+    return chosen, others, every
 
 
 def _event(at: dt.datetime, type_: str, cluster: str, node: str, uuid: str, slice_key: str,
@@ -356,10 +384,10 @@ def apply_observations(conn: Connection, observations: Iterable[Observation],
                        now: dt.datetime) -> dict[str, int]:
     """Upsert what this sync saw as active, mark everything it did not see stale, and write
     the events that this implies (all in the caller's transaction)."""
-    seen, every = _newest_per_identity(observations)
     known = {(r["uuid"], r["slice_key"]): r for r in conn.execute(sa.select(
         gpus.c.uuid, gpus.c.slice_key, gpus.c.cluster, gpus.c.node, gpus.c.state,
         *[gpus.c[f] for f in CHANGE_FIELDS])).mappings()}
+    seen, beside, every = _newest_per_identity(observations, known)
     gpu_rows: list[dict[str, Any]] = []
     alloc_rows: list[dict[str, Any]] = []
     node_last: dict[tuple[str, str], dt.datetime | None] = {}
@@ -382,8 +410,9 @@ def apply_observations(conn: Connection, observations: Iterable[Observation],
                 "last_sample_at": sample_at,
             })
     physical = 0
-    for obs in seen.values():
+    for key, obs in seen.items():
         physical += not obs.is_slice
+        also = beside.get(key)
         gpu_rows.append({
             "cluster": obs.cluster, "node": obs.node, "uuid": obs.uuid,
             "slice_key": obs.slice_key,
@@ -393,6 +422,7 @@ def apply_observations(conn: Connection, observations: Iterable[Observation],
             "serial": obs.serial, "memory_total_mib": obs.memory_total_mib,
             "memory_used_mib": obs.memory_used_mib, "utilisation_pct": obs.utilisation_pct,
             "power_w": obs.power_w, "temperature_c": obs.temperature_c, "state": ACTIVE,
+            "also_reporting": json.dumps(also) if also else None,
             "first_seen": now, "last_seen": now, "last_sample_at": utc(obs.sample_at),
         })
     event_rows = diff_events(known, seen, now)

@@ -51,6 +51,7 @@ def _gpus_table(name: str) -> None:
         sa.Column("power_w", sa.Float),
         sa.Column("temperature_c", sa.Float),
         sa.Column("state", sa.String(16), nullable=False),
+        sa.Column("also_reporting", sa.Text),
         sa.Column("first_seen", sa.DateTime, nullable=False),
         sa.Column("last_seen", sa.DateTime, nullable=False),
         sa.Column("last_sample_at", sa.DateTime),
@@ -144,7 +145,7 @@ def downgrade() -> None:
         sa.Column("slice_key", sa.String(64), primary_key=True),
         *[c.copy() for c in sa.Table("gpus_0003", sa.MetaData(),
                                      autoload_with=op.get_bind()).columns
-          if c.name not in ("cluster", "node", "uuid", "slice_key")],
+          if c.name not in ("cluster", "node", "uuid", "slice_key", "also_reporting")],
     )
     cols = ", ".join(["cluster", "node", "uuid", "slice_key", *_GPU_COLUMNS, "first_seen"])
     op.execute(sa.text(f"INSERT INTO gpus ({cols}) SELECT {cols} FROM gpus_0003"))
