@@ -533,15 +533,16 @@ def list_clusters(conn: Connection, cluster: str | None = None) -> list[dict[str
     return [dict(r) for r in conn.execute(stmt).mappings()]
 
 
+def _allocation_item(row: Mapping[str, Any]) -> dict[str, Any]:
+    item = dict(row)
+    item["mig_profile"] = row["slice_key"].split("/")[0] if row["slice_key"] else None
+    return {c: item[c] for c in ALLOCATION_COLUMNS}
+
+
 def list_allocations(conn: Connection, cluster: str | None = None) -> list[dict[str, Any]]:
     stmt = _where_cluster(sa.select(allocations), allocations, cluster).order_by(
         allocations.c.cluster, allocations.c.node, allocations.c.uuid, allocations.c.first_seen)
-    out = []
-    for row in conn.execute(stmt).mappings():
-        item = dict(row)
-        item["mig_profile"] = row["slice_key"].split("/")[0] if row["slice_key"] else None
-        out.append({c: item[c] for c in ALLOCATION_COLUMNS})
-    return out
+    return [_allocation_item(row) for row in conn.execute(stmt).mappings()]
 
 
 def list_sync_runs(conn: Connection, limit: int = 20) -> list[dict[str, Any]]:
@@ -588,9 +589,4 @@ def gpu_allocations(conn: Connection, uuid: str) -> list[dict[str, Any]]:
     stmt = (sa.select(allocations).where(allocations.c.uuid == uuid)
             .order_by(allocations.c.last_seen.desc(), allocations.c.namespace,
                       allocations.c.pod))
-    out = []
-    for row in conn.execute(stmt).mappings():
-        item = dict(row)
-        item["mig_profile"] = row["slice_key"].split("/")[0] if row["slice_key"] else None
-        out.append({c: item[c] for c in ALLOCATION_COLUMNS})
-    return out
+    return [_allocation_item(row) for row in conn.execute(stmt).mappings()]
