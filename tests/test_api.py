@@ -235,7 +235,7 @@ def test_unknown_gpu_is_a_json_404(served):
 
 
 def test_a_uuid_is_one_gpu_wherever_it_reports(served):
-    """Since migration 0003 a GPU is its uuid: a second row on another node is refused by the
+    """Since migration 0005 a GPU is its uuid: a second row on another node is refused by the
     schema (a move updates the row and writes a `moved` event), so the answer is never split."""
     engine = inventory.make_engine(served.db_url)
     gpus = inventory.gpus
@@ -294,7 +294,7 @@ def test_unknown_path_and_other_methods(served):
 def test_sync_runs_latest_first(served):
     runs = served.json("/api/v1/sync-runs")["items"]
     assert runs and runs[0]["status"] == "ok" and runs[0]["gpus"] == 26
-    assert runs[0]["requests"] == 17 and runs[0]["finished_at"].endswith("Z")
+    assert runs[0]["requests"] == 23 and runs[0]["finished_at"].endswith("Z")
     assert [r["id"] for r in runs] == sorted((r["id"] for r in runs), reverse=True)
     assert len(served.json("/api/v1/sync-runs", limit=1)["items"]) == 1
 

@@ -1,5 +1,6 @@
 """GPU identity and inventory events: real agents push into a real hub across syncs, on
-SQLite and PostgreSQL; and migration 0003 upgrades a database made at 0002 in place."""
+SQLite and PostgreSQL; and migration 0005 upgrades a database made at 0002 (the last
+release) in place, through 0004."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sqlalchemy as sa
 from alembic import command
 
 from hub import inventory as inv
+from hub.inventory import _migrate as migrate
 from hub.inventory._migrate import _config
 from tests.support.clirun import gpufleet, gpufleet_json
 from tests.support.promql import wait_for
@@ -90,7 +92,7 @@ def test_events_from_real_agents_across_syncs(hub, fleet, db_url):
     assert table.exit_code == 0 and "events:" in table.stdout and "moved" in table.stdout
 
 
-def test_migration_0003_folds_a_moved_gpu_and_keeps_rows(db_url):
+def test_migration_0005_folds_a_moved_gpu_and_keeps_rows(db_url):
     engine = inv.make_engine(db_url, create=True)
     with engine.begin() as conn:
         command.upgrade(_config(conn), "0002")
@@ -119,7 +121,7 @@ def test_migration_0003_folds_a_moved_gpu_and_keeps_rows(db_url):
             "INSERT INTO allocations VALUES ('c1','n1','GPU-S','3g.40gb/1','ml','p','c',"
             ":t, :t, :t)"), {"t": t0})
     before, after = inv.upgrade(engine)
-    assert (before, after) == ("0002", "0003")
+    assert (before, after) == ("0002", migrate.head()) and after == "0005"
     with engine.connect() as conn:
         gpus = {(g["uuid"], g["mig_profile"]): g for g in inv.list_gpus(conn)}
         assert len(gpus) == 3

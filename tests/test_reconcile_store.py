@@ -19,8 +19,8 @@ NOW = dt.datetime(2026, 11, 28, 12, 0, 0)
 
 def test_upgrade_creates_exactly_the_tables_the_models_describe(db_url):
     result = gpufleet("db", "upgrade", "--db", db_url)
-    assert result.exit_code == 0 and result.stdout.strip().endswith(
-        f"-> {migrate.head()}"), result.output
+    assert result.exit_code == 0 and result.stdout.strip().endswith(f"-> {migrate.head()}"), \
+        result.output
     engine = inventory.make_engine(db_url)
     try:
         assert {"reconcile_runs", "reconcile_results", "reconcile_clusters"} <= set(

@@ -35,6 +35,8 @@ from hub.inventory._db import (
     safe_url,
     sync_runs,
 )
+from hub.inventory._health import FATAL_XIDS
+from hub.inventory._health import LEVELS as HEALTH_LEVELS
 from hub.inventory._ledger import (
     USAGE_COLUMNS,
     CollectResult,
@@ -49,6 +51,7 @@ from hub.inventory._migrate import (
     ensure_schema,
     upgrade,
 )
+from hub.inventory._reconcile_runs import reconcile_clusters, reconcile_results, reconcile_runs
 from hub.inventory._sync import (
     SyncResult,
     run_sync,
@@ -61,8 +64,10 @@ __all__ = [
     "CLUSTER_COLUMNS",
     "EVENT_COLUMNS",
     "EVENT_TYPES",
+    "FATAL_XIDS",
     "GPU_COLUMNS",
     "GPU_TABLE_COLUMNS",
+    "HEALTH_LEVELS",
     "NODE_COLUMNS",
     "STALE",
     "USAGE_COLUMNS",
@@ -91,6 +96,9 @@ __all__ = [
     "nodes",
     "now_utc",
     "recent_usage",
+    "reconcile_clusters",
+    "reconcile_results",
+    "reconcile_runs",
     "run_sync",
     "safe_url",
     "subquery_step",

@@ -11,6 +11,9 @@ from hub.store._client import (
     PartialResponse,
 )
 from hub.store._vendors import (
+    CLOCKS_EVENT_REASONS,
+    DEVICE_HEALTH,
+    ECC_DBE,
     ENGINE_ACTIVE,
     EXPORTER_COLLECT_ERRORS,
     EXPORTER_NODE_LABEL,
@@ -18,6 +21,7 @@ from hub.store._vendors import (
     EXPORTER_UP,
     KUBE_NODE_LABELS,
     KUBE_STATE_METRICS,
+    LAST_XID,
     MEMORY_FREE,
     MEMORY_RESERVED,
     MEMORY_TOTAL,
@@ -26,6 +30,7 @@ from hub.store._vendors import (
     NODE_LABELS,
     POWER,
     PROFILES,
+    ROW_REMAP_FAILURE,
     SLICE_LABELS,
     TEMPERATURE,
     UTILISATION,
@@ -43,6 +48,9 @@ from hub.store._vendors import (
 )
 
 __all__ = [
+    "CLOCKS_EVENT_REASONS",
+    "DEVICE_HEALTH",
+    "ECC_DBE",
     "ENGINE_ACTIVE",
     "EXPORTER_COLLECT_ERRORS",
     "EXPORTER_NODE_LABEL",
@@ -50,6 +58,7 @@ __all__ = [
     "EXPORTER_UP",
     "KUBE_NODE_LABELS",
     "KUBE_STATE_METRICS",
+    "LAST_XID",
     "MEMORY_FREE",
     "MEMORY_RESERVED",
     "MEMORY_TOTAL",
@@ -58,6 +67,7 @@ __all__ = [
     "NODE_LABELS",
     "POWER",
     "PROFILES",
+    "ROW_REMAP_FAILURE",
     "SLICE_LABELS",
     "TEMPERATURE",
     "UTILISATION",

@@ -1,15 +1,16 @@
 """A GPU is its identity (uuid + MIG slice), not its node; inventory events.
 
-Until 0002 the gpus table was keyed by (cluster, node, uuid, slice_key), so a GPU that moved to
-another node became a second row beside a stale copy of itself. From 0003 the key is
+Until 0004 the gpus table was keyed by (cluster, node, uuid, slice_key), so a GPU that moved to
+another node became a second row beside a stale copy of itself. From 0005 the key is
 (uuid, slice_key) and cluster/node are where the GPU reports now. Existing rows are folded in
 place: per (uuid, slice_key) the most recently seen row wins, keeping the earliest first_seen.
+(Written as 0003 beside issue 9's 0004, which landed first; chained after it as 0005.)
 
 The events table (appeared, stale, returned, moved, changed, pruned) is written by every sync
 inside its transaction and is never pruned by retention.
 
-Revision ID: 0003
-Revises: 0002
+Revision ID: 0005
+Revises: 0004
 Create Date: 2026-11-23
 """
 
@@ -18,15 +19,16 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0003"
-down_revision = "0002"
+revision = "0005"
+down_revision = "0004"
 branch_labels = None
 depends_on = None
 
 _GPU_COLUMNS = [
     "mig_profile", "mig_instance", "vendor", "gpu_index", "model", "driver_version",
     "pci_bus_id", "serial", "memory_total_mib", "memory_used_mib", "utilisation_pct",
-    "power_w", "temperature_c", "state", "last_seen", "last_sample_at",
+    "power_w", "temperature_c", "health", "health_reasons", "state", "last_seen",
+    "last_sample_at",
 ]
 
 
@@ -50,6 +52,8 @@ def _gpus_table(name: str) -> None:
         sa.Column("utilisation_pct", sa.Float),
         sa.Column("power_w", sa.Float),
         sa.Column("temperature_c", sa.Float),
+        sa.Column("health", sa.String(16)),
+        sa.Column("health_reasons", sa.Text),
         sa.Column("state", sa.String(16), nullable=False),
         sa.Column("also_reporting", sa.Text),
         sa.Column("first_seen", sa.DateTime, nullable=False),
