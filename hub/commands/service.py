@@ -130,7 +130,8 @@ def serve(every: float, listen: str, reconcile: bool, usage_bucket: float,
       /healthz               200 while the last sync succeeded within two intervals, else 503
       /metrics               Prometheus metrics (sync duration, failures, GPUs by state, ...)
       /api/v1/openapi.json   the API's OpenAPI description
-      /api/v1/clusters, /nodes, /gpus[/UUID], /findings, /sync-runs
+      /api/v1/clusters, /nodes, /gpus[/UUID[/history]], /findings, /sync-runs
+      /api/v1/usage, /idle, /capacity, /events (docs/usage.md)
 
     After each successful sync it runs the checks of `gpufleet report` (served at
     /api/v1/findings and as gpufleet_findings) and, with --reconcile, a reconcile from
