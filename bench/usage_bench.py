@@ -8,8 +8,9 @@ Prints two JSON lines.
    runs in a child process (peak RSS read with wait4). Figures: requests (a constant: the
    same at any N), seconds, peak_rss_mb, rows written, database bytes per 1,000 GPU-hours.
 2. answer: M GPUs x 30 days of hourly ledger rows written straight into the database, then
-   ``usage --by namespace --since 30d`` timed in a child, on SQLite and (with --pg URL)
-   PostgreSQL, with the database's query plan of the ledger scan.
+   ``usage --by namespace --since 30d`` timed in a child (answer_s, process start included)
+   and in process (query_s: the database's part), on SQLite and (with --pg URL) PostgreSQL,
+   with the database's query plan of the ledger scan.
 """
 
 from __future__ import annotations
@@ -134,12 +135,17 @@ def bench_answer(gpus: int, url: str) -> dict:
         if engine.dialect.name == "postgresql":
             conn.exec_driver_sql("ANALYZE usage")
     stmt_plan = _plan(engine)
+    with engine.connect() as conn:
+        began = time.perf_counter()
+        usage.usage_summary(conn, now - dt.timedelta(days=30), now + dt.timedelta(hours=1))
+        query_s = time.perf_counter() - began
     out, took, rss = child(["usage", "--by", "namespace", "--since", "30d", "--db", url,
                             "-o", "json"])
     engine.dispose()
     return {"figure": "usage --by namespace --since 30d", "database": engine.dialect.name,
             "gpus": gpus, "rows": gpus * 720, "fill_s": round(fill_s, 1),
-            "answer_s": round(took, 3), "groups": len(json.loads(out)),
+            "answer_s": round(took, 3), "query_s": round(query_s, 3),
+            "groups": len(json.loads(out)),
             "peak_rss_mb": round(rss, 1), "plan": stmt_plan}
 
 
@@ -162,7 +168,6 @@ def main() -> None:
     parser.add_argument("--pg", help="also time the answer on this PostgreSQL URL")
     parser.add_argument("--workdir", type=Path)
     args = parser.parse_args()
-    assert usage  # the answers the child runs
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         work = Path(tmp)
         if args.gpus:
