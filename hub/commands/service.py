@@ -18,6 +18,7 @@ from hub.common import (
     ConfiguredCommand,
     ConfiguredGroup,
     InputError,
+    UnavailableError,
     cluster_label_option,
     db_option,
     env,
@@ -40,8 +41,11 @@ log = logging.getLogger("gpufleet.service")
 
 def service_jobs(engine: Engine, client: HubClient, *, stale_after: float, cluster_label: str,
                  lock_timeout: float, reconcile: bool = False, max_age: float = 3600.0,
-                 push_interval: float = 300.0, window: float = 3600.0) -> svc.Jobs:
-    """The scheduled work: sync; then, when asked, a hub-side reconcile; then the findings.
+                 push_interval: float = 300.0, window: float = 3600.0,
+                 usage_bucket: float = 3600.0, usage_retention: float = 400 * 86400.0
+                 ) -> svc.Jobs:
+    """The scheduled work: sync; then, when asked, a hub-side reconcile; then every completed
+    usage bucket not collected yet (a push interval after its end); then the findings.
 
     The findings are exactly `gpufleet report`'s (hub.validate.assess with this client), so
     /api/v1/findings and `gpufleet_findings` agree with what an operator prints.
@@ -62,7 +66,19 @@ def service_jobs(engine: Engine, client: HubClient, *, stale_after: float, clust
                                    window=window, cluster_label=cluster_label)
         return [f.as_dict() for f in assessed.findings]
 
-    return svc.Jobs(sync=sync, after_sync=[reconcile_job] if reconcile else [],
+    def usage_job() -> None:
+        result = inv.collect_usage(engine, client, bucket=usage_bucket, delay=push_interval,
+                                   retention=usage_retention, cluster_label=cluster_label,
+                                   step=min(60.0, usage_bucket))
+        if result.collected:
+            log.info("usage: collected %d bucket(s), %d rows", len(result.collected),
+                     result.rows)
+        if result.failed:
+            raise UnavailableError(f"usage: {len(result.failed)} bucket(s) not collected "
+                                   f"({result.failed[0][1]}); retried after the next sync")
+
+    return svc.Jobs(sync=sync,
+                    after_sync=[*([reconcile_job] if reconcile else []), usage_job],
                     findings=findings)
 
 
@@ -90,6 +106,11 @@ def _prepare_schema(engine: Engine) -> None:
 @click.option("--reconcile", is_flag=True, envvar=env("reconcile"),
               help="After each sync, reconcile GPU counts with kube-state-metrics through the "
                    "hub (no access to the spokes needed).")
+@click.option("--usage-bucket", type=DURATION, default="1h", show_default=True,
+              metavar="DURATION", help="Usage ledger bucket: each completed one is collected "
+              "after the sync that follows it (see `gpufleet usage collect`).")
+@click.option("--usage-retention", type=DURATION, default="400d", show_default=True,
+              metavar="DURATION", help="Usage rows older than this are removed.")
 @max_age_option
 @push_interval_option
 @window_option
@@ -98,7 +119,8 @@ def _prepare_schema(engine: Engine) -> None:
 @hub_options
 @cluster_label_option
 @db_option
-def serve(every: float, listen: str, reconcile: bool, max_age: float, push_interval: float,
+def serve(every: float, listen: str, reconcile: bool, usage_bucket: float,
+          usage_retention: float, max_age: float, push_interval: float,
           window: float, stale_after: float, lock_timeout: float,
           cluster_label: str, db: str | None, **opts: Any) -> None:
     """Run the hub service: sync on a schedule and serve the inventory over HTTP.
@@ -108,7 +130,8 @@ def serve(every: float, listen: str, reconcile: bool, max_age: float, push_inter
       /healthz               200 while the last sync succeeded within two intervals, else 503
       /metrics               Prometheus metrics (sync duration, failures, GPUs by state, ...)
       /api/v1/openapi.json   the API's OpenAPI description
-      /api/v1/clusters, /nodes, /gpus[/UUID], /findings, /sync-runs
+      /api/v1/clusters, /nodes, /gpus[/UUID[/history]], /findings, /sync-runs
+      /api/v1/usage, /idle, /capacity, /events (docs/usage.md)
 
     After each successful sync it runs the checks of `gpufleet report` (served at
     /api/v1/findings and as gpufleet_findings) and, with --reconcile, a reconcile from
@@ -133,7 +156,8 @@ def serve(every: float, listen: str, reconcile: bool, max_age: float, push_inter
             jobs = service_jobs(engine, client, stale_after=stale_after,
                                 cluster_label=cluster_label, lock_timeout=lock_timeout,
                                 reconcile=reconcile, max_age=max_age,
-                                push_interval=push_interval, window=window)
+                                push_interval=push_interval, window=window,
+                                usage_bucket=usage_bucket, usage_retention=usage_retention)
             try:  # bind first: a port in use fails before anything touches the database
                 service = svc.build_service(jobs, every=every, engine=readonly, host=host,
                                             port=port)
