@@ -39,6 +39,7 @@ from hub.common._output import (
     to_json,
     to_table,
 )
+from hub.common._redact import REDACTED, redact, register_secret
 from hub.common._signals import (
     on_sigterm,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "CONFIG_ENV",
     "DURATION",
     "EXIT_FINDINGS",
+    "REDACTED",
     "BackgroundHTTPServer",
     "ConfiguredCommand",
     "ConfiguredGroup",
@@ -69,6 +71,8 @@ __all__ = [
     "parse_duration",
     "parse_listen",
     "push_interval_option",
+    "redact",
+    "register_secret",
     "stale_after_option",
     "template_roots",
     "to_json",

@@ -32,7 +32,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy.engine import Engine
 
 from hub import __version__
-from hub.common import InputError
+from hub.common import InputError, redact
 from hub.inventory import LockHeld, SyncResult
 from hub.service import _api as api
 from hub.service._http import ApiServer
@@ -78,14 +78,15 @@ class SyncState:
 def describe_error(exc: BaseException) -> str:
     """One line for the log and /healthz: a GpufleetError's own message, else a short one.
 
-    Never ``str()`` of a database exception, which carries the SQL and its parameters.
+    Never ``str()`` of a database exception, which carries the SQL and its parameters; and
+    never a registered secret (the hub token), whatever raised.
     """
     if isinstance(exc, click.ClickException):
-        return exc.format_message()
+        return redact(exc.format_message())
     if isinstance(exc, sa.exc.SQLAlchemyError):
-        return database_error(exc)
+        return redact(database_error(exc))
     lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    return redact(f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__)
 
 
 def _job_name(job: Callable[..., Any]) -> str:
