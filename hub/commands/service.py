@@ -40,8 +40,10 @@ log = logging.getLogger("gpufleet.service")
 
 def service_jobs(engine: Engine, client: HubClient, *, stale_after: float, cluster_label: str,
                  lock_timeout: float, reconcile: bool = False, max_age: float = 3600.0,
-                 push_interval: float = 300.0, window: float = 3600.0) -> svc.Jobs:
-    """The scheduled work: sync; then, when asked, a hub-side reconcile; then the findings.
+                 push_interval: float = 300.0, window: float = 3600.0,
+                 prune_stale_after: float | None = None) -> svc.Jobs:
+    """The scheduled work: sync; then, when asked, a hub-side reconcile and a prune of what
+    has been stale for longer than ``prune_stale_after``; then the findings.
 
     The findings are exactly `gpufleet report`'s (hub.validate.assess with this client), so
     /api/v1/findings and `gpufleet_findings` agree with what an operator prints.
@@ -62,8 +64,21 @@ def service_jobs(engine: Engine, client: HubClient, *, stale_after: float, clust
                                    window=window, cluster_label=cluster_label)
         return [f.as_dict() for f in assessed.findings]
 
-    return svc.Jobs(sync=sync, after_sync=[reconcile_job] if reconcile else [],
-                    findings=findings)
+    def prune_job() -> None:
+        assert prune_stale_after is not None
+        result = inv.prune(engine, stale_for=prune_stale_after, lock_timeout=lock_timeout)
+        if result.rows:
+            log.info("%s", result.summary())
+            for row in result.rows:
+                log.info("pruned %s %s", row["kind"], " ".join(
+                    str(row[k]) for k in ("cluster", "node", "uuid", "slice") if row[k]))
+
+    after: list = []
+    if reconcile:
+        after.append(reconcile_job)
+    if prune_stale_after:
+        after.append(prune_job)
+    return svc.Jobs(sync=sync, after_sync=after, findings=findings)
 
 
 def _prepare_schema(engine: Engine) -> None:
@@ -90,6 +105,9 @@ def _prepare_schema(engine: Engine) -> None:
 @click.option("--reconcile", is_flag=True, envvar=env("reconcile"),
               help="After each sync, reconcile GPU counts with kube-state-metrics through the "
                    "hub (no access to the spokes needed).")
+@click.option("--prune-stale-after", type=DURATION, envvar=env("prune-stale-after"),
+              metavar="DURATION", help="After each sync, delete GPUs, nodes and clusters "
+              "stale for longer than this (as `gpufleet inventory prune`). Default: never.")
 @max_age_option
 @push_interval_option
 @window_option
@@ -98,9 +116,9 @@ def _prepare_schema(engine: Engine) -> None:
 @hub_options
 @cluster_label_option
 @db_option
-def serve(every: float, listen: str, reconcile: bool, max_age: float, push_interval: float,
-          window: float, stale_after: float, lock_timeout: float,
-          cluster_label: str, db: str | None, **opts: Any) -> None:
+def serve(every: float, listen: str, reconcile: bool, prune_stale_after: float | None,
+          max_age: float, push_interval: float, window: float, stale_after: float,
+          lock_timeout: float, cluster_label: str, db: str | None, **opts: Any) -> None:
     """Run the hub service: sync on a schedule and serve the inventory over HTTP.
 
     \b
@@ -120,6 +138,8 @@ def serve(every: float, listen: str, reconcile: bool, max_age: float, push_inter
         raise InputError("--every must be greater than 0")
     if stale_after <= 0:
         raise InputError("--stale-after must be greater than 0")
+    if prune_stale_after is not None and prune_stale_after <= stale_after:
+        raise InputError("--prune-stale-after must be longer than --stale-after")
     try:
         host, port = parse_listen(listen)
     except ValueError as exc:
@@ -133,7 +153,8 @@ def serve(every: float, listen: str, reconcile: bool, max_age: float, push_inter
             jobs = service_jobs(engine, client, stale_after=stale_after,
                                 cluster_label=cluster_label, lock_timeout=lock_timeout,
                                 reconcile=reconcile, max_age=max_age,
-                                push_interval=push_interval, window=window)
+                                push_interval=push_interval, window=window,
+                                prune_stale_after=prune_stale_after)
             try:  # bind first: a port in use fails before anything touches the database
                 service = svc.build_service(jobs, every=every, engine=readonly, host=host,
                                             port=port)

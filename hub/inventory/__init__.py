@@ -32,6 +32,7 @@ from hub.inventory._migrate import (
     ensure_schema,
     upgrade,
 )
+from hub.inventory._prune import PRUNE_COLUMNS, PruneResult, prune
 from hub.inventory._sync import (
     SyncResult,
     run_sync,
@@ -45,8 +46,10 @@ __all__ = [
     "GPU_COLUMNS",
     "GPU_TABLE_COLUMNS",
     "NODE_COLUMNS",
+    "PRUNE_COLUMNS",
     "STALE",
     "LockHeld",
+    "PruneResult",
     "SyncResult",
     "current",
     "ensure_schema",
@@ -61,6 +64,7 @@ __all__ = [
     "metadata",
     "nodes",
     "now_utc",
+    "prune",
     "run_sync",
     "safe_url",
     "subquery_step",
