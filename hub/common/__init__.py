@@ -43,7 +43,7 @@ from hub.common._redact import REDACTED, redact, register_secret
 from hub.common._signals import (
     on_sigterm,
 )
-from hub.common._templates import template_roots
+from hub.common._templates import html_environment, template_roots
 
 __all__ = [
     "CONFIG_ENV",
@@ -61,6 +61,7 @@ __all__ = [
     "emit",
     "env",
     "format_duration",
+    "html_environment",
     "hub_options",
     "iso",
     "load_config",
