@@ -123,6 +123,7 @@ def serve(every: float, listen: str, reconcile: bool, prune_stale_after: float |
 
     \b
     Endpoints (read-only, GET/HEAD):
+      /                      a live HTML page of the fleet (search by GPU UUID, node, namespace)
       /healthz               200 while the last sync succeeded within two intervals, else 503
       /metrics               Prometheus metrics (sync duration, failures, GPUs by state, ...)
       /api/v1/openapi.json   the API's OpenAPI description

@@ -9,6 +9,7 @@ from hub.common._clibase import CONFIG_ENV, ConfiguredCommand, ConfiguredGroup, 
 from hub.common._durations import (
     DURATION,
     format_duration,
+    human_duration,
     parse_duration,
 )
 from hub.common._errors import (
@@ -63,6 +64,7 @@ __all__ = [
     "format_duration",
     "html_environment",
     "hub_options",
+    "human_duration",
     "iso",
     "load_config",
     "lock_timeout_option",

@@ -7,7 +7,7 @@ from what is served.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
@@ -39,6 +39,7 @@ from hub.service._api import (
     sync_runs,
 )
 from hub.service._openapi import _list_of, _param, _ref, openapi_document
+from hub.service._page import SectionSource, page_data, render_page, search_text
 
 # -- routes and the OpenAPI description -------------------------------------------------------
 
@@ -114,11 +115,13 @@ def database_error(exc: BaseException) -> str:
 
 def build_router(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, Any]]],
                  findings: Callable[[], tuple[list[dict[str, Any]], float | None]],
-                 metrics: Callable[[], bytes]) -> Router:
+                 metrics: Callable[[], bytes],
+                 page_sections: Sequence[SectionSource] = ()) -> Router:
     """All routes: the inventory handlers above plus the service's own state, passed in.
 
     ``health`` answers (ok, details); ``findings`` the latest findings and when they were
-    made (epoch seconds, None before the first); ``metrics`` the Prometheus exposition.
+    made (epoch seconds, None before the first); ``metrics`` the Prometheus exposition;
+    ``page_sections`` more sections of the live page (usage, idle, capacity) where available.
     """
 
     def healthz(query: Query, engine: Engine) -> Response:
@@ -141,6 +144,12 @@ def build_router(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, A
         when = dt.datetime.fromtimestamp(generated, dt.UTC) if generated is not None else None
         return 200, {**_listing(selected), "generated_at": when}
 
+    def page(query: Query, engine: Engine) -> Response:
+        search = search_text(query)
+        items, generated = findings()
+        return 200, render_page(page_data(engine, search=search, findings=items,
+                                          findings_at=generated, extra=page_sections))
+
     router = Router(engine)
 
     def openapi(query: Query, engine: Engine) -> Response:
@@ -148,6 +157,11 @@ def build_router(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, A
         return 200, openapi_document(router.routes)
 
     router.routes = [
+        Route("/", page, "The live page of the fleet (HTML, read-only): clusters and their "
+              "freshness, stale GPUs, GPUs with findings, findings; search with q.",
+              {"type": "string"}, (_param("q", "A GPU UUID (or its start), a node or a "
+                                            "namespace to look up."),),
+              content_type="text/html; charset=utf-8", errors=(400, 503)),
         Route("/healthz", healthz, "Whether the last sync succeeded within two intervals "
               "(200) or not (503, with the reason).", _ref("Health"), errors=(400, 503)),
         Route("/metrics", metrics_, "Prometheus metrics of the service and the inventory.",

@@ -18,7 +18,7 @@ import datetime as dt
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -36,6 +36,7 @@ from hub.common import InputError, redact
 from hub.inventory import LockHeld, SyncResult
 from hub.service import _api as api
 from hub.service._http import ApiServer
+from hub.service._page import SectionSource
 from hub.service._routes import build_router, database_error
 
 log = logging.getLogger("gpufleet.service")
@@ -376,7 +377,8 @@ class Service:
 
 def build_service(jobs: Jobs, *, every: float, engine: Engine, host: str = "127.0.0.1",
                   port: int = 0, clock: Callable[[], float] = time.time,
-                  backoff: float = DEFAULT_BACKOFF, process_metrics: bool = True) -> Service:
+                  backoff: float = DEFAULT_BACKOFF, process_metrics: bool = True,
+                  page_sections: Sequence[SectionSource] = ()) -> Service:
     """Wire jobs, metrics and the API over a read-only ``engine``; binds the port now
     (OSError when it cannot) but starts nothing."""
     metrics = ServiceMetrics(process=process_metrics)
@@ -388,5 +390,5 @@ def build_service(jobs: Jobs, *, every: float, engine: Engine, host: str = "127.
 
     metrics.watch(counts, lambda: scheduler.state.findings)
     router = build_router(engine, health=scheduler.health, findings=scheduler.findings,
-                              metrics=metrics.exposition)
+                          metrics=metrics.exposition, page_sections=page_sections)
     return Service(scheduler, ApiServer(router, host, port))

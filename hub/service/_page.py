@@ -1,0 +1,195 @@
+"""The live page of ``gpufleet serve`` at ``/``: the fleet at a glance, for people.
+
+Read-only and server-rendered from the report's templates (templates/report: one layout, one
+set of tables), with no script and no external asset, so it works offline and behind the
+strictest Content-Security-Policy. Every number on it comes from the same functions the JSON
+API answers with (``hub.inventory``'s lists, :func:`~hub.service._api.page_gpus`, the
+scheduler's findings), so the page and the API cannot disagree, and whatever limits what a
+caller may see in the API limits the page too.
+
+The page is a list of :class:`Section` s, each made by a plain function of the data. Sections
+that depend on parts not every installation has (usage, idle GPUs, capacity) are passed in as
+more such functions (``extra``), and a function answering None leaves its section out.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from hub import inventory as inv
+from hub.common import html_environment, human_duration, iso
+from hub.service._api import ApiError, Query, Raw, page_gpus
+
+#: rows per section; the section links to the API for the rest
+PAGE_ROWS = 200
+MAX_SEARCH = 253  # a Kubernetes name's length limit: no UUID, node or namespace is longer
+HTML_CONTENT_TYPE = "text/html; charset=utf-8"
+#: nothing but this page's own inline style: no script, no image, no font, no other origin
+PAGE_CSP = ("default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; "
+            "base-uri 'none'; frame-ancestors 'none'")
+API_LINKS = ("/api/v1/clusters", "/api/v1/nodes", "/api/v1/gpus", "/api/v1/findings",
+             "/api/v1/sync-runs", "/api/v1/openapi.json", "/healthz", "/metrics")
+SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
+Finding = Mapping[str, Any]
+
+
+@dataclass
+class Section:
+    """One table of the page: ``columns`` are (key, heading); ``api`` the JSON behind it;
+    ``total`` the number of rows the API has (more than shown when it exceeds PAGE_ROWS)."""
+
+    id: str
+    title: str
+    columns: list[tuple[str, str]]
+    rows: list[dict[str, Any]]
+    empty: str
+    api: str | None = None
+    total: int | None = None
+
+    @property
+    def more(self) -> int:
+        return max(0, (self.total or 0) - len(self.rows))
+
+
+SectionSource = Callable[[Connection], Section | None]
+
+
+def _gpu_href(uuid: str) -> str:
+    return "/api/v1/gpus/" + quote(uuid, safe="")
+
+
+def _age(now: dt.datetime, when: dt.datetime | None) -> str:
+    return human_duration(None if when is None else max(0.0, (now - when).total_seconds()))
+
+
+def clusters_section(conn: Connection, now: dt.datetime) -> Section:
+    """Every cluster with its active nodes and GPUs and the age of its newest sample."""
+    rows = [{**c, "age": _age(now, c["last_sample_at"]),
+             "last_sample_at": iso(c["last_sample_at"]),
+             "_href": "/api/v1/nodes?" + urlencode({"cluster": c["cluster"]})}
+            for c in inv.list_clusters(conn)]
+    return Section("clusters", "Clusters", [
+        ("cluster", "Cluster"), ("state", "State"), ("nodes", "Active nodes"),
+        ("gpus", "Active GPUs"), ("last_sample_at", "Newest sample"), ("age", "Age")],
+        rows, "No clusters in the inventory yet.", "/api/v1/clusters", len(rows))
+
+
+GPU_COLUMNS = [("uuid", "GPU"), ("cluster", "Cluster"), ("node", "Node"),
+               ("mig_profile", "MIG slice"), ("model", "Model"), ("state", "State"),
+               ("last_sample_at", "Newest sample")]
+
+
+def _gpu_row(gpu: Mapping[str, Any]) -> dict[str, Any]:
+    return {**gpu, "last_sample_at": iso(gpu["last_sample_at"]), "_href": _gpu_href(gpu["uuid"])}
+
+
+def stale_gpus_section(conn: Connection) -> Section:
+    """GPUs (and MIG slices) that stopped reporting, as /api/v1/gpus?state=stale pages them."""
+    items, _ = page_gpus(conn, state=inv.STALE, limit=PAGE_ROWS)
+    total = conn.execute(sa.select(sa.func.count()).select_from(inv.gpus)
+                         .where(inv.gpus.c.state == inv.STALE)).scalar_one()
+    return Section("stale-gpus", "Stale GPUs", GPU_COLUMNS, [_gpu_row(g) for g in items],
+                   "No stale GPU.", "/api/v1/gpus?state=stale", total)
+
+
+def unhealthy_gpus_section(findings: Sequence[Finding]) -> Section:
+    """GPUs named by a finding of the latest checks, worst first, one row per GPU."""
+    by_gpu: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for f in findings:
+        if not f.get("gpu"):
+            continue
+        key = (str(f.get("cluster") or ""), str(f.get("node") or ""), str(f["gpu"]))
+        row = by_gpu.setdefault(key, {"uuid": key[2], "cluster": key[0], "node": key[1],
+                                      "severity": f.get("severity", "error"), "checks": [],
+                                      "_href": _gpu_href(key[2])})
+        if SEVERITY_RANK.get(f.get("severity", ""), 9) < SEVERITY_RANK.get(row["severity"], 9):
+            row["severity"] = f["severity"]
+        if f.get("check") not in row["checks"]:
+            row["checks"].append(f.get("check"))
+    rows = sorted(by_gpu.values(), key=lambda r: (SEVERITY_RANK.get(r["severity"], 9),
+                                                 r["cluster"], r["node"], r["uuid"]))
+    for row in rows:
+        row["checks"] = ", ".join(str(c) for c in row["checks"])
+    return Section("unhealthy-gpus", "GPUs with findings", [
+        ("uuid", "GPU"), ("cluster", "Cluster"), ("node", "Node"), ("severity", "Worst"),
+        ("checks", "Checks")], rows[:PAGE_ROWS], "No GPU has a finding.",
+        "/api/v1/findings", len(rows))
+
+
+def search_sections(conn: Connection, text: str) -> list[Section]:
+    """GPUs whose UUID starts with ``text`` or whose node is ``text``, and the allocations of
+    namespace ``text``: the three things an operator pastes into a search box."""
+    table = inv.gpus
+    pattern = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+    cond = sa.or_(table.c.uuid.like(pattern, escape="\\"), table.c.node == text)
+    gpu_rows = conn.execute(
+        sa.select(table).where(cond)
+        .order_by(table.c.cluster, table.c.node, table.c.uuid, table.c.slice_key)
+        .limit(PAGE_ROWS)).mappings().all()
+    gpu_total = conn.execute(sa.select(sa.func.count()).select_from(table)
+                             .where(cond)).scalar_one()
+    alloc = inv.allocations
+    alloc_rows = [{**dict(r), "last_seen": iso(r["last_seen"]), "_href": _gpu_href(r["uuid"])}
+                  for r in conn.execute(
+                      sa.select(alloc.c.uuid, alloc.c.cluster, alloc.c.node, alloc.c.namespace,
+                                alloc.c.pod, alloc.c.container, alloc.c.last_seen)
+                      .where(alloc.c.namespace == text)
+                      .order_by(alloc.c.cluster, alloc.c.node, alloc.c.pod)
+                      .limit(PAGE_ROWS)).mappings()]
+    return [
+        Section("search-gpus", f"GPUs matching “{text}” (UUID or node)", GPU_COLUMNS,
+                [_gpu_row(inv.gpu_item(r)) for r in gpu_rows], "No GPU matches.",
+                None, gpu_total),
+        Section("search-allocations", f"Pods of namespace “{text}” on GPUs", [
+            ("uuid", "GPU"), ("cluster", "Cluster"), ("node", "Node"),
+            ("namespace", "Namespace"), ("pod", "Pod"), ("container", "Container"),
+            ("last_seen", "Last seen")], alloc_rows, "No allocation in this namespace.",
+            None, len(alloc_rows)),
+    ]
+
+
+def search_text(query: Query) -> str | None:
+    """The ``q`` parameter: optional, once, at most MAX_SEARCH characters; blank = none."""
+    unknown = sorted(set(query) - {"q"})
+    if unknown:
+        raise ApiError(400, f"unknown query parameter {unknown[0]!r} (allowed: q)")
+    values = query.get("q") or []
+    if len(values) > 1:
+        raise ApiError(400, "query parameter 'q' given more than once")
+    text = values[0].strip() if values else ""
+    if len(text) > MAX_SEARCH or any(not ch.isprintable() for ch in text):
+        raise ApiError(400, f"q must be at most {MAX_SEARCH} printable characters")
+    return text or None
+
+
+def page_data(engine: Engine, *, search: str | None, findings: Sequence[Finding],
+              findings_at: float | None, now: dt.datetime | None = None,
+              extra: Sequence[SectionSource] = ()) -> dict[str, Any]:
+    """Everything the page shows, as plain data (one read-only connection)."""
+    now = now or inv.now_utc()
+    with engine.connect() as conn:
+        sections = [clusters_section(conn, now), stale_gpus_section(conn),
+                    unhealthy_gpus_section(findings)]
+        for source in extra:
+            section = source(conn)
+            if section is not None:
+                sections.append(section)
+        found = search_sections(conn, search) if search else []
+    counts = {s: sum(1 for f in findings if f.get("severity") == s) for s in SEVERITY_RANK}
+    checked = (dt.datetime.fromtimestamp(findings_at, dt.UTC).replace(tzinfo=None)
+               if findings_at is not None else None)
+    return {"generated_at": iso(now), "search": search or "", "results": found,
+            "sections": sections, "findings": list(findings), "finding_counts": counts,
+            "findings_at": iso(checked), "api_links": API_LINKS}
+
+
+def render_page(data: Mapping[str, Any]) -> Raw:
+    html = html_environment().get_template("fleet.html.j2").render(**data)
+    return Raw(html.encode(), HTML_CONTENT_TYPE, (("Content-Security-Policy", PAGE_CSP),))

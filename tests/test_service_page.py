@@ -1,0 +1,128 @@
+"""The live page of `gpufleet serve` (/) in headless Chromium, against the real service.
+
+The service syncs from a real hub (Prometheus fed by a spoke agent with real DCGM samples)
+into an inventory that also remembers a decommissioned cluster; the findings are the report's
+own checks. The page must render offline (no script, no external asset), and every number on
+it must be the one the JSON API gives for the same thing.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from urllib.parse import quote
+
+import requests
+
+from hub.commands.service import service_jobs
+from hub.inventory import _db
+from hub.inventory import _migrate as migrate
+from hub.inventory._normalize import Observation
+from hub.service import build_service, read_only_engine
+from hub.store import HubClient
+from tests.support.browser import Dom, chromium_dom
+from tests.support.promql import wait_for
+from tests.support.samples import sample_text
+
+HOSTILE_NS = '<script>alert("ns")</script>'
+
+
+def _cells(dom: Dom, table_id: str) -> list[dict[str, str]]:
+    """The rows of a table on the page as {data-col: text}, in order."""
+    rows, inside = [], False
+    for el in dom.elements:
+        if el["tag"] == "table":
+            inside = el["attrs"].get("id") == table_id
+        elif inside and el["tag"] == "tr" and "data-key" in el["attrs"]:
+            rows.append({})
+        elif inside and el["tag"] == "td" and "data-col" in el["attrs"] and rows:
+            rows[-1][el["attrs"]["data-col"]] = el["text"].strip()
+    return rows
+
+
+def _count(dom: Dom, section: str) -> int:
+    [el] = [e for e in dom.elements if e["attrs"].get("data-count") == section]
+    return int(el["text"].strip("() "))
+
+
+def test_the_live_page_matches_the_api(hub, fleet, tmp_path):
+    url = f"sqlite:///{tmp_path / 'inv.db'}"
+    engine = _db.make_engine(url, create=True)
+    migrate.ensure_schema(engine)
+    long_ago = _db.now_utc() - dt.timedelta(days=2)
+    with engine.begin() as conn:  # a cluster that has since been switched off
+        _db.apply_observations(conn, [
+            Observation("gone", "old-node", f"GPU-gone-{i}", "nvidia", index=i,
+                        allocations={(HOSTILE_NS, "pod-0", "main")}) for i in range(3)
+        ], long_ago)
+    fleet("east", [sample_text("dcgm-h100-8gpu-aicr-eks-156a357e.prom")])
+    wait_for(hub.url, "count(DCGM_FI_DEV_GPU_UTIL)", lambda r: bool(r))
+    client = HubClient(hub.url)
+    jobs = service_jobs(engine, client, stale_after=600, cluster_label="cluster",
+                        lock_timeout=0)
+    readonly = read_only_engine(url)
+    service = build_service(jobs, every=3600, engine=readonly, process_metrics=False).start()
+    try:
+        base = service.url
+        deadline = time.monotonic() + 30
+        while not service.scheduler.state.findings_at and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert service.scheduler.state.findings_at, service.scheduler.state
+
+        def api(path: str) -> dict:
+            r = requests.get(base + path, timeout=10)
+            assert r.status_code == 200, r.text
+            return r.json()
+
+        head = requests.get(base + "/", timeout=10)
+        assert head.headers["Content-Type"].startswith("text/html")
+        assert "default-src 'none'" in head.headers["Content-Security-Policy"]
+        dom = chromium_dom(base + "/")
+        assert dom.find("title")[0]["text"] == "GPU fleet"
+        assert dom.find("script") == [] and dom.find("img") == []
+        assert not [e for e in dom.elements if e["tag"] == "link"]
+
+        clusters = {c["cluster"]: c for c in api("/api/v1/clusters")["items"]}
+        shown = {r["cluster"]: r for r in _cells(dom, "clusters")}
+        assert set(shown) == set(clusters) == {"east", "gone"}
+        for name, c in clusters.items():
+            assert shown[name]["state"] == c["state"]
+            assert int(shown[name]["nodes"]) == c["nodes"]
+            assert int(shown[name]["gpus"]) == c["gpus"]
+        assert int(shown["east"]["gpus"]) == 8 and shown["gone"]["state"] == "stale"
+
+        stale = api("/api/v1/gpus?state=stale")["items"]
+        assert _count(dom, "stale-gpus") == len(stale) == 3
+        assert {r["uuid"] for r in _cells(dom, "stale-gpus")} == {g["uuid"] for g in stale}
+
+        findings = api("/api/v1/findings")["items"]
+        assert findings, "a stale cluster is a finding"
+        assert _count(dom, "findings") == len(findings)
+        assert len([r for r in dom.find("tr") if "data-severity" in r["attrs"]]) == len(findings)
+        named = {(f["cluster"], f["gpu"]) for f in findings if f.get("gpu")}
+        assert _count(dom, "unhealthy-gpus") == len(named)
+
+        links = {a["attrs"]["href"] for a in dom.find("a")}
+        assert {"/api/v1/clusters", "/api/v1/gpus", "/api/v1/findings",
+                "/api/v1/openapi.json"} <= links
+        for link in links:  # every link of the page answers
+            assert requests.get(base + link, timeout=10).status_code == 200, link
+
+        # search: a UUID, a node, a namespace (hostile: must stay text)
+        east_gpu = api("/api/v1/gpus?cluster=east&limit=1")["items"][0]
+        by_uuid = chromium_dom(f"{base}/?q={quote(east_gpu['uuid'])}")
+        assert [r["uuid"] for r in _cells(by_uuid, "search-gpus")] == [east_gpu["uuid"]]
+        by_node = chromium_dom(f"{base}/?q={quote(east_gpu['node'])}")
+        node_gpus = api("/api/v1/gpus?" + f"node={quote(east_gpu['node'])}")["items"]
+        assert _count(by_node, "search-gpus") == len(node_gpus) == 8
+        by_ns = chromium_dom(f"{base}/?q={quote(HOSTILE_NS)}")
+        assert by_ns.find("script") == []
+        rows = _cells(by_ns, "search-allocations")
+        assert {(r["namespace"], r["cluster"]) for r in rows} == {(HOSTILE_NS, "gone")}
+        assert len(rows) == 3
+        assert requests.get(base + "/?nope=1", timeout=10).status_code == 400
+    finally:
+        service.stop()
+        readonly.dispose()
+        engine.dispose()
+        client.close()
