@@ -33,6 +33,7 @@ DEFAULT_CA_KEY = "ca.crt"
 SERVICE_PORT = 8080
 TOKEN_DIR = "/etc/gpufleet/hub-token"
 CA_DIR = "/etc/gpufleet/hub-ca"
+DB_DIR = "/etc/gpufleet/db"
 HUB_NAME = "gpufleet-hub"
 
 
@@ -123,7 +124,7 @@ def hub_service_values(*, hub_url: str | None, namespace: str | None = DEFAULT_N
 
 
 def _hub_args(values: HubServiceValues) -> list[str]:
-    args = ["--hub-url", values.hub_url]
+    args = ["--hub-url", values.hub_url, "--db-file", f"{DB_DIR}/{DB_SECRET_KEY}"]
     if values.hub_token_secret:
         args += ["--token-file", f"{TOKEN_DIR}/{TOKEN_KEY}"]
     if values.hub_ca_configmap:
@@ -158,6 +159,7 @@ def render_hub_service(values: HubServiceValues) -> dict[str, str]:
         "token_key": TOKEN_KEY,
         "token_dir": TOKEN_DIR,
         "ca_dir": CA_DIR,
+        "db_dir": DB_DIR,
     }
     files: dict[str, str] = {
         "namespace.yaml": _render(
@@ -168,7 +170,8 @@ def render_hub_service(values: HubServiceValues) -> dict[str, str]:
                                               **context),
     }
     if values.kind == "deployment":
-        for name in ("service.yaml", "deployment.yaml", "servicemonitor.yaml"):
+        for name in ("service.yaml", "networkpolicy.yaml", "deployment.yaml",
+                     "servicemonitor.yaml"):
             files[name] = _render(f"templates/hubservice/{name}.j2", **context)
     else:
         files["cronjob.yaml"] = _render("templates/hubservice/cronjob.yaml.j2",
