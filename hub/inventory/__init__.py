@@ -34,6 +34,7 @@ from hub.inventory._migrate import (
     upgrade,
 )
 from hub.inventory._prune import PRUNE_COLUMNS, PruneResult, prune
+from hub.inventory._reconcile_runs import reconcile_clusters, reconcile_results, reconcile_runs
 from hub.inventory._sync import (
     SyncResult,
     run_sync,
@@ -67,6 +68,9 @@ __all__ = [
     "nodes",
     "now_utc",
     "prune",
+    "reconcile_clusters",
+    "reconcile_results",
+    "reconcile_runs",
     "run_sync",
     "safe_url",
     "subquery_step",
