@@ -126,3 +126,30 @@ def test_the_live_page_matches_the_api(hub, fleet, tmp_path):
         readonly.dispose()
         engine.dispose()
         client.close()
+
+
+def test_sections_from_optional_parts_appear_only_when_they_answer(tmp_path):
+    """Usage, idle and capacity come from parts not every install has: a section function
+    that answers None (its part is absent or empty) leaves no trace on the page."""
+    from hub.service._page import Section
+    from hub.service._routes import build_router
+
+    url = f"sqlite:///{tmp_path / 'inv.db'}"
+    migrate.ensure_schema(_db.make_engine(url, create=True))
+
+    def usage(conn) -> Section:
+        return Section("usage", "Usage by namespace", [("namespace", "Namespace"),
+                                                       ("gpu_hours", "GPU-hours")],
+                       [{"namespace": "team-a", "gpu_hours": 12.5}], "No usage.")
+
+    router = build_router(read_only_engine(url), health=lambda: (True, {}),
+                          findings=lambda: ([], None), metrics=lambda: b"",
+                          page_sections=[usage, lambda conn: None])
+    status, page = router.handle("/", {})
+    assert status == 200
+    dom = Dom(page.body.decode())
+    assert _cells(dom, "usage") == [{"namespace": "team-a", "gpu_hours": "12.5"}]
+    assert [e["attrs"]["id"] for e in dom.find("table")] == [
+        "clusters", "stale-gpus", "unhealthy-gpus", "usage", "findings"]
+    status, body = router.handle("/", {"q": ["x" * 300]})
+    assert status == 400 and "at most 253" in body["error"]
