@@ -54,26 +54,22 @@ def test_a_rotated_token_file_is_used_from_the_next_request(recorder, tmp_path: 
     assert recorder.seen[-1].headers["Authorization"] == f"Bearer {TOKEN_B}"
 
 
-def test_netrc_never_replaces_the_bearer_token(recorder, tmp_path: Path):
+def test_netrc_never_replaces_the_bearer_token(recorder, tmp_path: Path, monkeypatch):
     netrc = tmp_path / ".netrc"
     netrc.write_text("machine 127.0.0.1 login netrc-user password netrc-password\n")
     netrc.chmod(0o600)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("NETRC", str(netrc))
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN_A)
-    env = {"HOME": str(tmp_path), "NETRC": str(netrc)}
     # plain requests does use that entry: the case is real
-    os.environ.update(env)
-    try:
-        requests.post(recorder.url + "/api/v1/query", data={"query": "1"}, timeout=5)
-        assert recorder.seen[-1].headers["Authorization"].startswith("Basic ")
-    finally:
-        for key in env:
-            os.environ.pop(key)
+    requests.post(recorder.url + "/api/v1/query", data={"query": "1"}, timeout=5)
+    assert recorder.seen[-1].headers["Authorization"].startswith("Basic ")
     ok = gpufleet("query", "vector(1)", "--hub-url", recorder.url, "--token-file",
-                  str(token_file), env=env)
+                  str(token_file))
     assert ok.exit_code == 0, ok.output
     assert recorder.seen[-1].headers["Authorization"] == f"Bearer {TOKEN_A}"
-    ok = gpufleet("query", "vector(1)", "--hub-url", recorder.url, env=env)
+    ok = gpufleet("query", "vector(1)", "--hub-url", recorder.url)
     assert ok.exit_code == 0, ok.output
     assert "Authorization" not in recorder.seen[-1].headers
 

@@ -130,8 +130,9 @@ def test_serve_reconciles_through_the_hub_and_serves_the_reports_findings(hub, f
     carries the same checks `gpufleet report` prints (here: a count mismatch)."""
     import json
 
-    from tests.conftest import sample_text, wait_for
     from tests.support.nodes import ksm_text
+    from tests.support.promql import wait_for
+    from tests.support.samples import sample_text
 
     t4 = sample_text("dcgm-t4-loaded-ericsson-ccd.prom")  # one GPU on node cp-bm14r7
     fleet("east", [t4, ksm_text({"cp-bm14r7": {"nvidia_com_gpu": 2}}, {})])
