@@ -28,6 +28,8 @@ from hub.inventory._db import (
     safe_url,
     sync_runs,
 )
+from hub.inventory._health import FATAL_XIDS
+from hub.inventory._health import LEVELS as HEALTH_LEVELS
 from hub.inventory._migrate import (
     current,
     ensure_schema,
@@ -45,8 +47,10 @@ __all__ = [
     "ACTIVE",
     "ALLOCATION_COLUMNS",
     "CLUSTER_COLUMNS",
+    "FATAL_XIDS",
     "GPU_COLUMNS",
     "GPU_TABLE_COLUMNS",
+    "HEALTH_LEVELS",
     "NODE_COLUMNS",
     "PRUNE_COLUMNS",
     "STALE",

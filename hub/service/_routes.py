@@ -18,6 +18,7 @@ from sqlalchemy.engine import Engine
 from hub.service._api import (
     DEFAULT_LIMIT,
     DEFAULT_RUNS,
+    HEALTH_LEVELS,
     MAX_LIMIT,
     MAX_RUNS,
     METRICS_CONTENT_TYPE,
@@ -180,6 +181,8 @@ def build_router(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, A
                   _param("state", "Only GPUs in this state.",
                          {"type": "string", "enum": list(STATES)}),
                   _param("vendor", "Only this vendor.", {"type": "string", "enum": list(VENDORS)}),
+                  _param("health", "Only GPUs of this health (XID, ECC, row remapping).",
+                         {"type": "string", "enum": list(HEALTH_LEVELS)}),
                   _param("limit", f"Page size (1-{MAX_LIMIT}).",
                          {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT,
                           "default": DEFAULT_LIMIT}),
