@@ -53,7 +53,10 @@ def test_the_live_page_matches_the_api(hub, fleet, tmp_path):
     with engine.begin() as conn:  # a cluster that has since been switched off
         _db.apply_observations(conn, [
             Observation("gone", "old-node", f"GPU-gone-{i}", "nvidia", index=i,
-                        allocations={(HOSTILE_NS, "pod-0", "main")}) for i in range(3)
+                        allocations={(HOSTILE_NS, "pod-0", "main")},
+                        health=("failed", "degraded", "ok")[i],
+                        health_reasons=("xid 79", "row remap pending", None)[i])
+            for i in range(3)
         ], long_ago)
     fleet("east", [sample_text("dcgm-h100-8gpu-aicr-eks-156a357e.prom")])
     wait_for(hub.url, "count(DCGM_FI_DEV_GPU_UTIL)", lambda r: bool(r))
@@ -100,7 +103,12 @@ def test_the_live_page_matches_the_api(hub, fleet, tmp_path):
         assert _count(dom, "findings") == len(findings)
         assert len([r for r in dom.find("tr") if "data-severity" in r["attrs"]]) == len(findings)
         named = {(f["cluster"], f["gpu"]) for f in findings if f.get("gpu")}
-        assert _count(dom, "unhealthy-gpus") == len(named)
+        assert _count(dom, "gpus-with-findings") == len(named)
+        for level in ("failed", "degraded"):  # health as the exporter reports it
+            unhealthy = api(f"/api/v1/gpus?health={level}")["items"]
+            assert _count(dom, f"{level}-gpus") == len(unhealthy) >= 1
+            assert [r["uuid"] for r in _cells(dom, f"{level}-gpus")] == [
+                g["uuid"] for g in unhealthy]
 
         links = {a["attrs"]["href"] for a in dom.find("a")}
         assert {"/api/v1/clusters", "/api/v1/gpus", "/api/v1/findings",
@@ -150,6 +158,7 @@ def test_sections_from_optional_parts_appear_only_when_they_answer(tmp_path):
     dom = Dom(page.body.decode())
     assert _cells(dom, "usage") == [{"namespace": "team-a", "gpu_hours": "12.5"}]
     assert [e["attrs"]["id"] for e in dom.find("table")] == [
-        "clusters", "stale-gpus", "unhealthy-gpus", "usage", "findings"]
+        "clusters", "failed-gpus", "degraded-gpus", "stale-gpus", "gpus-with-findings",
+        "usage", "findings"]
     status, body = router.handle("/", {"q": ["x" * 300]})
     assert status == 400 and "at most 253" in body["error"]

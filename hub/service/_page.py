@@ -1,5 +1,8 @@
 """The live page of ``gpufleet serve`` at ``/``: the fleet at a glance, for people.
 
+Clusters and their freshness, failed and degraded GPUs, stale GPUs, GPUs named by findings,
+the findings, and a search by GPU UUID, node or namespace.
+
 Read-only and server-rendered from the report's templates (templates/report: one layout, one
 set of tables), with no script and no external asset, so it works offline and behind the
 strictest Content-Security-Policy. Every number on it comes from the same functions the JSON
@@ -37,6 +40,7 @@ PAGE_CSP = ("default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; 
 API_LINKS = ("/api/v1/clusters", "/api/v1/nodes", "/api/v1/gpus", "/api/v1/findings",
              "/api/v1/sync-runs", "/api/v1/openapi.json", "/healthz", "/metrics")
 SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
+UNHEALTHY = [level for level in ("failed", "degraded") if level in inv.HEALTH_LEVELS]
 Finding = Mapping[str, Any]
 
 
@@ -99,7 +103,23 @@ def stale_gpus_section(conn: Connection) -> Section:
                    "No stale GPU.", "/api/v1/gpus?state=stale", total)
 
 
-def unhealthy_gpus_section(findings: Sequence[Finding]) -> Section:
+HEALTH_COLUMNS = [("uuid", "GPU"), ("cluster", "Cluster"), ("node", "Node"),
+                  ("mig_profile", "MIG slice"), ("model", "Model"), ("health", "Health"),
+                  ("health_reasons", "Why"), ("state", "State")]
+
+
+def health_section(conn: Connection, level: str) -> Section:
+    """GPUs whose exporter reports them ``failed`` or ``degraded`` (XID, ECC, row remapping),
+    as /api/v1/gpus?health=LEVEL pages them."""
+    items, _ = page_gpus(conn, health=level, limit=PAGE_ROWS)
+    total = conn.execute(sa.select(sa.func.count()).select_from(inv.gpus)
+                         .where(inv.gpus.c.health == level)).scalar_one()
+    return Section(f"{level}-gpus", f"{level.capitalize()} GPUs", HEALTH_COLUMNS,
+                   [_gpu_row(g) for g in items], f"No {level} GPU.",
+                   f"/api/v1/gpus?health={level}", total)
+
+
+def findings_gpus_section(findings: Sequence[Finding]) -> Section:
     """GPUs named by a finding of the latest checks, worst first, one row per GPU."""
     by_gpu: dict[tuple[str, str, str], dict[str, Any]] = {}
     for f in findings:
@@ -117,7 +137,7 @@ def unhealthy_gpus_section(findings: Sequence[Finding]) -> Section:
                                                  r["cluster"], r["node"], r["uuid"]))
     for row in rows:
         row["checks"] = ", ".join(str(c) for c in row["checks"])
-    return Section("unhealthy-gpus", "GPUs with findings", [
+    return Section("gpus-with-findings", "GPUs with findings", [
         ("uuid", "GPU"), ("cluster", "Cluster"), ("node", "Node"), ("severity", "Worst"),
         ("checks", "Checks")], rows[:PAGE_ROWS], "No GPU has a finding.",
         "/api/v1/findings", len(rows))
@@ -175,8 +195,9 @@ def page_data(engine: Engine, *, search: str | None, findings: Sequence[Finding]
     """Everything the page shows, as plain data (one read-only connection)."""
     now = now or inv.now_utc()
     with engine.connect() as conn:
-        sections = [clusters_section(conn, now), stale_gpus_section(conn),
-                    unhealthy_gpus_section(findings)]
+        sections = [clusters_section(conn, now),
+                    *(health_section(conn, level) for level in UNHEALTHY),
+                    stale_gpus_section(conn), findings_gpus_section(findings)]
         for source in extra:
             section = source(conn)
             if section is not None:
