@@ -205,6 +205,12 @@ def test_hostile_image_is_quoted_and_cannot_add_keys(tmp_path):
     assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == HOSTILE
 
 
+def test_retention_is_off_unless_asked():
+    assert "--prune-stale-after" not in pod_of(files_for())["containers"][0]["args"]
+    args = pod_of(files_for(prune_stale_after=90 * 86400))["containers"][0]["args"]
+    assert args[args.index("--prune-stale-after") + 1] == "2160h"
+
+
 def test_hub_url_with_query_characters_stays_one_argument():
     url = "https://hub.example.com/api?tenant=a&x='1'#frag:y,*z"
     args = pod_of(files_for(hub_url=url))["containers"][0]["args"]
@@ -228,6 +234,9 @@ def test_hub_url_with_query_characters_stays_one_argument():
     (["--hub-url", HUB, "--hub-ca-configmap", "ca\nx"], "--hub-ca-configmap"),
     (["--hub-url", HUB, "--hub-ca-configmap", "ca", "--hub-ca-key", "../x"], "--hub-ca-key"),
     (["--hub-url", HUB, "--image", "{{ evil }}"], "templates"),
+    (["--hub-url", HUB, "--prune-stale-after", "90m"], "at least 1d"),
+    (["--hub-url", HUB, "--kind", "cronjob", "--prune-stale-after", "90d"],
+     "needs --kind deployment"),
     (["--hub-url", HUB, "--image", ""], "--image must not be empty"),
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, message):

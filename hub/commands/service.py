@@ -219,9 +219,13 @@ def hub_group() -> None:
               show_default=True, metavar="KEY",
               help="Key of the CA bundle in --hub-ca-configmap (OpenShift's injected bundle: "
                    "ca-bundle.crt).")
+@click.option("--prune-stale-after", type=DURATION, envvar=env("prune-stale-after"),
+              metavar="DURATION", help="Let the Deployment delete what has been stale for "
+              "longer than this after each sync (serve --prune-stale-after). Default: never.")
 def hub_render(out: str | None, namespace: str, image: str, kind: str, every: str,
                hub_url: str | None, db_secret: str, hub_token_secret: str,
-               hub_ca_configmap: str | None, hub_ca_key: str, **_: Any) -> None:
+               hub_ca_configmap: str | None, hub_ca_key: str,
+               prune_stale_after: float | None, **_: Any) -> None:
     """Write the hub service's manifests into --out (apply with `kubectl apply -k DIR`).
 
     Secrets are referenced by name, never rendered: create the database Secret (and the
@@ -236,7 +240,8 @@ def hub_render(out: str | None, namespace: str, image: str, kind: str, every: st
     values = onboard.hub_service_values(
         hub_url=hub_url, namespace=namespace, image=image, kind=kind, every=seconds,
         db_secret=db_secret, hub_token_secret=hub_token_secret,
-        hub_ca_configmap=hub_ca_configmap, hub_ca_key=hub_ca_key)
+        hub_ca_configmap=hub_ca_configmap, hub_ca_key=hub_ca_key,
+        prune_stale_after=prune_stale_after)
     files = onboard.render_hub_service(values)
     onboard.write_tree(files, out)
     click.echo(f"wrote {len(files)} files to {out} (kubectl apply -k {out})")

@@ -50,6 +50,7 @@ class HubServiceValues:
     hub_token_secret: str | None = DEFAULT_TOKEN_SECRET
     hub_ca_configmap: str | None = None
     hub_ca_key: str = DEFAULT_CA_KEY
+    prune_stale_after: float | None = None
 
 
 def cron_schedule(every: float) -> str:
@@ -98,13 +99,19 @@ def hub_service_values(*, hub_url: str | None, namespace: str | None = DEFAULT_N
                        db_secret: str | None = DEFAULT_DB_SECRET,
                        hub_token_secret: str | None = DEFAULT_TOKEN_SECRET,
                        hub_ca_configmap: str | None = None,
-                       hub_ca_key: str | None = DEFAULT_CA_KEY) -> HubServiceValues:
+                       hub_ca_key: str | None = DEFAULT_CA_KEY,
+                       prune_stale_after: float | None = None) -> HubServiceValues:
     """Check raw option values; InputError names the bad one. Empty secret names mean none."""
     kind_ = _choice(kind, KINDS, "kind")
     if every < 1:
         raise InputError("--every must be at least 1s")
     if kind_ == "cronjob":
         cron_schedule(every)
+        if prune_stale_after:
+            raise InputError("--prune-stale-after needs --kind deployment (serve prunes; a "
+                             "CronJob runs `gpufleet inventory prune` as a job of its own)")
+    if prune_stale_after is not None and prune_stale_after < 86400:
+        raise InputError("--prune-stale-after must be at least 1d: it deletes inventory rows")
     token = hub_token_secret or None
     ca = hub_ca_configmap or None
     key = hub_ca_key or ""
@@ -120,6 +127,7 @@ def hub_service_values(*, hub_url: str | None, namespace: str | None = DEFAULT_N
         hub_token_secret=_dns_subdomain(token, "--hub-token-secret") if token else None,
         hub_ca_configmap=_dns_subdomain(ca, "--hub-ca-configmap") if ca else None,
         hub_ca_key=key,
+        prune_stale_after=prune_stale_after,
     )
 
 
@@ -142,6 +150,8 @@ def render_hub_service(values: HubServiceValues) -> dict[str, str]:
     if values.kind == "deployment":
         args = ["serve", "--listen", f"0.0.0.0:{SERVICE_PORT}", "--every", every,
                 *_hub_args(values)]
+        if values.prune_stale_after:
+            args += ["--prune-stale-after", format_duration(values.prune_stale_after)]
     else:
         args = ["sync", *_hub_args(values)]
     context = {
