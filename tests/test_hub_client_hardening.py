@@ -171,3 +171,23 @@ def test_serve_never_shows_the_token_in_health_sync_runs_or_log(tmp_path: Path):
     for text in (json.dumps(health), runs, stderr):
         assert SECRET not in text
     assert "<redacted>" in stderr
+
+
+def test_an_old_leaked_error_is_redacted_when_served(tmp_path: Path):
+    """A sync_runs row stored by an older gpufleet, unredacted: the API must not serve it."""
+    from hub.common import register_secret
+    from hub.inventory import _db
+    from hub.inventory import _migrate as migrate
+    from hub.service._api import read_only_engine, sync_runs
+
+    old_secret = "tok-stored-by-an-older-release-55"
+    url = f"sqlite:///{tmp_path / 'inv.db'}"
+    engine = _db.make_engine(url, create=True)
+    migrate.ensure_schema(engine)
+    with engine.begin() as conn:
+        _db.record_run(conn, started_at=_db.now_utc(), status="failed", requests=1,
+                       error=f"Invalid header value b'Bearer {old_secret}\\n'")
+    register_secret(old_secret)  # as serve does when it reads the token file
+    status, body = sync_runs({}, read_only_engine(url))
+    assert status == 200 and body["items"][0]["error"] == (
+        "Invalid header value b'Bearer <redacted>\\n'")
