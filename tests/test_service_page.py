@@ -162,3 +162,16 @@ def test_sections_from_optional_parts_appear_only_when_they_answer(tmp_path):
         "usage", "findings"]
     status, body = router.handle("/", {"q": ["x" * 300]})
     assert status == 400 and "at most 253" in body["error"]
+
+
+def test_before_the_first_sync_the_page_says_so_in_html(tmp_path):
+    from hub.service._routes import build_router
+
+    url = f"sqlite:///{tmp_path / 'empty.db'}"  # no schema yet: no sync has run
+    router = build_router(read_only_engine(url), health=lambda: (False, {}),
+                          findings=lambda: ([], None), metrics=lambda: b"")
+    status, page = router.handle("/", {})
+    assert status == 503 and page.content_type.startswith("text/html")
+    dom = Dom(page.body.decode())
+    assert "no sync has completed yet" in dom.find("p", id="notice")[0]["text"]
+    assert dom.find("form")  # the search and the API links are still there

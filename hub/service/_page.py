@@ -208,7 +208,15 @@ def page_data(engine: Engine, *, search: str | None, findings: Sequence[Finding]
                if findings_at is not None else None)
     return {"generated_at": iso(now), "search": search or "", "results": found,
             "sections": sections, "findings": list(findings), "finding_counts": counts,
-            "findings_at": iso(checked), "api_links": API_LINKS}
+            "findings_at": iso(checked), "api_links": API_LINKS, "notice": None}
+
+
+def unavailable_data(search: str | None, notice: str) -> dict[str, Any]:
+    """The page when the inventory cannot be read (before the first sync, database down):
+    the same page, empty, saying why, rather than a JSON error in a browser."""
+    return {"generated_at": iso(inv.now_utc()), "search": search or "", "results": [],
+            "sections": [], "findings": [], "finding_counts": dict.fromkeys(SEVERITY_RANK, 0),
+            "findings_at": None, "api_links": API_LINKS, "notice": notice}
 
 
 def render_page(data: Mapping[str, Any]) -> Raw:

@@ -40,7 +40,13 @@ from hub.service._api import (
     sync_runs,
 )
 from hub.service._openapi import _list_of, _param, _ref, openapi_document
-from hub.service._page import SectionSource, page_data, render_page, search_text
+from hub.service._page import (
+    SectionSource,
+    page_data,
+    render_page,
+    search_text,
+    unavailable_data,
+)
 
 # -- routes and the OpenAPI description -------------------------------------------------------
 
@@ -148,8 +154,12 @@ def build_router(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, A
     def page(query: Query, engine: Engine) -> Response:
         search = search_text(query)
         items, generated = findings()
-        return 200, render_page(page_data(engine, search=search, findings=items,
-                                          findings_at=generated, extra=page_sections))
+        try:
+            data = page_data(engine, search=search, findings=items, findings_at=generated,
+                             extra=page_sections)
+        except sa.exc.SQLAlchemyError as exc:
+            return 503, render_page(unavailable_data(search, database_error(exc)))
+        return 200, render_page(data)
 
     router = Router(engine)
 
