@@ -29,6 +29,8 @@ from hub.common import InputError, UnavailableError, redact, register_secret
 TOKEN_ENV = "GPUFLEET_TOKEN"
 #: how much of a hub's non-JSON answer (an HTML error page, a proxy's text) an error quotes
 MAX_DETAIL = 200
+#: how much of the store's own JSON "error" field (a PromQL parse error names the position)
+MAX_STORE_ERROR = 500
 
 
 class PromQLError(InputError):
@@ -266,27 +268,29 @@ class HubClient:
         except ValueError:
             body = None
         if resp.status_code in (400, 422) and isinstance(body, dict):
-            raise PromQLError(f"PromQL error: {sanitise(str(body.get('error') or resp.reason))}")
+            reason = sanitise(str(body.get("error") or resp.reason), MAX_STORE_ERROR)
+            raise PromQLError(f"PromQL error: {reason}")
         if resp.status_code in (401, 403):
             raise HubUnavailable(
                 f"hub {self.safe_url} refused the request ({resp.status_code} {resp.reason}): "
                 "check the token or client certificate"
             )
         if resp.status_code >= 400 or not isinstance(body, dict):
-            detail = sanitise(str(body.get("error") or "") if isinstance(body, dict)
-                              else resp.text)
+            detail = (sanitise(str(body.get("error") or ""), MAX_STORE_ERROR)
+                      if isinstance(body, dict) else sanitise(resp.text))
             raise HubUnavailable(
                 f"hub {self.safe_url} answered {resp.status_code} {resp.reason}"
                 + (f": {detail}" if detail else "")
             )
         if body.get("status") != "success":
             raise HubUnavailable(
-                f"hub {self.safe_url} failed: {sanitise(str(body.get('error') or 'no detail'))}")
+                f"hub {self.safe_url} failed: "
+                f"{sanitise(str(body.get('error') or 'no detail'), MAX_STORE_ERROR)}")
         data_ = body.get("data") or {}
         return QueryResult(
             result_type=data_.get("resultType", ""),
             result=data_.get("result", []),
-            warnings=[sanitise(str(w)) for w in body.get("warnings") or []],
+            warnings=[sanitise(str(w), MAX_STORE_ERROR) for w in body.get("warnings") or []],
         )
 
 
