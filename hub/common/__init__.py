@@ -17,6 +17,7 @@ from hub.common._errors import (
     GpufleetError,
     InputError,
     UnavailableError,
+    shorten,
 )
 from hub.common._httpserve import (
     BackgroundHTTPServer,
@@ -76,6 +77,7 @@ __all__ = [
     "push_interval_option",
     "redact",
     "register_secret",
+    "shorten",
     "stale_after_option",
     "template_roots",
     "to_json",

@@ -123,12 +123,15 @@ def database_error(exc: BaseException) -> str:
 def build_router(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, Any]]],
                  findings: Callable[[], tuple[list[dict[str, Any]], float | None]],
                  metrics: Callable[[], bytes],
-                 page_sections: Sequence[SectionSource] = ()) -> Router:
+                 page_sections: Sequence[SectionSource] = (),
+                 check_failure: Callable[[], tuple[float, str] | None] = lambda: None,
+                 ) -> Router:
     """All routes: the inventory handlers above plus the service's own state, passed in.
 
     ``health`` answers (ok, details); ``findings`` the latest findings and when they were
     made (epoch seconds, None before the first); ``metrics`` the Prometheus exposition;
     ``page_sections`` more sections of the live page (usage, idle, capacity) where available.
+    ``check_failure`` when and why the latest checks could not run (None if they did).
     """
 
     def healthz(query: Query, engine: Engine) -> Response:
@@ -149,7 +152,12 @@ def build_router(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, A
                     if (severity is None or f.get("severity") == severity)
                     and (cluster is None or f.get("cluster") == cluster)]
         when = dt.datetime.fromtimestamp(generated, dt.UTC) if generated is not None else None
-        return 200, {**_listing(selected), "generated_at": when}
+        failed = check_failure()
+        last_failure = None if failed is None else {
+            "at": dt.datetime.fromtimestamp(failed[0], dt.UTC), "error": failed[1]}
+        # each finding carries the time of the check it comes from
+        return 200, {**_listing([{**f, "checked_at": when} for f in selected]),
+                     "generated_at": when, "last_check_failed": last_failure}
 
     def page(query: Query, engine: Engine) -> Response:
         search = search_text(query)
@@ -206,7 +214,13 @@ def build_router(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, A
         Route("/api/v1/findings", findings_, "Findings of the latest checks (empty until "
               "checks are configured).", {**_list_of("Finding"), "properties": {
                   **_list_of("Finding")["properties"],
-                  "generated_at": {"type": ["string", "null"], "format": "date-time"}}},
+                  "generated_at": {"type": ["string", "null"], "format": "date-time"},
+                  "last_check_failed": {
+                      "type": ["object", "null"],
+                      "description": "When and why the latest checks could not run (the "
+                                     "hub unreachable, ...); null when they ran since.",
+                      "properties": {"at": {"type": "string", "format": "date-time"},
+                                     "error": {"type": "string"}}}}},
               (_param("severity", "Only this severity.",
                       {"type": "string", "enum": list(SEVERITIES)}), CLUSTER_PARAM)),
         Route("/api/v1/sync-runs", sync_runs, "Sync runs, latest first.",
