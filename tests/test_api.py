@@ -281,7 +281,7 @@ def test_repeated_parameter_is_400(served):
 
 def test_unknown_path_and_other_methods(served):
     assert "no such path" in served.json("/api/v1/racks", 404)["error"]
-    assert served.json("/", 404)["error"]
+    assert served.json("/index.html", 404)["error"]  # "/" is the live page
     r = requests.post(served.url + "/api/v1/gpus", data="x", timeout=5)
     assert r.status_code == 405 and r.headers["Allow"] == "GET, HEAD"
     assert "read-only" in r.json()["error"]

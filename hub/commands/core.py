@@ -360,6 +360,36 @@ def gpu(uuid: str, db: str | None, output: str, **_: Any) -> None:
         emit(detail[key], columns, "table")
 
 
+@inventory_group.command("prune", cls=ConfiguredCommand)
+@click.option("--stale-for", type=DURATION, required=True, metavar="DURATION",
+              help="Remove what has been stale for longer than this (e.g. 90d).")
+@click.option("--cluster", metavar="NAME", help="Only this cluster.")
+@click.option("--dry-run", is_flag=True, help="Print what would go; change nothing.")
+@lock_timeout_option
+@db_option
+@output_option()
+def prune(stale_for: float, cluster: str | None, dry_run: bool, lock_timeout: float,
+          db: str | None, output: str, **_: Any) -> None:
+    """Delete GPUs, nodes and clusters stale for longer than --stale-for.
+
+    Nothing is ever deleted otherwise: a decommissioned cluster's GPUs stay, stale, until
+    pruned. A node goes only with all its GPUs, a cluster only with all its nodes. One
+    transaction under the sync lock; prints every removed row (kind, cluster, node, uuid,
+    MIG slice, last seen) and a summary line on stderr.
+
+    \b
+    Examples:
+      gpufleet inventory prune --stale-for 90d --dry-run
+      gpufleet inventory prune --stale-for 30d --cluster decommissioned-east
+    """
+    with database(db) as engine:
+        require_schema(engine)
+        result = inv.prune(engine, stale_for=stale_for, cluster=cluster, dry_run=dry_run,
+                           lock_timeout=lock_timeout)
+    emit(result.rows, inv.PRUNE_COLUMNS, output)
+    click.echo(result.summary(), err=True)
+
+
 inventory_group.name = "inventory"
 inventory = inventory_group
 

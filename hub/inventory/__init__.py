@@ -51,6 +51,7 @@ from hub.inventory._migrate import (
     ensure_schema,
     upgrade,
 )
+from hub.inventory._prune import PRUNE_COLUMNS, PruneResult, prune
 from hub.inventory._reconcile_runs import reconcile_clusters, reconcile_results, reconcile_runs
 from hub.inventory._sync import (
     NO_GPU_SERIES,
@@ -73,10 +74,12 @@ __all__ = [
     "HEALTH_LEVELS",
     "NODE_COLUMNS",
     "NO_GPU_SERIES",
+    "PRUNE_COLUMNS",
     "STALE",
     "USAGE_COLUMNS",
     "CollectResult",
     "LockHeld",
+    "PruneResult",
     "SyncResult",
     "allocations",
     "buckets_between",
@@ -100,6 +103,7 @@ __all__ = [
     "missing_label_error",
     "nodes",
     "now_utc",
+    "prune",
     "recent_usage",
     "reconcile_clusters",
     "reconcile_results",

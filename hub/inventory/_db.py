@@ -23,7 +23,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
-from hub.common import InputError, UnavailableError
+from hub.common import InputError, UnavailableError, redact
 from hub.inventory._normalize import Observation
 
 metadata = sa.MetaData()
@@ -568,8 +568,11 @@ def list_allocations(conn: Connection, cluster: str | None = None) -> list[dict[
 
 
 def list_sync_runs(conn: Connection, limit: int = 20) -> list[dict[str, Any]]:
+    """Latest runs first. Errors are redacted again on the way out: a row written by an older
+    gpufleet, before errors were redacted when stored, must not serve a token today."""
     stmt = sa.select(sync_runs).order_by(sync_runs.c.id.desc()).limit(limit)
-    return [dict(r) for r in conn.execute(stmt).mappings()]
+    return [{**r, "error": redact(r["error"]) if r["error"] else r["error"]}
+            for r in conn.execute(stmt).mappings()]
 
 
 EVENT_COLUMNS = ["at", "type", "cluster", "node", "uuid", "slice", "details"]

@@ -64,10 +64,11 @@ class ApiError(Exception):
 
 @dataclass(frozen=True)
 class Raw:
-    """A non-JSON body (the /metrics exposition)."""
+    """A non-JSON body (the /metrics exposition, the HTML page) and headers of its own."""
 
     body: bytes
     content_type: str
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 # -- read-only engine -------------------------------------------------------------------------

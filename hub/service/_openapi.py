@@ -146,4 +146,5 @@ def openapi_document(routes: Sequence[Route]) -> dict[str, Any]:
 
 def _operation_id(path: str) -> str:
     words = [w.strip("{}") for w in path.replace(".", "/").replace("-", "/").split("/") if w]
-    return "get" + "".join(w[:1].upper() + w[1:] for w in words if w not in ("api", "v1"))
+    name = "".join(w[:1].upper() + w[1:] for w in words if w not in ("api", "v1"))
+    return "get" + (name or "Page")

@@ -7,7 +7,7 @@ from what is served.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
@@ -46,6 +46,13 @@ from hub.service._api import (
     usage,
 )
 from hub.service._openapi import _list_of, _param, _ref, openapi_document
+from hub.service._page import (
+    SectionSource,
+    page_data,
+    render_page,
+    search_text,
+    unavailable_data,
+)
 
 # -- routes and the OpenAPI description -------------------------------------------------------
 
@@ -135,12 +142,14 @@ def database_error(exc: BaseException) -> str:
 def build_router(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, Any]]],
                  findings: Callable[[], tuple[list[dict[str, Any]], float | None]],
                  metrics: Callable[[], bytes],
+                 page_sections: Sequence[SectionSource] = (),
                  check_failure: Callable[[], tuple[float, str] | None] = lambda: None,
                  ) -> Router:
     """All routes: the inventory handlers above plus the service's own state, passed in.
 
     ``health`` answers (ok, details); ``findings`` the latest findings and when they were
     made (epoch seconds, None before the first); ``metrics`` the Prometheus exposition;
+    ``page_sections`` more sections of the live page (usage, idle, capacity) where available.
     ``check_failure`` when and why the latest checks could not run (None if they did).
     """
 
@@ -169,6 +178,16 @@ def build_router(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, A
         return 200, {**_listing([{**f, "checked_at": when} for f in selected]),
                      "generated_at": when, "last_check_failed": last_failure}
 
+    def page(query: Query, engine: Engine) -> Response:
+        search = search_text(query)
+        items, generated = findings()
+        try:
+            data = page_data(engine, search=search, findings=items, findings_at=generated,
+                             extra=page_sections)
+        except sa.exc.SQLAlchemyError as exc:
+            return 503, render_page(unavailable_data(search, database_error(exc)))
+        return 200, render_page(data)
+
     router = Router(engine)
 
     def openapi(query: Query, engine: Engine) -> Response:
@@ -176,6 +195,11 @@ def build_router(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, A
         return 200, openapi_document(router.routes)
 
     router.routes = [
+        Route("/", page, "The live page of the fleet (HTML, read-only): clusters and their "
+              "freshness, stale GPUs, GPUs with findings, findings; search with q.",
+              {"type": "string"}, (_param("q", "A GPU UUID (or its start), a node or a "
+                                            "namespace to look up."),),
+              content_type="text/html; charset=utf-8", errors=(400, 503)),
         Route("/healthz", healthz, "Whether the last sync succeeded within two intervals "
               "(200) or not (503, with the reason).", _ref("Health"), errors=(400, 503)),
         Route("/metrics", metrics_, "Prometheus metrics of the service and the inventory.",

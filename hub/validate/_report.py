@@ -18,9 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import jinja2
-
-from hub.common import InputError, iso, to_json, to_table
+from hub.common import InputError, html_environment, iso, to_json, to_table
 from hub.validate._checks import ERROR, INFO, SEVERITIES, WARNING, Finding, human
 
 FORMATS = ("table", "json", "markdown", "html")
@@ -222,21 +220,8 @@ def _usage_chart(report: Report) -> dict[str, Any]:
             "bars": bars, "label_w": label_w}
 
 
-def _template_dir() -> Path:
-    from hub.common import template_roots
-
-    return template_roots()[0] / "report"
-
-
 def render_html(report: Report) -> str:
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(_template_dir())),
-        autoescape=True,
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
-    return env.get_template("report.html.j2").render(
+    return html_environment().get_template("report.html.j2").render(
         report=report, data=report.as_dict(), counts=report.counts,
         counts_line=_counts_line(report), settings_line=_settings_line(report),
         summary=[{**r, "last_sample_at": iso(r.get("last_sample_at"))}
