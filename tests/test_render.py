@@ -181,9 +181,14 @@ def test_only_the_agent_may_scrape_the_exporter(vendor, exporter):
     restrict = exporter == "upstream"  # upstream: only on request (next test)
     files = render.render_spoke(values(vendor=vendor, exporter=exporter,
                                        restrict_exporter_ingress=restrict))
-    policy = one(files, "NetworkPolicy")["spec"]
+    policy = objects(files)["exporter-networkpolicy.yaml"]["spec"]
     service = one(files, "Service")
     agent = one(files, "Deployment")
+    # and nothing may reach the agent, which only sends
+    deny = objects(files)["agent-networkpolicy.yaml"]["spec"]
+    assert deny["policyTypes"] == ["Ingress"] and "ingress" not in deny
+    assert subset(deny["podSelector"]["matchLabels"],
+                  agent["spec"]["template"]["metadata"]["labels"])
     assert policy["policyTypes"] == ["Ingress"]
     assert policy["podSelector"]["matchLabels"] == service["spec"]["selector"]
     [rule] = policy["ingress"]
@@ -205,14 +210,17 @@ def test_no_networkpolicy_in_a_namespace_we_do_not_own_unless_asked(mode, tmp_pa
     """A NetworkPolicy in the GPU operator's namespace would cut off the scrapers already there."""
     for vendor in ("nvidia", "amd", "nvidia,amd"):
         files = render.render_spoke(values(vendor=vendor, mode=mode))
-        assert not by_kind(files, "NetworkPolicy")
+        # only our own namespace's (the agent's deny-all) may remain
+        assert {p["metadata"]["namespace"] for p in by_kind(files, "NetworkPolicy")} <= {
+            "gpufleet"}
     result = spoke(tmp_path, "--cluster", "east", "--vendor", "nvidia", "--mode", mode,
                    "--remote-write-url", URL, "--restrict-exporter-ingress")
     assert result.exit_code == 0, result.output
     written = {str(p.relative_to(tmp_path / "out")): p.read_text()
                for p in (tmp_path / "out").rglob("*.yaml")}
-    policy = one(written, "NetworkPolicy")
-    assert policy["metadata"]["namespace"] == "nvidia-gpu-operator"
+    [policy] = [p for p in by_kind(written, "NetworkPolicy")
+                if p["metadata"]["namespace"] == "nvidia-gpu-operator"]
+    assert policy["metadata"]["name"] == "gpufleet-exporter-ingress"
     assert "cuts off every other scraper" in "".join(written.values())
 
 

@@ -18,6 +18,7 @@ from hub.common import (
     ConfiguredCommand,
     ConfiguredGroup,
     InputError,
+    UnavailableError,
     cluster_label_option,
     db_option,
     env,
@@ -40,8 +41,12 @@ log = logging.getLogger("gpufleet.service")
 
 def service_jobs(engine: Engine, client: HubClient, *, stale_after: float, cluster_label: str,
                  lock_timeout: float, reconcile: bool = False, max_age: float = 3600.0,
-                 push_interval: float = 300.0, window: float = 3600.0) -> svc.Jobs:
-    """The scheduled work: sync; then, when asked, a hub-side reconcile; then the findings.
+                 push_interval: float = 300.0, window: float = 3600.0,
+                 usage_bucket: float = 3600.0, usage_retention: float = 400 * 86400.0,
+                 prune_stale_after: float | None = None) -> svc.Jobs:
+    """The scheduled work: sync; then, when asked, a hub-side reconcile and a prune of what
+    has been stale for longer than ``prune_stale_after``; then every completed usage bucket
+    not collected yet (a push interval after its end); then the findings.
 
     The findings are exactly `gpufleet report`'s (hub.validate.assess with this client), so
     /api/v1/findings and `gpufleet_findings` agree with what an operator prints.
@@ -62,8 +67,33 @@ def service_jobs(engine: Engine, client: HubClient, *, stale_after: float, clust
                                    window=window, cluster_label=cluster_label)
         return [f.as_dict() for f in assessed.findings]
 
-    return svc.Jobs(sync=sync, after_sync=[reconcile_job] if reconcile else [],
-                    findings=findings)
+    def usage_job() -> None:
+        result = inv.collect_usage(engine, client, bucket=usage_bucket, delay=push_interval,
+                                   retention=usage_retention, cluster_label=cluster_label,
+                                   step=min(60.0, usage_bucket))
+        if result.collected:
+            log.info("usage: collected %d bucket(s), %d rows", len(result.collected),
+                     result.rows)
+        if result.failed:
+            raise UnavailableError(f"usage: {len(result.failed)} bucket(s) not collected "
+                                   f"({result.failed[0][1]}); retried after the next sync")
+
+    def prune_job() -> None:
+        assert prune_stale_after is not None
+        result = inv.prune(engine, stale_for=prune_stale_after, lock_timeout=lock_timeout)
+        if result.rows:
+            log.info("%s", result.summary())
+            for row in result.rows:
+                log.info("pruned %s %s", row["kind"], " ".join(
+                    str(row[k]) for k in ("cluster", "node", "uuid", "slice") if row[k]))
+
+    after: list = []
+    if reconcile:
+        after.append(reconcile_job)
+    if prune_stale_after:
+        after.append(prune_job)
+    after.append(usage_job)
+    return svc.Jobs(sync=sync, after_sync=after, findings=findings)
 
 
 def _prepare_schema(engine: Engine) -> None:
@@ -90,6 +120,14 @@ def _prepare_schema(engine: Engine) -> None:
 @click.option("--reconcile", is_flag=True, envvar=env("reconcile"),
               help="After each sync, reconcile GPU counts with kube-state-metrics through the "
                    "hub (no access to the spokes needed).")
+@click.option("--usage-bucket", type=DURATION, default="1h", show_default=True,
+              metavar="DURATION", help="Usage ledger bucket: each completed one is collected "
+              "after the sync that follows it (see `gpufleet usage collect`).")
+@click.option("--usage-retention", type=DURATION, default="400d", show_default=True,
+              metavar="DURATION", help="Usage rows older than this are removed.")
+@click.option("--prune-stale-after", type=DURATION, envvar=env("prune-stale-after"),
+              metavar="DURATION", help="After each sync, delete GPUs, nodes and clusters "
+              "stale for longer than this (as `gpufleet inventory prune`). Default: never.")
 @max_age_option
 @push_interval_option
 @window_option
@@ -98,17 +136,20 @@ def _prepare_schema(engine: Engine) -> None:
 @hub_options
 @cluster_label_option
 @db_option
-def serve(every: float, listen: str, reconcile: bool, max_age: float, push_interval: float,
-          window: float, stale_after: float, lock_timeout: float,
+def serve(every: float, listen: str, reconcile: bool, usage_bucket: float,
+          usage_retention: float, prune_stale_after: float | None, max_age: float,
+          push_interval: float, window: float, stale_after: float, lock_timeout: float,
           cluster_label: str, db: str | None, **opts: Any) -> None:
     """Run the hub service: sync on a schedule and serve the inventory over HTTP.
 
     \b
     Endpoints (read-only, GET/HEAD):
+      /                      a live HTML page of the fleet (search by GPU UUID, node, namespace)
       /healthz               200 while the last sync succeeded within two intervals, else 503
       /metrics               Prometheus metrics (sync duration, failures, GPUs by state, ...)
       /api/v1/openapi.json   the API's OpenAPI description
-      /api/v1/clusters, /nodes, /gpus[/UUID], /findings, /sync-runs
+      /api/v1/clusters, /nodes, /gpus[/UUID[/history]], /findings, /sync-runs
+      /api/v1/usage, /idle, /capacity, /events (docs/usage.md)
 
     After each successful sync it runs the checks of `gpufleet report` (served at
     /api/v1/findings and as gpufleet_findings) and, with --reconcile, a reconcile from
@@ -120,6 +161,8 @@ def serve(every: float, listen: str, reconcile: bool, max_age: float, push_inter
         raise InputError("--every must be greater than 0")
     if stale_after <= 0:
         raise InputError("--stale-after must be greater than 0")
+    if prune_stale_after is not None and prune_stale_after <= stale_after:
+        raise InputError("--prune-stale-after must be longer than --stale-after")
     try:
         host, port = parse_listen(listen)
     except ValueError as exc:
@@ -133,10 +176,12 @@ def serve(every: float, listen: str, reconcile: bool, max_age: float, push_inter
             jobs = service_jobs(engine, client, stale_after=stale_after,
                                 cluster_label=cluster_label, lock_timeout=lock_timeout,
                                 reconcile=reconcile, max_age=max_age,
-                                push_interval=push_interval, window=window)
+                                push_interval=push_interval, window=window,
+                                usage_bucket=usage_bucket, usage_retention=usage_retention,
+                                prune_stale_after=prune_stale_after)
             try:  # bind first: a port in use fails before anything touches the database
                 service = svc.build_service(jobs, every=every, engine=readonly, host=host,
-                                            port=port)
+                                            port=port, page_sections=svc.USAGE_SECTIONS)
             except OSError as exc:
                 reason = exc.strerror or str(exc)
                 raise InputError(f"cannot listen on {listen}: {reason}") from None
@@ -197,9 +242,13 @@ def hub_group() -> None:
               show_default=True, metavar="KEY",
               help="Key of the CA bundle in --hub-ca-configmap (OpenShift's injected bundle: "
                    "ca-bundle.crt).")
+@click.option("--prune-stale-after", type=DURATION, envvar=env("prune-stale-after"),
+              metavar="DURATION", help="Let the Deployment delete what has been stale for "
+              "longer than this after each sync (serve --prune-stale-after). Default: never.")
 def hub_render(out: str | None, namespace: str, image: str, kind: str, every: str,
                hub_url: str | None, db_secret: str, hub_token_secret: str,
-               hub_ca_configmap: str | None, hub_ca_key: str, **_: Any) -> None:
+               hub_ca_configmap: str | None, hub_ca_key: str,
+               prune_stale_after: float | None, **_: Any) -> None:
     """Write the hub service's manifests into --out (apply with `kubectl apply -k DIR`).
 
     Secrets are referenced by name, never rendered: create the database Secret (and the
@@ -214,7 +263,8 @@ def hub_render(out: str | None, namespace: str, image: str, kind: str, every: st
     values = onboard.hub_service_values(
         hub_url=hub_url, namespace=namespace, image=image, kind=kind, every=seconds,
         db_secret=db_secret, hub_token_secret=hub_token_secret,
-        hub_ca_configmap=hub_ca_configmap, hub_ca_key=hub_ca_key)
+        hub_ca_configmap=hub_ca_configmap, hub_ca_key=hub_ca_key,
+        prune_stale_after=prune_stale_after)
     files = onboard.render_hub_service(values)
     onboard.write_tree(files, out)
     click.echo(f"wrote {len(files)} files to {out} (kubectl apply -k {out})")

@@ -7,6 +7,7 @@ from __future__ import annotations
 from hub.service._api import (
     read_only_engine,
 )
+from hub.service._page import USAGE_SECTIONS
 from hub.service._scheduler import (
     Jobs,
     Service,
@@ -15,6 +16,7 @@ from hub.service._scheduler import (
 )
 
 __all__ = [
+    "USAGE_SECTIONS",
     "Jobs",
     "Service",
     "build_service",

@@ -55,7 +55,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         else:
             status, payload = self.server.router.handle(url.path, query)
         if isinstance(payload, Raw):
-            self._send(status, payload.body, payload.content_type, body)
+            self._send(status, payload.body, payload.content_type, body, dict(payload.headers))
         else:
             self._send(status, encode_json(payload), "application/json", body)
 

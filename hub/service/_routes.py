@@ -7,7 +7,7 @@ from what is served.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
@@ -15,6 +15,7 @@ from urllib.parse import unquote
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from hub import inventory as inv
 from hub.service._api import (
     DEFAULT_LIMIT,
     DEFAULT_RUNS,
@@ -32,14 +33,26 @@ from hub.service._api import (
     Raw,
     Response,
     _listing,
+    capacity,
     clusters,
+    events,
     gpu,
+    gpu_history,
     gpus,
+    idle,
     log,
     nodes,
     sync_runs,
+    usage,
 )
 from hub.service._openapi import _list_of, _param, _ref, openapi_document
+from hub.service._page import (
+    SectionSource,
+    page_data,
+    render_page,
+    search_text,
+    unavailable_data,
+)
 
 # -- routes and the OpenAPI description -------------------------------------------------------
 
@@ -52,6 +65,13 @@ CLUSTER_PARAM = _param("cluster", "Only this cluster.")
 LIMIT_RUNS = _param("limit", f"Number of runs (1-{MAX_RUNS}).",
                     {"type": "integer", "minimum": 1, "maximum": MAX_RUNS,
                      "default": DEFAULT_RUNS})
+
+
+PERIOD_PARAMS = (
+    _param("since", "The last DURATION (default 24h)."),
+    _param("from", "Start (ISO-8601, UTC), instead of since."),
+    _param("until", "End (ISO-8601, UTC)."),
+)
 
 
 @dataclass(frozen=True)
@@ -69,6 +89,11 @@ class Route:
         head, sep, _ = self.path.partition("{")
         return head if sep else None
 
+    @property
+    def suffix(self) -> str:
+        """What follows the path parameter (``/history``), '' when it ends the path."""
+        return self.path.partition("}")[2]
+
 
 @dataclass
 class Router:
@@ -82,9 +107,10 @@ class Router:
             prefix = route.prefix
             if prefix is None and path == route.path:
                 return route, {}
-            if prefix is not None and path.startswith(prefix):
-                name = route.path[len(prefix):].strip("{}")
-                return route, {name: unquote(path[len(prefix):])}
+            suffix = route.suffix
+            if prefix is not None and path.startswith(prefix) and path.endswith(suffix):
+                name = route.path[len(prefix):].split("}")[0].strip("{")
+                return route, {name: unquote(path[len(prefix):len(path) - len(suffix)])}
         return None
 
     def handle(self, path: str, query: Query) -> Response:
@@ -116,12 +142,14 @@ def database_error(exc: BaseException) -> str:
 def build_router(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, Any]]],
                  findings: Callable[[], tuple[list[dict[str, Any]], float | None]],
                  metrics: Callable[[], bytes],
+                 page_sections: Sequence[SectionSource] = (),
                  check_failure: Callable[[], tuple[float, str] | None] = lambda: None,
                  ) -> Router:
     """All routes: the inventory handlers above plus the service's own state, passed in.
 
     ``health`` answers (ok, details); ``findings`` the latest findings and when they were
     made (epoch seconds, None before the first); ``metrics`` the Prometheus exposition;
+    ``page_sections`` more sections of the live page (usage, idle, capacity) where available.
     ``check_failure`` when and why the latest checks could not run (None if they did).
     """
 
@@ -150,6 +178,16 @@ def build_router(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, A
         return 200, {**_listing([{**f, "checked_at": when} for f in selected]),
                      "generated_at": when, "last_check_failed": last_failure}
 
+    def page(query: Query, engine: Engine) -> Response:
+        search = search_text(query)
+        items, generated = findings()
+        try:
+            data = page_data(engine, search=search, findings=items, findings_at=generated,
+                             extra=page_sections)
+        except sa.exc.SQLAlchemyError as exc:
+            return 503, render_page(unavailable_data(search, database_error(exc)))
+        return 200, render_page(data)
+
     router = Router(engine)
 
     def openapi(query: Query, engine: Engine) -> Response:
@@ -157,6 +195,11 @@ def build_router(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, A
         return 200, openapi_document(router.routes)
 
     router.routes = [
+        Route("/", page, "The live page of the fleet (HTML, read-only): clusters and their "
+              "freshness, stale GPUs, GPUs with findings, findings; search with q.",
+              {"type": "string"}, (_param("q", "A GPU UUID (or its start), a node or a "
+                                            "namespace to look up."),),
+              content_type="text/html; charset=utf-8", errors=(400, 503)),
         Route("/healthz", healthz, "Whether the last sync succeeded within two intervals "
               "(200) or not (503, with the reason).", _ref("Health"), errors=(400, 503)),
         Route("/metrics", metrics_, "Prometheus metrics of the service and the inventory.",
@@ -182,6 +225,10 @@ def build_router(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, A
                           "default": DEFAULT_LIMIT}),
                   _param("continue", "The 'continue' token of the previous page."),
               ), errors=(400, 503)),
+        Route("/api/v1/gpus/{uuid}/history", gpu_history, "One GPU's story: where it is, its "
+              "MIG slices, events, allocations and recent usage rows.", _ref("GpuHistory"),
+              (_param("uuid", "GPU uuid, percent-encoded.", where="path"),),
+              errors=(400, 404, 503)),
         Route("/api/v1/gpus/{uuid}", gpu, "One GPU (the physical device) with its MIG "
               "slices. A uuid seen on several nodes answers the active, most recently seen "
               "one and lists the others in also_seen_on.", _ref("GpuDetail"),
@@ -199,6 +246,36 @@ def build_router(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, A
                                      "error": {"type": "string"}}}}},
               (_param("severity", "Only this severity.",
                       {"type": "string", "enum": list(SEVERITIES)}), CLUSTER_PARAM)),
+        Route("/api/v1/usage", usage, "GPU-hours per group from the usage ledger (see "
+              "docs/usage.md for each figure).", _list_of("Usage"),
+              (*PERIOD_PARAMS,
+               _param("by", "Group by, comma-separated: cluster, namespace, model, node, gpu "
+                      "(default namespace)."),
+               _param("idle_threshold", "Utilisation % under which an allocated bucket is "
+                      "idle (default 5).", {"type": "number", "minimum": 0, "maximum": 100})),
+              errors=(400, 503)),
+        Route("/api/v1/idle", idle, "Allocated GPUs and slices idle for at least 'for' in a "
+              "row, most GPU-hours wasted first.", _list_of("Idle"),
+              (*PERIOD_PARAMS,
+               _param("threshold", "Utilisation % (default 5).",
+                      {"type": "number", "minimum": 0, "maximum": 100}),
+               _param("for", "Idle at least this long in a row (default 2h).")),
+              errors=(400, 503)),
+        Route("/api/v1/capacity", capacity, "GPU-equivalents per group now: total, active, "
+              "stale, allocated, free.", _list_of("Capacity"),
+              (_param("by", "Group by, comma-separated: model, cluster, node "
+                      "(default model)."),), errors=(400, 503)),
+        Route("/api/v1/events", events, "Inventory events, newest first; paged.",
+              _list_of("Event"), (
+                  _param("since", "Only events of the last DURATION (e.g. 7d)."),
+                  CLUSTER_PARAM, _param("uuid", "Only this GPU."),
+                  _param("type", "Only this type.",
+                         {"type": "string", "enum": list(inv.EVENT_TYPES)}),
+                  _param("limit", f"Page size (1-{MAX_LIMIT}).",
+                         {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT,
+                          "default": DEFAULT_LIMIT}),
+                  _param("continue", "The 'continue' token of the previous page.")),
+              errors=(400, 503)),
         Route("/api/v1/sync-runs", sync_runs, "Sync runs, latest first.",
               _list_of("SyncRun"), (LIMIT_RUNS,), errors=(400, 503)),
     ]

@@ -18,7 +18,7 @@ import datetime as dt
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -32,10 +32,11 @@ from prometheus_client.registry import Collector
 from sqlalchemy.engine import Engine
 
 from hub import __version__
-from hub.common import InputError
+from hub.common import InputError, redact
 from hub.inventory import LockHeld, SyncResult
 from hub.service import _api as api
 from hub.service._http import ApiServer
+from hub.service._page import SectionSource
 from hub.service._routes import build_router, database_error
 
 log = logging.getLogger("gpufleet.service")
@@ -82,14 +83,15 @@ class SyncState:
 def describe_error(exc: BaseException) -> str:
     """One line for the log and /healthz: a GpufleetError's own message, else a short one.
 
-    Never ``str()`` of a database exception, which carries the SQL and its parameters.
+    Never ``str()`` of a database exception, which carries the SQL and its parameters; and
+    never a registered secret (the hub token), whatever raised.
     """
     if isinstance(exc, click.ClickException):
-        return exc.format_message()
+        return redact(exc.format_message())
     if isinstance(exc, sa.exc.SQLAlchemyError):
-        return database_error(exc)
+        return redact(database_error(exc))
     lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    return redact(f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__)
 
 
 def _job_name(job: Callable[..., Any]) -> str:
@@ -395,7 +397,8 @@ class Service:
 
 def build_service(jobs: Jobs, *, every: float, engine: Engine, host: str = "127.0.0.1",
                   port: int = 0, clock: Callable[[], float] = time.time,
-                  backoff: float = DEFAULT_BACKOFF, process_metrics: bool = True) -> Service:
+                  backoff: float = DEFAULT_BACKOFF, process_metrics: bool = True,
+                  page_sections: Sequence[SectionSource] = ()) -> Service:
     """Wire jobs, metrics and the API over a read-only ``engine``; binds the port now
     (OSError when it cannot) but starts nothing."""
     metrics = ServiceMetrics(process=process_metrics)
@@ -407,5 +410,6 @@ def build_service(jobs: Jobs, *, every: float, engine: Engine, host: str = "127.
 
     metrics.watch(counts, lambda: scheduler.state.findings)
     router = build_router(engine, health=scheduler.health, findings=scheduler.findings,
-                          metrics=metrics.exposition, check_failure=scheduler.check_failure)
+                          metrics=metrics.exposition, check_failure=scheduler.check_failure,
+                          page_sections=page_sections)
     return Service(scheduler, ApiServer(router, host, port))
