@@ -54,10 +54,10 @@ def leftovers(workdir: Path) -> list[str]:
     return [line for line in out.splitlines() if "pgrep" not in line]
 
 
-def run_demo(workdir: Path, **kwargs) -> subprocess.Popen[str]:
+def run_demo(workdir: Path, *args: str, **kwargs) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "hub", "demo", "--clusters", "2", "--nodes", "2",
-         "--gpus-per-node", "2", "--workdir", str(workdir)],
+         "--gpus-per-node", "2", "--workdir", str(workdir), *args],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "COLUMNS": "200"}, **kwargs)
 
@@ -87,6 +87,22 @@ def test_demo_runs_end_to_end_twice_and_leaves_nothing_running(tmp_path):
     idle = gpufleet_json("idle", "--since", "1h", "--for", "5s", "--db", db)
     assert [(i["namespace"], i["pod"]) for i in idle] == [("research", "notebook-idle")]
     assert "research" in html and 'id="usage-chart"' in html
+
+
+def test_demo_with_the_acm_hub_profile(tmp_path):
+    """Sparse pushes without staleness markers and a long look-back: the silent cluster still
+    turns stale, the reporting one stays active."""
+    workdir = tmp_path / "demo"
+    proc = run_demo(workdir, "--acm-profile")
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err
+    assert leftovers(workdir) == []
+    assert "ACM-like collector pushing every" in err and "look-back" in err
+    assert "prod-west goes silent (its collector stopped)" in err
+    db = f"sqlite:///{workdir / 'inventory.db'}"
+    clusters = {c["cluster"]: c for c in gpufleet_json("inventory", "clusters", "--db", db)}
+    assert clusters["prod-west"]["state"] == "stale"
+    assert clusters["prod-east"]["state"] == "active" and clusters["prod-east"]["gpus"] == 3
 
 
 def test_ctrl_c_stops_every_process(tmp_path):

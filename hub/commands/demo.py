@@ -21,10 +21,14 @@ from hub.common import ConfiguredCommand, UnavailableError
               default=Path("gpufleet-demo"), show_default=True,
               help="Where the hub data, inventory database, node lists and report go "
                    "(emptied first if a previous demo made it).")
+@click.option("--acm-profile", is_flag=True,
+              help="Make the hub behave like ACM Observability's (scaled down): sparse pushes "
+                   "without staleness markers, a look-back of twice the push interval, "
+                   "clusterID on every series.")
 @click.option("--keep-running", is_flag=True,
               help="Leave the fleet running at the end so you can try the PromQL; Ctrl-C stops.")
 def demo(clusters: int, nodes: int, gpus_per_node: int, workdir: Path, keep_running: bool,
-         **_: Any) -> None:
+         acm_profile: bool, **_: Any) -> None:
     """Run a local multi-cluster GPU fleet end to end, on loopback.
 
     Starts a hub Prometheus with the remote-write receiver, one Prometheus agent per cluster
@@ -54,7 +58,8 @@ def demo(clusters: int, nodes: int, gpus_per_node: int, workdir: Path, keep_runn
     try:
         with progress:
             result = devstack.run(clusters=clusters, nodes=nodes, gpus_per_node=gpus_per_node,
-                              workdir=workdir, say=say, progress=step, keep_running=keep_running)
+                              workdir=workdir, say=say, progress=step, keep_running=keep_running,
+                              acm_profile=acm_profile)
     except TimeoutError as exc:
         raise UnavailableError(f"demo: {exc}") from None
     except FileNotFoundError as exc:

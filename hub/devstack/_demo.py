@@ -26,6 +26,7 @@ from typing import Any
 
 from hub import inventory as inv
 from hub.common import GpufleetError, InputError, UnavailableError, on_sigterm
+from hub.devstack._acm import MetricsCollector, hub_args
 from hub.devstack._prometheus import PrometheusProcess, hub_config, start_agent
 from hub.inventory import run_sync
 from hub.store import HubClient
@@ -33,6 +34,10 @@ from hub.store import HubClient
 MARKER = ".gpufleet-demo"
 CLUSTER_NAMES = ["prod-east", "prod-west", "research", "edge-1", "edge-2", "lab"]
 STALE_AFTER = 8.0  # seconds: short so the demo shows a stale cluster within its two minutes
+#: --acm-profile: ACM's 300 s push and 600 s look-back at the demo's scale (the ratio to
+#: STALE_AFTER kept: ACM's default --stale-after 10m is twice its push interval)
+ACM_PUSH = STALE_AFTER / 2
+ACM_LOOKBACK = STALE_AFTER
 PROBE_TEMPERATURE = 99.0
 
 Say = Callable[[str], None]
@@ -202,7 +207,8 @@ class Fleet:
         self.procs: list[PrometheusProcess] = []
         self.exporters: list[Any] = []
         self.servers: list[Any] = []
-        self.agents: dict[str, PrometheusProcess] = {}
+        #: per cluster: its Prometheus agent, or its ACM-like collector (--acm-profile)
+        self.agents: dict[str, PrometheusProcess | MetricsCollector] = {}
         self.probes: list[ProbeBackend] = []
 
     def close(self) -> None:
@@ -212,18 +218,24 @@ class Fleet:
         for exporter in self.exporters:
             with contextlib.suppress(Exception):
                 exporter.stop()
+        for agent in self.agents.values():
+            if isinstance(agent, MetricsCollector):
+                agent.stop()
         for proc in reversed(self.procs):
             proc.stop()
 
 
-def start_fleet(p: Plan, workdir: Path, fleet: Fleet, say: Say) -> PrometheusProcess:
+def start_fleet(p: Plan, workdir: Path, fleet: Fleet, say: Say,
+                acm_profile: bool = False) -> PrometheusProcess:
     from spoke import Exporter, MetricsServer, SimBackend
     from spoke._sim import parse_fault
 
-    hub = PrometheusProcess(workdir / "hub", hub_config())
+    hub = PrometheusProcess(workdir / "hub", hub_config(),
+                            extra_args=hub_args(ACM_LOOKBACK) if acm_profile else None)
     fleet.procs.append(hub)
     hub.start()
-    say(f"hub Prometheus (remote-write receiver) on {hub.url}")
+    say(f"hub Prometheus (remote-write receiver) on {hub.url}"
+        + (f", look-back {ACM_LOOKBACK:g}s like ACM's Thanos" if acm_profile else ""))
     attributed = next((n for n in p.nodes if n.cluster != p.silent and not n.mig
                        and n.vendor == "nvidia"), None)
     for node in p.nodes:
@@ -241,10 +253,18 @@ def start_fleet(p: Plan, workdir: Path, fleet: Fleet, say: Say) -> PrometheusPro
         node.target = server.url.removeprefix("http://")
     for cluster in p.clusters:
         targets = [n.target for n in p.nodes if n.cluster == cluster]
+        vendors = sorted({n.vendor for n in p.nodes if n.cluster == cluster})
+        if acm_profile:
+            fleet.agents[cluster] = MetricsCollector(
+                hub.url, cluster, [f"http://{t}/metrics" for t in targets],
+                interval=ACM_PUSH).start()
+            say(f"cluster {cluster}: {len(targets)} nodes ({', '.join(vendors)}), ACM-like "
+                f"collector pushing every {ACM_PUSH:g}s with cluster and clusterID, "
+                "no staleness markers")
+            continue
         agent = start_agent(workdir / f"agent-{cluster}", cluster, targets, hub.url)
         fleet.procs.append(agent)
         fleet.agents[cluster] = agent
-        vendors = sorted({n.vendor for n in p.nodes if n.cluster == cluster})
         say(f"cluster {cluster}: {len(targets)} nodes ({', '.join(vendors)}), agent pushing "
             f"with cluster={cluster}")
     return hub
@@ -297,7 +317,8 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def run(*, clusters: int, nodes: int, gpus_per_node: int, workdir: Path, say: Say,
-        progress: Callable[[str, int, int], None], keep_running: bool = False) -> Result:
+        progress: Callable[[str, int, int], None], keep_running: bool = False,
+        acm_profile: bool = False) -> Result:
     started = time.monotonic()
     if clusters < 2 or nodes < 1 or gpus_per_node < 1:
         raise InputError("the demo needs at least 2 clusters, 1 node and 1 GPU per node")
@@ -309,7 +330,7 @@ def run(*, clusters: int, nodes: int, gpus_per_node: int, workdir: Path, say: Sa
     fleet = Fleet()
     with on_sigterm(_interrupt):
         try:
-            hub = start_fleet(p, workdir, fleet, say)
+            hub = start_fleet(p, workdir, fleet, say, acm_profile)
             client = HubClient(hub.url)
             engine = inv.make_engine(db_url, create=True)
             first = wait_for_data(engine, client, p, lambda seen, want: progress(
@@ -323,7 +344,8 @@ def run(*, clusters: int, nodes: int, gpus_per_node: int, workdir: Path, say: Sa
                 f"after {freshness:.1f}s")
 
             fleet.agents[p.silent].stop()
-            say(f"cluster {p.silent} goes silent (its agent stopped)")
+            say(f"cluster {p.silent} goes silent (its "
+                + ("collector" if acm_profile else "agent") + " stopped)")
             quiet_since = time.monotonic()
             while (waited := time.monotonic() - quiet_since) < STALE_AFTER + 1:
                 progress(f"waiting for {p.silent} to pass --stale-after", int(waited),

@@ -18,6 +18,7 @@ from hub.onboard._hubservice import (
 )
 from hub.onboard._policy import (
     DEFAULT_POLICY_NAMESPACE,
+    VENDOR_LABEL,
     acm_hub,
     policy_spoke,
     policy_values,
@@ -73,6 +74,7 @@ __all__ = [
     "DNS_LABEL",
     "STATUS_COLUMNS",
     "TOKEN_KEY",
+    "VENDOR_LABEL",
     "SpokeValues",
     "acm_hub",
     "any_noncompliant",

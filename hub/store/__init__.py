@@ -6,6 +6,7 @@ uses and which PromQL the sync sends.
 from __future__ import annotations
 
 from hub.store._client import (
+    NO_PARTIAL_RESPONSE,
     HubClient,
     HubSettings,
     PartialResponse,
@@ -65,6 +66,7 @@ __all__ = [
     "MEMORY_USED",
     "MODEL_LABELS",
     "NODE_LABELS",
+    "NO_PARTIAL_RESPONSE",
     "POWER",
     "PROFILES",
     "ROW_REMAP_FAILURE",

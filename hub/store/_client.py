@@ -32,6 +32,13 @@ MAX_DETAIL = 200
 #: how much of the store's own JSON "error" field (a PromQL parse error names the position)
 MAX_STORE_ERROR = 500
 
+#: Sent with every query. Thanos Query (and so ACM's hub) answers a query that some store could
+#: not serve with HTTP 200, fewer series and ``warnings`` unless told not to; a GPU inventory
+#: built from such an answer silently loses clusters. With ``partial_response=false`` Thanos
+#: fails the query instead; Prometheus ignores the parameter. Callers still fail on warnings,
+#: for stores that ignore it.
+NO_PARTIAL_RESPONSE = {"partial_response": "false"}
+
 
 class PromQLError(InputError):
     """The store rejected the query (HTTP 400/422): the user's PromQL is wrong. Exit 2."""
@@ -251,17 +258,21 @@ class HubClient:
     # -- API ------------------------------------------------------------------------------
     def query(self, promql: str, time: float | None = None) -> QueryResult:
         """Instant query. POSTed as a form so long PromQL never hits URL length limits."""
-        data: dict[str, Any] = {"query": promql}
+        data: dict[str, Any] = {"query": promql, **NO_PARTIAL_RESPONSE}
         if time is not None:
             data["time"] = f"{time:.3f}"
         return self._post("/api/v1/query", data)
 
     def query_range(self, promql: str, start: float, end: float, step: float) -> QueryResult:
-        data = {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
+        data = {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}",
+                **NO_PARTIAL_RESPONSE}
         return self._post("/api/v1/query_range", data)
 
     def prometheus_connect(self):  # -> prometheus_api_client.PrometheusConnect
-        """prometheus-api-client on the same session, for DataFrame-based reporting."""
+        """prometheus-api-client on the same session, for DataFrame-based reporting.
+
+        Pass ``params=NO_PARTIAL_RESPONSE`` to its queries: it does not send it by itself.
+        """
         from prometheus_api_client import PrometheusConnect
 
         return PrometheusConnect(self.url, session=self.session, disable_ssl=False)
@@ -299,6 +310,10 @@ class HubClient:
             body = resp.json()
         except ValueError:
             body = None
+        if resp.status_code in (400, 422) and isinstance(body, dict) and _store_failure(body):
+            raise PartialResponse(
+                f"hub {self.safe_url} could not read all its stores: {body.get('error')}"
+            )
         if resp.status_code in (400, 422) and isinstance(body, dict):
             reason = sanitise(str(body.get("error") or resp.reason), MAX_STORE_ERROR)
             raise PromQLError(f"PromQL error: {reason}")
@@ -324,6 +339,18 @@ class HubClient:
             result=data_.get("result", []),
             warnings=[sanitise(str(w), MAX_STORE_ERROR) for w in body.get("warnings") or []],
         )
+
+
+def _store_failure(body: dict[str, Any]) -> bool:
+    """Whether a 4xx error is Thanos refusing a partial answer, not the user's PromQL.
+
+    With ``partial_response=false`` Thanos Query reports a store it could not read as an
+    "execution" error (HTTP 422, like a PromQL evaluation error), with the store's gRPC error in
+    the text: that is the hub being unavailable in part (exit 3), never a query to fix (exit 2).
+    """
+    error = str(body.get("error") or "")
+    return body.get("errorType") == "execution" and any(
+        marker in error for marker in ("expanding series", "rpc error", "store"))
 
 
 def _reason(exc: Exception) -> str:
