@@ -146,7 +146,8 @@ def test_probes_service_and_servicemonitor_agree():
     files = files_for()
     container = pod_of(files)["containers"][0]
     assert container["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
-    assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "http",
+                                                      "scheme": "HTTP"}
     assert container["livenessProbe"]["tcpSocket"] == {"port": "http"}
     service = one(files, "Service")
     pods = one(files, "Deployment")["spec"]["template"]["metadata"]["labels"]
