@@ -66,6 +66,11 @@ class Scope:
     def unrestricted(self) -> bool:
         return self.clusters is None and self.namespaces is None
 
+    @property
+    def empty(self) -> bool:
+        """Sees nothing: an OIDC caller none of whose groups the scopes file maps."""
+        return self.clusters == frozenset() and not self.fleet_counts
+
     def allows_cluster(self, cluster: str | None) -> bool:
         return self.clusters is None or (cluster is not None and cluster in self.clusters)
 

@@ -121,6 +121,9 @@ class Router:
             return 404, {"error": f"no such path {path[:200]!r}: see /api/v1/openapi.json"}
         route, params = found
         try:
+            if scope.empty and not self.is_public(route):
+                raise ApiError(403, "your token maps to no scope (ask for your group to be "
+                                    "added to the scopes file)")
             if route.scoped:
                 return route.handler(query, self.engine, **params, scope=scope)
             if not scope.unrestricted and not self.is_public(route):
