@@ -68,7 +68,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def send_error(self, code: int, message: str | None = None,
                    explain: str | None = None) -> None:
-        """http.server's own errors (bad request line, unknown method) in JSON, not HTML."""
+        """http.server's own errors (bad request line, unknown method) in JSON, not HTML.
+
+        A method http.server does not know (QUERY, BREW) is as refused as POST: 405.
+        """
+        if code == 501:
+            self._refuse()
+            return
         self.close_connection = True
         text = message or self.responses.get(code, ("error",))[0]
         self._send(code, encode_json({"error": text}), "application/json",
