@@ -82,8 +82,8 @@ def test_unreachable_hub_keeps_serving_503_and_ctrl_c_exits_130(tmp_path: Path):
         while "unreachable" not in body.get("reason", "") and time.monotonic() < deadline:
             time.sleep(0.2)
             body = requests.get(url + "/healthz", timeout=2).json()
-        assert body["reason"].startswith("never synced yet; last error: hub http://127.0.0.1:")
-        assert "unreachable" in body["reason"]
+        # the hub's address goes to the log, not to whoever reads the open /healthz
+        assert body["reason"].startswith("never synced yet; last error: hub <url> unreachable")
         pages = [requests.get(url + p, timeout=2).text
                  for p in ("/healthz", "/metrics", "/api/v1/sync-runs", "/api/v1/openapi.json")]
     finally:
@@ -91,6 +91,7 @@ def test_unreachable_hub_keeps_serving_503_and_ctrl_c_exits_130(tmp_path: Path):
         out, err = proc.communicate(timeout=15)
     assert proc.returncode == 130, err
     assert "sync failed" in err and "Traceback" not in err
+    assert "unreachable" in err and "http://" in err and all("127.0.0.1" not in p for p in pages)
     for text in [out, err, *pages]:
         assert SECRET_PASSWORD not in text and SECRET_TOKEN not in text
 
@@ -130,8 +131,9 @@ def test_serve_reconciles_through_the_hub_and_serves_the_reports_findings(hub, f
     carries the same checks `gpufleet report` prints (here: a count mismatch)."""
     import json
 
-    from tests.conftest import sample_text, wait_for
     from tests.support.nodes import ksm_text
+    from tests.support.promql import wait_for
+    from tests.support.samples import sample_text
 
     t4 = sample_text("dcgm-t4-loaded-ericsson-ccd.prom")  # one GPU on node cp-bm14r7
     fleet("east", [t4, ksm_text({"cp-bm14r7": {"nvidia_com_gpu": 2}}, {})])
