@@ -492,3 +492,37 @@ def test_tls_handshake_failures_leave_no_traceback(db_url, tmp_path, capfd):
     finally:
         service.stop()
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_dead_database_is_a_503_without_driver_details(caplog):
+    with socket.socket() as s:  # a closed loopback port: PostgreSQL "unreachable"
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"postgresql+psycopg://team_user@127.0.0.1:{port}/inventory"
+    service = serve(url, Authenticator())
+    try:
+        r = get(service, "/api/v1/gpus")
+        assert r.status_code == 503
+        assert r.json() == {"error": "inventory database unavailable (details in the service "
+                                     "log)"}
+        health = get(service, "/healthz").text
+    finally:
+        service.stop()
+    for text in (r.text, health):
+        assert str(port) not in text and "team_user" not in text
+    assert str(port) in caplog.text  # the operator still learns why
+
+
+def test_concurrent_requests_are_bounded(db_url):
+    """With one slot, an idle connection holds it: a second request waits for it to go."""
+    service = serve(db_url, Authenticator(), max_requests=1)
+    try:
+        idle = socket.create_connection(("127.0.0.1", service.server.port), timeout=5)
+        idle.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        idle.recv(65536)  # answered; the keep-alive connection now holds the only slot
+        with pytest.raises(requests.exceptions.ReadTimeout):
+            requests.get(service.url + "/healthz", timeout=(5, 1))
+        idle.close()
+        assert get(service, "/healthz").status_code in (200, 503)
+    finally:
+        service.stop()
