@@ -17,6 +17,7 @@ import ipaddress
 import json
 import logging
 import os
+import signal
 import socket
 import ssl
 import struct
@@ -37,6 +38,7 @@ from cryptography.x509.oid import NameOID
 
 from hub.cli import cli
 from hub.common import BackgroundHTTPServer
+from hub.devstack import free_port
 from hub.inventory import _db as inventory
 from hub.inventory import run_sync
 from hub.service import (
@@ -526,3 +528,40 @@ def test_concurrent_requests_are_bounded(db_url):
         assert get(service, "/healthz").status_code in (200, 503)
     finally:
         service.stop()
+
+
+def test_serve_process_with_tokens_and_tls_on_a_pod_address(tokens, tmp_path):
+    """The command wired end to end: `gpufleet serve` on 0.0.0.0 with a tokens file and a
+    certificate; a verifying client with a token reads, one without is refused."""
+    from tests.test_service_cli import start
+
+    ca = make_cert(tmp_path, "one")
+    port = free_port()
+    proc = start("--hub-url", "http://127.0.0.1:1", "--db", f"sqlite:///{tmp_path / 'i.db'}",
+                 "--listen", f"0.0.0.0:{port}", "--tokens-file", str(tokens[0]),
+                 "--tls-cert-file", str(tmp_path / "tls.crt"),
+                 "--tls-key-file", str(tmp_path / "tls.key"), "--metrics-closed")
+    url = f"https://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            assert proc.poll() is None, proc.communicate()
+            try:
+                health = requests.get(url + "/healthz", verify=str(ca), timeout=2)
+                break
+            except requests.ConnectionError:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        assert health.status_code == 503  # open, and honest: the hub is unreachable
+        admin = {"Authorization": f"Bearer {tokens[1]['admin']}"}
+        assert requests.get(url + "/metrics", verify=str(ca), timeout=5).status_code == 401
+        assert requests.get(url + "/metrics", headers=admin, verify=str(ca),
+                            timeout=5).status_code == 200
+        r = requests.get(url + "/api/v1/clusters", headers=admin, verify=str(ca), timeout=5)
+        assert r.status_code in (200, 503)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=15)
+    assert proc.returncode == 0, err
+    assert f"https://0.0.0.0:{port}" in err or f"https://127.0.0.1:{port}" in err
+    assert tokens[1]["admin"] not in out + err and "Traceback" not in err
