@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import uuid as uuidlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
-import sqlalchemy as sa
 import yaml
 
 from hub.inventory import _db as inventory
@@ -25,7 +23,7 @@ from hub.inventory import run_sync
 from hub.service import Authenticator, Jobs, Service, TokenFile, build_service, token_entry
 from hub.service import _api as api
 from hub.store import HubClient
-from tests.test_api import hub_store, wait_healthy  # noqa: F401  (module fixture)
+from tests.test_api import _database, hub_store, wait_healthy  # noqa: F401  (module fixture)
 
 CONFIG = Path(__file__).parent / "fixtures" / "schemathesis.toml"
 TOKEN = "gpf_schemathesis-test-token"
@@ -34,13 +32,7 @@ TOKEN = "gpf_schemathesis-test-token"
 @pytest.fixture(scope="module")
 def service(request: pytest.FixtureRequest, hub_store: str,  # noqa: F811
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    server = request.getfixturevalue("postgres_server")
-    name = "st_" + uuidlib.uuid4().hex[:10]
-    admin = sa.create_engine(f"{server}/postgres", isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    admin.dispose()
-    db_url = f"{server}/{name}"
+    db_url = _database("postgresql", request, tmp_path_factory.mktemp("st-db"))
     write = inventory.make_engine(db_url, create=True)
     client = HubClient(hub_store, timeout=10)
     tokens = tmp_path_factory.mktemp("st") / "tokens.yaml"

@@ -84,6 +84,11 @@ def _prepare_schema(engine: Engine) -> None:
         log.warning("inventory database not ready yet: %s", svc.describe_error(exc))
 
 
+def _file_option(name: str, help: str) -> Any:
+    return click.option(name, envvar=env(name[2:]), metavar="FILE",
+                        type=click.Path(dir_okay=False), help=help)
+
+
 class _ServeGroup(ConfiguredCommand, click.Group):
     """``serve`` runs the service; ``serve token create`` helps configure who may read it."""
 
@@ -99,8 +104,7 @@ class _ServeGroup(ConfiguredCommand, click.Group):
 @click.option("--reconcile", is_flag=True, envvar=env("reconcile"),
               help="After each sync, reconcile GPU counts with kube-state-metrics through the "
                    "hub (no access to the spokes needed).")
-@click.option("--tokens-file", envvar=env("tokens-file"), metavar="FILE",
-              type=click.Path(dir_okay=False),
+@_file_option("--tokens-file",
               help="YAML of static tokens (name, sha256, scope), re-read when it changes; "
                    "make entries with `gpufleet serve token create`.")
 @click.option("--oidc-issuer", envvar=env("oidc-issuer"), metavar="URL",
@@ -112,8 +116,7 @@ class _ServeGroup(ConfiguredCommand, click.Group):
 @click.option("--oidc-scope-claim", envvar=env("oidc-scope-claim"), default="groups",
               show_default=True, metavar="CLAIM",
               help="Token claim holding the caller's groups, mapped by --scopes-file.")
-@click.option("--scopes-file", envvar=env("scopes-file"), metavar="FILE",
-              type=click.Path(dir_okay=False),
+@_file_option("--scopes-file",
               help="YAML mapping OIDC groups to scopes (clusters, namespaces).")
 @click.option("--allow-unauthenticated", is_flag=True, envvar=env("allow-unauthenticated"),
               help="UNSAFE: serve every namespace and pod name to anyone who reaches a "
@@ -122,12 +125,10 @@ class _ServeGroup(ConfiguredCommand, click.Group):
               envvar=env("metrics-open"),
               help="Whether /metrics answers without a token (closed: a token whose scope "
                    "is the whole fleet).")
-@click.option("--tls-cert-file", envvar=env("tls-cert-file"), metavar="FILE",
-              type=click.Path(dir_okay=False),
+@_file_option("--tls-cert-file",
               help="Serve HTTPS with this certificate (PEM, chain allowed); re-read when it "
                    "changes, as cert-manager rotates it.")
-@click.option("--tls-key-file", envvar=env("tls-key-file"), metavar="FILE",
-              type=click.Path(dir_okay=False), help="Private key of --tls-cert-file (PEM).")
+@_file_option("--tls-key-file", help="Private key of --tls-cert-file (PEM).")
 @max_age_option
 @push_interval_option
 @window_option
