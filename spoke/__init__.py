@@ -4,6 +4,11 @@ Speaks NVIDIA dcgm-exporter's and AMD device-metrics-exporter's metric names and
 the hub cannot tell it from the upstream exporters. Backends take their GPU library as an
 argument (``NvmlBackend(nvml=pynvml)``, ``AmdSmiBackend(amdsmi=amdsmi)``); ``Exporter`` reads
 them on an interval in the background and ``MetricsServer`` serves the last snapshot.
+
+It runs on every GPU node, so it stays small: of the hub it uses only ``hub.common`` (errors
+and exit codes, durations, SIGTERM handling, the click base with ``--config``, the HTTP server
+base) and ``hub.__version__``, never the inventory, validation, onboarding or service code, and
+it loads none of SQLAlchemy, Alembic, the Kubernetes client or Jinja2 (tests/test_layout.py).
 """
 
 from spoke._amdsmi import AmdSmiBackend, load_amdsmi

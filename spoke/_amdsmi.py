@@ -121,6 +121,8 @@ class AmdSmiBackend:
         activity = self._opt(a.amdsmi_get_gpu_activity, handle) or {}
         vram = self._opt(a.amdsmi_get_gpu_vram_usage, handle) or {}
         power = self._opt(a.amdsmi_get_power_info, handle) or {}
+        ecc = self._opt(a.amdsmi_get_gpu_total_ecc_count, handle) or {}
+        bdf = _text(self._opt(a.amdsmi_get_gpu_device_bdf, handle))
         total = _number(vram.get("vram_total"))
         used = _number(vram.get("vram_used"))
         # amdsmi 6.1+ fills socket_power; earlier releases only one of current_/average_
@@ -133,10 +135,15 @@ class AmdSmiBackend:
             uuid=uuid,
             model=_text(asic.get("market_name")) or _text(board.get("product_name")),
             driver_version=_text(driver.get("driver_version")),
-            pci_bus_id=_text(self._opt(a.amdsmi_get_gpu_device_bdf, handle)),
+            pci_bus_id=bdf,
             serial=_text(board.get("product_serial")),
             board_model=_text(board.get("model_number")),
             util_pct=_number(activity.get("gfx_activity")),
+            mem_copy_util_pct=_number(activity.get("umc_activity")),
+            ecc_sbe_volatile=_number(ecc.get("correctable_count")),
+            ecc_dbe_volatile=_number(ecc.get("uncorrectable_count")),
+            # AMD's device plugin names GPUs by PCI address; accept the UUID as well
+            device_ids=tuple(d for d in (uuid, bdf) if d),
             mem_used_mib=used,
             mem_total_mib=total,
             mem_free_mib=total - used if total is not None and used is not None else None,

@@ -1,12 +1,13 @@
 """The collection loop and the snapshot that scrapes read.
 
 A background thread asks the backend every ``interval`` and builds a complete, immutable
-``Snapshot``: the metric families and their text exposition, rendered once, byte for byte
-what the private registry yields. One attribute assignment publishes it. A scrape only
-sends the current snapshot's bytes, so it never waits on the GPU library (a hung NVML call
-makes the data age, visible in ``gpufleet_exporter_last_collect_timestamp_seconds`` and
-/healthz; it does not make Prometheus time out), and its cost does not grow with the number
-of GPUs: rendering 64 GPUs' series per scrape took most of a 10 ms budget.
+``Snapshot``: the metric families and their text exposition, rendered once (the families
+the private registry yields, written the way dcgm-exporter writes them). One attribute
+assignment publishes it. A scrape only sends the current snapshot's bytes, so it never
+waits on the GPU library or the kubelet (a hung NVML call makes the data age, visible in
+``gpufleet_exporter_last_collect_timestamp_seconds`` and /healthz; it does not make
+Prometheus time out), and its cost does not grow with the number of GPUs: rendering 64
+GPUs' series per scrape took most of a 10 ms budget.
 """
 
 from __future__ import annotations
@@ -14,16 +15,28 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from hub import __version__
 from spoke import _naming
 from spoke._model import Backend, Collection, Failure
+from spoke._naming import Field, Pods
+
+
+class PodSource(Protocol):
+    """Where pod attribution comes from (the kubelet's pod-resources API in production).
+
+    ``devices`` returns device id -> pods now; it must return within its own bounded timeout
+    and raise on failure (the pass then publishes its series without pod labels).
+    """
+
+    def devices(self) -> Pods: ...
 
 log = logging.getLogger("spoke.exporter")
 
@@ -52,16 +65,6 @@ class _SnapshotCollector(Collector):
         return iter(self._exporter.snapshot.families)
 
 
-class _Families(Collector):
-    """The families of a snapshot being built, so it can be rendered before it is published."""
-
-    def __init__(self, families: tuple[Metric, ...]) -> None:
-        self._families = families
-
-    def collect(self) -> Iterator[Metric]:
-        return iter(self._families)
-
-
 class Exporter:
     """Runs a backend on an interval and serves its last result as Prometheus text.
 
@@ -71,6 +74,7 @@ class Exporter:
 
     def __init__(self, backend: Backend, *, hostname: str, interval: float = 30.0,
                  version: str = __version__, stall_after: float | None = None,
+                 fields: Sequence[Field] | None = None, pods: PodSource | None = None,
                  clock: Callable[[], float] = time.time,
                  timer: Callable[[], float] = time.perf_counter,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
@@ -83,6 +87,10 @@ class Exporter:
         #: /healthz fails when no pass has finished for this long (a hung library call)
         self.stall_after = stall_after if stall_after is not None else 3 * interval + 10
         self._clock, self._timer, self._monotonic = clock, timer, monotonic
+        #: the published subset of the vendor's fields (None: the default set)
+        self.fields = tuple(fields) if fields is not None else None
+        self.pods = pods
+        self._pods_ok: bool | None = None
         self._errors_total = 0
         self._last_success: float | None = None
         self._failing: set[int] = set()
@@ -113,8 +121,10 @@ class Exporter:
         if ok:
             self._last_success = self._clock()
         duration = self._timer() - started
-        families = _naming.gpu_families(self.backend.vendor, result.readings, self.hostname,
-                                        result.device_count) if ok else []
+        families = _naming.gpu_families(
+            self.backend.vendor, result.readings, self.hostname, result.device_count,
+            fields=self.fields, pods=self._pod_devices() if ok else None,
+        ) if ok else []
         families.extend(self._health(up=ok, duration=duration))
         snapshot = self._build(tuple(families), self._monotonic(), ok,
                                len({r.index for r in result.readings}), result.failures)
@@ -124,7 +134,7 @@ class Exporter:
     @staticmethod
     def _build(families: tuple[Metric, ...], finished_at: float | None = None,
                ok: bool = False, gpus: int = 0, failures: tuple[Failure, ...] = ()) -> Snapshot:
-        text = generate_latest(_Families(families))
+        text = _naming.render(families)
         return Snapshot(families, text, finished_at, ok, gpus, failures)
 
     def _health(self, *, up: bool, duration: float | None) -> list[Metric]:
@@ -133,6 +143,23 @@ class Exporter:
             duration=duration, version=self.version, backend=self.backend.name,
             hostname=self.hostname,
         ))
+
+    def _pod_devices(self) -> Pods | None:
+        """This pass's pod attribution; a kubelet that fails costs labels, never the pass."""
+        if self.pods is None:
+            return None
+        try:
+            found = self.pods.devices()
+        except Exception as exc:
+            if self._pods_ok is not False:
+                log.warning("pod attribution unavailable, series go out without pod labels: "
+                            "%s", " ".join(str(exc).split()) or type(exc).__name__)
+            self._pods_ok = False
+            return None
+        if self._pods_ok is False:
+            log.info("pod attribution available again")
+        self._pods_ok = True
+        return found
 
     def _log_changes(self, failures: tuple[Failure, ...]) -> None:
         failing = {f.index for f in failures}
@@ -173,7 +200,8 @@ class Exporter:
     def exposition(self) -> bytes:
         """Prometheus text format of the current snapshot; never touches the backend.
 
-        Equal to ``generate_latest(self.registry)``, rendered once per collection.
+        The families ``self.registry`` yields, rendered once per collection by
+        ``_naming.render`` (dcgm-exporter's counter spelling, see there).
         """
         return self._snapshot.text
 

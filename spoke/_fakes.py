@@ -30,6 +30,13 @@ class FakeMigSlice:
     memory_total: int = 9856 * MIB
     memory_used: int = 0
     graphics_util: float = 0.0  # percent, what GPM's GRAPHICS_UTIL metric returns
+    #: other GPM metrics by pynvml id (percent, or MiB/s for PCIe); absent: NOT_SUPPORTED
+    gpm_metrics: dict[int, float] = field(default_factory=dict)
+
+    @property
+    def uuid(self) -> str:
+        """MIG device UUID, what the device plugin hands the kubelet under MIG."""
+        return f"MIG-{self.gi_id:08x}-{self.slot:04x}-5000-8000-000000000000"
 
 
 @dataclass
@@ -46,6 +53,22 @@ class FakeNvmlGpu:
     power_mw: int | None = 70_000
     temp: int | None = 30
     sm_clock: int | None = 1980
+    serial: str | None = "1652823055404"  # None: nvmlDeviceGetSerial NOT_SUPPORTED
+    mem_clock: int | None = 2619  # MHz
+    memory_temp: int | None = 37  # °C, field value NVML_FI_DEV_MEMORY_TEMP
+    energy_mj: int | None = 2_088_017  # nvmlDeviceGetTotalEnergyConsumption, mJ
+    pcie_replays: int | None = 0
+    mem_util: int = 0  # utilization.memory, percent
+    enc_util: int | None = 0
+    dec_util: int | None = 0
+    #: nvmlDeviceGetRemappedRows: (correctable, uncorrectable, pending, failure); None: Ampere-
+    #: less parts answer NOT_SUPPORTED (they retire pages instead)
+    remapped_rows: tuple[int, int, int, int] | None = (0, 0, 0, 0)
+    ecc_dbe: int | None = 0  # volatile double-bit ECC errors; None: ECC off/unsupported
+    ecc_sbe: int | None = 0
+    clocks_event_reasons: int | None = 0  # nvmlClocksEventReason* bitmask
+    #: GPM metrics of the whole GPU by pynvml id (percent, MiB/s for PCIe)
+    gpm_metrics: dict[int, float] = field(default_factory=dict)
     xid_events: bool = True  # supports XID event registration
     gpm: bool = True  # supports GPU performance monitoring (Hopper and later)
     mig: list[FakeMigSlice] | None = None  # None: MIG not supported; a list: MIG enabled
@@ -79,8 +102,30 @@ class _Struct:
 
 @dataclass
 class _GpmSample:
-    value: float | None = None
+    values: dict[int, float] = field(default_factory=dict)
     freed: bool = False
+
+
+@dataclass
+class _Value:
+    """pynvml.c_nvmlValue_t: a union; the field value's valueType says which member is set."""
+
+    dVal: float = 0.0
+    uiVal: int = 0
+    ulVal: int = 0
+    ullVal: int = 0
+    sllVal: int = 0
+    siVal: int = 0
+
+
+@dataclass
+class _FieldValue:
+    """pynvml.c_nvmlFieldValue_t."""
+
+    fieldId: int
+    nvmlReturn: int = 0
+    valueType: int = 0
+    value: _Value = field(default_factory=_Value)
 
 
 @dataclass
@@ -174,7 +219,9 @@ class FakeNvml:
             self._raise(_pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return _Handle(index)
 
-    def nvmlDeviceGetUUID(self, handle: _Handle) -> str:
+    def nvmlDeviceGetUUID(self, handle: _Handle | _MigHandle) -> str:
+        if isinstance(handle, _MigHandle):
+            return self._slice(handle).uuid
         return self._gpu(handle).uuid
 
     def nvmlDeviceGetName(self, handle: _Handle) -> str:
@@ -206,7 +253,7 @@ class FakeNvml:
         gpu = self._gpu(handle)
         if gpu.mig is not None:
             self._raise(_pynvml.NVML_ERROR_NOT_SUPPORTED)  # as NVML does in MIG mode
-        return _Struct({"gpu": self._value(gpu.util), "memory": 0})
+        return _Struct({"gpu": self._value(gpu.util), "memory": gpu.mem_util})
 
     def nvmlDeviceGetPowerUsage(self, handle: _Handle) -> int:
         return self._value(self._gpu(handle).power_mw)
@@ -218,9 +265,54 @@ class FakeNvml:
 
     def nvmlDeviceGetClockInfo(self, handle: _Handle, type: int) -> int:
         gpu = self._gpu(handle)
-        if type != _pynvml.NVML_CLOCK_SM:
+        clocks = {_pynvml.NVML_CLOCK_SM: gpu.sm_clock, _pynvml.NVML_CLOCK_MEM: gpu.mem_clock}
+        return self._value(clocks.get(type))
+
+    def nvmlDeviceGetSerial(self, handle: _Handle) -> str:
+        return self._value(self._gpu(handle).serial)
+
+    def nvmlDeviceGetFieldValues(self, handle: _Handle, fieldIds: list[int]) -> list[_FieldValue]:
+        """Like NVML: the call succeeds, each value carries its own nvmlReturn."""
+        gpu = self._gpu(handle)
+        known = {_pynvml.NVML_FI_DEV_MEMORY_TEMP: gpu.memory_temp}
+        out = []
+        for fid in fieldIds:
+            raw = known.get(fid)
+            if raw is None:
+                out.append(_FieldValue(fid, nvmlReturn=_pynvml.NVML_ERROR_NOT_SUPPORTED))
+            else:
+                out.append(_FieldValue(fid, valueType=_pynvml.NVML_VALUE_TYPE_UNSIGNED_INT,
+                                       value=_Value(uiVal=int(raw))))
+        return out
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: _Handle) -> int:
+        return self._value(self._gpu(handle).energy_mj)
+
+    def nvmlDeviceGetPcieReplayCounter(self, handle: _Handle) -> int:
+        return self._value(self._gpu(handle).pcie_replays)
+
+    def nvmlDeviceGetEncoderUtilization(self, handle: _Handle) -> list[int]:
+        return [self._value(self._gpu(handle).enc_util), 100_000]  # [percent, period µs]
+
+    def nvmlDeviceGetDecoderUtilization(self, handle: _Handle) -> list[int]:
+        return [self._value(self._gpu(handle).dec_util), 100_000]
+
+    def nvmlDeviceGetRemappedRows(self, device: _Handle) -> tuple[int, int, int, int]:
+        return self._value(self._gpu(device).remapped_rows)
+
+    def nvmlDeviceGetTotalEccErrors(self, handle: _Handle, errorType: int,
+                                    counterType: int) -> int:
+        gpu = self._gpu(handle)
+        if counterType != _pynvml.NVML_VOLATILE_ECC:
             self._raise(_pynvml.NVML_ERROR_NOT_SUPPORTED)
-        return self._value(gpu.sm_clock)
+        if errorType == _pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED:
+            return self._value(gpu.ecc_dbe)
+        return self._value(gpu.ecc_sbe)
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: _Handle) -> int:
+        return self._value(self._gpu(handle).clocks_event_reasons)
+
+    nvmlDeviceGetCurrentClocksThrottleReasons = nvmlDeviceGetCurrentClocksEventReasons
 
     # -- MIG ----------------------------------------------------------------------------
     def nvmlDeviceGetMigMode(self, device: _Handle) -> list[int]:
@@ -323,18 +415,26 @@ class FakeNvml:
             self._raise(_pynvml.NVML_ERROR_NOT_SUPPORTED)
         for s in gpu.mig or []:
             if s.gi_id == gpuInstanceId:
-                gpmSample.value = s.graphics_util
+                gpmSample.values = {_pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL: s.graphics_util,
+                                    **s.gpm_metrics}
                 return gpmSample
         self._raise(_pynvml.NVML_ERROR_NOT_FOUND)
         raise AssertionError  # unreachable
+
+    def nvmlGpmSampleGet(self, device: _Handle, gpmSample: _GpmSample) -> _GpmSample:
+        gpu = self._gpu(device)
+        if not gpu.gpm:
+            self._raise(_pynvml.NVML_ERROR_NOT_SUPPORTED)
+        gpmSample.values = dict(gpu.gpm_metrics)
+        return gpmSample
 
     def nvmlGpmMetricsGet(self, metricsGet: _GpmMetricsGet) -> _GpmMetricsGet:
         s1, s2 = metricsGet.sample1, metricsGet.sample2
         if s1 is None or s2 is None or s1.freed or s2.freed:
             self._raise(_pynvml.NVML_ERROR_INVALID_ARGUMENT)
         for m in metricsGet.metrics[: metricsGet.numMetrics]:
-            if m.metricId == _pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL and s2 is not None:
-                m.value, m.nvmlReturn = float(s2.value or 0.0), _pynvml.NVML_SUCCESS
+            if s2 is not None and m.metricId in s2.values:
+                m.value, m.nvmlReturn = float(s2.values[m.metricId]), _pynvml.NVML_SUCCESS
             else:
                 m.nvmlReturn = _pynvml.NVML_ERROR_NOT_SUPPORTED
         return metricsGet
@@ -402,6 +502,9 @@ class FakeAmdGpu:
     edge_temp: int | None = 35
     hotspot_temp: int | None = 40
     temp_scale: int = 1  # 1000: report millidegrees, as some releases did
+    umc_activity: int | str = 0
+    ecc_correctable: int | None = 0  # None: ECC not supported (NOT_SUPPORTED)
+    ecc_uncorrectable: int | None = 0
     lost: bool = False
 
 
@@ -481,7 +584,13 @@ class FakeAmdSmi:
     def amdsmi_get_gpu_activity(self, processor_handle: _AmdHandle) -> dict[str, Any]:
         gpu = self._gpu(processor_handle)
         gfx = "N/A" if gpu.gfx_activity is None else gpu.gfx_activity
-        return {"gfx_activity": gfx, "umc_activity": 0, "mm_activity": "N/A"}
+        return {"gfx_activity": gfx, "umc_activity": gpu.umc_activity, "mm_activity": "N/A"}
+
+    def amdsmi_get_gpu_total_ecc_count(self, processor_handle: _AmdHandle) -> dict[str, Any]:
+        gpu = self._gpu(processor_handle)
+        self._value(gpu.ecc_uncorrectable)
+        return {"correctable_count": gpu.ecc_correctable,
+                "uncorrectable_count": gpu.ecc_uncorrectable, "deferred_count": 0}
 
     def amdsmi_get_gpu_vram_usage(self, processor_handle: _AmdHandle) -> dict[str, Any]:
         gpu = self._gpu(processor_handle)

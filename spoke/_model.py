@@ -11,6 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+#: where the kubelet serves its pod-resources API (the exporter's --kubelet-socket default)
+KUBELET_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+
 
 class LibraryNotFound(Exception):
     """The GPU management library (or its driver) is not on this host.
@@ -50,6 +53,28 @@ class GpuReading:
     sm_clock_mhz: float | None = None
     last_xid: float | None = None
     engine_active_ratio: float | None = None
+    # dcgm-exporter's other default fields (units as DCGM publishes them)
+    mem_clock_mhz: float | None = None
+    memory_temp_c: float | None = None
+    energy_mj: float | None = None  # counter since driver load
+    pcie_replays: float | None = None  # counter
+    mem_copy_util_pct: float | None = None
+    enc_util_pct: float | None = None
+    dec_util_pct: float | None = None
+    remapped_rows_uncorrectable: float | None = None  # counter
+    remapped_rows_correctable: float | None = None  # counter
+    row_remap_failure: float | None = None  # 1 when a row could not be remapped
+    tensor_active_ratio: float | None = None
+    dram_active_ratio: float | None = None
+    pcie_tx_bytes_per_s: float | None = None
+    pcie_rx_bytes_per_s: float | None = None
+    # health beyond the default set: volatile ECC counts and the clocks-event bitmask
+    ecc_dbe_volatile: float | None = None
+    ecc_sbe_volatile: float | None = None
+    clocks_event_reasons: float | None = None
+    #: ids the kubelet's pod-resources API may name this device by (GPU or MIG UUID, AMD
+    #: UUID or PCI address): pod attribution matches on these
+    device_ids: tuple[str, ...] = ()
 
     @property
     def is_slice(self) -> bool:

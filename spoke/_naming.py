@@ -8,10 +8,11 @@ that NVIDIA calls a GPU ``UUID`` and AMD calls it ``gpu_uuid``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from prometheus_client.metrics_core import Metric
+from prometheus_client.utils import floatToGoString
 
 from spoke._model import GpuReading
 
@@ -29,20 +30,59 @@ class Field:
     typ: str = "gauge"
 
 
-# dcgm-exporter's names and HELP texts, in the order its default counters file lists them.
+def _f(name: str, help: str, attr: str, typ: str = "gauge") -> Field:
+    return Field(name, help, lambda r: getattr(r, attr), typ)
+
+
+# dcgm-exporter's default field set (default-counters.csv), in its order, with its HELP texts
+# and types: counters stay counters. NVLINK_BANDWIDTH_TOTAL (no NVML field in nvidia-ml-py;
+# "Not Supported" on single-GPU nodes) and VGPU_LICENSE_STATUS (vGPU guests only) are not
+# read; everything else is left out only where the device does not answer.
 DCGM_FIELDS: tuple[Field, ...] = (
-    Field("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", lambda r: r.sm_clock_mhz),
-    Field("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", lambda r: r.temp_c),
-    Field("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", lambda r: r.power_w),
-    Field("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", lambda r: r.util_pct),
-    Field("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", lambda r: r.mem_free_mib),
-    Field("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", lambda r: r.mem_used_mib),
-    Field("DCGM_FI_DEV_FB_RESERVED", "Framebuffer memory reserved (in MiB).",
-          lambda r: r.mem_reserved_mib),
-    Field("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.",
-          lambda r: r.last_xid),
-    Field("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "Ratio of time the graphics engine is active.",
-          lambda r: r.engine_active_ratio),
+    _f("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", "sm_clock_mhz"),
+    _f("DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz).", "mem_clock_mhz"),
+    _f("DCGM_FI_DEV_MEMORY_TEMP", "Memory temperature (in C).", "memory_temp_c"),
+    _f("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", "temp_c"),
+    _f("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", "power_w"),
+    _f("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+       "Total energy consumption since boot (in mJ).", "energy_mj", "counter"),
+    _f("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "Total number of PCIe retries.", "pcie_replays",
+       "counter"),
+    _f("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", "util_pct"),
+    _f("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).", "mem_copy_util_pct"),
+    _f("DCGM_FI_DEV_ENC_UTIL", "Encoder utilization (in %).", "enc_util_pct"),
+    _f("DCGM_FI_DEV_DEC_UTIL", "Decoder utilization (in %).", "dec_util_pct"),
+    _f("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", "last_xid"),
+    _f("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", "mem_free_mib"),
+    _f("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", "mem_used_mib"),
+    _f("DCGM_FI_DEV_FB_RESERVED", "Framebuffer memory reserved (in MiB).", "mem_reserved_mib"),
+    _f("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+       "Number of remapped rows for uncorrectable errors", "remapped_rows_uncorrectable",
+       "counter"),
+    _f("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+       "Number of remapped rows for correctable errors", "remapped_rows_correctable",
+       "counter"),
+    _f("DCGM_FI_DEV_ROW_REMAP_FAILURE", "Whether remapping of rows has failed",
+       "row_remap_failure"),
+    _f("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "Ratio of time the graphics engine is active.",
+       "engine_active_ratio"),
+    _f("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+       "Ratio of cycles the tensor (HMMA) pipe is active.", "tensor_active_ratio"),
+    _f("DCGM_FI_PROF_DRAM_ACTIVE", "Ratio of cycles the device memory interface is active "
+       "sending or receiving data.", "dram_active_ratio"),
+    _f("DCGM_FI_PROF_PCIE_TX_BYTES", "The rate of data transmitted over the PCIe bus - "
+       "including both protocol headers and data payloads - in bytes per second.",
+       "pcie_tx_bytes_per_s"),
+    _f("DCGM_FI_PROF_PCIE_RX_BYTES", "The rate of data received over the PCIe bus - "
+       "including both protocol headers and data payloads - in bytes per second.",
+       "pcie_rx_bytes_per_s"),
+    # Opt-in upstream, on by default here: the GPU health the hub's inventory reads.
+    _f("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "Total number of double-bit volatile ECC errors.",
+       "ecc_dbe_volatile", "counter"),
+    _f("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "Total number of single-bit volatile ECC errors.",
+       "ecc_sbe_volatile", "counter"),
+    _f("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "Current clock throttle reasons.",
+       "clocks_event_reasons"),
 )
 
 # device-metrics-exporter's names. Its HELP texts vary between releases; the hub never reads
@@ -56,6 +96,9 @@ AMD_FIELDS: tuple[Field, ...] = (
     Field("gpu_edge_temperature", "Edge temperature (in C).", lambda r: r.temp_c),
     Field("gpu_junction_temperature", "Junction (hotspot) temperature (in C).",
           lambda r: r.junction_temp_c),
+    _f("gpu_umc_activity", "Memory controller (UMC) activity (in %).", "mem_copy_util_pct"),
+    _f("gpu_ecc_correct_total", "Correctable ECC errors.", "ecc_sbe_volatile"),
+    _f("gpu_ecc_uncorrect_total", "Uncorrectable ECC errors.", "ecc_dbe_volatile"),
 )
 AMD_NODES_TOTAL = Field("gpu_nodes_total", "Number of GPUs on the node.", lambda r: None)
 
@@ -70,8 +113,15 @@ BUILD_INFO = "gpufleet_exporter_build_info"
 HEALTH_NODE_LABEL = "hostname"
 
 
-def nvidia_labels(r: GpuReading, hostname: str) -> dict[str, str]:
-    """dcgm-exporter's label set and order; MIG labels only on slices, as upstream."""
+#: pod attribution of one device: (namespace, pod, container)
+PodRef = tuple[str, str, str]
+POD_LABELS = ("container", "namespace", "pod")
+
+
+def nvidia_labels(r: GpuReading, hostname: str, pod: PodRef | None = None) -> dict[str, str]:
+    """dcgm-exporter's label set and order; MIG labels only on slices, pod labels only on an
+    allocated device, as upstream. ``serial`` is ours (dcgm-exporter has no such label): it
+    carries nvmlDeviceGetSerial into the inventory, where the device answers."""
     labels = {
         "gpu": str(r.index),
         "UUID": r.uuid,
@@ -84,12 +134,16 @@ def nvidia_labels(r: GpuReading, hostname: str) -> dict[str, str]:
         labels["GPU_I_ID"] = str(r.mig_instance)
     labels["Hostname"] = hostname
     labels["DCGM_FI_DRIVER_VERSION"] = r.driver_version
+    if r.serial:
+        labels["serial"] = r.serial
+    if pod is not None:
+        labels.update(zip(POD_LABELS, (pod[2], pod[0], pod[1]), strict=True))
     return labels
 
 
-def amd_labels(r: GpuReading, hostname: str) -> dict[str, str]:
+def amd_labels(r: GpuReading, hostname: str, pod: PodRef | None = None) -> dict[str, str]:
     """device-metrics-exporter's labels (client_golang prints them sorted, so do we)."""
-    return {
+    labels = {
         "card_model": r.board_model,
         "card_series": r.model,
         "driver_version": r.driver_version,
@@ -98,16 +152,32 @@ def amd_labels(r: GpuReading, hostname: str) -> dict[str, str]:
         "hostname": hostname,
         "serial_number": r.serial,
     }
+    if pod is not None:
+        labels.update(zip(POD_LABELS, (pod[2], pod[0], pod[1]), strict=True))
+    return dict(sorted(labels.items()))
+
+
+#: Which pods use which device: device id (GPU/MIG UUID, AMD UUID or PCI address) -> pods.
+Pods = Mapping[str, Sequence[PodRef]]
+
+
+def _pods_of(r: GpuReading, pods: Pods | None) -> list[PodRef | None]:
+    """One label set per pod using the device (time-slicing shares it), or one without."""
+    if pods:
+        found = sorted({p for dev in r.device_ids for p in pods.get(dev, ())})
+        if found:
+            return list(found)
+    return [None]
 
 
 def _families(fields: Sequence[Field], readings: Sequence[GpuReading],
-              labels: Callable[[GpuReading, str], dict[str, str]],
-              hostname: str) -> list[Metric]:
-    label_sets = [labels(r, hostname) for r in readings]
+              labels: Callable[[GpuReading, str, PodRef | None], dict[str, str]],
+              hostname: str, pods: Pods | None) -> list[Metric]:
+    label_sets = [(r, labels(r, hostname, pod)) for r in readings for pod in _pods_of(r, pods)]
     out: list[Metric] = []
     for f in fields:
         metric = Metric(f.name, f.help, f.typ)
-        for r, lbl in zip(readings, label_sets, strict=True):
+        for r, lbl in label_sets:
             value = f.value(r)
             if value is not None:
                 metric.add_sample(f.name, lbl, float(value))
@@ -117,13 +187,49 @@ def _families(fields: Sequence[Field], readings: Sequence[GpuReading],
     return out
 
 
-def gpu_families(vendor: str, readings: Sequence[GpuReading], hostname: str,
-                 device_count: int) -> list[Metric]:
-    """Metric families of one collection, named the way the vendor's own exporter names them."""
+def fields_of(vendor: str) -> tuple[Field, ...]:
     if vendor == NVIDIA:
-        return _families(DCGM_FIELDS, readings, nvidia_labels, hostname)
+        return DCGM_FIELDS
     if vendor == AMD:
-        out = _families(AMD_FIELDS, readings, amd_labels, hostname)
+        return AMD_FIELDS
+    raise ValueError(f"unknown vendor {vendor!r}")
+
+
+def select_fields(vendor: str, names: Iterable[str] | None) -> tuple[Field, ...]:
+    """The ``--fields`` subset (in the default order); ValueError naming an unknown field.
+
+    dcgm names may be given without their ``DCGM_FI_`` prefix (``DEV_GPU_UTIL``), AMD names
+    with or without ``amd_``.
+    """
+    fields = fields_of(vendor)
+    if names is None:
+        return fields
+    by_name = {f.name: f for f in fields}
+    wanted: set[str] = set()
+    for raw in names:
+        name = raw.strip()
+        if not name:
+            continue
+        full = next((c for c in (name, "DCGM_FI_" + name, name.removeprefix("amd_"))
+                     if c in by_name), None)
+        if full is None:
+            raise ValueError(f"unknown {vendor} field {name!r} (known: "
+                             f"{', '.join(by_name)})")
+        wanted.add(full)
+    if not wanted:
+        raise ValueError("--fields selects no field")
+    return tuple(f for f in fields if f.name in wanted)
+
+
+def gpu_families(vendor: str, readings: Sequence[GpuReading], hostname: str,
+                 device_count: int, *, fields: Sequence[Field] | None = None,
+                 pods: Pods | None = None) -> list[Metric]:
+    """Metric families of one collection, named the way the vendor's own exporter names them."""
+    chosen = fields_of(vendor) if fields is None else fields
+    if vendor == NVIDIA:
+        return _families(chosen, readings, nvidia_labels, hostname, pods)
+    if vendor == AMD:
+        out = _families(chosen, readings, amd_labels, hostname, pods)
         nodes = Metric(AMD_NODES_TOTAL.name, AMD_NODES_TOTAL.help, "gauge")
         nodes.add_sample(AMD_NODES_TOTAL.name, {"hostname": hostname}, float(device_count))
         out.append(nodes)
@@ -154,3 +260,28 @@ def health_families(*, up: bool, errors_total: int, last_success: float | None,
     m = Metric(BUILD_INFO, "gpufleet exporter build and GPU backend in use.", "gauge")
     m.add_sample(BUILD_INFO, {"version": version, "backend": backend}, 1.0)
     yield m
+
+
+def _escape_label(value: str) -> str:
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r'\"')
+
+
+def render(families: Iterable[Metric]) -> bytes:
+    """Prometheus text format 0.0.4, as dcgm-exporter writes it.
+
+    prometheus_client's writer renames every counter family to ``<name>_total`` in its HELP
+    and TYPE lines; dcgm-exporter's counters (TOTAL_ENERGY_CONSUMPTION, PCIE_REPLAY_COUNTER,
+    remapped rows, ECC) have no ``_total`` and their TYPE line names the series itself. So a
+    family's HELP/TYPE name here is the name its samples carry.
+    """
+    out: list[str] = []
+    for family in families:
+        name = family.samples[0].name if family.samples else family.name
+        help_text = family.documentation.replace("\\", r"\\").replace("\n", r"\n")
+        out.append(f"# HELP {name} {help_text}\n# TYPE {name} {family.type}\n")
+        for sample in family.samples:
+            labels = ",".join(f'{k}="{_escape_label(v)}"'
+                              for k, v in sorted(sample.labels.items()))
+            body = f"{{{labels}}}" if labels else ""
+            out.append(f"{sample.name}{body} {floatToGoString(sample.value)}\n")
+    return "".join(out).encode()

@@ -18,6 +18,18 @@ log = logging.getLogger(__name__)
 _MIB = 1024 * 1024
 _MAX_EVENTS_PER_PASS = 256  # bounds the drain so a storm of XIDs cannot stall a collection
 
+#: GPM metric -> GpuReading field and the factor into DCGM's unit (percent -> ratio, MiB/s ->
+#: bytes/s), in the order dcgm-exporter's default counters list the PROF fields
+_GPM_METRICS = (
+    ("NVML_GPM_METRIC_GRAPHICS_UTIL", "engine_active_ratio", 0.01),
+    ("NVML_GPM_METRIC_ANY_TENSOR_UTIL", "tensor_active_ratio", 0.01),
+    ("NVML_GPM_METRIC_DRAM_BW_UTIL", "dram_active_ratio", 0.01),
+    ("NVML_GPM_METRIC_PCIE_TX_PER_SEC", "pcie_tx_bytes_per_s", float(_MIB)),
+    ("NVML_GPM_METRIC_PCIE_RX_PER_SEC", "pcie_rx_bytes_per_s", float(_MIB)),
+)
+#: nvmlValueType_t -> member of the nvmlValue_t union that holds the number
+_VALUE_MEMBERS = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal"}
+
 
 def load_nvml() -> Any:
     """Import pynvml (from nvidia-ml-py). The shared library itself loads in ``nvmlInit``."""
@@ -106,13 +118,18 @@ class NvmlBackend:
         used, free, reserved, total = self._memory(handle)
         util = self._opt(n.nvmlDeviceGetUtilizationRates, handle)
         power_mw = self._opt(n.nvmlDeviceGetPowerUsage, handle)
+        rows = self._opt(n.nvmlDeviceGetRemappedRows, handle)  # (corr, unc, pending, failed)
+        serial = self._opt(n.nvmlDeviceGetSerial, handle)
+        gpm = self._gpm(handle, uuid, None, seen_slices)
         gpu = GpuReading(
             index=index,
             uuid=uuid,
             model=str(n.nvmlDeviceGetName(handle)),
             driver_version=self._driver,
             pci_bus_id=str(pci.busId) if pci is not None else "",
+            serial=str(serial) if serial else "",
             util_pct=float(util.gpu) if util is not None else None,
+            mem_copy_util_pct=float(util.memory) if util is not None else None,
             mem_used_mib=used,
             mem_free_mib=free,
             mem_reserved_mib=reserved,
@@ -120,7 +137,25 @@ class NvmlBackend:
             power_w=power_mw / 1000.0 if power_mw is not None else None,
             temp_c=self._opt(n.nvmlDeviceGetTemperature, handle, n.NVML_TEMPERATURE_GPU),
             sm_clock_mhz=self._opt(n.nvmlDeviceGetClockInfo, handle, n.NVML_CLOCK_SM),
+            mem_clock_mhz=self._opt(n.nvmlDeviceGetClockInfo, handle, n.NVML_CLOCK_MEM),
+            memory_temp_c=self._field(handle, n.NVML_FI_DEV_MEMORY_TEMP),
+            energy_mj=self._opt(n.nvmlDeviceGetTotalEnergyConsumption, handle),
+            pcie_replays=self._opt(n.nvmlDeviceGetPcieReplayCounter, handle),
+            enc_util_pct=self._first(n.nvmlDeviceGetEncoderUtilization, handle),
+            dec_util_pct=self._first(n.nvmlDeviceGetDecoderUtilization, handle),
+            remapped_rows_correctable=rows[0] if rows is not None else None,
+            remapped_rows_uncorrectable=rows[1] if rows is not None else None,
+            row_remap_failure=rows[3] if rows is not None else None,
+            ecc_dbe_volatile=self._opt(n.nvmlDeviceGetTotalEccErrors, handle,
+                                       n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                                       n.NVML_VOLATILE_ECC),
+            ecc_sbe_volatile=self._opt(n.nvmlDeviceGetTotalEccErrors, handle,
+                                       n.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+                                       n.NVML_VOLATILE_ECC),
+            clocks_event_reasons=self._clocks_event_reasons(handle),
             last_xid=self._xid(handle, uuid),
+            device_ids=(uuid,),
+            **gpm,
         )
         mode = self._opt(n.nvmlDeviceGetMigMode, handle)
         if mode is None or mode[0] != n.NVML_DEVICE_MIG_ENABLE:
@@ -132,23 +167,21 @@ class NvmlBackend:
         """MIG slices carry the parent's index and UUID, as dcgm-exporter's do."""
         n = self._nvml
         slices: list[GpuReading] = []
-        gpm = self._gpm_supported(handle, gpu.uuid)
         for slot in range(n.nvmlDeviceGetMaxMigDeviceCount(handle)):
             mig = self._opt(n.nvmlDeviceGetMigDeviceHandleByIndex, handle, slot)
             if mig is None:
                 continue  # empty slot
             gi_id = int(n.nvmlDeviceGetGpuInstanceId(mig))
             used, free, _reserved, total = self._memory(mig)
-            active = None
-            if gpm:
-                seen_slices.add((gpu.uuid, gi_id))
-                active = self._engine_active(handle, gpu.uuid, gi_id)
+            mig_uuid = self._opt(n.nvmlDeviceGetUUID, mig)
             slices.append(GpuReading(
                 index=gpu.index, uuid=gpu.uuid, model=gpu.model,
                 driver_version=gpu.driver_version, pci_bus_id=gpu.pci_bus_id,
+                serial=gpu.serial,
                 mig_profile=self._profile_name(handle, mig, gi_id), mig_instance=gi_id,
                 mem_used_mib=used, mem_free_mib=free, mem_total_mib=total,
-                engine_active_ratio=active,
+                device_ids=(str(mig_uuid),) if mig_uuid else (),
+                **self._gpm(handle, gpu.uuid, gi_id, seen_slices),
             ))
         return slices
 
@@ -200,6 +233,27 @@ class NvmlBackend:
         attrs = n.nvmlDeviceGetAttributes(mig)
         return f"{attrs.gpuInstanceSliceCount}g.{math.ceil(attrs.memorySizeMB / 1024)}gb"
 
+    def _field(self, handle: Any, field_id: int) -> float | None:
+        """One NVML field value (nvmlDeviceGetFieldValues), None where it is not supported."""
+        values = self._opt(self._nvml.nvmlDeviceGetFieldValues, handle, [field_id])
+        if not values or values[0].nvmlReturn != self._nvml.NVML_SUCCESS:
+            return None
+        v = values[0]
+        member = _VALUE_MEMBERS.get(int(v.valueType))
+        return float(getattr(v.value, member)) if member else None
+
+    def _first(self, fn: Any, handle: Any) -> float | None:
+        """Encoder/decoder utilisation come back as [percent, sampling period in µs]."""
+        answer = self._opt(fn, handle)
+        return float(answer[0]) if answer is not None else None
+
+    def _clocks_event_reasons(self, handle: Any) -> float | None:
+        n = self._nvml
+        fn = getattr(n, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
+            n, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
+        value = self._opt(fn, handle) if fn is not None else None
+        return float(value) if value is not None else None
+
     def _gpm_supported(self, handle: Any, uuid: str) -> bool:
         if uuid not in self._gpm_support:
             query = getattr(self._nvml, "nvmlGpmQueryDeviceSupport", None)
@@ -207,37 +261,51 @@ class NvmlBackend:
             self._gpm_support[uuid] = bool(support is not None and support.isSupportedDevice)
         return self._gpm_support[uuid]
 
-    def _engine_active(self, parent: Any, uuid: str, gi_id: int) -> float | None:
-        """DCGM_FI_PROF_GR_ENGINE_ACTIVE of a slice from two GPM samples, one pass apart.
+    def _gpm(self, parent: Any, uuid: str, gi_id: int | None,
+             seen: set[tuple[str, int]]) -> dict[str, float]:
+        """DCGM_FI_PROF_* of a GPU or slice from two GPM samples, one pass apart.
 
         GPM metrics are rates between two samples, so the first pass after start (or after
-        a slice appears) has no value yet; the series shows up one interval later.
+        a slice appears) has no value yet; the series show up one interval later. Taking one
+        sample per pass (never sampling twice with a sleep between) keeps a pass cheap; a
+        metric the device does not answer is left out.
         """
         n = self._nvml
+        if not self._gpm_supported(parent, uuid):
+            return {}
+        key = (uuid, -1 if gi_id is None else gi_id)
+        seen.add(key)
         sample = n.nvmlGpmSampleAlloc()
         try:
-            n.nvmlGpmMigSampleGet(parent, gi_id, sample)
+            if gi_id is None:
+                n.nvmlGpmSampleGet(parent, sample)
+            else:
+                n.nvmlGpmMigSampleGet(parent, gi_id, sample)
         except n.NVMLError as exc:
             self._quiet(n.nvmlGpmSampleFree, sample)
             if exc.value in self._absent:
-                return None
+                return {}
             raise
-        previous = self._gpm_samples.get((uuid, gi_id))
-        self._gpm_samples[(uuid, gi_id)] = sample
+        previous = self._gpm_samples.get(key)
+        self._gpm_samples[key] = sample
         if previous is None:
-            return None
+            return {}
         try:
             request = n.c_nvmlGpmMetricsGet_t()
             request.version = n.NVML_GPM_METRICS_GET_VERSION
-            request.numMetrics = 1
+            request.numMetrics = len(_GPM_METRICS)
             request.sample1 = previous
             request.sample2 = sample
-            request.metrics[0].metricId = n.NVML_GPM_METRIC_GRAPHICS_UTIL
+            for i, (metric_name, _, _) in enumerate(_GPM_METRICS):
+                request.metrics[i].metricId = getattr(n, metric_name)
             self._opt(n.nvmlGpmMetricsGet, request)
-            metric = request.metrics[0]
-            if metric.nvmlReturn != n.NVML_SUCCESS:
-                return None
-            return round(min(1.0, max(0.0, float(metric.value) / 100.0)), 6)  # % -> ratio
+            out: dict[str, float] = {}
+            for i, (_, attr, scale) in enumerate(_GPM_METRICS):
+                metric = request.metrics[i]
+                if metric.nvmlReturn == n.NVML_SUCCESS:
+                    value = float(metric.value) * scale
+                    out[attr] = round(min(1.0, max(0.0, value)), 6) if scale < 1 else value
+            return out
         finally:
             self._quiet(n.nvmlGpmSampleFree, previous)
 

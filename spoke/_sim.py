@@ -13,7 +13,7 @@ import hashlib
 import math
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from spoke._amdsmi import AmdSmiBackend
@@ -59,6 +59,30 @@ def parse_mig(spec: str | None) -> list[str]:
     return profiles
 
 
+@dataclass(frozen=True)
+class Fault:
+    """A fault injected into one simulated GPU: ``INDEX:xid=79``, ``INDEX:ecc_dbe=N``,
+    ``INDEX:remap_failure``. Lets the demo and the tests show unhealthy GPUs end to end."""
+
+    index: int
+    kind: str  # "xid" | "ecc_dbe" | "remap_failure"
+    value: int = 1
+
+
+_FAULT = re.compile(r"^(\d+):(xid|ecc_dbe)=(\d+)$|^(\d+):(remap_failure)$")
+
+
+def parse_fault(spec: str) -> Fault:
+    """``"3:xid=79"`` → Fault(3, "xid", 79); ValueError naming the bad spec."""
+    m = _FAULT.match(spec.strip())
+    if not m:
+        raise ValueError(f"invalid --sim-fault {spec!r} (use INDEX:xid=N, INDEX:ecc_dbe=N or "
+                         "INDEX:remap_failure)")
+    if m.group(1) is not None:
+        return Fault(int(m.group(1)), m.group(2), int(m.group(3)))
+    return Fault(int(m.group(4)), m.group(5))
+
+
 def _profile_gb(profile: str) -> int:
     """Memory of a MIG profile in GB ("3g.40gb" → 40); NVML's slices are a little smaller."""
     return int(profile.split(".", 1)[1].split("gb", 1)[0])
@@ -85,6 +109,7 @@ class SimBackend:
 
     def __init__(self, *, vendor: str = "nvidia", gpus: int = 8, model: str | None = None,
                  mig: str | None = None, seed: int = 0, node: str = "sim-node",
+                 faults: Sequence[Fault] = (),
                  clock: Callable[[], float] = time.time) -> None:
         if vendor not in DEFAULT_MODEL:
             raise ValueError(f"unknown simulated vendor {vendor!r} (use nvidia or amd)")
@@ -100,6 +125,13 @@ class SimBackend:
         self._clock = clock
         self._digests = [_digest(seed, node, i) for i in range(gpus)]
         self._phases = [int(d[40:48], 16) / 0xFFFFFFFF * 2 * math.pi for d in self._digests]
+        for f in faults:
+            if not 0 <= f.index < gpus:
+                raise ValueError(f"--sim-fault names GPU {f.index}; the node has GPUs 0-{gpus - 1}")
+            if vendor == "amd" and f.kind != "ecc_dbe":
+                raise ValueError(f"--sim-fault {f.kind} exists only on NVIDIA GPUs "
+                                 "(AMD: ecc_dbe)")
+        self.faults = tuple(faults)
         self.nvml: FakeNvml | None = None
         self.amdsmi: FakeAmdSmi | None = None
         if vendor == "nvidia":
@@ -155,6 +187,26 @@ class SimBackend:
 
     def open(self) -> None:
         self._inner.open()
+        if self.faults:
+            self._inject()
+
+    def _inject(self) -> None:
+        """Faults as the library would show them: counters and flags set, XIDs queued as
+        events (after one pass, so the backend has registered for them)."""
+        if self.nvml is not None:
+            self._inner.collect()
+        for f in self.faults:
+            if self.nvml is not None:
+                gpu = self.nvml.gpus[f.index]
+                if f.kind == "xid":
+                    self.nvml.inject_xid(f.index, f.value)
+                elif f.kind == "ecc_dbe":
+                    gpu.ecc_dbe = f.value
+                else:
+                    c, u, pending, _ = gpu.remapped_rows or (0, 0, 0, 0)
+                    gpu.remapped_rows = (c, u, pending, 1)
+            elif self.amdsmi is not None:
+                self.amdsmi.gpus[f.index].ecc_uncorrectable = f.value
 
     def collect(self) -> Collection:
         self._animate(self._clock())

@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import logging
+import os
 import socket
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from hub.common import DURATION, ConfiguredCommand, InputError, UnavailableError, env, on_sigterm
 from spoke._exporter import Exporter
 from spoke._http import DEFAULT_PORT, MetricsServer, parse_listen
-from spoke._model import Backend, LibraryNotFound
+from spoke._model import KUBELET_SOCKET, Backend, LibraryNotFound
+from spoke._naming import select_fields
 from spoke._select import LOADERS, open_backend
-from spoke._sim import SimBackend
+from spoke._sim import SimBackend, parse_fault
+
+if TYPE_CHECKING:
+    from spoke._podresources import KubeletPods
 
 
 class _Terminated(Exception):
@@ -22,6 +27,20 @@ class _Terminated(Exception):
 
 def _raise_terminated(signum: int, frame: Any) -> None:
     raise _Terminated
+
+
+def _pod_source(path: str, timeout: float) -> KubeletPods | None:
+    """The kubelet client, imported only when its socket is there (grpcio stays unloaded)."""
+    if not path:
+        logging.getLogger("spoke.exporter").info("pod attribution off (--kubelet-socket '')")
+        return None
+    if not os.path.exists(path):
+        logging.getLogger("spoke.exporter").info(
+            "pod attribution off: kubelet pod-resources socket %s not found", path)
+        return None
+    from spoke._podresources import KubeletPods
+
+    return KubeletPods(path, timeout)
 
 
 def _listen_address(listen: str | None, port: int | None) -> tuple[str, int]:
@@ -61,21 +80,39 @@ def _listen_address(listen: str | None, port: int | None) -> tuple[str, int]:
                    "e.g. 3g.40gb,2g.20gb,1g.10gb.")
 @click.option("--sim-seed", type=int, default=0, show_default=True, envvar=env("sim-seed"),
               help="Seed of the simulated UUIDs, serials and load curves.")
+@click.option("--sim-fault", "sim_faults", multiple=True, metavar="INDEX:FAULT",
+              help="Inject a fault into simulated GPU INDEX: xid=N, ecc_dbe=N or "
+                   "remap_failure (repeatable), e.g. --sim-fault 3:xid=79.")
+@click.option("--fields", envvar=env("fields"), metavar="NAME,...",
+              help="Publish only these fields (dcgm names with or without DCGM_FI_, AMD names) "
+                   "[default: dcgm-exporter's / device-metrics-exporter's default set plus "
+                   "the health fields the hub reads].")
+@click.option("--kubelet-socket", envvar=env("kubelet-socket"), default=KUBELET_SOCKET,
+              show_default=True, metavar="PATH",
+              help="Kubelet pod-resources socket for pod/namespace/container labels; off "
+                   "when absent (logged once) or set to ''.")
+@click.option("--kubelet-timeout", type=DURATION, default="1s", show_default=True,
+              envvar=env("kubelet-timeout"), metavar="DURATION",
+              help="Longest wait for the kubelet per collection (then no pod labels that pass).")
 @click.pass_context
 def exporter(ctx: click.Context, backend: str, listen: str | None, port: int | None,
              interval: float, node_name: str | None, sim_gpus: int, sim_vendor: str,
              sim_model: str | None, sim_mig: str | None, sim_seed: int,
-             **_: Any) -> None:
+             sim_faults: tuple[str, ...], fields: str | None, kubelet_socket: str,
+             kubelet_timeout: float, **_: Any) -> None:
     """Serve GPU metrics with dcgm-exporter's or AMD device-metrics-exporter's names.
 
     For nodes that cannot run the vendor exporters: the hub reads this output exactly like
     theirs. GPUs are read every --interval in the background; a scrape returns the last
-    reading and never waits on the GPU library. Pod attribution (pod/namespace labels) is not
-    provided. Exit 3 when no GPU library is found.
+    reading and never waits on the GPU library or the kubelet. With the kubelet's
+    pod-resources socket mounted, each allocated GPU's series carry pod, namespace and
+    container. Exit 3 when no GPU library is found.
     """
     host, bind_port = _listen_address(listen, port)
     if interval <= 0:
         raise InputError("--interval must be greater than 0")
+    if kubelet_timeout <= 0:
+        raise InputError("--kubelet-timeout must be greater than 0")
     hostname = node_name or socket.gethostname()
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -83,8 +120,9 @@ def exporter(ctx: click.Context, backend: str, listen: str | None, port: int | N
     gpu: Backend
     if backend == "sim":
         try:
+            faults = [parse_fault(f) for f in sim_faults]
             gpu = SimBackend(vendor=sim_vendor, gpus=sim_gpus, model=sim_model, mig=sim_mig,
-                             seed=sim_seed, node=hostname)
+                             seed=sim_seed, node=hostname, faults=faults)
         except ValueError as exc:
             raise InputError(str(exc)) from None
         gpu.open()
@@ -95,8 +133,14 @@ def exporter(ctx: click.Context, backend: str, listen: str | None, port: int | N
         except LibraryNotFound as exc:
             raise UnavailableError(str(exc)) from None
 
+    pods: KubeletPods | None = None
     try:
-        exp = Exporter(gpu, hostname=hostname, interval=interval)
+        try:
+            chosen = select_fields(gpu.vendor, fields.split(",") if fields else None)
+        except ValueError as exc:
+            raise InputError(str(exc)) from None
+        pods = _pod_source(kubelet_socket, kubelet_timeout)
+        exp = Exporter(gpu, hostname=hostname, interval=interval, fields=chosen, pods=pods)
         try:
             server = MetricsServer(exp, host, bind_port)
         except OSError as exc:
@@ -116,4 +160,6 @@ def exporter(ctx: click.Context, backend: str, listen: str | None, port: int | N
             exp.stop()
             server.server_close()
     finally:
+        if pods is not None:
+            pods.close()
         gpu.close()

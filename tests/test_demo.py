@@ -24,6 +24,9 @@ def test_plan_mixes_vendors_has_one_mig_node_and_one_mismatch():
     assert [n.name for n in p.nodes if n.mig] == ["prod-east-gpu-01"]
     off = [n for n in p.nodes if n.gpus != n.advertised]
     assert len(off) == 1 and off[0].advertised - off[0].gpus == 1
+    faulty = [n for n in p.nodes if n.faults]
+    assert len(faulty) == 1 and faulty[0].faults == ("6:xid=79",)  # its last GPU
+    assert faulty[0].vendor == "nvidia" and faulty[0].cluster != p.silent
 
 
 def test_node_list_is_what_kubectl_get_nodes_prints():
@@ -76,6 +79,9 @@ def test_demo_runs_end_to_end_twice_and_leaves_nothing_running(tmp_path):
     clusters = {c["cluster"]: c for c in gpufleet_json("inventory", "clusters", "--db", db)}
     assert clusters["prod-west"]["state"] == "stale"
     assert clusters["prod-east"]["state"] == "active" and clusters["prod-east"]["gpus"] == 3
+    failed = [g for g in gpufleet_json("inventory", "gpus", "--db", db)
+              if g["health"] == "failed"]
+    assert [(g["health_reasons"], g["node"]) for g in failed] == [("xid 79", "prod-east-gpu-02")]
 
 
 def test_ctrl_c_stops_every_process(tmp_path):

@@ -71,7 +71,7 @@ def test_nvml_names_units_and_labels():
         "gpu": "0", "UUID": "GPU-00000000-0000-0000-0000-000000000000",
         "pci_bus_id": "00000000:18:00.0", "device": "nvidia0",
         "modelName": "NVIDIA H100 80GB HBM3", "Hostname": "node-1",
-        "DCGM_FI_DRIVER_VERSION": "580.105.08",
+        "DCGM_FI_DRIVER_VERSION": "580.105.08", "serial": "1652823055404",
     }
     assert values(s, "gpufleet_exporter_up") == [1]
     assert values(s, "gpufleet_exporter_collect_errors_total") == [0]
@@ -168,7 +168,7 @@ def test_nvml_mig_slices_carry_parent_identity_and_profile():
     s = scrape(exp)
     assert values(s, "DCGM_FI_PROF_GR_ENGINE_ACTIVE", GPU_I_ID="1") == [0.625]
     assert values(s, "DCGM_FI_PROF_GR_ENGINE_ACTIVE", GPU_I_ID="9") == [0.0]
-    assert fake.gpm_live == 2  # one kept sample per slice, older ones freed
+    assert fake.gpm_live == 4  # one kept sample per GPU and per slice, older ones freed
 
 
 def test_nvml_mig_profile_derived_when_instance_lookup_is_not_permitted():
@@ -189,10 +189,10 @@ def test_nvml_slice_freed_when_mig_layout_changes():
     fake, exp = nvml_exporter([mig_gpu(0)])
     exp.collect_once()
     exp.collect_once()
-    assert fake.gpm_live == 2
+    assert fake.gpm_live == 3  # the GPU and its two slices
     fake.gpus[0].mig = fake.gpus[0].mig[:1]
     exp.collect_once()
-    assert fake.gpm_live == 1
+    assert fake.gpm_live == 2
     exp.backend.close()
     assert fake.gpm_live == 0 and fake.initialised == 0
 

@@ -127,7 +127,7 @@ def test_cluster_label_is_configurable():
 
 def test_request_set_is_fixed_and_names_every_vendor():
     queries = vendors.sync_queries("10m", "1m", "cluster")
-    assert len(queries) == 17  # 2 + 7 fields for NVIDIA, 2 + 6 fields for AMD
+    assert len(queries) == 23  # 2 + 7 values + 4 health for NVIDIA, 2 + 6 + 2 for AMD
     assert {(q.vendor, q.kind) for q in queries} == {
         (v, k) for v in ("nvidia", "amd") for k in ("identity", "timestamp", "values")}
     assert all("by (cluster," in q.promql for q in queries)

@@ -256,18 +256,24 @@ def test_nvidia_exporter_reaches_gpus_through_the_runtime_not_privileges():
     pod = one(files, "DaemonSet")["spec"]["template"]["spec"]
     env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
     assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
-    assert not [v for v in pod["volumes"] if "hostPath" in v]
+    # the only host path: the kubelet's pod-resources directory, read-only (pod attribution)
+    assert [v["hostPath"] for v in pod["volumes"] if "hostPath" in v] == [
+        {"path": "/var/lib/kubelet/pod-resources", "type": "Directory"}]
+    [mount] = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "pod-resources"]
+    assert mount == {"name": "pod-resources", "mountPath": "/var/lib/kubelet/pod-resources",
+                     "readOnly": True}
     assert "runtimeClassName: nvidia" in files["exporter-daemonset.yaml"]  # explained, optional
     assert "nvidia.com/gpu" not in str(pod["containers"][0]["resources"])  # takes no GPU
     namespace = one(files, "Namespace")
-    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    # hostPath (the pod-resources socket) is beyond "restricted" and "baseline"
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
 
 
 def test_amd_exporter_exceptions_are_minimal_and_explained():
     files = render.render_spoke(values(vendor="amd", exporter="builtin"))
     pod = one(files, "DaemonSet")["spec"]["template"]["spec"]
     host_paths = sorted(v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v)
-    assert host_paths == ["/dev/dri", "/dev/kfd"]
+    assert host_paths == ["/dev/dri", "/dev/kfd", "/var/lib/kubelet/pod-resources"]
     assert 44 in pod["securityContext"]["supplementalGroups"]
     text = files["exporter-daemonset.yaml"]
     assert text.count("EXCEPTION (AMD)") == 2

@@ -48,8 +48,15 @@ def _all_option_names(command: click.Command) -> set[str]:
     return names
 
 
-def load_config(path: str, root: click.Command) -> dict[str, Any]:
-    """Read the YAML config; keys are long option names (``hub-url`` or ``hub_url``)."""
+def load_config(path: str, root: click.Command,
+                command: click.Command | None = None) -> dict[str, Any]:
+    """Read the YAML config; keys are long option names (``hub-url`` or ``hub_url``).
+
+    One file may serve every command, so a key is valid when any command has that option.
+    The invoked ``command``'s own options are checked first: only a key it lacks makes us
+    load every command to look further, so ``gpufleet exporter --config`` with exporter keys
+    never imports the hub's machinery (SQLAlchemy, Alembic, Kubernetes, Jinja2).
+    """
     try:
         text = Path(path).read_text()
     except OSError as exc:
@@ -62,11 +69,14 @@ def load_config(path: str, root: click.Command) -> dict[str, Any]:
         raise InputError(f"config file {path} is not valid YAML{where}") from None
     if not isinstance(data, dict):
         raise InputError(f"config file {path} must be a mapping of option names to values")
-    known = _all_option_names(root)
+    own = {param.name or "" for param in command.params} if command is not None else set()
+    known: set[str] | None = None
     values: dict[str, Any] = {}
     for key, value in data.items():
         name = str(key).lstrip("-").replace("-", "_")
-        if name not in known or name == "config":
+        if name not in own and known is None:
+            known = _all_option_names(root)
+        if name == "config" or (name not in own and name not in (known or set())):
             raise InputError(f"config file {path}: unknown option {key!r}")
         values[name] = value
     return values
@@ -91,7 +101,7 @@ class ConfiguredCommand(click.Command):
         path = _config_path(list(args), parent)
         if path and "default_map" not in extra:
             root = parent.find_root().command if parent else self
-            extra["default_map"] = load_config(path, root)
+            extra["default_map"] = load_config(path, root, self)
         return super().make_context(info_name, args, parent=parent, **extra)
 
 

@@ -79,6 +79,8 @@ class Node:
     advertised: int  # what the node list (Kubernetes) says
     mig: str | None = None
     target: str = ""
+    #: simulated GPU faults (``--sim-fault`` specs), so the report shows an unhealthy GPU
+    faults: tuple[str, ...] = ()
 
 
 @dataclass
@@ -110,6 +112,11 @@ def plan(clusters: int, nodes: int, gpus_per_node: int) -> Plan:
     # One deliberate mismatch: Kubernetes advertises a GPU the exporter no longer sees.
     if gpus_per_node > 1:
         p.mismatch.gpus = gpus_per_node - 1
+    # One GPU fallen off the bus (XID 79) on a reporting NVIDIA node: health "failed".
+    faulty = next((n for n in p.nodes if n.vendor == "nvidia" and not n.mig
+                   and n.cluster != p.silent), None)
+    if faulty is not None:
+        faulty.faults = (f"{faulty.gpus - 1}:xid=79",)
     return p
 
 
@@ -184,14 +191,16 @@ class Fleet:
 
 def start_fleet(p: Plan, workdir: Path, fleet: Fleet, say: Say) -> PrometheusProcess:
     from spoke import Exporter, MetricsServer, SimBackend
+    from spoke._sim import parse_fault
 
     hub = PrometheusProcess(workdir / "hub", hub_config())
     fleet.procs.append(hub)
     hub.start()
     say(f"hub Prometheus (remote-write receiver) on {hub.url}")
     for node in p.nodes:
+        faults = [parse_fault(f) for f in node.faults]
         backend = ProbeBackend(SimBackend(vendor=node.vendor, gpus=node.gpus, mig=node.mig,
-                                          node=node.name, seed=7))
+                                          node=node.name, seed=7, faults=faults))
         backend.open()
         fleet.probes.append(backend)
         exporter = Exporter(backend, hostname=node.name, interval=1.0).start()

@@ -27,11 +27,14 @@ from hub.inventory._db import (
     safe_url,
     sync_runs,
 )
+from hub.inventory._health import FATAL_XIDS
+from hub.inventory._health import LEVELS as HEALTH_LEVELS
 from hub.inventory._migrate import (
     current,
     ensure_schema,
     upgrade,
 )
+from hub.inventory._reconcile_runs import reconcile_clusters, reconcile_results, reconcile_runs
 from hub.inventory._sync import (
     SyncResult,
     run_sync,
@@ -42,8 +45,10 @@ __all__ = [
     "ACTIVE",
     "ALLOCATION_COLUMNS",
     "CLUSTER_COLUMNS",
+    "FATAL_XIDS",
     "GPU_COLUMNS",
     "GPU_TABLE_COLUMNS",
+    "HEALTH_LEVELS",
     "NODE_COLUMNS",
     "STALE",
     "LockHeld",
@@ -61,6 +66,9 @@ __all__ = [
     "metadata",
     "nodes",
     "now_utc",
+    "reconcile_clusters",
+    "reconcile_results",
+    "reconcile_runs",
     "run_sync",
     "safe_url",
     "subquery_step",

@@ -74,6 +74,8 @@ gpus = sa.Table(
     sa.Column("utilisation_pct", sa.Float),
     sa.Column("power_w", sa.Float),
     sa.Column("temperature_c", sa.Float),
+    sa.Column("health", sa.String(16)),  # ok | degraded | failed; NULL: nothing reported
+    sa.Column("health_reasons", sa.Text),  # e.g. "xid 79; row remap failure"
     sa.Column("state", sa.String(16), nullable=False),
     *_seen(),
     sa.Index("ix_gpus_uuid", "uuid"),
@@ -275,7 +277,8 @@ def apply_observations(conn: Connection, observations: Iterable[Observation],
             "driver_version": obs.driver_version, "pci_bus_id": obs.pci_bus_id,
             "serial": obs.serial, "memory_total_mib": obs.memory_total_mib,
             "memory_used_mib": obs.memory_used_mib, "utilisation_pct": obs.utilisation_pct,
-            "power_w": obs.power_w, "temperature_c": obs.temperature_c, "state": ACTIVE,
+            "power_w": obs.power_w, "temperature_c": obs.temperature_c,
+            "health": obs.health, "health_reasons": obs.health_reasons, "state": ACTIVE,
             "first_seen": now, "last_seen": now, "last_sample_at": sample_at,
         })
         for namespace, pod, container in obs.allocations:
@@ -326,10 +329,11 @@ GPU_COLUMNS = [
     "cluster", "node", "uuid", "index", "vendor", "model", "memory_total_mib", "mig_profile",
     "mig_instance", "state", "first_seen", "last_seen", "last_sample_at", "utilisation_pct",
     "memory_used_mib", "power_w", "temperature_c", "driver_version", "pci_bus_id", "serial",
+    "health", "health_reasons",
 ]
 GPU_TABLE_COLUMNS = [
     "cluster", "node", "uuid", "index", "vendor", "model", "memory_total_mib", "mig_profile",
-    "mig_instance", "state", "utilisation_pct", "last_sample_at",
+    "mig_instance", "state", "health", "utilisation_pct", "last_sample_at",
 ]
 NODE_COLUMNS = ["cluster", "node", "gpus", "state", "last_seen", "last_sample_at"]
 CLUSTER_COLUMNS = ["cluster", "nodes", "gpus", "state", "last_seen", "last_sample_at"]

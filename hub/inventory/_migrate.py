@@ -16,7 +16,7 @@ from hub.common import InputError
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 #: Modules that define tables on hub.inventory.metadata; importing them completes it.
-TABLE_MODULES = ("hub.inventory._db", "hub.validate._reconcile_store")
+TABLE_MODULES = ("hub.inventory._db", "hub.inventory._reconcile_runs")
 
 
 def metadata() -> sa.MetaData:

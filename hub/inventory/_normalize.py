@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hub import store
+from hub.inventory import _health as health
 from hub.store import Identity, Query, VendorProfile
 
 Allocation = tuple[str, str, str]  # namespace, pod, container
@@ -45,6 +46,11 @@ class Observation:
     temperature_c: float | None = None
     sample_at: float | None = None  # epoch seconds of the newest sample (the data's own time)
     allocations: set[Allocation] = field(default_factory=set)
+    #: "ok" | "degraded" | "failed" (None: no health field reported), see inventory._health
+    health: str | None = None
+    health_reasons: str | None = None
+    #: the neutral health fields behind ``health`` (kept to judge a slice-only GPU's parent)
+    health_values: dict[str, float] = field(default_factory=dict)
 
     @property
     def is_slice(self) -> bool:
@@ -180,6 +186,15 @@ def _apply_values(obs: Observation, values: Mapping[str, float]) -> None:
         obs.utilisation_pct = _first(values, store.UTILISATION, store.ENGINE_ACTIVE)
     obs.power_w = values.get(store.POWER)
     obs.temperature_c = values.get(store.TEMPERATURE)
+    _apply_health(obs, {k: v for k, v in values.items() if k in _HEALTH_FIELDS})
+
+
+_HEALTH_FIELDS = frozenset(f for p in store.PROFILES for f in p.health_fields)
+
+
+def _apply_health(obs: Observation, values: dict[str, float]) -> None:
+    obs.health_values = values
+    obs.health, obs.health_reasons = health.assess(values)
 
 
 def _sum(values: list[float | None]) -> float | None:
@@ -202,7 +217,7 @@ def _parent_from_slices(ident: Identity, slices: list[Observation]) -> Observati
     """
     first = slices[0]
     times = [s.sample_at for s in slices if s.sample_at is not None]
-    return Observation(
+    parent = Observation(
         cluster=ident.cluster, node=ident.node, uuid=ident.uuid, vendor=first.vendor,
         index=first.index, model=first.model, driver_version=first.driver_version,
         pci_bus_id=first.pci_bus_id, serial=first.serial,
@@ -212,3 +227,5 @@ def _parent_from_slices(ident: Identity, slices: list[Observation]) -> Observati
         temperature_c=_max([s.temperature_c for s in slices]),
         sample_at=max(times) if times else None,
     )
+    _apply_health(parent, health.merge([s.health_values for s in slices]))
+    return parent

@@ -44,6 +44,7 @@ MAX_RUNS = 1000
 STATES = (inv.ACTIVE, inv.STALE)
 SEVERITIES = ("error", "warning", "info")
 VENDORS = tuple(p.vendor for p in PROFILES)
+HEALTH_LEVELS = inv.HEALTH_LEVELS
 #: Prometheus text format 0.0.4: what every Prometheus (2.42 included) parses.
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -198,7 +199,8 @@ def text_key(*names: str) -> Callable[[Mapping[str, Any]], tuple[str, ...]]:
 
 # -- inventory reads ----------------------------------------------------------------------------
 def page_gpus(conn: Connection, *, cluster: str | None = None, node: str | None = None,
-              state: str | None = None, vendor: str | None = None, limit: int = DEFAULT_LIMIT,
+              state: str | None = None, vendor: str | None = None,
+              health: str | None = None, limit: int = DEFAULT_LIMIT,
               after: Sequence[str] | None = None, within: frozenset[str] | None = None
               ) -> tuple[list[dict[str, Any]], tuple[str, ...] | None]:
     """One page of GPUs (physical and MIG slices) in primary-key order, and the key to go on.
@@ -210,7 +212,7 @@ def page_gpus(conn: Connection, *, cluster: str | None = None, node: str | None 
     table = inv.gpus
     stmt = sa.select(table)
     for column, value in (("cluster", cluster), ("node", node), ("state", state),
-                          ("vendor", vendor)):
+                          ("vendor", vendor), ("health", health)):
         if value is not None:
             stmt = stmt.where(table.c[column] == value)
     if within is not None:  # a scope: only these clusters, in SQL so paging stays exact
@@ -310,7 +312,8 @@ def nodes(query: Query, engine: Engine, *, scope: Scope) -> Response:
 
 
 def gpus(query: Query, engine: Engine, *, scope: Scope) -> Response:
-    params = Params(query, ["cluster", "node", "state", "vendor", "limit", "continue"])
+    params = Params(query, ["cluster", "node", "state", "vendor", "health", "limit",
+                            "continue"])
     token = params.text("continue")
     after = decode_token(token) if token is not None else None
     filters = {
@@ -318,6 +321,7 @@ def gpus(query: Query, engine: Engine, *, scope: Scope) -> Response:
         "node": params.text("node"),
         "state": params.choice("state", STATES),
         "vendor": params.choice("vendor", VENDORS),
+        "health": params.choice("health", HEALTH_LEVELS),
     }
     limit = params.integer("limit", DEFAULT_LIMIT, MAX_LIMIT)
     with engine.connect() as conn:

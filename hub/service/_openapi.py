@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from hub import __version__
 from hub import inventory as inv
-from hub.service._api import SEVERITIES, STATES, VENDORS
+from hub.service._api import HEALTH_LEVELS, SEVERITIES, STATES, VENDORS
 
 if TYPE_CHECKING:
     from hub.service._routes import Route
@@ -45,6 +45,8 @@ _GPU_TYPES: dict[str, dict[str, Any]] = {
     "last_seen": _TIME, "last_sample_at": _TIME, "memory_total_mib": _NUMBER,
     "memory_used_mib": _NUMBER, "utilisation_pct": _NUMBER, "power_w": _NUMBER,
     "temperature_c": _NUMBER,
+    "health": {"type": ["string", "null"], "enum": [*HEALTH_LEVELS, None]},
+    "health_reasons": {"type": ["string", "null"]},
 }
 
 

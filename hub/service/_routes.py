@@ -20,6 +20,7 @@ from hub.service._api import (
     DB_UNAVAILABLE,
     DEFAULT_LIMIT,
     DEFAULT_RUNS,
+    HEALTH_LEVELS,
     MAX_LIMIT,
     MAX_RUNS,
     METRICS_CONTENT_TYPE,
@@ -217,6 +218,8 @@ def build_router(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, A
                   _param("state", "Only GPUs in this state.",
                          {"type": "string", "enum": list(STATES)}),
                   _param("vendor", "Only this vendor.", {"type": "string", "enum": list(VENDORS)}),
+                  _param("health", "Only GPUs of this health (XID, ECC, row remapping).",
+                         {"type": "string", "enum": list(HEALTH_LEVELS)}),
                   *paging,
               ), errors=(400, 503)),
         Route("/api/v1/gpus/{uuid}", gpu, "One GPU (the physical device) with its MIG "

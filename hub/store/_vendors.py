@@ -27,6 +27,12 @@ MEMORY_TOTAL = "memory_total_mib"
 POWER = "power_w"
 TEMPERATURE = "temperature_c"
 ENGINE_ACTIVE = "engine_active_pct"  # profiling counter; the utilisation of MIG slices
+# Neutral health fields of an observation (read by the inventory's health assessment).
+LAST_XID = "last_xid"  # value of the last XID error (0: none)
+ECC_DBE = "ecc_dbe"  # volatile double-bit / uncorrectable ECC errors
+ROW_REMAP_FAILURE = "row_remap_failure"  # 1: a row could not be remapped
+CLOCKS_EVENT_REASONS = "clocks_event_reasons"  # NVML clocks-event (throttle) bitmask
+DEVICE_HEALTH = "device_health"  # exporter's own verdict: 1 healthy, 0 not (AMD gpu_health)
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,9 @@ class VendorProfile(ABC):
     value_fields: dict[str, list[str]] = {}
     #: metrics whose sample timestamps stand for the GPU's (scraped together)
     timestamp_metrics: list[str] = []
+    #: neutral health field -> metric names, in order of preference; fetched like values, one
+    #: query each, but kept apart so utilisation checks (stuck, zero usage) do not read them
+    health_fields: dict[str, list[str]] = {}
     name_prefixes: tuple[str, ...] = ("",)
 
     def _names(self, metric: str) -> str:
@@ -98,7 +107,7 @@ class VendorProfile(ABC):
                Query(self.vendor, "timestamp", timestamps)]
         # One request per field keeps each response small (one value per GPU) however large
         # the fleet; `or` picks the preferred metric where an exporter offers several.
-        for fld, metrics in self.value_fields.items():
+        for fld, metrics in {**self.value_fields, **self.health_fields}.items():
             promql = " or ".join(
                 f'max by ({ids}) (last_over_time({{__name__=~"{self._names(m)}", {match}}}'
                 f"[{window}]))"
@@ -148,7 +157,8 @@ class Nvidia(VendorProfile):
     id_labels = ["Hostname", "hostname", "UUID", "GPU_I_PROFILE", "GPU_I_ID"]
     node_labels = ["Hostname", "hostname"]  # released images / master since 2026-05
     slice_labels = ["GPU_I_PROFILE", "GPU_I_ID"]
-    attr_labels = ["gpu", "modelName", "DCGM_FI_DRIVER_VERSION", "pci_bus_id"]
+    # serial: gpufleet's exporter only (nvmlDeviceGetSerial); dcgm-exporter has no such label
+    attr_labels = ["gpu", "modelName", "DCGM_FI_DRIVER_VERSION", "pci_bus_id", "serial"]
     device_names = "DCGM_FI_.+"
     device_matcher = 'UUID!=""'
     value_fields = {
@@ -165,6 +175,14 @@ class Nvidia(VendorProfile):
         "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_DEV_SM_CLOCK",
         "DCGM_FI_DEV_MEM_COPY_UTIL", "DCGM_FI_DEV_XID_ERRORS",
     ]
+    health_fields = {
+        LAST_XID: ["DCGM_FI_DEV_XID_ERRORS"],
+        ECC_DBE: ["DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"],  # opt-in in dcgm-exporter, on in ours
+        ROW_REMAP_FAILURE: ["DCGM_FI_DEV_ROW_REMAP_FAILURE"],
+        # dcgm-exporter's name; DCGM 3.2+ also calls the field CLOCKS_EVENT_REASONS
+        CLOCKS_EVENT_REASONS: ["DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
+                               "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"],
+    }
 
     def identity(self, labels: Mapping[str, str], cluster_label: str) -> Identity | None:
         uuid = labels.get("UUID")
@@ -184,6 +202,7 @@ class Nvidia(VendorProfile):
             "model": labels.get("modelName") or None,
             "driver_version": labels.get("DCGM_FI_DRIVER_VERSION") or None,
             "pci_bus_id": labels.get("pci_bus_id") or None,
+            "serial": labels.get("serial") or None,
         }
 
     def convert(self, field: str, value: float) -> float:
@@ -214,6 +233,10 @@ class Amd(VendorProfile):
         "gpu_gfx_activity", "gpu_used_vram", "gpu_total_vram", "gpu_power_usage",
         "gpu_package_power", "gpu_edge_temperature", "gpu_junction_temperature", "gpu_health",
     ]
+    health_fields = {
+        DEVICE_HEALTH: ["gpu_health"],
+        ECC_DBE: ["gpu_ecc_uncorrect_total"],
+    }
 
     def identity(self, labels: Mapping[str, str], cluster_label: str) -> Identity | None:
         gpu_id = labels.get("gpu_id")
@@ -269,6 +292,7 @@ def allowlist_metrics() -> list[str]:
         for prefix in p.name_prefixes:
             names.update(prefix + m for ms in p.value_fields.values() for m in ms)
             names.update(prefix + m for m in p.timestamp_metrics)
+            names.update(prefix + m for ms in p.health_fields.values() for m in ms)
     names.update(EXPORTER_HEALTH_METRICS)
     # reconcile --source hub reads node labels (MIG strategy, time-slicing replicas) from
     # kube-state-metrics; ACM's default allowlist forwards the capacity series, not these.

@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from hub import store
+from hub import inventory, store
 from hub.common import format_duration
 from hub.store import HubClient, PartialResponse, VendorProfile
 from hub.validate._checks import GpuRef, HubHistory, NodeRef
@@ -144,6 +144,24 @@ def visible_gpus(p: VendorProfile, window: str, cl: str) -> str:
     count = (f"count by ({cl}) (group by ({_by(cl, node_labels(p), gpu_labels(p))}) "
              f'(last_over_time({{__name__=~"{names}", {p.device_matcher}}}[{window}])))')
     return f'label_replace({count}, "vendor", "{p.vendor}", "", "")'
+
+
+def gpu_failed(p: VendorProfile, window: str, cl: str) -> str:
+    """GPUs whose newest health fields say "failed" (hub.inventory._health): a fatal XID,
+    double-bit ECC errors, a row-remap failure, or the exporter's own unhealthy verdict."""
+    ids = _by(cl, p.id_labels)
+    parts: list[str] = []
+    for fld, metrics in p.health_fields.items():
+        for name in _names(p, metrics):
+            agg = "min" if fld == store.DEVICE_HEALTH else "max"
+            sel = f"{agg} by ({ids}) (last_over_time({name}{{{p.device_matcher}}}[{window}]))"
+            if fld == store.LAST_XID:
+                parts += [f"{sel} == {xid}" for xid in sorted(inventory.FATAL_XIDS)]
+            elif fld in (store.ECC_DBE, store.ROW_REMAP_FAILURE):
+                parts.append(f"{sel} > 0")
+            elif fld == store.DEVICE_HEALTH:
+                parts.append(f"{sel} == 0")
+    return _or(parts)
 
 
 # -- failure modes of gpufleet's own exporter ------------------------------------------------------
@@ -299,6 +317,18 @@ def rules(s: AlertSettings) -> list[dict[str, Any]]:
                 "summary": f"Allocated GPU idle on {node}",
                 "description": f"Utilisation was exactly 0 for {window} while a pod is "
                                "allocated to the GPU.",
+            },
+        },
+        {
+            "alert": "GpuFleetGpuFailed",
+            "expr": _or([gpu_failed(p, push2, cl) for p in profiles]),
+            "labels": {"severity": "critical"},
+            "annotations": {
+                "summary": f"GPU {{{{ or $labels.UUID $labels.gpu_uuid $labels.gpu_id }}}} "
+                           f"failed on {node}",
+                "description": "A fatal XID (48, 79, 95, 119, 120), double-bit ECC errors, a "
+                               "row-remap failure or the exporter's unhealthy verdict: drain "
+                               "the node and reset or replace the GPU.",
             },
         },
         {

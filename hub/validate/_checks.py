@@ -72,6 +72,8 @@ class GpuFacts:
     state: str
     last_sample_at: dt.datetime | None = None
     index: int | None = None
+    health: str | None = None  # ok | degraded | failed (hub.inventory._health)
+    health_reasons: str | None = None
 
 
 @dataclass(frozen=True)
@@ -264,6 +266,27 @@ def check_duplicate_uuids(gpus: Sequence[GpuFacts]) -> list[Finding]:
     return out
 
 
+def check_gpu_health(gpus: Sequence[GpuFacts]) -> list[Finding]:
+    """GPUs whose exporter reports faults: XID, double-bit ECC, row-remap failure, slowdown.
+
+    Active GPUs only: a stale GPU's last health is history, and its silence is reported by
+    the freshness and partial-data checks already.
+    """
+    out = []
+    for g in gpus:
+        if g.state != "active" or g.health not in ("failed", "degraded"):
+            continue
+        index = f"GPU {g.index}" if g.index is not None else "GPU"
+        if g.health == "failed":
+            message = (f"{index} failed ({g.health_reasons}): drain the node and reset or "
+                       "replace the GPU")
+        else:
+            message = f"{index} degraded ({g.health_reasons}): check the node's kernel log"
+        out.append(Finding(ERROR if g.health == "failed" else WARNING, "gpu_unhealthy",
+                           message, g.cluster, g.node, g.uuid))
+    return out
+
+
 #: severity of each node status of a reconcile run
 RECONCILE_SEVERITY = {
     "count_mismatch": ERROR,
@@ -372,6 +395,7 @@ def run_checks(facts: Facts, *, max_age: float = 3600.0,
     out += check_missing_clusters(facts.clusters, facts.expected)
     out += check_partial_data(facts.nodes, facts.gpus)
     out += check_duplicate_uuids(facts.gpus)
+    out += check_gpu_health(facts.gpus)
     out += check_reconcile(facts.reconcile, now, max_age)
     if facts.history is not None:
         out += check_zero_usage(facts.history)

@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from hub import inventory as inv
-from hub.inventory import gpus, metadata, nodes
+from hub.inventory import gpus, nodes, reconcile_clusters, reconcile_results, reconcile_runs
 from hub.validate._checks import (
     ClusterFacts,
     ExpectedFacts,
@@ -38,54 +38,6 @@ from hub.validate._reconcile import (
 
 #: runs kept in the database; older ones are deleted with their rows
 KEEP_RUNS = 100
-
-reconcile_runs = sa.Table(
-    "reconcile_runs", metadata,
-    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-    sa.Column("started_at", sa.DateTime, nullable=False),
-    sa.Column("finished_at", sa.DateTime, nullable=False),
-    sa.Column("source", sa.String(16), nullable=False),  # hub | kube | file
-    # whether the ACM ManagedCluster list was read: only then is the expected set known
-    sa.Column("managed_clusters", sa.Boolean, nullable=False),
-    sa.Column("clusters", sa.Integer, nullable=False),
-    sa.Column("nodes", sa.Integer, nullable=False),
-    sa.Column("problems", sa.Integer, nullable=False),
-)
-
-reconcile_results = sa.Table(
-    "reconcile_results", metadata,
-    sa.Column("run_id", sa.Integer, sa.ForeignKey("reconcile_runs.id", ondelete="CASCADE"),
-              primary_key=True),
-    sa.Column("cluster", sa.String(253), primary_key=True),
-    sa.Column("node", sa.String(253), primary_key=True),
-    sa.Column("status", sa.String(32), nullable=False),
-    sa.Column("mode", sa.String(32), nullable=False),
-    sa.Column("k8s_gpus", sa.Integer),
-    sa.Column("k8s_allocatable", sa.Integer),
-    sa.Column("expected_gpus", sa.Integer),
-    sa.Column("observed_gpus", sa.Integer),
-    sa.Column("k8s_slices", sa.Integer),
-    sa.Column("observed_slices", sa.Integer),
-    sa.Column("resources", sa.Text),  # JSON object: resource -> capacity
-    sa.Column("metrics_node", sa.String(253)),
-    sa.Column("reason", sa.Text, nullable=False),
-)
-
-reconcile_clusters = sa.Table(
-    "reconcile_clusters", metadata,
-    sa.Column("run_id", sa.Integer, sa.ForeignKey("reconcile_runs.id", ondelete="CASCADE"),
-              primary_key=True),
-    sa.Column("cluster", sa.String(253), primary_key=True),
-    sa.Column("status", sa.String(32), nullable=False),
-    sa.Column("managed", sa.Boolean),  # NULL: no ManagedCluster list was read
-    sa.Column("available", sa.String(16)),
-    sa.Column("k8s_gpu_nodes", sa.Integer),
-    sa.Column("k8s_gpus", sa.Integer),
-    sa.Column("observed_nodes", sa.Integer, nullable=False),
-    sa.Column("observed_gpus", sa.Integer, nullable=False),
-    sa.Column("reason", sa.Text, nullable=False),
-)
-
 
 # -- the inventory side of a reconcile ----------------------------------------------------------
 def observed_nodes(conn: Connection) -> list[ObservedNode]:
@@ -233,11 +185,12 @@ def report_facts(conn: Connection, now: dt.datetime) -> Facts:
     node_rows = inv.list_nodes(conn)
     gpu_rows = conn.execute(
         sa.select(gpus.c.cluster, gpus.c.node, gpus.c.uuid, gpus.c.state, gpus.c.last_sample_at,
-                  gpus.c.gpu_index)
+                  gpus.c.gpu_index, gpus.c.health, gpus.c.health_reasons)
         .where(gpus.c.slice_key == "")
         .order_by(gpus.c.cluster, gpus.c.node, gpus.c.gpu_index, gpus.c.uuid)
     ).all()
-    gpu_facts = [GpuFacts(r.cluster, r.node, r.uuid, r.state, r.last_sample_at, r.gpu_index)
+    gpu_facts = [GpuFacts(r.cluster, r.node, r.uuid, r.state, r.last_sample_at, r.gpu_index,
+                          r.health, r.health_reasons)
                  for r in gpu_rows]
     stale_per_node: dict[tuple[str, str], int] = {}
     for g in gpu_facts:

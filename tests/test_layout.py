@@ -1,0 +1,124 @@
+"""The code layout holds: arrows point one way, rooms are entered by their front door, and the
+exporter on a GPU node never loads the hub's machinery.
+
+These read the source with ``ast`` (what the code imports, not what a test happened to load),
+so a new module that breaks the layout fails here whatever it does at run time.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: A package may import only packages of a lower rank (and itself). The service shows the
+#: validation layer's findings, so it sits one step above it.
+RANK = {
+    "common": 0,
+    "store": 1, "kube": 1,
+    "inventory": 2,
+    "validate": 3, "onboard": 3,
+    "service": 4, "devstack": 4,
+    "commands": 5, "cli": 5, "__main__": 6,
+}
+HEAVY = ("sqlalchemy", "alembic", "kubernetes", "jinja2")
+
+
+def _hub_imports(path: Path) -> list[tuple[str, int]]:
+    """(dotted module, line) of every ``hub`` import in a file, function-level ones included."""
+    found: list[tuple[str, int]] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module == "hub":
+                found += [(f"hub.{alias.name}", node.lineno) for alias in node.names]
+            elif node.module.startswith("hub."):
+                found += [(node.module, node.lineno)]
+                found += [(f"{node.module}.{a.name}", node.lineno) for a in node.names
+                          if a.name.startswith("_") and not a.name.startswith("__")]
+        elif isinstance(node, ast.Import):
+            found += [(a.name, node.lineno) for a in node.names if a.name.startswith("hub.")]
+    return found
+
+
+def _room(path: Path) -> str:
+    parts = path.relative_to(ROOT / "hub").parts
+    return parts[0] if len(parts) > 1 else parts[0].removesuffix(".py")
+
+
+def test_every_hub_package_is_a_known_room_with_a_front_door():
+    rooms = {p.name for p in (ROOT / "hub").iterdir()
+             if p.is_dir() and not p.name.startswith(("_", "."))}
+    assert rooms <= set(RANK), f"a new room needs a place in the layout: {rooms - set(RANK)}"
+    for room in rooms - {"commands"}:
+        doc = ast.get_docstring(ast.parse((ROOT / "hub" / room / "__init__.py").read_text()))
+        assert doc, f"hub/{room}/__init__.py must say what the room is for"
+
+
+def test_arrows_point_one_way_and_rooms_are_entered_by_their_front_door():
+    wrong: list[str] = []
+    for path in sorted((ROOT / "hub").rglob("*.py")):
+        if "migrations" in path.parts:
+            continue
+        room = _room(path)
+        for module, line in _hub_imports(path):
+            parts = module.split(".")
+            target = parts[1] if len(parts) > 1 else "hub"
+            if target in ("__version__", room) or target not in RANK:
+                continue
+            where = f"{path.relative_to(ROOT)}:{line} imports {module}"
+            if RANK[target] >= RANK[room]:
+                wrong.append(f"{where} (upward or sideways)")
+            elif len(parts) > 2 and parts[2].startswith("_"):
+                wrong.append(f"{where} (a private module of another room)")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_spoke_uses_only_the_shared_helpers():
+    for path in sorted((ROOT / "spoke").rglob("*.py")):
+        for module, line in _hub_imports(path):
+            assert module in ("hub.__version__",) or module.startswith("hub.common"), (
+                f"{path.relative_to(ROOT)}:{line} imports {module}")
+
+
+@pytest.mark.parametrize("with_config", [False, True])
+def test_the_exporter_loads_none_of_the_hub_machinery(tmp_path: Path, with_config: bool):
+    """`gpufleet exporter` (with or without --config) starts without SQLAlchemy, Alembic,
+    the Kubernetes client or Jinja2, in a fresh interpreter."""
+    args = ["exporter", "--help"]
+    if with_config:
+        config = tmp_path / "exporter.yaml"
+        config.write_text("backend: sim\nsim-gpus: 2\ninterval: 5s\n")
+        args = ["exporter", "--config", str(config), "--help"]
+    code = (
+        "import json, sys\n"
+        "from hub.cli import cli\n"
+        f"cli.main({args!r}, prog_name='gpufleet', standalone_mode=False)\n"
+        f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
+
+
+def test_a_shared_config_file_with_other_commands_keys_still_works_for_the_exporter(
+        tmp_path: Path):
+    """Keys of other commands are valid in one shared file; unknown ones are still refused."""
+    from click.testing import CliRunner
+
+    from hub.cli import cli
+
+    shared = tmp_path / "gpufleet.yaml"
+    shared.write_text("backend: sim\ndb: sqlite:////tmp/x.db\n")
+    ok = CliRunner().invoke(cli, ["exporter", "--config", str(shared), "--help"])
+    assert ok.exit_code == 0, ok.output
+    shared.write_text("backend: sim\nno-such-option: 1\n")
+    bad = CliRunner().invoke(cli, ["exporter", "--config", str(shared), "--help"])
+    assert bad.exit_code == 2
+    assert "unknown option 'no-such-option'" in bad.output
