@@ -25,8 +25,11 @@ from hub.service import _api as api
 from hub.store import HubClient
 from tests.test_api import _database, hub_store, wait_healthy  # noqa: F401  (module fixture)
 
+pytestmark = pytest.mark.slow
+
 CONFIG = Path(__file__).parent / "fixtures" / "schemathesis.toml"
 TOKEN = "gpf_schemathesis-test-token"
+SCOPED = "gpf_schemathesis-scoped-token"
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +39,10 @@ def service(request: pytest.FixtureRequest, hub_store: str,  # noqa: F811
     write = inventory.make_engine(db_url, create=True)
     client = HubClient(hub_store, timeout=10)
     tokens = tmp_path_factory.mktemp("st") / "tokens.yaml"
-    tokens.write_text(yaml.safe_dump({"tokens": [token_entry("schemathesis", TOKEN)]}))
+    tokens.write_text(yaml.safe_dump({"tokens": [
+        token_entry("schemathesis", TOKEN),
+        token_entry("team", SCOPED, clusters=["east"], namespaces=["dynamo-workload"]),
+    ]}))
 
     def sync() -> Any:
         return run_sync(write, client, stale_after=600)
@@ -53,7 +59,9 @@ def service(request: pytest.FixtureRequest, hub_store: str,  # noqa: F811
         write.dispose()
 
 
-def test_schemathesis_finds_nothing_with_every_check(service, tmp_path, capfd):
+@pytest.mark.parametrize("token", [TOKEN, SCOPED], ids=["whole-fleet", "scoped"])
+def test_schemathesis_finds_nothing_with_every_check(service, token, tmp_path, capfd):
+    """Scoped too: its 403s must be ones the description declares."""
     gpus = requests.get(service.url + "/api/v1/gpus", timeout=10,
                         headers={"Authorization": f"Bearer {TOKEN}"}).json()["items"]
     # A real uuid for /gpus/{uuid}, so the detail endpoint is exercised beyond its 404.
@@ -64,7 +72,7 @@ def test_schemathesis_finds_nothing_with_every_check(service, tmp_path, capfd):
     cli = Path(sys.executable).parent / "schemathesis"
     proc = subprocess.run(
         [str(cli), "--config-file", str(config), "run", service.url + "/api/v1/openapi.json",
-         "--checks", "all", "-H", f"Authorization: Bearer {TOKEN}", "--max-examples", "40",
+         "--checks", "all", "-H", f"Authorization: Bearer {token}", "--max-examples", "40",
          "--seed", "14", "--request-timeout", "20"],
         capture_output=True, text=True, timeout=540, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]

@@ -13,6 +13,12 @@ thousandth page, and a GPU added or removed between two pages neither repeats no
 others. Nothing here writes: the engine refuses writes at the connection level.
 
 No response carries a secret: the database URL, the hub token and its URL never appear.
+
+Scopes: a handler that declares a keyword ``scope`` (a ``hub.service._auth.Scope``) gets the
+caller's and must apply it: ``scoped_cluster`` for a ``cluster`` filter (403 outside),
+``scope.allows_cluster`` on every row, ``scope.mask_allocation`` on rows that name a
+namespace or pod (another team's become "other"). A handler without ``scope`` is served only
+to unrestricted callers, so a new endpoint is closed to teams until it applies the scope.
 """
 
 from __future__ import annotations
