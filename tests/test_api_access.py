@@ -565,3 +565,17 @@ def test_serve_process_with_tokens_and_tls_on_a_pod_address(tokens, tmp_path):
     assert proc.returncode == 0, err
     assert f"https://0.0.0.0:{port}" in err or f"https://127.0.0.1:{port}" in err
     assert tokens[1]["admin"] not in out + err and "Traceback" not in err
+
+
+def test_the_oidc_options_build_a_verifier_that_accepts_the_issuers_tokens(issuer, tmp_path):
+    from hub.commands.service import access
+
+    scopes = tmp_path / "scopes.yaml"
+    scopes.write_text("scopes:\n  - group: team\n    clusters: [east]\n")
+    auth = access(tokens_file=None, oidc_issuer=issuer.url + "/", oidc_audience=AUDIENCE,
+                  oidc_scope_claim="roles", scopes_file=str(scopes))
+    token = jwt.encode({"iss": issuer.url, "aud": AUDIENCE, "exp": int(time.time()) + 60,
+                        "roles": "team"}, issuer.keys["ec-1"], algorithm="ES256",
+                       headers={"kid": "ec-1"})
+    scope = auth.authenticate(f"Bearer {token}")
+    assert scope.clusters == frozenset({"east"}) and scope.namespaces is None
