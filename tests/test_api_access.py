@@ -245,6 +245,9 @@ def test_a_clear_text_token_in_the_file_is_refused(tmp_path):
     (["--oidc-issuer", "http://idp.example", "--oidc-audience", "a", "--scopes-file", "f"],
      "must be an https:// URL"),
     (["--tls-cert-file", "x.pem"], "go together"),
+    (["--tokens-file", "/nonexistent/tokens.yaml"], "cannot read the tokens file"),
+    (["--tls-cert-file", "/nonexistent/c", "--tls-key-file", "/nonexistent/k"],
+     "cannot load the TLS certificate"),
 ])
 def test_serve_refuses_unsafe_or_incomplete_access(args, needle, tmp_path):
     if "--scopes-file" in args:

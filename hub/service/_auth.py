@@ -179,7 +179,10 @@ class TokenFile:
         self._stamp: tuple[float, int] | None = None
         self._tokens: dict[str, Scope] = {}
         self._lock = threading.Lock()
-        self._reload()
+        try:
+            self._reload()
+        except OSError as exc:
+            raise InputError(f"cannot read the tokens file {path}: {exc.strerror}") from None
 
     def _reload(self) -> None:
         st = self.path.stat()
