@@ -37,7 +37,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
 from hub.cli import cli
-from hub.common import BackgroundHTTPServer
+from hub.common import BackgroundHTTPServer, InputError
 from hub.devstack import free_port
 from hub.inventory import _db as inventory
 from hub.inventory import run_sync
@@ -233,7 +233,7 @@ def test_the_tokens_file_is_read_again_when_it_changes(static, tokens):
 def test_a_clear_text_token_in_the_file_is_refused(tmp_path):
     path = tmp_path / "tokens.yaml"
     path.write_text(yaml.safe_dump({"tokens": [{"name": "x", "token": "gpf_abc"}]}))
-    with pytest.raises(Exception, match="sha256") as info:
+    with pytest.raises(InputError, match="sha256") as info:
         TokenFile(path)
     assert "gpf_abc" not in str(info.value)
 
@@ -582,3 +582,31 @@ def test_the_oidc_options_build_a_verifier_that_accepts_the_issuers_tokens(issue
                        headers={"kid": "ec-1"})
     scope = auth.authenticate(f"Bearer {token}")
     assert scope.clusters == frozenset({"east"}) and scope.namespaces is None
+
+
+def test_scopes_mask_other_teams_and_join_groups():
+    from hub.service import Scope
+
+    team = Scope("a", frozenset({"east"}), frozenset({"ns-a"}))
+    row = {"cluster": "east", "namespace": "ns-b", "pod": "p", "container": "c", "uuid": "u"}
+    assert team.mask_allocation(row) == {**row, "namespace": "other", "pod": None,
+                                         "container": None}
+    assert team.mask_allocation({**row, "namespace": "ns-a"})["pod"] == "p"
+    joined = team.union(Scope("b", frozenset({"west"}), None))
+    assert joined.clusters == {"east", "west"} and joined.namespaces is None
+    assert not team.allows_cluster(None) and Scope("all").allows_cluster(None)
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ("scopes: [{clusters: [east]}]", "needs a 'group'"),
+    ("scopes: [{group: a, clusters: 3}]", "clusters must be a list"),
+    ("scopes: [{group: a, namespace: [x]}]", "unknown key(s)"),
+    ("scopes: {group: a}", "expected a mapping with a list 'scopes:'"),
+    ("scopes: [", "not valid YAML"),
+])
+def test_a_bad_scopes_file_is_a_one_line_error(text, needle, tmp_path):
+    path = tmp_path / "scopes.yaml"
+    path.write_text(text)
+    with pytest.raises(InputError, match=r"scopes\.yaml") as info:
+        load_group_scopes(path)
+    assert needle in str(info.value) and "\n" not in str(info.value)
