@@ -243,12 +243,12 @@ class JwksCache:
             self._jwks_uri = str(config["jwks_uri"])
         keys = jwt.PyJWKSet.from_dict(self._get(self._jwks_uri))
         self._keys = {k.key_id: k for k in keys.keys if k.key_id}
-        self._fetched_at = self.clock()
 
     def key(self, kid: str) -> jwt.PyJWK:
         with self._lock:
             if kid not in self._keys and (self._fetched_at is None
                                           or self.clock() - self._fetched_at >= MIN_REFRESH):
+                self._fetched_at = self.clock()  # a failed fetch waits its turn as well
                 try:
                     self._refresh()
                 except (requests.RequestException, ValueError, KeyError,
