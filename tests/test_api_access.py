@@ -53,6 +53,7 @@ from hub.service import (
 )
 from hub.service import _api as api
 from hub.service._auth import MIN_REFRESH
+from hub.service._http import CONNECTION_TIMEOUT
 from hub.store import HubClient
 from tests.test_api import hub_store  # noqa: F401  (module fixture: the real hub store)
 
@@ -529,8 +530,17 @@ def test_concurrent_requests_are_bounded(db_url):
             requests.get(service.url + "/healthz", timeout=(5, 1))
         idle.close()
         assert get(service, "/healthz").status_code in (200, 503)
+        # all slots held by idle keep-alive connections do not hold up a shutdown
+        held = socket.create_connection(("127.0.0.1", service.server.port), timeout=5)
+        held.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        held.recv(65536)
+        waiting = socket.create_connection(("127.0.0.1", service.server.port), timeout=5)
     finally:
+        started = time.monotonic()
         service.stop()
+    assert time.monotonic() - started < CONNECTION_TIMEOUT
+    held.close()
+    waiting.close()
 
 
 def test_serve_process_with_tokens_and_tls_on_a_pod_address(tokens, tmp_path):
@@ -610,3 +620,23 @@ def test_a_bad_scopes_file_is_a_one_line_error(text, needle, tmp_path):
     with pytest.raises(InputError, match=r"scopes\.yaml") as info:
         load_group_scopes(path)
     assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_an_endpoint_that_applies_no_scope_is_closed_to_scoped_callers(db_url, tokens):
+    """The contract for new endpoints: a handler without a ``scope`` keyword answers only
+    callers who may see everything, so it cannot leak before it learns to filter."""
+    from hub.service._routes import Route
+
+    service = serve(db_url, Authenticator(tokens=TokenFile(tokens[0])))
+    router = service.server.router
+
+    def everything(query: Any, engine: Any) -> tuple[int, Any]:
+        return 200, {"items": ["every team's pods"]}
+
+    router.routes.append(Route("/api/v1/new", everything, "new", {"type": "object"}))
+    try:
+        assert get(service, "/api/v1/new", tokens[1]["admin"]).status_code == 200
+        r = get(service, "/api/v1/new", tokens[1]["team"])
+        assert r.status_code == 403 and "pods" not in r.text
+    finally:
+        service.stop()

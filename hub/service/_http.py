@@ -126,6 +126,7 @@ class ApiServer(BackgroundHTTPServer):
         self.router = router
         self.tls = tls
         self._slots = threading.BoundedSemaphore(max_requests)
+        self._stopping = threading.Event()
         super().__init__(host, port, _Handler)
 
     @property
@@ -143,8 +144,12 @@ class ApiServer(BackgroundHTTPServer):
 
     def process_request(self, request: Any, client_address: Any) -> None:
         # Wait for a free slot before taking on another connection: a burst queues in the
-        # backlog instead of growing one thread per connection without bound.
-        self._slots.acquire()
+        # backlog instead of growing one thread per connection without bound. Stopping
+        # does not wait for idle keep-alive connections to give a slot back.
+        while not self._slots.acquire(timeout=0.2):
+            if self._stopping.is_set():
+                self.shutdown_request(request)
+                return
         try:
             super().process_request(request, client_address)
         except BaseException:
@@ -156,6 +161,10 @@ class ApiServer(BackgroundHTTPServer):
             super().process_request_thread(request, client_address)
         finally:
             self._slots.release()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        super().stop()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """A client that hangs up, times out or fails the TLS handshake is routine; anything
