@@ -640,3 +640,21 @@ def test_an_endpoint_that_applies_no_scope_is_closed_to_scoped_callers(db_url, t
         assert r.status_code == 403 and "pods" not in r.text
     finally:
         service.stop()
+
+
+def test_a_scoped_caller_pages_allocations_whole_and_tokens_carry_no_foreign_names(static,
+                                                                                  tokens,
+                                                                                  layout):
+    team = tokens[1]["team"]
+    whole = get(static, "/api/v1/allocations", team).json()["items"]
+    seen: list[Any] = []
+    params: dict[str, Any] = {"limit": 1}
+    while True:
+        body = get(static, "/api/v1/allocations", team, **params).json()
+        seen += body["items"]
+        if body["continue"] is None:
+            break
+        decoded = base64.urlsafe_b64decode(body["continue"] + "==").decode()
+        assert not any(pod in decoded for pod in layout["foreign_pods"])
+        params["continue"] = body["continue"]
+    assert seen == whole

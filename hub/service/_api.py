@@ -26,9 +26,12 @@ from __future__ import annotations
 import base64
 import binascii
 import datetime as dt
+import hashlib
+import hmac
 import json
 import logging
 import re
+import secrets
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -54,6 +57,7 @@ HEALTH_LEVELS = inv.HEALTH_LEVELS
 #: Prometheus text format 0.0.4: what every Prometheus (2.42 included) parses.
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
+_PAGE_KEY = secrets.token_bytes(32)
 DB_UNAVAILABLE = "inventory database unavailable"
 DIGITS = re.compile(r"[0-9]{1,9}")
 #: No control characters (NUL above all: PostgreSQL refuses it in a text parameter).
@@ -185,9 +189,15 @@ def decode_token(token: str, kind: str = "g1", size: int = 4) -> tuple[Any, ...]
 
 
 def page_items(items: list[dict[str, Any]], key: Callable[[Mapping[str, Any]], tuple[str, ...]],
-               params: Params, kind: str, size: int) -> dict[str, Any]:
+               params: Params, kind: str, size: int,
+               present: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+               ) -> dict[str, Any]:
     """Keyset paging of a short list already read whole (clusters, nodes, findings): the same
-    ``limit``/``continue`` contract as /gpus, so a client pages every listing alike."""
+    ``limit``/``continue`` contract as /gpus, so a client pages every listing alike.
+
+    ``key`` must be unique per item; ``present`` turns a page's rows into what is sent
+    (masking), after the keys are taken, so masked rows that look alike still page right.
+    """
     token = params.text("continue")
     limit = params.integer("limit", DEFAULT_LIMIT, MAX_LIMIT)
     ordered = sorted(items, key=key)
@@ -196,7 +206,8 @@ def page_items(items: list[dict[str, Any]], key: Callable[[Mapping[str, Any]], t
         ordered = [i for i in ordered if key(i) > after]
     page = ordered[:limit]
     more = len(ordered) > limit
-    return _listing(page, encode_token(key(page[-1]), kind) if more else None)
+    shown = [present(i) for i in page] if present is not None else page
+    return _listing(shown, encode_token(key(page[-1]), kind) if more else None)
 
 
 def text_key(*names: str) -> Callable[[Mapping[str, Any]], tuple[str, ...]]:
@@ -356,10 +367,18 @@ def allocations(query: Query, engine: Engine, *, scope: Scope) -> Response:
         raise ApiError(403, "namespace outside your scope")
     with engine.connect() as conn:
         rows = inv.list_allocations(conn, cluster)
-    items = [scope.mask_allocation(r) for r in rows if scope.allows_cluster(r["cluster"])
+    items = [r for r in rows if scope.allows_cluster(r["cluster"])
              and (namespace is None or r["namespace"] == namespace)]
-    return 200, page_items(items, text_key("cluster", "node", "uuid", "namespace", "pod"),
-                           params, "a1", 5)
+
+    def key(row: Mapping[str, Any]) -> tuple[str, ...]:
+        # Unique per allocation, yet a continue token (readable base64) must not carry
+        # another team's names: theirs are a keyed hash, stable for this process.
+        ident = f"{row['namespace']}/{row['pod']}/{row['container'] or ''}"
+        if not scope.allows_namespace(row["namespace"]):
+            ident = "~" + hmac.new(_PAGE_KEY, ident.encode(), hashlib.sha256).hexdigest()[:32]
+        return (row["cluster"], row["node"], row["uuid"], row["mig_profile"] or "", ident)
+
+    return 200, page_items(items, key, params, "a1", 5, present=scope.mask_allocation)
 
 
 def sync_runs(query: Query, engine: Engine, *, scope: Scope) -> Response:
