@@ -658,3 +658,15 @@ def test_a_scoped_caller_pages_allocations_whole_and_tokens_carry_no_foreign_nam
         assert not any(pod in decoded for pod in layout["foreign_pods"])
         params["continue"] = body["continue"]
     assert seen == whole
+
+
+def test_an_unreachable_or_wrong_issuer_is_said_at_start(issuer, caplog):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+    assert OidcVerifier(issuer.url, AUDIENCE, {}).jwks.warm()
+    assert not OidcVerifier(closed, AUDIENCE, {}).jwks.warm()
+    assert f"OIDC issuer {closed}: cannot fetch its keys yet" in caplog.text
+    # a discovery document naming another issuer is refused, not trusted
+    alias = issuer.url.replace("127.0.0.1", "localhost")  # same server, another name
+    assert not OidcVerifier(alias, AUDIENCE, {}).jwks.warm()

@@ -186,6 +186,8 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
     tls = svc.TlsFiles(tls_cert_file, tls_key_file) if tls_cert_file and tls_key_file else None
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if auth.oidc is not None:
+        auth.oidc.jwks.warm()
     logging.getLogger("alembic").setLevel(logging.WARNING)
     with hub_client(opts) as client, database(db, create=True) as engine:
         readonly = svc.read_only_engine(db)

@@ -244,6 +244,20 @@ class JwksCache:
         keys = jwt.PyJWKSet.from_dict(self._get(self._jwks_uri))
         self._keys = {k.key_id: k for k in keys.keys if k.key_id}
 
+    def warm(self) -> bool:
+        """Fetch the keys now (at start-up), so a wrong issuer URL shows in the log at once
+        rather than as 401s; False (and a warning) when the issuer cannot be reached."""
+        with self._lock:
+            self._fetched_at = self.clock()
+            try:
+                self._refresh()
+            except (requests.RequestException, ValueError, KeyError, jwt.PyJWKError,
+                    Unauthorized) as exc:
+                log.warning("OIDC issuer %s: cannot fetch its keys yet (%s); tokens are "
+                            "refused until it answers", self.issuer, type(exc).__name__)
+                return False
+        return True
+
     def key(self, kid: str) -> jwt.PyJWK:
         with self._lock:
             if kid not in self._keys and (self._fetched_at is None
@@ -252,7 +266,7 @@ class JwksCache:
                 try:
                     self._refresh()
                 except (requests.RequestException, ValueError, KeyError,
-                        jwt.PyJWKError) as exc:
+                        jwt.PyJWKError) as exc:  # Unauthorized (wrong issuer) passes through
                     raise Unauthorized(f"cannot fetch the issuer's keys: "
                                        f"{type(exc).__name__}") from None
             found = self._keys.get(kid)
