@@ -670,3 +670,4 @@ def test_an_unreachable_or_wrong_issuer_is_said_at_start(issuer, caplog):
     # a discovery document naming another issuer is refused, not trusted
     alias = issuer.url.replace("127.0.0.1", "localhost")  # same server, another name
     assert not OidcVerifier(alias, AUDIENCE, {}).jwks.warm()
+    assert f"OIDC issuer {alias}: cannot fetch its keys yet (Unauthorized)" in caplog.text
