@@ -7,6 +7,7 @@ from what is served.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -80,7 +81,12 @@ class Route:
     def scoped(self) -> bool:
         """Whether the handler takes the caller's scope. One that does not is unrestricted
         callers' only: a new endpoint is closed to scoped tokens until it applies a scope."""
-        return "scope" in inspect.signature(self.handler).parameters
+        return _takes_scope(self.handler)
+
+
+@functools.cache
+def _takes_scope(handler: Handler) -> bool:
+    return "scope" in inspect.signature(handler).parameters
 
 
 @dataclass
