@@ -7,7 +7,6 @@ from what is served.
 from __future__ import annotations
 
 import datetime as dt
-import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -71,6 +70,7 @@ class Route:
     content_type: str = "application/json"
     errors: tuple[int, ...] = (400,)
     public: bool = False  # answered without a token (/healthz; /metrics when opened)
+    _scoped: bool = field(init=False, repr=False, compare=False, default=False)
 
     @property
     def prefix(self) -> str | None:
@@ -81,12 +81,11 @@ class Route:
     def scoped(self) -> bool:
         """Whether the handler takes the caller's scope. One that does not is unrestricted
         callers' only: a new endpoint is closed to scoped tokens until it applies a scope."""
-        return _takes_scope(self.handler)
+        return self._scoped
 
-
-@functools.cache
-def _takes_scope(handler: Handler) -> bool:
-    return "scope" in inspect.signature(handler).parameters
+    def __post_init__(self) -> None:  # looked up once, not on every request
+        object.__setattr__(self, "_scoped",
+                           "scope" in inspect.signature(self.handler).parameters)
 
 
 @dataclass
