@@ -119,16 +119,9 @@ def postgres_server() -> Iterator[str]:
 @pytest.fixture
 def pg_url(postgres_server: str) -> str:
     """A fresh, empty database on the session's PostgreSQL."""
-    import uuid
+    from tests.support.pg import create_database
 
-    import sqlalchemy as sa
-
-    name = "t_" + uuid.uuid4().hex[:12]
-    engine = sa.create_engine(f"{postgres_server}/postgres", isolation_level="AUTOCOMMIT")
-    with engine.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    engine.dispose()
-    return f"{postgres_server}/{name}"
+    return create_database(postgres_server)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

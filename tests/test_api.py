@@ -215,7 +215,7 @@ def test_a_mig_gpu_comes_with_its_slices(served):
     assert body["gpu"]["uuid"] == MIG_PARENT and body["gpu"]["mig_profile"] is None
     assert body["gpu"]["node"] == "gpu-node-a1"
     assert sorted((s["mig_profile"], s["mig_instance"]) for s in body["slices"]) == [
-        ("1g.10gb", "13"), ("2g.20gb", "5"), ("3g.40gb", "1")]
+        ("1g.10gb", 13), ("2g.20gb", 5), ("3g.40gb", 1)]
     assert all(s["uuid"] == MIG_PARENT for s in body["slices"])
     assert body["also_seen_on"] == []
     plain = served.json("/api/v1/gpus/GPU-c4529c8d-69c4-b61d-e0bc-7b2460096005")
@@ -336,7 +336,8 @@ def test_sync_runs_latest_first(served):
 
 def test_findings_are_empty_until_checks_are_configured(served):
     assert served.json("/api/v1/findings") == {"items": [], "continue": None,
-                                               "generated_at": None}
+                                               "generated_at": None,
+                                               "last_check_failed": None}
 
 
 def test_the_api_engine_cannot_write(served):

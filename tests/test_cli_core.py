@@ -35,7 +35,9 @@ def test_query_instant_formats(loaded_hub):
     rows = list(csv.DictReader(io.StringIO(gpufleet("query", expr, "-o", "csv", env=env).stdout)))
     assert {r["cluster"]: r["value"] for r in rows} == {"east": "8.0", "west": "1.0"}
     table = gpufleet("query", expr, env=env).stdout
-    assert "CLUSTER" in table and "east" in table and "west" in table
+    # label names as the hub spells them (they go back into PromQL), values rounded
+    assert table.splitlines()[0].split() == ["cluster", "time", "value"]
+    assert "east" in table and "west" in table and "8.0" not in table
 
 
 def test_query_range(loaded_hub):

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hub.devstack import _demo as demo
-from tests.support.clirun import gpufleet_json
+from tests.support.clirun import gpufleet, gpufleet_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -96,3 +96,34 @@ def test_ctrl_c_stops_every_process(tmp_path):
     assert proc.returncode == 130, err
     assert "interrupted" in err and "Traceback" not in err
     assert leftovers(workdir) == []
+
+
+def test_suggested_commands_work_in_a_new_shell(tmp_path):
+    """`make demo` runs .venv/bin/gpufleet without activating: the printed commands must not
+    assume gpufleet is on PATH."""
+    from hub.devstack import gpufleet_command
+
+    g = gpufleet_command()
+    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
+    env["PATH"] = "/usr/bin:/bin"  # a new shell without the virtual environment
+    proc = subprocess.run(f"{g} --version", shell=True, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0 and "gpufleet" in proc.stdout, proc.stderr
+
+
+def test_keep_running_keeps_syncing(hub, fleet, tmp_path):
+    from hub.devstack import keep_syncing
+    from hub.store import HubClient
+    from tests.support.promql import wait_for
+    from tests.support.samples import sample_text
+
+    fleet("east", [sample_text("dcgm-t4-loaded-ericsson-ccd.prom")])
+    wait_for(hub.url, "count(DCGM_FI_DEV_GPU_UTIL)", lambda r: bool(r))
+    db = f"sqlite:///{tmp_path / 'inventory.db'}"
+    assert gpufleet("sync", "--hub-url", hub.url, "--db", db).exit_code == 0
+    said: list[str] = []
+    with HubClient(hub.url) as client:
+        assert keep_syncing(db, client, said.append, every=0.0, rounds=2) == 2
+    assert len(said) == 2 and all(s.startswith("sync: 1 clusters reporting") for s in said)
+    runs = gpufleet_json("inventory", "sync-runs", "--db", db)
+    assert [r["status"] for r in runs] == ["ok", "ok", "ok"]

@@ -159,6 +159,9 @@ def test_json_and_table():
 
 def test_write_atomic_replaces_whole_files(tmp_path):
     target = tmp_path / "sub" / "r.html"
+    with pytest.raises(InputError, match="does not exist"):
+        rpt.write_atomic(target, "one")
+    target.parent.mkdir()
     rpt.write_atomic(target, "one")
     inode = target.stat().st_ino
     rpt.write_atomic(target, "two")
@@ -201,6 +204,10 @@ def test_report_command_exit_codes_and_outputs(db_url, tmp_path):
     assert {r["cluster"]: r["status"] for r in data["summary"]} == {
         "east": "ok", "west": "error"}
     out = tmp_path / "page" / "fleet.html"
+    result = gpufleet("report", "--db", db_url, "-o", "html", "--out", str(out))
+    assert result.exit_code == 2 and "directory" in result.stderr and "does not exist" \
+        in result.stderr and not out.parent.exists()  # a typo never grows a new tree
+    out.parent.mkdir()
     result = gpufleet("report", "--db", db_url, "-o", "html", "--out", str(out))
     assert result.exit_code == 1 and result.stdout == ""
     assert "wrote" in result.stderr and out.read_text().startswith("<!DOCTYPE html>")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,6 +18,7 @@ from hub.common import (
     DURATION,
     ConfiguredCommand,
     ConfiguredGroup,
+    GpufleetError,
     InputError,
     UnavailableError,
     cluster_label_option,
@@ -56,7 +58,11 @@ def database(url: str | None, *, create: bool = False) -> Iterator[Engine]:
     engine = inv.make_engine(url, create=create)
     try:
         yield engine
-    except sa.exc.OperationalError as exc:
+    except sa.exc.DatabaseError as exc:
+        # OperationalError (unreachable, locked) or a bare DatabaseError (a file that is not
+        # a database); integrity or programming errors are bugs and keep their traceback.
+        if type(exc) not in (sa.exc.OperationalError, sa.exc.DatabaseError):
+            raise
         reason = str(exc.orig).strip().splitlines()[0] if exc.orig else "connection failed"
         raise UnavailableError(
             f"inventory database {inv.safe_url(engine)} unavailable: {reason}"
@@ -106,6 +112,37 @@ def _sample_rows(series: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+_GROUPING = re.compile(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)")
+_KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and",
+             "or", "unless", "offset", "atan2", "inf", "nan"}
+
+
+def metric_names(expr: str) -> list[str]:
+    """Metric names an expression selects (best effort: strings, matchers, ranges, grouping
+    clauses and function names removed), for the "no such metric" hint only."""
+    text = re.sub(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`', "", expr)
+    text = re.sub(r"\{[^}]*\}|\[[^\]]*\]", " ", text)
+    text = _GROUPING.sub(" ", text)
+    names = []
+    for m in re.finditer(r"(?<![\w.])([A-Za-z_:][\w:]*)(?!\w)(?!\s*\()", text):
+        if m.group(1).lower() not in _KEYWORDS and m.group(1) not in names:
+            names.append(m.group(1))
+    return names
+
+
+def unknown_metrics(client: HubClient, expr: str) -> list[str]:
+    """Names in ``expr`` of which the hub holds no series at all (at most three asked)."""
+    unknown = []
+    for name in metric_names(expr)[:3]:
+        try:
+            found = client.query(f'count({{__name__="{name}"}})').result
+        except GpufleetError:
+            return []
+        if not found:
+            unknown.append(name)
+    return unknown
+
+
 @click.command(cls=ConfiguredCommand)
 @click.argument("expr")
 @click.option("--range", "range_", type=DURATION, metavar="DURATION",
@@ -124,12 +161,18 @@ def query(expr: str, range_: float | None, step: float, output: str, **opts: Any
 
     A PromQL error prints the store's message and exits 2; an unreachable hub exits 3.
     """
+    if (range_ is not None and range_ <= 0) or step <= 0:
+        raise InputError("--range and --step must be greater than 0")
     with hub_client(opts) as client:
         if range_:
             end = time.time()
             res = client.query_range(expr, end - range_, end, step)
         else:
             res = client.query(expr)
+        if not range_ and res.result_type == "vector" and not res.result:
+            for name in unknown_metrics(client, expr):
+                click.echo(f"warning: the hub has no series named {name!r} (a typo, or not "
+                           "in the allowlist?)", err=True)
     for warning in res.warnings:
         click.echo(f"warning: hub returned a partial response: {warning}", err=True)
     series = _series(res.result_type, res.result)
@@ -139,7 +182,8 @@ def query(expr: str, range_: float | None, step: float, output: str, **opts: Any
     rows = _sample_rows(series)
     labels = sorted({k for row in rows for k in row} - {"time", "value", "__name__"})
     name = ["__name__"] if any("__name__" in r for r in rows) else []
-    emit(rows, [*name, *labels, "time", "value"], output)
+    # label names as the hub spells them (Hostname, not HOSTNAME): they go back into PromQL
+    emit(rows, [*name, *labels, "time", "value"], output, upper=False)
 
 
 # -- sync -----------------------------------------------------------------------------------
@@ -168,6 +212,8 @@ def sync(once: bool, every: float | None, stale_after: float, lock_timeout: floa
         raise InputError("--once and --every exclude each other")
     if stale_after <= 0:
         raise InputError("--stale-after must be greater than 0")
+    if every is not None and every <= 0:
+        raise InputError("--every must be greater than 0 (leave it out to sync once)")
     with hub_client(opts) as client, database(db, create=True) as engine:
         while True:
             try:
@@ -185,6 +231,7 @@ def sync(once: bool, every: float | None, stale_after: float, lock_timeout: floa
                     click.echo(
                         f"sync ok: {result.clusters} clusters, {result.nodes} nodes, "
                         f"{result.gpus} GPUs ({result.requests} requests, {took:.1f}s)"
+                        + (f"; {result.note}" if result.note else "")
                     )
             if not every:
                 return
@@ -226,7 +273,8 @@ _inventory_command("allocations", inv.list_allocations, inv.ALLOCATION_COLUMNS,
 
 
 @inventory_group.command("sync-runs", cls=ConfiguredCommand)
-@click.option("--limit", type=click.IntRange(1), default=20, show_default=True)
+@click.option("--limit", type=click.IntRange(1, 1_000_000), default=20, show_default=True,
+              help="How many runs to show, newest first.")
 @db_option
 @output_option()
 def sync_runs(limit: int, db: str | None, output: str, **_: Any) -> None:

@@ -68,13 +68,17 @@ def demo(clusters: int, nodes: int, gpus_per_node: int, workdir: Path, keep_runn
                    "the inventory shows it)")
     click.echo(f"Whole run           {result.elapsed_s:.0f}s")
     click.echo("")
-    click.echo("Try next:")
-    click.echo(f"  gpufleet inventory clusters --db {db}")
-    click.echo(f"  gpufleet inventory gpus --db {db} --cluster {result.clusters[0]['cluster']}")
-    click.echo(f"  gpufleet report --db {db} -o markdown")
-    click.echo("  gpufleet demo --keep-running   # then, while it runs:")
-    click.echo("  gpufleet query 'count by (cluster) (DCGM_FI_DEV_GPU_TEMP)' "
+    g = devstack.gpufleet_command()
+    click.echo("Try next (in any shell):")
+    if g != "gpufleet" and (Path(g).parent / "activate").is_file():
+        click.echo(f"  . {Path(g).parent / 'activate'}   # puts gpufleet on PATH; or type it "
+                   "in full, as below")
+    click.echo(f"  {g} inventory clusters --db {db}")
+    click.echo(f"  {g} inventory gpus --db {db} --cluster {result.clusters[0]['cluster']}")
+    click.echo(f"  {g} report --db {db} -o markdown")
+    click.echo(f"  {g} demo --keep-running   # then, while it runs:")
+    click.echo(f"  {g} query 'count by (cluster) (DCGM_FI_DEV_GPU_TEMP)' "
                f"--hub-url {result.hub_url}")
-    click.echo("  gpufleet query 'avg by (cluster) (DCGM_FI_DEV_GPU_UTIL)' --range 5m --step 30s "
+    click.echo(f"  {g} query 'avg by (cluster) (DCGM_FI_DEV_GPU_UTIL)' --range 5m --step 30s "
                f"--hub-url {result.hub_url}")
     sys.stdout.flush()

@@ -16,6 +16,7 @@ from hub.common._errors import (
     GpufleetError,
     InputError,
     UnavailableError,
+    shorten,
 )
 from hub.common._httpserve import (
     BackgroundHTTPServer,
@@ -69,6 +70,7 @@ __all__ = [
     "parse_duration",
     "parse_listen",
     "push_interval_option",
+    "shorten",
     "stale_after_option",
     "template_roots",
     "to_json",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 import click
@@ -13,6 +14,8 @@ _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w|y)")
 def parse_duration(text: str | float | int) -> float:
     """Return seconds; a bare number is seconds. Raises ValueError naming the bad input."""
     if isinstance(text, (int, float)):
+        if not math.isfinite(text):
+            raise ValueError(f"invalid duration {text!r} (use e.g. 30s, 5m, 1h)")
         if text < 0:
             raise ValueError(f"negative duration: {text}")
         return float(text)
@@ -24,6 +27,8 @@ def parse_duration(text: str | float | int) -> float:
     except ValueError:
         pass
     else:
+        if not math.isfinite(value):
+            raise ValueError(f"invalid duration {s!r} (use e.g. 30s, 5m, 1h)")
         if value < 0:
             raise ValueError(f"negative duration: {s}")
         return value
@@ -53,8 +58,6 @@ class Duration(click.ParamType):
     name = "duration"
 
     def convert(self, value, param, ctx):  # type: ignore[override]
-        if isinstance(value, float):
-            return value
         try:
             return parse_duration(value)
         except ValueError as exc:

@@ -14,6 +14,17 @@ EXIT_INPUT = 2  # usage or input error, a PromQL error included
 EXIT_UNAVAILABLE = 3  # a dependency could not be reached or is missing, or the lock is held
 
 
+def shorten(text: str, limit: int = 200) -> str:
+    """One line of at most ``limit`` characters, cut at a word boundary with an ellipsis:
+    a message cut mid-word (``SSLError(SSLError(1, '[SSL``) hides what went wrong."""
+    line = " ".join(str(text).split())
+    if len(line) <= limit:
+        return line
+    cut = line[:limit - 1]
+    space = cut.rfind(" ")
+    return (cut[:space] if space > limit // 2 else cut).rstrip(" ,;:(") + "…"
+
+
 class GpufleetError(click.ClickException):
     """Base class: a one-line message and an exit code."""
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
 import click
 
 from hub.common._durations import DURATION
+from hub.common._errors import InputError
 
 F = Callable[..., Any]
 
@@ -42,9 +44,27 @@ hub_options = _stack(
                  show_default=True, metavar="DURATION", help="Timeout of one hub request."),
 )
 
+LABEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def check_label_name(value: str, what: str = "--cluster-label") -> str:
+    """The label goes into PromQL verbatim (``by (...)``): anything but a Prometheus label
+    name would change the query's meaning and, worse, still answer, so refuse it here."""
+    if not LABEL_NAME.fullmatch(value or ""):
+        raise InputError(f"{what} {value!r} is not a Prometheus label name "
+                         "(letters, digits and _, not starting with a digit)")
+    return value
+
+
+def _label_callback(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    return check_label_name(value, "--" + (param.name or "").replace("_", "-"))
+
+
 cluster_label_option = click.option(
     "--cluster-label", envvar=env("cluster-label"), default="cluster", show_default=True,
-    help="Label that names the cluster on every series (ACM adds 'cluster').",
+    callback=_label_callback, metavar="LABEL",
+    help="Label that names the cluster on every series (ACM adds 'cluster'); a Prometheus "
+         "label name.",
 )
 
 db_option = click.option(

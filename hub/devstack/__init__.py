@@ -5,6 +5,8 @@ static exporters) for the demo, the tests and the benchmarks, and the demo itsel
 from __future__ import annotations
 
 from hub.devstack._demo import (
+    gpufleet_command,
+    keep_syncing,
     run,
 )
 from hub.devstack._prometheus import (
@@ -17,7 +19,9 @@ from hub.devstack._prometheus import (
 __all__ = [
     "PrometheusProcess",
     "free_port",
+    "gpufleet_command",
     "hub_config",
+    "keep_syncing",
     "require_binary",
     "run",
 ]

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from hub import inventory as inv
-from hub.common import InputError, UnavailableError, on_sigterm
+from hub.common import GpufleetError, InputError, UnavailableError, on_sigterm
 from hub.devstack._prometheus import PrometheusProcess, hub_config, start_agent
 from hub.inventory import run_sync
 from hub.store import HubClient
@@ -309,13 +309,48 @@ def run(*, clusters: int, nodes: int, gpus_per_node: int, workdir: Path, say: Sa
             reconcile_counts = reconcile(p, workdir, db_url, say)
             report_exit = make_report(db_url, hub.url, report, say)
             if keep_running:
-                say(f"fleet still running; hub at {hub.url}. Ctrl-C to stop.")
-                while True:
-                    time.sleep(3600)
+                say(f"fleet still running, syncing every {KEEP_SYNC_EVERY:g}s; hub at "
+                    f"{hub.url}; inventory database {db_url}; HTML report {report}. "
+                    "Ctrl-C to stop.")
+                keep_syncing(db_url, client, say, every=KEEP_SYNC_EVERY)
         finally:
             fleet.close()
     return Result(db_url, report, hub.url, freshness, reconcile_counts, report_exit,
                   cluster_rows, time.monotonic() - started)
+
+
+KEEP_SYNC_EVERY = 15.0
+
+
+def keep_syncing(db_url: str, client: HubClient, say: Say, *, every: float,
+                 rounds: int | None = None, sleep: Callable[[float], None] = time.sleep) -> int:
+    """--keep-running: the inventory follows the live fleet (a stopped agent turns stale, a
+    started one returns) instead of freezing at the demo's end. Returns the rounds run."""
+    done = 0
+    while rounds is None or done < rounds:
+        sleep(every)
+        engine = inv.make_engine(db_url)
+        try:
+            result = run_sync(engine, client, stale_after=STALE_AFTER)
+            say(f"sync: {result.clusters} clusters reporting, {result.gpus} GPUs active")
+        except GpufleetError as exc:
+            say(f"sync failed: {exc.format_message()}")
+        finally:
+            engine.dispose()
+        done += 1
+    return done
+
+
+def gpufleet_command() -> str:
+    """How a user types gpufleet in a new shell: `gpufleet` only when that is on PATH and is
+    this installation, else the full path (make demo runs from .venv without activating)."""
+    here = Path(sys.executable).parent / "gpufleet"
+    found = shutil.which("gpufleet")
+    if found and here.exists() and Path(found).resolve() == here.resolve():
+        return "gpufleet"
+    if here.exists():
+        return str(here)
+    return f"{sys.executable} -m hub"
 
 
 def reconcile(p: Plan, workdir: Path, db_url: str, say: Say) -> dict[str, int]:

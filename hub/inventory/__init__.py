@@ -36,9 +36,12 @@ from hub.inventory._migrate import (
 )
 from hub.inventory._reconcile_runs import reconcile_clusters, reconcile_results, reconcile_runs
 from hub.inventory._sync import (
+    NO_GPU_SERIES,
     SyncResult,
+    missing_label_error,
     run_sync,
     subquery_step,
+    unlabelled,
 )
 
 __all__ = [
@@ -50,6 +53,7 @@ __all__ = [
     "GPU_TABLE_COLUMNS",
     "HEALTH_LEVELS",
     "NODE_COLUMNS",
+    "NO_GPU_SERIES",
     "STALE",
     "LockHeld",
     "SyncResult",
@@ -64,6 +68,7 @@ __all__ = [
     "list_sync_runs",
     "make_engine",
     "metadata",
+    "missing_label_error",
     "nodes",
     "now_utc",
     "reconcile_clusters",
@@ -73,5 +78,6 @@ __all__ = [
     "safe_url",
     "subquery_step",
     "sync_runs",
+    "unlabelled",
     "upgrade",
 ]

@@ -137,7 +137,11 @@ def make_engine(url: str | None, *, create: bool = False) -> Engine:
         path = parsed.database
         if path and path != ":memory:":
             if create:
-                Path(path).parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    Path(path).parent.mkdir(parents=True, exist_ok=True)
+                except OSError as exc:
+                    raise InputError(f"cannot create the directory of inventory database "
+                                     f"{path}: {exc.strerror}") from None
             elif not Path(path).exists():
                 raise UnavailableError(
                     f"inventory database {path} does not exist yet: run `gpufleet sync` first"
@@ -335,8 +339,11 @@ GPU_TABLE_COLUMNS = [
     "cluster", "node", "uuid", "index", "vendor", "model", "memory_total_mib", "mig_profile",
     "mig_instance", "state", "health", "utilisation_pct", "last_sample_at",
 ]
-NODE_COLUMNS = ["cluster", "node", "gpus", "state", "last_seen", "last_sample_at"]
-CLUSTER_COLUMNS = ["cluster", "nodes", "gpus", "state", "last_seen", "last_sample_at"]
+#: gpus: physical GPUs reporting (active); stale_gpus: known physical GPUs that stopped, so a
+#: silent cluster shows what was last known instead of a bare 0
+NODE_COLUMNS = ["cluster", "node", "gpus", "stale_gpus", "state", "last_seen", "last_sample_at"]
+CLUSTER_COLUMNS = ["cluster", "nodes", "gpus", "stale_gpus", "state", "last_seen",
+                   "last_sample_at"]
 ALLOCATION_COLUMNS = ["cluster", "node", "uuid", "mig_profile", "namespace", "pod", "container",
                       "first_seen", "last_seen"]
 
@@ -347,7 +354,12 @@ def _where_cluster(stmt: sa.Select, table: sa.Table, cluster: str | None) -> sa.
 
 def gpu_item(row: Mapping[str, Any]) -> dict[str, Any]:
     """One gpus row as every consumer shows it (CLI JSON, API): ``index``, not gpu_index."""
-    return {c: (row["gpu_index"] if c == "index" else row[c]) for c in GPU_COLUMNS}
+    item = {c: (row["gpu_index"] if c == "index" else row[c]) for c in GPU_COLUMNS}
+    # one type everywhere (CLI JSON, API): the MIG instance is a number like the index
+    instance = item.get("mig_instance")
+    if isinstance(instance, str) and instance.isdigit():
+        item["mig_instance"] = int(instance)
+    return item
 
 
 def list_gpus(conn: Connection, cluster: str | None = None) -> list[dict[str, Any]]:
@@ -360,15 +372,19 @@ def _active_physical_gpus():
     return sa.and_(gpus.c.slice_key == "", gpus.c.state == ACTIVE)
 
 
+def _stale_physical_gpus():
+    return sa.and_(gpus.c.slice_key == "", gpus.c.state != ACTIVE)
+
+
 def list_nodes(conn: Connection, cluster: str | None = None) -> list[dict[str, Any]]:
-    count = (
-        sa.select(sa.func.count())
-        .where(gpus.c.cluster == nodes.c.cluster, gpus.c.node == nodes.c.node,
-               _active_physical_gpus())
-        .scalar_subquery()
-    )
+    def count(which: sa.ColumnElement[bool]) -> sa.ScalarSelect[int]:
+        return (sa.select(sa.func.count())
+                .where(gpus.c.cluster == nodes.c.cluster, gpus.c.node == nodes.c.node, which)
+                .scalar_subquery())
+
     stmt = _where_cluster(
-        sa.select(nodes.c.cluster, nodes.c.node, count.label("gpus"), nodes.c.state,
+        sa.select(nodes.c.cluster, nodes.c.node, count(_active_physical_gpus()).label("gpus"),
+                  count(_stale_physical_gpus()).label("stale_gpus"), nodes.c.state,
                   nodes.c.last_seen, nodes.c.last_sample_at), nodes, cluster,
     ).order_by(nodes.c.cluster, nodes.c.node)
     return [dict(r) for r in conn.execute(stmt).mappings()]
@@ -380,13 +396,15 @@ def list_clusters(conn: Connection, cluster: str | None = None) -> list[dict[str
         .where(nodes.c.cluster == clusters.c.cluster, nodes.c.state == ACTIVE)
         .scalar_subquery()
     )
-    gpu_count = (
-        sa.select(sa.func.count())
-        .where(gpus.c.cluster == clusters.c.cluster, _active_physical_gpus())
-        .scalar_subquery()
-    )
+    def gpu_count(which: sa.ColumnElement[bool]) -> sa.ScalarSelect[int]:
+        return (sa.select(sa.func.count())
+                .where(gpus.c.cluster == clusters.c.cluster, which)
+                .scalar_subquery())
+
     stmt = _where_cluster(
-        sa.select(clusters.c.cluster, node_count.label("nodes"), gpu_count.label("gpus"),
+        sa.select(clusters.c.cluster, node_count.label("nodes"),
+                  gpu_count(_active_physical_gpus()).label("gpus"),
+                  gpu_count(_stale_physical_gpus()).label("stale_gpus"),
                   clusters.c.state, clusters.c.last_seen, clusters.c.last_sample_at),
         clusters, cluster,
     ).order_by(clusters.c.cluster)

@@ -44,7 +44,7 @@ _GPU_TYPES: dict[str, dict[str, Any]] = {
     "state": {"type": "string", "enum": list(STATES)}, "first_seen": _TIME,
     "last_seen": _TIME, "last_sample_at": _TIME, "memory_total_mib": _NUMBER,
     "memory_used_mib": _NUMBER, "utilisation_pct": _NUMBER, "power_w": _NUMBER,
-    "temperature_c": _NUMBER,
+    "temperature_c": _NUMBER, "mig_instance": {"type": ["integer", "null"]},
     "health": {"type": ["string", "null"], "enum": [*HEALTH_LEVELS, None]},
     "health_reasons": {"type": ["string", "null"]},
 }
@@ -57,6 +57,7 @@ def _object(columns: Sequence[str], types: Mapping[str, dict[str, Any]]) -> dict
 
 def _schemas() -> dict[str, Any]:
     counted = {"nodes": {"type": "integer"}, "gpus": {"type": "integer"},
+               "stale_gpus": {"type": "integer"},
                "state": _GPU_TYPES["state"], "last_seen": _TIME, "last_sample_at": _TIME,
                "cluster": {"type": "string"}, "node": {"type": "string"}}
     place = _object(["cluster", "node", "state", "last_seen"], counted)
@@ -78,9 +79,11 @@ def _schemas() -> dict[str, Any]:
             "uuid": {"type": "string"}, "namespace": {"type": "string"},
             "first_seen": _TIME, "last_seen": _TIME}),
         "SyncRun": _object(list(inv.sync_runs.c.keys()), runs),
-        "Finding": _object(["severity", "check", "cluster", "node", "gpu", "message"],
+        "Finding": _object(["severity", "check", "cluster", "node", "gpu", "message",
+                            "checked_at"],
                            {"severity": {"type": "string", "enum": list(SEVERITIES)},
-                            "check": {"type": "string"}, "message": {"type": "string"}}),
+                            "check": {"type": "string"}, "message": {"type": "string"},
+                            "checked_at": _TIME}),
         "Health": {"type": "object", "required": ["status"], "properties": {
             "status": {"type": "string", "enum": ["ok", "unavailable"]},
             "reason": {"type": "string"}, "last_success": _TIME,

@@ -161,13 +161,15 @@ def database_error(exc: BaseException) -> str:
 
 def build_router(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, Any]]],
                  findings: Callable[[], tuple[list[dict[str, Any]], float | None]],
-                 metrics: Callable[[], bytes], auth: Authenticator | None = None,
-                 metrics_open: bool = True,
+                 metrics: Callable[[], bytes],
+                 check_failure: Callable[[], tuple[float, str] | None] = lambda: None,
+                 auth: Authenticator | None = None, metrics_open: bool = True,
                  on_refused: Callable[[str], None] = lambda reason: None) -> Router:
     """All routes: the inventory handlers above plus the service's own state, passed in.
 
     ``health`` answers (ok, details); ``findings`` the latest findings and when they were
-    made (epoch seconds, None before the first); ``metrics`` the Prometheus exposition.
+    made (epoch seconds, None before the first); ``metrics`` the Prometheus exposition;
+    ``check_failure`` when and why the latest checks could not run (None if they did).
     """
 
     def healthz(query: Query, engine: Engine) -> Response:
@@ -190,9 +192,14 @@ def build_router(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, A
                     and (cluster is None or f.get("cluster") == cluster)
                     and (scope.clusters is None or scope.allows_cluster(f.get("cluster")))]
         when = dt.datetime.fromtimestamp(generated, dt.UTC) if generated is not None else None
-        page = page_items(selected, text_key("cluster", "node", "gpu", "check", "message"),
+        failed = check_failure()
+        last_failure = None if failed is None else {  # no hub URL or driver text to callers
+            "at": dt.datetime.fromtimestamp(failed[0], dt.UTC), "error": public_error(failed[1])}
+        # each finding carries the time of the check it comes from
+        page = page_items([{**f, "checked_at": when} for f in selected],
+                          text_key("cluster", "node", "gpu", "check", "message"),
                           params, "f1", 5)
-        return 200, {**page, "generated_at": when}
+        return 200, {**page, "generated_at": when, "last_check_failed": last_failure}
 
     router = Router(engine, auth=auth or Authenticator(), metrics_open=metrics_open,
                     on_refused=on_refused)
@@ -240,7 +247,13 @@ def build_router(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, A
         Route("/api/v1/findings", findings_, "Findings of the latest checks (empty until "
               "checks are configured); paged.", {**_list_of("Finding"), "properties": {
                   **_list_of("Finding")["properties"],
-                  "generated_at": {"type": ["string", "null"], "format": "date-time"}}},
+                  "generated_at": {"type": ["string", "null"], "format": "date-time"},
+                  "last_check_failed": {
+                      "type": ["object", "null"],
+                      "description": "When and why the latest checks could not run (the "
+                                     "hub unreachable, ...); null when they ran since.",
+                      "properties": {"at": {"type": "string", "format": "date-time"},
+                                     "error": {"type": "string"}}}}},
               (_param("severity", "Only this severity.",
                       {"type": "string", "enum": list(SEVERITIES)}), CLUSTER_PARAM, *paging)),
         Route("/api/v1/sync-runs", sync_runs, "Sync runs, latest first.",

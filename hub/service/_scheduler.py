@@ -75,6 +75,10 @@ class SyncState:
     next_run_at: float | None = None
     findings: tuple[Finding, ...] = ()
     findings_at: float | None = None
+    #: the last time the checks could not run (the sync or the findings job failed), and why:
+    #: /api/v1/findings says so rather than serving an empty or old list as if all were well
+    checks_failed_at: float | None = None
+    checks_error: str | None = None
 
 
 def describe_error(exc: BaseException) -> str:
@@ -265,6 +269,15 @@ class Scheduler:
         state = self.state
         return list(state.findings), state.findings_at
 
+    def check_failure(self) -> tuple[float, str] | None:
+        """When and why the latest checks could not run, if they did not since."""
+        state = self.state
+        if state.checks_failed_at is None or state.checks_error is None:
+            return None
+        if state.findings_at is not None and state.findings_at >= state.checks_failed_at:
+            return None
+        return state.checks_failed_at, state.checks_error
+
     def retry_delay(self, failures: int) -> float:
         return min(self.every, self.backoff * 2 ** max(0, failures - 1))
 
@@ -287,7 +300,9 @@ class Scheduler:
             message = describe_error(exc)
             failures = self.state.consecutive_failures + 1
             delay = self.retry_delay(failures)
-            self._update(last_error=message, consecutive_failures=failures, lock_held=False)
+            self._update(last_error=message, consecutive_failures=failures, lock_held=False,
+                         checks_failed_at=self.clock(),
+                         checks_error=f"sync failed, no checks ran: {message}")
             if self.metrics:
                 self.metrics.failures.inc()
                 self.metrics.sync_duration.observe(max(0.0, self.clock() - started))
@@ -301,8 +316,9 @@ class Scheduler:
             self.metrics.sync_duration.observe(max(0.0, finished - started))
             self.metrics.last_success.set(finished)
         took = (result.finished_at - result.started_at).total_seconds()
-        log.info("sync ok: %d clusters, %d nodes, %d GPUs (%d requests, %.1fs)",
-                 result.clusters, result.nodes, result.gpus, result.requests, took)
+        log.info("sync ok: %d clusters, %d nodes, %d GPUs (%d requests, %.1fs)%s",
+                 result.clusters, result.nodes, result.gpus, result.requests, took,
+                 f"; {result.note}" if getattr(result, "note", None) else "")
         self._after_sync()
         return self._next(max(0.0, started + self.every - self.clock()))
 
@@ -318,6 +334,10 @@ class Scheduler:
             found = self._guarded("findings", lambda: list(provider()))
             if found is not None:
                 self._update(findings=tuple(found), findings_at=self.clock())
+            else:
+                self._update(checks_failed_at=self.clock(),
+                             checks_error="the checks failed after a successful sync "
+                                          "(see the service log)")
 
     def _guarded(self, name: str, job: Callable[[], Any]) -> Any:
         try:
@@ -397,6 +417,7 @@ def build_service(jobs: Jobs, *, every: float, engine: Engine, host: str = "127.
 
     metrics.watch(counts, lambda: scheduler.state.findings)
     router = build_router(engine, health=scheduler.health, findings=scheduler.findings,
-                          metrics=metrics.exposition, auth=auth, metrics_open=metrics_open,
+                          metrics=metrics.exposition, check_failure=scheduler.check_failure,
+                          auth=auth, metrics_open=metrics_open,
                           on_refused=lambda reason: metrics.refused.labels(reason).inc())
     return Service(scheduler, ApiServer(router, host, port, tls=tls, max_requests=max_requests))

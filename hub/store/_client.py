@@ -13,6 +13,7 @@ No secret (token, URL credentials, key) is ever part of an exception message or 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import requests
 
-from hub.common import InputError, UnavailableError
+from hub.common import InputError, UnavailableError, shorten
 
 TOKEN_ENV = "GPUFLEET_TOKEN"
 
@@ -77,7 +78,13 @@ class HubSettings:
     def validate(self) -> None:
         if not self.url:
             raise InputError("no hub URL: pass --hub-url or set GPUFLEET_HUB_URL")
-        parts = urlsplit(self.url)
+        try:
+            parts = urlsplit(self.url)
+            parts.port  # noqa: B018 - raises ValueError on a bad port
+        except ValueError as exc:
+            raise InputError(f"invalid hub URL (--hub-url): {exc}") from None
+        if not self.timeout > 0:
+            raise InputError(f"--timeout must be greater than 0 (got {self.timeout:g}s)")
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise InputError(f"invalid hub URL {redact_url(self.url)!r}: expected http(s)://host[:port]")
         if bool(self.cert_file) != bool(self.key_file):
@@ -86,6 +93,26 @@ class HubSettings:
                            (self.key_file, "key")):
             if path and not Path(path).is_file():
                 raise InputError(f"{what} file not found: {path}")
+        self._check_tls_files()
+
+    def _check_tls_files(self) -> None:
+        """Load the CA and client certificate once here: a file that is not what its flag
+        says is the user's input error (2), not a hub that cannot be reached (3)."""
+        import ssl
+
+        if self.ca_file:
+            try:
+                ssl.create_default_context(cafile=self.ca_file)
+            except (ssl.SSLError, ValueError, OSError):
+                raise InputError(f"--ca-file {self.ca_file} holds no PEM CA certificate") \
+                    from None
+        if self.cert_file and self.key_file:
+            try:
+                ssl.create_default_context().load_cert_chain(self.cert_file, self.key_file,
+                                                            password=b"")
+            except (ssl.SSLError, ValueError, OSError):
+                raise InputError(f"--cert-file {self.cert_file} and --key-file {self.key_file} "
+                                 "are not a matching PEM certificate and key") from None
 
 
 def build_session(settings: HubSettings) -> requests.Session:
@@ -160,6 +187,13 @@ class HubClient:
 
     # -- transport ------------------------------------------------------------------------
     def _post(self, path: str, data: dict[str, Any]) -> QueryResult:
+        for value in data.values():
+            try:
+                str(value).encode("utf-8")
+            except UnicodeEncodeError:
+                # A shell argument with bytes that are not UTF-8 arrives as surrogates.
+                raise PromQLError("PromQL error: the expression holds bytes that are not "
+                                  "valid UTF-8") from None
         self.requests += 1
         try:
             # verify/cert per request: requests lets REQUESTS_CA_BUNDLE in the environment
@@ -192,7 +226,7 @@ class HubClient:
                 "check the token or client certificate"
             )
         if resp.status_code >= 400 or not isinstance(body, dict):
-            detail = body.get("error") if isinstance(body, dict) else resp.text[:200]
+            detail = body.get("error") if isinstance(body, dict) else shorten(resp.text)
             raise HubUnavailable(
                 f"hub {self.safe_url} answered {resp.status_code} {resp.reason}"
                 + (f": {detail}" if detail else "")
@@ -215,8 +249,11 @@ def _reason(exc: Exception) -> str:
                    "Remote end closed connection"):
         if marker in text:
             return marker.lower()
-    if "Max retries exceeded" in text and "(Caused by" in text:
-        inner = text.split("(Caused by", 1)[1]
-        return inner.split(":", 1)[0].strip(" ()'") or "connection failed"
+    ssl = re.search(r"\[SSL: [A-Z0-9_]+\] ([a-z0-9 ,_-]+)", text)
+    if ssl:  # e.g. "wrong version number" (plain HTTP answered a TLS hello)
+        return ssl.group(1).strip()
+    inner = re.search(r"\(Caused by (\w+)\(", text)
+    if inner:  # the cause's type, whole: never a message cut at its first colon
+        return inner.group(1)
     return type(exc).__name__
 

@@ -212,7 +212,8 @@ def report_facts(conn: Connection, now: dt.datetime) -> Facts:
     return Facts(
         now=now,
         clusters=[ClusterFacts(c["cluster"], c["state"], c["last_sample_at"], c["nodes"],
-                               known_nodes.get(c["cluster"], 0), c["gpus"]) for c in clusters],
+                               known_nodes.get(c["cluster"], 0), c["gpus"], c["stale_gpus"])
+                  for c in clusters],
         nodes=[NodeFacts(n["cluster"], n["node"], n["state"], n["last_sample_at"], n["gpus"],
                          stale_per_node.get((n["cluster"], n["node"]), 0)) for n in node_rows],
         gpus=gpu_facts,

@@ -27,7 +27,7 @@ FORMATS = ("table", "json", "markdown", "html")
 #: GitHub's limit for one comment; the Markdown stays below it
 MARKDOWN_LIMIT = 65536
 SUMMARY_COLUMNS = ["cluster", "status", "state", "last_sample_at", "age", "nodes_reporting",
-                   "nodes_expected", "gpus", "expected", "findings"]
+                   "nodes_expected", "gpus", "stale_gpus", "expected", "findings"]
 FINDING_COLUMNS = ["severity", "check", "cluster", "node", "gpu", "message"]
 _STATUS_RANK = {ERROR: 0, WARNING: 1, "ok": 2}
 
@@ -84,7 +84,8 @@ def _sorted_summary(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 # -- table ---------------------------------------------------------------------------------------
 def render_table(report: Report) -> str:
-    rows = [{**r, "nodes_reporting": f"{r['nodes_reporting']}/{r['nodes_expected']}"}
+    rows = [{**r, "nodes_reporting": f"{r['nodes_reporting']}/{r['nodes_expected']}",
+             "gpus": r.get("gpus_reporting", r["gpus"])}
             for r in _sorted_summary(report.summary)]
     parts = [_settings_line(report) + "\n"]
     cols = ["cluster", "status", "state", "last_sample_at", "age", "nodes_reporting", "gpus"]
@@ -121,7 +122,8 @@ def _markdown(report: Report, max_findings: int, max_clusters: int) -> str:
     for r in summary[:max_clusters]:
         lines.append(f"| {_md(r['cluster'])} | {_ICON.get(r['status'], _md(r['status']))} | "
                      f"{_md(r['last_sample_at']) or 'never'} | {_md(r['age'])} | "
-                     f"{r['nodes_reporting']}/{r['nodes_expected']} | {r['gpus']} |")
+                     f"{r['nodes_reporting']}/{r['nodes_expected']} | "
+                     f"{r.get('gpus_reporting', r['gpus'])} |")
     if len(summary) > max_clusters:
         lines.append(f"\n_…and {len(summary) - max_clusters} more clusters._")
     if not summary:
@@ -171,6 +173,8 @@ def _chart(report: Report) -> dict[str, Any]:
         # the colour tells freshness only; the cluster table tells every other finding
         fresh = ("error" if age is None or age > report.max_age
                  else "warning" if age > 2 * report.push_interval else "ok")
+        if fresh == "ok" and r.get("state") not in (None, "active"):
+            fresh = "warning"  # stale in the inventory: never a green bar
         bars.append({"cluster": name, "label": label, "status": fresh, "age": r["age"],
                      "x": label_w, "y": top + i * row_h, "width": round(width, 1),
                      "height": row_h - 6, "over": over, "text_y": top + i * row_h + row_h - 10})
@@ -226,8 +230,11 @@ def write_atomic(path: str | os.PathLike[str], text: str) -> Path:
     target = Path(os.path.abspath(path))
     if target.is_dir():
         raise InputError(f"--out {path} is a directory")
+    if not target.parent.is_dir():
+        # A typo in the directory must not silently grow a new tree (cron would write there
+        # forever while the web server serves the old page).
+        raise InputError(f"--out {path}: directory {target.parent} does not exist")
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     except OSError as exc:
         raise InputError(f"cannot write {path}: {exc.strerror}") from None
