@@ -82,6 +82,11 @@ def test_demo_runs_end_to_end_twice_and_leaves_nothing_running(tmp_path):
     failed = [g for g in gpufleet_json("inventory", "gpus", "--db", db)
               if g["health"] == "failed"]
     assert [(g["health_reasons"], g["node"]) for g in failed] == [("xid 79", "prod-east-gpu-02")]
+    # the usage ledger: the simulated notebook holds a GPU and does nothing
+    assert "usage --by namespace:" in err and "capacity --by model:" in err
+    idle = gpufleet_json("idle", "--since", "1h", "--for", "5s", "--db", db)
+    assert [(i["namespace"], i["pod"]) for i in idle] == [("research", "notebook-idle")]
+    assert "research" in html and 'id="usage-chart"' in html
 
 
 def test_ctrl_c_stops_every_process(tmp_path):

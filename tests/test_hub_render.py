@@ -72,12 +72,14 @@ def test_deployment_runs_serve_with_secrets_by_reference_only():
     assert container["command"] == ["gpufleet"]
     assert container["args"] == [
         "serve", "--listen", "0.0.0.0:8080", "--every", "5m", "--hub-url", HUB,
+        "--db-file", "/etc/gpufleet/db/url",
         "--token-file", "/etc/gpufleet/hub-token/token", "--ca-file", "/etc/gpufleet/hub-ca/ca.crt",
         "--allow-unauthenticated"]
     assert "UNSAFE" in files["deployment.yaml"]
-    assert container["env"] == [{"name": "GPUFLEET_DB", "valueFrom": {"secretKeyRef": {
-        "name": "gpufleet-db", "key": "url"}}}]
+    assert "env" not in container  # the database URL is a mounted file, never an env var
     volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["db-url"]["secret"] == {"secretName": "gpufleet-db", "defaultMode": 292,
+                                           "items": [{"key": "url", "path": "url"}]}
     assert volumes["hub-token"]["secret"]["secretName"] == "gpufleet-hub-token"
     assert volumes["hub-ca"]["configMap"] == {"name": "hub-ca", "items": [
         {"key": "ca.crt", "path": "ca.crt"}]}
@@ -86,7 +88,11 @@ def test_deployment_runs_serve_with_secrets_by_reference_only():
                                    "readOnly": True}
     assert mounts["hub-ca"]["mountPath"] == "/etc/gpufleet/hub-ca"
     kinds = sorted(o["kind"] for o in objects(files).values())
-    assert kinds == ["Deployment", "Namespace", "Service", "ServiceAccount", "ServiceMonitor"]
+    assert kinds == ["Deployment", "Namespace", "NetworkPolicy", "Service", "ServiceAccount",
+                     "ServiceMonitor"]
+    ingress = one(files, "NetworkPolicy")["spec"]
+    assert ingress["podSelector"]["matchLabels"] == one(files, "Service")["spec"]["selector"]
+    assert ingress["ingress"] == [{"ports": [{"protocol": "TCP", "port": 8080}]}]
     assert "Secret" not in kinds and "ConfigMap" not in kinds
     assert "stringData" not in "".join(files.values())
 
@@ -123,7 +129,7 @@ def test_without_token_or_ca_nothing_is_mounted_or_passed():
     files = files_for(hub_token_secret=None)
     container = pod_of(files)["containers"][0]
     assert "--token-file" not in container["args"] and "--ca-file" not in container["args"]
-    assert [v["name"] for v in pod_of(files)["volumes"]] == ["tmp"]
+    assert [v["name"] for v in pod_of(files)["volumes"]] == ["tmp", "db-url"]
 
 
 @pytest.mark.parametrize("variant", [{}, {"kind": "cronjob"}])
@@ -231,6 +237,12 @@ def test_hostile_image_is_quoted_and_cannot_add_keys(tmp_path):
     assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == HOSTILE
 
 
+def test_retention_is_off_unless_asked():
+    assert "--prune-stale-after" not in pod_of(files_for())["containers"][0]["args"]
+    args = pod_of(files_for(prune_stale_after=90 * 86400))["containers"][0]["args"]
+    assert args[args.index("--prune-stale-after") + 1] == "2160h"
+
+
 def test_hub_url_with_query_characters_stays_one_argument():
     url = "https://hub.example.com/api?tenant=a&x='1'#frag:y,*z"
     args = pod_of(files_for(hub_url=url))["containers"][0]["args"]
@@ -254,6 +266,9 @@ def test_hub_url_with_query_characters_stays_one_argument():
     (["--hub-url", HUB, "--hub-ca-configmap", "ca\nx"], "--hub-ca-configmap"),
     (["--hub-url", HUB, "--hub-ca-configmap", "ca", "--hub-ca-key", "../x"], "--hub-ca-key"),
     (["--hub-url", HUB, "--image", "{{ evil }}"], "templates"),
+    (["--hub-url", HUB, "--prune-stale-after", "90m"], "at least 1d"),
+    (["--hub-url", HUB, "--kind", "cronjob", "--prune-stale-after", "90d"],
+     "needs --kind deployment"),
     (["--hub-url", HUB, "--image", ""], "--image must not be empty"),
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, message):
@@ -289,6 +304,8 @@ def test_options_come_from_the_environment_and_config_file(tmp_path):
     result = run("hub", "render", "--config", str(config), "--out", str(tmp_path / "cfg"))
     assert result.exit_code == 0, result.output
     deployment = yaml.safe_load((tmp_path / "cfg" / "deployment.yaml").read_text())
-    container = deployment["spec"]["template"]["spec"]["containers"][0]
-    assert container["env"][0]["valueFrom"]["secretKeyRef"]["name"] == "inventory-pg"
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["db-url"]["secret"]["secretName"] == "inventory-pg"
     assert container["args"][container["args"].index("--every") + 1] == "10m"

@@ -179,9 +179,14 @@ def test_agent_restarts_when_its_configuration_changes():
 @pytest.mark.parametrize("vendor", ["nvidia", "amd"])
 def test_only_the_agent_may_scrape_the_exporter(vendor, exporter):
     files = render.render_spoke(values(vendor=vendor, exporter=exporter))
-    policy = one(files, "NetworkPolicy")["spec"]
+    policy = objects(files)["exporter-networkpolicy.yaml"]["spec"]
     service = one(files, "Service")
     agent = one(files, "Deployment")
+    # and nothing may reach the agent, which only sends
+    deny = objects(files)["agent-networkpolicy.yaml"]["spec"]
+    assert deny["policyTypes"] == ["Ingress"] and "ingress" not in deny
+    assert subset(deny["podSelector"]["matchLabels"],
+                  agent["spec"]["template"]["metadata"]["labels"])
     assert policy["policyTypes"] == ["Ingress"]
     assert policy["podSelector"]["matchLabels"] == service["spec"]["selector"]
     [rule] = policy["ingress"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 import time
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from sqlalchemy.engine import Engine
 from hub import inventory as inv
 from hub.common import (
     DURATION,
+    EXIT_FINDINGS,
     ConfiguredCommand,
     ConfiguredGroup,
     GpufleetError,
@@ -285,6 +287,107 @@ def sync_runs(limit: int, db: str | None, output: str, **_: Any) -> None:
             rows = inv.list_sync_runs(conn, limit)
     emit(rows, ["id", "started_at", "finished_at", "status", "requests", "clusters", "nodes",
                 "gpus", "error"], output)
+
+
+def _since(value: float | None) -> dt.datetime | None:
+    return None if value is None else inv.now_utc() - dt.timedelta(seconds=value)
+
+
+@inventory_group.command("events", cls=ConfiguredCommand)
+@click.option("--since", type=DURATION, metavar="DURATION",
+              help="Only events of the last DURATION (e.g. 7d); default: all, kept forever.")
+@click.option("--cluster", metavar="NAME", help="Only events in this cluster.")
+@click.option("--uuid", metavar="UUID", help="Only events of this GPU (and its MIG slices).")
+@click.option("--type", "type_", type=click.Choice(inv.EVENT_TYPES), help="Only this type.")
+@click.option("--limit", type=click.IntRange(1), help="At most this many (newest first).")
+@db_option
+@output_option()
+def events(since: float | None, cluster: str | None, uuid: str | None, type_: str | None,
+           limit: int | None, db: str | None, output: str, **_: Any) -> None:
+    """What changed in the fleet, newest first.
+
+    \b
+    appeared  a GPU or MIG slice seen for the first time
+    stale     it stopped reporting (no sample within --stale-after of a sync)
+    returned  a stale one reports again
+    moved     it reports from another node or cluster (details: from, to)
+    changed   model, memory_total_mib, driver_version or MIG layout changed
+              (details: field, old, new)
+    """
+    with database(db) as engine:
+        require_schema(engine)
+        with engine.connect() as conn:
+            rows = inv.list_events(conn, since=_since(since), cluster=cluster, uuid=uuid,
+                                   type_=type_, limit=limit)
+    if output != "json":
+        rows = [{**r, "details": json.dumps(r["details"], sort_keys=True, default=str)
+                 if r["details"] else ""} for r in rows]
+    emit(rows, inv.EVENT_COLUMNS, output)
+
+
+class UnknownGpu(GpufleetError):
+    exit_code = EXIT_FINDINGS
+
+
+@inventory_group.command("gpu", cls=ConfiguredCommand)
+@click.argument("uuid")
+@db_option
+@output_option("table", "json")
+def gpu(uuid: str, db: str | None, output: str, **_: Any) -> None:
+    """One GPU by UUID: where it is, its MIG slices, events, allocations and recent usage.
+
+    An unknown UUID prints one line and exits 1.
+    """
+    from hub import usage
+
+    with database(db) as engine:
+        require_schema(engine)
+        with engine.connect() as conn:
+            detail = usage.gpu_history(conn, uuid)
+    if detail is None:
+        raise UnknownGpu(f"no GPU with uuid {uuid} in the inventory")
+    if output == "json":
+        click.echo(to_json(detail))
+        return
+    emit([detail["gpu"]], inv.GPU_TABLE_COLUMNS, "table")
+    for title, key, columns in (
+        ("MIG slices", "slices", inv.GPU_TABLE_COLUMNS),
+        ("events", "events", inv.EVENT_COLUMNS),
+        ("allocations", "allocations", inv.ALLOCATION_COLUMNS),
+        ("recent usage", "usage", usage.HISTORY_COLUMNS),
+    ):
+        click.echo(f"\n{title}:")
+        emit(detail[key], columns, "table")
+
+
+@inventory_group.command("prune", cls=ConfiguredCommand)
+@click.option("--stale-for", type=DURATION, required=True, metavar="DURATION",
+              help="Remove what has been stale for longer than this (e.g. 90d).")
+@click.option("--cluster", metavar="NAME", help="Only this cluster.")
+@click.option("--dry-run", is_flag=True, help="Print what would go; change nothing.")
+@lock_timeout_option
+@db_option
+@output_option()
+def prune(stale_for: float, cluster: str | None, dry_run: bool, lock_timeout: float,
+          db: str | None, output: str, **_: Any) -> None:
+    """Delete GPUs, nodes and clusters stale for longer than --stale-for.
+
+    Nothing is ever deleted otherwise: a decommissioned cluster's GPUs stay, stale, until
+    pruned. A node goes only with all its GPUs, a cluster only with all its nodes. One
+    transaction under the sync lock; prints every removed row (kind, cluster, node, uuid,
+    MIG slice, last seen) and a summary line on stderr.
+
+    \b
+    Examples:
+      gpufleet inventory prune --stale-for 90d --dry-run
+      gpufleet inventory prune --stale-for 30d --cluster decommissioned-east
+    """
+    with database(db) as engine:
+        require_schema(engine)
+        result = inv.prune(engine, stale_for=stale_for, cluster=cluster, dry_run=dry_run,
+                           lock_timeout=lock_timeout)
+    emit(result.rows, inv.PRUNE_COLUMNS, output)
+    click.echo(result.summary(), err=True)
 
 
 inventory_group.name = "inventory"

@@ -21,6 +21,7 @@ from hub.common import (
     ConfiguredCommand,
     ConfiguredGroup,
     InputError,
+    UnavailableError,
     cluster_label_option,
     db_option,
     env,
@@ -44,8 +45,12 @@ log = logging.getLogger("gpufleet.service")
 
 def service_jobs(engine: Engine, client: HubClient, *, stale_after: float, cluster_label: str,
                  lock_timeout: float, reconcile: bool = False, max_age: float = 3600.0,
-                 push_interval: float = 300.0, window: float = 3600.0) -> svc.Jobs:
-    """The scheduled work: sync; then, when asked, a hub-side reconcile; then the findings.
+                 push_interval: float = 300.0, window: float = 3600.0,
+                 usage_bucket: float = 3600.0, usage_retention: float = 400 * 86400.0,
+                 prune_stale_after: float | None = None) -> svc.Jobs:
+    """The scheduled work: sync; then, when asked, a hub-side reconcile and a prune of what
+    has been stale for longer than ``prune_stale_after``; then every completed usage bucket
+    not collected yet (a push interval after its end); then the findings.
 
     The findings are exactly `gpufleet report`'s (hub.validate.assess with this client), so
     /api/v1/findings and `gpufleet_findings` agree with what an operator prints.
@@ -66,8 +71,33 @@ def service_jobs(engine: Engine, client: HubClient, *, stale_after: float, clust
                                    window=window, cluster_label=cluster_label)
         return [f.as_dict() for f in assessed.findings]
 
-    return svc.Jobs(sync=sync, after_sync=[reconcile_job] if reconcile else [],
-                    findings=findings)
+    def usage_job() -> None:
+        result = inv.collect_usage(engine, client, bucket=usage_bucket, delay=push_interval,
+                                   retention=usage_retention, cluster_label=cluster_label,
+                                   step=min(60.0, usage_bucket))
+        if result.collected:
+            log.info("usage: collected %d bucket(s), %d rows", len(result.collected),
+                     result.rows)
+        if result.failed:
+            raise UnavailableError(f"usage: {len(result.failed)} bucket(s) not collected "
+                                   f"({result.failed[0][1]}); retried after the next sync")
+
+    def prune_job() -> None:
+        assert prune_stale_after is not None
+        result = inv.prune(engine, stale_for=prune_stale_after, lock_timeout=lock_timeout)
+        if result.rows:
+            log.info("%s", result.summary())
+            for row in result.rows:
+                log.info("pruned %s %s", row["kind"], " ".join(
+                    str(row[k]) for k in ("cluster", "node", "uuid", "slice") if row[k]))
+
+    after: list = []
+    if reconcile:
+        after.append(reconcile_job)
+    if prune_stale_after:
+        after.append(prune_job)
+    after.append(usage_job)
+    return svc.Jobs(sync=sync, after_sync=after, findings=findings)
 
 
 def _prepare_schema(engine: Engine) -> None:
@@ -129,6 +159,14 @@ class _ServeGroup(ConfiguredCommand, click.Group):
               help="Serve HTTPS with this certificate (PEM, chain allowed); re-read when it "
                    "changes, as cert-manager rotates it.")
 @_file_option("--tls-key-file", help="Private key of --tls-cert-file (PEM).")
+@click.option("--usage-bucket", type=DURATION, default="1h", show_default=True,
+              metavar="DURATION", help="Usage ledger bucket: each completed one is collected "
+              "after the sync that follows it (see `gpufleet usage collect`).")
+@click.option("--usage-retention", type=DURATION, default="400d", show_default=True,
+              metavar="DURATION", help="Usage rows older than this are removed.")
+@click.option("--prune-stale-after", type=DURATION, envvar=env("prune-stale-after"),
+              metavar="DURATION", help="After each sync, delete GPUs, nodes and clusters "
+              "stale for longer than this (as `gpufleet inventory prune`). Default: never.")
 @max_age_option
 @push_interval_option
 @window_option
@@ -142,21 +180,25 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
           tokens_file: str | None, oidc_issuer: str | None, oidc_audience: str | None,
           oidc_scope_claim: str, scopes_file: str | None, allow_unauthenticated: bool,
           metrics_open: bool, tls_cert_file: str | None, tls_key_file: str | None,
+          usage_bucket: float, usage_retention: float, prune_stale_after: float | None,
           max_age: float, push_interval: float, window: float, stale_after: float,
           lock_timeout: float, cluster_label: str, db: str | None, **opts: Any) -> None:
     """Run the hub service: sync on a schedule and serve the inventory over HTTP.
 
     \b
     Endpoints (read-only, GET/HEAD):
+      /                      a live HTML page of the fleet (search by GPU UUID, node, namespace)
       /healthz               200 while the last sync succeeded within two intervals, else 503
       /metrics               Prometheus metrics (sync duration, failures, GPUs by state, ...)
       /api/v1/openapi.json   the API's OpenAPI description
-      /api/v1/clusters, /nodes, /gpus[/UUID], /allocations, /findings, /sync-runs
+      /api/v1/clusters, /nodes, /gpus[/UUID[/history]], /findings, /sync-runs
+      /api/v1/usage, /idle, /capacity, /events (docs/usage.md)
 
     \b
     Access: with --tokens-file and/or --oidc-issuer every endpoint but /healthz (and
     /metrics unless --metrics-closed) wants "Authorization: Bearer TOKEN" (401 without,
     403 outside the caller's scope). Without either the service listens on loopback only.
+    /api/v1/allocations lists who uses which GPU.
 
     After each successful sync it runs the checks of `gpufleet report` (served at
     /api/v1/findings and as gpufleet_findings) and, with --reconcile, a reconcile from
@@ -170,6 +212,8 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
         raise InputError("--every must be greater than 0")
     if stale_after <= 0:
         raise InputError("--stale-after must be greater than 0")
+    if prune_stale_after is not None and prune_stale_after <= stale_after:
+        raise InputError("--prune-stale-after must be longer than --stale-after")
     try:
         host, port = parse_listen(listen)
     except ValueError as exc:
@@ -195,11 +239,13 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
             jobs = service_jobs(engine, client, stale_after=stale_after,
                                 cluster_label=cluster_label, lock_timeout=lock_timeout,
                                 reconcile=reconcile, max_age=max_age,
-                                push_interval=push_interval, window=window)
+                                push_interval=push_interval, window=window,
+                                usage_bucket=usage_bucket, usage_retention=usage_retention,
+                                prune_stale_after=prune_stale_after)
             try:  # bind first: a port in use fails before anything touches the database
                 service = svc.build_service(jobs, every=every, engine=readonly, host=host,
-                                            port=port, auth=auth, metrics_open=metrics_open,
-                                            tls=tls)
+                                            port=port, page_sections=svc.USAGE_SECTIONS,
+                                            auth=auth, metrics_open=metrics_open, tls=tls)
             except OSError as exc:
                 reason = exc.strerror or str(exc)
                 raise InputError(f"cannot listen on {listen}: {reason}") from None
@@ -323,10 +369,13 @@ def hub_group() -> None:
 @click.option("--tokens-secret", envvar=env("tokens-secret"), metavar="NAME",
               help=f"Secret whose key '{onboard.TOKENS_KEY}' is the API's --tokens-file. "
                    "Without it the API is rendered --allow-unauthenticated (unsafe).")
+@click.option("--prune-stale-after", type=DURATION, envvar=env("prune-stale-after"),
+              metavar="DURATION", help="Let the Deployment delete what has been stale for "
+              "longer than this after each sync (serve --prune-stale-after). Default: never.")
 def hub_render(out: str | None, namespace: str, image: str, kind: str, every: str,
                hub_url: str | None, db_secret: str, hub_token_secret: str,
                hub_ca_configmap: str | None, hub_ca_key: str, tls_secret: str | None,
-               tokens_secret: str | None, **_: Any) -> None:
+               tokens_secret: str | None, prune_stale_after: float | None, **_: Any) -> None:
     """Write the hub service's manifests into --out (apply with `kubectl apply -k DIR`).
 
     Secrets are referenced by name, never rendered: create the database Secret (and the
@@ -342,7 +391,7 @@ def hub_render(out: str | None, namespace: str, image: str, kind: str, every: st
         hub_url=hub_url, namespace=namespace, image=image, kind=kind, every=seconds,
         db_secret=db_secret, hub_token_secret=hub_token_secret,
         hub_ca_configmap=hub_ca_configmap, hub_ca_key=hub_ca_key, tls_secret=tls_secret,
-        tokens_secret=tokens_secret)
+        tokens_secret=tokens_secret, prune_stale_after=prune_stale_after)
     files = onboard.render_hub_service(values)
     onboard.write_tree(files, out)
     click.echo(f"wrote {len(files)} files to {out} (kubectl apply -k {out})")

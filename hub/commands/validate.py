@@ -265,6 +265,7 @@ def report(ctx: click.Context, max_age: float, push_interval: float, window: flo
         generated_at=now, max_age=max_age, push_interval=push_interval, window=window,
         summary=validation.summarize(facts, findings), findings=findings, hub=hub_url,
         reconcile={"finished_at": run.finished_at, "source": run.source} if run else None,
+        usage=assessed.usage,
     )
     text = validation.render_report(result, output, max_findings=max_findings)
     if out:

@@ -9,6 +9,7 @@ from hub.common._clibase import CONFIG_ENV, ConfiguredCommand, ConfiguredGroup, 
 from hub.common._durations import (
     DURATION,
     format_duration,
+    human_duration,
     parse_duration,
 )
 from hub.common._errors import (
@@ -40,15 +41,17 @@ from hub.common._output import (
     to_json,
     to_table,
 )
+from hub.common._redact import REDACTED, redact, register_secret
 from hub.common._signals import (
     on_sigterm,
 )
-from hub.common._templates import template_roots
+from hub.common._templates import html_environment, template_roots
 
 __all__ = [
     "CONFIG_ENV",
     "DURATION",
     "EXIT_FINDINGS",
+    "REDACTED",
     "BackgroundHTTPServer",
     "ConfiguredCommand",
     "ConfiguredGroup",
@@ -60,7 +63,9 @@ __all__ = [
     "emit",
     "env",
     "format_duration",
+    "html_environment",
     "hub_options",
+    "human_duration",
     "iso",
     "load_config",
     "lock_timeout_option",
@@ -70,6 +75,8 @@ __all__ = [
     "parse_duration",
     "parse_listen",
     "push_interval_option",
+    "redact",
+    "register_secret",
     "shorten",
     "stale_after_option",
     "template_roots",

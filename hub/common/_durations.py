@@ -43,6 +43,21 @@ def parse_duration(text: str | float | int) -> float:
     return total
 
 
+def human_duration(seconds: float | None) -> str:
+    """3h12m, 45s: short ages for people (messages, pages); None is "never"."""
+    if seconds is None:
+        return "never"
+    secs = round(seconds)
+    if secs < 60:
+        return f"{secs}s"
+    days, rest = divmod(secs, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, sec = divmod(rest, 60)
+    parts = [(days, "d"), (hours, "h"), (minutes, "m")] + ([(sec, "s")] if not days else [])
+    text = "".join(f"{n}{u}" for n, u in parts if n)
+    return text or "0s"
+
+
 def format_duration(seconds: float) -> str:
     """Shortest Prometheus duration for whole seconds (used in PromQL range selectors)."""
     secs = max(1, round(seconds))

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import click
 
+from hub.common._redact import redact
+
 EXIT_OK = 0
 EXIT_FINDINGS = 1  # the command ran and found problems
 EXIT_INPUT = 2  # usage or input error, a PromQL error included
@@ -32,7 +34,8 @@ class GpufleetError(click.ClickException):
 
     def __init__(self, message: str) -> None:
         # One line, always: multi-line upstream messages would break log parsers and cron mail.
-        super().__init__(" ".join(str(message).split()))
+        # Redacted, always: this text is printed, logged, served and stored in sync_runs.
+        super().__init__(redact(" ".join(str(message).split())))
 
     def show(self, file=None) -> None:  # type: ignore[override]
         click.echo(f"error: {self.format_message()}", err=True)

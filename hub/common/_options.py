@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import click
 
 from hub.common._durations import DURATION
 from hub.common._errors import InputError
+from hub.common._redact import register_secret
 
 F = Callable[..., Any]
 
@@ -67,11 +70,42 @@ cluster_label_option = click.option(
          "label name.",
 )
 
-db_option = click.option(
-    "--db", envvar=env("db"), metavar="URL",
-    help="Inventory database as a SQLAlchemy URL "
-         "(default: SQLite at $XDG_DATA_HOME/gpufleet/inventory.db).",
-)
+def _db_file(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if value:
+        ctx.meta["gpufleet.db_file"] = value
+
+
+def _db_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """--db, else the URL read from --db-file (a mounted Secret: the password stays out of
+    the process environment and `ps`), registered as a secret either way."""
+    path = ctx.meta.get("gpufleet.db_file")
+    if path and value:
+        raise InputError("--db and --db-file exclude each other")
+    if path:
+        try:
+            value = Path(path).read_text().strip()
+        except OSError as exc:
+            raise InputError(f"cannot read --db-file {path}: {exc.strerror}") from None
+        if not value or "\n" in value:
+            raise InputError(f"--db-file {path} must hold one database URL on one line "
+                             "(the content is not shown)")
+    if value:
+        register_secret(urlsplit(value).password)
+    return value
+
+
+def db_option(command: F) -> F:
+    """--db URL or --db-file FILE (the URL in a file), passed to the command as ``db``."""
+    command = click.option(
+        "--db", envvar=env("db"), metavar="URL", callback=_db_url,
+        help="Inventory database as a SQLAlchemy URL "
+             "(default: SQLite at $XDG_DATA_HOME/gpufleet/inventory.db).",
+    )(command)
+    return click.option(
+        "--db-file", envvar=env("db-file"), metavar="FILE", expose_value=False,
+        is_eager=True, callback=_db_file,
+        help="File holding the database URL (e.g. a mounted Secret); instead of --db.",
+    )(command)
 
 stale_after_option = click.option(
     "--stale-after", type=DURATION, default="10m", show_default=True, envvar=env("stale-after"),

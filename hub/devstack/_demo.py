@@ -45,10 +45,12 @@ class ProbeBackend:
     demo's freshness figure measures.
     """
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Any, idle_index: int | None = None) -> None:
         self.inner = inner
         self.name, self.vendor = inner.name, inner.vendor
         self.marked = False
+        #: this GPU reports 0 % utilisation: the demo's allocated-but-idle GPU
+        self.idle_index = idle_index
 
     def open(self) -> None:
         self.inner.open()
@@ -61,13 +63,38 @@ class ProbeBackend:
 
     def collect(self):  # -> spoke.Collection
         result = self.inner.collect()
-        if not self.marked:
-            return result
         readings = tuple(
-            dataclasses.replace(r, temp_c=PROBE_TEMPERATURE) if r.index == 0 else r
+            dataclasses.replace(r, util_pct=0.0)
+            if r.index == self.idle_index and r.util_pct is not None else r
             for r in result.readings
         )
+        if self.marked:
+            readings = tuple(
+                dataclasses.replace(r, temp_c=PROBE_TEMPERATURE) if r.index == 0 else r
+                for r in readings
+            )
         return dataclasses.replace(result, readings=readings)
+
+
+class DemoPods:
+    """A pod source like the kubelet's: the first GPUs of a node belong to simulated pods.
+
+    GPU 0 is held by a notebook that does nothing (its ProbeBackend reports 0 %), which
+    `gpufleet idle` and the report then show; GPU 1 (where there is one) runs a training job.
+    """
+
+    PODS = (("research", "notebook-idle", "jupyter"), ("ml-team", "train-0", "pytorch"))
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+
+    def devices(self) -> dict[str, list[tuple[str, str, str]]]:
+        out: dict[str, list[tuple[str, str, str]]] = {}
+        for r in self.backend.inner.collect().readings:
+            if r.index is not None and r.index < len(self.PODS) and r.mig_profile is None:
+                for dev in r.device_ids:
+                    out[dev] = [self.PODS[r.index]]
+        return out
 
 
 @dataclass
@@ -197,13 +224,17 @@ def start_fleet(p: Plan, workdir: Path, fleet: Fleet, say: Say) -> PrometheusPro
     fleet.procs.append(hub)
     hub.start()
     say(f"hub Prometheus (remote-write receiver) on {hub.url}")
+    attributed = next((n for n in p.nodes if n.cluster != p.silent and not n.mig
+                       and n.vendor == "nvidia"), None)
     for node in p.nodes:
         faults = [parse_fault(f) for f in node.faults]
         backend = ProbeBackend(SimBackend(vendor=node.vendor, gpus=node.gpus, mig=node.mig,
-                                          node=node.name, seed=7, faults=faults))
+                                          node=node.name, seed=7, faults=faults),
+                               idle_index=0 if node is attributed else None)
         backend.open()
         fleet.probes.append(backend)
-        exporter = Exporter(backend, hostname=node.name, interval=1.0).start()
+        pods = DemoPods(backend) if node is attributed else None
+        exporter = Exporter(backend, hostname=node.name, interval=1.0, pods=pods).start()
         fleet.exporters.append(exporter)
         server = MetricsServer(exporter, "127.0.0.1", 0).start()
         fleet.servers.append(server)
@@ -306,6 +337,7 @@ def run(*, clusters: int, nodes: int, gpus_per_node: int, workdir: Path, say: Sa
                 cluster_rows = inv.list_clusters(conn)
             engine.dispose()
 
+            usage_lines(db_url, hub.url, say)
             reconcile_counts = reconcile(p, workdir, db_url, say)
             report_exit = make_report(db_url, hub.url, report, say)
             if keep_running:
@@ -317,6 +349,32 @@ def run(*, clusters: int, nodes: int, gpus_per_node: int, workdir: Path, say: Sa
             fleet.close()
     return Result(db_url, report, hub.url, freshness, reconcile_counts, report_exit,
                   cluster_rows, time.monotonic() - started)
+
+
+#: The demo's usage ledger: 5 s buckets (1 s coverage steps) instead of hours.
+DEMO_BUCKET = "5s"
+
+
+def usage_lines(db_url: str, hub_url: str, say: Say) -> None:
+    """Collect the demo's short buckets, then show usage, idle and capacity as a user would."""
+    proc = _gpufleet("usage", "collect", "--db", db_url, "--hub-url", hub_url, "--bucket",
+                     DEMO_BUCKET, "--step", "1s", "--delay", "2s", "--max-backfill", "2m",
+                     "-o", "json")
+    if proc.returncode != 0:
+        raise UnavailableError(f"demo: usage collect failed: {_last_line(proc.stderr)}")
+    collected = json.loads(proc.stdout)
+    say(f"usage collect: {len(collected['collected'])} buckets of {DEMO_BUCKET}, "
+        f"{collected['rows']} rows")
+    for title, args in (("usage --by namespace", ["usage", "--since", "10m"]),
+                        ("idle (allocated, under 5% for 10s)",
+                         ["idle", "--since", "10m", "--for", "10s"]),
+                        ("capacity --by model", ["capacity"])):
+        out = _gpufleet(*args, "--db", db_url)
+        if out.returncode != 0:
+            raise UnavailableError(f"demo: {args[0]} failed: {_last_line(out.stderr)}")
+        say(f"{title}:")
+        for line in out.stdout.rstrip().splitlines():
+            say("  " + line)
 
 
 KEEP_SYNC_EVERY = 15.0

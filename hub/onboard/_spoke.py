@@ -178,6 +178,7 @@ _SPOKE_ORDER = [
     "exporter-networkpolicy.yaml",
     "exporter-daemonset.yaml",
     "servicemonitor.yaml",
+    "agent-networkpolicy.yaml",
     "agent-deployment.yaml",
 ]
 
@@ -228,7 +229,7 @@ def _spoke_names(values: SpokeValues) -> list[str]:
         names |= {"exporter-serviceaccount.yaml", "exporter-daemonset.yaml"}
     if values.mode == "remote-write":
         names |= {"agent-serviceaccount.yaml", "agent-role.yaml", "agent-rolebinding.yaml",
-                  "agent-config.yaml", "agent-deployment.yaml"}
+                  "agent-config.yaml", "agent-networkpolicy.yaml", "agent-deployment.yaml"}
         if values.secret_data:
             names.add("remote-write-secret.yaml")
     else:

@@ -18,6 +18,7 @@ from hub.service._auth import (
     new_token,
     token_entry,
 )
+from hub.service._page import USAGE_SECTIONS
 from hub.service._scheduler import (
     Jobs,
     Service,
@@ -28,6 +29,7 @@ from hub.service._tls import TlsFiles
 
 __all__ = [
     "FULL",
+    "USAGE_SECTIONS",
     "Authenticator",
     "Jobs",
     "OidcVerifier",

@@ -82,10 +82,11 @@ class ApiError(Exception):
 
 @dataclass(frozen=True)
 class Raw:
-    """A non-JSON body (the /metrics exposition)."""
+    """A non-JSON body (the /metrics exposition, the HTML page) and headers of its own."""
 
     body: bytes
     content_type: str
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 # -- read-only engine -------------------------------------------------------------------------
@@ -399,3 +400,137 @@ def public_error(text: str | None) -> str | None:
         return f"{DB_UNAVAILABLE} (details in the service log)"
     line = URL.sub("<url>", text.splitlines()[0])
     return line[:200]
+
+
+# -- usage, idle, capacity, events, history (issue 12) ---------------------------------------
+def _period(params: Params) -> tuple[dt.datetime, dt.datetime]:
+    """[start, end) from ``since`` (a duration, default 24h) or ``from``/``until`` (ISO)."""
+    from hub.common import parse_duration
+
+    since, from_, until = params.text("since"), params.text("from"), params.text("until")
+    if since is not None and (from_ or until):
+        raise ApiError(400, "since and from/until exclude each other")
+    now = inv.now_utc()
+
+    def when(name: str, text: str) -> dt.datetime:
+        try:
+            value = dt.datetime.fromisoformat(text)
+        except ValueError:
+            raise ApiError(400, f"{name} {text!r} is not an ISO-8601 time") from None
+        return value.astimezone(dt.UTC).replace(tzinfo=None) if value.tzinfo else value
+
+    if from_ or until:
+        start = when("from", from_) if from_ else dt.datetime.min
+        end = when("until", until) if until else now
+        if end <= start:
+            raise ApiError(400, "until must be after from")
+        return start, end
+    try:
+        seconds = parse_duration(since or "24h")
+    except ValueError as exc:
+        raise ApiError(400, f"since: {exc}") from None
+    return now - dt.timedelta(seconds=seconds), now + dt.timedelta(seconds=1)
+
+
+def _by(params: Params, choices: Sequence[str], default: str) -> list[str]:
+    """``by=cluster,model``: one or more group names, comma-separated."""
+    names = (params.text("by") or default).split(",")
+    for name in names:
+        if name not in choices:
+            raise ApiError(400, f"unknown by {name!r}: choose from {', '.join(choices)}")
+    return names
+
+
+def _percent(params: Params, name: str, default: float) -> float:
+    text = params.text(name)
+    try:
+        value = float(text) if text is not None else default
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 100:
+        raise ApiError(400, f"{name} must be a number from 0 to 100, not {text!r}")
+    return value
+
+
+def usage(query: Query, engine: Engine) -> Response:
+    from hub import usage as answers
+
+    params = Params(query, ["since", "from", "until", "by", "idle_threshold"])
+    start, end = _period(params)
+    by = _by(params, list(answers.GROUPS), "namespace")
+    threshold = _percent(params, "idle_threshold", 5.0)
+    with engine.connect() as conn:
+        return 200, _listing(answers.usage_summary(conn, start, end, by, threshold))
+
+
+def idle(query: Query, engine: Engine) -> Response:
+    from hub import usage as answers
+    from hub.common import parse_duration
+
+    params = Params(query, ["since", "from", "until", "threshold", "for"])
+    start, end = _period(params)
+    threshold = _percent(params, "threshold", 5.0)
+    try:
+        for_s = parse_duration(params.text("for") or "2h")
+    except ValueError as exc:
+        raise ApiError(400, f"for: {exc}") from None
+    with engine.connect() as conn:
+        return 200, _listing(answers.idle_allocated(conn, start, end, threshold=threshold,
+                                                    for_seconds=for_s))
+
+
+def capacity(query: Query, engine: Engine) -> Response:
+    from hub import usage as answers
+
+    params = Params(query, ["by"])
+    by = _by(params, list(answers.CAPACITY_GROUPS), "model")
+    with engine.connect() as conn:
+        return 200, _listing(answers.capacity(conn, by))
+
+
+def events(query: Query, engine: Engine) -> Response:
+    """Events newest first, paged by a keyset on the event id (written in time order)."""
+    from hub.common import parse_duration
+
+    params = Params(query, ["since", "cluster", "uuid", "type", "limit", "continue"])
+    table = inv.events
+    stmt = sa.select(table)
+    since = params.text("since")
+    if since is not None:
+        try:
+            cut = inv.now_utc() - dt.timedelta(seconds=parse_duration(since))
+        except ValueError as exc:
+            raise ApiError(400, f"since: {exc}") from None
+        stmt = stmt.where(table.c.at >= cut)
+    for name in ("cluster", "uuid"):
+        value = params.text(name)
+        if value is not None:
+            stmt = stmt.where(table.c[name] == value)
+    type_ = params.choice("type", inv.EVENT_TYPES)
+    if type_ is not None:
+        stmt = stmt.where(table.c.type == type_)
+    token = params.text("continue")
+    if token is not None:
+        last = decode_token(token)
+        if not last[0].isdigit():
+            raise ApiError(400, "invalid continue token (pass the 'continue' value of the "
+                                "previous page unchanged)")
+        stmt = stmt.where(table.c.id < int(last[0]))
+    limit = params.integer("limit", DEFAULT_LIMIT, MAX_LIMIT)
+    with engine.connect() as conn:
+        rows = conn.execute(stmt.order_by(table.c.id.desc()).limit(limit + 1)).mappings().all()
+    more = len(rows) > limit
+    rows = rows[:limit]
+    next_token = encode_token([str(rows[-1]["id"]), "", "", ""]) if more else None
+    return 200, _listing([inv.event_item(r) for r in rows], next_token)
+
+
+def gpu_history(query: Query, engine: Engine, uuid: str) -> Response:
+    from hub import usage as answers
+
+    Params(query, [])
+    with engine.connect() as conn:
+        found = answers.gpu_history(conn, uuid)
+    if found is None:
+        raise ApiError(404, f"unknown GPU {uuid!r}")
+    return 200, found

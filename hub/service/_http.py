@@ -94,7 +94,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 url.path, query, self.headers.get("Authorization"))
         extra = {"WWW-Authenticate": 'Bearer realm="gpufleet"'} if status == 401 else None
         if isinstance(payload, Raw):
-            self._send(status, payload.body, payload.content_type, body)
+            self._send(status, payload.body, payload.content_type, body, dict(payload.headers))
         else:
             self._send(status, encode_json(payload), "application/json", body, extra)
 

@@ -79,6 +79,7 @@ def _schemas() -> dict[str, Any]:
             "uuid": {"type": "string"}, "namespace": {"type": "string"},
             "first_seen": _TIME, "last_seen": _TIME}),
         "SyncRun": _object(list(inv.sync_runs.c.keys()), runs),
+        **_usage_schemas(),
         "Finding": _object(["severity", "check", "cluster", "node", "gpu", "message",
                             "checked_at"],
                            {"severity": {"type": "string", "enum": list(SEVERITIES)},
@@ -92,6 +93,36 @@ def _schemas() -> dict[str, Any]:
             "interval_seconds": {"type": "number"}}},
         "Error": {"type": "object", "required": ["error"],
                   "properties": {"error": {"type": "string"}}},
+    }
+
+
+def _usage_schemas() -> dict[str, Any]:
+    from hub import usage
+
+    numbers = dict.fromkeys([*usage.USAGE_FIGURES, *usage.CAPACITY_FIGURES, "idle_hours",
+                             "wasted_gpu_hours", "gpu_hours", "avg_utilisation_pct",
+                             "energy_wh", "coverage"], _NUMBER)
+    times = dict.fromkeys(["idle_since", "idle_until", "bucket_start", "at"], _TIME)
+    types = {**numbers, **times, "details": {"type": "object"},
+             "type": {"type": "string", "enum": list(inv.EVENT_TYPES)}}
+    return {
+        "Usage": {"type": "object", "description": "Group keys (the 'by' columns) and figures",
+                  "required": list(usage.USAGE_FIGURES), "properties": {
+                      **{c: _TEXT for c in ["cluster", "namespace", "model", "node", "uuid",
+                                            "slice"]},
+                      **{c: types[c] for c in usage.USAGE_FIGURES}}},
+        "Idle": _object(usage.IDLE_COLUMNS, types),
+        "Capacity": {"type": "object", "required": list(usage.CAPACITY_FIGURES),
+                     "properties": {**{c: _TEXT for c in ["model", "cluster", "node"]},
+                                    **{c: types[c] for c in usage.CAPACITY_FIGURES}}},
+        "Event": _object(inv.EVENT_COLUMNS, types),
+        "GpuHistory": {"type": "object",
+                       "required": ["gpu", "slices", "events", "allocations", "usage"],
+                       "properties": {
+                           "gpu": _ref("Gpu"), "slices": {"type": "array", "items": _ref("Gpu")},
+                           "events": {"type": "array", "items": _ref("Event")},
+                           "allocations": {"type": "array", "items": {"type": "object"}},
+                           "usage": {"type": "array", "items": {"type": "object"}}}},
     }
 
 
@@ -135,4 +166,5 @@ def openapi_document(routes: Sequence[Route], *, secured: bool = False,
 
 def _operation_id(path: str) -> str:
     words = [w.strip("{}") for w in path.replace(".", "/").replace("-", "/").split("/") if w]
-    return "get" + "".join(w[:1].upper() + w[1:] for w in words if w not in ("api", "v1"))
+    name = "".join(w[:1].upper() + w[1:] for w in words if w not in ("api", "v1"))
+    return "get" + (name or "Page")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
@@ -16,6 +16,7 @@ from urllib.parse import unquote
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+from hub import inventory as inv
 from hub.service._api import (
     DB_UNAVAILABLE,
     DEFAULT_LIMIT,
@@ -34,9 +35,13 @@ from hub.service._api import (
     Raw,
     Response,
     allocations,
+    capacity,
     clusters,
+    events,
     gpu,
+    gpu_history,
     gpus,
+    idle,
     log,
     nodes,
     page_items,
@@ -44,9 +49,17 @@ from hub.service._api import (
     scoped_cluster,
     sync_runs,
     text_key,
+    usage,
 )
 from hub.service._auth import FULL, Authenticator, Scope, Unauthorized
 from hub.service._openapi import _list_of, _param, _ref, openapi_document
+from hub.service._page import (
+    SectionSource,
+    page_data,
+    render_page,
+    search_text,
+    unavailable_data,
+)
 
 # -- routes and the OpenAPI description -------------------------------------------------------
 
@@ -58,6 +71,13 @@ CONTINUE_PARAM = _param("continue", "The 'continue' token of the previous page."
 LIMIT_RUNS = _param("limit", f"Number of runs (1-{MAX_RUNS}).",
                     {"type": "integer", "minimum": 1, "maximum": MAX_RUNS,
                      "default": DEFAULT_RUNS})
+
+
+PERIOD_PARAMS = (
+    _param("since", "The last DURATION (default 24h)."),
+    _param("from", "Start (ISO-8601, UTC), instead of since."),
+    _param("until", "End (ISO-8601, UTC)."),
+)
 
 
 @dataclass(frozen=True)
@@ -76,6 +96,11 @@ class Route:
     def prefix(self) -> str | None:
         head, sep, _ = self.path.partition("{")
         return head if sep else None
+
+    @property
+    def suffix(self) -> str:
+        """What follows the path parameter (``/history``), '' when it ends the path."""
+        return self.path.partition("}")[2]
 
     @property
     def scoped(self) -> bool:
@@ -105,9 +130,10 @@ class Router:
             prefix = route.prefix
             if prefix is None and path == route.path:
                 return route, {}
-            if prefix is not None and path.startswith(prefix):
-                name = route.path[len(prefix):].strip("{}")
-                return route, {name: unquote(path[len(prefix):])}
+            suffix = route.suffix
+            if prefix is not None and path.startswith(prefix) and path.endswith(suffix):
+                name = route.path[len(prefix):].split("}")[0].strip("{")
+                return route, {name: unquote(path[len(prefix):len(path) - len(suffix)])}
         return None
 
     def is_public(self, route: Route) -> bool:
@@ -162,6 +188,7 @@ def database_error(exc: BaseException) -> str:
 def build_router(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, Any]]],
                  findings: Callable[[], tuple[list[dict[str, Any]], float | None]],
                  metrics: Callable[[], bytes],
+                 page_sections: Sequence[SectionSource] = (),
                  check_failure: Callable[[], tuple[float, str] | None] = lambda: None,
                  auth: Authenticator | None = None, metrics_open: bool = True,
                  on_refused: Callable[[str], None] = lambda reason: None) -> Router:
@@ -169,6 +196,7 @@ def build_router(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, A
 
     ``health`` answers (ok, details); ``findings`` the latest findings and when they were
     made (epoch seconds, None before the first); ``metrics`` the Prometheus exposition;
+    ``page_sections`` more sections of the live page (usage, idle, capacity) where available.
     ``check_failure`` when and why the latest checks could not run (None if they did).
     """
 
@@ -201,6 +229,16 @@ def build_router(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, A
                           params, "f1", 5)
         return 200, {**page, "generated_at": when, "last_check_failed": last_failure}
 
+    def page(query: Query, engine: Engine) -> Response:
+        search = search_text(query)
+        items, generated = findings()
+        try:
+            data = page_data(engine, search=search, findings=items, findings_at=generated,
+                             extra=page_sections)
+        except sa.exc.SQLAlchemyError as exc:
+            return 503, render_page(unavailable_data(search, database_error(exc)))
+        return 200, render_page(data)
+
     router = Router(engine, auth=auth or Authenticator(), metrics_open=metrics_open,
                     on_refused=on_refused)
 
@@ -211,6 +249,11 @@ def build_router(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, A
 
     paging = (LIMIT_PARAM, CONTINUE_PARAM)
     router.routes = [
+        Route("/", page, "The live page of the fleet (HTML, read-only): clusters and their "
+              "freshness, stale GPUs, GPUs with findings, findings; search with q.",
+              {"type": "string"}, (_param("q", "A GPU UUID (or its start), a node or a "
+                                            "namespace to look up."),),
+              content_type="text/html; charset=utf-8", errors=(400, 503)),
         Route("/healthz", healthz, "Whether the last sync succeeded within two intervals "
               "(200) or not (503, with the reason).", _ref("Health"), errors=(400, 503),
               public=True),
@@ -234,6 +277,10 @@ def build_router(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, A
                          {"type": "string", "enum": list(HEALTH_LEVELS)}),
                   *paging,
               ), errors=(400, 503)),
+        Route("/api/v1/gpus/{uuid}/history", gpu_history, "One GPU's story: where it is, its "
+              "MIG slices, events, allocations and recent usage rows.", _ref("GpuHistory"),
+              (_param("uuid", "GPU uuid, percent-encoded.", where="path"),),
+              errors=(400, 404, 503)),
         Route("/api/v1/gpus/{uuid}", gpu, "One GPU (the physical device) with its MIG "
               "slices. A uuid seen on several nodes answers the active, most recently seen "
               "one and lists the others in also_seen_on.", _ref("GpuDetail"),
@@ -256,6 +303,33 @@ def build_router(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, A
                                      "error": {"type": "string"}}}}},
               (_param("severity", "Only this severity.",
                       {"type": "string", "enum": list(SEVERITIES)}), CLUSTER_PARAM, *paging)),
+        Route("/api/v1/usage", usage, "GPU-hours per group from the usage ledger (see "
+              "docs/usage.md for each figure).", _list_of("Usage"),
+              (*PERIOD_PARAMS,
+               _param("by", "Group by, comma-separated: cluster, namespace, model, node, gpu "
+                      "(default namespace)."),
+               _param("idle_threshold", "Utilisation % under which an allocated bucket is "
+                      "idle (default 5).", {"type": "number", "minimum": 0, "maximum": 100})),
+              errors=(400, 503)),
+        Route("/api/v1/idle", idle, "Allocated GPUs and slices idle for at least 'for' in a "
+              "row, most GPU-hours wasted first.", _list_of("Idle"),
+              (*PERIOD_PARAMS,
+               _param("threshold", "Utilisation % (default 5).",
+                      {"type": "number", "minimum": 0, "maximum": 100}),
+               _param("for", "Idle at least this long in a row (default 2h).")),
+              errors=(400, 503)),
+        Route("/api/v1/capacity", capacity, "GPU-equivalents per group now: total, active, "
+              "stale, allocated, free.", _list_of("Capacity"),
+              (_param("by", "Group by, comma-separated: model, cluster, node "
+                      "(default model)."),), errors=(400, 503)),
+        Route("/api/v1/events", events, "Inventory events, newest first; paged.",
+              _list_of("Event"), (
+                  _param("since", "Only events of the last DURATION (e.g. 7d)."),
+                  CLUSTER_PARAM, _param("uuid", "Only this GPU."),
+                  _param("type", "Only this type.",
+                         {"type": "string", "enum": list(inv.EVENT_TYPES)}),
+                  *paging),
+              errors=(400, 503)),
         Route("/api/v1/sync-runs", sync_runs, "Sync runs, latest first.",
               _list_of("SyncRun"), (LIMIT_RUNS,), errors=(400, 503)),
     ]

@@ -18,7 +18,7 @@ import datetime as dt
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -32,11 +32,12 @@ from prometheus_client.registry import Collector
 from sqlalchemy.engine import Engine
 
 from hub import __version__
-from hub.common import InputError
+from hub.common import InputError, redact
 from hub.inventory import LockHeld, SyncResult
 from hub.service import _api as api
 from hub.service._auth import Authenticator
 from hub.service._http import MAX_REQUESTS, ApiServer
+from hub.service._page import SectionSource
 from hub.service._routes import build_router, database_error
 from hub.service._tls import TlsFiles
 
@@ -84,14 +85,15 @@ class SyncState:
 def describe_error(exc: BaseException) -> str:
     """One line for the log and /healthz: a GpufleetError's own message, else a short one.
 
-    Never ``str()`` of a database exception, which carries the SQL and its parameters.
+    Never ``str()`` of a database exception, which carries the SQL and its parameters; and
+    never a registered secret (the hub token), whatever raised.
     """
     if isinstance(exc, click.ClickException):
-        return exc.format_message()
+        return redact(exc.format_message())
     if isinstance(exc, sa.exc.SQLAlchemyError):
-        return database_error(exc)
+        return redact(database_error(exc))
     lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    return redact(f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__)
 
 
 def _job_name(job: Callable[..., Any]) -> str:
@@ -404,6 +406,7 @@ class Service:
 def build_service(jobs: Jobs, *, every: float, engine: Engine, host: str = "127.0.0.1",
                   port: int = 0, clock: Callable[[], float] = time.time,
                   backoff: float = DEFAULT_BACKOFF, process_metrics: bool = True,
+                  page_sections: Sequence[SectionSource] = (),
                   auth: Authenticator | None = None, metrics_open: bool = True,
                   tls: TlsFiles | None = None, max_requests: int = MAX_REQUESTS) -> Service:
     """Wire jobs, metrics and the API over a read-only ``engine``; binds the port now
@@ -418,6 +421,6 @@ def build_service(jobs: Jobs, *, every: float, engine: Engine, host: str = "127.
     metrics.watch(counts, lambda: scheduler.state.findings)
     router = build_router(engine, health=scheduler.health, findings=scheduler.findings,
                           metrics=metrics.exposition, check_failure=scheduler.check_failure,
-                          auth=auth, metrics_open=metrics_open,
+                          page_sections=page_sections, auth=auth, metrics_open=metrics_open,
                           on_refused=lambda reason: metrics.refused.labels(reason).inc())
     return Service(scheduler, ApiServer(router, host, port, tls=tls, max_requests=max_requests))

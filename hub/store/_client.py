@@ -14,16 +14,23 @@ from __future__ import annotations
 
 import os
 import re
+import threading
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import requests
+import urllib3
 
-from hub.common import InputError, UnavailableError, shorten
+from hub.common import InputError, UnavailableError, redact, register_secret, shorten
 
 TOKEN_ENV = "GPUFLEET_TOKEN"
+#: how much of a hub's non-JSON answer (an HTML error page, a proxy's text) an error quotes
+MAX_DETAIL = 200
+#: how much of the store's own JSON "error" field (a PromQL parse error names the position)
+MAX_STORE_ERROR = 500
 
 
 class PromQLError(InputError):
@@ -61,6 +68,71 @@ def _read_secret_file(path: str, what: str) -> str:
         return Path(path).read_text().strip()
     except OSError as exc:
         raise InputError(f"cannot read {what} file {path}: {exc.strerror}") from None
+
+
+def check_token(token: str, source: str) -> str:
+    """The token if it can be sent as one header value; else a one-line error without it.
+
+    A token file with a second line (a Secret made from a file with a trailing note, two
+    tokens pasted together) would otherwise reach ``requests``, whose header check quotes the
+    whole value in its exception, into the CLI error, the log and ``sync_runs.error``.
+    """
+    register_secret(token)
+    if re.search(r"[\x00-\x20\x7f]", token):
+        kind = ("a line break" if re.search(r"[\r\n]", token)
+                else "whitespace or a control character")
+        raise InputError(f"the hub token from {source} contains {kind}: a bearer token is one "
+                         "line without spaces (the token is not shown)")
+    return token
+
+
+class BearerToken(requests.auth.AuthBase):
+    """``Authorization: Bearer`` from a file, re-read whenever the file changes.
+
+    A mounted Secret is replaced in place when it is rotated (kubelet swaps a symlink), so the
+    file's identity and modification time are checked before each request: a rotated token is
+    used from the next request on, without a restart. Being the session's ``auth`` also keeps
+    requests from looking in ``~/.netrc``: with ``trust_env`` it would otherwise replace our
+    header with the netrc entry for the hub host (proxies and CA bundle variables still apply).
+    """
+
+    def __init__(self, token_file: str | None = None, token: str | None = None) -> None:
+        self.token_file = token_file
+        self._token = check_token(token, f"${TOKEN_ENV}") if token else None
+        self._stamp: tuple[int, int, int] | None = None
+        self._lock = threading.Lock()
+        if token_file:
+            self.current()  # a bad file fails at start, not at the first query
+
+    def current(self) -> str | None:
+        if not self.token_file:
+            return self._token
+        try:
+            st = os.stat(self.token_file)
+        except OSError as exc:
+            raise InputError(f"cannot read token file {self.token_file}: "
+                             f"{exc.strerror}") from None
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+        with self._lock:
+            if stamp != self._stamp:
+                token = _read_secret_file(self.token_file, "token")
+                self._token = check_token(token, f"token file {self.token_file}")
+                self._stamp = stamp
+            return self._token
+
+    def __call__(self, request: requests.PreparedRequest) -> requests.PreparedRequest:
+        token = self.current()
+        if token:
+            request.headers["Authorization"] = f"Bearer {token}"
+        return request
+
+
+def sanitise(text: str, limit: int = MAX_DETAIL) -> str:
+    """A hub's raw answer made fit for a one-line error: printable, short, no secret."""
+    text = re.sub(r"<[^>]{0,200}>", " ", text)  # an HTML error page: keep its words
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", " ", text)  # terminal colour codes
+    text = "".join(ch if ch.isprintable() else " " for ch in text)
+    return shorten(redact(" ".join(text.split())), limit)
 
 
 @dataclass
@@ -118,24 +190,33 @@ class HubSettings:
 def build_session(settings: HubSettings) -> requests.Session:
     """A session carrying the hub's auth and TLS settings."""
     session = requests.Session()
-    token = None
-    if settings.token_file:
-        token = _read_secret_file(settings.token_file, "token")
-    elif os.environ.get(TOKEN_ENV):
-        token = os.environ[TOKEN_ENV].strip()
-    if token:
-        session.headers["Authorization"] = f"Bearer {token}"
+    # Always an auth object, even without a token: it is what keeps ~/.netrc out.
+    session.auth = BearerToken(settings.token_file or None,
+                               None if settings.token_file
+                               else (os.environ.get(TOKEN_ENV) or "").strip() or None)
+    parts = urlsplit(settings.url)
+    register_secret(parts.password)
     if settings.insecure_skip_verify:
         session.verify = False
-        import urllib3
-
-        urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
+        quiet_insecure_warning(parts.hostname or "")
     elif settings.ca_file:
         session.verify = settings.ca_file
     if settings.cert_file and settings.key_file:
         session.cert = (settings.cert_file, settings.key_file)
     session.headers["User-Agent"] = "gpufleet"
     return session
+
+
+def quiet_insecure_warning(host: str) -> None:
+    """Silence urllib3's "unverified HTTPS request" warning for the hub host only.
+
+    ``urllib3.disable_warnings`` would silence it for every HTTPS call of the process (the
+    Kubernetes API, an OIDC issuer); the warning names the host, so a filter on that message
+    keeps the operator's explicit --insecure-skip-verify quiet and every other host loud.
+    """
+    warnings.filterwarnings(
+        "ignore", message=f"Unverified HTTPS request is being made to host '{re.escape(host)}'",
+        category=urllib3.exceptions.InsecureRequestWarning)
 
 
 class HubClient:
@@ -219,25 +300,29 @@ class HubClient:
         except ValueError:
             body = None
         if resp.status_code in (400, 422) and isinstance(body, dict):
-            raise PromQLError(f"PromQL error: {body.get('error') or resp.reason}")
+            reason = sanitise(str(body.get("error") or resp.reason), MAX_STORE_ERROR)
+            raise PromQLError(f"PromQL error: {reason}")
         if resp.status_code in (401, 403):
             raise HubUnavailable(
                 f"hub {self.safe_url} refused the request ({resp.status_code} {resp.reason}): "
                 "check the token or client certificate"
             )
         if resp.status_code >= 400 or not isinstance(body, dict):
-            detail = body.get("error") if isinstance(body, dict) else shorten(resp.text)
+            detail = (sanitise(str(body.get("error") or ""), MAX_STORE_ERROR)
+                      if isinstance(body, dict) else sanitise(resp.text))
             raise HubUnavailable(
                 f"hub {self.safe_url} answered {resp.status_code} {resp.reason}"
                 + (f": {detail}" if detail else "")
             )
         if body.get("status") != "success":
-            raise HubUnavailable(f"hub {self.safe_url} failed: {body.get('error', 'no detail')}")
+            raise HubUnavailable(
+                f"hub {self.safe_url} failed: "
+                f"{sanitise(str(body.get('error') or 'no detail'), MAX_STORE_ERROR)}")
         data_ = body.get("data") or {}
         return QueryResult(
             result_type=data_.get("resultType", ""),
             result=data_.get("result", []),
-            warnings=list(body.get("warnings") or []),
+            warnings=[sanitise(str(w), MAX_STORE_ERROR) for w in body.get("warnings") or []],
         )
 
 

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from hub.common import human_duration as human
 from hub.inventory import NO_GPU_SERIES
 
 ERROR = "error"
@@ -137,21 +138,6 @@ def age_seconds(ts: dt.datetime | None, now: dt.datetime) -> float | None:
     if ts.tzinfo is not None:
         ts = ts.astimezone(dt.UTC).replace(tzinfo=None)
     return max(0.0, (now - ts).total_seconds())
-
-
-def human(seconds: float | None) -> str:
-    """3h12m, 45s: short ages for messages."""
-    if seconds is None:
-        return "never"
-    secs = round(seconds)
-    if secs < 60:
-        return f"{secs}s"
-    days, rest = divmod(secs, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, sec = divmod(rest, 60)
-    parts = [(days, "d"), (hours, "h"), (minutes, "m")] + ([(sec, "s")] if not days else [])
-    text = "".join(f"{n}{u}" for n, u in parts if n)
-    return text or "0s"
 
 
 def _iso(ts: dt.datetime | None) -> str:
