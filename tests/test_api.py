@@ -263,7 +263,12 @@ def test_a_uuid_is_one_gpu_wherever_it_reports(served):
     ("/api/v1/gpus", {"continue": "garbage!!"}, "invalid continue token"),
     ("/api/v1/gpus", {"continue": "WyJ4Il0"}, "invalid continue token"),  # ["x"]
     ("/api/v1/gpus", {"clustr": "east"}, "unknown query parameter 'clustr'"),
-    ("/api/v1/gpus", {"cluster": ""}, "'cluster' must not be empty"),
+    ("/api/v1/gpus", {"limit": "²"}, "limit must be"),  # str.isdigit() says yes
+    ("/api/v1/gpus", {"limit": "9" * 5000}, "limit must be"),
+    ("/api/v1/gpus", {"limit": ""}, "limit must be"),
+    ("/api/v1/gpus", {"node": "a\x00b"}, "must not contain control characters"),
+    ("/api/v1/nodes", {"continue": "garbage!!"}, "invalid continue token"),
+    ("/api/v1/clusters", {"limit": "0"}, "limit must be"),
     ("/api/v1/sync-runs", {"limit": "many"}, "limit must be a whole number from 1 to 1000"),
     ("/api/v1/findings", {"severity": "fatal"}, "unknown severity 'fatal'"),
     ("/api/v1/clusters", {"node": "x"}, "unknown query parameter 'node'"),
@@ -272,6 +277,27 @@ def test_a_uuid_is_one_gpu_wherever_it_reports(served):
 def test_bad_query_parameters_are_400_naming_the_problem(served, path, params, needle):
     body = served.json(path, 400, **params)
     assert set(body) == {"error"} and needle in body["error"]
+
+
+def test_empty_parameters_mean_no_filter_as_the_schema_allows(served):
+    assert served.json("/api/v1/gpus", cluster="", node="") == served.json("/api/v1/gpus")
+    assert served.json("/api/v1/nodes", cluster="") == served.json("/api/v1/nodes")
+
+
+@pytest.mark.parametrize("path", ["/api/v1/clusters", "/api/v1/nodes", "/api/v1/allocations"])
+def test_every_listing_pages_like_gpus(served, path):
+    whole = served.json(path)
+    assert whole["continue"] is None and len(whole["items"]) >= 2
+    seen: list[Any] = []
+    params: dict[str, Any] = {"limit": 1}
+    while True:
+        body = served.json(path, **params)
+        assert len(body["items"]) == 1
+        seen += body["items"]
+        if body["continue"] is None:
+            break
+        params["continue"] = body["continue"]
+    assert seen == whole["items"]
 
 
 def test_repeated_parameter_is_400(served):
@@ -285,6 +311,10 @@ def test_unknown_path_and_other_methods(served):
     r = requests.post(served.url + "/api/v1/gpus", data="x", timeout=5)
     assert r.status_code == 405 and r.headers["Allow"] == "GET, HEAD"
     assert "read-only" in r.json()["error"]
+    trace = requests.request("TRACE", served.url + "/api/v1/gpus", timeout=5)
+    assert trace.status_code == 405 and trace.headers["Content-Type"] == "application/json"
+    odd = requests.request("BREW", served.url + "/api/v1/gpus", timeout=5)
+    assert odd.status_code == 405 and odd.headers["Allow"] == "GET, HEAD"
     head = requests.head(served.url + "/api/v1/clusters", timeout=5)
     get = requests.get(served.url + "/api/v1/clusters", timeout=5)
     assert head.status_code == 200 and head.content == b""

@@ -49,6 +49,7 @@ VARIANTS = [
     {"kind": "cronjob"},
     {"hub_ca_configmap": "hub-ca", "hub_ca_key": "ca-bundle.crt"},
     {"kind": "cronjob", "hub_token_secret": "", "every": 3600.0},
+    {"tls_secret": "gpufleet-tls", "tokens_secret": "gpufleet-api-tokens"},
 ]
 
 
@@ -72,7 +73,9 @@ def test_deployment_runs_serve_with_secrets_by_reference_only():
     assert container["args"] == [
         "serve", "--listen", "0.0.0.0:8080", "--every", "5m", "--hub-url", HUB,
         "--db-file", "/etc/gpufleet/db/url",
-        "--token-file", "/etc/gpufleet/hub-token/token", "--ca-file", "/etc/gpufleet/hub-ca/ca.crt"]
+        "--token-file", "/etc/gpufleet/hub-token/token", "--ca-file", "/etc/gpufleet/hub-ca/ca.crt",
+        "--allow-unauthenticated"]
+    assert "UNSAFE" in files["deployment.yaml"]
     assert "env" not in container  # the database URL is a mounted file, never an env var
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["db-url"]["secret"] == {"secretName": "gpufleet-db", "defaultMode": 292,
@@ -92,6 +95,34 @@ def test_deployment_runs_serve_with_secrets_by_reference_only():
     assert ingress["ingress"] == [{"ports": [{"protocol": "TCP", "port": 8080}]}]
     assert "Secret" not in kinds and "ConfigMap" not in kinds
     assert "stringData" not in "".join(files.values())
+
+
+def test_tls_and_tokens_secrets_are_mounted_and_served(tmp_path):
+    result = render(tmp_path, "--hub-url", HUB, "--tls-secret", "gpufleet-tls",
+                    "--tokens-secret", "api-tokens")
+    assert result.exit_code == 0, result.output
+    files = files_for(tls_secret="gpufleet-tls", tokens_secret="api-tokens")
+    written = snapshot(tmp_path / "out")
+    assert all(written[k] == v.encode() for k, v in files.items())
+    pod = pod_of(files)
+    [container] = pod["containers"]
+    args = container["args"]
+    assert "--allow-unauthenticated" not in args and "UNSAFE" not in files["deployment.yaml"]
+    assert args[args.index("--tokens-file") + 1] == "/etc/gpufleet/access/tokens.yaml"
+    assert args[args.index("--tls-cert-file") + 1] == "/etc/gpufleet/tls/tls.crt"
+    assert args[args.index("--tls-key-file") + 1] == "/etc/gpufleet/tls/tls.key"
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    # whole Secret, no items: a subPath or projected item would never see a rotation
+    assert volumes["tls"]["secret"] == {"secretName": "gpufleet-tls", "defaultMode": 292}
+    assert volumes["access"]["secret"]["secretName"] == "api-tokens"
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts["tls"] == "/etc/gpufleet/tls" and mounts["access"] == "/etc/gpufleet/access"
+    assert container["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    [endpoint] = one(files, "ServiceMonitor")["spec"]["endpoints"]
+    assert endpoint["scheme"] == "https"
+    assert endpoint["tlsConfig"]["ca"]["secret"] == {"name": "gpufleet-tls", "key": "ca.crt"}
+    bad = render(tmp_path, "--hub-url", HUB, "--tls-secret", "Bad_Name", out="bad")
+    assert bad.exit_code == 2 and "--tls-secret" in bad.output
 
 
 def test_without_token_or_ca_nothing_is_mounted_or_passed():
@@ -121,7 +152,8 @@ def test_probes_service_and_servicemonitor_agree():
     files = files_for()
     container = pod_of(files)["containers"][0]
     assert container["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
-    assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "http",
+                                                      "scheme": "HTTP"}
     assert container["livenessProbe"]["tcpSocket"] == {"port": "http"}
     service = one(files, "Service")
     pods = one(files, "Deployment")["spec"]["template"]["metadata"]["labels"]

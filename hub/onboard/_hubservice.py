@@ -35,6 +35,9 @@ TOKEN_DIR = "/etc/gpufleet/hub-token"
 CA_DIR = "/etc/gpufleet/hub-ca"
 DB_DIR = "/etc/gpufleet/db"
 HUB_NAME = "gpufleet-hub"
+TLS_DIR = "/etc/gpufleet/tls"
+ACCESS_DIR = "/etc/gpufleet/access"
+TOKENS_KEY = "tokens.yaml"
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,8 @@ class HubServiceValues:
     hub_token_secret: str | None = DEFAULT_TOKEN_SECRET
     hub_ca_configmap: str | None = None
     hub_ca_key: str = DEFAULT_CA_KEY
+    tls_secret: str | None = None  # a kubernetes.io/tls Secret (tls.crt, tls.key[, ca.crt])
+    tokens_secret: str | None = None  # a Secret whose key tokens.yaml is the --tokens-file
     prune_stale_after: float | None = None
 
 
@@ -99,7 +104,8 @@ def hub_service_values(*, hub_url: str | None, namespace: str | None = DEFAULT_N
                        db_secret: str | None = DEFAULT_DB_SECRET,
                        hub_token_secret: str | None = DEFAULT_TOKEN_SECRET,
                        hub_ca_configmap: str | None = None,
-                       hub_ca_key: str | None = DEFAULT_CA_KEY,
+                       hub_ca_key: str | None = DEFAULT_CA_KEY, tls_secret: str | None = None,
+                       tokens_secret: str | None = None,
                        prune_stale_after: float | None = None) -> HubServiceValues:
     """Check raw option values; InputError names the bad one. Empty secret names mean none."""
     kind_ = _choice(kind, KINDS, "kind")
@@ -127,6 +133,9 @@ def hub_service_values(*, hub_url: str | None, namespace: str | None = DEFAULT_N
         hub_token_secret=_dns_subdomain(token, "--hub-token-secret") if token else None,
         hub_ca_configmap=_dns_subdomain(ca, "--hub-ca-configmap") if ca else None,
         hub_ca_key=key,
+        tls_secret=_dns_subdomain(tls_secret, "--tls-secret") if tls_secret else None,
+        tokens_secret=(_dns_subdomain(tokens_secret, "--tokens-secret") if tokens_secret
+                       else None),
         prune_stale_after=prune_stale_after,
     )
 
@@ -140,6 +149,16 @@ def _hub_args(values: HubServiceValues) -> list[str]:
     return args
 
 
+def _access_args(values: HubServiceValues) -> list[str]:
+    """Who may read the API. Without a tokens Secret the pod must serve unauthenticated
+    (its probes and Prometheus reach it on the pod IP): said loudly in the Deployment."""
+    args = (["--tokens-file", f"{ACCESS_DIR}/{TOKENS_KEY}"] if values.tokens_secret
+            else ["--allow-unauthenticated"])
+    if values.tls_secret:
+        args += ["--tls-cert-file", f"{TLS_DIR}/tls.crt", "--tls-key-file", f"{TLS_DIR}/tls.key"]
+    return args
+
+
 def render_hub_service(values: HubServiceValues) -> dict[str, str]:
     """All files of ``gpufleet hub render``: relative path -> text, in apply order.
 
@@ -149,7 +168,7 @@ def render_hub_service(values: HubServiceValues) -> dict[str, str]:
     every = format_duration(values.every)
     if values.kind == "deployment":
         args = ["serve", "--listen", f"0.0.0.0:{SERVICE_PORT}", "--every", every,
-                *_hub_args(values)]
+                *_hub_args(values), *_access_args(values)]
         if values.prune_stale_after:
             args += ["--prune-stale-after", format_duration(values.prune_stale_after)]
     else:
@@ -169,6 +188,10 @@ def render_hub_service(values: HubServiceValues) -> dict[str, str]:
         "token_key": TOKEN_KEY,
         "token_dir": TOKEN_DIR,
         "ca_dir": CA_DIR,
+        "tls_dir": TLS_DIR,
+        "access_dir": ACCESS_DIR,
+        "tokens_key": TOKENS_KEY,
+        "scheme": "HTTPS" if values.tls_secret else "HTTP",
         "db_dir": DB_DIR,
     }
     files: dict[str, str] = {

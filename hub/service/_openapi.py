@@ -16,7 +16,11 @@ if TYPE_CHECKING:
 def _param(name: str, description: str, schema: dict[str, Any] | None = None,
            where: str = "query") -> dict[str, Any]:
     return {"name": name, "in": where, "required": where == "path",
-            "description": description, "schema": schema or {"type": "string"}}
+            "description": description, "schema": schema or TEXT_PARAM}
+
+
+#: Any text but control characters (NUL above all), which no name in the inventory holds.
+TEXT_PARAM = {"type": "string", "pattern": "^[^\\u0000-\\u001f\\u007f]*$"}
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -70,6 +74,10 @@ def _schemas() -> dict[str, Any]:
                           "gpu": {"oneOf": [_ref("Gpu"), {"type": "null"}]},
                           "slices": {"type": "array", "items": _ref("Gpu")},
                           "also_seen_on": {"type": "array", "items": place}}},
+        "Allocation": _object(inv.ALLOCATION_COLUMNS, {
+            "cluster": {"type": "string"}, "node": {"type": "string"},
+            "uuid": {"type": "string"}, "namespace": {"type": "string"},
+            "first_seen": _TIME, "last_seen": _TIME}),
         "SyncRun": _object(list(inv.sync_runs.c.keys()), runs),
         **_usage_schemas(),
         "Finding": _object(["severity", "check", "cluster", "node", "gpu", "message",
@@ -119,28 +127,40 @@ def _usage_schemas() -> dict[str, Any]:
 
 
 _STATUS_TEXT = {400: "Bad query parameters", 404: "Not found",
+                401: "No valid bearer token", 403: "Outside the caller's scope",
                 503: "Not available (inventory database or service not healthy)"}
 
 
-def openapi_document(routes: Sequence[Route]) -> dict[str, Any]:
-    """OpenAPI 3.1 built from the route table itself, so no path goes undocumented."""
+def openapi_document(routes: Sequence[Route], *, secured: bool = False,
+                     metrics_open: bool = True) -> dict[str, Any]:
+    """OpenAPI 3.1 built from the route table itself, so no path goes undocumented.
+
+    With authentication configured every operation but the public ones names the bearer
+    scheme and its 401/403; without, none does (nothing would answer them).
+    """
     paths: dict[str, Any] = {}
     for route in routes:
+        public = route.public or (route.path == "/metrics" and metrics_open)
+        errors = route.errors + ((401, 403) if secured and not public else ())
         responses: dict[str, Any] = {"200": {"description": "OK", "content": {
             route.content_type.split(";")[0]: {"schema": route.response}}}}
-        for status in route.errors:
+        for status in errors:
             responses[str(status)] = {"description": _STATUS_TEXT[status], "content": {
                 "application/json": {"schema": _ref("Health" if route.path == "/healthz"
                                                      and status == 503 else "Error")}}}
         operation = {"summary": route.summary, "operationId": _operation_id(route.path),
                      "parameters": list(route.parameters), "responses": responses}
+        if secured and not public:
+            operation["security"] = [{"bearer": []}]
         paths[route.path] = {"get": operation}
     return {
         "openapi": "3.1.0",
         "info": {"title": "gpufleet hub service", "version": __version__,
                  "description": "Read-only view of the GPU inventory. Only GET and HEAD."},
         "paths": paths,
-        "components": {"schemas": _schemas()},
+        "components": {"schemas": _schemas(), **({"securitySchemes": {"bearer": {
+            "type": "http", "scheme": "bearer",
+            "description": "A static token or an OIDC access token."}}} if secured else {})},
     }
 
 

@@ -35,9 +35,11 @@ from hub import __version__
 from hub.common import InputError, redact
 from hub.inventory import LockHeld, SyncResult
 from hub.service import _api as api
-from hub.service._http import ApiServer
+from hub.service._auth import Authenticator
+from hub.service._http import MAX_REQUESTS, ApiServer
 from hub.service._page import SectionSource
 from hub.service._routes import build_router, database_error
+from hub.service._tls import TlsFiles
 
 log = logging.getLogger("gpufleet.service")
 
@@ -110,7 +112,7 @@ def health(state: SyncState, every: float, now: float) -> tuple[bool, dict[str, 
         "last_success": _utc(state.last_success_at),
         "last_success_age_seconds": (round(now - state.last_success_at, 3)
                                      if state.last_success_at is not None else None),
-        "last_error": state.last_error,
+        "last_error": api.public_error(state.last_error),
         "consecutive_failures": state.consecutive_failures,
     }
     if state.last_result is not None:
@@ -128,7 +130,7 @@ def health(state: SyncState, every: float, now: float) -> tuple[bool, dict[str, 
     if state.lock_held:
         reason += "; another sync holds the inventory lock"
     elif state.last_error:
-        reason += f"; last error: {state.last_error}"
+        reason += f"; last error: {api.public_error(state.last_error)}"
     return False, {**details, "status": "unavailable", "reason": reason}
 
 
@@ -206,6 +208,12 @@ class ServiceMetrics:
         self.job_failures = Counter(
             "gpufleet_job_failures", "Failures of the jobs run after a sync (reconcile, "
             "findings).", ["job"], registry=self.registry)
+        self.refused = Counter(
+            "gpufleet_api_refused_requests", "API requests refused: 'unauthenticated' (no or "
+            "a bad token, 401) or 'forbidden' (outside the caller's scope, 403).", ["reason"],
+            registry=self.registry)
+        for reason in ("unauthenticated", "forbidden"):
+            self.refused.labels(reason)
         info = Gauge("gpufleet_build_info", "gpufleet version.", ["version"],
                      registry=self.registry)
         info.labels(__version__).set(1)
@@ -398,7 +406,9 @@ class Service:
 def build_service(jobs: Jobs, *, every: float, engine: Engine, host: str = "127.0.0.1",
                   port: int = 0, clock: Callable[[], float] = time.time,
                   backoff: float = DEFAULT_BACKOFF, process_metrics: bool = True,
-                  page_sections: Sequence[SectionSource] = ()) -> Service:
+                  page_sections: Sequence[SectionSource] = (),
+                  auth: Authenticator | None = None, metrics_open: bool = True,
+                  tls: TlsFiles | None = None, max_requests: int = MAX_REQUESTS) -> Service:
     """Wire jobs, metrics and the API over a read-only ``engine``; binds the port now
     (OSError when it cannot) but starts nothing."""
     metrics = ServiceMetrics(process=process_metrics)
@@ -411,5 +421,6 @@ def build_service(jobs: Jobs, *, every: float, engine: Engine, host: str = "127.
     metrics.watch(counts, lambda: scheduler.state.findings)
     router = build_router(engine, health=scheduler.health, findings=scheduler.findings,
                           metrics=metrics.exposition, check_failure=scheduler.check_failure,
-                          page_sections=page_sections)
-    return Service(scheduler, ApiServer(router, host, port))
+                          page_sections=page_sections, auth=auth, metrics_open=metrics_open,
+                          on_refused=lambda reason: metrics.refused.labels(reason).inc())
+    return Service(scheduler, ApiServer(router, host, port, tls=tls, max_requests=max_requests))
