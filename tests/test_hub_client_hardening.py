@@ -179,6 +179,7 @@ def test_an_old_leaked_error_is_redacted_when_served(tmp_path: Path):
     from hub.inventory import _db
     from hub.inventory import _migrate as migrate
     from hub.service._api import read_only_engine, sync_runs
+    from hub.service._auth import FULL
 
     old_secret = "tok-stored-by-an-older-release-55"
     url = f"sqlite:///{tmp_path / 'inv.db'}"
@@ -188,6 +189,6 @@ def test_an_old_leaked_error_is_redacted_when_served(tmp_path: Path):
         _db.record_run(conn, started_at=_db.now_utc(), status="failed", requests=1,
                        error=f"Invalid header value b'Bearer {old_secret}\\n'")
     register_secret(old_secret)  # as serve does when it reads the token file
-    status, body = sync_runs({}, read_only_engine(url))
+    status, body = sync_runs({}, read_only_engine(url), scope=FULL)
     assert status == 200 and body["items"][0]["error"] == (
         "Invalid header value b'Bearer <redacted>\\n'")
