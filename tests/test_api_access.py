@@ -718,9 +718,24 @@ def test_usage_idle_capacity_events_and_history_apply_the_callers_scope(tmp_path
         entries.append(out["entry"])
     path = tmp_path / "tokens.yaml"
     path.write_text(yaml.safe_dump({"tokens": entries}))
-    service = serve(url, Authenticator(tokens=TokenFile(path)))
+    from hub.service import USAGE_SECTIONS
+
+    service = serve(url, Authenticator(tokens=TokenFile(path)), page_sections=USAGE_SECTIONS)
     try:
         team = made["team-b"]
+        page = get(service, "/", team)
+        assert page.status_code == 200, page.text
+        assert "idle-b" in page.text and 'id="usage"' in page.text
+        for foreign in ("c-a", "GPU-a", "team-a", "train-a"):
+            assert foreign not in page.text, foreign
+        whole = get(service, "/", made["admin"]).text
+        assert "c-a" in whole and "team-a" in whole  # the admin's page would show them
+        assert "train-a" in get(service, "/", made["admin"], q="team-a").text
+        searched = get(service, "/", team, q="team-a")
+        assert searched.status_code == 200 and "train-a" not in searched.text
+        count = 'data-count="search-gpus">({})'
+        assert count.format(0) in get(service, "/", team, q="GPU-a").text
+        assert count.format(1) in get(service, "/", made["admin"], q="GPU-a").text
         usage = get(service, "/api/v1/usage", team, since="24h")
         assert usage.status_code == 200, usage.text
         assert [(r["namespace"], r["gpu_hours"]) for r in usage.json()["items"]] == [
