@@ -671,3 +671,89 @@ def test_an_unreachable_or_wrong_issuer_is_said_at_start(issuer, caplog):
     alias = issuer.url.replace("127.0.0.1", "localhost")  # same server, another name
     assert not OidcVerifier(alias, AUDIENCE, {}).jwks.warm()
     assert f"OIDC issuer {alias}: cannot fetch its keys yet (Unauthorized)" in caplog.text
+
+
+# -- usage, idle, capacity, events and history under a scope --------------------------------------
+def _ledger_db(tmp_path: Path) -> str:
+    """Two teams on two clusters: team-a on c-a (busy), team-b on c-b (allocated, idle)."""
+    from hub.inventory import _migrate as migrate
+    from hub.inventory._ledger import write_bucket
+    from hub.inventory._normalize import Observation
+
+    url = f"sqlite:///{tmp_path / 'ledger.db'}"
+    engine = inventory.make_engine(url, create=True)
+    migrate.ensure_schema(engine)
+    now = inventory.now_utc().replace(minute=0, second=0, microsecond=0)
+    teams = (("c-a", "GPU-a", "team-a", "train-a", 90.0), ("c-b", "GPU-b", "team-b", "idle-b", 0.0))
+    with engine.begin() as conn:
+        inventory.apply_observations(conn, [
+            Observation(cluster, "n1", uuid, "nvidia", index=0, model="H100",
+                        allocations={(ns, pod, "main")})
+            for cluster, uuid, ns, pod, _ in teams], now)
+        for hours_ago in (3, 2, 1):
+            start = now - dt.timedelta(hours=hours_ago)
+            write_bucket(conn, start.replace(tzinfo=dt.UTC).timestamp(), 3600.0, [
+                {"cluster": cluster, "node": "n1", "uuid": uuid, "slice": "", "namespace": ns,
+                 "pod": pod, "bucket_start": start, "bucket_end": start + dt.timedelta(hours=1),
+                 "vendor": "nvidia", "model": "H100", "gpu_share": 1.0, "gpu_hours": 1.0,
+                 "avg_utilisation_pct": util, "max_utilisation_pct": util,
+                 "avg_memory_used_mib": 1.0, "max_memory_used_mib": 1.0, "avg_power_w": 1.0,
+                 "energy_wh": 1.0, "coverage": 1.0}
+                for cluster, uuid, ns, pod, util in teams], 14)
+    engine.dispose()
+    return url
+
+
+def test_usage_idle_capacity_events_and_history_apply_the_callers_scope(tmp_path):
+    """Team B's token: its own GPU-hours and idle GPU, fleet-wide capacity counts (no names),
+    only its cluster's events, and team A's GPU history unknown."""
+    url = _ledger_db(tmp_path)
+    made = {}
+    entries = []
+    for name, args in (("admin", []), ("team-b", ["--clusters", "c-b", "--namespaces",
+                                                  "team-b"])):
+        out = json.loads(CliRunner().invoke(
+            cli, ["serve", "token", "create", name, *args, "-o", "json"]).output)
+        made[name] = out["token"]
+        entries.append(out["entry"])
+    path = tmp_path / "tokens.yaml"
+    path.write_text(yaml.safe_dump({"tokens": entries}))
+    from hub.service import USAGE_SECTIONS
+
+    service = serve(url, Authenticator(tokens=TokenFile(path)), page_sections=USAGE_SECTIONS)
+    try:
+        team = made["team-b"]
+        page = get(service, "/", team)
+        assert page.status_code == 200, page.text
+        assert "idle-b" in page.text and 'id="usage"' in page.text
+        for foreign in ("c-a", "GPU-a", "team-a", "train-a"):
+            assert foreign not in page.text, foreign
+        whole = get(service, "/", made["admin"]).text
+        assert "c-a" in whole and "team-a" in whole  # the admin's page would show them
+        assert "train-a" in get(service, "/", made["admin"], q="team-a").text
+        searched = get(service, "/", team, q="team-a")
+        assert searched.status_code == 200 and "train-a" not in searched.text
+        count = 'data-count="search-gpus">({})'
+        assert count.format(0) in get(service, "/", team, q="GPU-a").text
+        assert count.format(1) in get(service, "/", made["admin"], q="GPU-a").text
+        usage = get(service, "/api/v1/usage", team, since="24h")
+        assert usage.status_code == 200, usage.text
+        assert [(r["namespace"], r["gpu_hours"]) for r in usage.json()["items"]] == [
+            ("team-b", 3.0)]
+        admin_usage = get(service, "/api/v1/usage", made["admin"], since="24h").json()
+        assert {r["namespace"] for r in admin_usage["items"]} == {"team-a", "team-b"}
+        idle = get(service, "/api/v1/idle", team, since="24h").json()["items"]
+        assert [(r["uuid"], r["pod"]) for r in idle] == [("GPU-b", "idle-b")]
+        capacity = get(service, "/api/v1/capacity", team).json()["items"]
+        assert [(r["model"], r["total"], r["allocated"]) for r in capacity] == [
+            ("H100", 2.0, 2.0)]
+        assert "train-a" not in get(service, "/api/v1/capacity", team).text
+        events = get(service, "/api/v1/events", team).json()["items"]
+        assert events and {e["cluster"] for e in events} == {"c-b"}
+        assert get(service, "/api/v1/events", team, cluster="c-a").status_code == 403
+        assert get(service, "/api/v1/gpus/GPU-a/history", team).status_code == 404
+        mine = get(service, "/api/v1/gpus/GPU-b/history", team)
+        assert mine.status_code == 200 and "team-a" not in mine.text
+        assert {a["pod"] for a in mine.json()["allocations"]} == {"idle-b"}
+    finally:
+        service.stop()

@@ -452,7 +452,8 @@ def _percent(params: Params, name: str, default: float) -> float:
     return value
 
 
-def usage(query: Query, engine: Engine) -> Response:
+def usage(query: Query, engine: Engine, *, scope: Scope) -> Response:
+    """A scoped caller's GPU-hours count only its clusters' and namespaces' ledger rows."""
     from hub import usage as answers
 
     params = Params(query, ["since", "from", "until", "by", "idle_threshold"])
@@ -460,10 +461,12 @@ def usage(query: Query, engine: Engine) -> Response:
     by = _by(params, list(answers.GROUPS), "namespace")
     threshold = _percent(params, "idle_threshold", 5.0)
     with engine.connect() as conn:
-        return 200, _listing(answers.usage_summary(conn, start, end, by, threshold))
+        return 200, _listing(answers.usage_summary(
+            conn, start, end, by, threshold, clusters=scope.clusters,
+            namespaces=scope.namespaces))
 
 
-def idle(query: Query, engine: Engine) -> Response:
+def idle(query: Query, engine: Engine, *, scope: Scope) -> Response:
     from hub import usage as answers
     from hub.common import parse_duration
 
@@ -475,21 +478,26 @@ def idle(query: Query, engine: Engine) -> Response:
     except ValueError as exc:
         raise ApiError(400, f"for: {exc}") from None
     with engine.connect() as conn:
-        return 200, _listing(answers.idle_allocated(conn, start, end, threshold=threshold,
-                                                    for_seconds=for_s))
+        return 200, _listing(answers.idle_allocated(
+            conn, start, end, threshold=threshold, for_seconds=for_s,
+            clusters=scope.clusters, namespaces=scope.namespaces))
 
 
-def capacity(query: Query, engine: Engine) -> Response:
+def capacity(query: Query, engine: Engine, *, scope: Scope) -> Response:
+    """Fleet-wide GPU-equivalents (counts only, no names) unless the scope hides fleet counts,
+    in which case only its clusters are counted."""
     from hub import usage as answers
 
     params = Params(query, ["by"])
     by = _by(params, list(answers.CAPACITY_GROUPS), "model")
+    clusters = None if scope.fleet_counts else scope.clusters
     with engine.connect() as conn:
-        return 200, _listing(answers.capacity(conn, by))
+        return 200, _listing(answers.capacity(conn, by, clusters=clusters))
 
 
-def events(query: Query, engine: Engine) -> Response:
-    """Events newest first, paged by a keyset on the event id (written in time order)."""
+def events(query: Query, engine: Engine, *, scope: Scope) -> Response:
+    """Events newest first, paged by a keyset on the event id (written in time order); a
+    scoped caller sees only its clusters' events."""
     from hub.common import parse_duration
 
     params = Params(query, ["since", "cluster", "uuid", "type", "limit", "continue"])
@@ -502,10 +510,14 @@ def events(query: Query, engine: Engine) -> Response:
         except ValueError as exc:
             raise ApiError(400, f"since: {exc}") from None
         stmt = stmt.where(table.c.at >= cut)
-    for name in ("cluster", "uuid"):
-        value = params.text(name)
-        if value is not None:
-            stmt = stmt.where(table.c[name] == value)
+    cluster = scoped_cluster(params, scope)
+    if cluster is not None:
+        stmt = stmt.where(table.c.cluster == cluster)
+    if scope.clusters is not None:
+        stmt = stmt.where(table.c.cluster.in_(sorted(scope.clusters)))
+    uuid = params.text("uuid")
+    if uuid is not None:
+        stmt = stmt.where(table.c.uuid == uuid)
     type_ = params.choice("type", inv.EVENT_TYPES)
     if type_ is not None:
         stmt = stmt.where(table.c.type == type_)
@@ -525,12 +537,24 @@ def events(query: Query, engine: Engine) -> Response:
     return 200, _listing([inv.event_item(r) for r in rows], next_token)
 
 
-def gpu_history(query: Query, engine: Engine, uuid: str) -> Response:
+def gpu_history(query: Query, engine: Engine, uuid: str, *, scope: Scope) -> Response:
+    """A GPU outside the caller's clusters reads as unknown (404), as /gpus/{uuid} does;
+    inside, other teams' pods are "other" and only the scope's clusters' events show."""
     from hub import usage as answers
 
     Params(query, [])
     with engine.connect() as conn:
         found = answers.gpu_history(conn, uuid)
-    if found is None:
+    if found is None or not scope.allows_cluster(found["gpu"].get("cluster")):
         raise ApiError(404, f"unknown GPU {uuid!r}")
-    return 200, found
+    if scope.unrestricted:
+        return 200, found
+    return 200, {
+        **found,
+        "slices": [s for s in found["slices"] if scope.allows_cluster(s.get("cluster"))],
+        "events": [e for e in found["events"] if scope.allows_cluster(e.get("cluster"))],
+        "allocations": [scope.mask_allocation(a) for a in found["allocations"]
+                        if scope.allows_cluster(a.get("cluster"))],
+        "usage": [scope.mask_allocation(u) for u in found["usage"]
+                  if scope.allows_cluster(u.get("cluster"))],
+    }

@@ -29,6 +29,7 @@ from sqlalchemy.engine import Connection, Engine
 from hub import inventory as inv
 from hub.common import html_environment, human_duration, iso
 from hub.service._api import ApiError, Query, Raw, page_gpus
+from hub.service._auth import FULL, Scope
 
 #: rows per section; the section links to the API for the rest
 PAGE_ROWS = 200
@@ -62,7 +63,29 @@ class Section:
         return max(0, (self.total or 0) - len(self.rows))
 
 
-SectionSource = Callable[[Connection], Section | None]
+#: ``(conn)`` or ``(conn, *, scope)``: a source that takes the caller's scope filters its own
+#: rows; the page filters every other section's rows by cluster and masks foreign pods.
+SectionSource = Callable[..., Section | None]
+
+
+def _takes_scope(source: SectionSource) -> bool:
+    import inspect
+
+    try:
+        return "scope" in inspect.signature(source).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def scoped_section(section: Section, scope: Scope) -> Section:
+    """A section as a scoped caller may see it: rows of other clusters gone, other teams'
+    pods named "other" (the same rule as the API's allocations)."""
+    if scope.unrestricted:
+        return section
+    rows = [scope.mask_allocation(r) if "namespace" in r else r for r in section.rows
+            if "cluster" not in r or scope.allows_cluster(r.get("cluster"))]
+    return Section(section.id, section.title, section.columns, rows, section.empty,
+                   section.api, len(rows) if section.total is not None else None)
 
 
 def _gpu_href(uuid: str) -> str:
@@ -191,18 +214,24 @@ def search_text(query: Query) -> str | None:
 
 def page_data(engine: Engine, *, search: str | None, findings: Sequence[Finding],
               findings_at: float | None, now: dt.datetime | None = None,
-              extra: Sequence[SectionSource] = ()) -> dict[str, Any]:
-    """Everything the page shows, as plain data (one read-only connection)."""
+              extra: Sequence[SectionSource] = (), scope: Scope = FULL) -> dict[str, Any]:
+    """Everything the page shows, as plain data (one read-only connection), for ``scope``:
+    a team's token sees its clusters and its pods, as in the API."""
     now = now or inv.now_utc()
+    if not scope.unrestricted:
+        findings = [f for f in findings
+                    if scope.clusters is None or scope.allows_cluster(f.get("cluster"))]
     with engine.connect() as conn:
         sections = [clusters_section(conn, now),
                     *(health_section(conn, level) for level in UNHEALTHY),
                     stale_gpus_section(conn), findings_gpus_section(findings)]
         for source in extra:
-            section = source(conn)
+            section = source(conn, scope=scope) if _takes_scope(source) else source(conn)
             if section is not None:
                 sections.append(section)
         found = search_sections(conn, search) if search else []
+    sections = [scoped_section(s, scope) for s in sections]
+    found = [scoped_section(s, scope) for s in found]
     counts = {s: sum(1 for f in findings if f.get("severity") == s) for s in SEVERITY_RANK}
     checked = (dt.datetime.fromtimestamp(findings_at, dt.UTC).replace(tzinfo=None)
                if findings_at is not None else None)
@@ -233,11 +262,12 @@ def _window(now: dt.datetime | None = None) -> tuple[dt.datetime, dt.datetime]:
     return end - USAGE_WINDOW, end
 
 
-def usage_section(conn: Connection) -> Section | None:
+def usage_section(conn: Connection, *, scope: Scope = FULL) -> Section | None:
     """GPU-hours by namespace over the last 24 h (None before any usage was collected)."""
     from hub import usage
 
-    rows = usage.usage_summary(conn, *_window(), by=("namespace",))
+    rows = usage.usage_summary(conn, *_window(), by=("namespace",), clusters=scope.clusters,
+                               namespaces=scope.namespaces)
     if not rows:
         return None
     shown = [{**r, "namespace": r.get("namespace") or "(unallocated)",
@@ -252,11 +282,12 @@ def usage_section(conn: Connection) -> Section | None:
         len(shown))
 
 
-def idle_section(conn: Connection) -> Section | None:
+def idle_section(conn: Connection, *, scope: Scope = FULL) -> Section | None:
     """Allocated GPUs idle for 2 h in a row within the last 24 h: the list to reclaim."""
     from hub import usage
 
-    rows = usage.idle_allocated(conn, *_window())
+    rows = usage.idle_allocated(conn, *_window(), clusters=scope.clusters,
+                                namespaces=scope.namespaces)
     shown = [{**r, "idle_since": iso(r.get("idle_since")), "_href": _gpu_href(r["uuid"])}
              for r in rows]
     return Section("idle", "Idle allocated GPUs, last 24 h", [
@@ -266,11 +297,13 @@ def idle_section(conn: Connection) -> Section | None:
         shown[:PAGE_ROWS], "No idle allocated GPU.", "/api/v1/idle?since=24h", len(shown))
 
 
-def capacity_section(conn: Connection) -> Section | None:
-    """GPU-equivalents by model now: total, active, stale, allocated, free."""
+def capacity_section(conn: Connection, *, scope: Scope = FULL) -> Section | None:
+    """GPU-equivalents by model now: total, active, stale, allocated, free (fleet-wide
+    counts, no names, unless the scope hides fleet counts)."""
     from hub import usage
 
-    rows = usage.capacity(conn, ("model",))
+    rows = usage.capacity(conn, ("model",),
+                          clusters=None if scope.fleet_counts else scope.clusters)
     if not rows:
         return None
     return Section("capacity", "Capacity by model (GPU-equivalents)", [

@@ -229,12 +229,12 @@ def build_router(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, A
                           params, "f1", 5)
         return 200, {**page, "generated_at": when, "last_check_failed": last_failure}
 
-    def page(query: Query, engine: Engine) -> Response:
+    def page(query: Query, engine: Engine, *, scope: Scope) -> Response:
         search = search_text(query)
         items, generated = findings()
         try:
             data = page_data(engine, search=search, findings=items, findings_at=generated,
-                             extra=page_sections)
+                             extra=page_sections, scope=scope)
         except sa.exc.SQLAlchemyError as exc:
             return 503, render_page(unavailable_data(search, database_error(exc)))
         return 200, render_page(data)

@@ -12,7 +12,7 @@ Figures (docs/usage.md says the same to users):
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -47,11 +47,23 @@ def _clean(row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
+def _within(stmt: sa.Select, clusters: Collection[str] | None,
+            namespaces: Collection[str] | None) -> sa.Select:
+    """Only ledger rows of these clusters and namespaces (None: all), for a scoped caller."""
+    if clusters is not None:
+        stmt = stmt.where(U.c.cluster.in_(sorted(clusters)))
+    if namespaces is not None:
+        stmt = stmt.where(U.c.namespace.in_(sorted(namespaces)))
+    return stmt
+
+
 def usage_summary(conn: Connection, start: dt.datetime, end: dt.datetime,
-                  by: Sequence[str] = ("namespace",), idle_threshold: float = 5.0
-                  ) -> list[dict[str, Any]]:
+                  by: Sequence[str] = ("namespace",), idle_threshold: float = 5.0, *,
+                  clusters: Collection[str] | None = None,
+                  namespaces: Collection[str] | None = None) -> list[dict[str, Any]]:
     """One row per group over the buckets starting in [start, end): one indexed range scan
-    of the ledger's primary key (bucket_start first), grouped in the database."""
+    of the ledger's primary key (bucket_start first), grouped in the database. ``clusters``
+    and ``namespaces`` restrict the rows counted (a scoped API caller sees only its own)."""
     cols = group_columns(by)
     allocated = U.c.pod != ""
     util = sa.func.coalesce(U.c.avg_utilisation_pct, 0.0)
@@ -71,6 +83,7 @@ def usage_summary(conn: Connection, start: dt.datetime, end: dt.datetime,
         .group_by(*[U.c[c] for c in cols])
         .order_by(*[U.c[c] for c in cols])
     )
+    stmt = _within(stmt, clusters, namespaces)
     out = []
     for r in conn.execute(stmt).mappings():
         row = {c: r[c] for c in cols}
@@ -90,8 +103,9 @@ IDLE_COLUMNS = ["cluster", "node", "uuid", "slice", "namespace", "pod", "idle_si
 
 
 def idle_allocated(conn: Connection, start: dt.datetime, end: dt.datetime, *,
-                   threshold: float = 5.0, for_seconds: float = 7200.0
-                   ) -> list[dict[str, Any]]:
+                   threshold: float = 5.0, for_seconds: float = 7200.0,
+                   clusters: Collection[str] | None = None,
+                   namespaces: Collection[str] | None = None) -> list[dict[str, Any]]:
     """Allocated GPUs/slices whose bucket averages stayed under the threshold for at least
     ``for_seconds`` in a row (consecutive buckets) within [start, end), most wasted first."""
     key = [U.c.cluster, U.c.node, U.c.uuid, U.c.slice, U.c.namespace, U.c.pod]
@@ -99,6 +113,7 @@ def idle_allocated(conn: Connection, start: dt.datetime, end: dt.datetime, *,
                       U.c.avg_utilisation_pct)
             .where(U.c.bucket_start >= start, U.c.bucket_start < end, U.c.pod != "")
             .order_by(*key, U.c.bucket_start))
+    stmt = _within(stmt, clusters, namespaces)
     found: dict[tuple, dict[str, Any]] = {}
     run: list[Any] = []
     run_key: tuple | None = None
@@ -147,13 +162,18 @@ CAPACITY_FIGURES = ["total", "active", "stale", "allocated", "free"]
 CAPACITY_GROUPS = {"model": ["model"], "cluster": ["cluster"], "node": ["cluster", "node"]}
 
 
-def capacity(conn: Connection, by: Sequence[str] = ("model",)) -> list[dict[str, Any]]:
+def capacity(conn: Connection, by: Sequence[str] = ("model",), *,
+             clusters: Collection[str] | None = None) -> list[dict[str, Any]]:
     """GPU-equivalents per group: total, active, stale, allocated now (an allocation the
-    latest sync that saw the GPU also saw), free (active and not allocated)."""
+    latest sync that saw the GPU also saw), free (active and not allocated). ``clusters``
+    limits it to those clusters (a caller whose scope hides fleet-wide counts)."""
     g = inv.gpus
     a = inv.allocations
-    rows = conn.execute(sa.select(g.c.uuid, g.c.slice_key, g.c.cluster, g.c.node, g.c.model,
-                                  g.c.mig_profile, g.c.memory_total_mib, g.c.state)).all()
+    select = sa.select(g.c.uuid, g.c.slice_key, g.c.cluster, g.c.node, g.c.model,
+                       g.c.mig_profile, g.c.memory_total_mib, g.c.state)
+    if clusters is not None:
+        select = select.where(g.c.cluster.in_(sorted(clusters)))
+    rows = conn.execute(select).all()
     held = {(r.uuid, r.slice_key) for r in conn.execute(
         sa.select(a.c.uuid, a.c.slice_key).join(
             g, sa.and_(g.c.uuid == a.c.uuid, g.c.slice_key == a.c.slice_key,
