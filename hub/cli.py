@@ -32,6 +32,9 @@ COMMANDS: dict[str, str] = {
     "reconcile": "hub.commands.validate:reconcile",
     "report": "hub.commands.validate:report",
     "alerts": "hub.commands.validate:alerts",
+    "usage": "hub.commands.usage:usage",
+    "idle": "hub.commands.usage:idle",
+    "capacity": "hub.commands.usage:capacity",
 }
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from hub.devstack._acm import MetricsCollector, RbacQueryProxy, hub_args
 from hub.devstack._prometheus import PrometheusProcess, StaticServer, hub_config, start_agent
 
 
@@ -57,6 +58,55 @@ def fleet(hub: PrometheusProcess, tmp_path: Path) -> Iterator[Callable[..., Clus
             cluster.agent.stop()
             cluster.stop_exporters()
 
+
+
+# -- a hub that behaves like ACM's --------------------------------------------------------------
+#: ACM pushes every 300 s and looks back 600 s; the tests keep the ratio at a 100th of the time.
+ACM_TEST_PUSH = 3.0
+ACM_TEST_LOOKBACK = 6.0
+
+
+@dataclass
+class AcmHub:
+    """A hub Prometheus with ACM's look-back, ACM-like pushers and an rbac-query-proxy."""
+
+    hub: PrometheusProcess
+    push_interval: float
+    collectors: dict[str, MetricsCollector] = field(default_factory=dict)
+    proxies: list[RbacQueryProxy] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return self.hub.url
+
+    def cluster(self, name: str, sources: list, **labels: str) -> MetricsCollector:
+        """A cluster's metrics-collector pushing ``sources`` (text, callables or URLs)."""
+        collector = MetricsCollector(self.hub.url, name, list(sources),
+                                     interval=self.push_interval, extra_labels=labels).start()
+        self.collectors[name] = collector
+        return collector
+
+    def proxy(self, tokens: dict) -> RbacQueryProxy:
+        proxy = RbacQueryProxy(self.hub.url, tokens).start()
+        self.proxies.append(proxy)
+        return proxy
+
+
+@pytest.fixture
+def acm_hub(tmp_path: Path) -> Iterator[AcmHub]:
+    """The ACM hub profile, scaled down: push every 3 s, no staleness markers, look back 6 s,
+    ``clusterID`` on every series, and a matcher-injecting query proxy on request."""
+    proc = PrometheusProcess(tmp_path / "acm-hub", hub_config(),
+                             extra_args=hub_args(ACM_TEST_LOOKBACK)).start()
+    acm = AcmHub(proc, ACM_TEST_PUSH)
+    try:
+        yield acm
+    finally:
+        for collector in acm.collectors.values():
+            collector.stop()
+        for proxy in acm.proxies:
+            proxy.stop()
+        proc.stop()
 
 
 # -- databases ------------------------------------------------------------------------------
@@ -119,16 +169,9 @@ def postgres_server() -> Iterator[str]:
 @pytest.fixture
 def pg_url(postgres_server: str) -> str:
     """A fresh, empty database on the session's PostgreSQL."""
-    import uuid
+    from tests.support.pg import create_database
 
-    import sqlalchemy as sa
-
-    name = "t_" + uuid.uuid4().hex[:12]
-    engine = sa.create_engine(f"{postgres_server}/postgres", isolation_level="AUTOCOMMIT")
-    with engine.connect() as conn:
-        conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    engine.dispose()
-    return f"{postgres_server}/{name}"
+    return create_database(postgres_server)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

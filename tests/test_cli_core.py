@@ -35,7 +35,9 @@ def test_query_instant_formats(loaded_hub):
     rows = list(csv.DictReader(io.StringIO(gpufleet("query", expr, "-o", "csv", env=env).stdout)))
     assert {r["cluster"]: r["value"] for r in rows} == {"east": "8.0", "west": "1.0"}
     table = gpufleet("query", expr, env=env).stdout
-    assert "CLUSTER" in table and "east" in table and "west" in table
+    # label names as the hub spells them (they go back into PromQL), values rounded
+    assert table.splitlines()[0].split() == ["cluster", "time", "value"]
+    assert "east" in table and "west" in table and "8.0" not in table
 
 
 def test_query_range(loaded_hub):
@@ -171,3 +173,28 @@ def test_inventory_of_a_database_without_schema_says_it_is_empty(tmp_path):
         result = gpufleet(*args, "--db", f"sqlite:///{path}")
         assert result.exit_code == 3
         assert "is empty: run `gpufleet sync` first" in result.stderr
+
+
+# -- --db-file: the database URL from a mounted Secret ------------------------------------------
+def test_db_file_reads_the_url_and_keeps_its_password_out_of_errors(tmp_path):
+    db = f"sqlite:///{tmp_path / 'inv.db'}"
+    assert gpufleet("db", "upgrade", "--db", db).exit_code == 0
+    url_file = tmp_path / "url"
+    url_file.write_text(db + "\n")
+    ok = gpufleet("inventory", "clusters", "--db-file", str(url_file))
+    assert ok.exit_code == 0 and "(none)" in ok.stdout
+    ok = gpufleet("inventory", "clusters", env={"GPUFLEET_DB_FILE": str(url_file)})
+    assert ok.exit_code == 0, ok.output
+    both = gpufleet("inventory", "clusters", "--db-file", str(url_file), "--db", db)
+    assert both.exit_code == 2 and "--db and --db-file exclude each other" in both.stderr
+    missing = gpufleet("inventory", "clusters", "--db-file", str(tmp_path / "nope"))
+    assert missing.exit_code == 2 and "cannot read --db-file" in missing.stderr
+    # an unreachable PostgreSQL: the password from the file is never shown
+    url_file.write_text("postgresql://gpufleet:pw-from-file-123@127.0.0.1:1/inv\n")
+    down = gpufleet("inventory", "clusters", "--db-file", str(url_file))
+    assert down.exit_code == 3 and "127.0.0.1:1" in down.stderr
+    assert "pw-from-file-123" not in down.output
+    url_file.write_text(db + "\nsecond-line-secret\n")
+    bad = gpufleet("inventory", "clusters", "--db-file", str(url_file))
+    assert bad.exit_code == 2 and "one line" in bad.stderr
+    assert "second-line-secret" not in bad.output

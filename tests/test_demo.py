@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hub.devstack import _demo as demo
-from tests.support.clirun import gpufleet_json
+from tests.support.clirun import gpufleet, gpufleet_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -54,10 +54,10 @@ def leftovers(workdir: Path) -> list[str]:
     return [line for line in out.splitlines() if "pgrep" not in line]
 
 
-def run_demo(workdir: Path, **kwargs) -> subprocess.Popen[str]:
+def run_demo(workdir: Path, *args: str, **kwargs) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "hub", "demo", "--clusters", "2", "--nodes", "2",
-         "--gpus-per-node", "2", "--workdir", str(workdir)],
+         "--gpus-per-node", "2", "--workdir", str(workdir), *args],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "COLUMNS": "200"}, **kwargs)
 
@@ -82,6 +82,27 @@ def test_demo_runs_end_to_end_twice_and_leaves_nothing_running(tmp_path):
     failed = [g for g in gpufleet_json("inventory", "gpus", "--db", db)
               if g["health"] == "failed"]
     assert [(g["health_reasons"], g["node"]) for g in failed] == [("xid 79", "prod-east-gpu-02")]
+    # the usage ledger: the simulated notebook holds a GPU and does nothing
+    assert "usage --by namespace:" in err and "capacity --by model:" in err
+    idle = gpufleet_json("idle", "--since", "1h", "--for", "5s", "--db", db)
+    assert [(i["namespace"], i["pod"]) for i in idle] == [("research", "notebook-idle")]
+    assert "research" in html and 'id="usage-chart"' in html
+
+
+def test_demo_with_the_acm_hub_profile(tmp_path):
+    """Sparse pushes without staleness markers and a long look-back: the silent cluster still
+    turns stale, the reporting one stays active."""
+    workdir = tmp_path / "demo"
+    proc = run_demo(workdir, "--acm-profile")
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err
+    assert leftovers(workdir) == []
+    assert "ACM-like collector pushing every" in err and "look-back" in err
+    assert "prod-west goes silent (its collector stopped)" in err
+    db = f"sqlite:///{workdir / 'inventory.db'}"
+    clusters = {c["cluster"]: c for c in gpufleet_json("inventory", "clusters", "--db", db)}
+    assert clusters["prod-west"]["state"] == "stale"
+    assert clusters["prod-east"]["state"] == "active" and clusters["prod-east"]["gpus"] == 3
 
 
 def test_ctrl_c_stops_every_process(tmp_path):
@@ -96,3 +117,34 @@ def test_ctrl_c_stops_every_process(tmp_path):
     assert proc.returncode == 130, err
     assert "interrupted" in err and "Traceback" not in err
     assert leftovers(workdir) == []
+
+
+def test_suggested_commands_work_in_a_new_shell(tmp_path):
+    """`make demo` runs .venv/bin/gpufleet without activating: the printed commands must not
+    assume gpufleet is on PATH."""
+    from hub.devstack import gpufleet_command
+
+    g = gpufleet_command()
+    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
+    env["PATH"] = "/usr/bin:/bin"  # a new shell without the virtual environment
+    proc = subprocess.run(f"{g} --version", shell=True, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0 and "gpufleet" in proc.stdout, proc.stderr
+
+
+def test_keep_running_keeps_syncing(hub, fleet, tmp_path):
+    from hub.devstack import keep_syncing
+    from hub.store import HubClient
+    from tests.support.promql import wait_for
+    from tests.support.samples import sample_text
+
+    fleet("east", [sample_text("dcgm-t4-loaded-ericsson-ccd.prom")])
+    wait_for(hub.url, "count(DCGM_FI_DEV_GPU_UTIL)", lambda r: bool(r))
+    db = f"sqlite:///{tmp_path / 'inventory.db'}"
+    assert gpufleet("sync", "--hub-url", hub.url, "--db", db).exit_code == 0
+    said: list[str] = []
+    with HubClient(hub.url) as client:
+        assert keep_syncing(db, client, said.append, every=0.0, rounds=2) == 2
+    assert len(said) == 2 and all(s.startswith("sync: 1 clusters reporting") for s in said)
+    runs = gpufleet_json("inventory", "sync-runs", "--db", db)
+    assert [r["status"] for r in runs] == ["ok", "ok", "ok"]

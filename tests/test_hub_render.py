@@ -49,6 +49,7 @@ VARIANTS = [
     {"kind": "cronjob"},
     {"hub_ca_configmap": "hub-ca", "hub_ca_key": "ca-bundle.crt"},
     {"kind": "cronjob", "hub_token_secret": "", "every": 3600.0},
+    {"tls_secret": "gpufleet-tls", "tokens_secret": "gpufleet-api-tokens"},
 ]
 
 
@@ -71,10 +72,14 @@ def test_deployment_runs_serve_with_secrets_by_reference_only():
     assert container["command"] == ["gpufleet"]
     assert container["args"] == [
         "serve", "--listen", "0.0.0.0:8080", "--every", "5m", "--hub-url", HUB,
-        "--token-file", "/etc/gpufleet/hub-token/token", "--ca-file", "/etc/gpufleet/hub-ca/ca.crt"]
-    assert container["env"] == [{"name": "GPUFLEET_DB", "valueFrom": {"secretKeyRef": {
-        "name": "gpufleet-db", "key": "url"}}}]
+        "--db-file", "/etc/gpufleet/db/url",
+        "--token-file", "/etc/gpufleet/hub-token/token", "--ca-file", "/etc/gpufleet/hub-ca/ca.crt",
+        "--allow-unauthenticated"]
+    assert "UNSAFE" in files["deployment.yaml"]
+    assert "env" not in container  # the database URL is a mounted file, never an env var
     volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["db-url"]["secret"] == {"secretName": "gpufleet-db", "defaultMode": 292,
+                                           "items": [{"key": "url", "path": "url"}]}
     assert volumes["hub-token"]["secret"]["secretName"] == "gpufleet-hub-token"
     assert volumes["hub-ca"]["configMap"] == {"name": "hub-ca", "items": [
         {"key": "ca.crt", "path": "ca.crt"}]}
@@ -83,16 +88,48 @@ def test_deployment_runs_serve_with_secrets_by_reference_only():
                                    "readOnly": True}
     assert mounts["hub-ca"]["mountPath"] == "/etc/gpufleet/hub-ca"
     kinds = sorted(o["kind"] for o in objects(files).values())
-    assert kinds == ["Deployment", "Namespace", "Service", "ServiceAccount", "ServiceMonitor"]
+    assert kinds == ["Deployment", "Namespace", "NetworkPolicy", "Service", "ServiceAccount",
+                     "ServiceMonitor"]
+    ingress = one(files, "NetworkPolicy")["spec"]
+    assert ingress["podSelector"]["matchLabels"] == one(files, "Service")["spec"]["selector"]
+    assert ingress["ingress"] == [{"ports": [{"protocol": "TCP", "port": 8080}]}]
     assert "Secret" not in kinds and "ConfigMap" not in kinds
     assert "stringData" not in "".join(files.values())
+
+
+def test_tls_and_tokens_secrets_are_mounted_and_served(tmp_path):
+    result = render(tmp_path, "--hub-url", HUB, "--tls-secret", "gpufleet-tls",
+                    "--tokens-secret", "api-tokens")
+    assert result.exit_code == 0, result.output
+    files = files_for(tls_secret="gpufleet-tls", tokens_secret="api-tokens")
+    written = snapshot(tmp_path / "out")
+    assert all(written[k] == v.encode() for k, v in files.items())
+    pod = pod_of(files)
+    [container] = pod["containers"]
+    args = container["args"]
+    assert "--allow-unauthenticated" not in args and "UNSAFE" not in files["deployment.yaml"]
+    assert args[args.index("--tokens-file") + 1] == "/etc/gpufleet/access/tokens.yaml"
+    assert args[args.index("--tls-cert-file") + 1] == "/etc/gpufleet/tls/tls.crt"
+    assert args[args.index("--tls-key-file") + 1] == "/etc/gpufleet/tls/tls.key"
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    # whole Secret, no items: a subPath or projected item would never see a rotation
+    assert volumes["tls"]["secret"] == {"secretName": "gpufleet-tls", "defaultMode": 292}
+    assert volumes["access"]["secret"]["secretName"] == "api-tokens"
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts["tls"] == "/etc/gpufleet/tls" and mounts["access"] == "/etc/gpufleet/access"
+    assert container["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    [endpoint] = one(files, "ServiceMonitor")["spec"]["endpoints"]
+    assert endpoint["scheme"] == "https"
+    assert endpoint["tlsConfig"]["ca"]["secret"] == {"name": "gpufleet-tls", "key": "ca.crt"}
+    bad = render(tmp_path, "--hub-url", HUB, "--tls-secret", "Bad_Name", out="bad")
+    assert bad.exit_code == 2 and "--tls-secret" in bad.output
 
 
 def test_without_token_or_ca_nothing_is_mounted_or_passed():
     files = files_for(hub_token_secret=None)
     container = pod_of(files)["containers"][0]
     assert "--token-file" not in container["args"] and "--ca-file" not in container["args"]
-    assert [v["name"] for v in pod_of(files)["volumes"]] == ["tmp"]
+    assert [v["name"] for v in pod_of(files)["volumes"]] == ["tmp", "db-url"]
 
 
 @pytest.mark.parametrize("variant", [{}, {"kind": "cronjob"}])
@@ -115,7 +152,8 @@ def test_probes_service_and_servicemonitor_agree():
     files = files_for()
     container = pod_of(files)["containers"][0]
     assert container["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
-    assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "http",
+                                                      "scheme": "HTTP"}
     assert container["livenessProbe"]["tcpSocket"] == {"port": "http"}
     service = one(files, "Service")
     pods = one(files, "Deployment")["spec"]["template"]["metadata"]["labels"]
@@ -199,6 +237,12 @@ def test_hostile_image_is_quoted_and_cannot_add_keys(tmp_path):
     assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == HOSTILE
 
 
+def test_retention_is_off_unless_asked():
+    assert "--prune-stale-after" not in pod_of(files_for())["containers"][0]["args"]
+    args = pod_of(files_for(prune_stale_after=90 * 86400))["containers"][0]["args"]
+    assert args[args.index("--prune-stale-after") + 1] == "2160h"
+
+
 def test_hub_url_with_query_characters_stays_one_argument():
     url = "https://hub.example.com/api?tenant=a&x='1'#frag:y,*z"
     args = pod_of(files_for(hub_url=url))["containers"][0]["args"]
@@ -222,6 +266,9 @@ def test_hub_url_with_query_characters_stays_one_argument():
     (["--hub-url", HUB, "--hub-ca-configmap", "ca\nx"], "--hub-ca-configmap"),
     (["--hub-url", HUB, "--hub-ca-configmap", "ca", "--hub-ca-key", "../x"], "--hub-ca-key"),
     (["--hub-url", HUB, "--image", "{{ evil }}"], "templates"),
+    (["--hub-url", HUB, "--prune-stale-after", "90m"], "at least 1d"),
+    (["--hub-url", HUB, "--kind", "cronjob", "--prune-stale-after", "90d"],
+     "needs --kind deployment"),
     (["--hub-url", HUB, "--image", ""], "--image must not be empty"),
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, message):
@@ -257,6 +304,8 @@ def test_options_come_from_the_environment_and_config_file(tmp_path):
     result = run("hub", "render", "--config", str(config), "--out", str(tmp_path / "cfg"))
     assert result.exit_code == 0, result.output
     deployment = yaml.safe_load((tmp_path / "cfg" / "deployment.yaml").read_text())
-    container = deployment["spec"]["template"]["spec"]["containers"][0]
-    assert container["env"][0]["valueFrom"]["secretKeyRef"]["name"] == "inventory-pg"
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["db-url"]["secret"]["secretName"] == "inventory-pg"
     assert container["args"][container["args"].index("--every") + 1] == "10m"

@@ -143,7 +143,7 @@ def test_placement_selects_by_label_and_tolerates_unreachable_clusters(tmp_path)
     assert placement["spec"]["clusterSets"] == ["default"]
     [predicate] = placement["spec"]["predicates"]
     assert predicate["requiredClusterSelector"]["labelSelector"] == {
-        "matchLabels": {"gpufleet.io/onboard": "true"}}
+        "matchLabels": {"gpufleet.io/onboard": "true", "gpufleet.io/gpu-vendor": "nvidia"}}
     assert placement["spec"]["tolerations"] == [
         {"key": "cluster.open-cluster-management.io/unreachable", "operator": "Exists"},
         {"key": "cluster.open-cluster-management.io/unavailable", "operator": "Exists"},
@@ -153,11 +153,90 @@ def test_placement_selects_by_label_and_tolerates_unreachable_clusters(tmp_path)
                                  "--cluster-set", "gpu-clusters", out="custom"))
     selector = objects["placement.yaml"]["spec"]["predicates"][0]["requiredClusterSelector"]
     assert selector["labelSelector"]["matchLabels"] == {"env": "prod",
-                                                        "gpufleet.io/vendor": "nvidia"}
+                                                        "gpufleet.io/vendor": "nvidia",
+                                                        "gpufleet.io/gpu-vendor": "nvidia"}
     assert objects["placement.yaml"]["spec"]["clusterSets"] == ["gpu-clusters"]
     binding = objects["managedclustersetbinding.yaml"]
     assert binding["apiVersion"] == "cluster.open-cluster-management.io/v1beta2"
     assert binding["metadata"]["name"] == binding["spec"]["clusterSet"] == "gpu-clusters"
+
+
+def owned(directory: Path) -> dict[tuple[str, str, str], dict[str, Any]]:
+    """Every object a rendered policy directory manages: hub-side and inside the Policy."""
+    hub = load(directory)
+    found = {(o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"]): o
+             for o in hub.values()}
+    for template in object_templates(hub["policy.yaml"]):
+        obj = template["objectDefinition"]
+        found[(obj["kind"], obj["metadata"].get("namespace", ""), obj["metadata"]["name"])] = obj
+    return found
+
+
+def placement_labels(directory: Path) -> dict[str, str]:
+    placement = load(directory)["placement.yaml"]
+    return placement["spec"]["predicates"][0]["requiredClusterSelector"]["labelSelector"][
+        "matchLabels"]
+
+
+def selects(labels: dict[str, str], cluster: dict[str, str]) -> bool:
+    return all(cluster.get(k) == v for k, v in labels.items())
+
+
+@pytest.mark.parametrize("exporter", ["upstream", "builtin"])
+def test_policies_of_different_vendors_never_own_the_same_object(tmp_path, exporter):
+    """Rendered side by side (the same placement labels), vendor policies never fight: their
+    hub objects differ by name or are identical, and no cluster is selected by two of them."""
+    dirs = {vendor: render_policy(tmp_path, "--remote-write-url", URL, "--exporter", exporter,
+                                  "--vendor", vendor, "--placement-label", "env=prod",
+                                  out=vendor.replace(",", "-"))
+            for vendor in ("nvidia", "amd", "nvidia,amd")}
+    hub = {vendor: {(o["kind"], o["metadata"].get("namespace", ""), o["metadata"]["name"]): o
+                    for o in load(d).values()} for vendor, d in dirs.items()}
+    for a, b in (("nvidia", "amd"), ("nvidia", "nvidia,amd"), ("amd", "nvidia,amd")):
+        # hub side: an object both write (the policy namespace, the cluster-set binding) is
+        # identical; the Policy, Placement and PlacementBinding have their own names
+        for key in hub[a].keys() & hub[b].keys():
+            assert key[0] in {"Namespace", "ManagedClusterSetBinding"}, key
+            assert hub[a][key] == hub[b][key], key
+        # spoke side (gpufleet-agent, its config, ...): the same names, so no cluster, whatever
+        # its labels, may be placed by both
+        # no cluster, whatever its labels, is placed by both
+        la, lb = placement_labels(dirs[a]), placement_labels(dirs[b])
+        cluster = {**la, **lb}
+        assert not (selects(la, cluster) and selects(lb, cluster))
+    # each vendor policy places a cluster labelled for it
+    for vendor, directory in dirs.items():
+        labels = placement_labels(directory)
+        assert labels["gpufleet.io/gpu-vendor"] == vendor.replace(",", "-")
+        assert labels["env"] == "prod"
+
+
+def test_one_policy_onboards_a_mixed_fleet(tmp_path):
+    """`--vendor nvidia,amd`: one agent scraping both exporters, each vendor's exporter once."""
+    directory = render_policy(tmp_path, "--remote-write-url", URL, "--vendor", "amd,nvidia",
+                              "--exporter", "builtin")
+    objects = owned(directory)
+    assert objects[("Policy", NS, "gpufleet-onboard-nvidia-amd")]
+    daemonsets = {key[2]: obj for key, obj in objects.items() if key[0] == "DaemonSet"}
+    assert sorted(daemonsets) == ["gpufleet-exporter-amd", "gpufleet-exporter-nvidia"]
+    args = {name: d["spec"]["template"]["spec"]["containers"][0]["args"]
+            for name, d in daemonsets.items()}
+    assert args["gpufleet-exporter-nvidia"][2] == "nvml"
+    assert args["gpufleet-exporter-amd"][2] == "amdsmi"
+    [agent] = [obj for key, obj in objects.items() if key[0] == "Deployment"]
+    assert agent["metadata"]["name"] == "gpufleet-agent"
+    [config_map] = [obj for key, obj in objects.items() if key[0] == "ConfigMap"]
+    config = yaml.safe_load(config_map["data"]["prometheus.yml"])
+    jobs = {job["job_name"]: job["dns_sd_configs"][0]["names"]
+            for job in config["scrape_configs"]}
+    assert jobs == {"gpu-exporter-nvidia": ["gpufleet-exporter-nvidia.gpufleet.svc"],
+                    "gpu-exporter-amd": ["gpufleet-exporter-amd.gpufleet.svc"]}
+    services = {key[2]: obj["spec"]["selector"] for key, obj in objects.items()
+                if key[0] == "Service"}
+    for name, selector in services.items():
+        pods = daemonsets[name]["spec"]["template"]["metadata"]["labels"]
+        assert all(pods.get(k) == v for k, v in selector.items())
+    assert services["gpufleet-exporter-nvidia"] != services["gpufleet-exporter-amd"]
 
 
 def test_placement_binding_has_top_level_ref_and_subjects(tmp_path):
@@ -209,6 +288,15 @@ def test_policy_render_is_byte_identical_and_quotes_hostile_values(tmp_path):
     (["--cluster-set", "Default"], "DNS-1123"),
     (["--namespace", "n" * 40], "62 characters"),
     (["--vendor", "intel"], "unknown vendor"),
+    (["--vendor", "nvidia,intel"], "unknown vendor"),
+    (["--vendor", ","], "vendor is required"),
+    (["--placement-label", "gpufleet.io/gpu-vendor=amd"], "set from --vendor"),
+    (["--vendor", "nvidia,amd", "--exporter-namespace", "gpu"], "name the vendor"),
+    (["--vendor", "nvidia,amd", "--exporter-selector", "app=x"], "name the vendor"),
+    (["--vendor", "nvidia", "--exporter-namespace", "amd=gpu"], "does not list"),
+    (["--vendor", "amd", "--exporter-selector", "intel:app=x"], "unknown vendor"),
+    (["--vendor", "amd", "--exporter", "builtin", "--exporter-namespace", "amd=x"],
+     "upstream exporters"),
     (["--remote-write-url", ""], "required"),
     (["--remote-write-url", URL, "--spoke-namespace", "-x"], "DNS-1123"),
 ])
@@ -269,7 +357,7 @@ def test_apply_again_replaces_with_the_current_resource_version(kube_api, tmp_pa
     placement = kube_api.get_object("cluster.open-cluster-management.io/v1beta1", "Placement",
                                     "gpufleet-onboard-nvidia", NS)
     selector = placement["spec"]["predicates"][0]["requiredClusterSelector"]["labelSelector"]
-    assert selector == {"matchLabels": {"b": "2"}}
+    assert selector == {"matchLabels": {"b": "2", "gpufleet.io/gpu-vendor": "nvidia"}}
     policy_calls = [(r.method, r.path) for r in kube_api.requests if r.path.startswith(POLICIES)]
     assert policy_calls == [("POST", POLICIES),
                             ("GET", f"{POLICIES}/gpufleet-onboard-nvidia"),

@@ -29,7 +29,7 @@ from tests.support.manifests import (
 URL = "https://receive.hub.example.com/api/v1/receive"
 MATRIX = [
     (vendor, exporter, mode)
-    for vendor in ("nvidia", "amd")
+    for vendor in ("nvidia", "amd", "nvidia,amd")
     for exporter in ("upstream", "builtin")
     for mode in ("remote-write", "acm")
 ]
@@ -77,7 +77,7 @@ def test_strict_validation_would_catch_a_misspelt_field():
         kubernetes_validate.validate(daemonset, "1.30", strict=True)
 
 
-@pytest.mark.parametrize("vendor", ["nvidia", "amd"])
+@pytest.mark.parametrize("vendor", ["nvidia", "amd", "nvidia,amd"])
 @pytest.mark.parametrize("exporter", ["upstream", "builtin"])
 def test_agent_config_in_the_configmap_passes_promtool(vendor, exporter, tmp_path):
     files = render.render_spoke(values(vendor=vendor, exporter=exporter))
@@ -178,10 +178,17 @@ def test_agent_restarts_when_its_configuration_changes():
 @pytest.mark.parametrize("exporter", ["upstream", "builtin"])
 @pytest.mark.parametrize("vendor", ["nvidia", "amd"])
 def test_only_the_agent_may_scrape_the_exporter(vendor, exporter):
-    files = render.render_spoke(values(vendor=vendor, exporter=exporter))
-    policy = one(files, "NetworkPolicy")["spec"]
+    restrict = exporter == "upstream"  # upstream: only on request (next test)
+    files = render.render_spoke(values(vendor=vendor, exporter=exporter,
+                                       restrict_exporter_ingress=restrict))
+    policy = objects(files)["exporter-networkpolicy.yaml"]["spec"]
     service = one(files, "Service")
     agent = one(files, "Deployment")
+    # and nothing may reach the agent, which only sends
+    deny = objects(files)["agent-networkpolicy.yaml"]["spec"]
+    assert deny["policyTypes"] == ["Ingress"] and "ingress" not in deny
+    assert subset(deny["podSelector"]["matchLabels"],
+                  agent["spec"]["template"]["metadata"]["labels"])
     assert policy["policyTypes"] == ["Ingress"]
     assert policy["podSelector"]["matchLabels"] == service["spec"]["selector"]
     [rule] = policy["ingress"]
@@ -196,6 +203,97 @@ def test_only_the_agent_may_scrape_the_exporter(vendor, exporter):
     if exporter == "builtin":
         pods = one(files, "DaemonSet")["spec"]["template"]["metadata"]["labels"]
         assert subset(policy["podSelector"]["matchLabels"], pods)
+
+
+@pytest.mark.parametrize("mode", ["remote-write", "acm"])
+def test_no_networkpolicy_in_a_namespace_we_do_not_own_unless_asked(mode, tmp_path):
+    """A NetworkPolicy in the GPU operator's namespace would cut off the scrapers already there."""
+    for vendor in ("nvidia", "amd", "nvidia,amd"):
+        files = render.render_spoke(values(vendor=vendor, mode=mode))
+        # only our own namespace's (the agent's deny-all) may remain
+        assert {p["metadata"]["namespace"] for p in by_kind(files, "NetworkPolicy")} <= {
+            "gpufleet"}
+    result = spoke(tmp_path, "--cluster", "east", "--vendor", "nvidia", "--mode", mode,
+                   "--remote-write-url", URL, "--restrict-exporter-ingress")
+    assert result.exit_code == 0, result.output
+    written = {str(p.relative_to(tmp_path / "out")): p.read_text()
+               for p in (tmp_path / "out").rglob("*.yaml")}
+    [policy] = [p for p in by_kind(written, "NetworkPolicy")
+                if p["metadata"]["namespace"] == "nvidia-gpu-operator"]
+    assert policy["metadata"]["name"] == "gpufleet-exporter-ingress"
+    assert "cuts off every other scraper" in "".join(written.values())
+
+
+@pytest.mark.parametrize("exporter", ["upstream", "builtin"])
+def test_one_agent_scrapes_both_vendors_of_a_mixed_cluster(exporter, tmp_path):
+    result = spoke(tmp_path, "--cluster", "east", "--vendor", "nvidia,amd", "--exporter",
+                   exporter, "--remote-write-url", URL)
+    assert result.exit_code == 0, result.output
+    files = {p.name: p.read_text() for p in (tmp_path / "out").glob("*.yaml")}
+    assert one(files, "Deployment")["metadata"]["name"] == "gpufleet-agent"
+    jobs = {job["job_name"]: (job["dns_sd_configs"][0]["names"], job["dns_sd_configs"][0]["port"])
+            for job in agent_config(files)["scrape_configs"]}
+    services = {s["metadata"]["name"]: s for s in by_kind(files, "Service")}
+    assert sorted(services) == ["gpufleet-exporter-amd", "gpufleet-exporter-nvidia"]
+    for vendor, port in (("nvidia", 9400), ("amd", 5000 if exporter == "upstream" else 9400)):
+        service = services[f"gpufleet-exporter-{vendor}"]
+        namespace = service["metadata"]["namespace"]
+        assert jobs[f"gpu-exporter-{vendor}"] == (
+            [f"gpufleet-exporter-{vendor}.{namespace}.svc"], port)
+    if exporter == "upstream":
+        assert services["gpufleet-exporter-nvidia"]["metadata"]["namespace"] == \
+            "nvidia-gpu-operator"
+        assert services["gpufleet-exporter-amd"]["metadata"]["namespace"] == "kube-amd-gpu"
+    else:  # two DaemonSets, each on its vendor's nodes, each selected by its own Service
+        daemonsets = {d["metadata"]["name"]: d for d in by_kind(files, "DaemonSet")}
+        assert sorted(daemonsets) == sorted(services)
+        for name, daemonset in daemonsets.items():
+            pods = daemonset["spec"]["template"]["metadata"]["labels"]
+            assert subset(services[name]["spec"]["selector"], pods)
+        assert "nvidia.com/gpu.present" in daemonsets["gpufleet-exporter-nvidia"]["spec"][
+            "template"]["spec"]["nodeSelector"]
+        namespace = one(files, "Namespace")["metadata"]["labels"]
+        assert namespace["pod-security.kubernetes.io/enforce"] == "privileged"  # AMD hostPath
+    kustomization = yaml.safe_load(files["kustomization.yaml"])
+    assert sorted(kustomization["resources"]) == sorted(n for n in files
+                                                         if n != "kustomization.yaml")
+
+
+def test_mixed_cluster_names_each_vendors_exporter_namespace_and_pods(tmp_path):
+    result = spoke(tmp_path, "--cluster", "east", "--vendor", "nvidia,amd", "--remote-write-url",
+                   URL, "--exporter-namespace", "amd=amd-ops,nvidia=gpu-operator",
+                   "--exporter-selector", "amd:app=my-metrics")
+    assert result.exit_code == 0, result.output
+    files = {p.name: p.read_text() for p in (tmp_path / "out").glob("*.yaml")}
+    services = {s["metadata"]["name"]: s for s in by_kind(files, "Service")}
+    nvidia, amd = services["gpufleet-exporter-nvidia"], services["gpufleet-exporter-amd"]
+    assert nvidia["metadata"]["namespace"] == "gpu-operator"
+    assert nvidia["spec"]["selector"] == {"app": "nvidia-dcgm-exporter"}  # the default
+    assert amd["metadata"]["namespace"] == "amd-ops"
+    assert amd["spec"]["selector"] == {"app": "my-metrics"}
+    names = {job["job_name"]: job["dns_sd_configs"][0]["names"]
+             for job in agent_config(files)["scrape_configs"]}
+    assert names == {"gpu-exporter-nvidia": ["gpufleet-exporter-nvidia.gpu-operator.svc"],
+                     "gpu-exporter-amd": ["gpufleet-exporter-amd.amd-ops.svc"]}
+    # a single vendor may name itself too
+    single = render.render_spoke(values(vendor="amd", exporter_namespace="amd=amd-ops",
+                                        exporter_selector=["amd:app=m"]))
+    assert one(single, "Service")["metadata"]["namespace"] == "amd-ops"
+    assert one(single, "Service")["spec"]["selector"] == {"app": "m"}
+
+
+def test_acm_mixed_cluster_labels_both_gpu_operator_namespaces():
+    files = render.render_spoke(values(vendor="nvidia,amd", mode="acm"))
+    namespaces = {n["metadata"]["name"]: n["metadata"]["labels"]
+                  for n in by_kind(files, "Namespace")}
+    assert sorted(namespaces) == ["kube-amd-gpu", "nvidia-gpu-operator"]
+    assert all(labels["openshift.io/cluster-monitoring"] == "true"
+               for labels in namespaces.values())
+    monitors = {m["metadata"]["namespace"]: m["metadata"]["name"]
+                for m in by_kind(files, "ServiceMonitor")}
+    assert monitors == {"nvidia-gpu-operator": "gpufleet-exporter-nvidia",
+                        "kube-amd-gpu": "gpufleet-exporter-amd"}
+    assert {"spoke/namespace-nvidia.yaml", "spoke/namespace-amd.yaml"} <= set(files)
 
 
 def test_upstream_exporter_is_found_where_the_gpu_operator_runs_it():
@@ -381,9 +479,9 @@ def test_acm_spoke_has_a_labelled_namespace_and_a_servicemonitor_only(exporter):
     files = render.render_spoke(values(mode="acm", exporter=exporter))
     spoke_files = {p: t for p, t in files.items() if p.startswith("spoke/")}
     kinds = sorted(o["kind"] for o in objects(spoke_files).values())
-    expected = ["Namespace", "NetworkPolicy", "Service", "ServiceMonitor"]
+    expected = ["Namespace", "Service", "ServiceMonitor"]
     if exporter == "builtin":
-        expected += ["DaemonSet", "ServiceAccount"]
+        expected += ["DaemonSet", "NetworkPolicy", "ServiceAccount"]
     assert kinds == sorted(expected)  # no agent, no remote-write: ACM's collector does that
     namespace = yaml.safe_load(files["spoke/namespace.yaml"])
     assert namespace["metadata"]["labels"]["openshift.io/cluster-monitoring"] == "true"
@@ -399,9 +497,10 @@ def test_acm_spoke_has_a_labelled_namespace_and_a_servicemonitor_only(exporter):
     assert endpoint["interval"] == "30s" and endpoint["honorLabels"] is True
     [keep] = endpoint["metricRelabelings"]
     assert keep["action"] == "keep" and keep["regex"] == render.metrics_keep_regex()
-    peer = one(files, "NetworkPolicy")["spec"]["ingress"][0]["from"][0]
-    assert peer["namespaceSelector"]["matchLabels"] == {
-        "kubernetes.io/metadata.name": "openshift-monitoring"}
+    if exporter == "builtin":
+        peer = one(files, "NetworkPolicy")["spec"]["ingress"][0]["from"][0]
+        assert peer["namespaceSelector"]["matchLabels"] == {
+            "kubernetes.io/metadata.name": "openshift-monitoring"}
     assert "remote_write" not in "".join(files.values())
 
 

@@ -5,11 +5,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import shutil
-import subprocess
-import tempfile
-from html.parser import HTMLParser
-from pathlib import Path
 
 import pytest
 
@@ -22,11 +17,11 @@ from hub.validate import _reconcile as rc
 from hub.validate import _reconcile_store as store
 from hub.validate import _report as rpt
 from hub.validate._checks import ERROR, INFO, WARNING, Finding
+from tests.support.browser import chromium_dom
 from tests.support.clirun import gpufleet
 
 NOW = dt.datetime(2026, 11, 28, 12, 0, 0)
 HOSTILE = '<script>alert("x")</script>|`rm`'
-CHROMIUM = "/usr/bin/chromium"
 
 
 def sample_report(findings: int = 3) -> rpt.Report:
@@ -56,52 +51,6 @@ def sample_report(findings: int = 3) -> rpt.Report:
 
 
 # -- the HTML page in a real browser --------------------------------------------------------------
-class Dom(HTMLParser):
-    """Elements (tag, attrs, text) of a dumped DOM, in document order."""
-
-    def __init__(self, html: str) -> None:
-        super().__init__()
-        self.elements: list[dict] = []
-        self._open: list[dict] = []
-        self.feed(html)
-
-    def handle_starttag(self, tag: str, attrs: list) -> None:
-        el = {"tag": tag, "attrs": dict(attrs), "text": ""}
-        self.elements.append(el)
-        if tag not in ("meta", "link", "br", "img", "input", "hr"):
-            self._open.append(el)
-
-    def handle_endtag(self, tag: str) -> None:
-        while self._open:
-            if self._open.pop()["tag"] == tag:
-                break
-
-    def handle_data(self, data: str) -> None:
-        for el in self._open:
-            el["text"] += data
-
-    def find(self, tag: str, **attrs: str) -> list[dict]:
-        return [e for e in self.elements if e["tag"] == tag
-                and all(e["attrs"].get(k.replace("_", "-")) == v for k, v in attrs.items())]
-
-
-def chromium_dom(path: Path) -> Dom:
-    if not Path(CHROMIUM).exists() and shutil.which("chromium") is None:
-        pytest.fail("chromium not found: install the Debian package 'chromium'")
-    profile = tempfile.mkdtemp(prefix="gpufleet-chromium-")
-    try:
-        proc = subprocess.run(
-            [CHROMIUM if Path(CHROMIUM).exists() else "chromium", "--headless", "--no-sandbox",
-             "--disable-gpu", "--disable-background-networking", "--no-first-run",
-             "--disable-component-update", "--disable-sync", f"--user-data-dir={profile}",
-             "--dump-dom", path.resolve().as_uri()],
-            capture_output=True, text=True, timeout=60)
-    finally:
-        shutil.rmtree(profile, ignore_errors=True)
-    assert proc.returncode == 0 and "<html" in proc.stdout, proc.stderr[-2000:]
-    return Dom(proc.stdout)
-
-
 def test_html_report_is_one_self_contained_page_that_escapes_names(tmp_path):
     report = sample_report()
     html = rpt.render(report, "html")
@@ -159,6 +108,9 @@ def test_json_and_table():
 
 def test_write_atomic_replaces_whole_files(tmp_path):
     target = tmp_path / "sub" / "r.html"
+    with pytest.raises(InputError, match="does not exist"):
+        rpt.write_atomic(target, "one")
+    target.parent.mkdir()
     rpt.write_atomic(target, "one")
     inode = target.stat().st_ino
     rpt.write_atomic(target, "two")
@@ -201,6 +153,10 @@ def test_report_command_exit_codes_and_outputs(db_url, tmp_path):
     assert {r["cluster"]: r["status"] for r in data["summary"]} == {
         "east": "ok", "west": "error"}
     out = tmp_path / "page" / "fleet.html"
+    result = gpufleet("report", "--db", db_url, "-o", "html", "--out", str(out))
+    assert result.exit_code == 2 and "directory" in result.stderr and "does not exist" \
+        in result.stderr and not out.parent.exists()  # a typo never grows a new tree
+    out.parent.mkdir()
     result = gpufleet("report", "--db", db_url, "-o", "html", "--out", str(out))
     assert result.exit_code == 1 and result.stdout == ""
     assert "wrote" in result.stderr and out.read_text().startswith("<!DOCTYPE html>")

@@ -169,7 +169,8 @@ def test_health_moves_from_never_synced_to_ok_to_too_old():
     ok, body = scheduler.health()
     assert not ok
     assert body["reason"].startswith("last successful sync 20s ago, more than two intervals")
-    assert "last error: hub http://hub:9090 unreachable" in body["reason"]
+    assert "last error: hub <url> unreachable" in body["reason"]  # no address to callers
+    assert scheduler.state.last_error.startswith("hub http://hub:9090 unreachable")  # the log
     assert body["consecutive_failures"] == 2
 
     scheduler.jobs.sync = lambda: result(9)
@@ -189,7 +190,7 @@ def test_never_synced_reports_the_last_error():
     scheduler.tick()
     ok, body = scheduler.health()
     assert not ok
-    assert body["reason"] == ("never synced yet; last error: hub http://hub:9090 unreachable: "
+    assert body["reason"] == ("never synced yet; last error: hub <url> unreachable: "
                               "connection refused")
 
 
@@ -268,3 +269,38 @@ def test_error_descriptions_are_one_line_and_carry_no_statement():
     assert text == "inventory database unavailable: connection refused"
     assert describe_error(ValueError("bad\nthing")) == "ValueError: bad"
     assert describe_error(down()) == "hub http://hub:9090 unreachable: connection refused"
+
+
+def test_findings_api_says_when_the_last_check_failed_and_when_findings_were_made():
+    """An unreachable hub must not read as "no findings": the API carries the failure."""
+    import json
+
+    from hub.service._routes import build_router
+
+    scheduler, clock, _, metrics = scheduler_for(
+        [result(), down()], findings=lambda: [finding("warning")])
+    router = build_router(None, health=scheduler.health,  # type: ignore[arg-type]
+                          findings=scheduler.findings, metrics=metrics.exposition,
+                          check_failure=scheduler.check_failure)
+
+    def answer() -> dict[str, Any]:
+        status, body = router.handle("/api/v1/findings", {})
+        assert status == 200
+        return json.loads(json.dumps(body, default=str))
+
+    assert answer()["last_check_failed"] is None
+    scheduler.tick()  # a good sync: findings with the time of their check
+    body = answer()
+    assert body["last_check_failed"] is None
+    assert body["items"][0]["checked_at"] == str(dt.datetime.fromtimestamp(T0, dt.UTC))
+    clock.now += 60
+    scheduler.tick()  # the hub is down: the old findings stay, and the API says why
+    body = answer()
+    assert body["items"][0]["checked_at"] == str(dt.datetime.fromtimestamp(T0, dt.UTC))
+    failed = body["last_check_failed"]
+    assert failed["at"] == str(dt.datetime.fromtimestamp(T0 + 60, dt.UTC))
+    # no hub address to callers (the log has it)
+    assert failed["error"].startswith("sync failed, no checks ran: hub <url> unreachable")
+    clock.now += 60
+    scheduler.tick()  # back: the failure is history
+    assert answer()["last_check_failed"] is None

@@ -62,7 +62,7 @@ def test_sync_builds_inventory_from_real_exporter_output(hub, fleet, db_url):
     parent = table[("GPU-a1000000-0000-4000-8000-000000000000", None)]
     slices = [g for g in gpus if g["uuid"] == parent["uuid"] and g["mig_profile"]]
     assert sorted((s["mig_profile"], s["mig_instance"]) for s in slices) == [
-        ("1g.10gb", "13"), ("2g.20gb", "5"), ("3g.40gb", "1")]
+        ("1g.10gb", 13), ("2g.20gb", 5), ("3g.40gb", 1)]
     assert parent["node"] == "gpu-node-a1"  # from the lower-case `hostname` label
     assert parent["memory_total_mib"] == 40624 + 19968 + 9728
     big = table[(parent["uuid"], "3g.40gb")]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import re
 import time
+from urllib.parse import parse_qs
 
 import pytest
 
@@ -80,21 +82,79 @@ def test_hub_stopped_during_a_sync(hub, synced, front):
     assert gpufleet_json("inventory", "gpus", env=env) == before
 
 
-def test_partial_response_is_a_failure(hub, synced, front):
-    env, before = synced
+def with_warnings(hub_url: str):
+    """A store that ignores partial_response=false and answers partial results anyway."""
 
-    def with_warnings(req: Request) -> Response:
-        upstream = forward(hub.url, req)
-        import json
-
+    def handle(req: Request) -> Response:
+        upstream = forward(hub_url, req)
         data = json.loads(upstream.body)
         data["warnings"] = ["receive-2: store unavailable"]
         return json_response(200, data)
 
-    result = gpufleet("sync", "--hub-url", front(with_warnings).url, env=env)
+    return handle
+
+
+def test_partial_response_is_a_failure(hub, synced, front):
+    env, before = synced
+    result = gpufleet("sync", "--hub-url", front(with_warnings(hub.url)).url, env=env)
     assert result.exit_code == 3
     assert "partial response (receive-2: store unavailable)" in one_line(result.stderr)
     assert_unchanged_with_failed_run(env, before, "partial response")
+
+
+def thanos_like(hub_url: str):
+    """A Thanos Query whose receive-2 is down: partial answers unless partial_response=false."""
+
+    def handle(req: Request) -> Response:
+        form = parse_qs(req.body.decode())
+        if form.get("partial_response") == ["false"]:
+            return json_response(422, {
+                "status": "error", "errorType": "execution",
+                "error": "expanding series: proxy Series(): rpc error: code = Unavailable "
+                         "desc = receive-2: store unavailable"})
+        return partial(req)
+
+    partial = with_warnings(hub_url)
+    return handle
+
+
+def test_every_query_refuses_partial_responses(hub, synced, front):
+    """Thanos answers partial results unless asked not to: every query asks (sync and query)."""
+    env, _ = synced
+    proxy = front(lambda req: forward(hub.url, req))
+    assert gpufleet("sync", "--hub-url", proxy.url, env=env).exit_code == 0
+    assert gpufleet("query", "--hub-url", proxy.url, "up").exit_code == 0
+    queries = [parse_qs(r.body.decode()) for r in proxy.seen if "/api/v1/query" in r.path]
+    assert len(queries) >= 2
+    assert all(q.get("partial_response") == ["false"] for q in queries), queries
+
+
+def test_thanos_refusing_a_partial_answer_is_unavailable_not_a_promql_error(hub, synced, front):
+    env, before = synced
+    result = gpufleet("sync", "--hub-url", front(thanos_like(hub.url)).url, env=env)
+    assert result.exit_code == 3, result.output
+    line = one_line(result.stderr)
+    assert "could not read all its stores" in line and "receive-2" in line
+    assert "PromQL error" not in line
+    assert_unchanged_with_failed_run(env, before, "could not read all its stores")
+    # a genuine evaluation error (also 422 "execution") is still the user's PromQL: exit 2
+    bad = front(lambda req: json_response(422, {
+        "status": "error", "errorType": "execution",
+        "error": "found duplicate series for the match group"}))
+    result = gpufleet("query", "--hub-url", bad.url, "a / on() b")
+    assert result.exit_code == 2
+    assert "PromQL error" in one_line(result.stderr)
+
+
+@pytest.mark.parametrize("command", [["report", "-o", "json"], ["reconcile", "--source", "hub"]])
+def test_every_command_reading_the_hub_fails_on_a_partial_answer(hub, synced, front, command):
+    """Not only sync: a report or reconcile from a partial answer would look healthy."""
+    env, _ = synced
+    for handler, needle in ((with_warnings(hub.url), "partial response"),
+                            (thanos_like(hub.url), "could not read all its stores")):
+        result = gpufleet(*command, "--hub-url", front(handler).url, env=env)
+        assert result.exit_code == 3, result.output
+        assert needle in one_line(result.stderr)
 
 
 @pytest.mark.parametrize("status", [500, 503])

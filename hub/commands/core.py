@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,8 +17,10 @@ from sqlalchemy.engine import Engine
 from hub import inventory as inv
 from hub.common import (
     DURATION,
+    EXIT_FINDINGS,
     ConfiguredCommand,
     ConfiguredGroup,
+    GpufleetError,
     InputError,
     UnavailableError,
     cluster_label_option,
@@ -57,7 +61,11 @@ def database(url: str | None, *, create: bool = False) -> Iterator[Engine]:
     engine = inv.make_engine(url, create=create)
     try:
         yield engine
-    except sa.exc.OperationalError as exc:
+    except sa.exc.DatabaseError as exc:
+        # OperationalError (unreachable, locked) or a bare DatabaseError (a file that is not
+        # a database); integrity or programming errors are bugs and keep their traceback.
+        if type(exc) not in (sa.exc.OperationalError, sa.exc.DatabaseError):
+            raise
         reason = str(exc.orig).strip().splitlines()[0] if exc.orig else "connection failed"
         raise UnavailableError(
             f"inventory database {inv.safe_url(engine)} unavailable: {reason}"
@@ -107,6 +115,37 @@ def _sample_rows(series: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+_GROUPING = re.compile(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)")
+_KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and",
+             "or", "unless", "offset", "atan2", "inf", "nan"}
+
+
+def metric_names(expr: str) -> list[str]:
+    """Metric names an expression selects (best effort: strings, matchers, ranges, grouping
+    clauses and function names removed), for the "no such metric" hint only."""
+    text = re.sub(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'|`[^`]*`', "", expr)
+    text = re.sub(r"\{[^}]*\}|\[[^\]]*\]", " ", text)
+    text = _GROUPING.sub(" ", text)
+    names = []
+    for m in re.finditer(r"(?<![\w.])([A-Za-z_:][\w:]*)(?!\w)(?!\s*\()", text):
+        if m.group(1).lower() not in _KEYWORDS and m.group(1) not in names:
+            names.append(m.group(1))
+    return names
+
+
+def unknown_metrics(client: HubClient, expr: str) -> list[str]:
+    """Names in ``expr`` of which the hub holds no series at all (at most three asked)."""
+    unknown = []
+    for name in metric_names(expr)[:3]:
+        try:
+            found = client.query(f'count({{__name__="{name}"}})').result
+        except GpufleetError:
+            return []
+        if not found:
+            unknown.append(name)
+    return unknown
+
+
 @click.command(cls=ConfiguredCommand)
 @click.argument("expr")
 @click.option("--range", "range_", type=DURATION, metavar="DURATION",
@@ -125,12 +164,18 @@ def query(expr: str, range_: float | None, step: float, output: str, **opts: Any
 
     A PromQL error prints the store's message and exits 2; an unreachable hub exits 3.
     """
+    if (range_ is not None and range_ <= 0) or step <= 0:
+        raise InputError("--range and --step must be greater than 0")
     with hub_client(opts) as client:
         if range_:
             end = time.time()
             res = client.query_range(expr, end - range_, end, step)
         else:
             res = client.query(expr)
+        if not range_ and res.result_type == "vector" and not res.result:
+            for name in unknown_metrics(client, expr):
+                click.echo(f"warning: the hub has no series named {name!r} (a typo, or not "
+                           "in the allowlist?)", err=True)
     for warning in res.warnings:
         click.echo(f"warning: hub returned a partial response: {warning}", err=True)
     series = _series(res.result_type, res.result)
@@ -140,7 +185,8 @@ def query(expr: str, range_: float | None, step: float, output: str, **opts: Any
     rows = _sample_rows(series)
     labels = sorted({k for row in rows for k in row} - {"time", "value", "__name__"})
     name = ["__name__"] if any("__name__" in r for r in rows) else []
-    emit(rows, [*name, *labels, "time", "value"], output)
+    # label names as the hub spells them (Hostname, not HOSTNAME): they go back into PromQL
+    emit(rows, [*name, *labels, "time", "value"], output, upper=False)
 
 
 # -- sync -----------------------------------------------------------------------------------
@@ -172,6 +218,8 @@ def sync(once: bool, every: float | None, stale_after: float, lock_timeout: floa
         raise InputError("--once and --every exclude each other")
     if stale_after <= 0:
         raise InputError("--stale-after must be greater than 0")
+    if every is not None and every <= 0:
+        raise InputError("--every must be greater than 0 (leave it out to sync once)")
     with hub_client(opts) as client, database(db, create=True) as engine:
         while True:
             try:
@@ -190,6 +238,7 @@ def sync(once: bool, every: float | None, stale_after: float, lock_timeout: floa
                     click.echo(
                         f"sync ok: {result.clusters} clusters, {result.nodes} nodes, "
                         f"{result.gpus} GPUs ({result.requests} requests, {took:.1f}s)"
+                        + (f"; {result.note}" if result.note else "")
                     )
             if not every:
                 return
@@ -231,7 +280,8 @@ _inventory_command("allocations", inv.list_allocations, inv.ALLOCATION_COLUMNS,
 
 
 @inventory_group.command("sync-runs", cls=ConfiguredCommand)
-@click.option("--limit", type=click.IntRange(1), default=20, show_default=True)
+@click.option("--limit", type=click.IntRange(1, 1_000_000), default=20, show_default=True,
+              help="How many runs to show, newest first.")
 @db_option
 @output_option()
 def sync_runs(limit: int, db: str | None, output: str, **_: Any) -> None:
@@ -242,6 +292,107 @@ def sync_runs(limit: int, db: str | None, output: str, **_: Any) -> None:
             rows = inv.list_sync_runs(conn, limit)
     emit(rows, ["id", "started_at", "finished_at", "status", "requests", "clusters", "nodes",
                 "gpus", "error"], output)
+
+
+def _since(value: float | None) -> dt.datetime | None:
+    return None if value is None else inv.now_utc() - dt.timedelta(seconds=value)
+
+
+@inventory_group.command("events", cls=ConfiguredCommand)
+@click.option("--since", type=DURATION, metavar="DURATION",
+              help="Only events of the last DURATION (e.g. 7d); default: all, kept forever.")
+@click.option("--cluster", metavar="NAME", help="Only events in this cluster.")
+@click.option("--uuid", metavar="UUID", help="Only events of this GPU (and its MIG slices).")
+@click.option("--type", "type_", type=click.Choice(inv.EVENT_TYPES), help="Only this type.")
+@click.option("--limit", type=click.IntRange(1), help="At most this many (newest first).")
+@db_option
+@output_option()
+def events(since: float | None, cluster: str | None, uuid: str | None, type_: str | None,
+           limit: int | None, db: str | None, output: str, **_: Any) -> None:
+    """What changed in the fleet, newest first.
+
+    \b
+    appeared  a GPU or MIG slice seen for the first time
+    stale     it stopped reporting (no sample within --stale-after of a sync)
+    returned  a stale one reports again
+    moved     it reports from another node or cluster (details: from, to)
+    changed   model, memory_total_mib, driver_version or MIG layout changed
+              (details: field, old, new)
+    """
+    with database(db) as engine:
+        require_schema(engine)
+        with engine.connect() as conn:
+            rows = inv.list_events(conn, since=_since(since), cluster=cluster, uuid=uuid,
+                                   type_=type_, limit=limit)
+    if output != "json":
+        rows = [{**r, "details": json.dumps(r["details"], sort_keys=True, default=str)
+                 if r["details"] else ""} for r in rows]
+    emit(rows, inv.EVENT_COLUMNS, output)
+
+
+class UnknownGpu(GpufleetError):
+    exit_code = EXIT_FINDINGS
+
+
+@inventory_group.command("gpu", cls=ConfiguredCommand)
+@click.argument("uuid")
+@db_option
+@output_option("table", "json")
+def gpu(uuid: str, db: str | None, output: str, **_: Any) -> None:
+    """One GPU by UUID: where it is, its MIG slices, events, allocations and recent usage.
+
+    An unknown UUID prints one line and exits 1.
+    """
+    from hub import usage
+
+    with database(db) as engine:
+        require_schema(engine)
+        with engine.connect() as conn:
+            detail = usage.gpu_history(conn, uuid)
+    if detail is None:
+        raise UnknownGpu(f"no GPU with uuid {uuid} in the inventory")
+    if output == "json":
+        click.echo(to_json(detail))
+        return
+    emit([detail["gpu"]], inv.GPU_TABLE_COLUMNS, "table")
+    for title, key, columns in (
+        ("MIG slices", "slices", inv.GPU_TABLE_COLUMNS),
+        ("events", "events", inv.EVENT_COLUMNS),
+        ("allocations", "allocations", inv.ALLOCATION_COLUMNS),
+        ("recent usage", "usage", usage.HISTORY_COLUMNS),
+    ):
+        click.echo(f"\n{title}:")
+        emit(detail[key], columns, "table")
+
+
+@inventory_group.command("prune", cls=ConfiguredCommand)
+@click.option("--stale-for", type=DURATION, required=True, metavar="DURATION",
+              help="Remove what has been stale for longer than this (e.g. 90d).")
+@click.option("--cluster", metavar="NAME", help="Only this cluster.")
+@click.option("--dry-run", is_flag=True, help="Print what would go; change nothing.")
+@lock_timeout_option
+@db_option
+@output_option()
+def prune(stale_for: float, cluster: str | None, dry_run: bool, lock_timeout: float,
+          db: str | None, output: str, **_: Any) -> None:
+    """Delete GPUs, nodes and clusters stale for longer than --stale-for.
+
+    Nothing is ever deleted otherwise: a decommissioned cluster's GPUs stay, stale, until
+    pruned. A node goes only with all its GPUs, a cluster only with all its nodes. One
+    transaction under the sync lock; prints every removed row (kind, cluster, node, uuid,
+    MIG slice, last seen) and a summary line on stderr.
+
+    \b
+    Examples:
+      gpufleet inventory prune --stale-for 90d --dry-run
+      gpufleet inventory prune --stale-for 30d --cluster decommissioned-east
+    """
+    with database(db) as engine:
+        require_schema(engine)
+        result = inv.prune(engine, stale_for=stale_for, cluster=cluster, dry_run=dry_run,
+                           lock_timeout=lock_timeout)
+    emit(result.rows, inv.PRUNE_COLUMNS, output)
+    click.echo(result.summary(), err=True)
 
 
 inventory_group.name = "inventory"

@@ -21,10 +21,14 @@ from hub.common import ConfiguredCommand, UnavailableError
               default=Path("gpufleet-demo"), show_default=True,
               help="Where the hub data, inventory database, node lists and report go "
                    "(emptied first if a previous demo made it).")
+@click.option("--acm-profile", is_flag=True,
+              help="Make the hub behave like ACM Observability's (scaled down): sparse pushes "
+                   "without staleness markers, a look-back of twice the push interval, "
+                   "clusterID on every series.")
 @click.option("--keep-running", is_flag=True,
               help="Leave the fleet running at the end so you can try the PromQL; Ctrl-C stops.")
 def demo(clusters: int, nodes: int, gpus_per_node: int, workdir: Path, keep_running: bool,
-         **_: Any) -> None:
+         acm_profile: bool, **_: Any) -> None:
     """Run a local multi-cluster GPU fleet end to end, on loopback.
 
     Starts a hub Prometheus with the remote-write receiver, one Prometheus agent per cluster
@@ -54,7 +58,8 @@ def demo(clusters: int, nodes: int, gpus_per_node: int, workdir: Path, keep_runn
     try:
         with progress:
             result = devstack.run(clusters=clusters, nodes=nodes, gpus_per_node=gpus_per_node,
-                              workdir=workdir, say=say, progress=step, keep_running=keep_running)
+                              workdir=workdir, say=say, progress=step, keep_running=keep_running,
+                              acm_profile=acm_profile)
     except TimeoutError as exc:
         raise UnavailableError(f"demo: {exc}") from None
     except FileNotFoundError as exc:
@@ -68,13 +73,17 @@ def demo(clusters: int, nodes: int, gpus_per_node: int, workdir: Path, keep_runn
                    "the inventory shows it)")
     click.echo(f"Whole run           {result.elapsed_s:.0f}s")
     click.echo("")
-    click.echo("Try next:")
-    click.echo(f"  gpufleet inventory clusters --db {db}")
-    click.echo(f"  gpufleet inventory gpus --db {db} --cluster {result.clusters[0]['cluster']}")
-    click.echo(f"  gpufleet report --db {db} -o markdown")
-    click.echo("  gpufleet demo --keep-running   # then, while it runs:")
-    click.echo("  gpufleet query 'count by (cluster) (DCGM_FI_DEV_GPU_TEMP)' "
+    g = devstack.gpufleet_command()
+    click.echo("Try next (in any shell):")
+    if g != "gpufleet" and (Path(g).parent / "activate").is_file():
+        click.echo(f"  . {Path(g).parent / 'activate'}   # puts gpufleet on PATH; or type it "
+                   "in full, as below")
+    click.echo(f"  {g} inventory clusters --db {db}")
+    click.echo(f"  {g} inventory gpus --db {db} --cluster {result.clusters[0]['cluster']}")
+    click.echo(f"  {g} report --db {db} -o markdown")
+    click.echo(f"  {g} demo --keep-running   # then, while it runs:")
+    click.echo(f"  {g} query 'count by (cluster) (DCGM_FI_DEV_GPU_TEMP)' "
                f"--hub-url {result.hub_url}")
-    click.echo("  gpufleet query 'avg by (cluster) (DCGM_FI_DEV_GPU_UTIL)' --range 5m --step 30s "
+    click.echo(f"  {g} query 'avg by (cluster) (DCGM_FI_DEV_GPU_UTIL)' --range 5m --step 30s "
                f"--hub-url {result.hub_url}")
     sys.stdout.flush()

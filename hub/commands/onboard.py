@@ -32,8 +32,9 @@ F = Callable[..., Any]
 def _spoke_options(func: F) -> F:
     """Options shared by ``spoke render`` and ``policy render`` (same manifests underneath)."""
     options = [
-        click.option("--vendor", envvar=env("vendor"), metavar="nvidia|amd",
-                     help="GPU vendor of the cluster's nodes."),
+        click.option("--vendor", envvar=env("vendor"), metavar="nvidia|amd|nvidia,amd",
+                     help="GPU vendor(s) of the cluster's nodes. A comma list renders one "
+                          "agent scraping every listed vendor's exporter (mixed clusters)."),
         click.option("--mode", envvar=env("mode"), default="remote-write", show_default=True,
                      metavar="remote-write|acm",
                      help="remote-write: a Prometheus agent pushes to Thanos Receive. "
@@ -55,13 +56,16 @@ def _spoke_options(func: F) -> F:
         click.option("--platform", envvar=env("platform"), metavar="kubernetes|openshift",
                      help="Pins non-root UIDs on kubernetes; lets the SCC assign them on "
                           "openshift. Default: openshift in acm mode, else kubernetes."),
-        click.option("--exporter-namespace", envvar=env("exporter-namespace"), metavar="NS",
+        click.option("--exporter-namespace", envvar=env("exporter-namespace"),
+                     metavar="NS|VENDOR=NS,...",
                      help="Namespace of the upstream exporter (default: nvidia-gpu-operator "
-                          "or kube-amd-gpu); builtin: the spoke namespace."),
+                          "or kube-amd-gpu); builtin: the spoke namespace. With several "
+                          "vendors name each: nvidia=NS,amd=NS."),
         click.option("--exporter-selector", envvar=env("exporter-selector"), multiple=True,
-                     metavar="KEY=VALUE",
+                     metavar="[VENDOR:]KEY=VALUE",
                      help="Pod labels of the upstream exporter (repeatable). Default: "
-                          "app=nvidia-dcgm-exporter / app.kubernetes.io/name=metrics-exporter."),
+                          "app=nvidia-dcgm-exporter / app.kubernetes.io/name=metrics-exporter. "
+                          "With several vendors prefix the vendor: amd:KEY=VALUE."),
         click.option("--agent-image", envvar=env("agent-image"),
                      default=onboarding.DEFAULT_AGENT_IMAGE, show_default=True,
                      help="Prometheus image of the agent."),
@@ -69,6 +73,12 @@ def _spoke_options(func: F) -> F:
                      envvar=env("exporter-image"), default=onboarding.DEFAULT_EXPORTER_IMAGE,
                      show_default=True,
                      help="gpufleet image of the builtin exporter (--image for short)."),
+        click.option("--restrict-exporter-ingress", envvar=env("restrict-exporter-ingress"),
+                     is_flag=True, default=False,
+                     help="Upstream exporter: also render a NetworkPolicy in the GPU "
+                          "operator's namespace admitting only our scraper. It cuts off every "
+                          "other scraper there (see docs/onboarding.md). Builtin exporters "
+                          "always get one."),
         click.option("--out", envvar=env("out"), metavar="DIR",
                      help="Directory to write (replaced as a whole on re-render)."),
     ]
@@ -93,7 +103,7 @@ def _require_out(out: str | None) -> str:
 def _spoke_kwargs(params: dict[str, Any]) -> dict[str, Any]:
     keys = ("vendor", "mode", "exporter", "remote_write_url", "remote_write_secret",
             "monitoring", "platform", "exporter_namespace", "exporter_selector",
-            "agent_image", "exporter_image")
+            "agent_image", "exporter_image", "restrict_exporter_ingress")
     return {key: params[key] for key in keys}
 
 
@@ -116,8 +126,9 @@ def spoke_render(cluster: str | None, namespace: str, out: str | None,
                  config: str | None = None, **params: Any) -> None:
     """Write the spoke manifests for one cluster into --out.
 
-    remote-write mode writes a kustomization (agent, exporter scraping, RBAC, NetworkPolicy);
-    acm mode writes hub/ (the ACM metrics allowlist) and spoke/ (ServiceMonitor, namespace label).
+    remote-write mode writes a kustomization (agent, exporter scraping, RBAC, and a
+    NetworkPolicy for a builtin exporter or with --restrict-exporter-ingress); acm mode
+    writes hub/ (the ACM metrics allowlist) and spoke/ (ServiceMonitor, namespace label).
     """
     target = _require_out(out)
     values = onboarding.spoke_values(cluster=cluster, namespace=namespace, **_spoke_kwargs(params))
@@ -167,7 +178,8 @@ def policy_render(namespace: str, placement_label: tuple[str, ...], remediation:
                                   cluster_set=cluster_set)
     files = onboarding.render_policy(values)
     onboarding.write_tree(files, target)
-    _written(target, files, f"gpufleet policy apply --dir {target}")
+    _written(target, files, f"gpufleet policy apply --dir {target}; it places clusters "
+                            f"labelled {onboarding.VENDOR_LABEL}={values.spoke.vendor}")
 
 
 @policy.command("apply", cls=ConfiguredCommand)

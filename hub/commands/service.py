@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from typing import Any
+from urllib.parse import urlsplit
 
 import click
+import yaml
 from sqlalchemy.engine import Engine
 
 from hub import inventory as inv
@@ -18,6 +21,7 @@ from hub.common import (
     ConfiguredCommand,
     ConfiguredGroup,
     InputError,
+    UnavailableError,
     cluster_label_option,
     db_option,
     env,
@@ -26,6 +30,7 @@ from hub.common import (
     lock_timeout_option,
     max_age_option,
     on_sigterm,
+    output_option,
     parse_duration,
     parse_listen,
     push_interval_option,
@@ -40,8 +45,12 @@ log = logging.getLogger("gpufleet.service")
 
 def service_jobs(engine: Engine, client: HubClient, *, stale_after: float, cluster_label: str,
                  lock_timeout: float, reconcile: bool = False, max_age: float = 3600.0,
-                 push_interval: float = 300.0, window: float = 3600.0) -> svc.Jobs:
-    """The scheduled work: sync; then, when asked, a hub-side reconcile; then the findings.
+                 push_interval: float = 300.0, window: float = 3600.0,
+                 usage_bucket: float = 3600.0, usage_retention: float = 400 * 86400.0,
+                 prune_stale_after: float | None = None) -> svc.Jobs:
+    """The scheduled work: sync; then, when asked, a hub-side reconcile and a prune of what
+    has been stale for longer than ``prune_stale_after``; then every completed usage bucket
+    not collected yet (a push interval after its end); then the findings.
 
     The findings are exactly `gpufleet report`'s (hub.validate.assess with this client), so
     /api/v1/findings and `gpufleet_findings` agree with what an operator prints.
@@ -62,8 +71,33 @@ def service_jobs(engine: Engine, client: HubClient, *, stale_after: float, clust
                                    window=window, cluster_label=cluster_label)
         return [f.as_dict() for f in assessed.findings]
 
-    return svc.Jobs(sync=sync, after_sync=[reconcile_job] if reconcile else [],
-                    findings=findings)
+    def usage_job() -> None:
+        result = inv.collect_usage(engine, client, bucket=usage_bucket, delay=push_interval,
+                                   retention=usage_retention, cluster_label=cluster_label,
+                                   step=min(60.0, usage_bucket))
+        if result.collected:
+            log.info("usage: collected %d bucket(s), %d rows", len(result.collected),
+                     result.rows)
+        if result.failed:
+            raise UnavailableError(f"usage: {len(result.failed)} bucket(s) not collected "
+                                   f"({result.failed[0][1]}); retried after the next sync")
+
+    def prune_job() -> None:
+        assert prune_stale_after is not None
+        result = inv.prune(engine, stale_for=prune_stale_after, lock_timeout=lock_timeout)
+        if result.rows:
+            log.info("%s", result.summary())
+            for row in result.rows:
+                log.info("pruned %s %s", row["kind"], " ".join(
+                    str(row[k]) for k in ("cluster", "node", "uuid", "slice") if row[k]))
+
+    after: list = []
+    if reconcile:
+        after.append(reconcile_job)
+    if prune_stale_after:
+        after.append(prune_job)
+    after.append(usage_job)
+    return svc.Jobs(sync=sync, after_sync=after, findings=findings)
 
 
 def _prepare_schema(engine: Engine) -> None:
@@ -80,16 +114,59 @@ def _prepare_schema(engine: Engine) -> None:
         log.warning("inventory database not ready yet: %s", svc.describe_error(exc))
 
 
-@click.command(cls=ConfiguredCommand)
+def _file_option(name: str, help: str) -> Any:
+    return click.option(name, envvar=env(name[2:]), metavar="FILE",
+                        type=click.Path(dir_okay=False), help=help)
+
+
+class _ServeGroup(ConfiguredCommand, click.Group):
+    """``serve`` runs the service; ``serve token create`` helps configure who may read it."""
+
+
+@click.group(cls=_ServeGroup, invoke_without_command=True)
 @click.option("--every", type=DURATION, default="5m", show_default=True, envvar=env("every"),
               metavar="DURATION", help="Sync interval; a failed sync is retried sooner "
               "(5s, 10s, 20s ... at most DURATION).")
 @click.option("--listen", envvar=env("listen"), default="127.0.0.1:8080", show_default=True,
               metavar="HOST:PORT", help="Address of /metrics, /healthz and /api/v1 "
-              "(0.0.0.0:8080 in a pod).")
+              "(0.0.0.0:8080 in a pod). Without --tokens-file or --oidc-issuer only a "
+              "loopback address is accepted, unless --allow-unauthenticated.")
 @click.option("--reconcile", is_flag=True, envvar=env("reconcile"),
               help="After each sync, reconcile GPU counts with kube-state-metrics through the "
                    "hub (no access to the spokes needed).")
+@_file_option("--tokens-file",
+              help="YAML of static tokens (name, sha256, scope), re-read when it changes; "
+                   "make entries with `gpufleet serve token create`.")
+@click.option("--oidc-issuer", envvar=env("oidc-issuer"), metavar="URL",
+              help="Accept OIDC bearer tokens (JWTs) of this issuer (Keycloak realm URL, "
+                   "Dex, OpenShift's OAuth as an OIDC issuer); needs --oidc-audience and "
+                   "--scopes-file.")
+@click.option("--oidc-audience", envvar=env("oidc-audience"), metavar="AUD",
+              help="The audience ('aud') an OIDC token must be issued for.")
+@click.option("--oidc-scope-claim", envvar=env("oidc-scope-claim"), default="groups",
+              show_default=True, metavar="CLAIM",
+              help="Token claim holding the caller's groups, mapped by --scopes-file.")
+@_file_option("--scopes-file",
+              help="YAML mapping OIDC groups to scopes (clusters, namespaces).")
+@click.option("--allow-unauthenticated", is_flag=True, envvar=env("allow-unauthenticated"),
+              help="UNSAFE: serve every namespace and pod name to anyone who reaches a "
+                   "non-loopback --listen address, without a token.")
+@click.option("--metrics-open/--metrics-closed", default=True, show_default=True,
+              envvar=env("metrics-open"),
+              help="Whether /metrics answers without a token (closed: a token whose scope "
+                   "is the whole fleet).")
+@_file_option("--tls-cert-file",
+              help="Serve HTTPS with this certificate (PEM, chain allowed); re-read when it "
+                   "changes, as cert-manager rotates it.")
+@_file_option("--tls-key-file", help="Private key of --tls-cert-file (PEM).")
+@click.option("--usage-bucket", type=DURATION, default="1h", show_default=True,
+              metavar="DURATION", help="Usage ledger bucket: each completed one is collected "
+              "after the sync that follows it (see `gpufleet usage collect`).")
+@click.option("--usage-retention", type=DURATION, default="400d", show_default=True,
+              metavar="DURATION", help="Usage rows older than this are removed.")
+@click.option("--prune-stale-after", type=DURATION, envvar=env("prune-stale-after"),
+              metavar="DURATION", help="After each sync, delete GPUs, nodes and clusters "
+              "stale for longer than this (as `gpufleet inventory prune`). Default: never.")
 @max_age_option
 @push_interval_option
 @window_option
@@ -98,17 +175,30 @@ def _prepare_schema(engine: Engine) -> None:
 @hub_options
 @cluster_label_option
 @db_option
-def serve(every: float, listen: str, reconcile: bool, max_age: float, push_interval: float,
-          window: float, stale_after: float, lock_timeout: float,
-          cluster_label: str, db: str | None, **opts: Any) -> None:
+@click.pass_context
+def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
+          tokens_file: str | None, oidc_issuer: str | None, oidc_audience: str | None,
+          oidc_scope_claim: str, scopes_file: str | None, allow_unauthenticated: bool,
+          metrics_open: bool, tls_cert_file: str | None, tls_key_file: str | None,
+          usage_bucket: float, usage_retention: float, prune_stale_after: float | None,
+          max_age: float, push_interval: float, window: float, stale_after: float,
+          lock_timeout: float, cluster_label: str, db: str | None, **opts: Any) -> None:
     """Run the hub service: sync on a schedule and serve the inventory over HTTP.
 
     \b
     Endpoints (read-only, GET/HEAD):
+      /                      a live HTML page of the fleet (search by GPU UUID, node, namespace)
       /healthz               200 while the last sync succeeded within two intervals, else 503
       /metrics               Prometheus metrics (sync duration, failures, GPUs by state, ...)
       /api/v1/openapi.json   the API's OpenAPI description
-      /api/v1/clusters, /nodes, /gpus[/UUID], /findings, /sync-runs
+      /api/v1/clusters, /nodes, /gpus[/UUID[/history]], /findings, /sync-runs
+      /api/v1/usage, /idle, /capacity, /events (docs/usage.md)
+
+    \b
+    Access: with --tokens-file and/or --oidc-issuer every endpoint but /healthz (and
+    /metrics unless --metrics-closed) wants "Authorization: Bearer TOKEN" (401 without,
+    403 outside the caller's scope). Without either the service listens on loopback only.
+    /api/v1/allocations lists who uses which GPU.
 
     After each successful sync it runs the checks of `gpufleet report` (served at
     /api/v1/findings and as gpufleet_findings) and, with --reconcile, a reconcile from
@@ -116,16 +206,32 @@ def serve(every: float, listen: str, reconcile: bool, max_age: float, push_inter
     CronJob or a second service on the same database never runs beside it. SIGTERM stops it
     cleanly (exit 0); Ctrl-C exits 130.
     """
+    if ctx.invoked_subcommand is not None:
+        return
     if every <= 0:
         raise InputError("--every must be greater than 0")
     if stale_after <= 0:
         raise InputError("--stale-after must be greater than 0")
+    if prune_stale_after is not None and prune_stale_after <= stale_after:
+        raise InputError("--prune-stale-after must be longer than --stale-after")
     try:
         host, port = parse_listen(listen)
     except ValueError as exc:
         raise InputError(f"--listen: {exc}") from None
+    auth = access(tokens_file=tokens_file, oidc_issuer=oidc_issuer,
+                  oidc_audience=oidc_audience, oidc_scope_claim=oidc_scope_claim,
+                  scopes_file=scopes_file)
+    if not auth.enabled and not svc.is_loopback(host) and not allow_unauthenticated:
+        raise InputError(f"--listen {listen} is not a loopback address and no access is "
+                         "configured: give --tokens-file or --oidc-issuer (or, unsafe, "
+                         "--allow-unauthenticated)")
+    if (tls_cert_file is None) != (tls_key_file is None):
+        raise InputError("--tls-cert-file and --tls-key-file go together")
+    tls = svc.TlsFiles(tls_cert_file, tls_key_file) if tls_cert_file and tls_key_file else None
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if auth.oidc is not None:
+        auth.oidc.jwks.warm()
     logging.getLogger("alembic").setLevel(logging.WARNING)
     with hub_client(opts) as client, database(db, create=True) as engine:
         readonly = svc.read_only_engine(db)
@@ -133,10 +239,13 @@ def serve(every: float, listen: str, reconcile: bool, max_age: float, push_inter
             jobs = service_jobs(engine, client, stale_after=stale_after,
                                 cluster_label=cluster_label, lock_timeout=lock_timeout,
                                 reconcile=reconcile, max_age=max_age,
-                                push_interval=push_interval, window=window)
+                                push_interval=push_interval, window=window,
+                                usage_bucket=usage_bucket, usage_retention=usage_retention,
+                                prune_stale_after=prune_stale_after)
             try:  # bind first: a port in use fails before anything touches the database
                 service = svc.build_service(jobs, every=every, engine=readonly, host=host,
-                                            port=port)
+                                            port=port, page_sections=svc.USAGE_SECTIONS,
+                                            auth=auth, metrics_open=metrics_open, tls=tls)
             except OSError as exc:
                 reason = exc.strerror or str(exc)
                 raise InputError(f"cannot listen on {listen}: {reason}") from None
@@ -148,6 +257,63 @@ def serve(every: float, listen: str, reconcile: bool, max_age: float, push_inter
             _run(service, client, engine, every)
         finally:
             readonly.dispose()
+
+
+def access(*, tokens_file: str | None, oidc_issuer: str | None, oidc_audience: str | None,
+           oidc_scope_claim: str = "groups", scopes_file: str | None) -> svc.Authenticator:
+    """The authenticator the options describe; a bad combination or file is exit 2."""
+    tokens = svc.TokenFile(tokens_file) if tokens_file else None
+    oidc = None
+    if oidc_issuer:
+        if not oidc_audience:
+            raise InputError("--oidc-issuer needs --oidc-audience (the 'aud' tokens are "
+                             "issued for)")
+        if not scopes_file:
+            raise InputError("--oidc-issuer needs --scopes-file (which group sees what)")
+        parsed = urlsplit(oidc_issuer)
+        if parsed.scheme != "https" and not (parsed.scheme == "http" and parsed.hostname
+                                             and svc.is_loopback(parsed.hostname)):
+            raise InputError(f"--oidc-issuer must be an https:// URL, not {oidc_issuer!r}")
+        oidc = svc.OidcVerifier(oidc_issuer, oidc_audience, svc.load_group_scopes(scopes_file),
+                                claim=oidc_scope_claim)
+    elif oidc_audience or scopes_file:
+        raise InputError("--oidc-audience and --scopes-file need --oidc-issuer")
+    return svc.Authenticator(tokens=tokens, oidc=oidc)
+
+
+@serve.group("token", cls=ConfiguredGroup)
+def token_group() -> None:
+    """Static tokens for --tokens-file."""
+
+
+def _names(values: tuple[str, ...]) -> list[str]:
+    return sorted({n.strip() for v in values for n in v.split(",") if n.strip()})
+
+
+@token_group.command("create", cls=ConfiguredCommand)
+@click.argument("name")
+@click.option("--clusters", multiple=True, metavar="NAME[,NAME...]",
+              help="Clusters the token may see (default: all).")
+@click.option("--namespaces", multiple=True, metavar="NS[,NS...]",
+              help="Namespaces whose allocations it may see by name (default: all).")
+@output_option("text", "json", default="text")
+def token_create(name: str, clusters: tuple[str, ...], namespaces: tuple[str, ...],
+                 output: str, **_: Any) -> None:
+    """Make a new token: prints it once, and the line to add to the tokens file.
+
+    The file keeps only the token's sha256, so it can live in a ConfigMap or Git; hand the
+    token itself to the team through a secret channel.
+    """
+    token = svc.new_token()
+    entry = svc.token_entry(name, token, _names(clusters), _names(namespaces))
+    if output == "json":
+        click.echo(json.dumps({"token": token, "entry": entry}))
+        return
+    line = "- " + yaml.safe_dump(entry, default_flow_style=True, sort_keys=False,
+                                 width=10_000).strip()
+    click.echo(f"token for {name} (shown once; give it to the team, keep no copy):\n"
+               f"  {token}\n"
+               f"add under 'tokens:' in the --tokens-file:\n  {line}")
 
 
 def _run(service: svc.Service, client: HubClient, engine: Engine, every: float) -> None:
@@ -197,9 +363,19 @@ def hub_group() -> None:
               show_default=True, metavar="KEY",
               help="Key of the CA bundle in --hub-ca-configmap (OpenShift's injected bundle: "
                    "ca-bundle.crt).")
+@click.option("--tls-secret", envvar=env("tls-secret"), metavar="NAME",
+              help="kubernetes.io/tls Secret (cert-manager's) to serve HTTPS with; mounted "
+                   "whole so a rotation reaches the running service.")
+@click.option("--tokens-secret", envvar=env("tokens-secret"), metavar="NAME",
+              help=f"Secret whose key '{onboard.TOKENS_KEY}' is the API's --tokens-file. "
+                   "Without it the API is rendered --allow-unauthenticated (unsafe).")
+@click.option("--prune-stale-after", type=DURATION, envvar=env("prune-stale-after"),
+              metavar="DURATION", help="Let the Deployment delete what has been stale for "
+              "longer than this after each sync (serve --prune-stale-after). Default: never.")
 def hub_render(out: str | None, namespace: str, image: str, kind: str, every: str,
                hub_url: str | None, db_secret: str, hub_token_secret: str,
-               hub_ca_configmap: str | None, hub_ca_key: str, **_: Any) -> None:
+               hub_ca_configmap: str | None, hub_ca_key: str, tls_secret: str | None,
+               tokens_secret: str | None, prune_stale_after: float | None, **_: Any) -> None:
     """Write the hub service's manifests into --out (apply with `kubectl apply -k DIR`).
 
     Secrets are referenced by name, never rendered: create the database Secret (and the
@@ -214,7 +390,8 @@ def hub_render(out: str | None, namespace: str, image: str, kind: str, every: st
     values = onboard.hub_service_values(
         hub_url=hub_url, namespace=namespace, image=image, kind=kind, every=seconds,
         db_secret=db_secret, hub_token_secret=hub_token_secret,
-        hub_ca_configmap=hub_ca_configmap, hub_ca_key=hub_ca_key)
+        hub_ca_configmap=hub_ca_configmap, hub_ca_key=hub_ca_key, tls_secret=tls_secret,
+        tokens_secret=tokens_secret, prune_stale_after=prune_stale_after)
     files = onboard.render_hub_service(values)
     onboard.write_tree(files, out)
     click.echo(f"wrote {len(files)} files to {out} (kubectl apply -k {out})")

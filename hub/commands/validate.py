@@ -9,7 +9,6 @@ problems", so cron jobs and CI can gate on it.
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -196,6 +195,12 @@ def reconcile(ctx: click.Context, source: str | None, contexts: tuple[str, ...],
         run_id, result = validation.reconcile_run(engine, views, covered, source=source,
                                                 managed=managed)
     rows = result.rows()
+    where = ", ".join(v for _, v in file_pairs) if source == "file" else \
+        ", ".join(k for k, _ in context_pairs)
+    empty = validation.nothing_to_compare(views, source, where)
+    if empty:
+        rows.append({"scope": "fleet", "cluster": None, "node": None,
+                     "status": validation.NOTHING_TO_COMPARE, "reason": empty})
     if output == "csv":
         rows = [{**r, "resources": json.dumps(r.get("resources") or {})} for r in rows]
     emit(rows, RECONCILE_COLUMNS, output, RECONCILE_TABLE)
@@ -203,7 +208,9 @@ def reconcile(ctx: click.Context, source: str | None, contexts: tuple[str, ...],
         problems = sum(1 for r in result.nodes if r.status != validation.MATCH)
         click.echo(f"reconcile run {run_id} ({source}): {len(result.nodes)} GPU nodes, "
                    f"{problems} not matching", err=True)
-    if result.failed:
+        if empty:
+            click.echo(f"finding: {empty}", err=True)
+    if result.failed or empty:
         ctx.exit(EXIT_FINDINGS)
 
 
@@ -258,6 +265,7 @@ def report(ctx: click.Context, max_age: float, push_interval: float, window: flo
         generated_at=now, max_age=max_age, push_interval=push_interval, window=window,
         summary=validation.summarize(facts, findings), findings=findings, hub=hub_url,
         reconcile={"finished_at": run.finished_at, "source": run.source} if run else None,
+        usage=assessed.usage,
     )
     text = validation.render_report(result, output, max_findings=max_findings)
     if out:
@@ -308,8 +316,6 @@ def alerts_render(out: str | None, max_age: float, push_interval: float, window:
         raise InputError("durations must be greater than 0")
     if lookback <= max_age:
         raise InputError("--lookback must be longer than --max-age")
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", cluster_label):
-        raise InputError(f"--cluster-label {cluster_label!r} is not a Prometheus label name")
     if not onboarding.DNS_LABEL.match(namespace):
         raise InputError(f"--namespace {namespace!r} is not a valid namespace name")
     settings = validation.AlertSettings(max_age=max_age, push_interval=push_interval, window=window,

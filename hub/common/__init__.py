@@ -9,6 +9,7 @@ from hub.common._clibase import CONFIG_ENV, ConfiguredCommand, ConfiguredGroup, 
 from hub.common._durations import (
     DURATION,
     format_duration,
+    human_duration,
     parse_duration,
 )
 from hub.common._errors import (
@@ -16,6 +17,7 @@ from hub.common._errors import (
     GpufleetError,
     InputError,
     UnavailableError,
+    shorten,
 )
 from hub.common._httpserve import (
     BackgroundHTTPServer,
@@ -41,16 +43,18 @@ from hub.common._output import (
     to_json,
     to_table,
 )
+from hub.common._redact import REDACTED, redact, register_secret
 from hub.common._signals import (
     on_sigterm,
 )
-from hub.common._templates import template_roots
+from hub.common._templates import html_environment, template_roots
 
 __all__ = [
     "CONFIG_ENV",
     "DURATION",
     "EXIT_FINDINGS",
     "QUERY_CONCURRENCY",
+    "REDACTED",
     "BackgroundHTTPServer",
     "ConfiguredCommand",
     "ConfiguredGroup",
@@ -62,7 +66,9 @@ __all__ = [
     "emit",
     "env",
     "format_duration",
+    "html_environment",
     "hub_options",
+    "human_duration",
     "iso",
     "load_config",
     "lock_timeout_option",
@@ -73,6 +79,9 @@ __all__ = [
     "parse_listen",
     "push_interval_option",
     "query_concurrency_option",
+    "redact",
+    "register_secret",
+    "shorten",
     "stale_after_option",
     "template_roots",
     "to_json",

@@ -61,6 +61,8 @@ def load_config(path: str, root: click.Command,
         text = Path(path).read_text()
     except OSError as exc:
         raise InputError(f"cannot read config file {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise InputError(f"config file {path} is not a text (UTF-8) file") from None
     try:
         data = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 import click
@@ -13,6 +14,8 @@ _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w|y)")
 def parse_duration(text: str | float | int) -> float:
     """Return seconds; a bare number is seconds. Raises ValueError naming the bad input."""
     if isinstance(text, (int, float)):
+        if not math.isfinite(text):
+            raise ValueError(f"invalid duration {text!r} (use e.g. 30s, 5m, 1h)")
         if text < 0:
             raise ValueError(f"negative duration: {text}")
         return float(text)
@@ -24,6 +27,8 @@ def parse_duration(text: str | float | int) -> float:
     except ValueError:
         pass
     else:
+        if not math.isfinite(value):
+            raise ValueError(f"invalid duration {s!r} (use e.g. 30s, 5m, 1h)")
         if value < 0:
             raise ValueError(f"negative duration: {s}")
         return value
@@ -36,6 +41,21 @@ def parse_duration(text: str | float | int) -> float:
     if pos != len(s) or pos == 0:
         raise ValueError(f"invalid duration {s!r} (use e.g. 30s, 5m, 1h)")
     return total
+
+
+def human_duration(seconds: float | None) -> str:
+    """3h12m, 45s: short ages for people (messages, pages); None is "never"."""
+    if seconds is None:
+        return "never"
+    secs = round(seconds)
+    if secs < 60:
+        return f"{secs}s"
+    days, rest = divmod(secs, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, sec = divmod(rest, 60)
+    parts = [(days, "d"), (hours, "h"), (minutes, "m")] + ([(sec, "s")] if not days else [])
+    text = "".join(f"{n}{u}" for n, u in parts if n)
+    return text or "0s"
 
 
 def format_duration(seconds: float) -> str:
@@ -53,8 +73,6 @@ class Duration(click.ParamType):
     name = "duration"
 
     def convert(self, value, param, ctx):  # type: ignore[override]
-        if isinstance(value, float):
-            return value
         try:
             return parse_duration(value)
         except ValueError as exc:

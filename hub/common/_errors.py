@@ -8,10 +8,23 @@ from __future__ import annotations
 
 import click
 
+from hub.common._redact import redact
+
 EXIT_OK = 0
 EXIT_FINDINGS = 1  # the command ran and found problems
 EXIT_INPUT = 2  # usage or input error, a PromQL error included
 EXIT_UNAVAILABLE = 3  # a dependency could not be reached or is missing, or the lock is held
+
+
+def shorten(text: str, limit: int = 200) -> str:
+    """One line of at most ``limit`` characters, cut at a word boundary with an ellipsis:
+    a message cut mid-word (``SSLError(SSLError(1, '[SSL``) hides what went wrong."""
+    line = " ".join(str(text).split())
+    if len(line) <= limit:
+        return line
+    cut = line[:limit - 1]
+    space = cut.rfind(" ")
+    return (cut[:space] if space > limit // 2 else cut).rstrip(" ,;:(") + "…"
 
 
 class GpufleetError(click.ClickException):
@@ -21,7 +34,8 @@ class GpufleetError(click.ClickException):
 
     def __init__(self, message: str) -> None:
         # One line, always: multi-line upstream messages would break log parsers and cron mail.
-        super().__init__(" ".join(str(message).split()))
+        # Redacted, always: this text is printed, logged, served and stored in sync_runs.
+        super().__init__(redact(" ".join(str(message).split())))
 
     def show(self, file=None) -> None:  # type: ignore[override]
         click.echo(f"error: {self.format_message()}", err=True)

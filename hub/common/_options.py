@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import click
 
 from hub.common._durations import DURATION
+from hub.common._errors import InputError
+from hub.common._redact import register_secret
 
 F = Callable[..., Any]
 
@@ -42,16 +47,65 @@ hub_options = _stack(
                  show_default=True, metavar="DURATION", help="Timeout of one hub request."),
 )
 
+LABEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def check_label_name(value: str, what: str = "--cluster-label") -> str:
+    """The label goes into PromQL verbatim (``by (...)``): anything but a Prometheus label
+    name would change the query's meaning and, worse, still answer, so refuse it here."""
+    if not LABEL_NAME.fullmatch(value or ""):
+        raise InputError(f"{what} {value!r} is not a Prometheus label name "
+                         "(letters, digits and _, not starting with a digit)")
+    return value
+
+
+def _label_callback(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    return check_label_name(value, "--" + (param.name or "").replace("_", "-"))
+
+
 cluster_label_option = click.option(
     "--cluster-label", envvar=env("cluster-label"), default="cluster", show_default=True,
-    help="Label that names the cluster on every series (ACM adds 'cluster').",
+    callback=_label_callback, metavar="LABEL",
+    help="Label that names the cluster on every series (ACM adds 'cluster'); a Prometheus "
+         "label name.",
 )
 
-db_option = click.option(
-    "--db", envvar=env("db"), metavar="URL",
-    help="Inventory database as a SQLAlchemy URL "
-         "(default: SQLite at $XDG_DATA_HOME/gpufleet/inventory.db).",
-)
+def _db_file(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if value:
+        ctx.meta["gpufleet.db_file"] = value
+
+
+def _db_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """--db, else the URL read from --db-file (a mounted Secret: the password stays out of
+    the process environment and `ps`), registered as a secret either way."""
+    path = ctx.meta.get("gpufleet.db_file")
+    if path and value:
+        raise InputError("--db and --db-file exclude each other")
+    if path:
+        try:
+            value = Path(path).read_text().strip()
+        except OSError as exc:
+            raise InputError(f"cannot read --db-file {path}: {exc.strerror}") from None
+        if not value or "\n" in value:
+            raise InputError(f"--db-file {path} must hold one database URL on one line "
+                             "(the content is not shown)")
+    if value:
+        register_secret(urlsplit(value).password)
+    return value
+
+
+def db_option(command: F) -> F:
+    """--db URL or --db-file FILE (the URL in a file), passed to the command as ``db``."""
+    command = click.option(
+        "--db", envvar=env("db"), metavar="URL", callback=_db_url,
+        help="Inventory database as a SQLAlchemy URL "
+             "(default: SQLite at $XDG_DATA_HOME/gpufleet/inventory.db).",
+    )(command)
+    return click.option(
+        "--db-file", envvar=env("db-file"), metavar="FILE", expose_value=False,
+        is_eager=True, callback=_db_file,
+        help="File holding the database URL (e.g. a mounted Secret); instead of --db.",
+    )(command)
 
 stale_after_option = click.option(
     "--stale-after", type=DURATION, default="10m", show_default=True, envvar=env("stale-after"),

@@ -60,23 +60,71 @@ def to_csv(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
     return buf.getvalue()
 
 
+def cell(column: str, value: Any) -> str:
+    """A value as a person reads it: MiB whole, percent/watts/degrees to one decimal, other
+    floats without binary noise (``2.9000000000000004`` never appears)."""
+    if value is None:
+        return "-"
+    if isinstance(value, float) and not isinstance(value, bool):
+        if column.endswith("_mib") or column.endswith("_mb"):
+            return str(round(value))
+        if column.endswith(("_pct", "_w", "_c", "_percent", "_watts")):
+            return f"{value:.1f}"
+        if value.is_integer():
+            return str(int(value))
+        return f"{value:.6g}"
+    return str(_plain(value))
+
+
+def terminal_width() -> int:
+    """The terminal's width ($COLUMNS first); 220 when not on a terminal (files, pipes)."""
+    import os
+    import shutil
+    import sys
+
+    if os.environ.get("COLUMNS", "").isdigit():
+        return int(os.environ["COLUMNS"])
+    if not sys.stdout.isatty():
+        return 220
+    return shutil.get_terminal_size((220, 24)).columns
+
+
 def to_table(rows: Sequence[dict[str, Any]], columns: Sequence[str],
-             title: str | None = None) -> str:
+             title: str | None = None, *, upper: bool = True,
+             width: int | None = None) -> str:
+    """A table that fits ``width``; one too wide becomes one block per row (``name: value``
+    lines) instead of wrapping values mid-word (a UUID split over lines cannot be copied)."""
     from rich.console import Console
     from rich.table import Table
 
+    width = width or terminal_width()
+    headers = [c.upper() if upper else c for c in columns]
+    cells = [[cell(c, row.get(c)) for c in columns] for row in rows]
+    natural = sum(max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers))
+    if natural + 2 * (len(columns) - 1) > width:
+        return _records(headers, cells, title)
     table = Table(title=title, box=None, header_style="bold", pad_edge=False)
-    for col in columns:
-        table.add_column(col.upper(), overflow="fold")
-    for row in rows:
-        table.add_row(*("-" if row.get(c) is None else str(_plain(row.get(c))) for c in columns))
-    console = Console(file=io.StringIO(), width=220, color_system=None, force_terminal=False)
+    for header in headers:
+        table.add_column(header, no_wrap=True)
+    for values in cells:
+        table.add_row(*values)
+    console = Console(file=io.StringIO(), width=width, color_system=None, force_terminal=False)
     console.print(table)
     return console.file.getvalue()  # type: ignore[attr-defined]
 
 
+def _records(headers: Sequence[str], cells: Sequence[Sequence[str]], title: str | None) -> str:
+    pad = max(len(h) for h in headers)
+    out = [f"{title}\n"] if title else []
+    for n, values in enumerate(cells):
+        if n:
+            out.append("\n")
+        out += [f"{h.ljust(pad)}  {v}\n" for h, v in zip(headers, values, strict=True)]
+    return "".join(out)
+
+
 def emit(rows: Iterable[dict[str, Any]], columns: Sequence[str], fmt: str,
-         table_columns: Sequence[str] | None = None) -> None:
+         table_columns: Sequence[str] | None = None, *, upper: bool = True) -> None:
     """Print rows in the chosen format to stdout.
 
     JSON and CSV carry every column (scripts want them all); a table may show fewer so that
@@ -91,4 +139,4 @@ def emit(rows: Iterable[dict[str, Any]], columns: Sequence[str], fmt: str,
         if not rows:
             click.echo("(none)")
             return
-        click.echo(to_table(rows, table_columns or columns), nl=False)
+        click.echo(to_table(rows, table_columns or columns, upper=upper), nl=False)

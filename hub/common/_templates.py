@@ -7,6 +7,7 @@ under hub/_bundled/ (see pyproject.toml), so both places are tried.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from hub.common._errors import UnavailableError
 
@@ -20,3 +21,18 @@ def template_roots() -> tuple[Path, Path]:
             return templates, policies
     raise UnavailableError(f"gpufleet templates not found next to {package} (broken installation?)")
 
+
+
+def html_environment() -> Any:  # -> jinja2.Environment (Jinja2 imported here: spoke never is)
+    """The Jinja2 environment of gpufleet's HTML (templates/report): the report file and the
+    service's live page share its layout and tables. Autoescaped, so a hostile cluster or pod
+    name is text, never markup; strict, so a missing value fails a test, not a user."""
+    import jinja2
+
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(template_roots()[0] / "report")),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )

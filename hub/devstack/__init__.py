@@ -1,10 +1,20 @@
 """A local fleet of real processes (hub Prometheus with the remote-write receiver, agents,
-static exporters) for the demo, the tests and the benchmarks, and the demo itself.
+static exporters) for the demo, the tests and the benchmarks, and the demo itself; and a hub
+profile that behaves like ACM Observability's (sparse pushes, long look-back, query proxy).
 """
 
 from __future__ import annotations
 
+from hub.devstack._acm import (
+    MetricsCollector,
+    RbacQueryProxy,
+    Scope,
+    hub_args,
+    inject_matchers,
+)
 from hub.devstack._demo import (
+    gpufleet_command,
+    keep_syncing,
     run,
 )
 from hub.devstack._prometheus import (
@@ -15,9 +25,16 @@ from hub.devstack._prometheus import (
 )
 
 __all__ = [
+    "MetricsCollector",
     "PrometheusProcess",
+    "RbacQueryProxy",
+    "Scope",
     "free_port",
+    "gpufleet_command",
+    "hub_args",
     "hub_config",
+    "inject_matchers",
+    "keep_syncing",
     "require_binary",
     "run",
 ]

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from hub import inventory as inv
-from hub.common import InputError, UnavailableError, on_sigterm
+from hub.common import GpufleetError, InputError, UnavailableError, on_sigterm
+from hub.devstack._acm import MetricsCollector, hub_args
 from hub.devstack._prometheus import PrometheusProcess, hub_config, start_agent
 from hub.inventory import run_sync
 from hub.store import HubClient
@@ -33,6 +34,10 @@ from hub.store import HubClient
 MARKER = ".gpufleet-demo"
 CLUSTER_NAMES = ["prod-east", "prod-west", "research", "edge-1", "edge-2", "lab"]
 STALE_AFTER = 8.0  # seconds: short so the demo shows a stale cluster within its two minutes
+#: --acm-profile: ACM's 300 s push and 600 s look-back at the demo's scale (the ratio to
+#: STALE_AFTER kept: ACM's default --stale-after 10m is twice its push interval)
+ACM_PUSH = STALE_AFTER / 2
+ACM_LOOKBACK = STALE_AFTER
 PROBE_TEMPERATURE = 99.0
 
 Say = Callable[[str], None]
@@ -45,10 +50,12 @@ class ProbeBackend:
     demo's freshness figure measures.
     """
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Any, idle_index: int | None = None) -> None:
         self.inner = inner
         self.name, self.vendor = inner.name, inner.vendor
         self.marked = False
+        #: this GPU reports 0 % utilisation: the demo's allocated-but-idle GPU
+        self.idle_index = idle_index
 
     def open(self) -> None:
         self.inner.open()
@@ -61,13 +68,38 @@ class ProbeBackend:
 
     def collect(self):  # -> spoke.Collection
         result = self.inner.collect()
-        if not self.marked:
-            return result
         readings = tuple(
-            dataclasses.replace(r, temp_c=PROBE_TEMPERATURE) if r.index == 0 else r
+            dataclasses.replace(r, util_pct=0.0)
+            if r.index == self.idle_index and r.util_pct is not None else r
             for r in result.readings
         )
+        if self.marked:
+            readings = tuple(
+                dataclasses.replace(r, temp_c=PROBE_TEMPERATURE) if r.index == 0 else r
+                for r in readings
+            )
         return dataclasses.replace(result, readings=readings)
+
+
+class DemoPods:
+    """A pod source like the kubelet's: the first GPUs of a node belong to simulated pods.
+
+    GPU 0 is held by a notebook that does nothing (its ProbeBackend reports 0 %), which
+    `gpufleet idle` and the report then show; GPU 1 (where there is one) runs a training job.
+    """
+
+    PODS = (("research", "notebook-idle", "jupyter"), ("ml-team", "train-0", "pytorch"))
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+
+    def devices(self) -> dict[str, list[tuple[str, str, str]]]:
+        out: dict[str, list[tuple[str, str, str]]] = {}
+        for r in self.backend.inner.collect().readings:
+            if r.index is not None and r.index < len(self.PODS) and r.mig_profile is None:
+                for dev in r.device_ids:
+                    out[dev] = [self.PODS[r.index]]
+        return out
 
 
 @dataclass
@@ -175,7 +207,8 @@ class Fleet:
         self.procs: list[PrometheusProcess] = []
         self.exporters: list[Any] = []
         self.servers: list[Any] = []
-        self.agents: dict[str, PrometheusProcess] = {}
+        #: per cluster: its Prometheus agent, or its ACM-like collector (--acm-profile)
+        self.agents: dict[str, PrometheusProcess | MetricsCollector] = {}
         self.probes: list[ProbeBackend] = []
 
     def close(self) -> None:
@@ -185,35 +218,53 @@ class Fleet:
         for exporter in self.exporters:
             with contextlib.suppress(Exception):
                 exporter.stop()
+        for agent in self.agents.values():
+            if isinstance(agent, MetricsCollector):
+                agent.stop()
         for proc in reversed(self.procs):
             proc.stop()
 
 
-def start_fleet(p: Plan, workdir: Path, fleet: Fleet, say: Say) -> PrometheusProcess:
+def start_fleet(p: Plan, workdir: Path, fleet: Fleet, say: Say,
+                acm_profile: bool = False) -> PrometheusProcess:
     from spoke import Exporter, MetricsServer, SimBackend
     from spoke._sim import parse_fault
 
-    hub = PrometheusProcess(workdir / "hub", hub_config())
+    hub = PrometheusProcess(workdir / "hub", hub_config(),
+                            extra_args=hub_args(ACM_LOOKBACK) if acm_profile else None)
     fleet.procs.append(hub)
     hub.start()
-    say(f"hub Prometheus (remote-write receiver) on {hub.url}")
+    say(f"hub Prometheus (remote-write receiver) on {hub.url}"
+        + (f", look-back {ACM_LOOKBACK:g}s like ACM's Thanos" if acm_profile else ""))
+    attributed = next((n for n in p.nodes if n.cluster != p.silent and not n.mig
+                       and n.vendor == "nvidia"), None)
     for node in p.nodes:
         faults = [parse_fault(f) for f in node.faults]
         backend = ProbeBackend(SimBackend(vendor=node.vendor, gpus=node.gpus, mig=node.mig,
-                                          node=node.name, seed=7, faults=faults))
+                                          node=node.name, seed=7, faults=faults),
+                               idle_index=0 if node is attributed else None)
         backend.open()
         fleet.probes.append(backend)
-        exporter = Exporter(backend, hostname=node.name, interval=1.0).start()
+        pods = DemoPods(backend) if node is attributed else None
+        exporter = Exporter(backend, hostname=node.name, interval=1.0, pods=pods).start()
         fleet.exporters.append(exporter)
         server = MetricsServer(exporter, "127.0.0.1", 0).start()
         fleet.servers.append(server)
         node.target = server.url.removeprefix("http://")
     for cluster in p.clusters:
         targets = [n.target for n in p.nodes if n.cluster == cluster]
+        vendors = sorted({n.vendor for n in p.nodes if n.cluster == cluster})
+        if acm_profile:
+            fleet.agents[cluster] = MetricsCollector(
+                hub.url, cluster, [f"http://{t}/metrics" for t in targets],
+                interval=ACM_PUSH).start()
+            say(f"cluster {cluster}: {len(targets)} nodes ({', '.join(vendors)}), ACM-like "
+                f"collector pushing every {ACM_PUSH:g}s with cluster and clusterID, "
+                "no staleness markers")
+            continue
         agent = start_agent(workdir / f"agent-{cluster}", cluster, targets, hub.url)
         fleet.procs.append(agent)
         fleet.agents[cluster] = agent
-        vendors = sorted({n.vendor for n in p.nodes if n.cluster == cluster})
         say(f"cluster {cluster}: {len(targets)} nodes ({', '.join(vendors)}), agent pushing "
             f"with cluster={cluster}")
     return hub
@@ -266,7 +317,8 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 def run(*, clusters: int, nodes: int, gpus_per_node: int, workdir: Path, say: Say,
-        progress: Callable[[str, int, int], None], keep_running: bool = False) -> Result:
+        progress: Callable[[str, int, int], None], keep_running: bool = False,
+        acm_profile: bool = False) -> Result:
     started = time.monotonic()
     if clusters < 2 or nodes < 1 or gpus_per_node < 1:
         raise InputError("the demo needs at least 2 clusters, 1 node and 1 GPU per node")
@@ -278,7 +330,7 @@ def run(*, clusters: int, nodes: int, gpus_per_node: int, workdir: Path, say: Sa
     fleet = Fleet()
     with on_sigterm(_interrupt):
         try:
-            hub = start_fleet(p, workdir, fleet, say)
+            hub = start_fleet(p, workdir, fleet, say, acm_profile)
             client = HubClient(hub.url)
             engine = inv.make_engine(db_url, create=True)
             first = wait_for_data(engine, client, p, lambda seen, want: progress(
@@ -292,7 +344,8 @@ def run(*, clusters: int, nodes: int, gpus_per_node: int, workdir: Path, say: Sa
                 f"after {freshness:.1f}s")
 
             fleet.agents[p.silent].stop()
-            say(f"cluster {p.silent} goes silent (its agent stopped)")
+            say(f"cluster {p.silent} goes silent (its "
+                + ("collector" if acm_profile else "agent") + " stopped)")
             quiet_since = time.monotonic()
             while (waited := time.monotonic() - quiet_since) < STALE_AFTER + 1:
                 progress(f"waiting for {p.silent} to pass --stale-after", int(waited),
@@ -306,16 +359,78 @@ def run(*, clusters: int, nodes: int, gpus_per_node: int, workdir: Path, say: Sa
                 cluster_rows = inv.list_clusters(conn)
             engine.dispose()
 
+            usage_lines(db_url, hub.url, say)
             reconcile_counts = reconcile(p, workdir, db_url, say)
             report_exit = make_report(db_url, hub.url, report, say)
             if keep_running:
-                say(f"fleet still running; hub at {hub.url}. Ctrl-C to stop.")
-                while True:
-                    time.sleep(3600)
+                say(f"fleet still running, syncing every {KEEP_SYNC_EVERY:g}s; hub at "
+                    f"{hub.url}; inventory database {db_url}; HTML report {report}. "
+                    "Ctrl-C to stop.")
+                keep_syncing(db_url, client, say, every=KEEP_SYNC_EVERY)
         finally:
             fleet.close()
     return Result(db_url, report, hub.url, freshness, reconcile_counts, report_exit,
                   cluster_rows, time.monotonic() - started)
+
+
+#: The demo's usage ledger: 5 s buckets (1 s coverage steps) instead of hours.
+DEMO_BUCKET = "5s"
+
+
+def usage_lines(db_url: str, hub_url: str, say: Say) -> None:
+    """Collect the demo's short buckets, then show usage, idle and capacity as a user would."""
+    proc = _gpufleet("usage", "collect", "--db", db_url, "--hub-url", hub_url, "--bucket",
+                     DEMO_BUCKET, "--step", "1s", "--delay", "2s", "--max-backfill", "2m",
+                     "-o", "json")
+    if proc.returncode != 0:
+        raise UnavailableError(f"demo: usage collect failed: {_last_line(proc.stderr)}")
+    collected = json.loads(proc.stdout)
+    say(f"usage collect: {len(collected['collected'])} buckets of {DEMO_BUCKET}, "
+        f"{collected['rows']} rows")
+    for title, args in (("usage --by namespace", ["usage", "--since", "10m"]),
+                        ("idle (allocated, under 5% for 10s)",
+                         ["idle", "--since", "10m", "--for", "10s"]),
+                        ("capacity --by model", ["capacity"])):
+        out = _gpufleet(*args, "--db", db_url)
+        if out.returncode != 0:
+            raise UnavailableError(f"demo: {args[0]} failed: {_last_line(out.stderr)}")
+        say(f"{title}:")
+        for line in out.stdout.rstrip().splitlines():
+            say("  " + line)
+
+
+KEEP_SYNC_EVERY = 15.0
+
+
+def keep_syncing(db_url: str, client: HubClient, say: Say, *, every: float,
+                 rounds: int | None = None, sleep: Callable[[float], None] = time.sleep) -> int:
+    """--keep-running: the inventory follows the live fleet (a stopped agent turns stale, a
+    started one returns) instead of freezing at the demo's end. Returns the rounds run."""
+    done = 0
+    while rounds is None or done < rounds:
+        sleep(every)
+        engine = inv.make_engine(db_url)
+        try:
+            result = run_sync(engine, client, stale_after=STALE_AFTER)
+            say(f"sync: {result.clusters} clusters reporting, {result.gpus} GPUs active")
+        except GpufleetError as exc:
+            say(f"sync failed: {exc.format_message()}")
+        finally:
+            engine.dispose()
+        done += 1
+    return done
+
+
+def gpufleet_command() -> str:
+    """How a user types gpufleet in a new shell: `gpufleet` only when that is on PATH and is
+    this installation, else the full path (make demo runs from .venv without activating)."""
+    here = Path(sys.executable).parent / "gpufleet"
+    found = shutil.which("gpufleet")
+    if found and here.exists() and Path(found).resolve() == here.resolve():
+        return "gpufleet"
+    if here.exists():
+        return str(here)
+    return f"{sys.executable} -m hub"
 
 
 def reconcile(p: Plan, workdir: Path, db_url: str, say: Say) -> dict[str, int]:

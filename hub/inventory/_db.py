@@ -11,6 +11,7 @@ Timestamps are stored as naive UTC datetimes on both databases and turned into I
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -22,7 +23,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
-from hub.common import InputError, UnavailableError
+from hub.common import InputError, UnavailableError, redact
 from hub.inventory._normalize import Observation
 
 metadata = sa.MetaData()
@@ -54,13 +55,15 @@ nodes = sa.Table(
     *_seen(),
 )
 
+# A GPU is its identity (uuid + slice), wherever it reports: cluster and node say where it
+# reports now, and a change of either is a `moved` event, not a second GPU (migration 0005).
 gpus = sa.Table(
     "gpus", metadata,
-    sa.Column("cluster", sa.String(253), primary_key=True),
-    sa.Column("node", sa.String(253), primary_key=True),
     sa.Column("uuid", sa.String(128), primary_key=True),
     # '' for the physical GPU, 'profile/instance' for a MIG slice: a primary key cannot be NULL
     sa.Column("slice_key", sa.String(64), primary_key=True),
+    sa.Column("cluster", sa.String(253), nullable=False),
+    sa.Column("node", sa.String(253), nullable=False),
     sa.Column("mig_profile", sa.String(32)),
     sa.Column("mig_instance", sa.String(16)),
     sa.Column("vendor", sa.String(16), nullable=False),
@@ -77,9 +80,12 @@ gpus = sa.Table(
     sa.Column("health", sa.String(16)),  # ok | degraded | failed; NULL: nothing reported
     sa.Column("health_reasons", sa.Text),  # e.g. "xid 79; row remap failure"
     sa.Column("state", sa.String(16), nullable=False),
+    # JSON [[cluster, node], ...]: other places that reported this GPU concurrently in the
+    # latest sync (a mislabelled cluster or a cloned node: the duplicate_uuid check)
+    sa.Column("also_reporting", sa.Text),
     *_seen(),
-    sa.Index("ix_gpus_uuid", "uuid"),
     sa.Index("ix_gpus_state", "state"),
+    sa.Index("ix_gpus_cluster_node", "cluster", "node"),
 )
 
 allocations = sa.Table(
@@ -93,6 +99,23 @@ allocations = sa.Table(
     sa.Column("container", sa.String(253), primary_key=True),
     *_seen(),
 )
+
+#: What happened to a GPU, written by the sync in its transaction (and by prune): appeared,
+#: stale, returned, moved, changed, pruned. ``details`` is a JSON object (from/to, field/old/new).
+events = sa.Table(
+    "events", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("at", sa.DateTime, nullable=False),
+    sa.Column("type", sa.String(16), nullable=False),
+    sa.Column("cluster", sa.String(253)),
+    sa.Column("node", sa.String(253)),
+    sa.Column("uuid", sa.String(128)),
+    sa.Column("slice", sa.String(64)),
+    sa.Column("details", sa.Text),
+    sa.Index("ix_events_at", "at"),
+    sa.Index("ix_events_uuid_at", "uuid", "at"),
+)
+EVENT_TYPES = ("appeared", "stale", "returned", "moved", "changed", "pruned")
 
 sync_runs = sa.Table(
     "sync_runs", metadata,
@@ -137,7 +160,11 @@ def make_engine(url: str | None, *, create: bool = False) -> Engine:
         path = parsed.database
         if path and path != ":memory:":
             if create:
-                Path(path).parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    Path(path).parent.mkdir(parents=True, exist_ok=True)
+                except OSError as exc:
+                    raise InputError(f"cannot create the directory of inventory database "
+                                     f"{path}: {exc.strerror}") from None
             elif not Path(path).exists():
                 raise UnavailableError(
                     f"inventory database {path} does not exist yet: run `gpufleet sync` first"
@@ -250,15 +277,128 @@ def now_utc() -> dt.datetime:
     return dt.datetime.now(dt.UTC).replace(tzinfo=None)
 
 
+#: Attributes whose change is a `changed` event (the MIG layout is compared separately).
+CHANGE_FIELDS = ("model", "memory_total_mib", "driver_version")
+
+
+#: Two places whose newest samples of one GPU are this close both report it now (a
+#: duplicate, not a move). Allows one ACM push interval (300 s) between them.
+CONCURRENT_S = 300.0
+
+
+def _newest_per_identity(observations: Iterable[Observation],
+                         known: Mapping[tuple[str, str], Mapping[str, Any]]) -> tuple[
+        dict[tuple[str, str], Observation], dict[tuple[str, str], list[list[str]]],
+        list[Observation]]:
+    """One observation per (uuid, slice), the places reporting it beside, and all of them.
+
+    Right after a move the look-back window still shows the GPU's last samples from its old
+    node; the newest sample says where it is now. Places whose newest samples are within
+    CONCURRENT_S of each other report at the same time: the GPU stays where the inventory
+    had it (no flapping `moved` events) and the others are kept as ``also_reporting``.
+    Every observation is returned as well, for its allocations (which belong to the node
+    that saw them).
+    """
+    def t(o: Observation) -> float:
+        return o.sample_at if o.sample_at is not None else float("-inf")
+
+    by_key: dict[tuple[str, str], list[Observation]] = {}
+    every: list[Observation] = []
+    for obs in observations:
+        every.append(obs)
+        by_key.setdefault((obs.uuid, obs.slice_key), []).append(obs)
+    chosen: dict[tuple[str, str], Observation] = {}
+    others: dict[tuple[str, str], list[list[str]]] = {}
+    for key, group in by_key.items():
+        newest = max(group, key=t)
+        if len(group) == 1:
+            chosen[key] = newest
+            continue
+        current = [o for o in group if t(o) >= t(newest) - CONCURRENT_S]
+        row = known.get(key)
+        pick = next((o for o in current if row is not None
+                     and (o.cluster, o.node) == (row["cluster"], row["node"])), newest)
+        chosen[key] = pick
+        beside = sorted({(o.cluster, o.node) for o in current} - {(pick.cluster, pick.node)})
+        if beside:
+            others[key] = [list(p) for p in beside]
+    return chosen, others, every
+
+
+def _event(at: dt.datetime, type_: str, cluster: str, node: str, uuid: str, slice_key: str,
+           **details: Any) -> dict[str, Any]:
+    return {"at": at, "type": type_, "cluster": cluster, "node": node, "uuid": uuid,
+            "slice": slice_key or None,
+            "details": json.dumps(details, sort_keys=True, default=str) if details else None}
+
+
+def _same(old: Any, new: Any) -> bool:
+    if isinstance(old, float) or isinstance(new, float):
+        return old is not None and new is not None and abs(float(old) - float(new)) < 0.5
+    return old == new
+
+
+def diff_events(known: Mapping[tuple[str, str], Mapping[str, Any]],
+                seen: Mapping[tuple[str, str], Observation], now: dt.datetime
+                ) -> list[dict[str, Any]]:
+    """The events one sync produces, from the rows known before it and what it saw (pure).
+
+    appeared: an identity never seen before. returned: a stale one reporting again.
+    moved: its cluster or node differs (details from/to). changed: model, memory or driver
+    differ, or the set of MIG slices of a GPU (details field/old/new). stale: an active one
+    this sync did not see.
+    """
+    out: list[dict[str, Any]] = []
+    layout_old: dict[str, list[str]] = {}
+    layout_new: dict[str, list[str]] = {}
+    for (uuid, key), row in known.items():
+        if key and row["state"] == ACTIVE:
+            layout_old.setdefault(uuid, []).append(key)
+    for uuid, key in seen:
+        if key:
+            layout_new.setdefault(uuid, []).append(key)
+    for ident, obs in seen.items():
+        uuid, key = ident
+        row = known.get(ident)
+        where = (obs.cluster, obs.node, uuid, key)
+        if row is None:
+            out.append(_event(now, "appeared", *where))
+            continue
+        if row["state"] != ACTIVE:
+            out.append(_event(now, "returned", *where))
+        if (row["cluster"], row["node"]) != (obs.cluster, obs.node):
+            out.append(_event(now, "moved", *where,
+                              **{"from": {"cluster": row["cluster"], "node": row["node"]},
+                                 "to": {"cluster": obs.cluster, "node": obs.node}}))
+        for fld in CHANGE_FIELDS:
+            new = getattr(obs, fld)
+            if new is not None and row[fld] is not None and not _same(row[fld], new):
+                out.append(_event(now, "changed", *where, field=fld, old=row[fld], new=new))
+        if not key:
+            before = sorted(layout_old.get(uuid, []))
+            after = sorted(layout_new.get(uuid, []))
+            if before != after:
+                out.append(_event(now, "changed", *where, field="mig_layout",
+                                  old=" ".join(before), new=" ".join(after)))
+    for ident, row in known.items():
+        if row["state"] == ACTIVE and ident not in seen:
+            out.append(_event(now, "stale", row["cluster"], row["node"], *ident))
+    return out
+
+
 def apply_observations(conn: Connection, observations: Iterable[Observation],
                        now: dt.datetime) -> dict[str, int]:
-    """Upsert what this sync saw as active, then mark everything it did not see stale."""
+    """Upsert what this sync saw as active, mark everything it did not see stale, and write
+    the events that this implies (all in the caller's transaction)."""
+    known = {(r["uuid"], r["slice_key"]): r for r in conn.execute(sa.select(
+        gpus.c.uuid, gpus.c.slice_key, gpus.c.cluster, gpus.c.node, gpus.c.state,
+        *[gpus.c[f] for f in CHANGE_FIELDS])).mappings()}
+    seen, beside, every = _newest_per_identity(observations, known)
     gpu_rows: list[dict[str, Any]] = []
     alloc_rows: list[dict[str, Any]] = []
     node_last: dict[tuple[str, str], dt.datetime | None] = {}
     cluster_last: dict[str, dt.datetime | None] = {}
-    physical = 0
-    for obs in observations:
+    for obs in every:
         sample_at = utc(obs.sample_at)
         key = (obs.cluster, obs.node)
         if sample_at is not None:
@@ -268,10 +408,20 @@ def apply_observations(conn: Connection, observations: Iterable[Observation],
         else:
             node_last.setdefault(key, None)
             cluster_last.setdefault(obs.cluster, None)
+        for namespace, pod, container in obs.allocations:
+            alloc_rows.append({
+                "cluster": obs.cluster, "node": obs.node, "uuid": obs.uuid,
+                "slice_key": obs.slice_key, "namespace": namespace, "pod": pod,
+                "container": container, "first_seen": now, "last_seen": now,
+                "last_sample_at": sample_at,
+            })
+    physical = 0
+    for key, obs in seen.items():
         physical += not obs.is_slice
-        slice_key = obs.slice_key
+        also = beside.get(key)
         gpu_rows.append({
-            "cluster": obs.cluster, "node": obs.node, "uuid": obs.uuid, "slice_key": slice_key,
+            "cluster": obs.cluster, "node": obs.node, "uuid": obs.uuid,
+            "slice_key": obs.slice_key,
             "mig_profile": obs.mig_profile, "mig_instance": obs.mig_instance,
             "vendor": obs.vendor, "gpu_index": obs.index, "model": obs.model,
             "driver_version": obs.driver_version, "pci_bus_id": obs.pci_bus_id,
@@ -279,25 +429,20 @@ def apply_observations(conn: Connection, observations: Iterable[Observation],
             "memory_used_mib": obs.memory_used_mib, "utilisation_pct": obs.utilisation_pct,
             "power_w": obs.power_w, "temperature_c": obs.temperature_c,
             "health": obs.health, "health_reasons": obs.health_reasons, "state": ACTIVE,
-            "first_seen": now, "last_seen": now, "last_sample_at": sample_at,
+            "also_reporting": json.dumps(also) if also else None,
+            "first_seen": now, "last_seen": now, "last_sample_at": utc(obs.sample_at),
         })
-        for namespace, pod, container in obs.allocations:
-            alloc_rows.append({
-                "cluster": obs.cluster, "node": obs.node, "uuid": obs.uuid,
-                "slice_key": slice_key, "namespace": namespace, "pod": pod,
-                "container": container, "first_seen": now, "last_seen": now,
-                "last_sample_at": sample_at,
-            })
-    seen = ["state", "last_seen", "last_sample_at"]
+    event_rows = diff_events(known, seen, now)
+    seen_cols = ["state", "last_seen", "last_sample_at"]
     _upsert(conn, clusters, [
         {"cluster": c, "state": ACTIVE, "first_seen": now, "last_seen": now, "last_sample_at": t}
         for c, t in cluster_last.items()
-    ], seen, keep_if_null=["last_sample_at"])
+    ], seen_cols, keep_if_null=["last_sample_at"])
     _upsert(conn, nodes, [
         {"cluster": c, "node": n, "state": ACTIVE, "first_seen": now, "last_seen": now,
          "last_sample_at": t}
         for (c, n), t in node_last.items()
-    ], seen, keep_if_null=["last_sample_at"])
+    ], seen_cols, keep_if_null=["last_sample_at"])
     _write_gpus(conn, gpu_rows, now)
     _upsert(conn, allocations, alloc_rows, ["last_seen", "last_sample_at"],
             keep_if_null=["last_sample_at"])
@@ -307,10 +452,13 @@ def apply_observations(conn: Connection, observations: Iterable[Observation],
             .where(table.c.state == ACTIVE, table.c.last_seen < now)
             .values(state=STALE)
         )
-    return {"clusters": len(cluster_last), "nodes": len(node_last), "gpus": physical}
+    for start in range(0, len(event_rows), 5000):
+        conn.execute(events.insert(), event_rows[start:start + 5000])
+    return {"clusters": len(cluster_last), "nodes": len(node_last), "gpus": physical,
+            "events": len(event_rows)}
 
 
-GPU_KEY = ("cluster", "node", "uuid", "slice_key")
+GPU_KEY = ("uuid", "slice_key")  # a GPU is its UUID wherever it reports
 #: columns a sync leaves as they were when it does not know them (a series without labels)
 GPU_KEEP_IF_NULL = ("last_sample_at", "model", "driver_version", "pci_bus_id", "serial",
                     "gpu_index")
@@ -327,7 +475,8 @@ def _write_gpus(conn: Connection, rows: list[dict[str, Any]], now: dt.datetime) 
         conn.execute(gpus.update().where(gpus.c.state == ACTIVE).values(state=STALE))
         return
     compare = [c for c in rows[0] if c not in (*GPU_KEY, "first_seen", "last_seen")]
-    held = {tuple(r[:4]): r[4:] for r in conn.execute(
+    n = len(GPU_KEY)
+    held = {tuple(r[:n]): r[n:] for r in conn.execute(
         sa.select(*(gpus.c[c] for c in (*GPU_KEY, *compare)))).all()}
     keep = {i for i, c in enumerate(compare) if c in GPU_KEEP_IF_NULL}
     changed: list[dict[str, Any]] = []
@@ -377,8 +526,11 @@ GPU_TABLE_COLUMNS = [
     "cluster", "node", "uuid", "index", "vendor", "model", "memory_total_mib", "mig_profile",
     "mig_instance", "state", "health", "utilisation_pct", "last_sample_at",
 ]
-NODE_COLUMNS = ["cluster", "node", "gpus", "state", "last_seen", "last_sample_at"]
-CLUSTER_COLUMNS = ["cluster", "nodes", "gpus", "state", "last_seen", "last_sample_at"]
+#: gpus: physical GPUs reporting (active); stale_gpus: known physical GPUs that stopped, so a
+#: silent cluster shows what was last known instead of a bare 0
+NODE_COLUMNS = ["cluster", "node", "gpus", "stale_gpus", "state", "last_seen", "last_sample_at"]
+CLUSTER_COLUMNS = ["cluster", "nodes", "gpus", "stale_gpus", "state", "last_seen",
+                   "last_sample_at"]
 ALLOCATION_COLUMNS = ["cluster", "node", "uuid", "mig_profile", "namespace", "pod", "container",
                       "first_seen", "last_seen"]
 
@@ -389,7 +541,12 @@ def _where_cluster(stmt: sa.Select, table: sa.Table, cluster: str | None) -> sa.
 
 def gpu_item(row: Mapping[str, Any]) -> dict[str, Any]:
     """One gpus row as every consumer shows it (CLI JSON, API): ``index``, not gpu_index."""
-    return {c: (row["gpu_index"] if c == "index" else row[c]) for c in GPU_COLUMNS}
+    item = {c: (row["gpu_index"] if c == "index" else row[c]) for c in GPU_COLUMNS}
+    # one type everywhere (CLI JSON, API): the MIG instance is a number like the index
+    instance = item.get("mig_instance")
+    if isinstance(instance, str) and instance.isdigit():
+        item["mig_instance"] = int(instance)
+    return item
 
 
 def list_gpus(conn: Connection, cluster: str | None = None) -> list[dict[str, Any]]:
@@ -402,15 +559,19 @@ def _active_physical_gpus():
     return sa.and_(gpus.c.slice_key == "", gpus.c.state == ACTIVE)
 
 
+def _stale_physical_gpus():
+    return sa.and_(gpus.c.slice_key == "", gpus.c.state != ACTIVE)
+
+
 def list_nodes(conn: Connection, cluster: str | None = None) -> list[dict[str, Any]]:
-    count = (
-        sa.select(sa.func.count())
-        .where(gpus.c.cluster == nodes.c.cluster, gpus.c.node == nodes.c.node,
-               _active_physical_gpus())
-        .scalar_subquery()
-    )
+    def count(which: sa.ColumnElement[bool]) -> sa.ScalarSelect[int]:
+        return (sa.select(sa.func.count())
+                .where(gpus.c.cluster == nodes.c.cluster, gpus.c.node == nodes.c.node, which)
+                .scalar_subquery())
+
     stmt = _where_cluster(
-        sa.select(nodes.c.cluster, nodes.c.node, count.label("gpus"), nodes.c.state,
+        sa.select(nodes.c.cluster, nodes.c.node, count(_active_physical_gpus()).label("gpus"),
+                  count(_stale_physical_gpus()).label("stale_gpus"), nodes.c.state,
                   nodes.c.last_seen, nodes.c.last_sample_at), nodes, cluster,
     ).order_by(nodes.c.cluster, nodes.c.node)
     return [dict(r) for r in conn.execute(stmt).mappings()]
@@ -422,30 +583,78 @@ def list_clusters(conn: Connection, cluster: str | None = None) -> list[dict[str
         .where(nodes.c.cluster == clusters.c.cluster, nodes.c.state == ACTIVE)
         .scalar_subquery()
     )
-    gpu_count = (
-        sa.select(sa.func.count())
-        .where(gpus.c.cluster == clusters.c.cluster, _active_physical_gpus())
-        .scalar_subquery()
-    )
+    def gpu_count(which: sa.ColumnElement[bool]) -> sa.ScalarSelect[int]:
+        return (sa.select(sa.func.count())
+                .where(gpus.c.cluster == clusters.c.cluster, which)
+                .scalar_subquery())
+
     stmt = _where_cluster(
-        sa.select(clusters.c.cluster, node_count.label("nodes"), gpu_count.label("gpus"),
+        sa.select(clusters.c.cluster, node_count.label("nodes"),
+                  gpu_count(_active_physical_gpus()).label("gpus"),
+                  gpu_count(_stale_physical_gpus()).label("stale_gpus"),
                   clusters.c.state, clusters.c.last_seen, clusters.c.last_sample_at),
         clusters, cluster,
     ).order_by(clusters.c.cluster)
     return [dict(r) for r in conn.execute(stmt).mappings()]
 
 
+def _allocation_item(row: Mapping[str, Any]) -> dict[str, Any]:
+    item = dict(row)
+    item["mig_profile"] = row["slice_key"].split("/")[0] if row["slice_key"] else None
+    return {c: item[c] for c in ALLOCATION_COLUMNS}
+
+
 def list_allocations(conn: Connection, cluster: str | None = None) -> list[dict[str, Any]]:
     stmt = _where_cluster(sa.select(allocations), allocations, cluster).order_by(
         allocations.c.cluster, allocations.c.node, allocations.c.uuid, allocations.c.first_seen)
-    out = []
-    for row in conn.execute(stmt).mappings():
-        item = dict(row)
-        item["mig_profile"] = row["slice_key"].split("/")[0] if row["slice_key"] else None
-        out.append({c: item[c] for c in ALLOCATION_COLUMNS})
-    return out
+    return [_allocation_item(row) for row in conn.execute(stmt).mappings()]
 
 
 def list_sync_runs(conn: Connection, limit: int = 20) -> list[dict[str, Any]]:
+    """Latest runs first. Errors are redacted again on the way out: a row written by an older
+    gpufleet, before errors were redacted when stored, must not serve a token today."""
     stmt = sa.select(sync_runs).order_by(sync_runs.c.id.desc()).limit(limit)
-    return [dict(r) for r in conn.execute(stmt).mappings()]
+    return [{**r, "error": redact(r["error"]) if r["error"] else r["error"]}
+            for r in conn.execute(stmt).mappings()]
+
+
+EVENT_COLUMNS = ["at", "type", "cluster", "node", "uuid", "slice", "details"]
+
+
+def event_item(row: Mapping[str, Any]) -> dict[str, Any]:
+    """One events row as consumers show it: details decoded from its JSON text."""
+    item = {c: row[c] for c in EVENT_COLUMNS}
+    item["details"] = json.loads(row["details"]) if row["details"] else {}
+    return item
+
+
+def list_events(conn: Connection, *, since: dt.datetime | None = None,
+                cluster: str | None = None, uuid: str | None = None,
+                type_: str | None = None, limit: int | None = None) -> list[dict[str, Any]]:
+    """Events, newest first (ties: the order they were written, newest first)."""
+    stmt = sa.select(events)
+    if since is not None:
+        stmt = stmt.where(events.c.at >= since)
+    if cluster:
+        stmt = stmt.where(events.c.cluster == cluster)
+    if uuid:
+        stmt = stmt.where(events.c.uuid == uuid)
+    if type_:
+        stmt = stmt.where(events.c.type == type_)
+    stmt = stmt.order_by(events.c.at.desc(), events.c.id.desc())
+    if limit:
+        stmt = stmt.limit(limit)
+    return [event_item(r) for r in conn.execute(stmt).mappings()]
+
+
+def gpu_rows(conn: Connection, uuid: str) -> list[dict[str, Any]]:
+    """The GPU and its MIG slices (physical first), or [] when the uuid is unknown."""
+    stmt = sa.select(gpus).where(gpus.c.uuid == uuid).order_by(gpus.c.slice_key)
+    return [gpu_item(r) for r in conn.execute(stmt).mappings()]
+
+
+def gpu_allocations(conn: Connection, uuid: str) -> list[dict[str, Any]]:
+    stmt = (sa.select(allocations).where(allocations.c.uuid == uuid)
+            .order_by(allocations.c.last_seen.desc(), allocations.c.namespace,
+                      allocations.c.pod))
+    return [_allocation_item(row) for row in conn.execute(stmt).mappings()]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -10,13 +12,14 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 
 from hub.common import InputError
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 #: Modules that define tables on hub.inventory.metadata; importing them completes it.
-TABLE_MODULES = ("hub.inventory._db", "hub.inventory._reconcile_runs")
+TABLE_MODULES = ("hub.inventory._db", "hub.inventory._reconcile_runs",
+                 "hub.inventory._ledger")
 
 
 def metadata() -> sa.MetaData:
@@ -47,9 +50,27 @@ def current(engine: Engine) -> str | None:
 def upgrade(engine: Engine) -> tuple[str | None, str]:
     """Bring the schema to head; returns (before, after)."""
     before = current(engine)
-    with engine.begin() as conn:
+    # Two syncs on an empty database would both create the schema and the loser would crash
+    # on alembic_version's key: migrate under the sync's own lock (PostgreSQL advisory lock,
+    # SQLite write lock), so the loser waits and then finds the schema at head (a no-op).
+    with _locked(engine) as conn:
         command.upgrade(_config(conn), "head")
     return before, head()
+
+
+@contextmanager
+def _locked(engine: Engine) -> Iterator[Connection]:
+    from hub.inventory._db import LOCK_KEY
+
+    if engine.dialect.name == "sqlite":
+        with engine.connect().execution_options(sqlite_immediate=True,
+                                                sqlite_busy_ms=60_000) as conn, conn.begin():
+            yield conn
+        return
+    with engine.connect() as conn, conn.begin():
+        if engine.dialect.name == "postgresql":
+            conn.execute(sa.select(sa.func.pg_advisory_xact_lock(LOCK_KEY)))
+        yield conn
 
 
 def ensure_schema(engine: Engine) -> None:

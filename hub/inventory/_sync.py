@@ -15,11 +15,12 @@ import itertools
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy.engine import Engine
 
 from hub import store
-from hub.common import QUERY_CONCURRENCY, GpufleetError, format_duration
+from hub.common import QUERY_CONCURRENCY, GpufleetError, InputError, format_duration
 from hub.inventory import _db as inventory
 from hub.inventory import _migrate as migrate
 from hub.inventory._normalize import FleetBuilder
@@ -34,13 +35,48 @@ class SyncResult:
     clusters: int
     nodes: int
     gpus: int
+    note: str | None = None  # e.g. NO_GPU_SERIES: ok, but worth a reader's attention
 
     def as_dict(self) -> dict[str, object]:
         return {
             "status": "ok", "started_at": self.started_at, "finished_at": self.finished_at,
             "requests": self.requests, "clusters": self.clusters, "nodes": self.nodes,
-            "gpus": self.gpus,
+            "gpus": self.gpus, "note": self.note,
         }
+
+
+#: Recorded on a sync run that succeeded without a single GPU series: `report` reads it.
+NO_GPU_SERIES = "the hub returned no GPU series"
+
+
+def unlabelled(rows: list[dict[str, Any]], cluster_label: str) -> int:
+    """How many GPU series of a (normalised) result lack the cluster label.
+
+    A GPU filed without its cluster would sit under a cluster named '' and look healthy,
+    so one such series is enough to refuse the whole sync."""
+    return sum(1 for row in rows if not (row.get("metric") or {}).get(cluster_label))
+
+
+def missing_label_error(cluster_label: str, missing: int, total: int,
+                        carried: list[str]) -> InputError:
+    """The one line a user reads when --cluster-label names a label the series lack."""
+    which = "no GPU series" if missing == total else f"{missing} of {total} GPU series"
+    verb = "carries" if missing == total else "lack"
+    head = (f"{which} carries label {cluster_label!r}" if verb == "carries"
+            else f"{which} lack label {cluster_label!r}")
+    they = f"; they carry: {', '.join(carried)}" if carried else ""
+    return InputError(f"{head}{they} (check --cluster-label); inventory left unchanged")
+
+
+def _carried_labels(client: HubClient, query: store.Query, at: float) -> list[str]:
+    """Label names one raw GPU series carries (only asked on the failure path)."""
+    series = query.promql if query.kind == "values" else f"last_over_time({query.promql})"
+    try:
+        res = client.query(f"topk(1, {series})", time=at)
+    except GpufleetError:
+        return []
+    names = {k for row in res.result for k in row.get("metric", {}) if k != "__name__"}
+    return sorted(names)
 
 
 def subquery_step(window: float) -> float:
@@ -60,16 +96,29 @@ def _fetch(client: HubClient, query: store.Query, at: float) -> tuple[store.Quer
     return query, ask(query.promql, time=at, stream=True)
 
 
-def _fold(builder: FleetBuilder, client: HubClient, query: store.Query,
-          res: QueryResult) -> None:
-    """Fold one answer (decoded row by row as it is folded); a partial one fails the sync."""
-    builder.add(query, res.result)
+def _fold(builder: FleetBuilder, client: HubClient, query: store.Query, res: QueryResult,
+          cluster_label: str, at: float) -> None:
+    """Fold one answer (decoded row by row as it is folded); a partial one fails the sync,
+    and so does one whose GPU series lack the cluster label (checked on every row)."""
+    seen = {"rows": 0, "missing": 0}
+
+    def counted(rows):
+        for row in rows:
+            seen["rows"] += 1
+            if not (row.get("metric") or {}).get(cluster_label):
+                seen["missing"] += 1
+            yield row
+
+    builder.add(query, counted(res.result))
     warnings = res.warnings or getattr(res.result, "warnings", [])
     if warnings:
         raise PartialResponse(
             f"hub {client.safe_url} returned a partial response ({warnings[0]}); "
             "inventory left unchanged"
         )
+    if seen["missing"]:
+        raise missing_label_error(cluster_label, seen["missing"], seen["rows"],
+                                  _carried_labels(client, query, at))
 
 
 def collect(client: HubClient, *, stale_after: float, cluster_label: str,
@@ -91,7 +140,7 @@ def collect(client: HubClient, *, stale_after: float, cluster_label: str,
                 done, pending = wait(pending, return_when=FIRST_COMPLETED)
                 for future in done:
                     query, res = future.result()
-                    _fold(builder, client, query, res)
+                    _fold(builder, client, query, res, cluster_label, at)
                     del res
                     for q in itertools.islice(queries, 1):
                         pending.add(pool.submit(_fetch, client, q, at))
@@ -123,8 +172,9 @@ def run_sync(engine: Engine, client: HubClient, *, stale_after: float = 600.0,
         with inventory.locked_transaction(engine, lock_timeout) as conn:
             now = inventory.now_utc()
             counts = inventory.apply_observations(conn, builder.observations(), now)
+            note = NO_GPU_SERIES if counts["gpus"] == 0 else None
             inventory.record_run(conn, started_at=started, status="ok", requests=requests,
-                                 counts=counts)
+                                 counts=counts, error=note)
         del builder
     except inventory.LockHeld:
         raise  # the other sync records its own run; we never touched the database
@@ -132,7 +182,7 @@ def run_sync(engine: Engine, client: HubClient, *, stale_after: float = 600.0,
         _record_failure(engine, started, client.requests - requests_before, exc.format_message())
         raise
     return SyncResult(started, inventory.now_utc(), requests, counts["clusters"],
-                      counts["nodes"], counts["gpus"])
+                      counts["nodes"], counts["gpus"], note)
 
 
 def _record_failure(engine: Engine, started: dt.datetime, requests: int, error: str) -> None:

@@ -26,7 +26,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
-from hub.common import GpufleetError, InputError, UnavailableError
+from hub.common import GpufleetError, InputError, UnavailableError, shorten
 
 T = TypeVar("T")
 
@@ -76,8 +76,7 @@ def host_of(api: client.ApiClient) -> str:
 
 
 def _first_line(text: str) -> str:
-    line = (text.strip().splitlines() or [""])[0]
-    return line[:200]
+    return shorten((text.strip().splitlines() or [""])[0])
 
 
 def _transport_reason(exc: BaseException) -> str:

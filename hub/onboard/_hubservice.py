@@ -33,7 +33,11 @@ DEFAULT_CA_KEY = "ca.crt"
 SERVICE_PORT = 8080
 TOKEN_DIR = "/etc/gpufleet/hub-token"
 CA_DIR = "/etc/gpufleet/hub-ca"
+DB_DIR = "/etc/gpufleet/db"
 HUB_NAME = "gpufleet-hub"
+TLS_DIR = "/etc/gpufleet/tls"
+ACCESS_DIR = "/etc/gpufleet/access"
+TOKENS_KEY = "tokens.yaml"
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,9 @@ class HubServiceValues:
     hub_token_secret: str | None = DEFAULT_TOKEN_SECRET
     hub_ca_configmap: str | None = None
     hub_ca_key: str = DEFAULT_CA_KEY
+    tls_secret: str | None = None  # a kubernetes.io/tls Secret (tls.crt, tls.key[, ca.crt])
+    tokens_secret: str | None = None  # a Secret whose key tokens.yaml is the --tokens-file
+    prune_stale_after: float | None = None
 
 
 def cron_schedule(every: float) -> str:
@@ -97,13 +104,20 @@ def hub_service_values(*, hub_url: str | None, namespace: str | None = DEFAULT_N
                        db_secret: str | None = DEFAULT_DB_SECRET,
                        hub_token_secret: str | None = DEFAULT_TOKEN_SECRET,
                        hub_ca_configmap: str | None = None,
-                       hub_ca_key: str | None = DEFAULT_CA_KEY) -> HubServiceValues:
+                       hub_ca_key: str | None = DEFAULT_CA_KEY, tls_secret: str | None = None,
+                       tokens_secret: str | None = None,
+                       prune_stale_after: float | None = None) -> HubServiceValues:
     """Check raw option values; InputError names the bad one. Empty secret names mean none."""
     kind_ = _choice(kind, KINDS, "kind")
     if every < 1:
         raise InputError("--every must be at least 1s")
     if kind_ == "cronjob":
         cron_schedule(every)
+        if prune_stale_after:
+            raise InputError("--prune-stale-after needs --kind deployment (serve prunes; a "
+                             "CronJob runs `gpufleet inventory prune` as a job of its own)")
+    if prune_stale_after is not None and prune_stale_after < 86400:
+        raise InputError("--prune-stale-after must be at least 1d: it deletes inventory rows")
     token = hub_token_secret or None
     ca = hub_ca_configmap or None
     key = hub_ca_key or ""
@@ -119,15 +133,29 @@ def hub_service_values(*, hub_url: str | None, namespace: str | None = DEFAULT_N
         hub_token_secret=_dns_subdomain(token, "--hub-token-secret") if token else None,
         hub_ca_configmap=_dns_subdomain(ca, "--hub-ca-configmap") if ca else None,
         hub_ca_key=key,
+        tls_secret=_dns_subdomain(tls_secret, "--tls-secret") if tls_secret else None,
+        tokens_secret=(_dns_subdomain(tokens_secret, "--tokens-secret") if tokens_secret
+                       else None),
+        prune_stale_after=prune_stale_after,
     )
 
 
 def _hub_args(values: HubServiceValues) -> list[str]:
-    args = ["--hub-url", values.hub_url]
+    args = ["--hub-url", values.hub_url, "--db-file", f"{DB_DIR}/{DB_SECRET_KEY}"]
     if values.hub_token_secret:
         args += ["--token-file", f"{TOKEN_DIR}/{TOKEN_KEY}"]
     if values.hub_ca_configmap:
         args += ["--ca-file", f"{CA_DIR}/{values.hub_ca_key}"]
+    return args
+
+
+def _access_args(values: HubServiceValues) -> list[str]:
+    """Who may read the API. Without a tokens Secret the pod must serve unauthenticated
+    (its probes and Prometheus reach it on the pod IP): said loudly in the Deployment."""
+    args = (["--tokens-file", f"{ACCESS_DIR}/{TOKENS_KEY}"] if values.tokens_secret
+            else ["--allow-unauthenticated"])
+    if values.tls_secret:
+        args += ["--tls-cert-file", f"{TLS_DIR}/tls.crt", "--tls-key-file", f"{TLS_DIR}/tls.key"]
     return args
 
 
@@ -140,7 +168,9 @@ def render_hub_service(values: HubServiceValues) -> dict[str, str]:
     every = format_duration(values.every)
     if values.kind == "deployment":
         args = ["serve", "--listen", f"0.0.0.0:{SERVICE_PORT}", "--every", every,
-                *_hub_args(values)]
+                *_hub_args(values), *_access_args(values)]
+        if values.prune_stale_after:
+            args += ["--prune-stale-after", format_duration(values.prune_stale_after)]
     else:
         args = ["sync", *_hub_args(values)]
     context = {
@@ -158,6 +188,11 @@ def render_hub_service(values: HubServiceValues) -> dict[str, str]:
         "token_key": TOKEN_KEY,
         "token_dir": TOKEN_DIR,
         "ca_dir": CA_DIR,
+        "tls_dir": TLS_DIR,
+        "access_dir": ACCESS_DIR,
+        "tokens_key": TOKENS_KEY,
+        "scheme": "HTTPS" if values.tls_secret else "HTTP",
+        "db_dir": DB_DIR,
     }
     files: dict[str, str] = {
         "namespace.yaml": _render(
@@ -168,7 +203,8 @@ def render_hub_service(values: HubServiceValues) -> dict[str, str]:
                                               **context),
     }
     if values.kind == "deployment":
-        for name in ("service.yaml", "deployment.yaml", "servicemonitor.yaml"):
+        for name in ("service.yaml", "networkpolicy.yaml", "deployment.yaml",
+                     "servicemonitor.yaml"):
             files[name] = _render(f"templates/hubservice/{name}.j2", **context)
     else:
         files["cronjob.yaml"] = _render("templates/hubservice/cronjob.yaml.j2",

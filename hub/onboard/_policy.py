@@ -26,6 +26,11 @@ from hub.onboard._spoke import SpokeValues, spoke_manifests, spoke_values
 REMEDIATIONS = ("inform", "enforce")
 DEFAULT_POLICY_NAMESPACE = "gpufleet-policies"
 DEFAULT_PLACEMENT_LABEL = ("gpufleet.io/onboard", "true")
+#: Every Placement also requires this ManagedCluster label to equal the policy's vendor set
+#: ("nvidia", "amd", "nvidia-amd"). A label has one value per cluster, so policies of different
+#: vendor sets select disjoint clusters and never manage the same spoke objects (the agent,
+#: its config, the namespace) with different contents, whatever --placement-label says.
+VENDOR_LABEL = "gpufleet.io/gpu-vendor"
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,8 @@ def policy_values(
     """Check the policy's own options; the spoke values must come from :func:`policy_spoke`."""
     namespace_ = dns_label(namespace, "policy namespace")
     labels = tuple(sorted(dict(label_pair(s, "placement label") for s in placement_labels).items()))
+    if any(key == VENDOR_LABEL for key, _ in labels):
+        raise InputError(f"placement label {VENDOR_LABEL} is set from --vendor: leave it out")
     values = PolicyValues(
         spoke=spoke,
         namespace=namespace_,
@@ -116,14 +123,19 @@ def render_policy(values: PolicyValues) -> dict[str, str]:
         "namespace": values.namespace,
         "cluster_set": values.cluster_set,
         "remediation": values.remediation,
-        "placement_labels": dict(values.placement_labels),
+        "placement_labels": {**dict(values.placement_labels),
+                             VENDOR_LABEL: values.spoke.vendor},
         "objects": objects,
         "spoke": values.spoke,
         "labels": lambda component: _labels(name, component, name),
+        # Objects every gpufleet policy in the namespace writes (the namespace, the cluster-set
+        # binding) must be identical whichever vendor's policy wrote them, or two rendered
+        # policies applied side by side would keep rewriting each other's labels.
+        "shared_labels": _labels("gpufleet-policies", "policy", values.namespace),
     }
     files = {
         "namespace.yaml": _render("templates/common/namespace.yaml.j2", ns_name=values.namespace,
-                                  ns_labels=_labels(name, "policy", name)),
+                                  ns_labels=context["shared_labels"]),
         "managedclustersetbinding.yaml": _render("policies/managedclustersetbinding.yaml.j2",
                                                  **context),
         "placement.yaml": _render("policies/placement.yaml.j2", **context),

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from hub.common import InputError
 from hub.onboard._render import (
     DEFAULT_EXPORTER_IMAGE,
     DEFAULT_NAMESPACE,
@@ -87,7 +88,8 @@ class SpokeValues:
     """Everything that varies between two spokes' manifests."""
 
     cluster: str
-    vendor: str
+    #: One or more of VENDORS, in VENDORS order: one agent scrapes every vendor's exporter.
+    vendors: tuple[str, ...]
     mode: str = "remote-write"
     exporter: str = "upstream"
     remote_write_url: str | None = None
@@ -97,10 +99,35 @@ class SpokeValues:
     namespace: str = DEFAULT_NAMESPACE
     exporter_namespace: str | None = None
     exporter_selector: tuple[tuple[str, str], ...] = ()
+    #: Per-vendor upstream exporter namespace / pod labels (``amd=NS``, ``amd:KEY=VALUE``):
+    #: a mixed cluster's operators each have their own.
+    vendor_namespaces: tuple[tuple[str, str], ...] = ()
+    vendor_selectors: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()
     agent_image: str = DEFAULT_AGENT_IMAGE
     exporter_image: str = DEFAULT_EXPORTER_IMAGE
     #: Set only for ACM policies: the Secret's data come from the hub (``fromSecret``).
     secret_data: tuple[tuple[str, str], ...] = ()
+    #: Render a NetworkPolicy in an upstream exporter's namespace (the GPU operator's, not ours).
+    restrict_exporter_ingress: bool = False
+
+    @property
+    def vendor(self) -> str:
+        """The vendor set as one name ("nvidia", "amd", "nvidia-amd"): policy names, labels."""
+        return "-".join(self.vendors)
+
+    @property
+    def mixed(self) -> bool:
+        return len(self.vendors) > 1
+
+
+def parse_vendors(value: str | None) -> tuple[str, ...]:
+    """``nvidia``, ``amd`` or a comma list such as ``nvidia,amd``, in VENDORS order."""
+    items = [item.strip() for item in (value or "").split(",")]
+    if not any(items):
+        raise InputError(f"vendor is required: choose one of {', '.join(VENDORS)} "
+                         "or a comma list such as nvidia,amd")
+    chosen = {_choice(item, VENDORS, "vendor") for item in items}
+    return tuple(v for v in VENDORS if v in chosen)
 
 
 
@@ -119,10 +146,11 @@ def spoke_values(
     exporter_selector: Iterable[str] = (),
     agent_image: str | None = DEFAULT_AGENT_IMAGE,
     exporter_image: str | None = DEFAULT_EXPORTER_IMAGE,
+    restrict_exporter_ingress: bool = False,
     cluster_is_template: bool = False,
 ) -> SpokeValues:
     """Check raw option values and build :class:`SpokeValues`; InputError names the bad one."""
-    vendor_ = _choice(vendor, VENDORS, "vendor")
+    vendors = parse_vendors(vendor)
     mode_ = _choice(mode, MODES, "mode")
     exporter_ = _choice(exporter, EXPORTERS, "exporter")
     monitoring_ = _choice(monitoring, MONITORING, "monitoring stack")
@@ -133,18 +161,27 @@ def spoke_values(
     if not cluster_is_template:
         cluster_ = dns_label(cluster, "cluster name")
     namespace_ = dns_label(namespace, "namespace")
-    deployment = VENDOR_DEPLOYMENT[vendor_]
+    vendor_namespaces, exporter_namespace = _vendor_namespaces(exporter_namespace, vendors)
+    vendor_selectors, plain = _vendor_selectors(exporter_selector, vendors)
+    selector = tuple(sorted(label_pair(s, "exporter selector") for s in plain))
+    if (vendor_namespaces or vendor_selectors) and exporter_ == "builtin":
+        raise InputError("VENDOR=NS and VENDOR:KEY=VALUE describe upstream exporters: the "
+                         "builtin exporter runs in the spoke namespace")
+    if len(vendors) > 1 and exporter_ == "upstream" and (exporter_namespace or selector):
+        raise InputError("with several vendors, name the vendor: --exporter-namespace "
+                         "nvidia=NS,amd=NS and --exporter-selector amd:KEY=VALUE")
     if exporter_ == "builtin":
-        exporter_ns = dns_label(exporter_namespace or namespace_, "exporter namespace")
-    else:
-        exporter_ns = dns_label(exporter_namespace or deployment.upstream_namespace,
-                                 "exporter namespace")
-    selector = tuple(sorted(label_pair(s, "exporter selector") for s in exporter_selector))
+        exporter_ns: str | None = dns_label(exporter_namespace or namespace_,
+                                            "exporter namespace")
+    elif exporter_namespace:
+        exporter_ns = dns_label(exporter_namespace, "exporter namespace")
+    else:  # each vendor's GPU operator namespace (VENDOR_DEPLOYMENT)
+        exporter_ns = None
     url = _url(remote_write_url) if mode_ == "remote-write" else None
     secret = _dns_subdomain(remote_write_secret or "", "remote-write Secret name")
     return SpokeValues(
         cluster=cluster_,
-        vendor=vendor_,
+        vendors=vendors,
         mode=mode_,
         exporter=exporter_,
         remote_write_url=url,
@@ -154,10 +191,48 @@ def spoke_values(
         namespace=namespace_,
         exporter_namespace=exporter_ns,
         exporter_selector=selector,
+        vendor_namespaces=vendor_namespaces,
+        vendor_selectors=vendor_selectors,
         agent_image=_image(agent_image, "--agent-image"),
         exporter_image=_image(exporter_image, "--exporter-image"),
+        restrict_exporter_ingress=bool(restrict_exporter_ingress),
     )
 
+
+
+def _vendor_namespaces(value: str | None, vendors: tuple[str, ...],
+                       ) -> tuple[tuple[tuple[str, str], ...], str | None]:
+    """``NS`` (for every vendor) or ``nvidia=NS,amd=NS``: (per-vendor pairs, plain NS)."""
+    if not value or "=" not in value:
+        return (), value
+    pairs: dict[str, str] = {}
+    for item in value.split(","):
+        vendor, _, ns = item.partition("=")
+        vendor = _vendor_of(vendor, vendors, "--exporter-namespace")
+        pairs[vendor] = dns_label(ns.strip(), "exporter namespace")
+    return tuple(sorted(pairs.items())), None
+
+
+def _vendor_selectors(values: Iterable[str], vendors: tuple[str, ...],
+                      ) -> tuple[tuple[tuple[str, tuple[tuple[str, str], ...]], ...], list[str]]:
+    """``KEY=VALUE`` (every vendor) or ``amd:KEY=VALUE`` (label keys never contain ':')."""
+    scoped: dict[str, list[tuple[str, str]]] = {}
+    plain: list[str] = []
+    for item in values:
+        vendor, sep, pair = item.partition(":")
+        if not sep:
+            plain.append(item)
+            continue
+        vendor = _vendor_of(vendor, vendors, "--exporter-selector")
+        scoped.setdefault(vendor, []).append(label_pair(pair, "exporter selector"))
+    return tuple(sorted((v, tuple(sorted(p))) for v, p in scoped.items())), plain
+
+
+def _vendor_of(text: str, vendors: tuple[str, ...], option: str) -> str:
+    vendor = _choice(text, VENDORS, "vendor")
+    if vendor not in vendors:
+        raise InputError(f"{option} names vendor {vendor!r}, which --vendor does not list")
+    return vendor
 
 
 def metrics_keep_regex() -> str:
@@ -178,18 +253,70 @@ _SPOKE_ORDER = [
     "exporter-networkpolicy.yaml",
     "exporter-daemonset.yaml",
     "servicemonitor.yaml",
+    "agent-networkpolicy.yaml",
     "agent-deployment.yaml",
 ]
 
 
-def _spoke_context(values: SpokeValues) -> dict[str, Any]:
-    deployment = VENDOR_DEPLOYMENT[values.vendor]
-    instance = values.namespace
+#: Files rendered once per vendor (each vendor's exporter has its own pods, port, namespace).
+_PER_VENDOR = {
+    "exporter-serviceaccount.yaml",
+    "exporter-service.yaml",
+    "exporter-networkpolicy.yaml",
+    "exporter-daemonset.yaml",
+    "servicemonitor.yaml",
+}
+
+
+@dataclass(frozen=True)
+class ExporterTarget:
+    """One vendor's exporter as the manifests see it: where it runs and how it is reached."""
+
+    vendor: str
+    name: str  # our objects' name: gpufleet-exporter, or gpufleet-exporter-<vendor> when mixed
+    job: str  # the agent's scrape job
+    suffix: str  # file name suffix: "" or "-<vendor>"
+    deployment: VendorDeployment
+    namespace: str
+    pods: dict[str, str]
+    port: int
+    node_selector: dict[str, str]
+
+    @property
+    def service_dns(self) -> str:
+        return f"{self.name}.{self.namespace}.svc"
+
+
+def exporter_targets(values: SpokeValues) -> list[ExporterTarget]:
+    """Each vendor's exporter. A single vendor keeps the historical names (no suffix), so a
+    re-render of an existing spoke changes nothing; with several vendors every per-vendor
+    object carries the vendor in its name, so two builtin DaemonSets never share one."""
     builtin = values.exporter == "builtin"
-    exporter_pods = (
-        _selector("gpufleet-exporter", instance) if builtin
-        else dict(values.exporter_selector or deployment.upstream_selector)
-    )
+    targets = []
+    for vendor in values.vendors:
+        deployment = VENDOR_DEPLOYMENT[vendor]
+        suffix = f"-{vendor}" if values.mixed else ""
+        name = f"gpufleet-exporter{suffix}"
+        pods = (_selector(name, values.namespace) if builtin
+                else dict(dict(values.vendor_selectors).get(vendor) or values.exporter_selector
+                          or deployment.upstream_selector))
+        targets.append(ExporterTarget(
+            vendor=vendor,
+            name=name,
+            job=f"gpu-exporter{suffix}",
+            suffix=suffix,
+            deployment=deployment,
+            namespace=(dict(values.vendor_namespaces).get(vendor) or values.exporter_namespace
+                       or deployment.upstream_namespace),
+            pods=pods,
+            port=BUILTIN_PORT if builtin else deployment.upstream_port,
+            node_selector=dict(deployment.node_selector),
+        ))
+    return targets
+
+
+def _spoke_context(values: SpokeValues) -> dict[str, Any]:
+    instance = values.namespace
     if values.mode == "acm":
         # The cluster's own Prometheus scrapes: platform or user-workload monitoring.
         scraper_namespace = ("openshift-monitoring" if values.monitoring == "platform"
@@ -198,23 +325,15 @@ def _spoke_context(values: SpokeValues) -> dict[str, Any]:
     else:
         scraper_namespace = values.namespace
         scraper_pods = _selector("gpufleet-agent", instance)
-    port = BUILTIN_PORT if builtin else deployment.upstream_port
     return {
         "v": values,
-        "deployment": deployment,
-        "builtin": builtin,
+        "builtin": values.exporter == "builtin",
         "instance": instance,
         "labels": lambda name, component: _labels(name, component, instance),
         "selector": lambda name: _selector(name, instance),
-        "exporter_pods": exporter_pods,
-        "exporter_port": port,
-        "exporter_namespace": values.exporter_namespace or values.namespace,
-        "exporter_service_dns": (
-            f"gpufleet-exporter.{values.exporter_namespace or values.namespace}.svc"
-        ),
+        "exporters": exporter_targets(values),
         "scraper_namespace": scraper_namespace,
         "scraper_pods": scraper_pods,
-        "node_selector": dict(deployment.node_selector),
         "keep_regex": metrics_keep_regex(),
         "credentials_dir": CREDENTIALS_DIR,
         "secret_data": dict(values.secret_data),
@@ -223,12 +342,18 @@ def _spoke_context(values: SpokeValues) -> dict[str, Any]:
 
 def _spoke_names(values: SpokeValues) -> list[str]:
     builtin = values.exporter == "builtin"
-    names = {"namespace.yaml", "exporter-service.yaml", "exporter-networkpolicy.yaml"}
+    names = {"namespace.yaml", "exporter-service.yaml"}
+    # A NetworkPolicy selecting pods cuts off every scraper it does not list. In our own
+    # namespace (builtin exporter) that is what we want; in the GPU operator's namespace it
+    # would cut off the scrapers already there (OpenShift monitoring, a team's Prometheus), so
+    # only on explicit request (--restrict-exporter-ingress).
+    if builtin or values.restrict_exporter_ingress:
+        names.add("exporter-networkpolicy.yaml")
     if builtin:
         names |= {"exporter-serviceaccount.yaml", "exporter-daemonset.yaml"}
     if values.mode == "remote-write":
         names |= {"agent-serviceaccount.yaml", "agent-role.yaml", "agent-rolebinding.yaml",
-                  "agent-config.yaml", "agent-deployment.yaml"}
+                  "agent-config.yaml", "agent-networkpolicy.yaml", "agent-deployment.yaml"}
         if values.secret_data:
             names.add("remote-write-secret.yaml")
     else:
@@ -250,8 +375,30 @@ def spoke_manifests(values: SpokeValues) -> dict[str, str]:
         context["agent_config"] = config
         context["config_checksum"] = hashlib.sha256(config.encode()).hexdigest()
     for name in _spoke_names(values):
-        files[name] = _render(f"templates/spoke/{name}.j2", **context)
+        template = f"templates/spoke/{name}.j2"
+        if name == "namespace.yaml":
+            files.update(_namespace_files(values, context))
+        elif name in _PER_VENDOR:
+            stem = name.removesuffix(".yaml")
+            for target in context["exporters"]:
+                files[f"{stem}{target.suffix}.yaml"] = _render(template, **context, x=target)
+        else:
+            files[name] = _render(template, **context)
     return files
+
+
+def _namespace_files(values: SpokeValues, context: dict[str, Any]) -> dict[str, str]:
+    """Our namespace (remote-write), or each exporter namespace (acm: it gets labels); with
+    two namespaces (a mixed cluster's GPU operators) each file names its vendor."""
+    targets: dict[str, ExporterTarget] = {}
+    for target in context["exporters"]:
+        ns = values.namespace if values.mode == "remote-write" else target.namespace
+        targets.setdefault(ns, target)
+    return {
+        ("namespace.yaml" if len(targets) == 1 else f"namespace{target.suffix}.yaml"):
+            _render("templates/spoke/namespace.yaml.j2", **context, x=target, ns=ns)
+        for ns, target in targets.items()
+    }
 
 
 

@@ -7,17 +7,41 @@ from __future__ import annotations
 from hub.service._api import (
     read_only_engine,
 )
+from hub.service._auth import (
+    FULL,
+    Authenticator,
+    OidcVerifier,
+    Scope,
+    TokenFile,
+    is_loopback,
+    load_group_scopes,
+    new_token,
+    token_entry,
+)
+from hub.service._page import USAGE_SECTIONS
 from hub.service._scheduler import (
     Jobs,
     Service,
     build_service,
     describe_error,
 )
+from hub.service._tls import TlsFiles
 
 __all__ = [
+    "FULL",
+    "USAGE_SECTIONS",
+    "Authenticator",
     "Jobs",
+    "OidcVerifier",
+    "Scope",
     "Service",
+    "TlsFiles",
+    "TokenFile",
     "build_service",
     "describe_error",
+    "is_loopback",
+    "load_group_scopes",
+    "new_token",
     "read_only_engine",
+    "token_entry",
 ]

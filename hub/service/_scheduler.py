@@ -18,7 +18,7 @@ import datetime as dt
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -32,11 +32,14 @@ from prometheus_client.registry import Collector
 from sqlalchemy.engine import Engine
 
 from hub import __version__
-from hub.common import InputError
+from hub.common import InputError, redact
 from hub.inventory import LockHeld, SyncResult
 from hub.service import _api as api
-from hub.service._http import ApiServer
+from hub.service._auth import Authenticator
+from hub.service._http import MAX_REQUESTS, ApiServer
+from hub.service._page import SectionSource
 from hub.service._routes import build_router, database_error
+from hub.service._tls import TlsFiles
 
 log = logging.getLogger("gpufleet.service")
 
@@ -73,19 +76,24 @@ class SyncState:
     next_run_at: float | None = None
     findings: tuple[Finding, ...] = ()
     findings_at: float | None = None
+    #: the last time the checks could not run (the sync or the findings job failed), and why:
+    #: /api/v1/findings says so rather than serving an empty or old list as if all were well
+    checks_failed_at: float | None = None
+    checks_error: str | None = None
 
 
 def describe_error(exc: BaseException) -> str:
     """One line for the log and /healthz: a GpufleetError's own message, else a short one.
 
-    Never ``str()`` of a database exception, which carries the SQL and its parameters.
+    Never ``str()`` of a database exception, which carries the SQL and its parameters; and
+    never a registered secret (the hub token), whatever raised.
     """
     if isinstance(exc, click.ClickException):
-        return exc.format_message()
+        return redact(exc.format_message())
     if isinstance(exc, sa.exc.SQLAlchemyError):
-        return database_error(exc)
+        return redact(database_error(exc))
     lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    return redact(f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__)
 
 
 def _job_name(job: Callable[..., Any]) -> str:
@@ -104,7 +112,7 @@ def health(state: SyncState, every: float, now: float) -> tuple[bool, dict[str, 
         "last_success": _utc(state.last_success_at),
         "last_success_age_seconds": (round(now - state.last_success_at, 3)
                                      if state.last_success_at is not None else None),
-        "last_error": state.last_error,
+        "last_error": api.public_error(state.last_error),
         "consecutive_failures": state.consecutive_failures,
     }
     if state.last_result is not None:
@@ -122,7 +130,7 @@ def health(state: SyncState, every: float, now: float) -> tuple[bool, dict[str, 
     if state.lock_held:
         reason += "; another sync holds the inventory lock"
     elif state.last_error:
-        reason += f"; last error: {state.last_error}"
+        reason += f"; last error: {api.public_error(state.last_error)}"
     return False, {**details, "status": "unavailable", "reason": reason}
 
 
@@ -200,6 +208,12 @@ class ServiceMetrics:
         self.job_failures = Counter(
             "gpufleet_job_failures", "Failures of the jobs run after a sync (reconcile, "
             "findings).", ["job"], registry=self.registry)
+        self.refused = Counter(
+            "gpufleet_api_refused_requests", "API requests refused: 'unauthenticated' (no or "
+            "a bad token, 401) or 'forbidden' (outside the caller's scope, 403).", ["reason"],
+            registry=self.registry)
+        for reason in ("unauthenticated", "forbidden"):
+            self.refused.labels(reason)
         info = Gauge("gpufleet_build_info", "gpufleet version.", ["version"],
                      registry=self.registry)
         info.labels(__version__).set(1)
@@ -257,6 +271,15 @@ class Scheduler:
         state = self.state
         return list(state.findings), state.findings_at
 
+    def check_failure(self) -> tuple[float, str] | None:
+        """When and why the latest checks could not run, if they did not since."""
+        state = self.state
+        if state.checks_failed_at is None or state.checks_error is None:
+            return None
+        if state.findings_at is not None and state.findings_at >= state.checks_failed_at:
+            return None
+        return state.checks_failed_at, state.checks_error
+
     def retry_delay(self, failures: int) -> float:
         return min(self.every, self.backoff * 2 ** max(0, failures - 1))
 
@@ -279,7 +302,9 @@ class Scheduler:
             message = describe_error(exc)
             failures = self.state.consecutive_failures + 1
             delay = self.retry_delay(failures)
-            self._update(last_error=message, consecutive_failures=failures, lock_held=False)
+            self._update(last_error=message, consecutive_failures=failures, lock_held=False,
+                         checks_failed_at=self.clock(),
+                         checks_error=f"sync failed, no checks ran: {message}")
             if self.metrics:
                 self.metrics.failures.inc()
                 self.metrics.sync_duration.observe(max(0.0, self.clock() - started))
@@ -293,8 +318,9 @@ class Scheduler:
             self.metrics.sync_duration.observe(max(0.0, finished - started))
             self.metrics.last_success.set(finished)
         took = (result.finished_at - result.started_at).total_seconds()
-        log.info("sync ok: %d clusters, %d nodes, %d GPUs (%d requests, %.1fs)",
-                 result.clusters, result.nodes, result.gpus, result.requests, took)
+        log.info("sync ok: %d clusters, %d nodes, %d GPUs (%d requests, %.1fs)%s",
+                 result.clusters, result.nodes, result.gpus, result.requests, took,
+                 f"; {result.note}" if getattr(result, "note", None) else "")
         self._after_sync()
         return self._next(max(0.0, started + self.every - self.clock()))
 
@@ -310,6 +336,10 @@ class Scheduler:
             found = self._guarded("findings", lambda: list(provider()))
             if found is not None:
                 self._update(findings=tuple(found), findings_at=self.clock())
+            else:
+                self._update(checks_failed_at=self.clock(),
+                             checks_error="the checks failed after a successful sync "
+                                          "(see the service log)")
 
     def _guarded(self, name: str, job: Callable[[], Any]) -> Any:
         try:
@@ -375,7 +405,10 @@ class Service:
 
 def build_service(jobs: Jobs, *, every: float, engine: Engine, host: str = "127.0.0.1",
                   port: int = 0, clock: Callable[[], float] = time.time,
-                  backoff: float = DEFAULT_BACKOFF, process_metrics: bool = True) -> Service:
+                  backoff: float = DEFAULT_BACKOFF, process_metrics: bool = True,
+                  page_sections: Sequence[SectionSource] = (),
+                  auth: Authenticator | None = None, metrics_open: bool = True,
+                  tls: TlsFiles | None = None, max_requests: int = MAX_REQUESTS) -> Service:
     """Wire jobs, metrics and the API over a read-only ``engine``; binds the port now
     (OSError when it cannot) but starts nothing."""
     metrics = ServiceMetrics(process=process_metrics)
@@ -387,5 +420,7 @@ def build_service(jobs: Jobs, *, every: float, engine: Engine, host: str = "127.
 
     metrics.watch(counts, lambda: scheduler.state.findings)
     router = build_router(engine, health=scheduler.health, findings=scheduler.findings,
-                              metrics=metrics.exposition)
-    return Service(scheduler, ApiServer(router, host, port))
+                          metrics=metrics.exposition, check_failure=scheduler.check_failure,
+                          page_sections=page_sections, auth=auth, metrics_open=metrics_open,
+                          on_refused=lambda reason: metrics.refused.labels(reason).inc())
+    return Service(scheduler, ApiServer(router, host, port, tls=tls, max_requests=max_requests))

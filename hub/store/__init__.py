@@ -6,6 +6,7 @@ uses and which PromQL the sync sends.
 from __future__ import annotations
 
 from hub.store._client import (
+    NO_PARTIAL_RESPONSE,
     HubClient,
     HubSettings,
     PartialResponse,
@@ -19,6 +20,7 @@ from hub.store._vendors import (
     ENGINE_ACTIVE,
     EXPORTER_COLLECT_ERRORS,
     EXPORTER_NODE_LABEL,
+    EXPORTER_POD_REGEX,
     EXPORTER_UP,
     KUBE_NODE_LABELS,
     KUBE_STATE_METRICS,
@@ -27,6 +29,7 @@ from hub.store._vendors import (
     MEMORY_RESERVED,
     MEMORY_TOTAL,
     MEMORY_USED,
+    MODEL_LABELS,
     NODE_LABELS,
     POWER,
     PROFILES,
@@ -39,8 +42,12 @@ from hub.store._vendors import (
     VendorProfile,
     allocation,
     allowlist_metrics,
+    compute_slices,
+    is_exporter_pod,
+    mig_share,
     profile,
     sync_queries,
+    usage_queries,
 )
 
 __all__ = [
@@ -50,6 +57,7 @@ __all__ = [
     "ENGINE_ACTIVE",
     "EXPORTER_COLLECT_ERRORS",
     "EXPORTER_NODE_LABEL",
+    "EXPORTER_POD_REGEX",
     "EXPORTER_UP",
     "KUBE_NODE_LABELS",
     "KUBE_STATE_METRICS",
@@ -58,7 +66,9 @@ __all__ = [
     "MEMORY_RESERVED",
     "MEMORY_TOTAL",
     "MEMORY_USED",
+    "MODEL_LABELS",
     "NODE_LABELS",
+    "NO_PARTIAL_RESPONSE",
     "POWER",
     "PROFILES",
     "ROW_REMAP_FAILURE",
@@ -75,6 +85,10 @@ __all__ = [
     "VendorProfile",
     "allocation",
     "allowlist_metrics",
+    "compute_slices",
+    "is_exporter_pod",
+    "mig_share",
     "profile",
     "sync_queries",
+    "usage_queries",
 ]

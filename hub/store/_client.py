@@ -16,6 +16,7 @@ import json
 import os
 import re
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,10 +24,22 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import requests
+import urllib3
 
-from hub.common import InputError, UnavailableError
+from hub.common import InputError, UnavailableError, redact, register_secret, shorten
 
 TOKEN_ENV = "GPUFLEET_TOKEN"
+#: how much of a hub's non-JSON answer (an HTML error page, a proxy's text) an error quotes
+MAX_DETAIL = 200
+#: how much of the store's own JSON "error" field (a PromQL parse error names the position)
+MAX_STORE_ERROR = 500
+
+#: Sent with every query. Thanos Query (and so ACM's hub) answers a query that some store could
+#: not serve with HTTP 200, fewer series and ``warnings`` unless told not to; a GPU inventory
+#: built from such an answer silently loses clusters. With ``partial_response=false`` Thanos
+#: fails the query instead; Prometheus ignores the parameter. Callers still fail on warnings,
+#: for stores that ignore it.
+NO_PARTIAL_RESPONSE = {"partial_response": "false"}
 
 
 class PromQLError(InputError):
@@ -66,6 +79,71 @@ def _read_secret_file(path: str, what: str) -> str:
         raise InputError(f"cannot read {what} file {path}: {exc.strerror}") from None
 
 
+def check_token(token: str, source: str) -> str:
+    """The token if it can be sent as one header value; else a one-line error without it.
+
+    A token file with a second line (a Secret made from a file with a trailing note, two
+    tokens pasted together) would otherwise reach ``requests``, whose header check quotes the
+    whole value in its exception, into the CLI error, the log and ``sync_runs.error``.
+    """
+    register_secret(token)
+    if re.search(r"[\x00-\x20\x7f]", token):
+        kind = ("a line break" if re.search(r"[\r\n]", token)
+                else "whitespace or a control character")
+        raise InputError(f"the hub token from {source} contains {kind}: a bearer token is one "
+                         "line without spaces (the token is not shown)")
+    return token
+
+
+class BearerToken(requests.auth.AuthBase):
+    """``Authorization: Bearer`` from a file, re-read whenever the file changes.
+
+    A mounted Secret is replaced in place when it is rotated (kubelet swaps a symlink), so the
+    file's identity and modification time are checked before each request: a rotated token is
+    used from the next request on, without a restart. Being the session's ``auth`` also keeps
+    requests from looking in ``~/.netrc``: with ``trust_env`` it would otherwise replace our
+    header with the netrc entry for the hub host (proxies and CA bundle variables still apply).
+    """
+
+    def __init__(self, token_file: str | None = None, token: str | None = None) -> None:
+        self.token_file = token_file
+        self._token = check_token(token, f"${TOKEN_ENV}") if token else None
+        self._stamp: tuple[int, int, int] | None = None
+        self._lock = threading.Lock()
+        if token_file:
+            self.current()  # a bad file fails at start, not at the first query
+
+    def current(self) -> str | None:
+        if not self.token_file:
+            return self._token
+        try:
+            st = os.stat(self.token_file)
+        except OSError as exc:
+            raise InputError(f"cannot read token file {self.token_file}: "
+                             f"{exc.strerror}") from None
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+        with self._lock:
+            if stamp != self._stamp:
+                token = _read_secret_file(self.token_file, "token")
+                self._token = check_token(token, f"token file {self.token_file}")
+                self._stamp = stamp
+            return self._token
+
+    def __call__(self, request: requests.PreparedRequest) -> requests.PreparedRequest:
+        token = self.current()
+        if token:
+            request.headers["Authorization"] = f"Bearer {token}"
+        return request
+
+
+def sanitise(text: str, limit: int = MAX_DETAIL) -> str:
+    """A hub's raw answer made fit for a one-line error: printable, short, no secret."""
+    text = re.sub(r"<[^>]{0,200}>", " ", text)  # an HTML error page: keep its words
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", " ", text)  # terminal colour codes
+    text = "".join(ch if ch.isprintable() else " " for ch in text)
+    return shorten(redact(" ".join(text.split())), limit)
+
+
 @dataclass
 class HubSettings:
     """How to reach the hub store; built from CLI options, environment or config file."""
@@ -81,7 +159,13 @@ class HubSettings:
     def validate(self) -> None:
         if not self.url:
             raise InputError("no hub URL: pass --hub-url or set GPUFLEET_HUB_URL")
-        parts = urlsplit(self.url)
+        try:
+            parts = urlsplit(self.url)
+            parts.port  # noqa: B018 - raises ValueError on a bad port
+        except ValueError as exc:
+            raise InputError(f"invalid hub URL (--hub-url): {exc}") from None
+        if not self.timeout > 0:
+            raise InputError(f"--timeout must be greater than 0 (got {self.timeout:g}s)")
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise InputError(f"invalid hub URL {redact_url(self.url)!r}: expected http(s)://host[:port]")
         if bool(self.cert_file) != bool(self.key_file):
@@ -90,29 +174,58 @@ class HubSettings:
                            (self.key_file, "key")):
             if path and not Path(path).is_file():
                 raise InputError(f"{what} file not found: {path}")
+        self._check_tls_files()
+
+    def _check_tls_files(self) -> None:
+        """Load the CA and client certificate once here: a file that is not what its flag
+        says is the user's input error (2), not a hub that cannot be reached (3)."""
+        import ssl
+
+        if self.ca_file:
+            try:
+                ssl.create_default_context(cafile=self.ca_file)
+            except (ssl.SSLError, ValueError, OSError):
+                raise InputError(f"--ca-file {self.ca_file} holds no PEM CA certificate") \
+                    from None
+        if self.cert_file and self.key_file:
+            try:
+                ssl.create_default_context().load_cert_chain(self.cert_file, self.key_file,
+                                                            password=b"")
+            except (ssl.SSLError, ValueError, OSError):
+                raise InputError(f"--cert-file {self.cert_file} and --key-file {self.key_file} "
+                                 "are not a matching PEM certificate and key") from None
 
 
 def build_session(settings: HubSettings) -> requests.Session:
     """A session carrying the hub's auth and TLS settings."""
     session = requests.Session()
-    token = None
-    if settings.token_file:
-        token = _read_secret_file(settings.token_file, "token")
-    elif os.environ.get(TOKEN_ENV):
-        token = os.environ[TOKEN_ENV].strip()
-    if token:
-        session.headers["Authorization"] = f"Bearer {token}"
+    # Always an auth object, even without a token: it is what keeps ~/.netrc out.
+    session.auth = BearerToken(settings.token_file or None,
+                               None if settings.token_file
+                               else (os.environ.get(TOKEN_ENV) or "").strip() or None)
+    parts = urlsplit(settings.url)
+    register_secret(parts.password)
     if settings.insecure_skip_verify:
         session.verify = False
-        import urllib3
-
-        urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
+        quiet_insecure_warning(parts.hostname or "")
     elif settings.ca_file:
         session.verify = settings.ca_file
     if settings.cert_file and settings.key_file:
         session.cert = (settings.cert_file, settings.key_file)
     session.headers["User-Agent"] = "gpufleet"
     return session
+
+
+def quiet_insecure_warning(host: str) -> None:
+    """Silence urllib3's "unverified HTTPS request" warning for the hub host only.
+
+    ``urllib3.disable_warnings`` would silence it for every HTTPS call of the process (the
+    Kubernetes API, an OIDC issuer); the warning names the host, so a filter on that message
+    keeps the operator's explicit --insecure-skip-verify quiet and every other host loud.
+    """
+    warnings.filterwarnings(
+        "ignore", message=f"Unverified HTTPS request is being made to host '{re.escape(host)}'",
+        category=urllib3.exceptions.InsecureRequestWarning)
 
 
 class HubClient:
@@ -171,11 +284,15 @@ class HubClient:
                           stream=stream)
 
     def query_range(self, promql: str, start: float, end: float, step: float) -> QueryResult:
-        data = {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
+        data = {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}",
+                **NO_PARTIAL_RESPONSE}
         return self._post("/api/v1/query_range", data)
 
     def prometheus_connect(self):  # -> prometheus_api_client.PrometheusConnect
-        """prometheus-api-client on the same session, for DataFrame-based reporting."""
+        """prometheus-api-client on the same session, for DataFrame-based reporting.
+
+        Pass ``params=NO_PARTIAL_RESPONSE`` to its queries: it does not send it by itself.
+        """
         from prometheus_api_client import PrometheusConnect
 
         return PrometheusConnect(self.url, session=self.session, disable_ssl=False)
@@ -184,6 +301,13 @@ class HubClient:
     def _post(self, path: str, data: dict[str, Any],
               rewrite: Callable[[bytes], bytes] | None = None,
               stream: bool = False) -> QueryResult:
+        for value in data.values():
+            try:
+                str(value).encode("utf-8")
+            except UnicodeEncodeError:
+                # A shell argument with bytes that are not UTF-8 arrives as surrogates.
+                raise PromQLError("PromQL error: the expression holds bytes that are not "
+                                  "valid UTF-8") from None
         with self._count_lock:
             self.requests += 1
         try:
@@ -220,27 +344,48 @@ class HubClient:
             del content
         except ValueError:
             body = None
+        if resp.status_code in (400, 422) and isinstance(body, dict) and _store_failure(body):
+            raise PartialResponse(
+                f"hub {self.safe_url} could not read all its stores: {body.get('error')}"
+            )
         if resp.status_code in (400, 422) and isinstance(body, dict):
-            raise PromQLError(f"PromQL error: {body.get('error') or resp.reason}")
+            reason = sanitise(str(body.get("error") or resp.reason), MAX_STORE_ERROR)
+            raise PromQLError(f"PromQL error: {reason}")
         if resp.status_code in (401, 403):
             raise HubUnavailable(
                 f"hub {self.safe_url} refused the request ({resp.status_code} {resp.reason}): "
                 "check the token or client certificate"
             )
         if resp.status_code >= 400 or not isinstance(body, dict):
-            detail = body.get("error") if isinstance(body, dict) else resp.text[:200]
+            detail = (sanitise(str(body.get("error") or ""), MAX_STORE_ERROR)
+                      if isinstance(body, dict) else sanitise(resp.text))
             raise HubUnavailable(
                 f"hub {self.safe_url} answered {resp.status_code} {resp.reason}"
                 + (f": {detail}" if detail else "")
             )
         if body.get("status") != "success":
-            raise HubUnavailable(f"hub {self.safe_url} failed: {body.get('error', 'no detail')}")
+            raise HubUnavailable(
+                f"hub {self.safe_url} failed: "
+                f"{sanitise(str(body.get('error') or 'no detail'), MAX_STORE_ERROR)}")
         data_ = body.get("data") or {}
         return QueryResult(
             result_type=data_.get("resultType", ""),
             result=data_.get("result", []) if rows is None else rows,
-            warnings=list(body.get("warnings") or []),
+            warnings=[sanitise(str(w), MAX_STORE_ERROR) for w in body.get("warnings") or []],
         )
+
+
+def _store_failure(body: dict[str, Any]) -> bool:
+    """Whether a 4xx error is Thanos refusing a partial answer, not the user's PromQL.
+
+    With ``partial_response=false`` Thanos Query reports a store it could not read as an
+    "execution" error (HTTP 422, like a PromQL evaluation error), with the store's gRPC error in
+    the text: that is the hub being unavailable in part (exit 3), never a query to fix (exit 2).
+    """
+    error = str(body.get("error") or "")
+    return body.get("errorType") == "execution" and any(
+        marker in error for marker in ("expanding series", "rpc error", "store"))
+
 
 
 _DECODER = json.JSONDecoder()
@@ -272,11 +417,11 @@ class StreamedRows:
             row, j = decode(text, j)
             yield row
         tail = json.loads('{"data":{"result":[]' + text[j + 1:])
-        self.warnings = list(tail.get("warnings") or [])
+        self.warnings = [sanitise(str(w), MAX_STORE_ERROR) for w in tail.get("warnings") or []]
 
 
 def _instant(promql: str, time: float | None) -> dict[str, Any]:
-    data: dict[str, Any] = {"query": promql}
+    data: dict[str, Any] = {"query": promql, **NO_PARTIAL_RESPONSE}
     if time is not None:
         data["time"] = f"{time:.3f}"
     return data
@@ -298,8 +443,11 @@ def _reason(exc: Exception) -> str:
                    "Remote end closed connection"):
         if marker in text:
             return marker.lower()
-    if "Max retries exceeded" in text and "(Caused by" in text:
-        inner = text.split("(Caused by", 1)[1]
-        return inner.split(":", 1)[0].strip(" ()'") or "connection failed"
+    ssl = re.search(r"\[SSL: [A-Z0-9_]+\] ([a-z0-9 ,_-]+)", text)
+    if ssl:  # e.g. "wrong version number" (plain HTTP answered a TLS hello)
+        return ssl.group(1).strip()
+    inner = re.search(r"\(Caused by (\w+)\(", text)
+    if inner:  # the cause's type, whole: never a message cut at its first colon
+        return inner.group(1)
     return type(exc).__name__
 

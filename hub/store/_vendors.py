@@ -13,6 +13,7 @@ in its index and which keeps Thanos from pruning its store fan-out).
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -138,14 +139,46 @@ class VendorProfile(ABC):
         return value
 
 
+POD_LABELS = [
+    "namespace", "pod", "container",
+    "exported_namespace", "exported_pod", "exported_container",
+]
+
+
+#: Pod names of the exporters themselves (dcgm-exporter under the GPU Operator or Helm, AMD's
+#: device-metrics-exporter, gpufleet's own). Scraped through a ServiceMonitor without
+#: honorLabels, an idle GPU's series carry only these *target* labels (the exporter's pod and
+#: namespace), while a workload's labels arrive as ``exported_*``.
+#: One regex for Python and PromQL (RE2, fully anchored by Prometheus's =~ / !~).
+EXPORTER_POD_REGEX = (r"(nvidia-)?dcgm-exporter(-.*)?"
+                      r"|(amd-)?(gpu-)?(device-)?metrics-exporter(-.*)?"
+                      r"|gpufleet-exporter(-.*)?")
+_EXPORTER_POD = re.compile(f"(?:{EXPORTER_POD_REGEX})")
+
+
+def is_exporter_pod(pod: str) -> bool:
+    return bool(_EXPORTER_POD.fullmatch(pod))
+
+
 def allocation(labels: Mapping[str, str]) -> tuple[str, str, str] | None:
-    """(namespace, pod, container) of a series, honouring Prometheus's ``exported_`` renames."""
-    ns = labels.get("exported_namespace") or labels.get("namespace") or ""
-    pod = labels.get("exported_pod") or labels.get("pod") or ""
-    if not pod:
+    """(namespace, pod, container) of the workload using a GPU, or None when unallocated.
+
+    The rule, for every vendor: ``exported_pod`` / ``exported_namespace`` /
+    ``exported_container`` (Prometheus renamed the exporter's own labels because the target
+    carries the same names) win over ``pod`` / ``namespace`` / ``container``. When no
+    ``exported_pod`` is present and ``pod`` names the exporter's own pod, those are the
+    scrape target's labels, not a user: the GPU is unallocated. The exporter is never a
+    GPU's user.
+    """
+    pod = labels.get("exported_pod") or ""
+    if pod:
+        ns = labels.get("exported_namespace") or ""
+        container = labels.get("exported_container") or ""
+        return ns, pod, container
+    pod = labels.get("pod") or ""
+    if not pod or is_exporter_pod(pod):
         return None
-    container = labels.get("exported_container") or labels.get("container") or ""
-    return ns, pod, container
+    return labels.get("namespace") or "", pod, labels.get("container") or ""
 
 
 class Nvidia(VendorProfile):
@@ -307,3 +340,90 @@ EXPORTER_UP, EXPORTER_COLLECT_ERRORS, EXPORTER_LAST_COLLECT = EXPORTER_HEALTH_ME
 EXPORTER_NODE_LABEL = "hostname"
 #: kube-state-metrics' node labels (label_<sanitised name>; only labels on its allowlist)
 KUBE_NODE_LABELS = "kube_node_labels"
+
+
+# -- MIG: how much of a GPU a slice is (issue 12) --------------------------------------------
+#: Compute slices of a whole GPU per model family (NVIDIA MIG user guide: A100, H100, H200,
+#: B200 and GH200 have 7 GPU instances' worth of compute slices, A30 has 4). Matched as a
+#: case-insensitive substring of the model name, first match wins.
+MIG_COMPUTE_SLICES: tuple[tuple[str, int], ...] = (
+    ("A30", 4),
+    ("A100", 7), ("H100", 7), ("H200", 7), ("H800", 7), ("A800", 7), ("GH200", 7),
+    ("B200", 7), ("GB200", 7), ("B100", 7), ("RTX PRO 6000", 4),
+)
+#: ``3g.40gb`` (a GPU instance) or ``1c.3g.40gb`` (a compute instance of 1 slice inside it)
+_PROFILE = re.compile(r"^(?:(\d+)c\.)?(\d+)g\.")
+
+
+def compute_slices(model: str | None) -> int | None:
+    """How many compute slices a whole GPU of this model has; None when we do not know."""
+    upper = (model or "").upper()
+    return next((n for name, n in MIG_COMPUTE_SLICES if name.upper() in upper), None)
+
+
+def mig_share(model: str | None, profile: str | None, slice_memory_mib: float | None = None,
+              gpu_memory_mib: float | None = None) -> float:
+    """The fraction of its GPU a MIG slice counts as (a whole GPU is 1.0).
+
+    ``3g.40gb`` on a 7-slice GPU is 3/7. A profile we cannot read, or a model whose slice
+    count we do not know, counts as its share of the GPU's memory; with no memory figures
+    either it counts as one slice of seven (the common case), never as a whole GPU.
+    """
+    if profile is None:
+        return 1.0
+    match = _PROFILE.match(profile)
+    total = compute_slices(model)
+    if match and total:
+        return min(1.0, int(match.group(1) or match.group(2)) / total)
+    if slice_memory_mib and gpu_memory_mib and gpu_memory_mib > 0:
+        return min(1.0, slice_memory_mib / gpu_memory_mib)
+    return 1.0 / 7.0
+
+
+# -- usage ledger queries (issue 12) ----------------------------------------------------------
+#: Neutral fields of the usage ledger, and the aggregation each query applies over a bucket.
+USAGE_FIELDS: tuple[tuple[str, str], ...] = (
+    (UTILISATION, "avg"), (UTILISATION, "max"), (ENGINE_ACTIVE, "avg"), (ENGINE_ACTIVE, "max"),
+    (MEMORY_USED, "avg"), (MEMORY_USED, "max"), (POWER, "avg"),
+)
+#: the model label(s) of each vendor, kept in usage queries (a MIG slice's share needs it)
+MODEL_LABELS = {"nvidia": ["modelName"], "amd": ["card_series", "card_model"]}
+USAGE_POD_LABELS = ["namespace", "pod", "exported_namespace", "exported_pod"]
+
+
+def _by(labels: list[str]) -> str:
+    return ", ".join(labels)
+
+
+def usage_group(p: VendorProfile, cluster_label: str) -> str:
+    return _by([cluster_label, *p.id_labels, *MODEL_LABELS[p.vendor], *USAGE_POD_LABELS])
+
+
+def usage_queries(bucket: str, step: str, cluster_label: str) -> list[Query]:
+    """The fixed request set of one usage bucket, whatever the fleet size.
+
+    Per vendor and field: ``avg by (identity, allocation) (avg_over_time(metric[bucket]))``
+    (``max`` likewise), evaluated at the bucket's end. Coverage counts the ``step``-long
+    slices of the bucket that hold a sample:
+    ``count_over_time((max by (...) (last_over_time(metric[step])))[bucket:step])``,
+    evaluated one step after the bucket's end so its points are the ends of those slices.
+    A Query's ``kind`` is ``usage:<agg>`` or ``coverage``.
+    """
+    out: list[Query] = []
+    for p in PROFILES:
+        group = usage_group(p, cluster_label)
+        match = p.device_matcher
+        for fld, agg in USAGE_FIELDS:
+            metrics = p.value_fields.get(fld)
+            if not metrics:
+                continue
+            promql = " or ".join(
+                f'{agg} by ({group}) ({agg}_over_time({{__name__=~"{p._names(m)}", {match}}}'
+                f"[{bucket}]))"
+                for m in metrics
+            )
+            out.append(Query(p.vendor, f"usage:{agg}", promql, fld))
+        names = "|".join(prefix + m for prefix in p.name_prefixes for m in p.timestamp_metrics)
+        inner = f'max by ({group}) (last_over_time({{__name__=~"{names}", {match}}}[{step}]))'
+        out.append(Query(p.vendor, "coverage", f"count_over_time(({inner})[{bucket}:{step}])"))
+    return out

@@ -18,11 +18,13 @@ from hub.validate._checks import (
 )
 from hub.validate._reconcile import (
     MATCH,
+    NOTHING_TO_COMPARE,
     ManagedCluster,
     NodeView,
     managed_cluster,
     node_from_object,
     nodes_from_document,
+    nothing_to_compare,
 )
 from hub.validate._report import (
     Report,
@@ -32,6 +34,7 @@ from hub.validate._report import render as render_report
 
 __all__ = [
     "MATCH",
+    "NOTHING_TO_COMPARE",
     "AlertSettings",
     "ManagedCluster",
     "NodeView",
@@ -41,6 +44,7 @@ __all__ = [
     "node_from_object",
     "nodes_from_document",
     "nodes_from_hub",
+    "nothing_to_compare",
     "reconcile_run",
     "render_alert_files",
     "render_report",

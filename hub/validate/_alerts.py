@@ -109,8 +109,10 @@ def zero_usage(p: VendorProfile, window: str, cl: str) -> str:
 
     def idle(name: str, extra: str) -> list[str]:
         out = []
-        for pod in ("pod", "exported_pod"):
-            sel = f'{name}{{{p.device_matcher}{extra}, {pod}!=""}}[{window}]'
+        # the exporter's own pod (target labels, store.allocation) is never a GPU's user
+        not_exporter = f', pod!~"{store.EXPORTER_POD_REGEX}", exported_pod=""'
+        for pod, rule in (("pod", not_exporter), ("exported_pod", "")):
+            sel = f'{name}{{{p.device_matcher}{extra}, {pod}!=""{rule}}}[{window}]'
             out.append(f"max by ({keep}) ((max_over_time({sel}) == 0) and "
                        f"(count_over_time({sel}) >= {MIN_SAMPLES}))")
         return out

@@ -59,6 +59,7 @@ class Assessment:
     now: dt.datetime
     hub_url: str | None = None
     hub_failure: UnavailableError | None = field(default=None)
+    usage: dict[str, Any] | None = None
 
 
 def assess(engine: Engine, client: HubClient | None, *, max_age: float, push_interval: float,
@@ -89,7 +90,46 @@ def assess(engine: Engine, client: HubClient | None, *, max_age: float, push_int
     else:
         facts.hub_skipped = "no hub URL configured (--hub-url or GPUFLEET_HUB_URL)"
     findings = checks.run_checks(facts, max_age=max_age, push_interval=push_interval)
+    with engine.connect() as conn:
+        findings += idle_allocated_findings(conn, now)
+        usage_view = usage_summary(conn, now)
     if failure is not None:
         findings.insert(0, checks.Finding(checks.ERROR, "hub", "hub checks failed: "
                                           + failure.format_message()))
-    return Assessment(facts, findings, now, client.safe_url if client else None, failure)
+    return Assessment(facts, findings, now, client.safe_url if client else None, failure,
+                      usage_view)
+
+
+#: The report's idle rule: the `gpufleet idle` defaults over the last day.
+IDLE_THRESHOLD_PCT = 5.0
+IDLE_FOR = 2 * 3600.0
+IDLE_LOOKBACK = 24 * 3600.0
+
+
+def idle_allocated_findings(conn: Any, now: dt.datetime) -> list[checks.Finding]:
+    """Allocated GPUs idle for IDLE_FOR in a row in the last day (from the usage ledger;
+    nothing when `usage collect` has not run): the list a platform team reclaims from."""
+    from hub import usage
+
+    rows = usage.idle_allocated(conn, now - dt.timedelta(seconds=IDLE_LOOKBACK), now,
+                                threshold=IDLE_THRESHOLD_PCT, for_seconds=IDLE_FOR)
+    return [checks.Finding(
+        checks.WARNING, "idle_allocated_gpu",
+        f"allocated to {r['namespace']}/{r['pod']} but under {IDLE_THRESHOLD_PCT:g}% "
+        f"utilisation for {r['idle_hours']:g}h in a row ({r['wasted_gpu_hours']:g} "
+        "GPU-hours wasted)",
+        r["cluster"], r["node"], r["uuid"] + (f" {r['slice']}" if r["slice"] else ""))
+        for r in rows]
+
+
+def usage_summary(conn: Any, now: dt.datetime) -> dict[str, Any]:
+    """The report's usage section: the last day by namespace, idle allocated GPUs, capacity."""
+    from hub import usage
+
+    since = now - dt.timedelta(seconds=IDLE_LOOKBACK)
+    return {"since": since,
+            "by_namespace": usage.usage_summary(conn, since, now, ["namespace"],
+                                                IDLE_THRESHOLD_PCT),
+            "idle": usage.idle_allocated(conn, since, now, threshold=IDLE_THRESHOLD_PCT,
+                                         for_seconds=IDLE_FOR),
+            "capacity": usage.capacity(conn, ["model"])}

@@ -16,6 +16,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from hub.common import human_duration as human
+from hub.inventory import NO_GPU_SERIES
+
 ERROR = "error"
 WARNING = "warning"
 INFO = "info"
@@ -50,6 +53,7 @@ class ClusterFacts:
     nodes_active: int = 0
     nodes_known: int = 0
     gpus_active: int = 0
+    gpus_stale: int = 0
 
 
 @dataclass(frozen=True)
@@ -136,21 +140,6 @@ def age_seconds(ts: dt.datetime | None, now: dt.datetime) -> float | None:
     return max(0.0, (now - ts).total_seconds())
 
 
-def human(seconds: float | None) -> str:
-    """3h12m, 45s: short ages for messages."""
-    if seconds is None:
-        return "never"
-    secs = round(seconds)
-    if secs < 60:
-        return f"{secs}s"
-    days, rest = divmod(secs, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, sec = divmod(rest, 60)
-    parts = [(days, "d"), (hours, "h"), (minutes, "m")] + ([(sec, "s")] if not days else [])
-    text = "".join(f"{n}{u}" for n, u in parts if n)
-    return text or "0s"
-
-
 def _iso(ts: dt.datetime | None) -> str:
     return ts.strftime("%Y-%m-%dT%H:%M:%SZ") if ts else "never"
 
@@ -169,6 +158,17 @@ def check_inventory(clusters: Sequence[ClusterFacts],
     if not clusters:
         out.append(Finding(ERROR, "inventory", "the inventory holds no clusters: run "
                                                "`gpufleet sync` against the hub"))
+    if any(c.cluster == "" for c in clusters):
+        out.append(Finding(WARNING, "inventory", "the inventory holds GPUs under a cluster with "
+                                                 "an empty name (filed without the cluster "
+                                                 "label by an earlier release); left alone, "
+                                                 "prune them when stale", ""))
+    if (last_sync is not None and last_sync.status == "ok" and last_sync.error == NO_GPU_SERIES
+            and clusters):
+        out.append(Finding(ERROR, "sync", f"the latest sync ({_iso(last_sync.started_at)}) saw "
+                                          f"no GPU series at all, yet the inventory knows "
+                                          f"{len(clusters)} cluster(s): the hub lost the GPU "
+                                          "metrics (allowlist, exporters, --hub-url?)"))
     if last_sync is not None and last_sync.status != "ok":
         out.append(Finding(WARNING, "sync", f"the latest sync ({_iso(last_sync.started_at)}) "
                                             f"failed: {last_sync.error or 'no detail'}"))
@@ -429,16 +429,24 @@ def summarize(facts: Facts, findings: Sequence[Finding]) -> list[dict[str, Any]]
         c = known.get(name)
         age = age_seconds(c.last_sample_at, facts.now) if c else None
         mine = by_cluster.get(name, [])
+        status = worst(f for f in mine if f.severity != INFO) or "ok"
+        if c is not None and c.state != "active" and status == "ok":
+            status = WARNING  # a cluster that stopped reporting is never "ok"
+        active, stale = (c.gpus_active, c.gpus_stale) if c else (0, 0)
         rows.append({
             "cluster": name,
-            "status": worst(f for f in mine if f.severity != INFO) or "ok",
+            "status": status,
             "state": c.state if c else "absent",
             "last_sample_at": c.last_sample_at if c else None,
             "age_seconds": None if age is None else round(age, 1),
             "age": human(age),
             "nodes_reporting": c.nodes_active if c else 0,
             "nodes_expected": max(expected_nodes.get(name, 0), c.nodes_known if c else 0),
-            "gpus": c.gpus_active if c else 0,
+            "gpus": active,
+            "stale_gpus": stale,
+            # what was last known: "0 of 32 reporting" rather than a bare 0
+            "gpus_reporting": f"{active} of {active + stale} reporting" if stale else
+            str(active),
             "expected": (name in expected) if facts.expected else None,
             "findings": len(mine),
         })

@@ -181,6 +181,22 @@ class Reconciliation:
                 + [c.as_row() for c in self.clusters if c.status in CLUSTER_FINDINGS])
 
 
+NOTHING_TO_COMPARE = "nothing_to_compare"
+
+
+def nothing_to_compare(views: Iterable[NodeView], source: str, where: str = "") -> str | None:
+    """Why a run compared nothing, or None. "0 nodes, 0 not matching" would read as healthy
+    when the Kubernetes side was simply empty (e.g. the allowlist lacks kube-state-metrics)."""
+    if any(v.gpus > 0 for v in views):
+        return None
+    if source == "hub":
+        return ("nothing to compare: no node capacity for GPU resources reached the hub "
+                "(is kube_node_status_capacity in the ACM metrics allowlist, and does "
+                "kube-state-metrics run on the spokes?)")
+    what = f"Kubernetes API of context {where}" if source == "kube" else f"file {where}"
+    return f"nothing to compare: the {what.strip()} listed no node with a GPU resource"
+
+
 # -- sources: Kubernetes objects and kube-state-metrics rows -> NodeView -------------------------
 def _count(value: Any, what: str) -> int:
     """A resource quantity as a count; GPU quantities are plain integers."""

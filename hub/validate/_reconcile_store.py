@@ -185,13 +185,20 @@ def report_facts(conn: Connection, now: dt.datetime) -> Facts:
     node_rows = inv.list_nodes(conn)
     gpu_rows = conn.execute(
         sa.select(gpus.c.cluster, gpus.c.node, gpus.c.uuid, gpus.c.state, gpus.c.last_sample_at,
-                  gpus.c.gpu_index, gpus.c.health, gpus.c.health_reasons)
+                  gpus.c.gpu_index, gpus.c.health, gpus.c.health_reasons,
+                  gpus.c.also_reporting)
         .where(gpus.c.slice_key == "")
         .order_by(gpus.c.cluster, gpus.c.node, gpus.c.gpu_index, gpus.c.uuid)
     ).all()
     gpu_facts = [GpuFacts(r.cluster, r.node, r.uuid, r.state, r.last_sample_at, r.gpu_index,
                           r.health, r.health_reasons)
                  for r in gpu_rows]
+    # a GPU is one row wherever it reports; the places reporting it beside (the latest sync
+    # saw them concurrently) stand beside it, so check_duplicate_uuids sees every place
+    gpu_facts += [GpuFacts(c, n, r.uuid, r.state, r.last_sample_at, r.gpu_index, r.health,
+                           r.health_reasons)
+                  for r in gpu_rows if r.also_reporting and r.state == inv.ACTIVE
+                  for c, n in json.loads(r.also_reporting)]
     stale_per_node: dict[tuple[str, str], int] = {}
     for g in gpu_facts:
         if g.state != inv.ACTIVE:
@@ -212,7 +219,8 @@ def report_facts(conn: Connection, now: dt.datetime) -> Facts:
     return Facts(
         now=now,
         clusters=[ClusterFacts(c["cluster"], c["state"], c["last_sample_at"], c["nodes"],
-                               known_nodes.get(c["cluster"], 0), c["gpus"]) for c in clusters],
+                               known_nodes.get(c["cluster"], 0), c["gpus"], c["stale_gpus"])
+                  for c in clusters],
         nodes=[NodeFacts(n["cluster"], n["node"], n["state"], n["last_sample_at"], n["gpus"],
                          stale_per_node.get((n["cluster"], n["node"]), 0)) for n in node_rows],
         gpus=gpu_facts,

@@ -18,16 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import jinja2
-
-from hub.common import InputError, iso, to_json, to_table
+from hub.common import InputError, html_environment, iso, to_json, to_table
 from hub.validate._checks import ERROR, INFO, SEVERITIES, WARNING, Finding, human
 
 FORMATS = ("table", "json", "markdown", "html")
 #: GitHub's limit for one comment; the Markdown stays below it
 MARKDOWN_LIMIT = 65536
 SUMMARY_COLUMNS = ["cluster", "status", "state", "last_sample_at", "age", "nodes_reporting",
-                   "nodes_expected", "gpus", "expected", "findings"]
+                   "nodes_expected", "gpus", "stale_gpus", "expected", "findings"]
 FINDING_COLUMNS = ["severity", "check", "cluster", "node", "gpu", "message"]
 _STATUS_RANK = {ERROR: 0, WARNING: 1, "ok": 2}
 
@@ -42,6 +40,8 @@ class Report:
     findings: list[Finding]
     hub: str | None = None  # the hub's URL without credentials, when hub checks ran
     reconcile: dict[str, Any] | None = None  # {"finished_at", "source"} of the latest run
+    #: {"since", "by_namespace", "idle", "capacity"} from the usage ledger and inventory
+    usage: dict[str, Any] | None = None
 
     @property
     def counts(self) -> dict[str, int]:
@@ -63,7 +63,17 @@ class Report:
             "summary": [{**row, "last_sample_at": iso(row.get("last_sample_at"))}
                         for row in self.summary],
             "findings": [f.as_dict() for f in self.findings],
+            "usage": _plain_usage(self.usage),
         }
+
+
+def _plain_usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:
+    if usage is None:
+        return None
+    return {k: ([{c: iso(v) if isinstance(v, dt.datetime) else v for c, v in row.items()}
+                 for row in rows] if isinstance(rows, list) else
+                iso(rows) if isinstance(rows, dt.datetime) else rows)
+            for k, rows in usage.items()}
 
 
 def _counts_line(report: Report) -> str:
@@ -84,7 +94,8 @@ def _sorted_summary(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 # -- table ---------------------------------------------------------------------------------------
 def render_table(report: Report) -> str:
-    rows = [{**r, "nodes_reporting": f"{r['nodes_reporting']}/{r['nodes_expected']}"}
+    rows = [{**r, "nodes_reporting": f"{r['nodes_reporting']}/{r['nodes_expected']}",
+             "gpus": r.get("gpus_reporting", r["gpus"])}
             for r in _sorted_summary(report.summary)]
     parts = [_settings_line(report) + "\n"]
     cols = ["cluster", "status", "state", "last_sample_at", "age", "nodes_reporting", "gpus"]
@@ -121,7 +132,8 @@ def _markdown(report: Report, max_findings: int, max_clusters: int) -> str:
     for r in summary[:max_clusters]:
         lines.append(f"| {_md(r['cluster'])} | {_ICON.get(r['status'], _md(r['status']))} | "
                      f"{_md(r['last_sample_at']) or 'never'} | {_md(r['age'])} | "
-                     f"{r['nodes_reporting']}/{r['nodes_expected']} | {r['gpus']} |")
+                     f"{r['nodes_reporting']}/{r['nodes_expected']} | "
+                     f"{r.get('gpus_reporting', r['gpus'])} |")
     if len(summary) > max_clusters:
         lines.append(f"\n_…and {len(summary) - max_clusters} more clusters._")
     if not summary:
@@ -171,6 +183,8 @@ def _chart(report: Report) -> dict[str, Any]:
         # the colour tells freshness only; the cluster table tells every other finding
         fresh = ("error" if age is None or age > report.max_age
                  else "warning" if age > 2 * report.push_interval else "ok")
+        if fresh == "ok" and r.get("state") not in (None, "active"):
+            fresh = "warning"  # stale in the inventory: never a green bar
         bars.append({"cluster": name, "label": label, "status": fresh, "age": r["age"],
                      "x": label_w, "y": top + i * row_h, "width": round(width, 1),
                      "height": row_h - 6, "over": over, "text_y": top + i * row_h + row_h - 10})
@@ -187,26 +201,33 @@ def _chart(report: Report) -> dict[str, Any]:
             "top": top, "bottom": height - 6, "label_w": label_w}
 
 
-def _template_dir() -> Path:
-    from hub.common import template_roots
-
-    return template_roots()[0] / "report"
+def _usage_chart(report: Report) -> dict[str, Any]:
+    """Bars of GPU-hours by namespace (allocated part darker), longest first."""
+    rows = sorted((report.usage or {}).get("by_namespace") or [],
+                  key=lambda r: -r["gpu_hours"])
+    label_w, bar_w, row_h, top = 180, 460, 22, 8
+    scale = max([r["gpu_hours"] for r in rows] + [1e-9])
+    bars = []
+    for i, r in enumerate(rows):
+        name = r["namespace"] or "(unallocated)"
+        bars.append({"namespace": name, "label": name if len(name) <= 24 else name[:23] + "…",
+                     "x": label_w, "y": top + i * row_h, "height": row_h - 6,
+                     "width": round(max(2.0, bar_w * r["gpu_hours"] / scale), 1),
+                     "text_y": top + i * row_h + row_h - 10,
+                     "value": f"{r['gpu_hours']:.1f} GPU-h",
+                     "busy": round(bar_w * r["busy_gpu_hours"] / scale, 1)})
+    return {"width": label_w + bar_w + 110, "height": top + max(1, len(bars)) * row_h + 6,
+            "bars": bars, "label_w": label_w}
 
 
 def render_html(report: Report) -> str:
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(_template_dir())),
-        autoescape=True,
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
-    return env.get_template("report.html.j2").render(
+    return html_environment().get_template("report.html.j2").render(
         report=report, data=report.as_dict(), counts=report.counts,
         counts_line=_counts_line(report), settings_line=_settings_line(report),
         summary=[{**r, "last_sample_at": iso(r.get("last_sample_at"))}
                  for r in _sorted_summary(report.summary)],
         findings=[f.as_dict() for f in report.findings], chart=_chart(report),
+        usage=_plain_usage(report.usage), usage_chart=_usage_chart(report),
     )
 
 
@@ -226,8 +247,11 @@ def write_atomic(path: str | os.PathLike[str], text: str) -> Path:
     target = Path(os.path.abspath(path))
     if target.is_dir():
         raise InputError(f"--out {path} is a directory")
+    if not target.parent.is_dir():
+        # A typo in the directory must not silently grow a new tree (cron would write there
+        # forever while the web server serves the old page).
+        raise InputError(f"--out {path}: directory {target.parent} does not exist")
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     except OSError as exc:
         raise InputError(f"cannot write {path}: {exc.strerror}") from None

@@ -1,0 +1,191 @@
+"""`usage`, `usage collect`, `idle` and `capacity`: thin click wrappers over hub.usage and
+the inventory's usage ledger."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import click
+
+from hub import inventory as inv
+from hub import usage as answers
+from hub.commands.core import database, hub_client, require_schema
+from hub.common import (
+    DURATION,
+    ConfiguredCommand,
+    ConfiguredGroup,
+    InputError,
+    UnavailableError,
+    cluster_label_option,
+    db_option,
+    emit,
+    hub_options,
+    output_option,
+    to_json,
+)
+
+
+def _iso(text: str, flag: str) -> dt.datetime:
+    try:
+        value = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise InputError(f"{flag} {text!r} is not an ISO-8601 time "
+                         "(e.g. 2026-11-23T10:00:00Z)") from None
+    if value.tzinfo is not None:
+        value = value.astimezone(dt.UTC).replace(tzinfo=None)
+    return value
+
+
+def period(since: float | None, from_: str | None, until: str | None,
+           default_since: float | None = 86400.0) -> tuple[dt.datetime, dt.datetime] | None:
+    """[start, end) from --since or --from/--until (naive UTC, like the database)."""
+    if since is not None and (from_ or until):
+        raise InputError("--since and --from/--until exclude each other")
+    now = inv.now_utc()
+    if from_ or until:
+        start = _iso(from_, "--from") if from_ else dt.datetime.min
+        end = _iso(until, "--until") if until else now
+        if end <= start:
+            raise InputError("--until must be after --from")
+        return start, end
+    if since is None:
+        if default_since is None:
+            return None
+        since = default_since
+    return now - dt.timedelta(seconds=since), now + dt.timedelta(seconds=1)
+
+
+def period_options(func):
+    func = click.option("--until", "until", metavar="ISO", help="End of the period (UTC).")(func)
+    func = click.option("--from", "from_", metavar="ISO",
+                        help="Start of the period, e.g. 2026-11-23T00:00:00Z.")(func)
+    return click.option("--since", type=DURATION, metavar="DURATION",
+                        help="The last DURATION (default 24h).")(func)
+
+
+@click.group(cls=ConfiguredGroup, invoke_without_command=True)
+@period_options
+@click.option("--by", "by", multiple=True, type=click.Choice(list(answers.GROUPS)),
+              help="Group by (repeatable; default namespace).")
+@click.option("--idle-threshold", type=click.FloatRange(0, 100), default=5.0,
+              show_default=True, help="Average utilisation % under which an allocated "
+              "bucket counts as idle.")
+@db_option
+@output_option()
+@click.pass_context
+def usage(ctx: click.Context, since: float | None, from_: str | None, until: str | None,
+          by: tuple[str, ...], idle_threshold: float, db: str | None, output: str,
+          **_: Any) -> None:
+    """GPU-hours per group from the usage ledger (fill it with `gpufleet usage collect`).
+
+    \b
+    gpu_hours                 GPU-equivalents x hours reporting (MIG slice = its share)
+    allocated_gpu_hours       the part of it a pod held the GPU or slice
+    busy_gpu_hours            sum of hours x average utilisation / 100
+    idle_allocated_gpu_hours  allocated hours whose bucket average stayed under
+                              --idle-threshold
+    avg_utilisation_pct       busy / gpu_hours x 100
+    energy_kwh                average power x hours reporting
+    Unallocated GPU time has an empty namespace. See docs/usage.md.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    start, end = period(since, from_, until)  # type: ignore[misc]
+    by = by or ("namespace",)
+    with database(db) as engine:
+        require_schema(engine)
+        with engine.connect() as conn:
+            rows = answers.usage_summary(conn, start, end, by, idle_threshold)
+    emit(rows, [*answers.group_columns(by), *answers.USAGE_FIGURES], output)
+
+
+@usage.command("collect", cls=ConfiguredCommand)
+@period_options
+@click.option("--bucket", type=DURATION, default="1h", show_default=True, metavar="DURATION",
+              help="Bucket length (buckets are aligned to multiples of it).")
+@click.option("--step", type=DURATION, default="1m", show_default=True, metavar="DURATION",
+              help="Resolution of coverage: a slice of the bucket with a sample counts. Use "
+              "the push interval under ACM (e.g. 5m).")
+@click.option("--delay", type=DURATION, default="5m", show_default=True, metavar="DURATION",
+              help="A bucket is complete this long after its end (late pushes).")
+@click.option("--max-backfill", type=DURATION, default="48h", show_default=True,
+              metavar="DURATION", help="How far back missed buckets are caught up.")
+@click.option("--usage-retention", type=DURATION, default="400d", show_default=True,
+              metavar="DURATION", help="Ledger rows older than this are removed.")
+@hub_options
+@cluster_label_option
+@db_option
+@output_option("text", "json", default="text")
+def collect(since: float | None, from_: str | None, until: str | None, bucket: float,
+            step: float, delay: float, max_backfill: float, usage_retention: float,
+            cluster_label: str, db: str | None, output: str, **opts: Any) -> None:
+    """Fill the usage ledger: every completed bucket not collected yet (or those asked for).
+
+    A fixed set of PromQL requests per bucket, whatever the fleet size; re-collecting a
+    bucket replaces it. A bucket the hub cannot answer is not written and is retried by the
+    next collect; exits 3 when any bucket failed.
+    """
+    from hub.inventory import ensure_schema
+
+    chosen = period(since, from_, until, default_since=None)
+    with hub_client(opts) as client, database(db, create=True) as engine:
+        ensure_schema(engine)
+        starts = None
+        if chosen is not None:
+            start, end = (t.replace(tzinfo=dt.UTC).timestamp() for t in chosen)
+            starts = inv.buckets_between(start, end, bucket)
+        result = inv.collect_usage(engine, client, bucket=bucket, starts=starts,
+                                   max_backfill=max_backfill, delay=delay, step=step,
+                                   retention=usage_retention, cluster_label=cluster_label)
+    if output == "json":
+        click.echo(to_json(result.as_dict()))
+    else:
+        click.echo(f"usage collect: {len(result.collected)} buckets, {result.rows} rows "
+                   f"({result.requests} requests), {result.removed} old rows removed")
+    if result.failed:
+        first, error = result.failed[0]
+        raise UnavailableError(f"{len(result.failed)} bucket(s) not collected, first "
+                               f"{first.isoformat()}Z: {error}; the next collect retries them")
+
+
+@click.command(cls=ConfiguredCommand)
+@click.option("--threshold", type=click.FloatRange(0, 100), default=5.0, show_default=True,
+              help="Average utilisation % under which an allocated hour is idle.")
+@click.option("--for", "for_", type=DURATION, default="2h", show_default=True,
+              metavar="DURATION", help="Idle at least this long in a row.")
+@period_options
+@db_option
+@output_option()
+def idle(threshold: float, for_: float, since: float | None, from_: str | None,
+         until: str | None, db: str | None, output: str, **_: Any) -> None:
+    """Allocated GPUs and MIG slices idle for at least --for in a row: the reclaim list.
+
+    wasted_gpu_hours is the GPU-equivalent hours of those idle runs.
+    """
+    start, end = period(since, from_, until)  # type: ignore[misc]
+    with database(db) as engine:
+        require_schema(engine)
+        with engine.connect() as conn:
+            rows = answers.idle_allocated(conn, start, end, threshold=threshold,
+                                          for_seconds=for_)
+    emit(rows, answers.IDLE_COLUMNS, output)
+
+
+@click.command(cls=ConfiguredCommand)
+@click.option("--by", "by", multiple=True, type=click.Choice(list(answers.CAPACITY_GROUPS)),
+              help="Group by (repeatable; default model).")
+@db_option
+@output_option()
+def capacity(by: tuple[str, ...], db: str | None, output: str, **_: Any) -> None:
+    """GPU-equivalents per group now: total, active, stale, allocated, free.
+
+    A MIG slice counts as its share of its GPU; free = active and not allocated.
+    """
+    by = by or ("model",)
+    with database(db) as engine:
+        require_schema(engine)
+        with engine.connect() as conn:
+            rows = answers.capacity(conn, by)
+    cols = [c for name in by for c in answers.CAPACITY_GROUPS[name]]
+    emit(rows, [*dict.fromkeys(cols), *answers.CAPACITY_FIGURES], output)

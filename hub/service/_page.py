@@ -1,0 +1,317 @@
+"""The live page of ``gpufleet serve`` at ``/``: the fleet at a glance, for people.
+
+Clusters and their freshness, failed and degraded GPUs, stale GPUs, GPUs named by findings,
+the findings, and a search by GPU UUID, node or namespace.
+
+Read-only and server-rendered from the report's templates (templates/report: one layout, one
+set of tables), with no script and no external asset, so it works offline and behind the
+strictest Content-Security-Policy. Every number on it comes from the same functions the JSON
+API answers with (``hub.inventory``'s lists, :func:`~hub.service._api.page_gpus`, the
+scheduler's findings), so the page and the API cannot disagree, and whatever limits what a
+caller may see in the API limits the page too.
+
+The page is a list of :class:`Section` s, each made by a plain function of the data. Sections
+that depend on parts not every installation has (usage, idle GPUs, capacity) are passed in as
+more such functions (``extra``), and a function answering None leaves its section out.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote, urlencode
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from hub import inventory as inv
+from hub.common import html_environment, human_duration, iso
+from hub.service._api import ApiError, Query, Raw, page_gpus
+from hub.service._auth import FULL, Scope
+
+#: rows per section; the section links to the API for the rest
+PAGE_ROWS = 200
+MAX_SEARCH = 253  # a Kubernetes name's length limit: no UUID, node or namespace is longer
+HTML_CONTENT_TYPE = "text/html; charset=utf-8"
+#: nothing but this page's own inline style: no script, no image, no font, no other origin
+PAGE_CSP = ("default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; "
+            "base-uri 'none'; frame-ancestors 'none'")
+API_LINKS = ("/api/v1/clusters", "/api/v1/nodes", "/api/v1/gpus", "/api/v1/findings",
+             "/api/v1/sync-runs", "/api/v1/openapi.json", "/healthz", "/metrics")
+SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
+UNHEALTHY = [level for level in ("failed", "degraded") if level in inv.HEALTH_LEVELS]
+Finding = Mapping[str, Any]
+
+
+@dataclass
+class Section:
+    """One table of the page: ``columns`` are (key, heading); ``api`` the JSON behind it;
+    ``total`` the number of rows the API has (more than shown when it exceeds PAGE_ROWS)."""
+
+    id: str
+    title: str
+    columns: list[tuple[str, str]]
+    rows: list[dict[str, Any]]
+    empty: str
+    api: str | None = None
+    total: int | None = None
+
+    @property
+    def more(self) -> int:
+        return max(0, (self.total or 0) - len(self.rows))
+
+
+#: ``(conn)`` or ``(conn, *, scope)``: a source that takes the caller's scope filters its own
+#: rows; the page filters every other section's rows by cluster and masks foreign pods.
+SectionSource = Callable[..., Section | None]
+
+
+def _takes_scope(source: SectionSource) -> bool:
+    import inspect
+
+    try:
+        return "scope" in inspect.signature(source).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def scoped_section(section: Section, scope: Scope) -> Section:
+    """A section as a scoped caller may see it: rows of other clusters gone, other teams'
+    pods named "other" (the same rule as the API's allocations)."""
+    if scope.unrestricted:
+        return section
+    rows = [scope.mask_allocation(r) if "namespace" in r else r for r in section.rows
+            if "cluster" not in r or scope.allows_cluster(r.get("cluster"))]
+    return Section(section.id, section.title, section.columns, rows, section.empty,
+                   section.api, len(rows) if section.total is not None else None)
+
+
+def _gpu_href(uuid: str) -> str:
+    return "/api/v1/gpus/" + quote(uuid, safe="")
+
+
+def _age(now: dt.datetime, when: dt.datetime | None) -> str:
+    return human_duration(None if when is None else max(0.0, (now - when).total_seconds()))
+
+
+def clusters_section(conn: Connection, now: dt.datetime) -> Section:
+    """Every cluster with its active nodes and GPUs and the age of its newest sample."""
+    rows = [{**c, "age": _age(now, c["last_sample_at"]),
+             "last_sample_at": iso(c["last_sample_at"]),
+             "_href": "/api/v1/nodes?" + urlencode({"cluster": c["cluster"]})}
+            for c in inv.list_clusters(conn)]
+    return Section("clusters", "Clusters", [
+        ("cluster", "Cluster"), ("state", "State"), ("nodes", "Active nodes"),
+        ("gpus", "Active GPUs"), ("last_sample_at", "Newest sample"), ("age", "Age")],
+        rows, "No clusters in the inventory yet.", "/api/v1/clusters", len(rows))
+
+
+GPU_COLUMNS = [("uuid", "GPU"), ("cluster", "Cluster"), ("node", "Node"),
+               ("mig_profile", "MIG slice"), ("model", "Model"), ("state", "State"),
+               ("last_sample_at", "Newest sample")]
+
+
+def _gpu_row(gpu: Mapping[str, Any]) -> dict[str, Any]:
+    return {**gpu, "last_sample_at": iso(gpu["last_sample_at"]), "_href": _gpu_href(gpu["uuid"])}
+
+
+def stale_gpus_section(conn: Connection) -> Section:
+    """GPUs (and MIG slices) that stopped reporting, as /api/v1/gpus?state=stale pages them."""
+    items, _ = page_gpus(conn, state=inv.STALE, limit=PAGE_ROWS)
+    total = conn.execute(sa.select(sa.func.count()).select_from(inv.gpus)
+                         .where(inv.gpus.c.state == inv.STALE)).scalar_one()
+    return Section("stale-gpus", "Stale GPUs", GPU_COLUMNS, [_gpu_row(g) for g in items],
+                   "No stale GPU.", "/api/v1/gpus?state=stale", total)
+
+
+HEALTH_COLUMNS = [("uuid", "GPU"), ("cluster", "Cluster"), ("node", "Node"),
+                  ("mig_profile", "MIG slice"), ("model", "Model"), ("health", "Health"),
+                  ("health_reasons", "Why"), ("state", "State")]
+
+
+def health_section(conn: Connection, level: str) -> Section:
+    """GPUs whose exporter reports them ``failed`` or ``degraded`` (XID, ECC, row remapping),
+    as /api/v1/gpus?health=LEVEL pages them."""
+    items, _ = page_gpus(conn, health=level, limit=PAGE_ROWS)
+    total = conn.execute(sa.select(sa.func.count()).select_from(inv.gpus)
+                         .where(inv.gpus.c.health == level)).scalar_one()
+    return Section(f"{level}-gpus", f"{level.capitalize()} GPUs", HEALTH_COLUMNS,
+                   [_gpu_row(g) for g in items], f"No {level} GPU.",
+                   f"/api/v1/gpus?health={level}", total)
+
+
+def findings_gpus_section(findings: Sequence[Finding]) -> Section:
+    """GPUs named by a finding of the latest checks, worst first, one row per GPU."""
+    by_gpu: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for f in findings:
+        if not f.get("gpu"):
+            continue
+        key = (str(f.get("cluster") or ""), str(f.get("node") or ""), str(f["gpu"]))
+        row = by_gpu.setdefault(key, {"uuid": key[2], "cluster": key[0], "node": key[1],
+                                      "severity": f.get("severity", "error"), "checks": [],
+                                      "_href": _gpu_href(key[2])})
+        if SEVERITY_RANK.get(f.get("severity", ""), 9) < SEVERITY_RANK.get(row["severity"], 9):
+            row["severity"] = f["severity"]
+        if f.get("check") not in row["checks"]:
+            row["checks"].append(f.get("check"))
+    rows = sorted(by_gpu.values(), key=lambda r: (SEVERITY_RANK.get(r["severity"], 9),
+                                                 r["cluster"], r["node"], r["uuid"]))
+    for row in rows:
+        row["checks"] = ", ".join(str(c) for c in row["checks"])
+    return Section("gpus-with-findings", "GPUs with findings", [
+        ("uuid", "GPU"), ("cluster", "Cluster"), ("node", "Node"), ("severity", "Worst"),
+        ("checks", "Checks")], rows[:PAGE_ROWS], "No GPU has a finding.",
+        "/api/v1/findings", len(rows))
+
+
+def search_sections(conn: Connection, text: str) -> list[Section]:
+    """GPUs whose UUID starts with ``text`` or whose node is ``text``, and the allocations of
+    namespace ``text``: the three things an operator pastes into a search box."""
+    table = inv.gpus
+    pattern = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+    cond = sa.or_(table.c.uuid.like(pattern, escape="\\"), table.c.node == text)
+    gpu_rows = conn.execute(
+        sa.select(table).where(cond)
+        .order_by(table.c.cluster, table.c.node, table.c.uuid, table.c.slice_key)
+        .limit(PAGE_ROWS)).mappings().all()
+    gpu_total = conn.execute(sa.select(sa.func.count()).select_from(table)
+                             .where(cond)).scalar_one()
+    alloc = inv.allocations
+    alloc_rows = [{**dict(r), "last_seen": iso(r["last_seen"]), "_href": _gpu_href(r["uuid"])}
+                  for r in conn.execute(
+                      sa.select(alloc.c.uuid, alloc.c.cluster, alloc.c.node, alloc.c.namespace,
+                                alloc.c.pod, alloc.c.container, alloc.c.last_seen)
+                      .where(alloc.c.namespace == text)
+                      .order_by(alloc.c.cluster, alloc.c.node, alloc.c.pod)
+                      .limit(PAGE_ROWS)).mappings()]
+    return [
+        Section("search-gpus", f"GPUs matching “{text}” (UUID or node)", GPU_COLUMNS,
+                [_gpu_row(inv.gpu_item(r)) for r in gpu_rows], "No GPU matches.",
+                None, gpu_total),
+        Section("search-allocations", f"Pods of namespace “{text}” on GPUs", [
+            ("uuid", "GPU"), ("cluster", "Cluster"), ("node", "Node"),
+            ("namespace", "Namespace"), ("pod", "Pod"), ("container", "Container"),
+            ("last_seen", "Last seen")], alloc_rows, "No allocation in this namespace.",
+            None, len(alloc_rows)),
+    ]
+
+
+def search_text(query: Query) -> str | None:
+    """The ``q`` parameter: optional, once, at most MAX_SEARCH characters; blank = none."""
+    unknown = sorted(set(query) - {"q"})
+    if unknown:
+        raise ApiError(400, f"unknown query parameter {unknown[0]!r} (allowed: q)")
+    values = query.get("q") or []
+    if len(values) > 1:
+        raise ApiError(400, "query parameter 'q' given more than once")
+    text = values[0].strip() if values else ""
+    if len(text) > MAX_SEARCH or any(not ch.isprintable() for ch in text):
+        raise ApiError(400, f"q must be at most {MAX_SEARCH} printable characters")
+    return text or None
+
+
+def page_data(engine: Engine, *, search: str | None, findings: Sequence[Finding],
+              findings_at: float | None, now: dt.datetime | None = None,
+              extra: Sequence[SectionSource] = (), scope: Scope = FULL) -> dict[str, Any]:
+    """Everything the page shows, as plain data (one read-only connection), for ``scope``:
+    a team's token sees its clusters and its pods, as in the API."""
+    now = now or inv.now_utc()
+    if not scope.unrestricted:
+        findings = [f for f in findings
+                    if scope.clusters is None or scope.allows_cluster(f.get("cluster"))]
+    with engine.connect() as conn:
+        sections = [clusters_section(conn, now),
+                    *(health_section(conn, level) for level in UNHEALTHY),
+                    stale_gpus_section(conn), findings_gpus_section(findings)]
+        for source in extra:
+            section = source(conn, scope=scope) if _takes_scope(source) else source(conn)
+            if section is not None:
+                sections.append(section)
+        found = search_sections(conn, search) if search else []
+    sections = [scoped_section(s, scope) for s in sections]
+    found = [scoped_section(s, scope) for s in found]
+    counts = {s: sum(1 for f in findings if f.get("severity") == s) for s in SEVERITY_RANK}
+    checked = (dt.datetime.fromtimestamp(findings_at, dt.UTC).replace(tzinfo=None)
+               if findings_at is not None else None)
+    return {"generated_at": iso(now), "search": search or "", "results": found,
+            "sections": sections, "findings": list(findings), "finding_counts": counts,
+            "findings_at": iso(checked), "api_links": API_LINKS, "notice": None}
+
+
+def unavailable_data(search: str | None, notice: str) -> dict[str, Any]:
+    """The page when the inventory cannot be read (before the first sync, database down):
+    the same page, empty, saying why, rather than a JSON error in a browser."""
+    return {"generated_at": iso(inv.now_utc()), "search": search or "", "results": [],
+            "sections": [], "findings": [], "finding_counts": dict.fromkeys(SEVERITY_RANK, 0),
+            "findings_at": None, "api_links": API_LINKS, "notice": notice}
+
+
+def render_page(data: Mapping[str, Any]) -> Raw:
+    html = html_environment().get_template("fleet.html.j2").render(**data)
+    return Raw(html.encode(), HTML_CONTENT_TYPE, (("Content-Security-Policy", PAGE_CSP),))
+
+
+# -- usage, idle and capacity (issue "usage and capacity"): sections from the usage ledger ----
+USAGE_WINDOW = dt.timedelta(hours=24)
+
+
+def _window(now: dt.datetime | None = None) -> tuple[dt.datetime, dt.datetime]:
+    end = now or inv.now_utc()
+    return end - USAGE_WINDOW, end
+
+
+def usage_section(conn: Connection, *, scope: Scope = FULL) -> Section | None:
+    """GPU-hours by namespace over the last 24 h (None before any usage was collected)."""
+    from hub import usage
+
+    rows = usage.usage_summary(conn, *_window(), by=("namespace",), clusters=scope.clusters,
+                               namespaces=scope.namespaces)
+    if not rows:
+        return None
+    shown = [{**r, "namespace": r.get("namespace") or "(unallocated)",
+              **{k: round(r[k], 2) for k in ("gpu_hours", "busy_gpu_hours",
+                                             "idle_allocated_gpu_hours") if r.get(k) is not None}}
+             for r in sorted(rows, key=lambda r: -r["gpu_hours"])]
+    return Section("usage", "GPU-hours by namespace, last 24 h", [
+        ("namespace", "Namespace"), ("gpu_hours", "GPU-hours"),
+        ("busy_gpu_hours", "Busy GPU-hours"),
+        ("idle_allocated_gpu_hours", "Idle allocated GPU-hours")],
+        shown[:PAGE_ROWS], "No usage collected.", "/api/v1/usage?by=namespace&since=24h",
+        len(shown))
+
+
+def idle_section(conn: Connection, *, scope: Scope = FULL) -> Section | None:
+    """Allocated GPUs idle for 2 h in a row within the last 24 h: the list to reclaim."""
+    from hub import usage
+
+    rows = usage.idle_allocated(conn, *_window(), clusters=scope.clusters,
+                                namespaces=scope.namespaces)
+    shown = [{**r, "idle_since": iso(r.get("idle_since")), "_href": _gpu_href(r["uuid"])}
+             for r in rows]
+    return Section("idle", "Idle allocated GPUs, last 24 h", [
+        ("cluster", "Cluster"), ("node", "Node"), ("uuid", "GPU"), ("slice", "Slice"),
+        ("namespace", "Namespace"), ("pod", "Pod"), ("idle_since", "Idle since"),
+        ("wasted_gpu_hours", "GPU-hours wasted")],
+        shown[:PAGE_ROWS], "No idle allocated GPU.", "/api/v1/idle?since=24h", len(shown))
+
+
+def capacity_section(conn: Connection, *, scope: Scope = FULL) -> Section | None:
+    """GPU-equivalents by model now: total, active, stale, allocated, free (fleet-wide
+    counts, no names, unless the scope hides fleet counts)."""
+    from hub import usage
+
+    rows = usage.capacity(conn, ("model",),
+                          clusters=None if scope.fleet_counts else scope.clusters)
+    if not rows:
+        return None
+    return Section("capacity", "Capacity by model (GPU-equivalents)", [
+        ("model", "Model"), ("total", "Total"), ("active", "Active"), ("stale", "Stale"),
+        ("allocated", "Allocated"), ("free", "Free")],
+        [{**r, "model": r.get("model") or "unknown"} for r in rows][:PAGE_ROWS],
+        "No GPUs.", "/api/v1/capacity?by=model", len(rows))
+
+
+#: The usage sections `serve` shows on its page.
+USAGE_SECTIONS: tuple[SectionSource, ...] = (usage_section, idle_section, capacity_section)

@@ -1,0 +1,34 @@
+"""Answers about how GPUs are used: GPU-hours, idle allocated GPUs, free capacity, and the
+history of one GPU. Reads the inventory (tables, events, usage ledger); writes nothing.
+"""
+
+from __future__ import annotations
+
+from hub.usage._answers import (
+    CAPACITY_FIGURES,
+    CAPACITY_GROUPS,
+    GROUPS,
+    IDLE_COLUMNS,
+    USAGE_FIGURES,
+    capacity,
+    group_columns,
+    idle_allocated,
+    usage_frame,
+    usage_summary,
+)
+from hub.usage._history import HISTORY_COLUMNS, gpu_history
+
+__all__ = [
+    "CAPACITY_FIGURES",
+    "CAPACITY_GROUPS",
+    "GROUPS",
+    "HISTORY_COLUMNS",
+    "IDLE_COLUMNS",
+    "USAGE_FIGURES",
+    "capacity",
+    "gpu_history",
+    "group_columns",
+    "idle_allocated",
+    "usage_frame",
+    "usage_summary",
+]

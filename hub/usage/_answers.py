@@ -1,0 +1,228 @@
+"""usage, idle and capacity: answers from the usage ledger and the inventory (reads only).
+
+Figures (docs/usage.md says the same to users):
+- gpu_hours: GPU-equivalents x hours with samples (a MIG slice is its share of the GPU);
+- allocated_gpu_hours: the part of it during which a pod held the GPU or slice;
+- busy_gpu_hours: sum of hours x average utilisation / 100;
+- idle_allocated_gpu_hours: allocated hours in buckets whose average utilisation stayed
+  under the idle threshold;
+- energy_kwh: average power x hours with samples (a slice's share of its GPU's power).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Collection, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from hub import inventory as inv
+from hub import store
+
+U = inv.usage
+GROUPS: dict[str, list[str]] = {
+    "cluster": ["cluster"], "namespace": ["namespace"], "model": ["model"],
+    "node": ["cluster", "node"], "gpu": ["cluster", "node", "uuid", "slice"],
+}
+USAGE_FIGURES = ["gpu_hours", "allocated_gpu_hours", "busy_gpu_hours",
+                 "idle_allocated_gpu_hours", "avg_utilisation_pct", "energy_kwh"]
+
+
+def group_columns(by: Sequence[str]) -> list[str]:
+    out: list[str] = []
+    for name in by:
+        for col in GROUPS[name]:
+            if col not in out:
+                out.append(col)
+    return out
+
+
+def _clean(row: dict[str, Any]) -> dict[str, Any]:
+    """'' in the ledger's key columns means 'none': show it as null."""
+    for key in ("namespace", "pod", "slice"):
+        if row.get(key) == "":
+            row[key] = None
+    return row
+
+
+def _within(stmt: sa.Select, clusters: Collection[str] | None,
+            namespaces: Collection[str] | None) -> sa.Select:
+    """Only ledger rows of these clusters and namespaces (None: all), for a scoped caller."""
+    if clusters is not None:
+        stmt = stmt.where(U.c.cluster.in_(sorted(clusters)))
+    if namespaces is not None:
+        stmt = stmt.where(U.c.namespace.in_(sorted(namespaces)))
+    return stmt
+
+
+def usage_summary(conn: Connection, start: dt.datetime, end: dt.datetime,
+                  by: Sequence[str] = ("namespace",), idle_threshold: float = 5.0, *,
+                  clusters: Collection[str] | None = None,
+                  namespaces: Collection[str] | None = None) -> list[dict[str, Any]]:
+    """One row per group over the buckets starting in [start, end): one indexed range scan
+    of the ledger's primary key (bucket_start first), grouped in the database. ``clusters``
+    and ``namespaces`` restrict the rows counted (a scoped API caller sees only its own)."""
+    cols = group_columns(by)
+    allocated = U.c.pod != ""
+    util = sa.func.coalesce(U.c.avg_utilisation_pct, 0.0)
+    zero = sa.literal(0.0)
+    stmt = (
+        sa.select(
+            *[U.c[c] for c in cols],
+            sa.func.sum(U.c.gpu_hours).label("gpu_hours"),
+            sa.func.sum(sa.case((allocated, U.c.gpu_hours), else_=zero))
+            .label("allocated_gpu_hours"),
+            sa.func.sum(U.c.gpu_hours * util / 100.0).label("busy_gpu_hours"),
+            sa.func.sum(sa.case((sa.and_(allocated, util < idle_threshold), U.c.gpu_hours),
+                                else_=zero)).label("idle_allocated_gpu_hours"),
+            sa.func.sum(sa.func.coalesce(U.c.energy_wh, 0.0)).label("energy_wh"),
+        )
+        .where(U.c.bucket_start >= start, U.c.bucket_start < end)
+        .group_by(*[U.c[c] for c in cols])
+        .order_by(*[U.c[c] for c in cols])
+    )
+    stmt = _within(stmt, clusters, namespaces)
+    out = []
+    for r in conn.execute(stmt).mappings():
+        row = {c: r[c] for c in cols}
+        for f in ("gpu_hours", "allocated_gpu_hours", "busy_gpu_hours",
+                  "idle_allocated_gpu_hours"):
+            row[f] = round(float(r[f] or 0.0), 6)
+        row["avg_utilisation_pct"] = (round(100.0 * float(r["busy_gpu_hours"]) /
+                                            float(r["gpu_hours"]), 3)
+                                      if r["gpu_hours"] else None)
+        row["energy_kwh"] = round(float(r["energy_wh"] or 0.0) / 1000.0, 6)
+        out.append(_clean(row))
+    return out
+
+
+IDLE_COLUMNS = ["cluster", "node", "uuid", "slice", "namespace", "pod", "idle_since",
+                "idle_until", "idle_hours", "wasted_gpu_hours", "avg_utilisation_pct"]
+
+
+def idle_allocated(conn: Connection, start: dt.datetime, end: dt.datetime, *,
+                   threshold: float = 5.0, for_seconds: float = 7200.0,
+                   clusters: Collection[str] | None = None,
+                   namespaces: Collection[str] | None = None) -> list[dict[str, Any]]:
+    """Allocated GPUs/slices whose bucket averages stayed under the threshold for at least
+    ``for_seconds`` in a row (consecutive buckets) within [start, end), most wasted first."""
+    key = [U.c.cluster, U.c.node, U.c.uuid, U.c.slice, U.c.namespace, U.c.pod]
+    stmt = (sa.select(*key, U.c.bucket_start, U.c.bucket_end, U.c.gpu_hours,
+                      U.c.avg_utilisation_pct)
+            .where(U.c.bucket_start >= start, U.c.bucket_start < end, U.c.pod != "")
+            .order_by(*key, U.c.bucket_start))
+    stmt = _within(stmt, clusters, namespaces)
+    found: dict[tuple, dict[str, Any]] = {}
+    run: list[Any] = []
+    run_key: tuple | None = None
+
+    def close() -> None:
+        if not run or run_key is None:
+            return
+        seconds = (run[-1].bucket_end - run[0].bucket_start).total_seconds()
+        if seconds < for_seconds:
+            return
+        item = found.setdefault(run_key, {
+            **dict(zip(["cluster", "node", "uuid", "slice", "namespace", "pod"], run_key,
+                       strict=True)),
+            "idle_since": run[0].bucket_start, "idle_until": run[-1].bucket_end,
+            "idle_hours": 0.0, "wasted_gpu_hours": 0.0, "_busy": 0.0})
+        item["idle_until"] = run[-1].bucket_end
+        item["idle_hours"] += seconds / 3600.0
+        for r in run:
+            item["wasted_gpu_hours"] += r.gpu_hours
+            item["_busy"] += r.gpu_hours * (r.avg_utilisation_pct or 0.0)
+
+    for r in conn.execute(stmt):
+        k = tuple(r[:6])
+        idle = (r.avg_utilisation_pct or 0.0) < threshold
+        contiguous = run and k == run_key and run[-1].bucket_end == r.bucket_start
+        if not (idle and contiguous):
+            close()
+            run = []
+        if idle:
+            run.append(r)
+            run_key = k
+    close()
+    out = []
+    for item in found.values():
+        busy = item.pop("_busy")
+        item["avg_utilisation_pct"] = (round(busy / item["wasted_gpu_hours"], 3)
+                                       if item["wasted_gpu_hours"] else None)
+        item["idle_hours"] = round(item["idle_hours"], 6)
+        item["wasted_gpu_hours"] = round(item["wasted_gpu_hours"], 6)
+        out.append(_clean(item))
+    return sorted(out, key=lambda i: (-i["wasted_gpu_hours"], i["cluster"], i["node"],
+                                      i["uuid"]))
+
+
+CAPACITY_FIGURES = ["total", "active", "stale", "allocated", "free"]
+CAPACITY_GROUPS = {"model": ["model"], "cluster": ["cluster"], "node": ["cluster", "node"]}
+
+
+def capacity(conn: Connection, by: Sequence[str] = ("model",), *,
+             clusters: Collection[str] | None = None) -> list[dict[str, Any]]:
+    """GPU-equivalents per group: total, active, stale, allocated now (an allocation the
+    latest sync that saw the GPU also saw), free (active and not allocated). ``clusters``
+    limits it to those clusters (a caller whose scope hides fleet-wide counts)."""
+    g = inv.gpus
+    a = inv.allocations
+    select = sa.select(g.c.uuid, g.c.slice_key, g.c.cluster, g.c.node, g.c.model,
+                       g.c.mig_profile, g.c.memory_total_mib, g.c.state)
+    if clusters is not None:
+        select = select.where(g.c.cluster.in_(sorted(clusters)))
+    rows = conn.execute(select).all()
+    held = {(r.uuid, r.slice_key) for r in conn.execute(
+        sa.select(a.c.uuid, a.c.slice_key).join(
+            g, sa.and_(g.c.uuid == a.c.uuid, g.c.slice_key == a.c.slice_key,
+                       g.c.cluster == a.c.cluster, g.c.node == a.c.node,
+                       g.c.last_seen == a.c.last_seen)))}
+    parents = {r.uuid: r for r in rows if r.slice_key == ""}
+    sliced = {r.uuid for r in rows if r.slice_key != ""}
+    cols: list[str] = []
+    for name in by:
+        cols += [c for c in CAPACITY_GROUPS[name] if c not in cols]
+    groups: dict[tuple, dict[str, Any]] = {}
+    for r in rows:
+        if r.slice_key == "" and r.uuid in sliced:
+            continue  # a MIG layout's parent counts through its slices
+        share = 1.0
+        model = r.model
+        if r.slice_key:
+            parent = parents.get(r.uuid)
+            model = model or (parent.model if parent else None)
+            share = store.mig_share(model, r.mig_profile, r.memory_total_mib,
+                                    parent.memory_total_mib if parent else None)
+        values = {"model": model, "cluster": r.cluster, "node": r.node}
+        k = tuple(values[c] for c in cols)
+        item = groups.setdefault(k, {**{c: values[c] for c in cols},
+                                     **dict.fromkeys(CAPACITY_FIGURES, 0.0)})
+        item["total"] += share
+        if r.state == inv.ACTIVE:
+            item["active"] += share
+            if (r.uuid, r.slice_key) in held:
+                item["allocated"] += share
+            else:
+                item["free"] += share
+        else:
+            item["stale"] += share
+    out = []
+    for k in sorted(groups, key=lambda t: tuple(x or "" for x in t)):
+        item = groups[k]
+        for f in CAPACITY_FIGURES:
+            item[f] = round(item[f], 6)
+        out.append(item)
+    return out
+
+
+def usage_frame(conn: Connection, start: dt.datetime, end: dt.datetime):  # -> pandas.DataFrame
+    """The ledger rows of buckets starting in [start, end) as a pandas DataFrame, for
+    analysts (one row per GPU or slice, allocation and bucket; see docs/usage.md)."""
+    import pandas as pd
+
+    stmt = (sa.select(*[U.c[c] for c in inv.USAGE_COLUMNS])
+            .where(U.c.bucket_start >= start, U.c.bucket_start < end)
+            .order_by(U.c.bucket_start, U.c.cluster, U.c.node, U.c.uuid, U.c.slice))
+    return pd.read_sql(stmt, conn)
