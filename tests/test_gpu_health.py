@@ -49,18 +49,15 @@ def row(value: float, **labels: str) -> dict:
 def test_normalize_maps_both_vendors_and_judges_a_slice_only_gpu_by_its_worst_slice():
     b = FleetBuilder()
     nv = {"cluster": "c", "Hostname": "n", "UUID": "GPU-1", "serial": "1652823055404"}
-    b.add_identity(NV, [row(1, **nv)])
     b.add_values(NV, vendors.LAST_XID, [row(79, **nv)])
     b.add_values(NV, vendors.ECC_DBE, [row(0, **nv)])
     # dcgm-exporter under MIG: only slices, one of them with a row-remap failure
     for gi in ("1", "2"):
         sl = {"cluster": "c", "Hostname": "n", "UUID": "GPU-2", "GPU_I_PROFILE": "3g.40gb",
               "GPU_I_ID": gi}
-        b.add_identity(NV, [row(1, **sl)])
         b.add_values(NV, vendors.ROW_REMAP_FAILURE, [row(1 if gi == "2" else 0, **sl)])
         b.add_values(NV, vendors.LAST_XID, [row(0, **sl)])
     amd = {"cluster": "c", "hostname": "a", "gpu_id": "0", "gpu_uuid": "A-0"}
-    b.add_identity(AMD, [row(1, **amd)])
     b.add_values(AMD, vendors.DEVICE_HEALTH, [row(1, **amd)])
     b.add_values(AMD, vendors.ECC_DBE, [row(3, **amd)])
     obs = {(o.uuid, o.mig_instance): o for o in b.observations()}
