@@ -81,6 +81,10 @@ class VendorProfile(ABC):
     health_fields: dict[str, list[str]] = {}
     name_prefixes: tuple[str, ...] = ("",)
 
+    def _names(self, metric: str) -> str:
+        """The metric's names over every prefix, as an explicit ``a|b`` list (usage queries)."""
+        return "|".join(prefix + metric for prefix in self.name_prefixes)
+
     def _any_name(self, metric: str, selector: str) -> str:
         """``selector`` (with ``{}`` for the metric name) over each prefix, chained with
         ``or``: exact names only, so Thanos can prune its store fan-out."""
