@@ -202,3 +202,28 @@ def test_streamed_rows_decode_one_by_one_and_read_warnings_at_the_end():
     assert rows.warnings == ["receive-2: store unavailable"]
     empty = StreamedRows('{"data":{"result":[]}}', len('{"data":{"result":['))
     assert list(empty) == [] and empty.warnings == []
+
+
+def test_a_streamed_answer_split_anywhere_decodes_the_same():
+    """The body arrives in chunks that cut rows (and a series' samples) at any byte: every
+    split gives the same rows, each range series cut to its newest sample, and the warnings."""
+    import json
+
+    import pytest
+
+    from hub.store import StreamedRows
+    from hub.store._client import HubUnavailable, _newest_text
+
+    body = json.dumps({"status": "success", "data": {"resultType": "matrix", "result": [
+        {"metric": {"pod": 'odd "values":[[1,"2"]] ]', "UUID": "a"},
+         "values": [[1.5, "1"], [2.5, "NaN"], [3.25, "7"]]},
+        {"metric": {"UUID": "b"}, "values": [[9, "+Inf"]]},
+    ]}, "warnings": ["w"]}, separators=(",", ":"))
+    start = body.index('"result":[') + len('"result":[')
+    for split in range(start, len(body)):
+        rows = StreamedRows(body[:split], start, iter([body[split:]]), _newest_text)
+        got = [(r["metric"]["UUID"], r["value"]) for r in rows]
+        assert got == [("a", [3.25, "7"]), ("b", [9, "+Inf"])], split
+        assert rows.warnings == ["w"]
+    with pytest.raises(HubUnavailable, match="incomplete"):
+        list(StreamedRows(body[:start + 30], start, iter(["{"])))
