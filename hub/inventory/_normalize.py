@@ -13,7 +13,12 @@ Rules that hold for every vendor:
 
 from __future__ import annotations
 
+import json
+import math
+import sys
+from array import array
 from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,9 +29,9 @@ from hub.store import Identity, Query, VendorProfile
 Allocation = tuple[str, str, str]  # namespace, pod, container
 
 
-@dataclass
+@dataclass(slots=True)
 class Observation:
-    """One GPU or MIG slice as the hub last saw it."""
+    """One GPU or MIG slice as the hub last saw it (slots: a sync holds 100,000 at once)."""
 
     cluster: str
     node: str
@@ -45,7 +50,7 @@ class Observation:
     power_w: float | None = None
     temperature_c: float | None = None
     sample_at: float | None = None  # epoch seconds of the newest sample (the data's own time)
-    allocations: set[Allocation] = field(default_factory=set)
+    allocations: AbstractSet[Allocation] = field(default_factory=frozenset)
     #: "ok" | "degraded" | "failed" (None: no health field reported), see inventory._health
     health: str | None = None
     health_reasons: str | None = None
@@ -64,6 +69,11 @@ class Observation:
         return f"{self.mig_profile}/{self.mig_instance or ''}"
 
 
+_UNSEEN = object()
+
+#: what most GPUs' ``allocations`` is: one shared empty set, not 200 bytes each
+_NO_ALLOCATIONS: frozenset[Allocation] = frozenset()
+
 Row = Mapping[str, Any]  # one element of a Prometheus vector result: {"metric": ..., "value": ...}
 
 
@@ -75,6 +85,14 @@ def _value(row: Row) -> float | None:
     return None if v != v else v  # NaN is "no value"
 
 
+def _float(text: str) -> float:
+    """A sample's value or time as written ("NaN", "+Inf" included); NaN when unreadable."""
+    try:
+        return float(text)
+    except ValueError:
+        return math.nan
+
+
 def series_key(labels: dict[str, str]) -> int:
     """A series' label set without its name, as one int: the join key between a field's rows
     and the sample times (every family of one scrape carries the same labels). A 64-bit hash
@@ -84,19 +102,33 @@ def series_key(labels: dict[str, str]) -> int:
     return hash(frozenset(labels.items()))
 
 
-@dataclass(slots=True)
+#: Every neutral field a query can fill, and its slot in a series' value array.
+_FIELDS: tuple[str, ...] = tuple(dict.fromkeys(
+    f for p in store.PROFILES for f in (*p.value_fields, *p.health_fields)))
+_SLOT = {f: i for i, f in enumerate(_FIELDS)}
+_AT = len(_FIELDS)  # the last slot: the series' newest sample time
+_EMPTY = array("d", [math.nan] * (len(_FIELDS) + 1))
+_ATTRS = ("index", "model", "driver_version", "pci_bus_id", "serial")
+
+
+def _shared(text: Any) -> Any:
+    """One string object for a label value that thousands of series repeat (model, driver,
+    cluster, node): each decoded row brings its own copy otherwise."""
+    return sys.intern(text) if type(text) is str else text
+
+
 class _Series:
-    """What one series (label set) of a GPU said: its attributes and its fields' values."""
+    """What one series (label set) of a GPU said, in a few machine words: at 100,000 GPUs a
+    dict per series and per field would hold ~300 MB, these hold ~40 MB."""
 
-    attrs: dict[str, Any]
-    values: dict[str, float] = field(default_factory=dict)
+    __slots__ = ("alloc", "attrs", "more", "vals", "vendor")
 
-
-@dataclass(slots=True)
-class _Gpu:
-    vendor: str
-    series: dict[int, _Series] = field(default_factory=dict)
-    allocations: set[Allocation] | None = None  # most GPUs have none: no empty set each
+    def __init__(self, vendor: str, attrs: tuple, alloc: Allocation | None) -> None:
+        self.vendor = vendor
+        self.attrs = attrs  # in _ATTRS order
+        self.alloc = alloc
+        self.vals = array("d", _EMPTY)  # NaN: not reported; last slot: sample time
+        self.more: _Series | None = None  # the GPU's next series (a chain, rarely long)
 
 
 class FleetBuilder:
@@ -110,10 +142,14 @@ class FleetBuilder:
 
     def __init__(self, cluster_label: str = "cluster") -> None:
         self.cluster_label = cluster_label
-        self._gpus: dict[Identity, _Gpu] = {}
-        self._times: dict[int, float] = {}  # series key -> newest sample time
+        #: GPU (identity tuple) -> its first series; the others hang off ``older``
+        self._gpus: dict[tuple, _Series] = {}
         #: series key -> its record, so a series' labels are parsed once, not once a field
         self._series: dict[int, _Series | None] = {}
+        #: sample times of series no value row has named yet (the answers race)
+        self._early: dict[int, float] = {}
+        #: keys of series without the cluster label (a sync fails on any; add_keyed)
+        self._unlabelled: set[int] = set()
 
     # -- feeding ----------------------------------------------------------------------------
     def add(self, query: Query, rows: Iterable[Row]) -> None:
@@ -127,45 +163,99 @@ class FleetBuilder:
                        fld: str | None = None) -> None:
         """Rows of HubClient.query_newest: ``value`` is [newest sample's time, its value];
         with ``fld`` the value fills that field too (rows are read once: they may stream)."""
+        known, early = self._series, self._early
         for row in rows:
             try:
                 ts = float(row["value"][0])
             except (KeyError, IndexError, TypeError, ValueError):
                 continue
-            key = series_key(row["metric"])
-            if ts > self._times.get(key, float("-inf")):
-                self._times[key] = ts
-            if fld:
-                self.add_values(profile, fld, (row,))
-
-    def add_values(self, profile: VendorProfile, fld: str, rows: Iterable[Row]) -> None:
-        known = self._series
-        convert = profile.convert
-        for row in rows:
             labels = row["metric"]
             key = series_key(labels)
-            if key in known:
-                series = known[key]
-            else:
+            if fld:
+                self._fold(profile, fld, key, labels, row)
+            series = known.get(key)
+            if series is None:
+                if key not in known and ts > early.get(key, -math.inf):
+                    early[key] = ts
+            elif not ts <= series.vals[_AT]:  # NaN (no time yet) compares False
+                series.vals[_AT] = ts
+
+    def add_values(self, profile: VendorProfile, fld: str, rows: Iterable[Row]) -> None:
+        for row in rows:
+            labels = row["metric"]
+            self._fold(profile, fld, series_key(labels), labels, row)
+
+    def add_keyed(self, query: Query, rows: Iterable[tuple[str, str, str]]) -> tuple[int, int]:
+        """Rows of a streamed answer as (labels JSON, time, value) (StreamedRows.keyed): the
+        labels text is the series key, decoded only for a series not seen before. Returns
+        how many rows came and how many lacked the cluster label."""
+        profile = store.profile(query.vendor)
+        fld = query.field
+        stamps = query.kind == "timestamp"
+        slot = _SLOT[fld] if fld else None
+        convert = profile.convert
+        known, early, unlabelled = self._series, self._early, self._unlabelled
+        count = missing = 0
+        for text, ts, raw in rows:
+            count += 1
+            key = hash(text)
+            series = known.get(key, _UNSEEN)
+            if series is _UNSEEN:
+                labels = json.loads(text)
+                if not labels.get(self.cluster_label):
+                    unlabelled.add(key)
+                if slot is None:  # a time alone makes no GPU (as in add_timestamps)
+                    missing += key in unlabelled
+                    t = _float(ts)
+                    if t > early.get(key, -math.inf):
+                        early[key] = t
+                    continue
                 series = known[key] = self._new_series(profile, labels, key)
-            value = _value(row)
-            if series is not None and value is not None:
-                series.values[fld] = convert(fld, value)
+            if key in unlabelled:
+                missing += 1
+            if series is None:
+                continue
+            if slot is not None:
+                value = _float(raw)
+                if value == value:
+                    series.vals[slot] = convert(fld, value)  # type: ignore[arg-type]
+            if stamps:
+                t = _float(ts)
+                if t == t and not t <= series.vals[_AT]:  # no time yet is NaN
+                    series.vals[_AT] = t
+        return count, missing
+
+    def _fold(self, profile: VendorProfile, fld: str, key: int, labels: Mapping[str, str],
+              row: Row) -> None:
+        known = self._series
+        if key in known:
+            series = known[key]
+        else:
+            series = known[key] = self._new_series(profile, labels, key)
+        value = _value(row)
+        if series is not None and value is not None:
+            series.vals[_SLOT[fld]] = profile.convert(fld, value)
 
     def _new_series(self, profile: VendorProfile, labels: Mapping[str, str],
                     key: int) -> _Series | None:
-        ident = profile.identity(labels, self.cluster_label)
-        if ident is None:
+        found = profile.identity(labels, self.cluster_label)
+        if found is None:
             return None  # not a GPU's series (e.g. node-level)
-        gpu = self._gpus.get(ident)
-        if gpu is None:
-            gpu = self._gpus[ident] = _Gpu(profile.vendor)
-        series = gpu.series[key] = _Series(profile.attributes(labels))
-        alloc = store.allocation(labels)
-        if alloc is not None:
-            if gpu.allocations is None:
-                gpu.allocations = set()
-            gpu.allocations.add(alloc)
+        ident = (_shared(found.cluster), _shared(found.node), found.uuid,
+                 _shared(found.mig_profile), _shared(found.mig_instance))
+        attrs = profile.attributes(labels)
+        series = _Series(profile.vendor, tuple(_shared(attrs.get(a)) for a in _ATTRS),
+                         store.allocation(labels))
+        last = self._gpus.get(ident)
+        if last is None:
+            self._gpus[ident] = series
+        else:  # a second series of one GPU: chained after the others, in arrival order
+            while last.more is not None:
+                last = last.more
+            last.more = series
+        ts = self._early.pop(key, None)
+        if ts is not None:
+            series.vals[_AT] = ts
         return series
 
     # -- results ----------------------------------------------------------------------------
@@ -174,42 +264,47 @@ class FleetBuilder:
         slices_of: dict[Identity, list[Observation]] = {}
         physical: dict[Identity, Observation] = {}
         self._series.clear()  # only needed while answers arrive
+        self._early.clear()
         while self._gpus:  # each GPU's records go as its observation is made (memory)
-            ident, gpu = self._gpus.popitem()
-            obs = self._observation(ident, gpu)
+            ident, first = self._gpus.popitem()
+            obs = self._observation(ident, first)
             if obs.is_slice:
-                parent = Identity(ident.cluster, ident.node, ident.uuid)
+                parent = Identity(ident[0], ident[1], ident[2])
                 slices_of.setdefault(parent, []).append(obs)
                 yield obs
             else:
-                physical[ident] = obs
+                physical[Identity(*ident)] = obs
         for parent, slices in slices_of.items():
             if parent not in physical:
                 physical[parent] = _parent_from_slices(parent, slices)
         yield from physical.values()
 
-    def _observation(self, ident: Identity, gpu: _Gpu) -> Observation:
-        times = self._times
-        if len(gpu.series) == 1:  # the common case: one series, nothing to choose
-            (key, only), = gpu.series.items()
-            sample_at = times.get(key)
-            attrs, values = only.attrs, only.values
-        else:
-            ranked = sorted(gpu.series.items(),
-                            key=lambda kv: times.get(kv[0], float("-inf")), reverse=True)
-            sample_at = times.get(ranked[0][0])
+    def _observation(self, ident: tuple, first: _Series) -> Observation:
+        chain = [first]
+        while chain[-1].more is not None:
+            chain.append(chain[-1].more)
+        if len(chain) > 1:
             # The newest series decides; an older one only fills what the newest lacks.
-            attrs, values = {}, {}
-            for _, series in reversed(ranked):
-                attrs.update((k, v) for k, v in series.attrs.items() if v is not None)
-                values.update(series.values)
+            chain.sort(key=lambda s: -math.inf if s.vals[_AT] != s.vals[_AT] else s.vals[_AT],
+                       reverse=True)
+        newest = chain[0]
+        attrs = list(newest.attrs)
+        values: dict[str, float] = {}
+        for series in reversed(chain):
+            for i, v in enumerate(series.attrs):
+                if v is not None:
+                    attrs[i] = v
+            values.update((f, v) for f, v in zip(_FIELDS, series.vals, strict=False)
+                          if v == v)
+        sample_at = newest.vals[_AT]
+        allocations = {s.alloc for s in chain if s.alloc is not None} or _NO_ALLOCATIONS
+        cluster, node, uuid, mig_profile, mig_instance = ident
         obs = Observation(
-            cluster=ident.cluster, node=ident.node, uuid=ident.uuid, vendor=gpu.vendor,
-            mig_profile=ident.mig_profile, mig_instance=ident.mig_instance,
-            index=attrs.get("index"), model=attrs.get("model"),
-            driver_version=attrs.get("driver_version"), pci_bus_id=attrs.get("pci_bus_id"),
-            serial=attrs.get("serial"), sample_at=sample_at,
-            allocations=gpu.allocations or set(),
+            cluster=cluster, node=node, uuid=uuid, vendor=first.vendor,
+            mig_profile=mig_profile, mig_instance=mig_instance,
+            index=attrs[0], model=attrs[1], driver_version=attrs[2], pci_bus_id=attrs[3],
+            serial=attrs[4], sample_at=None if sample_at != sample_at else sample_at,
+            allocations=allocations,
         )
         _apply_values(obs, values)
         return obs

@@ -24,7 +24,7 @@ from hub.common import QUERY_CONCURRENCY, GpufleetError, InputError, format_dura
 from hub.inventory import _db as inventory
 from hub.inventory import _migrate as migrate
 from hub.inventory._normalize import FleetBuilder
-from hub.store import HubClient, PartialResponse, QueryResult
+from hub.store import HubClient, PartialResponse, QueryResult, StreamedRows
 
 
 @dataclass
@@ -100,24 +100,20 @@ def _fold(builder: FleetBuilder, client: HubClient, query: store.Query, res: Que
           cluster_label: str, at: float) -> None:
     """Fold one answer (decoded row by row as it is folded); a partial one fails the sync,
     and so does one whose GPU series lack the cluster label (checked on every row)."""
-    seen = {"rows": 0, "missing": 0}
-
-    def counted(rows):
-        for row in rows:
-            seen["rows"] += 1
-            if not (row.get("metric") or {}).get(cluster_label):
-                seen["missing"] += 1
-            yield row
-
-    builder.add(query, counted(res.result))
+    if isinstance(res.result, StreamedRows):
+        rows, missing = builder.add_keyed(query, res.result.keyed())
+    else:  # an answer without a result array to stream (no rows)
+        rows = len(res.result)
+        missing = unlabelled(res.result, cluster_label)
+        builder.add(query, res.result)
     warnings = res.warnings or getattr(res.result, "warnings", [])
     if warnings:
         raise PartialResponse(
             f"hub {client.safe_url} returned a partial response ({warnings[0]}); "
             "inventory left unchanged"
         )
-    if seen["missing"]:
-        raise missing_label_error(cluster_label, seen["missing"], seen["rows"],
+    if missing:
+        raise missing_label_error(cluster_label, missing, rows,
                                   _carried_labels(client, query, at))
 
 
