@@ -10,9 +10,12 @@ Timestamps are stored as naive UTC datetimes on both databases and turned into I
 
 from __future__ import annotations
 
+import collections
 import datetime as dt
+import itertools
 import json
 import os
+import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -251,11 +254,21 @@ def _insert(conn: Connection, table: sa.Table):  # dialect-specific INSERT ... O
     return insert(table)
 
 
-def _upsert(conn: Connection, table: sa.Table, rows: Sequence[dict[str, Any]],
+#: rows a statement carries (executemany): bounded, so memory does not grow with the fleet
+BATCH = 5000
+
+
+def _batches(rows: Iterable[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
+    it = iter(rows)
+    while batch := list(itertools.islice(it, BATCH)):
+        yield batch
+
+
+def _upsert(conn: Connection, table: sa.Table, rows: Iterable[dict[str, Any]],
             update: Sequence[str], keep_if_null: Sequence[str] = ()) -> None:
-    """Bulk INSERT ... ON CONFLICT DO UPDATE; first_seen is only ever set on insert."""
-    if not rows:
-        return
+    """Bulk INSERT ... ON CONFLICT DO UPDATE; first_seen is only ever set on insert.
+
+    ``rows`` may be a generator: it is written BATCH rows at a time, never held whole."""
     stmt = _insert(conn, table)
     keys = [c.name for c in table.primary_key.columns]
     set_ = {}
@@ -263,8 +276,8 @@ def _upsert(conn: Connection, table: sa.Table, rows: Sequence[dict[str, Any]],
         new = stmt.excluded[col]
         set_[col] = sa.func.coalesce(new, table.c[col]) if col in keep_if_null else new
     stmt = stmt.on_conflict_do_update(index_elements=keys, set_=set_)
-    for start in range(0, len(rows), 5000):
-        conn.execute(stmt, list(rows[start:start + 5000]))
+    for batch in _batches(rows):
+        conn.execute(stmt, batch)
 
 
 def utc(ts: float | None) -> dt.datetime | None:
@@ -286,43 +299,51 @@ CHANGE_FIELDS = ("model", "memory_total_mib", "driver_version")
 CONCURRENT_S = 300.0
 
 
-def _newest_per_identity(observations: Iterable[Observation],
-                         known: Mapping[tuple[str, str], Mapping[str, Any]]) -> tuple[
-        dict[tuple[str, str], Observation], dict[tuple[str, str], list[list[str]]],
-        list[Observation]]:
-    """One observation per (uuid, slice), the places reporting it beside, and all of them.
+Twins = dict[tuple[str, str], list[Observation]]
+
+
+def _gather(observations: Iterable[Observation]) -> tuple[
+        dict[tuple[str, str], Observation], Twins, list[Observation]]:
+    """Every observation (for its allocations, which belong to the node that saw them), one
+    per (uuid, slice), and the rare identities reported from several places."""
+    chosen: dict[tuple[str, str], Observation] = {}
+    twins: Twins = {}
+    every: list[Observation] = []
+    for obs in observations:
+        every.append(obs)
+        key = (obs.uuid, obs.slice_key)
+        first = chosen.setdefault(key, obs)
+        if first is not obs:
+            twins.setdefault(key, [first]).append(obs)
+    return chosen, twins, every
+
+
+def _newest_per_identity(chosen: dict[tuple[str, str], Observation], twins: Twins,
+                         known: Mapping[tuple[str, str], HeldGpu]
+                         ) -> dict[tuple[str, str], list[list[str]]]:
+    """Settle each twin identity in ``chosen`` on one place; returns the places reporting
+    it beside.
 
     Right after a move the look-back window still shows the GPU's last samples from its old
     node; the newest sample says where it is now. Places whose newest samples are within
     CONCURRENT_S of each other report at the same time: the GPU stays where the inventory
     had it (no flapping `moved` events) and the others are kept as ``also_reporting``.
-    Every observation is returned as well, for its allocations (which belong to the node
-    that saw them).
     """
     def t(o: Observation) -> float:
         return o.sample_at if o.sample_at is not None else float("-inf")
 
-    by_key: dict[tuple[str, str], list[Observation]] = {}
-    every: list[Observation] = []
-    for obs in observations:
-        every.append(obs)
-        by_key.setdefault((obs.uuid, obs.slice_key), []).append(obs)
-    chosen: dict[tuple[str, str], Observation] = {}
     others: dict[tuple[str, str], list[list[str]]] = {}
-    for key, group in by_key.items():
+    for key, group in twins.items():
         newest = max(group, key=t)
-        if len(group) == 1:
-            chosen[key] = newest
-            continue
         current = [o for o in group if t(o) >= t(newest) - CONCURRENT_S]
         row = known.get(key)
         pick = next((o for o in current if row is not None
-                     and (o.cluster, o.node) == (row["cluster"], row["node"])), newest)
+                     and (o.cluster, o.node) == (row.cluster, row.node)), newest)
         chosen[key] = pick
         beside = sorted({(o.cluster, o.node) for o in current} - {(pick.cluster, pick.node)})
         if beside:
             others[key] = [list(p) for p in beside]
-    return chosen, others, every
+    return others
 
 
 def _event(at: dt.datetime, type_: str, cluster: str, node: str, uuid: str, slice_key: str,
@@ -338,21 +359,21 @@ def _same(old: Any, new: Any) -> bool:
     return old == new
 
 
-def diff_events(known: Mapping[tuple[str, str], Mapping[str, Any]],
+def diff_events(known: Mapping[tuple[str, str], HeldGpu],
                 seen: Mapping[tuple[str, str], Observation], now: dt.datetime
-                ) -> list[dict[str, Any]]:
-    """The events one sync produces, from the rows known before it and what it saw (pure).
+                ) -> Iterator[dict[str, Any]]:
+    """The events one sync produces, from the rows known before it and what it saw (pure;
+    a generator, so a first sync's 100,000 `appeared` rows are written in batches).
 
     appeared: an identity never seen before. returned: a stale one reporting again.
     moved: its cluster or node differs (details from/to). changed: model, memory or driver
     differ, or the set of MIG slices of a GPU (details field/old/new). stale: an active one
     this sync did not see.
     """
-    out: list[dict[str, Any]] = []
     layout_old: dict[str, list[str]] = {}
     layout_new: dict[str, list[str]] = {}
     for (uuid, key), row in known.items():
-        if key and row["state"] == ACTIVE:
+        if key and row.state == ACTIVE:
             layout_old.setdefault(uuid, []).append(key)
     for uuid, key in seen:
         if key:
@@ -362,40 +383,41 @@ def diff_events(known: Mapping[tuple[str, str], Mapping[str, Any]],
         row = known.get(ident)
         where = (obs.cluster, obs.node, uuid, key)
         if row is None:
-            out.append(_event(now, "appeared", *where))
+            yield _event(now, "appeared", *where)
             continue
-        if row["state"] != ACTIVE:
-            out.append(_event(now, "returned", *where))
-        if (row["cluster"], row["node"]) != (obs.cluster, obs.node):
-            out.append(_event(now, "moved", *where,
-                              **{"from": {"cluster": row["cluster"], "node": row["node"]},
-                                 "to": {"cluster": obs.cluster, "node": obs.node}}))
+        if row.state != ACTIVE:
+            yield _event(now, "returned", *where)
+        if (row.cluster, row.node) != (obs.cluster, obs.node):
+            yield _event(now, "moved", *where,
+                         **{"from": {"cluster": row.cluster, "node": row.node},
+                            "to": {"cluster": obs.cluster, "node": obs.node}})
         for fld in CHANGE_FIELDS:
-            new = getattr(obs, fld)
-            if new is not None and row[fld] is not None and not _same(row[fld], new):
-                out.append(_event(now, "changed", *where, field=fld, old=row[fld], new=new))
+            new, old = getattr(obs, fld), getattr(row, fld)
+            if new is not None and old is not None and not _same(old, new):
+                yield _event(now, "changed", *where, field=fld, old=old, new=new)
         if not key:
             before = sorted(layout_old.get(uuid, []))
             after = sorted(layout_new.get(uuid, []))
             if before != after:
-                out.append(_event(now, "changed", *where, field="mig_layout",
-                                  old=" ".join(before), new=" ".join(after)))
+                yield _event(now, "changed", *where, field="mig_layout",
+                             old=" ".join(before), new=" ".join(after))
     for ident, row in known.items():
-        if row["state"] == ACTIVE and ident not in seen:
-            out.append(_event(now, "stale", row["cluster"], row["node"], *ident))
-    return out
+        if row.state == ACTIVE and ident not in seen:
+            yield _event(now, "stale", row.cluster, row.node, *ident)
 
 
 def apply_observations(conn: Connection, observations: Iterable[Observation],
                        now: dt.datetime) -> dict[str, int]:
     """Upsert what this sync saw as active, mark everything it did not see stale, and write
-    the events that this implies (all in the caller's transaction)."""
-    known = {(r["uuid"], r["slice_key"]): r for r in conn.execute(sa.select(
-        gpus.c.uuid, gpus.c.slice_key, gpus.c.cluster, gpus.c.node, gpus.c.state,
-        *[gpus.c[f] for f in CHANGE_FIELDS])).mappings()}
-    seen, beside, every = _newest_per_identity(observations, known)
-    gpu_rows: list[dict[str, Any]] = []
-    alloc_rows: list[dict[str, Any]] = []
+    the events that this implies (all in the caller's transaction).
+
+    Memory stays a few hundred bytes per GPU: the table is read as compact tuples, and rows
+    and events are made and written a batch at a time."""
+    # the observations first: made from the sync's records, which go as they are made, so
+    # the table's rows are read into memory those records held
+    seen, twins, every = _gather(observations)
+    known = held_gpus(conn)
+    beside = _newest_per_identity(seen, twins, known)
     node_last: dict[tuple[str, str], dt.datetime | None] = {}
     cluster_last: dict[str, dt.datetime | None] = {}
     for obs in every:
@@ -408,31 +430,7 @@ def apply_observations(conn: Connection, observations: Iterable[Observation],
         else:
             node_last.setdefault(key, None)
             cluster_last.setdefault(obs.cluster, None)
-        for namespace, pod, container in obs.allocations:
-            alloc_rows.append({
-                "cluster": obs.cluster, "node": obs.node, "uuid": obs.uuid,
-                "slice_key": obs.slice_key, "namespace": namespace, "pod": pod,
-                "container": container, "first_seen": now, "last_seen": now,
-                "last_sample_at": sample_at,
-            })
-    physical = 0
-    for key, obs in seen.items():
-        physical += not obs.is_slice
-        also = beside.get(key)
-        gpu_rows.append({
-            "cluster": obs.cluster, "node": obs.node, "uuid": obs.uuid,
-            "slice_key": obs.slice_key,
-            "mig_profile": obs.mig_profile, "mig_instance": obs.mig_instance,
-            "vendor": obs.vendor, "gpu_index": obs.index, "model": obs.model,
-            "driver_version": obs.driver_version, "pci_bus_id": obs.pci_bus_id,
-            "serial": obs.serial, "memory_total_mib": obs.memory_total_mib,
-            "memory_used_mib": obs.memory_used_mib, "utilisation_pct": obs.utilisation_pct,
-            "power_w": obs.power_w, "temperature_c": obs.temperature_c,
-            "health": obs.health, "health_reasons": obs.health_reasons, "state": ACTIVE,
-            "also_reporting": json.dumps(also) if also else None,
-            "first_seen": now, "last_seen": now, "last_sample_at": utc(obs.sample_at),
-        })
-    event_rows = diff_events(known, seen, now)
+    physical = sum(not obs.is_slice for obs in seen.values())
     seen_cols = ["state", "last_seen", "last_sample_at"]
     _upsert(conn, clusters, [
         {"cluster": c, "state": ACTIVE, "first_seen": now, "last_seen": now, "last_sample_at": t}
@@ -443,62 +441,108 @@ def apply_observations(conn: Connection, observations: Iterable[Observation],
          "last_sample_at": t}
         for (c, n), t in node_last.items()
     ], seen_cols, keep_if_null=["last_sample_at"])
-    _write_gpus(conn, gpu_rows, now)
-    _upsert(conn, allocations, alloc_rows, ["last_seen", "last_sample_at"],
-            keep_if_null=["last_sample_at"])
+    _write_gpus(conn, ((key, _gpu_row(obs, beside.get(key), now)) for key, obs in seen.items()),
+                known, now)
+    _upsert(conn, allocations, (
+        {"cluster": obs.cluster, "node": obs.node, "uuid": obs.uuid,
+         "slice_key": obs.slice_key, "namespace": namespace, "pod": pod,
+         "container": container, "first_seen": now, "last_seen": now,
+         "last_sample_at": utc(obs.sample_at)}
+        for obs in every for namespace, pod, container in obs.allocations
+    ), ["last_seen", "last_sample_at"], keep_if_null=["last_sample_at"])
     for table in (clusters, nodes):
         conn.execute(
             table.update()
             .where(table.c.state == ACTIVE, table.c.last_seen < now)
             .values(state=STALE)
         )
-    for start in range(0, len(event_rows), 5000):
-        conn.execute(events.insert(), event_rows[start:start + 5000])
+    written = 0
+    for batch in _batches(diff_events(known, seen, now)):
+        conn.execute(events.insert(), batch)
+        written += len(batch)
     return {"clusters": len(cluster_last), "nodes": len(node_last), "gpus": physical,
-            "events": len(event_rows)}
+            "events": written}
+
+
+def _gpu_row(obs: Observation, also: list[list[str]] | None,
+             now: dt.datetime) -> dict[str, Any]:
+    return {
+        "cluster": obs.cluster, "node": obs.node, "uuid": obs.uuid,
+        "slice_key": obs.slice_key,
+        "mig_profile": obs.mig_profile, "mig_instance": obs.mig_instance,
+        "vendor": obs.vendor, "gpu_index": obs.index, "model": obs.model,
+        "driver_version": obs.driver_version, "pci_bus_id": obs.pci_bus_id,
+        "serial": obs.serial, "memory_total_mib": obs.memory_total_mib,
+        "memory_used_mib": obs.memory_used_mib, "utilisation_pct": obs.utilisation_pct,
+        "power_w": obs.power_w, "temperature_c": obs.temperature_c,
+        "health": obs.health, "health_reasons": obs.health_reasons, "state": ACTIVE,
+        "also_reporting": json.dumps(also) if also else None,
+        "first_seen": now, "last_seen": now, "last_sample_at": utc(obs.sample_at),
+    }
 
 
 GPU_KEY = ("uuid", "slice_key")  # a GPU is its UUID wherever it reports
 #: columns a sync leaves as they were when it does not know them (a series without labels)
 GPU_KEEP_IF_NULL = ("last_sample_at", "model", "driver_version", "pci_bus_id", "serial",
                     "gpu_index")
+#: what a sync writes of a GPU besides its key and first/last seen: compared with the table's
+#: row, so an unchanged GPU is not rewritten
+GPU_COMPARE = ("cluster", "node", "mig_profile", "mig_instance", "vendor", "gpu_index",
+               "model", "driver_version", "pci_bus_id", "serial", "memory_total_mib",
+               "memory_used_mib", "utilisation_pct", "power_w", "temperature_c", "health",
+               "health_reasons", "state", "also_reporting", "last_sample_at")
+#: one GPU row as the table holds it: what events compare, and a digest (hash) of every
+#: GPU_COMPARE column for the write. ~150 bytes a GPU, where the row itself is ~1 kB.
+HeldGpu = collections.namedtuple(
+    "HeldGpu", ("cluster", "node", "state", *CHANGE_FIELDS, "digest"))
+_HELD = [GPU_COMPARE.index(c) for c in HeldGpu._fields[:-1]]
 
 
-def _write_gpus(conn: Connection, rows: list[dict[str, Any]], now: dt.datetime) -> None:
+def _digest(values: tuple[Any, ...]) -> int:
+    return hash(values)
+
+
+def held_gpus(conn: Connection) -> dict[tuple[str, str], HeldGpu]:
+    """Every GPU row the table holds, keyed by (uuid, slice_key), read in batches."""
+    intern = sys.intern
+    out: dict[tuple[str, str], HeldGpu] = {}
+    result = conn.execute(sa.select(*(gpus.c[c] for c in (*GPU_KEY, *GPU_COMPARE)))
+                          .execution_options(yield_per=BATCH))
+    for row in result:
+        values = tuple(row[2:])
+        # repeated strings (cluster, node, state, model, driver): one object each
+        held = [intern(v) if type(v) is str else v for v in (values[i] for i in _HELD)]
+        out[(row[0], intern(row[1]))] = HeldGpu(*held, _digest(values))
+    return out
+
+
+def _write_gpus(conn: Connection, rows: Iterable[tuple[tuple[str, str], dict[str, Any]]],
+                held: Mapping[tuple[str, str], HeldGpu], now: dt.datetime) -> None:
     """Write only what changed, so a steady-state sync costs little more than a first one.
 
-    One SELECT reads what the table holds; a row whose columns (other than last_seen) are
+    ``held`` is what the table holds; a row whose columns (other than last_seen) are
     unchanged is not rewritten but touched by one UPDATE of last_seen with every other active
     row this sync saw. GPUs the table holds as active that this sync did not see turn stale.
+    A row compares by digest: one whose label went missing (None, which the upsert does not
+    write over a known value) is rewritten each sync, never wrongly left as it was.
     """
-    if not rows:
-        conn.execute(gpus.update().where(gpus.c.state == ACTIVE).values(state=STALE))
-        return
-    compare = [c for c in rows[0] if c not in (*GPU_KEY, "first_seen", "last_seen")]
-    n = len(GPU_KEY)
-    held = {tuple(r[:n]): r[n:] for r in conn.execute(
-        sa.select(*(gpus.c[c] for c in (*GPU_KEY, *compare)))).all()}
-    keep = {i for i, c in enumerate(compare) if c in GPU_KEEP_IF_NULL}
-    changed: list[dict[str, Any]] = []
-    seen: set[tuple[Any, ...]] = set()
-    for row in rows:
-        key = tuple(row[c] for c in GPU_KEY)
-        seen.add(key)
-        old = held.get(key)
-        if old is None or any(
-            new != was and not (new is None and i in keep)
-            for i, (new, was) in enumerate(zip((row[c] for c in compare), old, strict=True))
-        ):
-            changed.append(row)
-    state_at = compare.index("state")
+    seen: set[tuple[str, str]] = set()
+
+    def changed() -> Iterator[dict[str, Any]]:
+        for key, row in rows:
+            seen.add(key)
+            old = held.get(key)
+            if old is None or old.digest != _digest(tuple(row[c] for c in GPU_COMPARE)):
+                yield row
+
+    _upsert(conn, gpus, changed(), ["last_seen", *GPU_COMPARE], keep_if_null=GPU_KEEP_IF_NULL)
     gone = [{f"k_{c}": v for c, v in zip(GPU_KEY, key, strict=True)}
-            for key, old in held.items() if old[state_at] == ACTIVE and key not in seen]
-    _upsert(conn, gpus, changed, ["last_seen", *compare], keep_if_null=GPU_KEEP_IF_NULL)
-    if gone:
+            for key, old in held.items() if old.state == ACTIVE and key not in seen]
+    for batch in _batches(gone):
         conn.execute(
             gpus.update().where(*(gpus.c[c] == sa.bindparam(f"k_{c}") for c in GPU_KEY))
             .values(state=STALE),
-            gone,
+            batch,
         )
     # every row still active was seen by this sync (the gone ones just turned stale)
     conn.execute(gpus.update().where(gpus.c.state == ACTIVE, gpus.c.last_seen < now)
