@@ -207,6 +207,7 @@ def measure(gpus: int, workdir: Path | None) -> dict:
             ours = [q.promql for q in store.sync_queries(window, step, "cluster")]
             raw = [name for _, name in read_families()]
             at = time.time()
+            load_before = os.getloadavg()[0]
             plain(hub.url, raw, at)  # warm the store's caches for every side
             cpu = hub_cpu(pid)
             raw_s = timed(plain, hub.url, raw, at)
@@ -219,6 +220,7 @@ def measure(gpus: int, workdir: Path | None) -> dict:
             steady, steady_s, rss2 = run_sync(hub.url, db)
             sync_cpu = hub_cpu(pid) - cpu
             assert first["gpus"] == steady["gpus"], (first, steady)
+            load = (load_before, os.getloadavg()[0])
         finally:
             hub.stop()
     return {
@@ -229,6 +231,9 @@ def measure(gpus: int, workdir: Path | None) -> dict:
         "peak_rss_mb": round(max(rss1, rss2), 1),
         "steady_vs_naive": round(steady_s / naive_s, 2),
         "hub_cpu_vs_raw": round(sync_cpu / raw_cpu, 2) if raw_cpu else None,
+        # the machine's 1-minute load before and after measuring: the figures are wall
+        # times, so a busy shared machine shows in them
+        "load_avg": [round(x, 2) for x in load],
     }
 
 
