@@ -227,3 +227,28 @@ def test_a_streamed_answer_split_anywhere_decodes_the_same():
         assert rows.warnings == ["w"]
     with pytest.raises(HubUnavailable, match="incomplete"):
         list(StreamedRows(body[:start + 30], start, iter(["{"])))
+
+
+def test_keyed_rows_join_a_series_across_answers_whatever_its_labels_hold():
+    """The label text is the series key: a field's answer (no name) and the sample times
+    (a range answer, with the name) give one key, also for values holding } " or a name."""
+    import json
+
+    from hub.store import StreamedRows
+    from hub.store._client import _newest_text
+
+    odd = {"UUID": "GPU-1", "pod": 'p} "__name__":"x",', "z": "{}"}
+
+    def answer(rows: list[dict]) -> str:
+        return json.dumps({"status": "success", "data": {"result": rows}}, separators=(",", ":"))
+
+    for labels in ({"UUID": "GPU-2"}, odd):
+        value = answer([{"metric": labels, "value": [5.5, "37"]}])
+        stamps = answer([{"metric": {**labels, "__name__": "DCGM_FI_DEV_GPU_TEMP"},
+                          "values": [[1.5, "40"], [4.5, "41"]]}])
+        got = []
+        for body, cut in ((value, None), (stamps, _newest_text)):
+            start = body.index('"result":[') + len('"result":[')
+            got += list(StreamedRows(body, start, cut=cut).keyed())
+        assert got[0][0] == got[1][0] and json.loads(got[0][0]) == labels
+        assert got[0][1:] == ("5.5", "37") and got[1][1:] == ("4.5", "41")
