@@ -6,6 +6,12 @@ so re-running a bucket changes nothing and a bucket the store could not answer (
 partial response) is not written at all: it stays missing and the next collect retries it,
 up to ``max_backfill`` back. Usage rows older than the retention are removed; events are not.
 
+The daily rollup (``usage_daily``) pre-sums the ledger per UTC day and per GPU or slice,
+namespace and model, so `usage` over a month reads whole days from it and only the edge
+hours from the ledger. Every write to the ledger (a bucket, retention) rebuilds the days it
+touched from the ledger's rows in the same transaction: the rollup is always exactly the sum
+of the rows, whatever was re-collected. Its idle figure is for ROLLUP_IDLE_THRESHOLD only.
+
 Counting: a whole GPU is 1 GPU-equivalent, a MIG slice its share of the GPU's compute slices
 (store.mig_share) and the parent of a MIG layout counts only through its slices.
 gpu_hours = share x coverage x bucket hours; energy_wh = avg_power_w x coverage x hours, times
@@ -60,6 +66,30 @@ usage_buckets = sa.Table(
     sa.Column("collected_at", sa.DateTime, nullable=False),
     sa.Column("rows", sa.Integer, nullable=False),
     sa.Column("requests", sa.Integer, nullable=False),
+)
+
+#: The idle threshold (%) the rollup's idle_allocated_gpu_hours is computed for (the default
+#: of `usage --idle-threshold`); another threshold reads the hourly ledger.
+ROLLUP_IDLE_THRESHOLD = 5.0
+DAY = dt.timedelta(days=1)
+
+usage_daily = sa.Table(
+    "usage_daily", metadata,
+    # No primary key: model may be NULL (not known). The rows of a day are only ever
+    # replaced together (rebuild_days), never upserted one by one.
+    sa.Column("day", sa.DateTime, nullable=False),  # 00:00 UTC; buckets starting that day
+    sa.Column("cluster", sa.String(253), nullable=False),
+    sa.Column("node", sa.String(253), nullable=False),
+    sa.Column("uuid", sa.String(128), nullable=False),
+    sa.Column("slice", sa.String(64), nullable=False),
+    sa.Column("namespace", sa.String(253), nullable=False),
+    sa.Column("model", sa.String(128)),
+    sa.Column("gpu_hours", sa.Float, nullable=False),
+    sa.Column("allocated_gpu_hours", sa.Float, nullable=False),
+    sa.Column("busy_gpu_hours", sa.Float, nullable=False),
+    sa.Column("idle_allocated_gpu_hours", sa.Float, nullable=False),
+    sa.Column("energy_wh", sa.Float, nullable=False),
+    sa.Index("ix_usage_daily_day", "day"),
 )
 
 USAGE_COLUMNS = [
@@ -278,11 +308,12 @@ def collect_usage(engine: Engine, client: HubClient, *, bucket: float = 3600.0,
 
 def write_bucket(conn: Connection, start: float, bucket: float, rows: list[dict[str, Any]],
                  requests: int) -> None:
-    """Replace one bucket's rows (idempotent) and mark it collected."""
+    """Replace one bucket's rows (idempotent), rebuild its day's rollup, mark it collected."""
     begin = utc(start)
     conn.execute(usage.delete().where(usage.c.bucket_start == begin))
     for i in range(0, len(rows), 5000):
         conn.execute(usage.insert(), rows[i:i + 5000])
+    rebuild_days(conn, [day_of(begin)])  # type: ignore[arg-type]
     stmt = _insert(conn, usage_buckets).values(
         bucket_start=begin, bucket_end=utc(start + bucket), collected_at=now_utc(),
         rows=len(rows), requests=requests)
@@ -295,7 +326,49 @@ def apply_retention(conn: Connection, before: float) -> int:
     cut = utc(before)
     removed = conn.execute(usage.delete().where(usage.c.bucket_start < cut)).rowcount or 0
     conn.execute(usage_buckets.delete().where(usage_buckets.c.bucket_start < cut))
+    conn.execute(usage_daily.delete().where(usage_daily.c.day < day_of(cut)))
+    if removed:
+        rebuild_days(conn, [day_of(cut)])  # the day the cut falls in lost its first hours
     return removed
+
+
+def day_of(moment: dt.datetime) -> dt.datetime:
+    """00:00 UTC of the day a (naive UTC) moment falls in."""
+    return moment.replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def rollup_sums(table: sa.Table, when: sa.ColumnElement) -> list[sa.ColumnElement]:
+    """The summed figures of ledger rows, labelled like usage_daily's columns (the one place
+    that says how a ledger row counts; usage answers use it on the ledger's edge hours)."""
+    allocated = table.c.pod != ""
+    util = sa.func.coalesce(table.c.avg_utilisation_pct, 0.0)
+    zero = sa.literal(0.0)
+    return [
+        sa.func.sum(table.c.gpu_hours).label("gpu_hours"),
+        sa.func.sum(sa.case((allocated, table.c.gpu_hours), else_=zero))
+        .label("allocated_gpu_hours"),
+        sa.func.sum(table.c.gpu_hours * util / 100.0).label("busy_gpu_hours"),
+        sa.func.sum(sa.case((sa.and_(allocated, when), table.c.gpu_hours), else_=zero))
+        .label("idle_allocated_gpu_hours"),
+        sa.func.sum(sa.func.coalesce(table.c.energy_wh, 0.0)).label("energy_wh"),
+    ]
+
+
+ROLLUP_KEYS = ["cluster", "node", "uuid", "slice", "namespace", "model"]
+
+
+def rebuild_days(conn: Connection, days: Iterable[dt.datetime]) -> None:
+    """Replace the rollup rows of these days by the sums of the ledger rows starting in them."""
+    util = sa.func.coalesce(usage.c.avg_utilisation_pct, 0.0)
+    for day in sorted(set(days)):
+        conn.execute(usage_daily.delete().where(usage_daily.c.day == day))
+        sums = rollup_sums(usage, util < ROLLUP_IDLE_THRESHOLD)
+        select = (sa.select(sa.literal(day, sa.DateTime).label("day"),
+                            *[usage.c[k] for k in ROLLUP_KEYS], *sums)
+                  .where(usage.c.bucket_start >= day, usage.c.bucket_start < day + DAY)
+                  .group_by(*[usage.c[k] for k in ROLLUP_KEYS]))
+        conn.execute(usage_daily.insert().from_select(
+            ["day", *ROLLUP_KEYS, *[c.name for c in sums]], select))
 
 
 def recent_usage(conn: Connection, uuid: str, limit: int = 48) -> list[dict[str, Any]]:
