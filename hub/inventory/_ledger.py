@@ -25,7 +25,7 @@ import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -33,7 +33,9 @@ from sqlalchemy.engine import Connection, Engine
 from hub import store
 from hub.common import GpufleetError, format_duration
 from hub.inventory._db import _insert, gpus, metadata, now_utc, utc
-from hub.store import HubClient, PartialResponse
+
+if TYPE_CHECKING:
+    from hub.store import HubClient
 
 usage = sa.Table(
     "usage", metadata,
@@ -97,7 +99,6 @@ USAGE_COLUMNS = [
     "vendor", "model", "gpu_share", "gpu_hours", "avg_utilisation_pct", "max_utilisation_pct",
     "avg_memory_used_mib", "max_memory_used_mib", "avg_power_w", "energy_wh", "coverage",
 ]
-
 
 @dataclass
 class CollectResult:
@@ -257,7 +258,7 @@ def _ask(client: HubClient, queries: list[store.Query], start: float, bucket: fl
         at = end - 0.001 + (step if query.kind == "coverage" else 0.0)
         res = client.query(query.promql, time=at)
         if res.warnings:
-            raise PartialResponse(f"hub {client.safe_url} returned a partial response "
+            raise store.PartialResponse(f"hub {client.safe_url} returned a partial response "
                                   f"({res.warnings[0]}); bucket left for a later collect")
         answers.append((query, res.result))
     return answers

@@ -15,7 +15,7 @@ import itertools
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Engine
 
@@ -24,7 +24,9 @@ from hub.common import QUERY_CONCURRENCY, GpufleetError, InputError, format_dura
 from hub.inventory import _db as inventory
 from hub.inventory import _migrate as migrate
 from hub.inventory._normalize import FleetBuilder
-from hub.store import HubClient, PartialResponse, QueryResult
+
+if TYPE_CHECKING:
+    from hub.store import HubClient, QueryResult
 
 
 @dataclass
@@ -112,7 +114,7 @@ def _fold(builder: FleetBuilder, client: HubClient, query: store.Query, res: Que
     builder.add(query, counted(res.result))
     warnings = res.warnings or getattr(res.result, "warnings", [])
     if warnings:
-        raise PartialResponse(
+        raise store.PartialResponse(
             f"hub {client.safe_url} returned a partial response ({warnings[0]}); "
             "inventory left unchanged"
         )
