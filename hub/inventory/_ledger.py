@@ -23,7 +23,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -135,7 +135,7 @@ def pending_buckets(conn: Connection, *, now: float, bucket: float, max_backfill
 Key = tuple[str, str, str, str, str, str]  # cluster, node, uuid, slice, namespace, pod
 
 
-@dataclass
+@dataclass(slots=True)
 class _Acc:
     vendor: str
     model: str | None = None
@@ -155,6 +155,12 @@ def _num(row: Mapping[str, Any]) -> float | None:
     return None if v != v else v
 
 
+def _series(labels: Mapping[str, str]) -> str:
+    """One series' label set as a compact key (a str, not a frozenset of pairs: 100,000
+    series of one bucket are held at once)."""
+    return "\x1f".join(f"{k}\x1e{v}" for k, v in sorted(labels.items()))
+
+
 def _key(p: store.VendorProfile, labels: Mapping[str, str], cl: str) -> tuple[Key, Any] | None:
     ident = p.identity(labels, cl)
     if ident is None:
@@ -164,32 +170,27 @@ def _key(p: store.VendorProfile, labels: Mapping[str, str], cl: str) -> tuple[Ke
     return (ident.cluster, ident.node, ident.uuid, slice_key, alloc[0], alloc[1]), ident
 
 
-def fold_bucket(answers: Iterable[tuple[store.Query, list[Mapping[str, Any]]]], *,
+def fold_bucket(answers: Iterable[tuple[store.Query, Iterable[Mapping[str, Any]]]], *,
                 start: float, bucket: float, step: float, cluster_label: str,
                 known: Mapping[tuple[str, str], tuple[str | None, float | None]]
                 ) -> list[dict[str, Any]]:
     """Ledger rows of one bucket from the answers to its queries (pure).
 
     Series that differ only in labels we do not keep (an exporter pod's restart, two label
-    spellings) fold into one row; their averages are weighted by their sample coverage.
+    spellings) fold into one row; their averages are weighted by their sample coverage, so a
+    vendor's coverage answer must come before its other answers (_ask's order).
     ``known`` gives (model, memory_total_mib) per (uuid, slice) from the inventory.
     """
     accs: dict[Key, _Acc] = {}
-    cover: dict[tuple[str, frozenset], float] = {}
-    answers = list(answers)
-    for query, rows in answers:
-        if query.kind != "coverage":
-            continue
-        for row in rows:
-            n = _num(row)
-            if n:
-                cover[(query.vendor, frozenset(row["metric"].items()))] = n
+    cover: dict[tuple[str, str], float] = {}
     for query, rows in answers:
         p = store.profile(query.vendor)
         for row in rows:
             labels = row["metric"]
-            found = _key(p, labels, cluster_label)
             value = _num(row)
+            if query.kind == "coverage" and value:
+                cover[(query.vendor, _series(labels))] = value
+            found = _key(p, labels, cluster_label)
             if found is None or (value is None and query.kind != "coverage"):
                 continue
             key, ident = found
@@ -199,7 +200,7 @@ def fold_bucket(answers: Iterable[tuple[store.Query, list[Mapping[str, Any]]]], 
                               if labels.get(m)), None)
                 acc = accs[key] = _Acc(p.vendor, model, ident.mig_profile is not None,
                                        ident.mig_profile)
-            weight = cover.get((query.vendor, frozenset(labels.items())), 1.0)
+            weight = cover.get((query.vendor, _series(labels)), 1.0)
             if query.kind == "coverage":
                 acc.minutes += value or 0.0
                 continue
@@ -249,19 +250,22 @@ def fold_bucket(answers: Iterable[tuple[store.Query, list[Mapping[str, Any]]]], 
 
 
 def _ask(client: HubClient, queries: list[store.Query], start: float, bucket: float,
-         step: float) -> list[tuple[store.Query, list[Mapping[str, Any]]]]:
+         step: float) -> Iterator[tuple[store.Query, Iterable[Mapping[str, Any]]]]:
+    """Each query's answer in turn, coverage first (fold_bucket weighs averages by it),
+    decoded row by row as the fold reads it: one answer's rows exist at a time, not the
+    whole bucket's (~7 KB a GPU). A partial answer raises once its rows are read (Thanos
+    sends the warnings after them), before anything is written."""
     end = start + bucket
-    answers = []
-    for query in queries:
+    for query in sorted(queries, key=lambda q: q.kind != "coverage"):
         # avg/max: the samples in [start, end) (ms before the end, so a sample exactly on a
         # boundary belongs to one bucket); coverage: one step later, see usage_queries.
         at = end - 0.001 + (step if query.kind == "coverage" else 0.0)
-        res = client.query(query.promql, time=at)
-        if res.warnings:
+        res = client.query(query.promql, time=at, stream=True)
+        yield query, res.result
+        warnings = getattr(res.result, "warnings", None) or res.warnings
+        if warnings:
             raise store.PartialResponse(f"hub {client.safe_url} returned a partial response "
-                                  f"({res.warnings[0]}); bucket left for a later collect")
-        answers.append((query, res.result))
-    return answers
+                                        f"({warnings[0]}); bucket left for a later collect")
 
 
 def collect_usage(engine: Engine, client: HubClient, *, bucket: float = 3600.0,
@@ -286,15 +290,14 @@ def collect_usage(engine: Engine, client: HubClient, *, bucket: float = 3600.0,
     for start in starts:
         before = client.requests
         try:
-            answers = _ask(client, queries, start, bucket, step)
+            rows = fold_bucket(_ask(client, queries, start, bucket, step), start=start,
+                               bucket=bucket, step=step, cluster_label=cluster_label,
+                               known=known)
         except GpufleetError as exc:
             result.requests += client.requests - before
             result.failed.append((utc(start), exc.format_message()))  # type: ignore[arg-type]
             continue
         requests = client.requests - before
-        rows = fold_bucket(answers, start=start, bucket=bucket, step=step,
-                           cluster_label=cluster_label, known=known)
-        del answers
         with engine.begin() as conn:
             write_bucket(conn, start, bucket, rows, requests)
         result.collected.append(utc(start))  # type: ignore[arg-type]
