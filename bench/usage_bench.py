@@ -96,17 +96,29 @@ def bench_collect(gpus: int, work: Path) -> dict:
     with engine.connect() as conn:
         gpu_hours = conn.execute(sa.select(sa.func.sum(inv.usage.c.gpu_hours))).scalar() or 0
         page_size = conn.exec_driver_sql("PRAGMA page_size").scalar()
-        ledger_pages = conn.exec_driver_sql(
-            "SELECT sum(pgsize) FROM dbstat WHERE name IN ('usage', 'ix_usage_uuid_bucket')"
-            " OR name LIKE 'sqlite_autoindex_usage%'").scalar() if _has_dbstat(conn) else None
+        stat = _has_dbstat(conn)
+        ledger = _bytes(conn, ("usage", "ix_usage_uuid_bucket", "sqlite_autoindex_usage_1"))
+        rollup = _bytes(conn, ("usage_daily", "ix_usage_daily_day"))
     engine.dispose()
-    ledger_bytes = ledger_pages or db_path.stat().st_size
+    per = 1000 / max(gpu_hours, 1e-9)
     return {"figure": "collect", "gpus": gpus, "requests": result["requests"],
             "seconds": round(took, 2), "peak_rss_mb": round(rss, 1), "rows": result["rows"],
             "gpu_hours": round(gpu_hours, 3),
-            "db_bytes_per_1000_gpu_hours": round(ledger_bytes / max(gpu_hours, 1e-9) * 1000),
-            "ledger_bytes_measured": "dbstat" if ledger_pages else "whole file",
-            "sqlite_page_size": page_size}
+            "db_bytes_per_1000_gpu_hours": round(
+                (ledger if stat else db_path.stat().st_size) * per),
+            "ledger_bytes_measured": "dbstat" if stat else "whole file",
+            # the rollup holds one row per GPU and day: over whole days 1/24 of this
+            "rollup_bytes_per_1000_gpu_hours_this_hour": round(rollup * per) if stat else None,
+            "sqlite_page_size": page_size, "load_avg": os.getloadavg()}
+
+
+def _bytes(conn, names: tuple[str, ...]) -> int:
+    marks = ", ".join(f"'{n}'" for n in names)
+    try:
+        return conn.exec_driver_sql(
+            f"SELECT coalesce(sum(pgsize), 0) FROM dbstat WHERE name IN ({marks})").scalar()
+    except sa.exc.OperationalError:
+        return 0
 
 
 def _has_dbstat(conn) -> bool:
