@@ -100,6 +100,7 @@ USAGE_COLUMNS = [
     "avg_memory_used_mib", "max_memory_used_mib", "avg_power_w", "energy_wh", "coverage",
 ]
 
+
 @dataclass
 class CollectResult:
     collected: list[dt.datetime] = field(default_factory=list)
@@ -200,10 +201,10 @@ def fold_bucket(answers: Iterable[tuple[store.Query, Iterable[Mapping[str, Any]]
                               if labels.get(m)), None)
                 acc = accs[key] = _Acc(p.vendor, model, ident.mig_profile is not None,
                                        ident.mig_profile)
-            weight = cover.get((query.vendor, _series(labels)), 1.0)
             if query.kind == "coverage":
                 acc.minutes += value or 0.0
                 continue
+            weight = cover.get((query.vendor, _series(labels)), 1.0)
             value = p.convert(query.field or "", value)
             fld = f"{query.field}:{query.kind.split(':')[1]}"
             if fld.endswith(":max"):
