@@ -40,7 +40,6 @@ from hub.inventory._health import LEVELS as HEALTH_LEVELS
 from hub.inventory._ledger import (
     DAY,
     ROLLUP_IDLE_THRESHOLD,
-    ROLLUP_KEYS,
     USAGE_COLUMNS,
     CollectResult,
     buckets_between,
@@ -84,7 +83,6 @@ __all__ = [
     "NO_GPU_SERIES",
     "PRUNE_COLUMNS",
     "ROLLUP_IDLE_THRESHOLD",
-    "ROLLUP_KEYS",
     "STALE",
     "USAGE_COLUMNS",
     "CollectResult",
