@@ -7,10 +7,13 @@ Prints two JSON lines.
    ``promtool tsdb create-blocks-from openmetrics``; ``gpufleet usage collect`` of that hour
    runs in a child process (peak RSS read with wait4). Figures: requests (a constant: the
    same at any N), seconds, peak_rss_mb, rows written, database bytes per 1,000 GPU-hours.
-2. answer: M GPUs x 30 days of hourly ledger rows written straight into the database, then
-   ``usage --by namespace --since 30d`` timed in a child (answer_s, process start included)
-   and in process (query_s: the database's part), on SQLite and (with --pg URL) PostgreSQL,
-   with the database's query plan of the ledger scan.
+2. answer: M GPUs x 30 days of hourly ledger rows generated in the database (one INSERT ...
+   SELECT) and the daily rollup rebuilt as `usage collect` keeps it, then
+   ``usage --by namespace --since 30d`` timed in process (query_s: the database's part, three
+   runs), in a child (answer_s: the whole command, three runs) and ``usage --help`` (the
+   process start and imports alone); the same answer from the hourly rows only for
+   comparison; the database's plan of the statement. On SQLite and, with --pg, PostgreSQL
+   (--pg auto starts a throwaway PostgreSQL 15 as the tests do).
 """
 
 from __future__ import annotations
@@ -93,17 +96,29 @@ def bench_collect(gpus: int, work: Path) -> dict:
     with engine.connect() as conn:
         gpu_hours = conn.execute(sa.select(sa.func.sum(inv.usage.c.gpu_hours))).scalar() or 0
         page_size = conn.exec_driver_sql("PRAGMA page_size").scalar()
-        ledger_pages = conn.exec_driver_sql(
-            "SELECT sum(pgsize) FROM dbstat WHERE name IN ('usage', 'ix_usage_uuid_bucket')"
-            " OR name LIKE 'sqlite_autoindex_usage%'").scalar() if _has_dbstat(conn) else None
+        stat = _has_dbstat(conn)
+        ledger = _bytes(conn, ("usage", "ix_usage_uuid_bucket", "sqlite_autoindex_usage_1"))
+        rollup = _bytes(conn, ("usage_daily", "ix_usage_daily_day"))
     engine.dispose()
-    ledger_bytes = ledger_pages or db_path.stat().st_size
+    per = 1000 / max(gpu_hours, 1e-9)
     return {"figure": "collect", "gpus": gpus, "requests": result["requests"],
             "seconds": round(took, 2), "peak_rss_mb": round(rss, 1), "rows": result["rows"],
             "gpu_hours": round(gpu_hours, 3),
-            "db_bytes_per_1000_gpu_hours": round(ledger_bytes / max(gpu_hours, 1e-9) * 1000),
-            "ledger_bytes_measured": "dbstat" if ledger_pages else "whole file",
-            "sqlite_page_size": page_size}
+            "db_bytes_per_1000_gpu_hours": round(
+                (ledger if stat else db_path.stat().st_size) * per),
+            "ledger_bytes_measured": "dbstat" if stat else "whole file",
+            # the rollup holds one row per GPU and day: over whole days 1/24 of this
+            "rollup_bytes_per_1000_gpu_hours_this_hour": round(rollup * per) if stat else None,
+            "sqlite_page_size": page_size, "load_avg": os.getloadavg()}
+
+
+def _bytes(conn, names: tuple[str, ...]) -> int:
+    marks = ", ".join(f"'{n}'" for n in names)
+    try:
+        return conn.exec_driver_sql(
+            f"SELECT coalesce(sum(pgsize), 0) FROM dbstat WHERE name IN ({marks})").scalar()
+    except sa.exc.OperationalError:
+        return 0
 
 
 def _has_dbstat(conn) -> bool:
@@ -114,50 +129,129 @@ def _has_dbstat(conn) -> bool:
         return False
 
 
-def bench_answer(gpus: int, url: str) -> dict:
-    engine = inv.make_engine(url, create=True)
-    inv.upgrade(engine)
-    now = dt.datetime.now(dt.UTC).replace(tzinfo=None, minute=0, second=0, microsecond=0)
+LEDGER_COLUMNS = ("bucket_start, bucket_end, cluster, node, uuid, slice, namespace, pod, "
+                  "vendor, model, gpu_share, gpu_hours, avg_utilisation_pct, coverage, energy_wh")
+# GPU i: cluster c{i//400}, node n{i//8}; even GPUs held by team-{i%20}/job-{i}, odd ones
+# unallocated; utilisation (i % 10) x 10 % (so a tenth of the allocated GPUs are idle).
+FILL_SQL = {
+    "sqlite": f"""INSERT INTO usage ({LEDGER_COLUMNS})
+WITH RECURSIVE h(k) AS (SELECT 0 UNION ALL SELECT k + 1 FROM h WHERE k < :hours - 1),
+g(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM g WHERE i < :gpus - 1)
+SELECT strftime('%Y-%m-%d %H:%M:%S.000000', :base, '+' || k || ' hours'),
+  strftime('%Y-%m-%d %H:%M:%S.000000', :base, '+' || (k + 1) || ' hours'),
+  'c' || (i / 400), 'n' || (i / 8), printf('GPU-%08d', i), '',
+  CASE WHEN i % 2 = 0 THEN 'team-' || (i % 20) ELSE '' END,
+  CASE WHEN i % 2 = 0 THEN 'job-' || i ELSE '' END, 'nvidia', 'NVIDIA H100 80GB HBM3',
+  1.0, 1.0, (i % 10) * 10.0, 1.0, 300.0
+FROM h CROSS JOIN g""",
+    "postgresql": f"""INSERT INTO usage ({LEDGER_COLUMNS})
+SELECT CAST(:base AS timestamp) + k * interval '1 hour',
+  CAST(:base AS timestamp) + (k + 1) * interval '1 hour',
+  'c' || (i / 400), 'n' || (i / 8), 'GPU-' || lpad(i::text, 8, '0'), '',
+  CASE WHEN i % 2 = 0 THEN 'team-' || (i % 20) ELSE '' END,
+  CASE WHEN i % 2 = 0 THEN 'job-' || i ELSE '' END, 'nvidia', 'NVIDIA H100 80GB HBM3',
+  1.0, 1.0, (i % 10) * 10.0, 1.0, 300.0
+FROM generate_series(0, :hours - 1) k CROSS JOIN generate_series(0, :gpus - 1) i""",
+}
+
+
+def fill_ledger(engine, gpus: int, hours: int, base: dt.datetime) -> tuple[float, float]:
+    """gpus x hours ledger rows from ``base`` on, generated in the database, then the daily
+    rollup of every day rebuilt as `usage collect` does. Returns (fill_s, rebuild_day_s: the
+    rebuild of one whole day, what collect pays at a day's last bucket)."""
     started = time.perf_counter()
     with engine.begin() as conn:
-        for h in range(30 * 24):
-            start = now - dt.timedelta(hours=30 * 24 - h)
-            conn.execute(inv.usage.insert(), [{
-                "bucket_start": start, "bucket_end": start + dt.timedelta(hours=1),
-                "cluster": f"c{i // 400}", "node": f"n{i // 8}", "uuid": f"GPU-{i:08d}",
-                "slice": "", "namespace": f"team-{i % 20}" if i % 2 == 0 else "",
-                "pod": f"job-{i}" if i % 2 == 0 else "", "vendor": "nvidia",
-                "model": "NVIDIA H100 80GB HBM3", "gpu_share": 1.0, "gpu_hours": 1.0,
-                "avg_utilisation_pct": 40.0, "coverage": 1.0, "energy_wh": 300.0,
-            } for i in range(gpus)])
+        conn.execute(sa.text(FILL_SQL[engine.dialect.name]),
+                     {"hours": hours, "gpus": gpus, "base": base.isoformat(sep=" ")})
     fill_s = time.perf_counter() - started
+    days = sorted({inv.day_of(base + dt.timedelta(hours=h)) for h in range(hours)})
+    took = []
+    with engine.begin() as conn:
+        for day in days:
+            began = time.perf_counter()
+            inv.rebuild_days(conn, [day])
+            took.append(time.perf_counter() - began)
+    return fill_s, max(took)
+
+
+def bench_answer(gpus: int, url: str) -> dict:
+    """`usage --by namespace --since 30d` over 30 days of hourly rows for ``gpus`` GPUs."""
+    engine = inv.make_engine(url, create=True)
+    inv.upgrade(engine)
+    now_hour = dt.datetime.now(dt.UTC).replace(tzinfo=None, minute=0, second=0,
+                                                microsecond=0)
+    fill_s, rebuild_day_s = fill_ledger(engine, gpus, 30 * 24,
+                                        now_hour - dt.timedelta(hours=30 * 24))
     with engine.connect() as conn:
         if engine.dialect.name == "postgresql":
-            conn.exec_driver_sql("ANALYZE usage")
-    stmt_plan = _plan(engine)
+            conn.exec_driver_sql("ANALYZE")
+            conn.commit()
+        rows = conn.execute(sa.select(sa.func.count()).select_from(inv.usage)).scalar()
+        rollup_rows = conn.execute(
+            sa.select(sa.func.count()).select_from(inv.usage_daily)).scalar()
+    times = []
+    for _ in range(3):  # as the command asks: [now - 30d, now + 1s)
+        now = inv.now_utc()
+        with engine.connect() as conn:
+            began = time.perf_counter()
+            answer = usage.usage_summary(conn, now - dt.timedelta(days=30),
+                                         now + dt.timedelta(seconds=1), ["namespace"])
+            times.append(time.perf_counter() - began)
     with engine.connect() as conn:
         began = time.perf_counter()
-        usage.usage_summary(conn, now - dt.timedelta(days=30), now + dt.timedelta(hours=1))
-        query_s = time.perf_counter() - began
-    out, took, rss = child(["usage", "--by", "namespace", "--since", "30d", "--db", url,
-                            "-o", "json"])
+        hourly = usage.usage_summary(conn, now - dt.timedelta(days=30),
+                                     now + dt.timedelta(seconds=1), ["namespace"],
+                                     rollup=False)
+        hourly_s = time.perf_counter() - began
+    plan = _plan(engine, now)
+    wall = []
+    for _ in range(3):
+        out, took, rss = child(["usage", "--by", "namespace", "--since", "30d", "--db", url,
+                                "-o", "json"])
+        wall.append(took)
+    start_s = min(child(["usage", "--help"])[1] for _ in range(3))
     engine.dispose()
     return {"figure": "usage --by namespace --since 30d", "database": engine.dialect.name,
-            "gpus": gpus, "rows": gpus * 720, "fill_s": round(fill_s, 1),
-            "answer_s": round(took, 3), "query_s": round(query_s, 3),
-            "groups": len(json.loads(out)),
-            "peak_rss_mb": round(rss, 1), "plan": stmt_plan}
+            "gpus": gpus, "rows": rows, "rollup_rows": rollup_rows,
+            "fill_s": round(fill_s, 1), "rollup_rebuild_day_s": round(rebuild_day_s, 3),
+            "query_s": [round(t, 3) for t in times],
+            "answer_s": [round(t, 3) for t in wall],
+            "process_start_s": round(start_s, 3),
+            "hourly_only_query_s": round(hourly_s, 3),
+            "max_rel_diff_vs_hourly_only": _max_rel_diff(answer, hourly),
+            "groups": len(json.loads(out)), "peak_rss_mb": round(rss, 1),
+            "load_avg": os.getloadavg(), "plan": plan}
 
 
-def _plan(engine) -> str:
-    since = dt.datetime.now(dt.UTC).replace(tzinfo=None) - dt.timedelta(days=30)
+def _max_rel_diff(a: list[dict], b: list[dict]) -> float | None:
+    """The largest relative difference between two answers' figures (None: different
+    groups). Summing millions of floats in another order moves the last digits only."""
+    if [r["namespace"] for r in a] != [r["namespace"] for r in b]:
+        return None
+    worst = 0.0
+    for x, y in zip(a, b, strict=True):
+        for f in usage.USAGE_FIGURES:
+            if x[f] != y[f]:
+                worst = max(worst, abs(x[f] - y[f]) / max(abs(x[f]), abs(y[f])))
+    return worst
+
+
+def _plan(engine, now: dt.datetime) -> list[str]:
+    """The database's plan of the statement usage_summary runs for --since 30d."""
     with engine.connect() as conn:
-        compiled = sa.select(sa.func.sum(inv.usage.c.gpu_hours)).where(
-            inv.usage.c.bucket_start >= since).compile(
-            dialect=engine.dialect, compile_kwargs={"literal_binds": True})
-        prefix = "EXPLAIN QUERY PLAN " if engine.dialect.name == "sqlite" else "EXPLAIN "
-        rows = conn.exec_driver_sql(prefix + str(compiled)).all()
-    return " | ".join(str(r[-1]) for r in rows)
+        stmt = usage.summary_select(conn, now - dt.timedelta(days=30),
+                                    now + dt.timedelta(seconds=1), ["namespace"], 5.0)
+        sql = str(stmt.compile(dialect=engine.dialect,
+                               compile_kwargs={"literal_binds": True}))
+        if engine.dialect.name == "sqlite":
+            return [r[-1] for r in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + sql)]
+        return [r[0] for r in conn.exec_driver_sql("EXPLAIN " + sql)]
+
+
+def _pg_answer(gpus: int, server: str) -> dict:
+    from tests.support.pg import create_database
+
+    return bench_answer(gpus, create_database(server, prefix="bench_"))
 
 
 def main() -> None:
@@ -165,7 +259,9 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=1000, help="GPUs for the collect figure")
     parser.add_argument("--answer-gpus", type=int, default=1000,
                         help="GPUs x 30 days of ledger rows for the answer figure")
-    parser.add_argument("--pg", help="also time the answer on this PostgreSQL URL")
+    parser.add_argument("--pg", help="also time the answer on this PostgreSQL server URL "
+                        "(without a database; one is created), or 'auto': start a throwaway "
+                        "PostgreSQL 15 as the tests do")
     parser.add_argument("--workdir", type=Path)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
@@ -175,8 +271,13 @@ def main() -> None:
         if args.answer_gpus:
             print(json.dumps(bench_answer(args.answer_gpus, f"sqlite:///{work / 'a.db'}")),
                   flush=True)
-            if args.pg:
-                print(json.dumps(bench_answer(args.answer_gpus, args.pg)), flush=True)
+            if args.pg == "auto":
+                from tests.support.pg import throwaway_server
+
+                with throwaway_server() as server:
+                    print(json.dumps(_pg_answer(args.answer_gpus, server)), flush=True)
+            elif args.pg:
+                print(json.dumps(_pg_answer(args.answer_gpus, args.pg)), flush=True)
 
 
 if __name__ == "__main__":

@@ -110,60 +110,14 @@ def acm_hub(tmp_path: Path) -> Iterator[AcmHub]:
 
 
 # -- databases ------------------------------------------------------------------------------
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
-
-
-def _pg_tool(name: str) -> str:
-    import shutil
-
-    path = shutil.which(name) or (str(PG_BIN / name) if (PG_BIN / name).exists() else None)
-    if path is None:
-        pytest.fail(f"{name} not found: install PostgreSQL 15 (Debian postgresql-15)")
-    return path
-
-
-def _run(args: list[str]) -> None:
-    import subprocess
-
-    proc = subprocess.run(args, capture_output=True, text=True)
-    if proc.returncode != 0:
-        pytest.fail(f"{' '.join(args)} failed: {proc.stderr.strip() or proc.stdout.strip()}")
-
-
 @pytest.fixture(scope="session")
 def postgres_server() -> Iterator[str]:
-    """A throwaway PostgreSQL 15 on a free loopback port; as root it runs as 'postgres'.
+    """A throwaway PostgreSQL 15 on a free loopback port (tests/support/pg.py); a missing
+    binary or a failed start fails the test loudly."""
+    from tests.support.pg import throwaway_server
 
-    It lives in its own /tmp directory because pytest's temp tree is private to root and
-    PostgreSQL refuses to run as root.
-    """
-    import os
-    import shutil
-    import tempfile
-
-    from hub.devstack import free_port
-
-    base = Path(tempfile.mkdtemp(prefix="gpufleet-pg-"))
-    data, sock = base / "data", base / "sock"
-    sock.mkdir()
-    as_user: list[str] = []
-    if os.geteuid() == 0:
-        for path in (base, sock):
-            shutil.chown(path, "postgres", "postgres")
-        as_user = ["runuser", "-u", "postgres", "--"]
-    port = free_port()
-    _run([*as_user, _pg_tool("initdb"), "-D", str(data), "-U", "gpufleet", "--auth=trust",
-          "-E", "UTF8"])
-    _run([*as_user, _pg_tool("pg_ctl"), "-D", str(data), "-l", str(base / "pg.log"), "-w",
-          "start", "-o", f"-p {port} -k {sock} -c listen_addresses=127.0.0.1 -c fsync=off"])
-    try:
-        yield f"postgresql+psycopg://gpufleet@127.0.0.1:{port}"
-    finally:
-        import subprocess
-
-        subprocess.run([*as_user, _pg_tool("pg_ctl"), "-D", str(data), "-m", "immediate",
-                        "stop"], capture_output=True)
-        shutil.rmtree(base, ignore_errors=True)
+    with throwaway_server(fail=pytest.fail) as url:
+        yield url
 
 
 @pytest.fixture

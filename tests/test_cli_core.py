@@ -136,6 +136,7 @@ def test_bad_config_file(tmp_path, text, message):
 def test_db_upgrade_creates_the_schema_the_models_describe(db_url):
     result = gpufleet("db", "upgrade", "--db", db_url)
     head = migrate.head()
+    assert head == migrate.HEAD  # what read commands check the schema against, unloaded
     assert result.exit_code == 0 and f"empty -> {head}" in result.stdout
     engine = inventory.make_engine(db_url)
     with engine.connect() as conn:

@@ -121,7 +121,7 @@ def test_migration_0005_folds_a_moved_gpu_and_keeps_rows(db_url):
             "INSERT INTO allocations VALUES ('c1','n1','GPU-S','3g.40gb/1','ml','p','c',"
             ":t, :t, :t)"), {"t": t0})
     before, after = inv.upgrade(engine)
-    assert (before, after) == ("0002", migrate.head()) and after == "0005"
+    assert (before, after) == ("0002", migrate.head())
     with engine.connect() as conn:
         gpus = {(g["uuid"], g["mig_profile"]): g for g in inv.list_gpus(conn)}
         assert len(gpus) == 3

@@ -25,7 +25,9 @@ from hub import inventory as inv
 from hub import usage
 from tests.support.backfill import backfilled_hub, openmetrics
 from tests.support.clirun import gpufleet, gpufleet_json
+from tests.support.httpstub import StubServer
 from tests.test_report import chromium_dom
+from tests.test_sync_failures import with_warnings
 
 HOUR = 3600.0
 H100 = 'modelName="NVIDIA H100 80GB HBM3"'
@@ -129,7 +131,19 @@ def test_usage_collect_usage_idle_capacity_on_a_backfilled_hub(tmp_path, db_url)
         assert "bucket(s) not collected" in down.stderr and "retries" in down.stderr
         assert gpufleet_json("usage", *period, env=env) == two_hours
 
-        hub.start(timeout=120)  # back: the missed hour is caught up
+        hub.start(timeout=120)
+        # a store answering in part (warnings after the streamed rows): nothing written
+        partial = StubServer(with_warnings(hub.url))
+        try:
+            half = gpufleet("usage", "collect", "--max-backfill", "5h", "--delay", "0s",
+                            "--hub-url", partial.url, env=env)
+        finally:
+            partial.stop()
+        assert half.exit_code == 3, half.output
+        assert "partial response (receive-2: store unavailable)" in half.stderr
+        assert gpufleet_json("usage", *period, env=env) == two_hours
+
+        # back in full: the missed hour is caught up
         caught = gpufleet_json("usage", "collect", "--max-backfill", "5h", "--delay", "0s",
                                env=env)
         assert caught["failed"] == [] and f"{iso(t0 + 2 * HOUR)[:-1]}" in " ".join(

@@ -8,7 +8,7 @@ import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import sqlalchemy as sa
@@ -36,7 +36,9 @@ from hub.common import (
     stale_after_option,
     to_json,
 )
-from hub.store import HubClient, HubSettings
+
+if TYPE_CHECKING:
+    from hub.store import HubClient
 
 
 def hub_client(opts: dict[str, Any]) -> HubClient:
@@ -44,6 +46,8 @@ def hub_client(opts: dict[str, Any]) -> HubClient:
         timeout = parse_duration(opts.get("hub_timeout") or "60s")
     except ValueError as exc:
         raise InputError(f"--timeout: {exc}") from None
+    from hub.store import HubClient, HubSettings  # requests loads only for hub commands
+
     return HubClient.from_settings(HubSettings(
         url=opts.get("hub_url") or "",
         token_file=opts.get("token_file"),

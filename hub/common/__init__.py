@@ -5,6 +5,8 @@ Nothing here imports another hub package.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from hub.common._clibase import CONFIG_ENV, ConfiguredCommand, ConfiguredGroup, load_config
 from hub.common._durations import (
     DURATION,
@@ -18,10 +20,6 @@ from hub.common._errors import (
     InputError,
     UnavailableError,
     shorten,
-)
-from hub.common._httpserve import (
-    BackgroundHTTPServer,
-    parse_listen,
 )
 from hub.common._options import (
     QUERY_CONCURRENCY,
@@ -88,3 +86,17 @@ __all__ = [
     "to_table",
     "window_option",
 ]
+
+
+if TYPE_CHECKING:
+    from hub.common._httpserve import BackgroundHTTPServer, parse_listen
+
+
+def __getattr__(name: str) -> Any:
+    """The HTTP server base (http.server, socketserver) loads on first use: only `serve`,
+    the exporter and the test stacks need it, not every command's start."""
+    if name in ("BackgroundHTTPServer", "parse_listen"):
+        from hub.common import _httpserve
+
+        return getattr(_httpserve, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

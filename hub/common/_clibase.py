@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-import yaml
 
 from hub.common._errors import InputError
 
@@ -63,6 +62,8 @@ def load_config(path: str, root: click.Command,
         raise InputError(f"cannot read config file {path}: {exc.strerror}") from None
     except UnicodeDecodeError:
         raise InputError(f"config file {path} is not a text (UTF-8) file") from None
+    import yaml  # only when a --config file is given: not on every command's start
+
     try:
         data = yaml.safe_load(text) or {}
     except yaml.YAMLError as exc:

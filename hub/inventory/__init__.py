@@ -38,13 +38,19 @@ from hub.inventory._db import (
 from hub.inventory._health import FATAL_XIDS
 from hub.inventory._health import LEVELS as HEALTH_LEVELS
 from hub.inventory._ledger import (
+    DAY,
+    ROLLUP_IDLE_THRESHOLD,
     USAGE_COLUMNS,
     CollectResult,
     buckets_between,
     collect_usage,
+    day_of,
+    rebuild_days,
     recent_usage,
+    rollup_sums,
     usage,
     usage_buckets,
+    usage_daily,
 )
 from hub.inventory._migrate import (
     current,
@@ -66,6 +72,7 @@ __all__ = [
     "ACTIVE",
     "ALLOCATION_COLUMNS",
     "CLUSTER_COLUMNS",
+    "DAY",
     "EVENT_COLUMNS",
     "EVENT_TYPES",
     "FATAL_XIDS",
@@ -75,6 +82,7 @@ __all__ = [
     "NODE_COLUMNS",
     "NO_GPU_SERIES",
     "PRUNE_COLUMNS",
+    "ROLLUP_IDLE_THRESHOLD",
     "STALE",
     "USAGE_COLUMNS",
     "CollectResult",
@@ -85,6 +93,7 @@ __all__ = [
     "buckets_between",
     "collect_usage",
     "current",
+    "day_of",
     "ensure_schema",
     "event_item",
     "events",
@@ -104,10 +113,12 @@ __all__ = [
     "nodes",
     "now_utc",
     "prune",
+    "rebuild_days",
     "recent_usage",
     "reconcile_clusters",
     "reconcile_results",
     "reconcile_runs",
+    "rollup_sums",
     "run_sync",
     "safe_url",
     "subquery_step",
@@ -116,4 +127,5 @@ __all__ = [
     "upgrade",
     "usage",
     "usage_buckets",
+    "usage_daily",
 ]

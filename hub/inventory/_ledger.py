@@ -6,6 +6,12 @@ so re-running a bucket changes nothing and a bucket the store could not answer (
 partial response) is not written at all: it stays missing and the next collect retries it,
 up to ``max_backfill`` back. Usage rows older than the retention are removed; events are not.
 
+The daily rollup (``usage_daily``) pre-sums the ledger per UTC day and per GPU or slice,
+namespace and model, so `usage` over a month reads whole days from it and only the edge
+hours from the ledger. Every write to the ledger (a bucket, retention) rebuilds the days it
+touched from the ledger's rows in the same transaction: the rollup is always exactly the sum
+of the rows, whatever was re-collected. Its idle figure is for ROLLUP_IDLE_THRESHOLD only.
+
 Counting: a whole GPU is 1 GPU-equivalent, a MIG slice its share of the GPU's compute slices
 (store.mig_share) and the parent of a MIG layout counts only through its slices.
 gpu_hours = share x coverage x bucket hours; energy_wh = avg_power_w x coverage x hours, times
@@ -17,9 +23,9 @@ from __future__ import annotations
 import datetime as dt
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -27,7 +33,9 @@ from sqlalchemy.engine import Connection, Engine
 from hub import store
 from hub.common import GpufleetError, format_duration
 from hub.inventory._db import _insert, gpus, metadata, now_utc, utc
-from hub.store import HubClient, PartialResponse
+
+if TYPE_CHECKING:
+    from hub.store import HubClient
 
 usage = sa.Table(
     "usage", metadata,
@@ -60,6 +68,30 @@ usage_buckets = sa.Table(
     sa.Column("collected_at", sa.DateTime, nullable=False),
     sa.Column("rows", sa.Integer, nullable=False),
     sa.Column("requests", sa.Integer, nullable=False),
+)
+
+#: The idle threshold (%) the rollup's idle_allocated_gpu_hours is computed for (the default
+#: of `usage --idle-threshold`); another threshold reads the hourly ledger.
+ROLLUP_IDLE_THRESHOLD = 5.0
+DAY = dt.timedelta(days=1)
+
+usage_daily = sa.Table(
+    "usage_daily", metadata,
+    # No primary key: model may be NULL (not known). The rows of a day are only ever
+    # replaced together (rebuild_days), never upserted one by one.
+    sa.Column("day", sa.DateTime, nullable=False),  # 00:00 UTC; buckets starting that day
+    sa.Column("cluster", sa.String(253), nullable=False),
+    sa.Column("node", sa.String(253), nullable=False),
+    sa.Column("uuid", sa.String(128), nullable=False),
+    sa.Column("slice", sa.String(64), nullable=False),
+    sa.Column("namespace", sa.String(253), nullable=False),
+    sa.Column("model", sa.String(128)),
+    sa.Column("gpu_hours", sa.Float, nullable=False),
+    sa.Column("allocated_gpu_hours", sa.Float, nullable=False),
+    sa.Column("busy_gpu_hours", sa.Float, nullable=False),
+    sa.Column("idle_allocated_gpu_hours", sa.Float, nullable=False),
+    sa.Column("energy_wh", sa.Float, nullable=False),
+    sa.Index("ix_usage_daily_day", "day"),
 )
 
 USAGE_COLUMNS = [
@@ -104,7 +136,7 @@ def pending_buckets(conn: Connection, *, now: float, bucket: float, max_backfill
 Key = tuple[str, str, str, str, str, str]  # cluster, node, uuid, slice, namespace, pod
 
 
-@dataclass
+@dataclass(slots=True)
 class _Acc:
     vendor: str
     model: str | None = None
@@ -124,6 +156,12 @@ def _num(row: Mapping[str, Any]) -> float | None:
     return None if v != v else v
 
 
+def _series(labels: Mapping[str, str]) -> str:
+    """One series' label set as a compact key (a str, not a frozenset of pairs: 100,000
+    series of one bucket are held at once)."""
+    return "\x1f".join(f"{k}\x1e{v}" for k, v in sorted(labels.items()))
+
+
 def _key(p: store.VendorProfile, labels: Mapping[str, str], cl: str) -> tuple[Key, Any] | None:
     ident = p.identity(labels, cl)
     if ident is None:
@@ -133,32 +171,27 @@ def _key(p: store.VendorProfile, labels: Mapping[str, str], cl: str) -> tuple[Ke
     return (ident.cluster, ident.node, ident.uuid, slice_key, alloc[0], alloc[1]), ident
 
 
-def fold_bucket(answers: Iterable[tuple[store.Query, list[Mapping[str, Any]]]], *,
+def fold_bucket(answers: Iterable[tuple[store.Query, Iterable[Mapping[str, Any]]]], *,
                 start: float, bucket: float, step: float, cluster_label: str,
                 known: Mapping[tuple[str, str], tuple[str | None, float | None]]
                 ) -> list[dict[str, Any]]:
     """Ledger rows of one bucket from the answers to its queries (pure).
 
     Series that differ only in labels we do not keep (an exporter pod's restart, two label
-    spellings) fold into one row; their averages are weighted by their sample coverage.
+    spellings) fold into one row; their averages are weighted by their sample coverage, so a
+    vendor's coverage answer must come before its other answers (_ask's order).
     ``known`` gives (model, memory_total_mib) per (uuid, slice) from the inventory.
     """
     accs: dict[Key, _Acc] = {}
-    cover: dict[tuple[str, frozenset], float] = {}
-    answers = list(answers)
-    for query, rows in answers:
-        if query.kind != "coverage":
-            continue
-        for row in rows:
-            n = _num(row)
-            if n:
-                cover[(query.vendor, frozenset(row["metric"].items()))] = n
+    cover: dict[tuple[str, str], float] = {}
     for query, rows in answers:
         p = store.profile(query.vendor)
         for row in rows:
             labels = row["metric"]
-            found = _key(p, labels, cluster_label)
             value = _num(row)
+            if query.kind == "coverage" and value:
+                cover[(query.vendor, _series(labels))] = value
+            found = _key(p, labels, cluster_label)
             if found is None or (value is None and query.kind != "coverage"):
                 continue
             key, ident = found
@@ -168,10 +201,10 @@ def fold_bucket(answers: Iterable[tuple[store.Query, list[Mapping[str, Any]]]], 
                               if labels.get(m)), None)
                 acc = accs[key] = _Acc(p.vendor, model, ident.mig_profile is not None,
                                        ident.mig_profile)
-            weight = cover.get((query.vendor, frozenset(labels.items())), 1.0)
             if query.kind == "coverage":
                 acc.minutes += value or 0.0
                 continue
+            weight = cover.get((query.vendor, _series(labels)), 1.0)
             value = p.convert(query.field or "", value)
             fld = f"{query.field}:{query.kind.split(':')[1]}"
             if fld.endswith(":max"):
@@ -218,19 +251,22 @@ def fold_bucket(answers: Iterable[tuple[store.Query, list[Mapping[str, Any]]]], 
 
 
 def _ask(client: HubClient, queries: list[store.Query], start: float, bucket: float,
-         step: float) -> list[tuple[store.Query, list[Mapping[str, Any]]]]:
+         step: float) -> Iterator[tuple[store.Query, Iterable[Mapping[str, Any]]]]:
+    """Each query's answer in turn, coverage first (fold_bucket weighs averages by it),
+    decoded row by row as the fold reads it: one answer's rows exist at a time, not the
+    whole bucket's (~7 KB a GPU). A partial answer raises once its rows are read (Thanos
+    sends the warnings after them), before anything is written."""
     end = start + bucket
-    answers = []
-    for query in queries:
+    for query in sorted(queries, key=lambda q: q.kind != "coverage"):
         # avg/max: the samples in [start, end) (ms before the end, so a sample exactly on a
         # boundary belongs to one bucket); coverage: one step later, see usage_queries.
         at = end - 0.001 + (step if query.kind == "coverage" else 0.0)
-        res = client.query(query.promql, time=at)
-        if res.warnings:
-            raise PartialResponse(f"hub {client.safe_url} returned a partial response "
-                                  f"({res.warnings[0]}); bucket left for a later collect")
-        answers.append((query, res.result))
-    return answers
+        res = client.query(query.promql, time=at, stream=True)
+        yield query, res.result
+        warnings = getattr(res.result, "warnings", None) or res.warnings
+        if warnings:
+            raise store.PartialResponse(f"hub {client.safe_url} returned a partial response "
+                                        f"({warnings[0]}); bucket left for a later collect")
 
 
 def collect_usage(engine: Engine, client: HubClient, *, bucket: float = 3600.0,
@@ -255,15 +291,14 @@ def collect_usage(engine: Engine, client: HubClient, *, bucket: float = 3600.0,
     for start in starts:
         before = client.requests
         try:
-            answers = _ask(client, queries, start, bucket, step)
+            rows = fold_bucket(_ask(client, queries, start, bucket, step), start=start,
+                               bucket=bucket, step=step, cluster_label=cluster_label,
+                               known=known)
         except GpufleetError as exc:
             result.requests += client.requests - before
             result.failed.append((utc(start), exc.format_message()))  # type: ignore[arg-type]
             continue
         requests = client.requests - before
-        rows = fold_bucket(answers, start=start, bucket=bucket, step=step,
-                           cluster_label=cluster_label, known=known)
-        del answers
         with engine.begin() as conn:
             write_bucket(conn, start, bucket, rows, requests)
         result.collected.append(utc(start))  # type: ignore[arg-type]
@@ -278,11 +313,12 @@ def collect_usage(engine: Engine, client: HubClient, *, bucket: float = 3600.0,
 
 def write_bucket(conn: Connection, start: float, bucket: float, rows: list[dict[str, Any]],
                  requests: int) -> None:
-    """Replace one bucket's rows (idempotent) and mark it collected."""
+    """Replace one bucket's rows (idempotent), rebuild its day's rollup, mark it collected."""
     begin = utc(start)
     conn.execute(usage.delete().where(usage.c.bucket_start == begin))
     for i in range(0, len(rows), 5000):
         conn.execute(usage.insert(), rows[i:i + 5000])
+    rebuild_days(conn, [day_of(begin)])  # type: ignore[arg-type]
     stmt = _insert(conn, usage_buckets).values(
         bucket_start=begin, bucket_end=utc(start + bucket), collected_at=now_utc(),
         rows=len(rows), requests=requests)
@@ -295,7 +331,49 @@ def apply_retention(conn: Connection, before: float) -> int:
     cut = utc(before)
     removed = conn.execute(usage.delete().where(usage.c.bucket_start < cut)).rowcount or 0
     conn.execute(usage_buckets.delete().where(usage_buckets.c.bucket_start < cut))
+    conn.execute(usage_daily.delete().where(usage_daily.c.day < day_of(cut)))
+    if removed:
+        rebuild_days(conn, [day_of(cut)])  # the day the cut falls in lost its first hours
     return removed
+
+
+def day_of(moment: dt.datetime) -> dt.datetime:
+    """00:00 UTC of the day a (naive UTC) moment falls in."""
+    return moment.replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def rollup_sums(table: sa.Table, when: sa.ColumnElement) -> list[sa.ColumnElement]:
+    """The summed figures of ledger rows, labelled like usage_daily's columns (the one place
+    that says how a ledger row counts; usage answers use it on the ledger's edge hours)."""
+    allocated = table.c.pod != ""
+    util = sa.func.coalesce(table.c.avg_utilisation_pct, 0.0)
+    zero = sa.literal(0.0)
+    return [
+        sa.func.sum(table.c.gpu_hours).label("gpu_hours"),
+        sa.func.sum(sa.case((allocated, table.c.gpu_hours), else_=zero))
+        .label("allocated_gpu_hours"),
+        sa.func.sum(table.c.gpu_hours * util / 100.0).label("busy_gpu_hours"),
+        sa.func.sum(sa.case((sa.and_(allocated, when), table.c.gpu_hours), else_=zero))
+        .label("idle_allocated_gpu_hours"),
+        sa.func.sum(sa.func.coalesce(table.c.energy_wh, 0.0)).label("energy_wh"),
+    ]
+
+
+ROLLUP_KEYS = ["cluster", "node", "uuid", "slice", "namespace", "model"]
+
+
+def rebuild_days(conn: Connection, days: Iterable[dt.datetime]) -> None:
+    """Replace the rollup rows of these days by the sums of the ledger rows starting in them."""
+    util = sa.func.coalesce(usage.c.avg_utilisation_pct, 0.0)
+    for day in sorted(set(days)):
+        conn.execute(usage_daily.delete().where(usage_daily.c.day == day))
+        sums = rollup_sums(usage, util < ROLLUP_IDLE_THRESHOLD)
+        select = (sa.select(sa.literal(day, sa.DateTime).label("day"),
+                            *[usage.c[k] for k in ROLLUP_KEYS], *sums)
+                  .where(usage.c.bucket_start >= day, usage.c.bucket_start < day + DAY)
+                  .group_by(*[usage.c[k] for k in ROLLUP_KEYS]))
+        conn.execute(usage_daily.insert().from_select(
+            ["day", *ROLLUP_KEYS, *[c.name for c in sums]], select))
 
 
 def recent_usage(conn: Connection, uuid: str, limit: int = 48) -> list[dict[str, Any]]:

@@ -1,4 +1,9 @@
-"""Schema migrations (Alembic), run from code so the CLI needs no alembic.ini."""
+"""Schema migrations (Alembic), run from code so the CLI needs no alembic.ini.
+
+Alembic is imported only to migrate: a read command (`usage`, `inventory list`) checks the
+schema's revision with one SELECT against HEAD, not by loading Alembic and every migration
+script (about half a second of its start-up).
+"""
 
 from __future__ import annotations
 
@@ -8,10 +13,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import sqlalchemy as sa
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Connection, Engine
 
 from hub.common import InputError
@@ -31,7 +32,13 @@ def metadata() -> sa.MetaData:
     return complete
 
 
-def _config(connection=None) -> Config:
+#: The newest migration's revision (tests check it is Alembic's head of migrations/).
+HEAD = "0006"
+
+
+def _config(connection=None):  # -> alembic.config.Config
+    from alembic.config import Config
+
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS))
     cfg.attributes["connection"] = connection
@@ -39,12 +46,18 @@ def _config(connection=None) -> Config:
 
 
 def head() -> str:
+    """Alembic's own head of the migration scripts (loads them all)."""
+    from alembic.script import ScriptDirectory
+
     return ScriptDirectory.from_config(_config()).get_current_head() or ""
 
 
 def current(engine: Engine) -> str | None:
+    """The database's revision (None: no schema yet), read as Alembic keeps it."""
     with engine.connect() as conn:
-        return MigrationContext.configure(conn).get_current_revision()
+        if not sa.inspect(conn).has_table("alembic_version"):
+            return None
+        return conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar()
 
 
 def upgrade(engine: Engine) -> tuple[str | None, str]:
@@ -53,6 +66,8 @@ def upgrade(engine: Engine) -> tuple[str | None, str]:
     # Two syncs on an empty database would both create the schema and the loser would crash
     # on alembic_version's key: migrate under the sync's own lock (PostgreSQL advisory lock,
     # SQLite write lock), so the loser waits and then finds the schema at head (a no-op).
+    from alembic import command
+
     with _locked(engine) as conn:
         command.upgrade(_config(conn), "head")
     return before, head()
@@ -78,8 +93,8 @@ def ensure_schema(engine: Engine) -> None:
     rev = current(engine)
     if rev is None:
         upgrade(engine)
-    elif rev != head():
+    elif rev != HEAD:
         raise InputError(
-            f"inventory schema is at revision {rev}, this gpufleet needs {head()}: "
+            f"inventory schema is at revision {rev}, this gpufleet needs {HEAD}: "
             "run `gpufleet db upgrade`"
         )

@@ -15,7 +15,7 @@ import itertools
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Engine
 
@@ -24,7 +24,9 @@ from hub.common import QUERY_CONCURRENCY, GpufleetError, InputError, format_dura
 from hub.inventory import _db as inventory
 from hub.inventory import _migrate as migrate
 from hub.inventory._normalize import FleetBuilder
-from hub.store import HubClient, PartialResponse, QueryResult, StreamedRows
+
+if TYPE_CHECKING:
+    from hub.store import HubClient, QueryResult
 
 
 @dataclass
@@ -100,7 +102,7 @@ def _fold(builder: FleetBuilder, client: HubClient, query: store.Query, res: Que
           cluster_label: str, at: float) -> None:
     """Fold one answer (decoded row by row as it is folded); a partial one fails the sync,
     and so does one whose GPU series lack the cluster label (checked on every row)."""
-    if isinstance(res.result, StreamedRows):
+    if isinstance(res.result, store.StreamedRows):
         rows, missing = builder.add_keyed(query, res.result.keyed())
     else:  # an answer without a result array to stream (no rows)
         rows = len(res.result)
@@ -108,7 +110,7 @@ def _fold(builder: FleetBuilder, client: HubClient, query: store.Query, res: Que
         builder.add(query, res.result)
     warnings = res.warnings or getattr(res.result, "warnings", [])
     if warnings:
-        raise PartialResponse(
+        raise store.PartialResponse(
             f"hub {client.safe_url} returned a partial response ({warnings[0]}); "
             "inventory left unchanged"
         )

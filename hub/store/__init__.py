@@ -5,14 +5,17 @@ uses and which PromQL the sync sends.
 
 from __future__ import annotations
 
-from hub.store._client import (
-    NO_PARTIAL_RESPONSE,
-    HubClient,
-    HubSettings,
-    PartialResponse,
-    QueryResult,
-    StreamedRows,
-)
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hub.store._client import (
+        NO_PARTIAL_RESPONSE,
+        HubClient,
+        HubSettings,
+        PartialResponse,
+        QueryResult,
+        StreamedRows,
+    )
 from hub.store._vendors import (
     CLOCKS_EVENT_REASONS,
     DEVICE_HEALTH,
@@ -92,3 +95,16 @@ __all__ = [
     "sync_queries",
     "usage_queries",
 ]
+
+#: The HTTP client's names load with it (requests, urllib3) on first use: commands that only
+#: read the database (`usage`, `inventory list`) start without them.
+_CLIENT = {"NO_PARTIAL_RESPONSE", "HubClient", "HubSettings", "PartialResponse", "QueryResult",
+           "StreamedRows"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _CLIENT:
+        from hub.store import _client
+
+        return getattr(_client, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

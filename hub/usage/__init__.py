@@ -13,6 +13,8 @@ from hub.usage._answers import (
     capacity,
     group_columns,
     idle_allocated,
+    rollup_days,
+    summary_select,
     usage_frame,
     usage_summary,
 )
@@ -29,6 +31,8 @@ __all__ = [
     "gpu_history",
     "group_columns",
     "idle_allocated",
+    "rollup_days",
+    "summary_select",
     "usage_frame",
     "usage_summary",
 ]

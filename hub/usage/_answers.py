@@ -48,42 +48,92 @@ def _clean(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _within(stmt: sa.Select, clusters: Collection[str] | None,
-            namespaces: Collection[str] | None) -> sa.Select:
-    """Only ledger rows of these clusters and namespaces (None: all), for a scoped caller."""
+            namespaces: Collection[str] | None, table: sa.Table = U) -> sa.Select:
+    """Only rows of these clusters and namespaces (None: all), for a scoped caller."""
     if clusters is not None:
-        stmt = stmt.where(U.c.cluster.in_(sorted(clusters)))
+        stmt = stmt.where(table.c.cluster.in_(sorted(clusters)))
     if namespaces is not None:
-        stmt = stmt.where(U.c.namespace.in_(sorted(namespaces)))
+        stmt = stmt.where(table.c.namespace.in_(sorted(namespaces)))
     return stmt
+
+
+SUMS = ["gpu_hours", "allocated_gpu_hours", "busy_gpu_hours", "idle_allocated_gpu_hours",
+        "energy_wh"]
+
+
+def _ledger_has(conn: Connection, start: dt.datetime, end: dt.datetime) -> bool:
+    """Whether any bucket starts in [start, end) (a probe of the ledger's key)."""
+    return conn.execute(sa.select(sa.literal(1)).where(
+        U.c.bucket_start >= start, U.c.bucket_start < end).limit(1)).first() is not None
+
+
+def rollup_days(conn: Connection, start: dt.datetime,
+                end: dt.datetime) -> tuple[dt.datetime, dt.datetime] | None:
+    """[first, last) of the days whose rollup rows stand for exactly the buckets of [start,
+    end) they cover: the whole days inside, plus an edge day when the ledger has no bucket
+    in its part outside the period (``--since``: today, whose later hours have not come)."""
+    first = inv.day_of(start)
+    if first < start and _ledger_has(conn, first, start):
+        first += inv.DAY
+    last = inv.day_of(end)
+    if (last < end and last < dt.datetime.max - 2 * inv.DAY
+            and not _ledger_has(conn, end, last + inv.DAY)):
+        last += inv.DAY
+    return (first, last) if first < last else None
+
+
+def summary_select(conn: Connection, start: dt.datetime, end: dt.datetime,
+                   by: Sequence[str], idle_threshold: float, *,
+                   clusters: Collection[str] | None = None,
+                   namespaces: Collection[str] | None = None,
+                   rollup: bool = True) -> sa.Select | None:
+    """The statement usage_summary runs (None: nothing to read), also for EXPLAIN.
+
+    Whole UTC days come from the daily rollup (inv.usage_daily, an index range on its day)
+    and only the edge hours from the hourly ledger (a range of its key): a month is ~30 rows
+    per GPU, not 720. The rollup's idle figure is for the default threshold, so another
+    ``idle_threshold`` (or ``rollup=False``) reads the whole period from the ledger; both
+    give the same sums."""
+    cols = group_columns(by)
+    parts: list[sa.Select] = []
+    hourly = [(start, end)]
+    days = (rollup_days(conn, start, end)
+            if rollup and idle_threshold == inv.ROLLUP_IDLE_THRESHOLD else None)
+    if days is not None:
+        D = inv.usage_daily
+        parts.append(_within(
+            sa.select(*[D.c[c] for c in cols], *[sa.func.sum(D.c[f]).label(f) for f in SUMS])
+            .where(D.c.day >= days[0], D.c.day < days[1])
+            .group_by(*[D.c[c] for c in cols]), clusters, namespaces, D))
+        hourly = [(a, b) for a, b in ((start, days[0]), (days[1], end)) if a < b]
+    idle = sa.func.coalesce(U.c.avg_utilisation_pct, 0.0) < idle_threshold
+    for a, b in hourly:
+        parts.append(_within(
+            sa.select(*[U.c[c] for c in cols], *inv.rollup_sums(U, idle))
+            .where(U.c.bucket_start >= a, U.c.bucket_start < b)
+            .group_by(*[U.c[c] for c in cols]), clusters, namespaces))
+    if not parts:
+        return None
+    both = (sa.union_all(*parts) if len(parts) > 1 else parts[0]).subquery()
+    return (sa.select(*[both.c[c] for c in cols],
+                      *[sa.func.sum(both.c[f]).label(f) for f in SUMS])
+            .group_by(*[both.c[c] for c in cols])
+            .order_by(*[both.c[c] for c in cols]))
 
 
 def usage_summary(conn: Connection, start: dt.datetime, end: dt.datetime,
                   by: Sequence[str] = ("namespace",), idle_threshold: float = 5.0, *,
                   clusters: Collection[str] | None = None,
-                  namespaces: Collection[str] | None = None) -> list[dict[str, Any]]:
-    """One row per group over the buckets starting in [start, end): one indexed range scan
-    of the ledger's primary key (bucket_start first), grouped in the database. ``clusters``
-    and ``namespaces`` restrict the rows counted (a scoped API caller sees only its own)."""
+                  namespaces: Collection[str] | None = None,
+                  rollup: bool = True) -> list[dict[str, Any]]:
+    """One row per group over the buckets starting in [start, end), summed in the database
+    (summary_select says from where). ``clusters`` and ``namespaces`` restrict the rows
+    counted (a scoped API caller sees only its own)."""
+    stmt = summary_select(conn, start, end, by, idle_threshold, clusters=clusters,
+                          namespaces=namespaces, rollup=rollup)
+    if stmt is None:
+        return []
     cols = group_columns(by)
-    allocated = U.c.pod != ""
-    util = sa.func.coalesce(U.c.avg_utilisation_pct, 0.0)
-    zero = sa.literal(0.0)
-    stmt = (
-        sa.select(
-            *[U.c[c] for c in cols],
-            sa.func.sum(U.c.gpu_hours).label("gpu_hours"),
-            sa.func.sum(sa.case((allocated, U.c.gpu_hours), else_=zero))
-            .label("allocated_gpu_hours"),
-            sa.func.sum(U.c.gpu_hours * util / 100.0).label("busy_gpu_hours"),
-            sa.func.sum(sa.case((sa.and_(allocated, util < idle_threshold), U.c.gpu_hours),
-                                else_=zero)).label("idle_allocated_gpu_hours"),
-            sa.func.sum(sa.func.coalesce(U.c.energy_wh, 0.0)).label("energy_wh"),
-        )
-        .where(U.c.bucket_start >= start, U.c.bucket_start < end)
-        .group_by(*[U.c[c] for c in cols])
-        .order_by(*[U.c[c] for c in cols])
-    )
-    stmt = _within(stmt, clusters, namespaces)
     out = []
     for r in conn.execute(stmt).mappings():
         row = {c: r[c] for c in cols}

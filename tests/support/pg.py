@@ -1,10 +1,67 @@
-"""PostgreSQL helpers for tests that need more than the one database `pg_url` gives."""
+"""PostgreSQL helpers: a throwaway server (the `postgres_server` fixture, and the usage
+bench), and fresh databases for tests that need more than the one `pg_url` gives."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import tempfile
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import NoReturn
 
 import sqlalchemy as sa
+
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+
+
+def _raise(message: str) -> NoReturn:
+    raise RuntimeError(message)
+
+
+@contextmanager
+def throwaway_server(fail: Callable[[str], object] = _raise) -> Iterator[str]:
+    """A PostgreSQL 15 on a free loopback port for the duration; yields its URL (no database
+    part). As root it runs as 'postgres'. It lives in its own /tmp directory because
+    pytest's temp tree is private to root and PostgreSQL refuses to run as root. ``fail``
+    reports a missing binary or a failed start (pytest.fail in tests) and must not return.
+    """
+    from hub.devstack import free_port
+
+    def tool(name: str) -> str:
+        path = shutil.which(name) or (str(PG_BIN / name) if (PG_BIN / name).exists() else None)
+        if path is None:
+            fail(f"{name} not found: install PostgreSQL 15 (Debian postgresql-15)")
+        return str(path)
+
+    def run(args: list[str]) -> None:
+        proc = subprocess.run(args, capture_output=True, text=True)
+        if proc.returncode != 0:
+            fail(f"{' '.join(args)} failed: {proc.stderr.strip() or proc.stdout.strip()}")
+
+    base = Path(tempfile.mkdtemp(prefix="gpufleet-pg-"))
+    data, sock = base / "data", base / "sock"
+    sock.mkdir()
+    as_user: list[str] = []
+    if os.geteuid() == 0:
+        for path in (base, sock):
+            shutil.chown(path, "postgres", "postgres")
+        as_user = ["runuser", "-u", "postgres", "--"]
+    port = free_port()
+    try:
+        run([*as_user, tool("initdb"), "-D", str(data), "-U", "gpufleet", "--auth=trust",
+             "-E", "UTF8"])
+        run([*as_user, tool("pg_ctl"), "-D", str(data), "-l", str(base / "pg.log"), "-w",
+             "start", "-o", f"-p {port} -k {sock} -c listen_addresses=127.0.0.1 -c fsync=off"])
+        yield f"postgresql+psycopg://gpufleet@127.0.0.1:{port}"
+    finally:
+        if (data / "postmaster.pid").exists():
+            subprocess.run([*as_user, tool("pg_ctl"), "-D", str(data), "-m", "immediate",
+                            "stop"], capture_output=True)
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def create_database(server: str, prefix: str = "t_") -> str:

@@ -1,0 +1,154 @@
+"""The usage ledger's daily rollup gives the same answers as the hourly rows it sums, on
+SQLite and PostgreSQL: over several days with partial first and last days, after a bucket is
+re-collected with other rows, after retention cuts into a day, at another idle threshold,
+for a scoped caller; and migration 0006 fills it from the hourly rows of an older database.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+
+import sqlalchemy as sa
+from alembic import command
+
+from hub import inventory as inv
+from hub import usage
+from hub.inventory._ledger import apply_retention, write_bucket
+from hub.inventory._migrate import _config
+
+HOUR = 3600.0
+DAY0 = dt.datetime(2026, 11, 1)
+T0 = DAY0.replace(tzinfo=dt.UTC).timestamp() + 5 * HOUR  # 05:00 on the first day
+BUCKETS = 4 * 24 - 7  # until 22:00 on the fourth day
+
+
+def utc(ts: float) -> dt.datetime:
+    return dt.datetime.fromtimestamp(ts, dt.UTC).replace(tzinfo=None)
+
+
+def bucket_rows(start: float, rng: random.Random) -> list[dict]:
+    """One bucket of ledger rows: whole GPUs and MIG slices, allocated or not, some idle
+    around the 5 % threshold, a model not known, a GPU that changes namespace."""
+    rows = []
+    for g in range(12):
+        ns, pod = (f"team-{g % 3}", f"job-{g}") if g % 4 else ("", "")
+        if g == 5 and start >= T0 + 30 * HOUR:
+            ns, pod = "team-late", "job-moved"
+        share, piece = (3 / 7, "3g.40gb/1") if g == 7 else (1.0, "")
+        coverage = rng.choice([1.0, 1.0, 2 / 3, 0.5])
+        util = rng.choice([0.0, 2.0, 4.99, 5.0, 7.5, 40.0, 100.0, None])
+        power = rng.choice([None, 90.0, 300.0])
+        rows.append({
+            "bucket_start": utc(start), "bucket_end": utc(start + HOUR),
+            "cluster": f"c{g % 2}", "node": f"n{g // 4}", "uuid": f"GPU-{g}", "slice": piece,
+            "namespace": ns, "pod": pod, "vendor": "nvidia",
+            "model": None if g == 11 else ("A100" if g % 2 else "H100"),
+            "gpu_share": share, "gpu_hours": share * coverage, "avg_utilisation_pct": util,
+            "max_utilisation_pct": util, "avg_power_w": power,
+            "energy_wh": None if power is None else power * coverage * share,
+            "coverage": coverage})
+    return rows
+
+
+def fill(engine: sa.Engine, seed: int = 7) -> None:
+    rng = random.Random(seed)
+    for b in range(BUCKETS):
+        with engine.begin() as conn:
+            write_bucket(conn, T0 + b * HOUR, HOUR, bucket_rows(T0 + b * HOUR, rng), 9)
+
+
+PERIODS = [
+    (DAY0 + dt.timedelta(hours=7, minutes=30), DAY0 + dt.timedelta(days=3, hours=13)),
+    (DAY0, DAY0 + dt.timedelta(days=4)),
+    (DAY0 - dt.timedelta(days=2), DAY0 + dt.timedelta(days=9)),  # like --since: no later rows
+    (DAY0 + dt.timedelta(days=1, hours=2), DAY0 + dt.timedelta(days=1, hours=20)),
+    (DAY0 + dt.timedelta(hours=23), DAY0 + dt.timedelta(days=2, hours=1)),
+    (dt.datetime.min, DAY0 + dt.timedelta(days=2, hours=6)),  # --until only
+]
+GROUPINGS = [("namespace",), ("cluster", "model"), ("gpu",), ("node", "namespace")]
+
+
+def assert_rollup_matches_hourly(conn, **kw) -> int:
+    """Every period and grouping: rollup-based answer == hourly-only answer. Returns how
+    many answers were compared (each a list of group rows)."""
+    compared = 0
+    for start, end in PERIODS:
+        for by in GROUPINGS:
+            fast = usage.usage_summary(conn, start, end, by, **kw)
+            slow = usage.usage_summary(conn, start, end, by, rollup=False, **kw)
+            assert len(fast) == len(slow), (start, end, by)
+            for f, s in zip(fast, slow, strict=True):
+                assert f == s, (start, end, by, f, s)
+            compared += 1
+    return compared
+
+
+def test_rollup_answers_equal_the_hourly_ledger(db_url):
+    engine = inv.make_engine(db_url, create=True)
+    inv.upgrade(engine)
+    fill(engine)
+    with engine.connect() as conn:
+        days = conn.execute(sa.select(sa.func.count(sa.distinct(inv.usage_daily.c.day)))
+                            ).scalar()
+        assert days == 4
+        assert usage.rollup_days(conn, DAY0 + dt.timedelta(hours=7),
+                                 DAY0 + dt.timedelta(days=3, hours=13)) == (
+            DAY0 + dt.timedelta(days=1), DAY0 + dt.timedelta(days=3))
+        assert assert_rollup_matches_hourly(conn) == len(PERIODS) * len(GROUPINGS)
+        # another idle threshold reads the ledger (the rollup's idle is for 5 %)
+        other = usage.usage_summary(conn, DAY0, DAY0 + dt.timedelta(days=4), ["namespace"],
+                                    idle_threshold=50.0)
+        default = usage.usage_summary(conn, DAY0, DAY0 + dt.timedelta(days=4), ["namespace"])
+        assert ([r["idle_allocated_gpu_hours"] for r in other]
+                > [r["idle_allocated_gpu_hours"] for r in default])
+        assert_rollup_matches_hourly(conn, idle_threshold=50.0)
+        # a scoped caller's answer counts only its own rows, in the rollup as in the ledger
+        assert_rollup_matches_hourly(conn, clusters={"c1"}, namespaces={"team-1", ""})
+
+    # re-collecting buckets with other rows (one GPU gone, other figures) keeps it exact
+    rng = random.Random(99)
+    with engine.begin() as conn:
+        for b in (3, 30, 31, BUCKETS - 1):
+            rows = bucket_rows(T0 + b * HOUR, rng)[1:]
+            write_bucket(conn, T0 + b * HOUR, HOUR, rows, 9)
+    with engine.connect() as conn:
+        assert_rollup_matches_hourly(conn)
+    # retention cuts the second day in two: the rollup of that day loses the same hours
+    with engine.begin() as conn:
+        removed = apply_retention(
+            conn, (DAY0 + dt.timedelta(days=1, hours=9)).replace(tzinfo=dt.UTC).timestamp())
+        assert removed == (19 + 9) * 12 - 1
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.min(inv.usage_daily.c.day))).scalar() == (
+            DAY0 + dt.timedelta(days=1))
+        assert_rollup_matches_hourly(conn)
+        whole = usage.usage_summary(conn, DAY0 + dt.timedelta(days=2),
+                                    DAY0 + dt.timedelta(days=3), ["cluster"])
+    # whole days are read from the rollup alone: without their hourly rows, the same answer
+    with engine.begin() as conn:
+        conn.execute(inv.usage.delete().where(
+            inv.usage.c.bucket_start >= DAY0 + dt.timedelta(days=2),
+            inv.usage.c.bucket_start < DAY0 + dt.timedelta(days=3)))
+    with engine.connect() as conn:
+        assert whole and usage.usage_summary(conn, DAY0 + dt.timedelta(days=2),
+                                             DAY0 + dt.timedelta(days=3), ["cluster"]) == whole
+    engine.dispose()
+
+
+def test_migration_0006_fills_the_rollup_from_hourly_rows(db_url):
+    engine = inv.make_engine(db_url, create=True)
+    with engine.begin() as conn:
+        command.upgrade(_config(conn), "0005")
+    rng = random.Random(3)
+    ledger = sa.table("usage", *[sa.column(c) for c in inv.USAGE_COLUMNS])
+    with engine.begin() as conn:
+        for b in range(BUCKETS):
+            conn.execute(ledger.insert(), bucket_rows(T0 + b * HOUR, rng))
+    before, after = inv.upgrade(engine)
+    assert (before, after) == ("0005", "0006")
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(inv.usage_daily)
+                            ).scalar() > 0
+        assert_rollup_matches_hourly(conn)
+    engine.dispose()
