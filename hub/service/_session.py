@@ -39,7 +39,7 @@ from hub.service._auth import Authenticator, Caller, Unauthorized
 
 log = logging.getLogger("gpufleet.auth")
 
-COOKIE = "gpufleet_session"
+COOKIE = "gpufleet-session"
 DEFAULT_TTL = 8 * 3600.0
 MAX_SESSIONS = 10_000
 #: the largest sign-in form read: a JWT with many groups is a few KiB
