@@ -198,7 +198,10 @@ def test_the_cookie_is_httponly_strict_and_opens_the_page_and_the_api_scoped(ser
     assert 8 * 3600 - 60 < int(cookie["max-age"]) <= 8 * 3600
     sid = cookie.value
     page = with_cookie(service, "/", sid, Accept="text/html")
-    assert page.status_code == 200 and ">team<" in page.text
+    assert page.status_code == 200 and 'id="signed-in-name">team<' in page.text
+    assert 'id="logout"' in page.text
+    proxied = get(service, "/", tokens[1]["team"])  # a bearer header: nothing to sign out of
+    assert 'id="signed-in-name">team<' in proxied.text and 'id="logout"' not in proxied.text
     clusters = with_cookie(service, "/api/v1/clusters", sid)
     assert [c["cluster"] for c in clusters.json()["items"]] == [layout["cluster"]]
     assert with_cookie(service, "/metrics", sid).status_code == 403  # the same scope rules
