@@ -155,6 +155,10 @@ class _ServeGroup(ConfiguredCommand, click.Group):
               envvar=env("metrics-open"),
               help="Whether /metrics answers without a token (closed: a token whose scope "
                    "is the whole fleet).")
+@click.option("--session-ttl", type=DURATION, default="8h", show_default=True,
+              envvar=env("session-ttl"), metavar="DURATION",
+              help="How long a browser stays signed in at /login (at most until its token "
+                   "expires); sessions live in memory, so a restart signs everyone out.")
 @_file_option("--tls-cert-file",
               help="Serve HTTPS with this certificate (PEM, chain allowed); re-read when it "
                    "changes, as cert-manager rotates it.")
@@ -179,8 +183,9 @@ class _ServeGroup(ConfiguredCommand, click.Group):
 def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
           tokens_file: str | None, oidc_issuer: str | None, oidc_audience: str | None,
           oidc_scope_claim: str, scopes_file: str | None, allow_unauthenticated: bool,
-          metrics_open: bool, tls_cert_file: str | None, tls_key_file: str | None,
-          usage_bucket: float, usage_retention: float, prune_stale_after: float | None,
+          metrics_open: bool, session_ttl: float, tls_cert_file: str | None,
+          tls_key_file: str | None, usage_bucket: float, usage_retention: float,
+          prune_stale_after: float | None,
           max_age: float, push_interval: float, window: float, stale_after: float,
           lock_timeout: float, cluster_label: str, db: str | None, **opts: Any) -> None:
     """Run the hub service: sync on a schedule and serve the inventory over HTTP.
@@ -188,6 +193,7 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
     \b
     Endpoints (read-only, GET/HEAD):
       /                      a live HTML page of the fleet (search by GPU UUID, node, namespace)
+      /login, /logout        sign a browser in with a token, and out (with access configured)
       /healthz               200 while the last sync succeeded within two intervals, else 503
       /metrics               Prometheus metrics (sync duration, failures, GPUs by state, ...)
       /api/v1/openapi.json   the API's OpenAPI description
@@ -197,7 +203,9 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
     \b
     Access: with --tokens-file and/or --oidc-issuer every endpoint but /healthz (and
     /metrics unless --metrics-closed) wants "Authorization: Bearer TOKEN" (401 without,
-    403 outside the caller's scope). Without either the service listens on loopback only.
+    403 outside the caller's scope), or the session cookie of a browser signed in at
+    /login with such a token (--session-ttl). Without either the service listens on
+    loopback only.
     /api/v1/allocations lists who uses which GPU.
 
     After each successful sync it runs the checks of `gpufleet report` (served at
@@ -212,6 +220,8 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
         raise InputError("--every must be greater than 0")
     if stale_after <= 0:
         raise InputError("--stale-after must be greater than 0")
+    if session_ttl <= 0:
+        raise InputError("--session-ttl must be greater than 0")
     if prune_stale_after is not None and prune_stale_after <= stale_after:
         raise InputError("--prune-stale-after must be longer than --stale-after")
     try:
@@ -245,7 +255,8 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
             try:  # bind first: a port in use fails before anything touches the database
                 service = svc.build_service(jobs, every=every, engine=readonly, host=host,
                                             port=port, page_sections=svc.USAGE_SECTIONS,
-                                            auth=auth, metrics_open=metrics_open, tls=tls)
+                                            auth=auth, metrics_open=metrics_open, tls=tls,
+                                            sessions=svc.Sessions(ttl=session_ttl))
             except OSError as exc:
                 reason = exc.strerror or str(exc)
                 raise InputError(f"cannot listen on {listen}: {reason}") from None

@@ -25,16 +25,19 @@ from hub.service._scheduler import (
     build_service,
     describe_error,
 )
+from hub.service._session import MAX_SESSIONS, Sessions
 from hub.service._tls import TlsFiles
 
 __all__ = [
     "FULL",
+    "MAX_SESSIONS",
     "USAGE_SECTIONS",
     "Authenticator",
     "Jobs",
     "OidcVerifier",
     "Scope",
     "Service",
+    "Sessions",
     "TlsFiles",
     "TokenFile",
     "build_service",

@@ -99,6 +99,19 @@ class Scope:
 FULL = Scope("unrestricted")
 
 
+@dataclass(frozen=True)
+class Caller:
+    """Who a valid token belongs to: its scope, a name to show (the static token's name, the
+    OIDC user), when the token stops being valid (epoch seconds; None: a static token, valid
+    until removed from the file) and, for a static token, its sha256, so a session made from
+    it can ask the tokens file again whether the token still exists."""
+
+    scope: Scope
+    name: str
+    expires_at: float | None = None
+    token_sha256: str | None = None
+
+
 def _names(value: Any, what: str, source: str) -> frozenset[str] | None:
     if value is None or value == "*" or value == ["*"]:
         return None
@@ -192,12 +205,15 @@ class TokenFile:
             self._stamp = stamp
 
     def lookup(self, token: str) -> Scope | None:
+        return self.lookup_sha256(hash_token(token))
+
+    def lookup_sha256(self, digest: str) -> Scope | None:
+        """The scope of the token with this sha256 in the file as it is now (None: gone)."""
         with self._lock:
             try:
                 self._reload()
             except (OSError, InputError) as exc:  # keep the last good file
                 log.warning("tokens file not reloaded: %s", exc)
-            digest = hash_token(token)
             for known, scope in self._tokens.items():
                 if hmac.compare_digest(known, digest):
                     return scope
@@ -289,6 +305,11 @@ class OidcVerifier:
         self.jwks = JwksCache(issuer, session, clock=clock)
 
     def verify(self, token: str) -> Scope:
+        return self.identify(token).scope
+
+    def identify(self, token: str) -> Caller:
+        """The token's caller: scope from its groups, name from its user claims, and its
+        expiry (a browser session made from it ends no later)."""
         try:
             header = jwt.get_unverified_header(token)
             kid = header.get("kid")
@@ -310,8 +331,10 @@ class OidcVerifier:
                 scope = found if scope is None else scope.union(found)
         if scope is None:
             # Authenticated, but no group of ours: sees nothing (403 everywhere but /healthz).
-            return Scope(f"oidc:{claims.get('sub', '?')}", frozenset(), frozenset(), False)
-        return scope
+            scope = Scope(f"oidc:{claims.get('sub', '?')}", frozenset(), frozenset(), False)
+        name = next((str(claims[k]) for k in ("preferred_username", "email", "sub")
+                     if isinstance(claims.get(k), str) and claims[k]), scope.name)
+        return Caller(scope, name, float(claims["exp"]))
 
 
 # -- the door -------------------------------------------------------------------------------------
@@ -333,16 +356,31 @@ class Authenticator:
         if not authorization:
             raise Unauthorized("no bearer token")
         kind, _, token = authorization.partition(" ")
-        token = token.strip()
-        if kind.lower() != "bearer" or not token or any(c.isspace() for c in token):
+        if kind.lower() != "bearer":
             raise Unauthorized("malformed Authorization header")
+        return self.identify(token).scope
+
+    def identify(self, token: str) -> Caller:
+        """A token as sent in a header or pasted into the sign-in form -> its caller; the one
+        check both ways in go through."""
+        token = token.strip()
+        if not token or any(c.isspace() for c in token):
+            raise Unauthorized("malformed token")
         if self.tokens is not None:
-            scope = self.tokens.lookup(token)
+            digest = hash_token(token)
+            scope = self.tokens.lookup_sha256(digest)
             if scope is not None:
-                return scope
+                return Caller(scope, scope.name, token_sha256=digest)
         if self.oidc is not None and token.count(".") == 2:
-            return self.oidc.verify(token)
+            return self.oidc.identify(token)
         raise Unauthorized("unknown token")
+
+    def still_valid(self, caller: Caller) -> Scope | None:
+        """The caller's scope now: a static token removed from the file (or given another
+        scope) takes its sessions with it; an OIDC token's scope holds until it expires."""
+        if caller.token_sha256 is None:
+            return caller.scope
+        return self.tokens.lookup_sha256(caller.token_sha256) if self.tokens else None
 
 
 def is_loopback(host: str) -> bool:

@@ -21,12 +21,12 @@ from urllib.parse import parse_qs, urlsplit
 from hub.common import BackgroundHTTPServer, iso
 from hub.service._api import Raw, log
 from hub.service._routes import Router
+from hub.service._session import MAX_FORM, FormPost, same_origin
 from hub.service._tls import TlsFiles
 
 MAX_REQUESTS = 32
 #: Seconds a connection may sit idle or trickle a request; bounds what a slow client holds.
 CONNECTION_TIMEOUT = 15
-ALLOWED = "GET, HEAD"
 
 
 def _plain(value: Any) -> Any:
@@ -60,11 +60,37 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self._dispatch(body=False)
 
     def _refuse(self) -> None:
-        self._send(405, encode_json({"error": f"method {self.command} not allowed: the API "
-                                              "is read-only (GET, HEAD)"}),
-                   "application/json", body=True, extra={"Allow": ALLOWED})
+        allowed = ", ".join(self.server.router.methods(urlsplit(getattr(self, "path", "/")).path))
+        self.close_connection = True  # a body we did not read must not pass for a request
+        self._send(405, encode_json({"error": f"method {self.command} not allowed here "
+                                              f"({allowed}): the API is read-only"}),
+                   "application/json", body=True,
+                   extra={"Allow": allowed, "Connection": "close"})
 
-    do_POST = do_PUT = do_PATCH = do_DELETE = do_OPTIONS = do_TRACE = do_CONNECT = _refuse
+    do_PUT = do_PATCH = do_DELETE = do_OPTIONS = do_TRACE = do_CONNECT = _refuse
+
+    def do_POST(self) -> None:
+        """Only the sign-in and sign-out forms take a POST; its body is read only there, and
+        only up to MAX_FORM bytes (a larger or unsized one is not read, and the connection
+        closes after the answer)."""
+        path = urlsplit(self.path).path
+        if "POST" not in self.server.router.methods(path):
+            self._refuse()
+            return
+        body: bytes | None = None
+        length = self.headers.get("Content-Length", "")
+        if length.isascii() and length.isdigit() and int(length) <= MAX_FORM \
+                and "Transfer-Encoding" not in self.headers:
+            body = self.rfile.read(int(length))
+            if len(body) != int(length):
+                body = None
+        if body is None:
+            self.close_connection = True
+        post = FormPost(body, self.headers.get("Content-Type", ""),
+                        self.headers.get("Cookie"),
+                        same_origin(self.headers.get("Sec-Fetch-Site"),
+                                    self.headers.get("Origin"), self.headers.get("Host")))
+        self._answer(*self.server.router.handle_post(path, post), body=True)
 
     def send_error(self, code: int, message: str | None = None,
                    explain: str | None = None) -> None:
@@ -83,6 +109,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def _dispatch(self, body: bool) -> None:
         url = urlsplit(self.path)
+        if "GET" not in self.server.router.methods(url.path):
+            self._refuse()
+            return
         try:
             query = parse_qs(url.query, keep_blank_values=True, max_num_fields=50,
                              errors="strict")
@@ -91,7 +120,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                                              "not UTF-8)"}
         else:
             status, payload = self.server.router.handle(
-                url.path, query, self.headers.get("Authorization"))
+                url.path, query, self.headers.get("Authorization"),
+                cookie=self.headers.get("Cookie"), accept=self.headers.get("Accept"))
+        self._answer(status, payload, body)
+
+    def _answer(self, status: int, payload: Any, body: bool) -> None:
         extra = {"WWW-Authenticate": 'Bearer realm="gpufleet"'} if status == 401 else None
         if isinstance(payload, Raw):
             self._send(status, payload.body, payload.content_type, body, dict(payload.headers))

@@ -142,21 +142,28 @@ def openapi_document(routes: Sequence[Route], *, secured: bool = False,
     for route in routes:
         public = route.public or (route.path == "/metrics" and metrics_open)
         errors = route.errors + ((401, 403) if secured and not public else ())
-        responses: dict[str, Any] = {"200": {"description": "OK", "content": {
-            route.content_type.split(";")[0]: {"schema": route.response}}}}
+        responses: dict[str, Any] = {} if route.response is None else {"200": {
+            "description": "OK", "content": {
+                route.content_type.split(";")[0]: {"schema": route.response}}}}
         for status in errors:
             responses[str(status)] = {"description": _STATUS_TEXT[status], "content": {
                 "application/json": {"schema": _ref("Health" if route.path == "/healthz"
                                                      and status == 503 else "Error")}}}
-        operation = {"summary": route.summary, "operationId": _operation_id(route.path),
-                     "parameters": list(route.parameters), "responses": responses}
+        responses.update(route.responses or {})
+        operation = {"summary": route.summary,
+                     "operationId": _operation_id(route.method, route.path),
+                     "parameters": list(route.parameters),
+                     "responses": responses}
+        if route.request_body is not None:
+            operation["requestBody"] = route.request_body
         if secured and not public:
             operation["security"] = [{"bearer": []}]
-        paths[route.path] = {"get": operation}
+        paths.setdefault(route.path, {})[route.method] = operation
     return {
         "openapi": "3.1.0",
         "info": {"title": "gpufleet hub service", "version": __version__,
-                 "description": "Read-only view of the GPU inventory. Only GET and HEAD."},
+                 "description": "Read-only view of the GPU inventory: GET and HEAD, and "
+                                "form posts to sign a browser in and out."},
         "paths": paths,
         "components": {"schemas": _schemas(), **({"securitySchemes": {"bearer": {
             "type": "http", "scheme": "bearer",
@@ -164,7 +171,7 @@ def openapi_document(routes: Sequence[Route], *, secured: bool = False,
     }
 
 
-def _operation_id(path: str) -> str:
+def _operation_id(method: str, path: str) -> str:
     words = [w.strip("{}") for w in path.replace(".", "/").replace("-", "/").split("/") if w]
     name = "".join(w[:1].upper() + w[1:] for w in words if w not in ("api", "v1"))
-    return "get" + (name or "Page")
+    return method + (name or "Page")

@@ -237,7 +237,8 @@ def page_data(engine: Engine, *, search: str | None, findings: Sequence[Finding]
                if findings_at is not None else None)
     return {"generated_at": iso(now), "search": search or "", "results": found,
             "sections": sections, "findings": list(findings), "finding_counts": counts,
-            "findings_at": iso(checked), "api_links": API_LINKS, "notice": None}
+            "findings_at": iso(checked), "api_links": API_LINKS, "notice": None,
+            "signed_in": None, "can_sign_out": False}
 
 
 def unavailable_data(search: str | None, notice: str) -> dict[str, Any]:
@@ -245,7 +246,8 @@ def unavailable_data(search: str | None, notice: str) -> dict[str, Any]:
     the same page, empty, saying why, rather than a JSON error in a browser."""
     return {"generated_at": iso(inv.now_utc()), "search": search or "", "results": [],
             "sections": [], "findings": [], "finding_counts": dict.fromkeys(SEVERITY_RANK, 0),
-            "findings_at": None, "api_links": API_LINKS, "notice": notice}
+            "findings_at": None, "api_links": API_LINKS, "notice": notice,
+            "signed_in": None, "can_sign_out": False}
 
 
 def render_page(data: Mapping[str, Any]) -> Raw:

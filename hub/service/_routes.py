@@ -51,14 +51,23 @@ from hub.service._api import (
     text_key,
     usage,
 )
-from hub.service._auth import FULL, Authenticator, Scope, Unauthorized
-from hub.service._openapi import _list_of, _param, _ref, openapi_document
+from hub.service._auth import FULL, Authenticator, Caller, Scope, Unauthorized
+from hub.service._openapi import TEXT_PARAM, _list_of, _param, _ref, openapi_document
 from hub.service._page import (
     SectionSource,
     page_data,
     render_page,
     search_text,
     unavailable_data,
+)
+from hub.service._session import (
+    HTML,
+    MAX_TOKEN,
+    FormPost,
+    Login,
+    Sessions,
+    redirect,
+    wants_html,
 )
 
 # -- routes and the OpenAPI description -------------------------------------------------------
@@ -85,12 +94,17 @@ class Route:
     path: str  # OpenAPI path; a trailing "{name}" takes the rest of the path, percent-decoded
     handler: Handler
     summary: str
-    response: dict[str, Any]
+    response: dict[str, Any] | None  # the 200's schema; None: no 200 (a form post)
     parameters: tuple[dict[str, Any], ...] = ()
     content_type: str = "application/json"
     errors: tuple[int, ...] = (400,)
     public: bool = False  # answered without a token (/healthz; /metrics when opened)
+    method: str = "get"  # "post": a form post (sign-in, sign-out), handler(FormPost)
+    #: OpenAPI responses beside (or instead of) the generated ones, and a request body
+    responses: dict[str, Any] | None = None
+    request_body: dict[str, Any] | None = None
     _scoped: bool = field(init=False, repr=False, compare=False, default=False)
+    _wants_caller: bool = field(init=False, repr=False, compare=False, default=False)
 
     @property
     def prefix(self) -> str | None:
@@ -108,9 +122,20 @@ class Route:
         callers' only: a new endpoint is closed to scoped tokens until it applies a scope."""
         return self._scoped
 
+    @property
+    def wants_caller(self) -> bool:
+        return self._wants_caller
+
+    def matches(self, path: str) -> bool:
+        prefix = self.prefix
+        if prefix is None:
+            return path == self.path
+        return path.startswith(prefix) and path.endswith(self.suffix)
+
     def __post_init__(self) -> None:  # looked up once, not on every request
-        object.__setattr__(self, "_scoped",
-                           "scope" in inspect.signature(self.handler).parameters)
+        names = inspect.signature(self.handler).parameters
+        object.__setattr__(self, "_scoped", "scope" in names)
+        object.__setattr__(self, "_wants_caller", "caller" in names)
 
 
 @dataclass
@@ -124,40 +149,66 @@ class Router:
     metrics_open: bool = True
     #: called with "unauthenticated" or "forbidden" on every refused request (a metric)
     on_refused: Callable[[str], None] = lambda reason: None
+    #: browser sign-in (/login, sessions); None: bearer tokens only
+    login: Login | None = None
 
-    def resolve(self, path: str) -> tuple[Route, dict[str, str]] | None:
+    def methods(self, path: str) -> list[str]:
+        """The methods a path answers (the Allow header of a 405). An unknown path is
+        answered like a GET path, so a 405 tells a stranger nothing either."""
+        found = {r.method for r in self.routes if r.matches(path)}
+        return (["GET", "HEAD"] if not found or "get" in found else []) + (
+            ["POST"] if "post" in found else [])
+
+    def resolve(self, path: str, method: str = "get") -> tuple[Route, dict[str, str]] | None:
         for route in self.routes:
-            prefix = route.prefix
-            if prefix is None and path == route.path:
-                return route, {}
-            suffix = route.suffix
-            if prefix is not None and path.startswith(prefix) and path.endswith(suffix):
+            if route.method == method and route.matches(path):
+                prefix = route.prefix
+                if prefix is None:
+                    return route, {}
                 name = route.path[len(prefix):].split("}")[0].strip("{")
-                return route, {name: unquote(path[len(prefix):len(path) - len(suffix)])}
+                return route, {name: unquote(path[len(prefix):len(path) - len(route.suffix)])}
         return None
 
     def is_public(self, route: Route) -> bool:
         return route.public or (route.path == "/metrics" and self.metrics_open)
 
-    def handle(self, path: str, query: Query, authorization: str | None = None) -> Response:
+    def _caller(self, authorization: str | None, cookie: str | None
+                ) -> tuple[Caller | None, bool]:
+        """Who asks, and whether through a browser session. A bearer token wins over a
+        cookie; without either (or with a session that ended) Unauthorized."""
+        if not self.auth.enabled:
+            return None, False
+        if authorization or self.login is None:
+            scope = self.auth.authenticate(authorization)
+            return Caller(scope, scope.name), False
+        return self.login.caller(cookie)[0], True
+
+    def handle(self, path: str, query: Query, authorization: str | None = None, *,
+               cookie: str | None = None, accept: str | None = None) -> Response:
         found = self.resolve(path)
-        scope = FULL
+        caller, by_session = None, False
         if found is None or not self.is_public(found[0]):
             try:  # before the 404: an unknown path tells a stranger nothing either
-                scope = self.auth.authenticate(authorization)
+                caller, by_session = self._caller(authorization, cookie)
             except Unauthorized as exc:
+                if path == "/" and self.login is not None and wants_html(accept):
+                    return 303, redirect("/login")  # a browser: to the sign-in form
                 self.on_refused("unauthenticated")
                 log.info("refused %s: %s", path, exc)
                 return 401, {"error": "authentication required: send a valid bearer token"}
         if found is None:
             return 404, {"error": f"no such path {path[:200]!r}: see /api/v1/openapi.json"}
         route, params = found
+        scope = FULL if caller is None else caller.scope
         try:
             if scope.empty and not self.is_public(route):
                 raise ApiError(403, "your token maps to no scope (ask for your group to be "
                                     "added to the scopes file)")
+            kwargs: dict[str, Any] = dict(params)
+            if route.wants_caller:  # the page shows who is signed in
+                kwargs.update(caller=caller, by_session=by_session)
             if route.scoped:
-                return route.handler(query, self.engine, **params, scope=scope)
+                return route.handler(query, self.engine, **kwargs, scope=scope)
             if not scope.unrestricted and not self.is_public(route):
                 raise ApiError(403, "this endpoint is outside your scope")
             return route.handler(query, self.engine, **params)
@@ -172,6 +223,18 @@ class Router:
             return 503, {"error": public_error(detail)}
         except Exception:
             log.exception("internal error serving %s", path)
+            return 500, {"error": "internal error (see the service log)"}
+
+
+    def handle_post(self, path: str, post: FormPost) -> Response:
+        """A form post (sign-in, sign-out). The HTTP layer answers 405 to any other."""
+        found = self.resolve(path, "post")
+        if found is None:
+            return 404, {"error": f"no such path {path[:200]!r}: see /api/v1/openapi.json"}
+        try:
+            return found[0].handler(post)
+        except Exception:
+            log.exception("internal error serving POST %s", path)
             return 500, {"error": "internal error (see the service log)"}
 
 
@@ -191,13 +254,17 @@ def build_router(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, A
                  page_sections: Sequence[SectionSource] = (),
                  check_failure: Callable[[], tuple[float, str] | None] = lambda: None,
                  auth: Authenticator | None = None, metrics_open: bool = True,
-                 on_refused: Callable[[str], None] = lambda reason: None) -> Router:
+                 on_refused: Callable[[str], None] = lambda reason: None,
+                 sessions: Sessions | None = None, secure_cookies: bool = False) -> Router:
     """All routes: the inventory handlers above plus the service's own state, passed in.
 
     ``health`` answers (ok, details); ``findings`` the latest findings and when they were
     made (epoch seconds, None before the first); ``metrics`` the Prometheus exposition;
     ``page_sections`` more sections of the live page (usage, idle, capacity) where available.
     ``check_failure`` when and why the latest checks could not run (None if they did).
+    With authentication configured a browser signs in at /login into ``sessions`` (a
+    fresh store by default); ``secure_cookies`` marks the cookie Secure (the service speaks
+    TLS).
     """
 
     def healthz(query: Query, engine: Engine) -> Response:
@@ -229,18 +296,26 @@ def build_router(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, A
                           params, "f1", 5)
         return 200, {**page, "generated_at": when, "last_check_failed": last_failure}
 
-    def page(query: Query, engine: Engine, *, scope: Scope) -> Response:
+    def page(query: Query, engine: Engine, *, scope: Scope, caller: Caller | None = None,
+             by_session: bool = False) -> Response:
         search = search_text(query)
         items, generated = findings()
+        who = {"signed_in": caller.name if caller is not None else None,
+               "can_sign_out": by_session}
         try:
             data = page_data(engine, search=search, findings=items, findings_at=generated,
                              extra=page_sections, scope=scope)
         except sa.exc.SQLAlchemyError as exc:
-            return 503, render_page(unavailable_data(search, database_error(exc)))
-        return 200, render_page(data)
+            return 503, render_page({**unavailable_data(search, database_error(exc)), **who})
+        return 200, render_page({**data, **who})
 
-    router = Router(engine, auth=auth or Authenticator(), metrics_open=metrics_open,
-                    on_refused=on_refused)
+    auth = auth or Authenticator()
+    if sessions is None:  # not `or`: an empty store is falsy (it has a length)
+        sessions = Sessions()
+    login = (Login(auth, sessions, secure=secure_cookies, on_refused=on_refused)
+             if auth.enabled else None)
+    router = Router(engine, auth=auth, metrics_open=metrics_open, on_refused=on_refused,
+                    login=login)
 
     def openapi(query: Query, engine: Engine, *, scope: Scope) -> Response:
         Params(query, [])
@@ -253,7 +328,8 @@ def build_router(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, A
               "freshness, stale GPUs, GPUs with findings, findings; search with q.",
               {"type": "string"}, (_param("q", "A GPU UUID (or its start), a node or a "
                                             "namespace to look up."),),
-              content_type="text/html; charset=utf-8", errors=(400, 503)),
+              content_type="text/html; charset=utf-8", errors=(400, 503),
+              responses={"303": SEE_LOGIN} if login is not None else None),
         Route("/healthz", healthz, "Whether the last sync succeeded within two intervals "
               "(200) or not (503, with the reason).", _ref("Health"), errors=(400, 503),
               public=True),
@@ -333,4 +409,52 @@ def build_router(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, A
         Route("/api/v1/sync-runs", sync_runs, "Sync runs, latest first.",
               _list_of("SyncRun"), (LIMIT_RUNS,), errors=(400, 503)),
     ]
+    if login is not None:
+        router.routes += login_routes(login)
     return router
+
+
+def _html(description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"text/html": {"schema": {
+        "type": "string"}}}}
+
+
+def _see_other(description: str, cookie: bool) -> dict[str, Any]:
+    headers = {"Location": {"schema": {"type": "string"}, "required": True}}
+    if cookie:
+        headers["Set-Cookie"] = {"schema": {"type": "string"}, "required": True,
+                                 "description": "The session cookie (HttpOnly, "
+                                                "SameSite=Strict), or its removal."}
+    return {**_html(description), "headers": headers}
+
+
+SEE_LOGIN = _see_other("A browser (Accept: text/html) without a session: to /login.", False)
+TOKEN_FORM = {"required": True, "content": {"application/x-www-form-urlencoded": {"schema": {
+    "type": "object", "required": ["token"], "additionalProperties": False,
+    "properties": {"token": {
+        "type": "string", "minLength": 1, "maxLength": MAX_TOKEN,
+        "pattern": TEXT_PARAM["pattern"],
+        "description": "A static token or an OIDC access or ID token."}}}}}}
+
+
+def login_routes(login: Login) -> list[Route]:
+    """Sign-in and sign-out for browsers: HTML forms and redirects, no JSON."""
+    return [
+        Route("/login", login.form, "The sign-in form (HTML): paste a token; the browser "
+              "then keeps a session cookie, never the token.", {"type": "string"},
+              content_type=HTML, errors=(), public=True,
+              responses={"400": _html("Parameters given (a token never goes in a URL).")}),
+        Route("/login", login.submit, "Sign in with a token (form post): on success a "
+              "session cookie and 303 to the page; a bad token answers the form again "
+              "with 'sign-in failed' (401).", None, errors=(), public=True, method="post",
+              request_body=TOKEN_FORM, responses={
+                  "303": _see_other("Signed in: the session cookie, and to /.", True),
+                  "400": _html("The form could not be read."),
+                  "401": _html("Sign-in failed (the same answer for any bad token)."),
+                  "403": _html("A form sent from another site, or a token whose groups "
+                               "map to no scope.")}),
+        Route("/logout", login.logout, "Sign out (form post): the session ends, its cookie "
+              "is removed; 303 to /login.", None, errors=(), public=True, method="post",
+              responses={"303": _see_other("Signed out: to /login.", True),
+                         "403": _html("A form sent from another site.")}),
+    ]

@@ -39,6 +39,7 @@ from hub.service._auth import Authenticator
 from hub.service._http import MAX_REQUESTS, ApiServer
 from hub.service._page import SectionSource
 from hub.service._routes import build_router, database_error
+from hub.service._session import Sessions
 from hub.service._tls import TlsFiles
 
 log = logging.getLogger("gpufleet.service")
@@ -408,9 +409,11 @@ def build_service(jobs: Jobs, *, every: float, engine: Engine, host: str = "127.
                   backoff: float = DEFAULT_BACKOFF, process_metrics: bool = True,
                   page_sections: Sequence[SectionSource] = (),
                   auth: Authenticator | None = None, metrics_open: bool = True,
-                  tls: TlsFiles | None = None, max_requests: int = MAX_REQUESTS) -> Service:
+                  tls: TlsFiles | None = None, max_requests: int = MAX_REQUESTS,
+                  sessions: Sessions | None = None) -> Service:
     """Wire jobs, metrics and the API over a read-only ``engine``; binds the port now
-    (OSError when it cannot) but starts nothing."""
+    (OSError when it cannot) but starts nothing. ``sessions``: where browser sign-ins live
+    (a default store when None; used only with ``auth`` configured)."""
     metrics = ServiceMetrics(process=process_metrics)
     scheduler = Scheduler(jobs, every, clock=clock, backoff=backoff, metrics=metrics)
 
@@ -422,5 +425,6 @@ def build_service(jobs: Jobs, *, every: float, engine: Engine, host: str = "127.
     router = build_router(engine, health=scheduler.health, findings=scheduler.findings,
                           metrics=metrics.exposition, check_failure=scheduler.check_failure,
                           page_sections=page_sections, auth=auth, metrics_open=metrics_open,
-                          on_refused=lambda reason: metrics.refused.labels(reason).inc())
+                          on_refused=lambda reason: metrics.refused.labels(reason).inc(),
+                          sessions=sessions, secure_cookies=tls is not None)
     return Service(scheduler, ApiServer(router, host, port, tls=tls, max_requests=max_requests))

@@ -1,0 +1,269 @@
+"""Signing in with a browser: the form at /login, server-side sessions, the cookie.
+
+A browser sends no bearer token by itself, so the live page offers a form where a person
+pastes a token (a static token, or an OIDC access or ID token). The token goes through the
+very check the API uses (:meth:`Authenticator.identify`) and is then forgotten: what lives on
+is a session, a random id (``secrets.token_urlsafe(32)``) mapped *in memory* to the caller's
+scope and name, ending when the token would (an OIDC token's ``exp``) or after the session
+TTL, whichever is first. The cookie carries only that id: HttpOnly (no script reads it),
+SameSite=Strict (no other site's page sends it), Path=/, Secure when the service speaks TLS.
+
+Why server-side and not a signed cookie: signing out or removing a static token from the
+tokens file ends the session at once, nothing about the caller travels to the browser, and
+there is no signing key to manage. The price is that a restart signs everyone out and that
+several replicas do not share sessions (one replica per database is the norm).
+
+The number of sessions is bounded; a new one evicts the oldest. Tokens and session ids are
+never logged, never put in a URL, and never echoed in an answer. Sign-in and sign-out are
+form posts checked for a same-origin request (``Sec-Fetch-Site`` and ``Origin``), so another
+site cannot sign a visitor in with its own token nor sign them out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from http.cookies import CookieError, SimpleCookie
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from hub.common import html_environment
+from hub.service._api import Raw, Response
+from hub.service._auth import Authenticator, Caller, Unauthorized
+
+log = logging.getLogger("gpufleet.auth")
+
+COOKIE = "gpufleet-session"
+DEFAULT_TTL = 8 * 3600.0
+MAX_SESSIONS = 10_000
+#: the largest sign-in form read: a JWT with many groups is a few KiB
+MAX_FORM = 16 * 1024
+MAX_TOKEN = 8192
+HTML = "text/html; charset=utf-8"
+FORM = "application/x-www-form-urlencoded"
+#: the sign-in page: no script, nothing from another origin, posts only to itself
+LOGIN_CSP = ("default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; "
+             "base-uri 'none'; frame-ancestors 'none'")
+
+
+@dataclass(frozen=True)
+class Session:
+    caller: Caller
+    expires_at: float
+
+
+def _key(session_id: str) -> str:
+    """Sessions are stored under the id's sha256: a dump of the table names no usable id."""
+    return hashlib.sha256(session_id.encode()).hexdigest()
+
+
+class Sessions:
+    """Session id -> caller, in memory, at most ``limit`` of them (the oldest go first)."""
+
+    def __init__(self, *, ttl: float = DEFAULT_TTL, limit: int = MAX_SESSIONS,
+                 clock: Callable[[], float] = time.time) -> None:
+        if ttl <= 0 or limit < 1:
+            raise ValueError("a session needs a positive TTL and room for one")
+        self.ttl = ttl
+        self.limit = limit
+        self.clock = clock
+        self._items: OrderedDict[str, Session] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def create(self, caller: Caller) -> tuple[str, Session] | None:
+        """A new session for ``caller`` (None when its token expires at once)."""
+        now = self.clock()
+        expires = now + self.ttl
+        if caller.expires_at is not None:
+            expires = min(expires, caller.expires_at)
+        if expires <= now:
+            return None
+        session_id = secrets.token_urlsafe(32)
+        session = Session(caller, expires)
+        with self._lock:
+            self._items[_key(session_id)] = session
+            while len(self._items) > self.limit:
+                self._items.popitem(last=False)
+        return session_id, session
+
+    def get(self, session_id: str) -> Session | None:
+        key = _key(session_id)
+        with self._lock:
+            session = self._items.get(key)
+            if session is not None and session.expires_at <= self.clock():
+                del self._items[key]
+                session = None
+        return session
+
+    def drop(self, session_id: str) -> None:
+        with self._lock:
+            self._items.pop(_key(session_id), None)
+
+
+def session_id(cookie_header: str | None) -> str | None:
+    """The session id in a Cookie header (None: none, or a header we cannot read)."""
+    if not cookie_header:
+        return None
+    jar: SimpleCookie = SimpleCookie()
+    try:
+        jar.load(cookie_header)
+    except CookieError:
+        return None
+    morsel = jar.get(COOKIE)
+    value = morsel.value if morsel is not None else ""
+    return value if 0 < len(value) <= 128 else None
+
+
+def same_origin(sec_fetch_site: str | None, origin: str | None, host: str | None) -> bool:
+    """Whether a form post comes from one of our own pages. Browsers send Sec-Fetch-Site (and
+    Origin) on a form post; a request with neither (curl, a script) is not a browser being
+    steered by another site, so it passes. Origin is compared by host and port only: behind
+    a proxy ending TLS the browser says https and we hear http."""
+    if sec_fetch_site is not None:
+        return sec_fetch_site.strip().lower() in ("same-origin", "none")
+    if origin is None:
+        return True
+    return bool(host) and urlsplit(origin).netloc.lower() == host.strip().lower()
+
+
+@dataclass(frozen=True)
+class FormPost:
+    """A POST as the HTTP layer read it: ``body`` None when it was missing or too large."""
+
+    body: bytes | None
+    content_type: str = ""
+    cookie: str | None = None
+    same_origin: bool = True
+
+
+class Login:
+    """The /login and /logout endpoints and the sessions they keep.
+
+    ``on_refused`` is the API's failed-attempt counter: a bad token in the form counts like
+    a bad bearer token.
+    """
+
+    def __init__(self, auth: Authenticator, sessions: Sessions, *, secure: bool = False,
+                 on_refused: Callable[[str], None] = lambda reason: None) -> None:
+        self.auth = auth
+        self.sessions = sessions
+        self.secure = secure
+        self.on_refused = on_refused
+
+    # -- the session behind a request -------------------------------------------------------
+    def caller(self, cookie_header: str | None) -> tuple[Caller, str]:
+        """The caller of a request that brings a session cookie (and the session id), or
+        Unauthorized: no cookie, an unknown or ended session, a static token since removed."""
+        sid = session_id(cookie_header)
+        if sid is None:
+            raise Unauthorized("no bearer token or session")
+        session = self.sessions.get(sid)
+        if session is None:
+            raise Unauthorized("unknown or expired session")
+        scope = self.auth.still_valid(session.caller)
+        if scope is None:
+            self.sessions.drop(sid)
+            raise Unauthorized(f"the token of {session.caller.name!r}'s session is gone")
+        caller = session.caller
+        if scope != caller.scope:  # the tokens file changed the scope: follow it
+            caller = Caller(scope, caller.name, caller.expires_at, caller.token_sha256)
+        return caller, sid
+
+    # -- the endpoints ----------------------------------------------------------------------
+    def form(self, query: Mapping[str, list[str]], engine: Any = None) -> Response:
+        """GET /login: the form. It takes no parameter (a token never travels in a URL)."""
+        if query:
+            return self._form(400, "This page takes no parameters; paste the token into "
+                                   "the form.")
+        return self._form(200)
+
+    def submit(self, post: FormPost) -> Response:
+        """POST /login: check the token, start a session, send the browser to the page."""
+        if not post.same_origin:
+            log.info("sign-in refused: a form post from another site")
+            return self._form(403, "Sign-in failed: the form was sent from another site.")
+        token = _token_field(post)
+        if token is None:
+            return self._form(400, "Sign-in failed: the form could not be read.")
+        try:
+            caller = self.auth.identify(token)
+        except Unauthorized as exc:
+            self.on_refused("unauthenticated")
+            log.info("sign-in refused: %s", exc)
+            return self._form(401, "Sign-in failed.")
+        if caller.scope.empty:
+            self.on_refused("forbidden")
+            log.info("sign-in refused for %s: no scope", caller.name)
+            return self._form(403, "Sign-in failed: your token maps to no part of the fleet "
+                                   "(ask for your group to be added to the scopes file).")
+        made = self.sessions.create(caller)
+        if made is None:
+            self.on_refused("unauthenticated")
+            log.info("sign-in refused for %s: the token expires now", caller.name)
+            return self._form(401, "Sign-in failed.")
+        old = session_id(post.cookie)
+        if old is not None:  # a fresh id on every sign-in: no session fixation
+            self.sessions.drop(old)
+        new_id, session = made
+        log.info("signed in: %s", caller.name)
+        max_age = max(1, int(session.expires_at - self.sessions.clock()))
+        return 303, redirect("/", self.cookie(new_id, max_age))
+
+    def logout(self, post: FormPost) -> Response:
+        """POST /logout: forget the session (if any) and the cookie; back to the form."""
+        if not post.same_origin:
+            return self._form(403, "Sign-out refused: the form was sent from another site.")
+        sid = session_id(post.cookie)
+        if sid is not None:
+            self.sessions.drop(sid)
+        return 303, redirect("/login", self.cookie("", 0))
+
+    # -- helpers ------------------------------------------------------------------------------
+    def cookie(self, value: str, max_age: int) -> str:
+        secure = "; Secure" if self.secure else ""
+        return (f"{COOKIE}={value}; Max-Age={max_age}; Path=/; HttpOnly; "
+                f"SameSite=Strict{secure}")
+
+    def _form(self, status: int, message: str | None = None) -> Response:
+        html = html_environment().get_template("login.html.j2").render(message=message)
+        return status, Raw(html.encode(), HTML, (("Content-Security-Policy", LOGIN_CSP),))
+
+
+def _token_field(post: FormPost) -> str | None:
+    """The one ``token`` field of a urlencoded form, or None for anything else."""
+    if post.body is None or post.content_type.split(";")[0].strip().lower() != FORM:
+        return None
+    try:
+        fields = parse_qs(post.body.decode("ascii"), keep_blank_values=True,
+                          strict_parsing=bool(post.body), max_num_fields=5,
+                          errors="strict")
+    except (UnicodeDecodeError, ValueError):
+        return None
+    values = fields.get("token")
+    if set(fields) != {"token"} or values is None or len(values) != 1:
+        return None
+    token = values[0]
+    if len(token) > MAX_TOKEN or any(not ch.isprintable() for ch in token):
+        return None
+    return token
+
+
+def redirect(location: str, cookie: str | None = None) -> Raw:
+    headers = [("Location", location)]
+    if cookie is not None:
+        headers.append(("Set-Cookie", cookie))
+    return Raw(b"", HTML, tuple(headers))
+
+
+def wants_html(accept: str | None) -> bool:
+    """A browser navigating (Accept names text/html), not an API client (JSON or */*)."""
+    return bool(accept) and "text/html" in accept.lower()

@@ -1,0 +1,372 @@
+"""Signing in with a browser (/login): the form, server-side sessions, the cookie.
+
+Against the real service over a real inventory (a hub Prometheus fed by agents with the real
+exporter samples, one sync), behind a tokens file made with `gpufleet serve token create`.
+Headless Chromium, driven over the DevTools protocol, signs in through the form as a person
+does and reads the page it lands on; plain HTTP checks what a browser hides (cookie flags,
+expiry, eviction, replay after sign-out, the log).
+"""
+
+# ruff: noqa: F811  (the served inventory's fixtures are imported and requested by name)
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from http.cookies import SimpleCookie
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+import pytest
+import requests
+import yaml
+
+from hub.service import Authenticator, OidcVerifier, Sessions, TlsFiles, TokenFile, token_entry
+from hub.service import _session as session
+from hub.service._api import MAX_LIMIT
+from hub.service._auth import Caller, Scope
+from tests.support.browser import Browser, Dom
+from tests.test_api import hub_store  # noqa: F401  (module fixture: the real hub store)
+from tests.test_api_access import (  # noqa: F401  (fixtures: the served inventory)
+    AUDIENCE,
+    TEAM_NS,
+    Issuer,
+    db_url,
+    get,
+    issuer,
+    layout,
+    make_cert,
+    serve,
+    tokens,
+)
+from tests.test_service_page import _cells, _count
+
+
+@pytest.fixture(scope="module")
+def service(db_url: str, tokens: tuple[Path, dict[str, str]]) -> Iterator[Any]:
+    started = serve(db_url, Authenticator(tokens=TokenFile(tokens[0])), metrics_open=False)
+    yield started
+    started.stop()
+
+
+@pytest.fixture(scope="module")
+def chromium() -> Iterator[Browser]:
+    browser = Browser()
+    yield browser
+    browser.close()
+
+
+@pytest.fixture()
+def browser(chromium: Browser) -> Browser:
+    chromium.clear_cookies()  # every test starts signed out
+    return chromium
+
+
+@pytest.fixture(scope="module")
+def foreign(service: Any, tokens: tuple[Path, dict[str, str]]) -> dict[str, str]:
+    """Another team's namespace and one of its pods (what the team must never see)."""
+    items = get(service, "/api/v1/allocations", tokens[1]["admin"],
+                limit=MAX_LIMIT).json()["items"]
+    other = next(a for a in items if a["namespace"] != TEAM_NS and a["pod"])
+    return {"namespace": other["namespace"], "pod": other["pod"]}
+
+
+def path_of(url: str) -> str:
+    return urlsplit(url).path
+
+
+def sign_in(browser: Browser, service: Any, token: str) -> Dom:
+    browser.open(service.url + "/")
+    assert path_of(browser.location) == "/login"  # signed out: to the form
+    browser.submit("login", token=token)
+    return browser.dom()
+
+
+def api_all(service: Any, path: str, token: str, **params: Any) -> list[dict[str, Any]]:
+    r = get(service, path, token, limit=MAX_LIMIT, **params)
+    assert r.status_code == 200, r.text
+    assert r.json()["continue"] is None
+    return r.json()["items"]
+
+
+def assert_matches_api(dom: Dom, service: Any, token: str) -> set[str]:
+    """The page's clusters, stale GPUs and findings are the API's for the same token."""
+    clusters = {c["cluster"]: c for c in api_all(service, "/api/v1/clusters", token)}
+    shown = {r["cluster"]: r for r in _cells(dom, "clusters")}
+    assert set(shown) == set(clusters)
+    for name, c in clusters.items():
+        assert (shown[name]["state"], int(shown[name]["nodes"]), int(shown[name]["gpus"])) == (
+            c["state"], c["nodes"], c["gpus"])
+    stale = api_all(service, "/api/v1/gpus", token, state="stale")
+    assert _count(dom, "stale-gpus") == len(stale)
+    assert _count(dom, "findings") == len(api_all(service, "/api/v1/findings", token))
+    return set(clusters)
+
+
+# -- in Chromium -------------------------------------------------------------------------------
+def test_a_scoped_token_signed_in_through_the_form_sees_only_its_part(
+        service, tokens, layout, foreign, browser):
+    team = tokens[1]["team"]
+    dom = sign_in(browser, service, team)
+    assert path_of(browser.location) == "/"
+    assert [e["text"] for e in dom.find("strong", id="signed-in-name")] == ["team"]
+    assert dom.find("button", id="logout")
+    assert browser.evaluate("document.cookie") == ""  # HttpOnly: no script reads it
+    [cookie] = browser.cookies()
+    assert cookie["name"] == session.COOKIE and cookie["httpOnly"]
+    assert cookie["sameSite"] == "Strict" and cookie["path"] == "/"
+    assert team not in cookie["value"]  # the browser keeps a session id, never the token
+
+    assert assert_matches_api(dom, service, team) == {layout["cluster"]}
+    html = browser.evaluate("document.documentElement.outerHTML")
+    for pod in layout["foreign_pods"]:
+        assert pod not in html, pod
+    cells = {e["text"].strip() for e in dom.elements if e["tag"] in ("td", "a")}
+    links = " ".join(e["attrs"].get("href", "") for e in dom.find("a"))
+    for name in layout["others"] | {foreign["namespace"]}:  # short names: whole cells
+        assert name not in cells and f"={name}" not in links, name
+    # its own pods by name, the other team's on its GPUs only as "other", like the API
+    browser.open(f"{service.url}/?q={quote(TEAM_NS)}")
+    mine = _cells(browser.dom(), "search-allocations")
+    api_mine = api_all(service, "/api/v1/allocations", team, namespace=TEAM_NS)
+    assert mine and sorted(r["pod"] for r in mine) == sorted(a["pod"] for a in api_mine)
+    browser.open(f"{service.url}/?q={quote(foreign['namespace'])}")
+    searched = browser.dom()
+    assert {r["namespace"] for r in _cells(searched, "search-allocations")} <= {"other"}
+    assert foreign["pod"] not in browser.evaluate("document.documentElement.outerHTML")
+
+
+def test_a_whole_fleet_token_signed_in_sees_everything(service, tokens, layout, foreign,
+                                                       browser):
+    admin = tokens[1]["admin"]
+    dom = sign_in(browser, service, admin)
+    assert [e["text"] for e in dom.find("strong", id="signed-in-name")] == ["admin"]
+    shown = assert_matches_api(dom, service, admin)
+    assert shown == {layout["cluster"]} | layout["others"]
+    browser.open(f"{service.url}/?q={quote(foreign['namespace'])}")
+    pods = {r["pod"] for r in _cells(browser.dom(), "search-allocations")}
+    assert foreign["pod"] in pods
+
+
+def test_a_wrong_token_stays_on_the_form_saying_sign_in_failed(service, browser):
+    dom = sign_in(browser, service, "gpf_not-a-token-of-ours")
+    assert path_of(browser.location) == "/login"
+    assert [e["text"].strip() for e in dom.find("p", id="login-failed")] == ["Sign-in failed."]
+    assert "gpf_not-a-token-of-ours" not in browser.evaluate(
+        "document.documentElement.outerHTML")
+    assert browser.cookies() == []
+    browser.open(service.url + "/")
+    assert path_of(browser.location) == "/login"
+
+
+def test_after_signing_out_the_page_sends_the_browser_to_the_form(service, tokens, browser):
+    sign_in(browser, service, tokens[1]["team"])
+    assert path_of(browser.location) == "/"
+    browser.submit("signed-in")  # the page's "Sign out" button
+    assert path_of(browser.location) == "/login"
+    assert browser.cookies() == []
+    browser.open(service.url + "/")
+    assert path_of(browser.location) == "/login"
+
+
+# -- over HTTP -------------------------------------------------------------------------------------
+def post_login(service: Any, token: str, **kwargs: Any) -> requests.Response:
+    return requests.post(service.url + "/login", data={"token": token}, timeout=10,
+                         allow_redirects=False, **kwargs)
+
+
+def set_cookie(response: requests.Response) -> Any:
+    jar: SimpleCookie = SimpleCookie()
+    jar.load(response.headers["Set-Cookie"])
+    return jar[session.COOKIE]
+
+
+def with_cookie(service: Any, path: str, value: str, **headers: str) -> requests.Response:
+    return requests.get(service.url + path, timeout=10, allow_redirects=False,
+                        headers={"Cookie": f"{session.COOKIE}={value}", **headers})
+
+
+def test_the_cookie_is_httponly_strict_and_opens_the_page_and_the_api_scoped(service, tokens,
+                                                                            layout):
+    r = post_login(service, tokens[1]["team"])
+    assert r.status_code == 303 and r.headers["Location"] == "/"
+    header = r.headers["Set-Cookie"]
+    assert "HttpOnly" in header and "SameSite=Strict" in header and "Secure" not in header
+    cookie = set_cookie(r)
+    assert cookie["path"] == "/"
+    assert 8 * 3600 - 60 < int(cookie["max-age"]) <= 8 * 3600
+    sid = cookie.value
+    page = with_cookie(service, "/", sid, Accept="text/html")
+    assert page.status_code == 200 and 'id="signed-in-name">team<' in page.text
+    assert 'id="logout"' in page.text
+    proxied = get(service, "/", tokens[1]["team"])  # a bearer header: nothing to sign out of
+    assert 'id="signed-in-name">team<' in proxied.text and 'id="logout"' not in proxied.text
+    clusters = with_cookie(service, "/api/v1/clusters", sid)
+    assert [c["cluster"] for c in clusters.json()["items"]] == [layout["cluster"]]
+    assert with_cookie(service, "/metrics", sid).status_code == 403  # the same scope rules
+    # a bearer token wins over the cookie; a bad one is not rescued by it
+    r = requests.get(service.url + "/api/v1/clusters", timeout=10,
+                     headers={"Cookie": f"{session.COOKIE}={sid}",
+                              "Authorization": "Bearer gpf_wrong"})
+    assert r.status_code == 401
+    # without anything: a browser goes to the form, an API client gets its 401 JSON
+    assert requests.get(service.url + "/", headers={"Accept": "text/html"}, timeout=10,
+                        allow_redirects=False).headers["Location"] == "/login"
+    for path, accept in (("/", "application/json"), ("/", "*/*"),
+                         ("/api/v1/clusters", "text/html")):
+        r = requests.get(service.url + path, headers={"Accept": accept}, timeout=10,
+                         allow_redirects=False)
+        assert r.status_code == 401 and r.headers["Content-Type"] == "application/json"
+    assert requests.get(service.url + "/healthz", timeout=10).status_code in (200, 503)
+
+
+def test_over_tls_the_cookie_is_secure(db_url, tokens, tmp_path):
+    ca = make_cert(tmp_path, "login")
+    service = serve(db_url, Authenticator(tokens=TokenFile(tokens[0])),
+                    tls=TlsFiles(tmp_path / "tls.crt", tmp_path / "tls.key"))
+    try:
+        r = post_login(service, tokens[1]["admin"], verify=str(ca))
+        assert r.status_code == 303 and "; Secure" in r.headers["Set-Cookie"]
+    finally:
+        service.stop()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_session_ends_after_its_ttl_or_when_its_token_expires(db_url, tokens, issuer,
+                                                                 layout, tmp_path):
+    clock = Clock()
+    scopes = tmp_path / "scopes.yaml"
+    scopes.write_text(yaml.safe_dump({"scopes": [{"group": "team", "clusters": [
+        layout["cluster"]], "namespaces": [TEAM_NS]}]}))
+    auth = Authenticator(tokens=TokenFile(tokens[0]),
+                         oidc=OidcVerifier(issuer.url, AUDIENCE, _scopes(scopes)))
+    service = serve(db_url, auth, sessions=Sessions(ttl=600, clock=clock))
+    try:
+        static = set_cookie(post_login(service, tokens[1]["team"]))
+        assert int(static["max-age"]) == 600
+        jwt_expiring = issuer.token("ec-1", ["team"], expires_in=120)
+        oidc = set_cookie(post_login(service, jwt_expiring))
+        assert 60 < int(oidc["max-age"]) <= 120  # the token's expiry, not the TTL
+        assert with_cookie(service, "/api/v1/clusters", oidc.value).status_code == 200
+        clock.now += 121
+        assert with_cookie(service, "/api/v1/clusters", oidc.value).status_code == 401
+        assert with_cookie(service, "/api/v1/clusters", static.value).status_code == 200
+        clock.now += 600
+        assert with_cookie(service, "/api/v1/clusters", static.value).status_code == 401
+        r = with_cookie(service, "/", static.value, Accept="text/html")
+        assert r.status_code == 303 and r.headers["Location"] == "/login"
+        # an OIDC caller in no mapped group signs in to nothing: refused, no session
+        r = post_login(service, issuer.token("rsa-1", ["nobody"]))
+        assert r.status_code == 403 and "Set-Cookie" not in r.headers
+    finally:
+        service.stop()
+
+
+def _scopes(path: Path) -> Any:
+    from hub.service import load_group_scopes
+
+    return load_group_scopes(path)
+
+
+def test_sessions_are_bounded_and_the_oldest_goes_first(db_url, tokens):
+    sessions = Sessions(limit=2)
+    service = serve(db_url, Authenticator(tokens=TokenFile(tokens[0])), sessions=sessions)
+    try:
+        made = [set_cookie(post_login(service, tokens[1]["admin"])).value for _ in range(3)]
+        assert len(set(made)) == 3 and len(sessions) == 2
+        assert [with_cookie(service, "/api/v1/clusters", sid).status_code
+                for sid in made] == [401, 200, 200]
+    finally:
+        service.stop()
+
+
+def test_a_session_cookie_is_dead_after_sign_out_or_when_its_token_is_removed(db_url,
+                                                                              tmp_path):
+    path = tmp_path / "tokens.yaml"
+    path.write_text(yaml.safe_dump({"tokens": [token_entry("a", "gpf_token-a"),
+                                               token_entry("b", "gpf_token-b")]}))
+    service = serve(db_url, Authenticator(tokens=TokenFile(path)))
+    try:
+        a = set_cookie(post_login(service, "gpf_token-a")).value
+        out = requests.post(service.url + "/logout", timeout=10, allow_redirects=False,
+                            headers={"Cookie": f"{session.COOKIE}={a}"})
+        assert out.status_code == 303 and out.headers["Location"] == "/login"
+        assert set_cookie(out).value == "" and set_cookie(out)["max-age"] == "0"
+        assert with_cookie(service, "/api/v1/clusters", a).status_code == 401  # replayed
+        b = set_cookie(post_login(service, "gpf_token-b")).value
+        assert with_cookie(service, "/api/v1/clusters", b).status_code == 200
+        path.write_text(yaml.safe_dump({"tokens": [token_entry("a", "gpf_token-a")]}))
+        assert with_cookie(service, "/api/v1/clusters", b).status_code == 401  # revoked
+    finally:
+        service.stop()
+
+
+def test_failed_sign_ins_are_counted_and_no_token_or_session_id_reaches_the_log(
+        service, tokens, caplog):
+    caplog.set_level(logging.DEBUG)
+    admin = tokens[1]["admin"]
+
+    def refused() -> float:
+        text = get(service, "/metrics", admin).text
+        line = next(x for x in text.splitlines() if x.startswith(
+            'gpufleet_api_refused_requests_total{reason="unauthenticated"}'))
+        return float(line.split()[-1])
+
+    before = refused()
+    bad = post_login(service, "gpf_wrong-sign-in-token")
+    assert bad.status_code == 401 and "Set-Cookie" not in bad.headers
+    assert "Sign-in failed." in bad.text and "gpf_wrong-sign-in-token" not in bad.text
+    assert refused() == before + 1
+    sid = set_cookie(post_login(service, tokens[1]["team"])).value
+    with_cookie(service, "/", sid, Accept="text/html")
+    requests.post(service.url + "/logout", headers={"Cookie": f"{session.COOKIE}={sid}"},
+                  timeout=10, allow_redirects=False)
+    assert "signed in: team" in caplog.text  # the name is logged, nothing secret
+    for secret in ("gpf_wrong-sign-in-token", tokens[1]["team"], admin, sid):
+        assert secret not in caplog.text
+
+
+def test_sign_in_refuses_other_sites_urls_and_unreadable_forms(service, tokens):
+    team = tokens[1]["team"]
+    for headers in ({"Origin": "http://evil.example"}, {"Sec-Fetch-Site": "cross-site"},
+                    {"Sec-Fetch-Site": "same-site"}):
+        r = post_login(service, team, headers=headers)
+        assert r.status_code == 403 and "Set-Cookie" not in r.headers, headers
+    host = urlsplit(service.url).netloc
+    assert post_login(service, team, headers={"Origin": f"http://{host}"}).status_code == 303
+    # a token in a URL is refused and not echoed
+    r = requests.get(service.url + "/login", params={"token": team}, timeout=10)
+    assert r.status_code == 400 and team not in r.text
+    for data, content_type in ((f'{{"token": "{team}"}}', "application/json"),
+                               (f"token={team}&token={team}", session.FORM),
+                               (f"token={team}&next=/x", session.FORM),
+                               ("token=" + "a" * (session.MAX_FORM + 1), session.FORM)):
+        r = requests.post(service.url + "/login", data=data, timeout=10,
+                          headers={"Content-Type": content_type}, allow_redirects=False)
+        assert r.status_code == 400 and "Set-Cookie" not in r.headers, data[:40]
+    # sign-out is a form post only, and the rest of the API still refuses POST
+    assert requests.get(service.url + "/logout", timeout=10).headers["Allow"] == "POST"
+    r = requests.post(service.url + "/api/v1/gpus", timeout=10)
+    assert r.status_code == 405 and r.headers["Allow"] == "GET, HEAD"
+
+
+def test_sessions_store_keeps_no_usable_id_and_expires_with_the_token():
+    clock = Clock()
+    store = Sessions(ttl=100, limit=5, clock=clock)
+    caller = Caller(Scope("t"), "t", expires_at=clock.now + 30)
+    sid, made = store.create(caller)
+    assert made.expires_at == clock.now + 30
+    assert sid not in repr(store._items)  # stored under its sha256
+    assert store.create(Caller(Scope("t"), "t", expires_at=clock.now)) is None
+    clock.now += 31
+    assert store.get(sid) is None and len(store) == 0
+    assert session.session_id(f"{session.COOKIE}=x" + "y" * 200) is None
+    assert session.session_id('broken="') is None
