@@ -32,9 +32,10 @@ debs:
 lint: setup
 	$(VENV)/bin/ruff check hub spoke tests bench
 
+# Four workers: the tests wait on real processes far more than they compute (see pyproject).
 test: setup
 	$(VENV)/bin/ruff check hub spoke tests bench
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -n 4
 
 # The main job: a local multi-cluster fleet end to end (hub, agents, exporters, sync,
 # reconcile, report), every process stopped at the end.
@@ -44,6 +45,7 @@ demo: setup
 bench: setup
 	$(PY) bench/sync_bench.py --gpus 1000
 	$(PY) bench/sync_bench.py --gpus 100000
+	$(PY) bench/usage_bench.py --pg auto
 	$(PY) bench/exporter_bench.py
 
 clean:
