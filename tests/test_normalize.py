@@ -184,7 +184,7 @@ def test_range_answer_is_cut_to_each_series_newest_sample():
          "values": [[1.5, "1"], [2.5, "NaN"], [3.25, "7"]]},
         {"metric": {"UUID": "b"}, "values": [[9, "+Inf"]]},
     ]}}
-    compact = json.dumps(body, separators=(",", ":")).encode()  # as Prometheus writes it
+    compact = json.dumps(body, separators=(",", ":"))  # as Prometheus writes it
     cut = json.loads(_newest_sample(compact))["data"]["result"]
     assert [r["value"] for r in cut] == [[3.25, "7"], [9, "+Inf"]]
     assert cut[0]["metric"]["pod"] == 'odd "values":[[1,"2"]] ]'
@@ -212,7 +212,7 @@ def test_a_streamed_answer_split_anywhere_decodes_the_same():
     import pytest
 
     from hub.store import StreamedRows
-    from hub.store._client import HubUnavailable, _newest_text
+    from hub.store._client import HubUnavailable, _newest_sample
 
     body = json.dumps({"status": "success", "data": {"resultType": "matrix", "result": [
         {"metric": {"pod": 'odd "values":[[1,"2"]] ]', "UUID": "a"},
@@ -221,7 +221,7 @@ def test_a_streamed_answer_split_anywhere_decodes_the_same():
     ]}, "warnings": ["w"]}, separators=(",", ":"))
     start = body.index('"result":[') + len('"result":[')
     for split in range(start, len(body)):
-        rows = StreamedRows(body[:split], start, iter([body[split:]]), _newest_text)
+        rows = StreamedRows(body[:split], start, iter([body[split:]]), _newest_sample)
         got = [(r["metric"]["UUID"], r["value"]) for r in rows]
         assert got == [("a", [3.25, "7"]), ("b", [9, "+Inf"])], split
         assert rows.warnings == ["w"]
@@ -235,7 +235,7 @@ def test_keyed_rows_join_a_series_across_answers_whatever_its_labels_hold():
     import json
 
     from hub.store import StreamedRows
-    from hub.store._client import _newest_text
+    from hub.store._client import _newest_sample
 
     odd = {"UUID": "GPU-1", "pod": 'p} "__name__":"x",', "z": "{}"}
 
@@ -247,7 +247,7 @@ def test_keyed_rows_join_a_series_across_answers_whatever_its_labels_hold():
         stamps = answer([{"metric": {**labels, "__name__": "DCGM_FI_DEV_GPU_TEMP"},
                           "values": [[1.5, "40"], [4.5, "41"]]}])
         got = []
-        for body, cut in ((value, None), (stamps, _newest_text)):
+        for body, cut in ((value, None), (stamps, _newest_sample)):
             start = body.index('"result":[') + len('"result":[')
             got += list(StreamedRows(body, start, cut=cut).keyed())
         assert got[0][0] == got[1][0] and json.loads(got[0][0]) == labels

@@ -300,7 +300,7 @@ class HubClient:
 
     # -- transport ------------------------------------------------------------------------
     def _post(self, path: str, data: dict[str, Any],
-              rewrite: Callable[[bytes], bytes] | None = None,
+              rewrite: Callable[[str], str] | None = None,
               stream: bool = False) -> QueryResult:
         for value in data.values():
             try:
@@ -336,11 +336,11 @@ class HubClient:
             if stream and resp.status_code == 200:
                 body, rows = self._stream(resp, rewrite)
             else:
-                content = resp.content
+                text = resp.content.decode()  # invalid UTF-8: a ValueError, as below
                 if rewrite is not None and resp.status_code == 200:
-                    content = rewrite(content)
-                body = json.loads(content)
-                del content
+                    text = rewrite(text)
+                body = json.loads(text)
+                del text
         except ValueError:
             body = None
         if resp.status_code in (400, 422) and isinstance(body, dict) and _store_failure(body):
@@ -374,7 +374,7 @@ class HubClient:
         )
 
 
-    def _stream(self, resp: requests.Response, rewrite: Callable[[bytes], bytes] | None
+    def _stream(self, resp: requests.Response, rewrite: Callable[[str], str] | None
                 ) -> tuple[Any, StreamedRows | None]:
         """The envelope of a 200 answer, and its rows left on the socket for the caller.
 
@@ -387,14 +387,13 @@ class HubClient:
             head += chunk
             start = head.find('"result":[')
             if start >= 0:
-                cut = _newest_text if rewrite is not None else None
                 body = json.loads(head[:start] + '"result":[]}}')
-                return body, StreamedRows(head, start + len('"result":['), chunks, cut,
+                return body, StreamedRows(head, start + len('"result":['), chunks, rewrite,
                                           f"hub {self.safe_url}")
             if len(head) > MAX_ENVELOPE:
                 break
         head += "".join(chunks)  # no result array (an error, a scalar): small, read it whole
-        return json.loads(rewrite(head.encode()) if rewrite else head), None
+        return json.loads(rewrite(head) if rewrite else head), None
 
 
 #: how much of an answer may come before its result array (status, resultType: ~60 bytes)
@@ -557,22 +556,14 @@ def _instant(promql: str, time: float | None) -> dict[str, Any]:
     return data
 
 
-_SAMPLES = re.compile(rb'"values":\[(?:\[[^\]]*\],)*(\[[^\]]*\])\]')
+_SAMPLES = re.compile(r'"values":\[(?:\[[^\]]*\],)*(\[[^\]]*\])\]')
 
 
-def _newest_sample(body: bytes) -> bytes:
-    """A matrix answer with each series' samples cut to the last (newest) one."""
-    return _SAMPLES.sub(rb'"value":\1', body)
-
-
-_SAMPLES_TEXT = re.compile(_SAMPLES.pattern.decode())
-
-
-def _newest_text(text: str) -> str:
-    """:func:`_newest_sample` on text, for a streamed answer: a series whose samples are not
-    all in ``text`` yet is left as it is (the pattern needs their closing bracket) and cut
-    once the next chunk completes it."""
-    return _SAMPLES_TEXT.sub(r'"value":\1', text)
+def _newest_sample(text: str) -> str:
+    """A matrix answer with each series' samples cut to the last (newest) one. On part of a
+    streamed answer, a series whose samples are not all there yet is left as it is (the
+    pattern needs their closing bracket) and cut once the next chunk completes it."""
+    return _SAMPLES.sub(r'"value":\1', text)
 
 
 def _reason(exc: Exception) -> str:
