@@ -48,9 +48,13 @@ def test_a_cluster_label_no_series_carries_fails_the_sync_and_writes_nothing(syn
 
 
 def test_series_of_which_only_some_carry_the_label_fail_too():
+    from hub import store
+    from hub.inventory._normalize import FleetBuilder
+
     rows = [{"metric": {"cluster": "east", "UUID": "a"}}, {"metric": {"UUID": "b"}},
             {"metric": {"cluster": "", "UUID": "c"}}]
-    assert inv.unlabelled(rows, "cluster") == 2
+    query = next(q for q in store.sync_queries("10m", "1m", "cluster") if q.kind != "timestamp")
+    assert FleetBuilder("cluster").add(query, rows) == (3, 2)  # rows, and those lacking it
     err = inv.missing_label_error("cluster", 2, 3, ["UUID", "instance"])
     assert err.exit_code == 2
     assert err.format_message().startswith("2 of 3 GPU series lack label 'cluster'; "

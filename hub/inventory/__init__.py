@@ -65,7 +65,6 @@ from hub.inventory._sync import (
     missing_label_error,
     run_sync,
     subquery_step,
-    unlabelled,
 )
 
 __all__ = [
@@ -123,7 +122,6 @@ __all__ = [
     "safe_url",
     "subquery_step",
     "sync_runs",
-    "unlabelled",
     "upgrade",
     "usage",
     "usage_buckets",

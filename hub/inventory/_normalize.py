@@ -77,14 +77,6 @@ _NO_ALLOCATIONS: frozenset[Allocation] = frozenset()
 Row = Mapping[str, Any]  # one element of a Prometheus vector result: {"metric": ..., "value": ...}
 
 
-def _value(row: Row) -> float | None:
-    try:
-        v = float(row["value"][1])
-    except (KeyError, IndexError, TypeError, ValueError):
-        return None
-    return None if v != v else v  # NaN is "no value"
-
-
 def _float(text: str) -> float:
     """A sample's value or time as written ("NaN", "+Inf" included); NaN when unreadable."""
     try:
@@ -93,13 +85,18 @@ def _float(text: str) -> float:
         return math.nan
 
 
-def series_key(labels: dict[str, str]) -> int:
-    """A series' label set without its name, as one int: the join key between a field's rows
-    and the sample times (every family of one scrape carries the same labels). A 64-bit hash
-    rather than the labels themselves keeps 100,000 GPUs' keys in a few MB. Drops
-    ``__name__`` from the (decoded, throw-away) row it is given."""
-    labels.pop("__name__", None)
-    return hash(frozenset(labels.items()))
+def keyed_rows(rows: Iterable[Row]) -> Iterator[tuple[str, str, str]]:
+    """Decoded rows (an answer not streamed, tests) as StreamedRows.keyed gives them:
+    (label set as JSON without ``__name__``, time, value as written). Keys sorted, as
+    Prometheus writes them, so a series' rows of two answers give one key; every answer
+    then folds through the one path, :meth:`FleetBuilder.add_keyed`."""
+    for row in rows:
+        labels = {k: v for k, v in (row.get("metric") or {}).items() if k != "__name__"}
+        sample = row.get("value")
+        ts, value = (sample if isinstance(sample, list | tuple) and len(sample) == 2
+                     else ("", ""))
+        yield (json.dumps(labels, sort_keys=True, separators=(",", ":"), ensure_ascii=False),
+               str(ts), str(value))
 
 
 #: Every neutral field a query can fill, and its slot in a series' value array.
@@ -148,50 +145,33 @@ class FleetBuilder:
         self._series: dict[int, _Series | None] = {}
         #: sample times of series no value row has named yet (the answers race)
         self._early: dict[int, float] = {}
-        #: keys of series without the cluster label (a sync fails on any; add_keyed)
+        #: keys of series without the cluster label: a GPU filed without its cluster would
+        #: sit under a cluster named '' and look healthy, so the sync refuses on any
         self._unlabelled: set[int] = set()
 
     # -- feeding ----------------------------------------------------------------------------
-    def add(self, query: Query, rows: Iterable[Row]) -> None:
-        profile = store.profile(query.vendor)
-        if query.kind == "timestamp":
-            self.add_timestamps(profile, rows, query.field)
-        else:
-            self.add_values(profile, query.field or "", rows)
+    def add(self, query: Query, rows: Iterable[Row]) -> tuple[int, int]:
+        """Decoded rows of one answer: see add_keyed."""
+        return self.add_keyed(query, keyed_rows(rows))
 
     def add_timestamps(self, profile: VendorProfile, rows: Iterable[Row],
                        fld: str | None = None) -> None:
         """Rows of HubClient.query_newest: ``value`` is [newest sample's time, its value];
-        with ``fld`` the value fills that field too (rows are read once: they may stream)."""
-        known, early = self._series, self._early
-        for row in rows:
-            try:
-                ts = float(row["value"][0])
-            except (KeyError, IndexError, TypeError, ValueError):
-                continue
-            labels = row["metric"]
-            key = series_key(labels)
-            if fld:
-                self._fold(profile, fld, key, labels, row)
-            series = known.get(key)
-            if series is None:
-                if key not in known and ts > early.get(key, -math.inf):
-                    early[key] = ts
-            elif not ts <= series.vals[_AT]:  # NaN (no time yet) compares False
-                series.vals[_AT] = ts
+        with ``fld`` the value fills that field too."""
+        self._fold(profile, fld, True, keyed_rows(rows))
 
     def add_values(self, profile: VendorProfile, fld: str, rows: Iterable[Row]) -> None:
-        for row in rows:
-            labels = row["metric"]
-            self._fold(profile, fld, series_key(labels), labels, row)
+        self._fold(profile, fld, False, keyed_rows(rows))
 
     def add_keyed(self, query: Query, rows: Iterable[tuple[str, str, str]]) -> tuple[int, int]:
         """Rows of a streamed answer as (labels JSON, time, value) (StreamedRows.keyed): the
         labels text is the series key, decoded only for a series not seen before. Returns
         how many rows came and how many lacked the cluster label."""
-        profile = store.profile(query.vendor)
-        fld = query.field
-        stamps = query.kind == "timestamp"
+        return self._fold(store.profile(query.vendor), query.field,
+                          query.kind == "timestamp", rows)
+
+    def _fold(self, profile: VendorProfile, fld: str | None, stamps: bool,
+              rows: Iterable[tuple[str, str, str]]) -> tuple[int, int]:
         slot = _SLOT[fld] if fld else None
         convert = profile.convert
         known, early, unlabelled = self._series, self._early, self._unlabelled
@@ -204,7 +184,7 @@ class FleetBuilder:
                 labels = json.loads(text)
                 if not labels.get(self.cluster_label):
                     unlabelled.add(key)
-                if slot is None:  # a time alone makes no GPU (as in add_timestamps)
+                if slot is None:  # a time alone makes no GPU
                     missing += key in unlabelled
                     t = _float(ts)
                     if t > early.get(key, -math.inf):
@@ -224,17 +204,6 @@ class FleetBuilder:
                 if t == t and not t <= series.vals[_AT]:  # no time yet is NaN
                     series.vals[_AT] = t
         return count, missing
-
-    def _fold(self, profile: VendorProfile, fld: str, key: int, labels: Mapping[str, str],
-              row: Row) -> None:
-        known = self._series
-        if key in known:
-            series = known[key]
-        else:
-            series = known[key] = self._new_series(profile, labels, key)
-        value = _value(row)
-        if series is not None and value is not None:
-            series.vals[_SLOT[fld]] = profile.convert(fld, value)
 
     def _new_series(self, profile: VendorProfile, labels: Mapping[str, str],
                     key: int) -> _Series | None:

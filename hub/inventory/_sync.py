@@ -15,7 +15,7 @@ import itertools
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sqlalchemy.engine import Engine
 
@@ -49,14 +49,6 @@ class SyncResult:
 
 #: Recorded on a sync run that succeeded without a single GPU series: `report` reads it.
 NO_GPU_SERIES = "the hub returned no GPU series"
-
-
-def unlabelled(rows: list[dict[str, Any]], cluster_label: str) -> int:
-    """How many GPU series of a (normalised) result lack the cluster label.
-
-    A GPU filed without its cluster would sit under a cluster named '' and look healthy,
-    so one such series is enough to refuse the whole sync."""
-    return sum(1 for row in rows if not (row.get("metric") or {}).get(cluster_label))
 
 
 def missing_label_error(cluster_label: str, missing: int, total: int,
@@ -105,9 +97,7 @@ def _fold(builder: FleetBuilder, client: HubClient, query: store.Query, res: Que
     if isinstance(res.result, store.StreamedRows):
         rows, missing = builder.add_keyed(query, res.result.keyed())
     else:  # an answer without a result array to stream (no rows)
-        rows = len(res.result)
-        missing = unlabelled(res.result, cluster_label)
-        builder.add(query, res.result)
+        rows, missing = builder.add(query, res.result)
     warnings = res.warnings or getattr(res.result, "warnings", [])
     if warnings:
         raise store.PartialResponse(
