@@ -32,7 +32,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from hub import store
 from hub.common import GpufleetError, format_duration
-from hub.inventory._db import _insert, gpus, metadata, now_utc, utc
+from hub.inventory._db import _batches, _insert, gpus, metadata, now_utc, utc
 
 if TYPE_CHECKING:
     from hub.store import HubClient
@@ -316,8 +316,8 @@ def write_bucket(conn: Connection, start: float, bucket: float, rows: list[dict[
     """Replace one bucket's rows (idempotent), rebuild its day's rollup, mark it collected."""
     begin = utc(start)
     conn.execute(usage.delete().where(usage.c.bucket_start == begin))
-    for i in range(0, len(rows), 5000):
-        conn.execute(usage.insert(), rows[i:i + 5000])
+    for batch in _batches(rows):
+        conn.execute(usage.insert(), batch)
     rebuild_days(conn, [day_of(begin)])  # type: ignore[arg-type]
     stmt = _insert(conn, usage_buckets).values(
         bucket_start=begin, bucket_end=utc(start + bucket), collected_at=now_utc(),
