@@ -680,8 +680,8 @@ def test_an_unreachable_or_wrong_issuer_is_said_at_start(issuer, caplog):
 def _ledger_db(tmp_path: Path) -> str:
     """Two teams on two clusters: team-a on c-a (busy), team-b on c-b (allocated, idle)."""
     from hub.inventory import _migrate as migrate
-    from hub.inventory._ledger import write_bucket
     from hub.inventory._normalize import Observation
+    from hub.usage import write_bucket
 
     url = f"sqlite:///{tmp_path / 'ledger.db'}"
     engine = inventory.make_engine(url, create=True)

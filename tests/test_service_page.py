@@ -180,9 +180,9 @@ def test_before_the_first_sync_the_page_says_so_in_html(tmp_path):
 def test_the_usage_sections_serve_shows_agree_with_the_api(tmp_path):
     """serve's page sections for usage, idle GPUs and capacity read the same ledger the API
     answers from: the same namespaces, GPU-hours and idle GPUs."""
-    from hub.inventory._ledger import write_bucket
     from hub.service import USAGE_SECTIONS
     from hub.service._routes import build_router
+    from hub.usage import write_bucket
 
     url = f"sqlite:///{tmp_path / 'inv.db'}"
     engine = _db.make_engine(url, create=True)

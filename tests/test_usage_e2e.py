@@ -22,7 +22,8 @@ import time
 import pytest
 
 from hub import inventory as inv
-from hub import usage
+from hub import store, usage
+from hub.usage._fold import utc
 from tests.support.backfill import backfilled_hub, openmetrics
 from tests.support.clirun import gpufleet, gpufleet_json
 from tests.support.httpstub import StubServer
@@ -122,11 +123,12 @@ def test_usage_collect_usage_idle_capacity_on_a_backfilled_hub(tmp_path, db_url)
                               iso(t0 + 2 * HOUR), env=env)
         assert len(first["collected"]) == 2 and first["failed"] == []
         per_bucket = first["requests"] // 2
-        assert per_bucket == len(inv._ledger.store.usage_queries("1h", "1m", "cluster"))
+        assert per_bucket == len(store.usage_queries("1h", "5m", "cluster"))
         two_hours = gpufleet_json("usage", *period, env=env)
 
         hub.stop()  # outage: the next collect fails, and leaves the collected hours alone
-        down = gpufleet("usage", "collect", "--max-backfill", "5h", "--delay", "0s", env=env)
+        down = gpufleet("usage", "collect", "--max-backfill", "5h", "--push-interval", "30s",
+                        env=env)
         assert down.exit_code == 3, down.output
         assert "bucket(s) not collected" in down.stderr and "retries" in down.stderr
         assert gpufleet_json("usage", *period, env=env) == two_hours
@@ -135,7 +137,7 @@ def test_usage_collect_usage_idle_capacity_on_a_backfilled_hub(tmp_path, db_url)
         # a store answering in part (warnings after the streamed rows): nothing written
         partial = StubServer(with_warnings(hub.url))
         try:
-            half = gpufleet("usage", "collect", "--max-backfill", "5h", "--delay", "0s",
+            half = gpufleet("usage", "collect", "--max-backfill", "5h", "--push-interval", "30s",
                             "--hub-url", partial.url, env=env)
         finally:
             partial.stop()
@@ -144,7 +146,7 @@ def test_usage_collect_usage_idle_capacity_on_a_backfilled_hub(tmp_path, db_url)
         assert gpufleet_json("usage", *period, env=env) == two_hours
 
         # back in full: the missed hour is caught up
-        caught = gpufleet_json("usage", "collect", "--max-backfill", "5h", "--delay", "0s",
+        caught = gpufleet_json("usage", "collect", "--max-backfill", "5h", "--push-interval", "30s",
                                env=env)
         assert caught["failed"] == [] and f"{iso(t0 + 2 * HOUR)[:-1]}" in " ".join(
             str(c) for c in caught["collected"])
@@ -161,7 +163,7 @@ def test_usage_collect_usage_idle_capacity_on_a_backfilled_hub(tmp_path, db_url)
         # coverage and the move, row by row in the ledger
         engine = inv.make_engine(db_url)
         with engine.connect() as conn:
-            frame = usage.usage_frame(conn, *(inv._ledger.utc(t) for t in (t0, t0 + 3 * HOUR)))
+            frame = usage.usage_frame(conn, *(utc(t) for t in (t0, t0 + 3 * HOUR)))
         engine.dispose()
         gap = frame[(frame.uuid == "GPU-C")].sort_values("bucket_start")
         assert list(gap.coverage.round(6)) == [1.0, round(2 / 3, 6), 1.0]
@@ -199,7 +201,8 @@ def test_usage_collect_usage_idle_capacity_on_a_backfilled_hub(tmp_path, db_url)
         assert table.exit_code == 0 and "c2" in table.stdout
         csv_out = gpufleet("usage", *period, "-o", "csv", env=env).stdout.splitlines()
         assert csv_out[0] == ("namespace,gpu_hours,allocated_gpu_hours,busy_gpu_hours,"
-                              "idle_allocated_gpu_hours,avg_utilisation_pct,energy_kwh")
+                              "idle_allocated_gpu_hours,avg_utilisation_pct,sm_active_gpu_hours,"
+                              "avg_sm_active_pct,energy_kwh")
         history = gpufleet_json("inventory", "gpu", "GPU-MV", env=env)
         assert {u["node"] for u in history["usage"]} == {"n1", "n2"}
         check_api(db_url, t0, rows)
@@ -225,7 +228,7 @@ def test_serve_collects_completed_buckets_and_report_warns_of_idle_allocated_gpu
             with engine.connect() as conn:
                 done = {r.bucket_start for r in conn.execute(inv.usage_buckets.select())}
             # every completed bucket of the last 48 h, the three with data among them
-            assert {inv._ledger.utc(t0 + i * HOUR) for i in range(3)} <= done
+            assert {utc(t0 + i * HOUR) for i in range(3)} <= done
             assert len(done) >= 46  # 48 h back, less the one or two not complete yet
             jobs.after_sync[-1]()  # nothing pending: nothing asked again
             findings = jobs.findings()

@@ -13,7 +13,7 @@ import yaml
 from sqlalchemy.engine import Engine
 
 from hub import inventory as inv
-from hub import onboard
+from hub import onboard, usage
 from hub import service as svc
 from hub.commands.core import database, hub_client
 from hub.common import (
@@ -72,9 +72,10 @@ def service_jobs(engine: Engine, client: HubClient, *, stale_after: float, clust
         return [f.as_dict() for f in assessed.findings]
 
     def usage_job() -> None:
-        result = inv.collect_usage(engine, client, bucket=usage_bucket, delay=push_interval,
-                                   retention=usage_retention, cluster_label=cluster_label,
-                                   step=min(60.0, usage_bucket))
+        result = usage.collect_usage(engine, client, bucket=usage_bucket,
+                                     push_interval=push_interval, retention=usage_retention,
+                                     cluster_label=cluster_label,
+                                     lock_timeout=max(lock_timeout, 60.0))
         if result.collected:
             log.info("usage: collected %d bucket(s), %d rows", len(result.collected),
                      result.rows)
@@ -167,7 +168,7 @@ class _ServeGroup(ConfiguredCommand, click.Group):
               metavar="DURATION", help="Usage ledger bucket: each completed one is collected "
               "after the sync that follows it (see `gpufleet usage collect`).")
 @click.option("--usage-retention", type=DURATION, default="400d", show_default=True,
-              metavar="DURATION", help="Usage rows older than this are removed.")
+              metavar="DURATION", help="Usage rows older than this are removed (at least 1d).")
 @click.option("--prune-stale-after", type=DURATION, envvar=env("prune-stale-after"),
               metavar="DURATION", help="After each sync, delete GPUs, nodes and clusters "
               "stale for longer than this (as `gpufleet inventory prune`). Default: never.")
@@ -224,6 +225,8 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
         raise InputError("--session-ttl must be greater than 0")
     if prune_stale_after is not None and prune_stale_after <= stale_after:
         raise InputError("--prune-stale-after must be longer than --stale-after")
+    usage.check_settings(bucket=usage_bucket, push_interval=push_interval,
+                         retention=usage_retention, max_backfill=48 * 3600.0)
     try:
         host, port = parse_listen(listen)
     except ValueError as exc:

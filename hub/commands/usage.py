@@ -20,8 +20,11 @@ from hub.common import (
     cluster_label_option,
     db_option,
     emit,
+    format_duration,
     hub_options,
+    lock_timeout_option,
     output_option,
+    push_interval_option,
     to_json,
 )
 
@@ -103,46 +106,68 @@ def usage(ctx: click.Context, since: float | None, from_: str | None, until: str
 @usage.command("collect", cls=ConfiguredCommand)
 @period_options
 @click.option("--bucket", type=DURATION, default="1h", show_default=True, metavar="DURATION",
-              help="Bucket length (buckets are aligned to multiples of it).")
-@click.option("--step", type=DURATION, default="1m", show_default=True, metavar="DURATION",
-              help="Resolution of coverage: a slice of the bucket with a sample counts. Use "
-              "the push interval under ACM (e.g. 5m).")
-@click.option("--delay", type=DURATION, default="5m", show_default=True, metavar="DURATION",
-              help="A bucket is complete this long after its end (late pushes).")
+              help="Bucket length (buckets are aligned to multiples of it). The ledger keeps "
+              "one size: another is refused unless --replace-grid.")
+@push_interval_option
+@click.option("--step", type=DURATION, metavar="DURATION",
+              help="Expert: coverage resolution, default the push interval (never below it). "
+              "A coarser step costs the hub less at 1s pushes.")
 @click.option("--max-backfill", type=DURATION, default="48h", show_default=True,
               metavar="DURATION", help="How far back missed buckets are caught up.")
 @click.option("--usage-retention", type=DURATION, default="400d", show_default=True,
-              metavar="DURATION", help="Ledger rows older than this are removed.")
+              metavar="DURATION", help="Ledger rows older than this are removed (at least "
+              "1d and --max-backfill).")
+@click.option("--replace-grid", is_flag=True,
+              help="Start the ledger over on --bucket's grid: removes every row (with --yes).")
+@click.option("--yes", is_flag=True, help=f"Confirm --replace-grid, or a period of more "
+              f"than {answers.CONFIRM_BUCKETS:,} buckets.")
+@lock_timeout_option
 @hub_options
 @cluster_label_option
 @db_option
 @output_option("text", "json", default="text")
 def collect(since: float | None, from_: str | None, until: str | None, bucket: float,
-            step: float, delay: float, max_backfill: float, usage_retention: float,
+            push_interval: float, step: float | None, max_backfill: float,
+            usage_retention: float, replace_grid: bool, yes: bool, lock_timeout: float,
             cluster_label: str, db: str | None, output: str, **opts: Any) -> None:
-    """Fill the usage ledger: every completed bucket not collected yet (or those asked for).
+    """Fill the usage ledger: every ended bucket not collected yet (or those asked for).
 
-    A fixed set of PromQL requests per bucket, whatever the fleet size; re-collecting a
-    bucket replaces it. A bucket the hub cannot answer is not written and is retried by the
-    next collect; exits 3 when any bucket failed.
+    A bucket is collected once it ended a push interval ago (its last push has arrived);
+    a period reaching past that is clipped and the output says so. Coverage is measured in
+    push-interval slots, so hours are exact at ACM's 300s as at 1s. A fixed set of PromQL
+    requests per bucket, whatever the fleet size; re-collecting a bucket replaces it, also
+    beside a running `serve`. A bucket the hub cannot answer is not written and is retried
+    by the next collect; exits 3 when any bucket failed.
     """
     from hub.inventory import ensure_schema
 
+    answers.check_settings(bucket=bucket, push_interval=push_interval, resolution=step,
+                           retention=usage_retention, max_backfill=max_backfill)
+    if replace_grid and not yes:
+        raise InputError("--replace-grid removes every row of the usage ledger; add --yes")
     chosen = period(since, from_, until, default_since=None)
+    starts = None
+    if chosen is not None:
+        start, end = (t.replace(tzinfo=dt.UTC).timestamp() for t in chosen)
+        starts = answers.buckets_between(start, end, bucket)
+        if len(starts) > answers.CONFIRM_BUCKETS and not yes:
+            raise InputError(f"the period holds {len(starts):,} buckets of "
+                             f"{format_duration(bucket)} (more than "
+                             f"{answers.CONFIRM_BUCKETS:,}); add --yes to collect them all")
     with hub_client(opts) as client, database(db, create=True) as engine:
         ensure_schema(engine)
-        starts = None
-        if chosen is not None:
-            start, end = (t.replace(tzinfo=dt.UTC).timestamp() for t in chosen)
-            starts = inv.buckets_between(start, end, bucket)
-        result = inv.collect_usage(engine, client, bucket=bucket, starts=starts,
-                                   max_backfill=max_backfill, delay=delay, step=step,
-                                   retention=usage_retention, cluster_label=cluster_label)
+        if replace_grid:
+            removed = answers.replace_grid(engine, bucket, lock_timeout)
+            click.echo(f"usage ledger started over on buckets of {format_duration(bucket)} "
+                       f"({removed} rows removed)", err=True)
+        result = answers.collect_usage(
+            engine, client, bucket=bucket, push_interval=push_interval, resolution=step,
+            starts=starts, max_backfill=max_backfill, retention=usage_retention,
+            cluster_label=cluster_label, lock_timeout=lock_timeout)
     if output == "json":
         click.echo(to_json(result.as_dict()))
     else:
-        click.echo(f"usage collect: {len(result.collected)} buckets, {result.rows} rows "
-                   f"({result.requests} requests), {result.removed} old rows removed")
+        click.echo(answers.describe(result, push_interval))
     if result.failed:
         first, error = result.failed[0]
         raise UnavailableError(f"{len(result.failed)} bucket(s) not collected, first "

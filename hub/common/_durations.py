@@ -9,6 +9,15 @@ import click
 
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w|y)")
+#: The longest duration any flag takes: past it, dates leave the calendar (year 1 or 9999)
+#: and arithmetic on them fails; no retention, window or period needs more.
+MAX_DURATION = 100 * _UNITS["y"]
+
+
+def _bounded(value: float, text: object) -> float:
+    if value > MAX_DURATION:
+        raise ValueError(f"duration {text} is too long (at most 100y)")
+    return value
 
 
 def parse_duration(text: str | float | int) -> float:
@@ -18,7 +27,7 @@ def parse_duration(text: str | float | int) -> float:
             raise ValueError(f"invalid duration {text!r} (use e.g. 30s, 5m, 1h)")
         if text < 0:
             raise ValueError(f"negative duration: {text}")
-        return float(text)
+        return _bounded(float(text), text)
     s = str(text).strip()
     if not s:
         raise ValueError("empty duration")
@@ -31,7 +40,7 @@ def parse_duration(text: str | float | int) -> float:
             raise ValueError(f"invalid duration {s!r} (use e.g. 30s, 5m, 1h)")
         if value < 0:
             raise ValueError(f"negative duration: {s}")
-        return value
+        return _bounded(value, s)
     pos, total = 0, 0.0
     for m in _PART.finditer(s):
         if m.start() != pos:
@@ -40,7 +49,7 @@ def parse_duration(text: str | float | int) -> float:
         pos = m.end()
     if pos != len(s) or pos == 0:
         raise ValueError(f"invalid duration {s!r} (use e.g. 30s, 5m, 1h)")
-    return total
+    return _bounded(total, s)
 
 
 def human_duration(seconds: float | None) -> str:
@@ -59,8 +68,11 @@ def human_duration(seconds: float | None) -> str:
 
 
 def format_duration(seconds: float) -> str:
-    """Shortest Prometheus duration for whole seconds (used in PromQL range selectors)."""
-    secs = max(1, round(seconds))
+    """Shortest Prometheus duration (used in PromQL range selectors): whole seconds, or
+    milliseconds for a fraction of a second (the scaled-down push intervals of tests)."""
+    if abs(seconds - round(seconds)) > 1e-9 or seconds < 1:
+        return f"{max(1, round(seconds * 1000))}ms"
+    secs = round(seconds)
     for unit, size in (("h", 3600), ("m", 60)):
         if secs % size == 0:
             return f"{secs // size}{unit}"

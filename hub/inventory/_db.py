@@ -203,6 +203,7 @@ def _sqlite_setup(engine: Engine) -> None:
 
 
 LOCK_KEY = 0x6770_7566  # "gpuf": the advisory lock id of the sync on PostgreSQL
+LEDGER_LOCK_KEY = 0x6770_7567  # the usage ledger's writers (hub/usage/_ledger.py)
 
 
 class LockHeld(UnavailableError):
@@ -210,14 +211,16 @@ class LockHeld(UnavailableError):
 
 
 @contextmanager
-def locked_transaction(engine: Engine, lock_timeout: float) -> Iterator[Connection]:
-    """One transaction that no other sync on the same database can run beside.
+def locked_transaction(engine: Engine, lock_timeout: float, *, key: int = LOCK_KEY,
+                       holder: str = "sync") -> Iterator[Connection]:
+    """One transaction that no other holder of the same lock (a sync, by default; a usage
+    ledger writer with LEDGER_LOCK_KEY) on the same database can run beside.
 
     SQLite: BEGIN IMMEDIATE takes the database's write lock (readers go on, thanks to WAL),
     waiting up to the timeout. PostgreSQL: a transaction-scoped advisory lock, polled until the
     timeout. Either way the lock ends with the transaction, so a crash cannot leave it held.
     """
-    msg = (f"another sync holds the inventory lock on {safe_url(engine)} "
+    msg = (f"another {holder} holds the inventory lock on {safe_url(engine)} "
            f"(waited {lock_timeout:g}s; raise --lock-timeout to wait longer)")
     if engine.dialect.name == "sqlite":
         conn = engine.connect().execution_options(
@@ -238,7 +241,7 @@ def locked_transaction(engine: Engine, lock_timeout: float) -> Iterator[Connecti
         return
     with engine.connect() as conn, conn.begin():
         deadline = time.monotonic() + lock_timeout
-        while not conn.execute(sa.select(sa.func.pg_try_advisory_xact_lock(LOCK_KEY))).scalar():
+        while not conn.execute(sa.select(sa.func.pg_try_advisory_xact_lock(key))).scalar():
             if time.monotonic() >= deadline:
                 raise LockHeld(msg)
             time.sleep(0.1)

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 from hub.store._vendors import (
     CLOCKS_EVENT_REASONS,
     DEVICE_HEALTH,
+    DRAM_ACTIVE,
     ECC_DBE,
     ENGINE_ACTIVE,
     EXPORTER_COLLECT_ERRORS,
@@ -38,7 +39,9 @@ from hub.store._vendors import (
     PROFILES,
     ROW_REMAP_FAILURE,
     SLICE_LABELS,
+    SM_ACTIVE,
     TEMPERATURE,
+    TENSOR_ACTIVE,
     UTILISATION,
     Identity,
     Query,
@@ -47,15 +50,18 @@ from hub.store._vendors import (
     allowlist_metrics,
     compute_slices,
     is_exporter_pod,
+    labelled_probe,
     mig_share,
     profile,
     sync_queries,
+    usage_convert,
     usage_queries,
 )
 
 __all__ = [
     "CLOCKS_EVENT_REASONS",
     "DEVICE_HEALTH",
+    "DRAM_ACTIVE",
     "ECC_DBE",
     "ENGINE_ACTIVE",
     "EXPORTER_COLLECT_ERRORS",
@@ -76,7 +82,9 @@ __all__ = [
     "PROFILES",
     "ROW_REMAP_FAILURE",
     "SLICE_LABELS",
+    "SM_ACTIVE",
     "TEMPERATURE",
+    "TENSOR_ACTIVE",
     "UTILISATION",
     "HubClient",
     "HubSettings",
@@ -90,9 +98,11 @@ __all__ = [
     "allowlist_metrics",
     "compute_slices",
     "is_exporter_pod",
+    "labelled_probe",
     "mig_share",
     "profile",
     "sync_queries",
+    "usage_convert",
     "usage_queries",
 ]
 

@@ -384,12 +384,29 @@ def mig_share(model: str | None, profile: str | None, slice_memory_mib: float | 
     return 1.0 / 7.0
 
 
-# -- usage ledger queries (issue 12) ----------------------------------------------------------
+# -- usage ledger queries (issue 12, 19) -----------------------------------------------------
+#: Neutral profiling fields the ledger averages for efficiency (percent). SM activity falls
+#: back to the graphics-engine activity where DCGM_FI_PROF_SM_ACTIVE is not exported.
+SM_ACTIVE = "sm_active_pct"
+TENSOR_ACTIVE = "tensor_active_pct"
+DRAM_ACTIVE = "dram_active_pct"
 #: Neutral fields of the usage ledger, and the aggregation each query applies over a bucket.
 USAGE_FIELDS: tuple[tuple[str, str], ...] = (
     (UTILISATION, "avg"), (UTILISATION, "max"), (ENGINE_ACTIVE, "avg"), (ENGINE_ACTIVE, "max"),
     (MEMORY_USED, "avg"), (MEMORY_USED, "max"), (POWER, "avg"),
+    (SM_ACTIVE, "avg"), (TENSOR_ACTIVE, "avg"), (DRAM_ACTIVE, "avg"),
 )
+#: Profiling metrics per vendor (not read by the sync). dcgm-exporter's are ratios 0-1;
+#: device-metrics-exporter's GPU_PROF_SM_ACTIVE (VALUBusy) and GPU_PROF_TENSOR_ACTIVE_PERCENT
+#: (MfmaUtil) are percent; it has no DRAM-active counter.
+USAGE_PROFILING_FIELDS: dict[str, dict[str, list[str]]] = {
+    "nvidia": {SM_ACTIVE: ["DCGM_FI_PROF_SM_ACTIVE"],
+               TENSOR_ACTIVE: ["DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"],
+               DRAM_ACTIVE: ["DCGM_FI_PROF_DRAM_ACTIVE"]},
+    "amd": {SM_ACTIVE: ["gpu_prof_sm_active"],
+            TENSOR_ACTIVE: ["gpu_prof_tensor_active_percent"]},
+}
+_RATIO_FIELDS = {"nvidia": {ENGINE_ACTIVE, SM_ACTIVE, TENSOR_ACTIVE, DRAM_ACTIVE}}
 #: the model label(s) of each vendor, kept in usage queries (a MIG slice's share needs it)
 MODEL_LABELS = {"nvidia": ["modelName"], "amd": ["card_series", "card_model"]}
 USAGE_POD_LABELS = ["namespace", "pod", "exported_namespace", "exported_pod"]
@@ -403,31 +420,67 @@ def usage_group(p: VendorProfile, cluster_label: str) -> str:
     return _by([cluster_label, *p.id_labels, *MODEL_LABELS[p.vendor], *USAGE_POD_LABELS])
 
 
-def usage_queries(bucket: str, step: str, cluster_label: str) -> list[Query]:
+def usage_metrics(p: VendorProfile, fld: str) -> list[str]:
+    """Every exact name a usage field may arrive under, in order of preference: each
+    metric of the field over each name prefix (``amd_gpu_gfx_activity`` is the same series
+    as ``gpu_gfx_activity`` during an exporter upgrade)."""
+    metrics = p.value_fields.get(fld) or USAGE_PROFILING_FIELDS.get(p.vendor, {}).get(fld, [])
+    return [prefix + m for m in metrics for prefix in p.name_prefixes]
+
+
+def usage_convert(vendor: str, fld: str, value: float) -> float:
+    """Into the ledger's units: percent for every activity field."""
+    if fld in _RATIO_FIELDS.get(vendor, ()):
+        return value * 100.0
+    return profile(vendor).convert(fld, value)
+
+
+def usage_queries(bucket: str, resolution: str, cluster_label: str) -> list[Query]:
     """The fixed request set of one usage bucket, whatever the fleet size.
 
-    Per vendor and field: ``avg by (identity, allocation) (avg_over_time(metric[bucket]))``
-    (``max`` likewise), evaluated at the bucket's end. Coverage counts the ``step``-long
-    slices of the bucket that hold a sample:
-    ``count_over_time((max by (...) (last_over_time(metric[step])))[bucket:step])``,
-    evaluated one step after the bucket's end so its points are the ends of those slices.
-    A Query's ``kind`` is ``usage:<agg>`` or ``coverage``.
+    Per vendor and field: ``avg by (identity, allocation) (avg_over_time(name[bucket]))``
+    (``max`` likewise) evaluated at the bucket's end, one term per exact name joined with
+    ``or``: a GPU sending a field under two names (both AMD spellings) is read once, from
+    the preferred name, where a ``__name__`` regex inside the range function would make
+    Prometheus refuse the whole query ("vector cannot contain metrics with the same
+    labelset").
+
+    Coverage counts the push-interval-long slots (``resolution``) of the bucket that hold
+    a sample: ``count_over_time((presence)[bucket:resolution])`` where presence is
+    ``max by (...) (last_over_time(name[resolution] offset 1ms))`` over each clock name,
+    evaluated one slot after the bucket's end so its points are the ends of the slots. The
+    look-back is exactly one slot: the slots partition time, so a GPU whose pod or node
+    changes mid-bucket never has one slot counted twice (a wider look-back would give the
+    old series the new one's first slot). Prometheus stamps scrapes on their schedule, so a
+    steady push stays in its slot. A Query's ``kind`` is ``usage:<agg>`` or ``coverage``.
+
+    Series without the cluster label never reach the ledger (``{cluster}!=""``).
     """
     out: list[Query] = []
+    labelled = f'{cluster_label}!=""'
     for p in PROFILES:
         group = usage_group(p, cluster_label)
-        match = p.device_matcher
+        match = f"{p.device_matcher}, {labelled}"
         for fld, agg in USAGE_FIELDS:
-            metrics = p.value_fields.get(fld)
-            if not metrics:
+            names = usage_metrics(p, fld)
+            if not names:
                 continue
             promql = " or ".join(
-                f'{agg} by ({group}) ({agg}_over_time({{__name__=~"{p._names(m)}", {match}}}'
-                f"[{bucket}]))"
-                for m in metrics
-            )
+                f"{agg} by ({group}) ({agg}_over_time({name}{{{match}}}[{bucket}]))"
+                for name in names)
             out.append(Query(p.vendor, f"usage:{agg}", promql, fld))
-        names = "|".join(prefix + m for prefix in p.name_prefixes for m in p.timestamp_metrics)
-        inner = f'max by ({group}) (last_over_time({{__name__=~"{names}", {match}}}[{step}]))'
-        out.append(Query(p.vendor, "coverage", f"count_over_time(({inner})[{bucket}:{step}])"))
+        presence = " or ".join(
+            f"max by ({group}) (last_over_time({prefix}{m}{{{match}}}[{resolution}] offset 1ms))"
+            for m in p.timestamp_metrics for prefix in p.name_prefixes)
+        out.append(Query(p.vendor, "coverage",
+                         f"count_over_time(({presence})[{bucket}:{resolution}])"))
     return out
+
+
+def labelled_probe(window: str) -> str:
+    """How many GPU series of any vendor the store holds in the window, labelled or not:
+    asked only when a bucket came back empty, to tell a typo'd --cluster-label (GPU series
+    exist, none carries it) from a quiet fleet."""
+    return " or ".join(
+        f"count(last_over_time({prefix}{p.clock_metric}{{{p.device_matcher}}}[{window}]))"
+        for p in PROFILES for prefix in p.name_prefixes)

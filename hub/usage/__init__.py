@@ -1,5 +1,7 @@
-"""Answers about how GPUs are used: GPU-hours, idle allocated GPUs, free capacity, and the
-history of one GPU. Reads the inventory (tables, events, usage ledger); writes nothing.
+"""How GPUs are used: the usage ledger's writer (collect, fold, rollup) and the answers read
+from it (GPU-hours, idle allocated GPUs, free capacity, the history of one GPU). The ledger's
+tables belong to the inventory (hub/inventory/_usage_tables.py); everything else about the
+ledger is here, in one place.
 """
 
 from __future__ import annotations
@@ -18,21 +20,51 @@ from hub.usage._answers import (
     usage_frame,
     usage_summary,
 )
+from hub.usage._fold import fold_bucket
 from hub.usage._history import HISTORY_COLUMNS, gpu_history
+from hub.usage._ledger import (
+    CONFIRM_BUCKETS,
+    MAX_BUCKETS,
+    CollectResult,
+    apply_retention,
+    buckets_between,
+    check_settings,
+    collect_usage,
+    describe,
+    ledger_bucket,
+    rebuild_days,
+    replace_grid,
+    rollup_sums,
+    write_bucket,
+)
 
 __all__ = [
     "CAPACITY_FIGURES",
     "CAPACITY_GROUPS",
+    "CONFIRM_BUCKETS",
     "GROUPS",
     "HISTORY_COLUMNS",
     "IDLE_COLUMNS",
+    "MAX_BUCKETS",
     "USAGE_FIGURES",
+    "CollectResult",
+    "apply_retention",
+    "buckets_between",
     "capacity",
+    "check_settings",
+    "collect_usage",
+    "describe",
+    "fold_bucket",
     "gpu_history",
     "group_columns",
     "idle_allocated",
+    "ledger_bucket",
+    "rebuild_days",
+    "replace_grid",
     "rollup_days",
+    "rollup_sums",
     "summary_select",
     "usage_frame",
     "usage_summary",
+    "write_bucket",
 ]

@@ -6,6 +6,9 @@ Figures (docs/usage.md says the same to users):
 - busy_gpu_hours: sum of hours x average utilisation / 100;
 - idle_allocated_gpu_hours: allocated hours in buckets whose average utilisation stayed
   under the idle threshold;
+- sm_active_gpu_hours: sum of hours x average SM activity / 100 (DCGM_FI_PROF_SM_ACTIVE,
+  else GR_ENGINE_ACTIVE; AMD's GPU_PROF_SM_ACTIVE), over the rows that export it: null, never
+  0, where none does; avg_sm_active_pct is it over those rows' GPU-hours;
 - energy_kwh: average power x hours with samples (a slice's share of its GPU's power).
 """
 
@@ -20,6 +23,7 @@ from sqlalchemy.engine import Connection
 
 from hub import inventory as inv
 from hub import store
+from hub.usage._ledger import rollup_sums
 
 U = inv.usage
 GROUPS: dict[str, list[str]] = {
@@ -27,7 +31,8 @@ GROUPS: dict[str, list[str]] = {
     "node": ["cluster", "node"], "gpu": ["cluster", "node", "uuid", "slice"],
 }
 USAGE_FIGURES = ["gpu_hours", "allocated_gpu_hours", "busy_gpu_hours",
-                 "idle_allocated_gpu_hours", "avg_utilisation_pct", "energy_kwh"]
+                 "idle_allocated_gpu_hours", "avg_utilisation_pct", "sm_active_gpu_hours",
+                 "avg_sm_active_pct", "energy_kwh"]
 
 
 def group_columns(by: Sequence[str]) -> list[str]:
@@ -58,7 +63,7 @@ def _within(stmt: sa.Select, clusters: Collection[str] | None,
 
 
 SUMS = ["gpu_hours", "allocated_gpu_hours", "busy_gpu_hours", "idle_allocated_gpu_hours",
-        "energy_wh"]
+        "energy_wh", "sm_active_gpu_hours", "sm_measured_gpu_hours"]
 
 
 def _ledger_has(conn: Connection, start: dt.datetime, end: dt.datetime) -> bool:
@@ -109,7 +114,7 @@ def summary_select(conn: Connection, start: dt.datetime, end: dt.datetime,
     idle = sa.func.coalesce(U.c.avg_utilisation_pct, 0.0) < idle_threshold
     for a, b in hourly:
         parts.append(_within(
-            sa.select(*[U.c[c] for c in cols], *inv.rollup_sums(U, idle))
+            sa.select(*[U.c[c] for c in cols], *rollup_sums(U, idle))
             .where(U.c.bucket_start >= a, U.c.bucket_start < b)
             .group_by(*[U.c[c] for c in cols]), clusters, namespaces))
     if not parts:
@@ -143,6 +148,12 @@ def usage_summary(conn: Connection, start: dt.datetime, end: dt.datetime,
         row["avg_utilisation_pct"] = (round(100.0 * float(r["busy_gpu_hours"]) /
                                             float(r["gpu_hours"]), 3)
                                       if r["gpu_hours"] else None)
+        # SM activity only over the GPU-hours that exported it: null where none did
+        measured = float(r["sm_measured_gpu_hours"] or 0.0)
+        row["sm_active_gpu_hours"] = (round(float(r["sm_active_gpu_hours"] or 0.0), 6)
+                                      if measured else None)
+        row["avg_sm_active_pct"] = (round(100.0 * float(r["sm_active_gpu_hours"] or 0.0)
+                                          / measured, 3) if measured else None)
         row["energy_kwh"] = round(float(r["energy_wh"] or 0.0) / 1000.0, 6)
         out.append(_clean(row))
     return out

@@ -1,0 +1,349 @@
+"""The usage ledger's writer: one row per GPU or MIG slice, allocation and bucket.
+
+``collect_usage`` asks the hub a fixed set of PromQL requests per bucket (store.usage_queries;
+their number does not depend on the fleet), folds the answers (hub/usage/_fold.py) and
+replaces that bucket's rows, its day's rollup and its "collected" mark in one transaction
+under the ledger's lock, so two writers (serve and a manual collect, two replicas) give the
+ledger and rollup one writer gives, and re-collecting a bucket replaces it whole. A bucket
+the store could not answer (hub down, partial response) is not written: it stays missing and
+the next collect retries it, up to ``max_backfill`` back.
+
+Rules that keep the figures billable:
+- one bucket grid: the size is stored with the ledger (usage_ledger); a collect with another
+  size is refused, never summed beside it (``replace_grid`` starts the ledger over);
+- only ended buckets: a bucket is written once it ended at least the push interval ago
+  (the hub has its last push); later ones are clipped, never marked collected empty;
+- coverage at the push interval (see _fold.py);
+- guard rails on retention and on the size of a period.
+
+The daily rollup (``usage_daily``) is exactly the sum of the ledger's rows of each day: every
+write rebuilds the days it touched. Its idle figure is for ROLLUP_IDLE_THRESHOLD only.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from hub import store
+from hub.common import GpufleetError, InputError, format_duration, human_duration
+from hub.inventory import (
+    DAY,
+    LEDGER_LOCK_KEY,
+    ROLLUP_IDLE_THRESHOLD,
+    batches,
+    day_of,
+    gpus,
+    locked_transaction,
+    now_utc,
+    upsert_statement,
+    usage,
+    usage_buckets,
+    usage_daily,
+    usage_ledger,
+)
+from hub.usage._fold import fold_bucket, utc
+
+if TYPE_CHECKING:
+    from hub.store import HubClient
+
+#: A period of more buckets than this needs --yes (a year of hours is 8,760) ...
+CONFIRM_BUCKETS = 1000
+#: ... and no period may hold more (11 years of hours; older samples no hub keeps).
+MAX_BUCKETS = 100_000
+#: Retention under this would delete rows a normal collect has just written.
+MIN_RETENTION = 86400.0
+BUCKET_KEY = "bucket_seconds"
+
+
+@dataclass
+class CollectResult:
+    collected: list[dt.datetime] = field(default_factory=list)
+    failed: list[tuple[dt.datetime, str]] = field(default_factory=list)
+    rows: int = 0
+    requests: int = 0
+    removed: int = 0
+    #: buckets of the period asked for that had not ended a push interval ago
+    clipped: int = 0
+    not_before: dt.datetime | None = None  # the first bucket a later collect will write
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"collected": self.collected, "rows": self.rows, "requests": self.requests,
+                "removed_by_retention": self.removed,
+                "clipped_not_ended": self.clipped, "next_bucket": self.not_before,
+                "failed": [{"bucket_start": b, "error": e} for b, e in self.failed]}
+
+
+# -- the plan: which buckets, on which grid --------------------------------------------------
+def buckets_between(start: float, end: float, bucket: float) -> list[float]:
+    """Starts of the whole buckets inside [start, end), aligned to multiples of the size."""
+    first = math.ceil(start / bucket) * bucket
+    count = int((end - first) // bucket) if end > first else 0
+    if count > MAX_BUCKETS:
+        raise InputError(f"the period holds {count:,} buckets of {format_duration(bucket)} "
+                         f"(at most {MAX_BUCKETS:,}); narrow --from/--until")
+    return [first + i * bucket for i in range(count)]
+
+
+def check_settings(*, bucket: float, push_interval: float, resolution: float | None = None,
+                   retention: float, max_backfill: float) -> float:
+    """The coverage resolution after the checks a collect needs; one-line errors else."""
+    if push_interval <= 0:
+        raise InputError("--push-interval must be more than 0s")
+    resolution = push_interval if resolution is None else resolution
+    if resolution < push_interval:
+        raise InputError(f"--step {format_duration(resolution)} is below the push interval "
+                         f"{format_duration(push_interval)}: slots without a push would "
+                         "count as gaps")
+    if bucket <= 0 or not _whole(bucket, resolution):
+        raise InputError(f"--bucket {format_duration(bucket)} must be a whole number of "
+                         f"push intervals ({format_duration(resolution)})")
+    if retention < max(MIN_RETENTION, max_backfill):
+        raise InputError(f"--usage-retention {format_duration(retention)} would delete rows "
+                         f"a collect writes; use at least "
+                         f"{format_duration(max(MIN_RETENTION, max_backfill))} "
+                         "(1d, and no less than --max-backfill)")
+    return resolution
+
+
+def _whole(bucket: float, step: float) -> bool:
+    n = bucket / step
+    return abs(n - round(n)) < 1e-9 and round(n) >= 1
+
+
+def ledger_bucket(conn: Connection) -> float | None:
+    """The ledger's bucket size: stored, or (a ledger from before it was stored) read off
+    its collected buckets; None for an empty ledger."""
+    stored = conn.execute(sa.select(usage_ledger.c.value)
+                          .where(usage_ledger.c.key == BUCKET_KEY)).scalar()
+    if stored is not None:
+        return float(stored)
+    sizes = {(r.bucket_end - r.bucket_start).total_seconds() for r in conn.execute(
+        sa.select(usage_buckets.c.bucket_start, usage_buckets.c.bucket_end).distinct())}
+    if len(sizes) > 1:
+        raise InputError("the usage ledger holds buckets of several sizes ("
+                         + ", ".join(format_duration(s) for s in sorted(sizes))
+                         + "); start it over on one grid with `gpufleet usage collect "
+                         "--replace-grid --yes`")
+    return sizes.pop() if sizes else None
+
+
+def claim_grid(conn: Connection, bucket: float) -> None:
+    """Store the bucket size with the ledger, or refuse another one (the caller holds the
+    ledger's lock, so two first collects cannot store two sizes)."""
+    have = ledger_bucket(conn)
+    if have is None or have == bucket:
+        if conn.execute(sa.select(usage_ledger.c.value)
+                        .where(usage_ledger.c.key == BUCKET_KEY)).scalar() is None:
+            conn.execute(usage_ledger.insert().values(key=BUCKET_KEY, value=f"{bucket:g}"))
+        return
+    raise InputError(f"the usage ledger's buckets are {format_duration(have)}, not "
+                     f"{format_duration(bucket)}: buckets of two sizes would be summed side "
+                     f"by side; use --bucket {format_duration(have)}, or start the ledger "
+                     "over with --replace-grid --yes")
+
+
+def replace_grid(engine: Engine, bucket: float, lock_timeout: float = 60.0) -> int:
+    """Start the ledger over on a new grid: every row, mark and rollup day goes (the hub
+    still holds its retention's worth of samples to collect again). Returns rows removed."""
+    with _ledger_transaction(engine, lock_timeout) as conn:
+        removed = conn.execute(usage.delete()).rowcount or 0
+        conn.execute(usage_buckets.delete())
+        conn.execute(usage_daily.delete())
+        conn.execute(usage_ledger.delete().where(usage_ledger.c.key == BUCKET_KEY))
+        conn.execute(usage_ledger.insert().values(key=BUCKET_KEY, value=f"{bucket:g}"))
+    return removed
+
+
+def pending_buckets(conn: Connection, *, now: float, bucket: float, max_backfill: float,
+                    delay: float) -> list[float]:
+    """Ended buckets (end + delay <= now) within max_backfill not collected yet."""
+    starts = buckets_between(now - max_backfill, now - delay, bucket)
+    if not starts:
+        return []
+    done = {r for (r,) in conn.execute(sa.select(usage_buckets.c.bucket_start).where(
+        usage_buckets.c.bucket_start >= utc(starts[0])))}
+    return [s for s in starts if utc(s) not in done]
+
+
+# -- asking the hub ---------------------------------------------------------------------------
+def _ask(client: HubClient, queries: list[store.Query], start: float, bucket: float,
+         resolution: float) -> Iterator[tuple[store.Query, Iterable[Mapping[str, Any]]]]:
+    """Each query's answer in turn, coverage first (fold_bucket weighs averages by it),
+    decoded row by row as the fold reads it: one answer's rows exist at a time, not the
+    whole bucket's. A partial answer raises once its rows are read (Thanos sends the
+    warnings after them), before anything is written."""
+    end = start + bucket
+    for query in sorted(queries, key=lambda q: q.kind != "coverage"):
+        # avg/max: the samples in [start, end) (1 ms before the end, so a sample exactly on a
+        # boundary belongs to one bucket); coverage: one slot later, see usage_queries.
+        at = end - 0.001 + (resolution if query.kind == "coverage" else 0.0)
+        res = client.query(query.promql, time=at, stream=True)
+        yield query, res.result
+        warnings = getattr(res.result, "warnings", None) or res.warnings
+        if warnings:
+            raise store.PartialResponse(f"hub {client.safe_url} returned a partial response "
+                                        f"({warnings[0]}); bucket left for a later collect")
+
+
+def _unlabelled_only(client: HubClient, start: float, bucket: float,
+                     cluster_label: str) -> GpufleetError | None:
+    """When a bucket came back empty: are there GPU series the label is missing from? One
+    request, asked only then; a fleet that was quiet costs nothing more."""
+    res = client.query(store.labelled_probe(format_duration(bucket)), time=start + bucket)
+    if any(float(r["value"][1]) > 0 for r in res.result):
+        return InputError(f"no GPU series carries the cluster label {cluster_label!r} "
+                          "(check --cluster-label and the spokes' external_labels); "
+                          "nothing written")
+    return None
+
+
+# -- writing ----------------------------------------------------------------------------------
+def _ledger_transaction(engine: Engine, lock_timeout: float):
+    return locked_transaction(engine, lock_timeout, key=LEDGER_LOCK_KEY,
+                              holder="usage ledger writer")
+
+
+def collect_usage(engine: Engine, client: HubClient, *, bucket: float = 3600.0,
+                  push_interval: float = 300.0, resolution: float | None = None,
+                  starts: list[float] | None = None, max_backfill: float = 48 * 3600.0,
+                  retention: float = 400 * 86400.0, cluster_label: str = "cluster",
+                  now: float | None = None, lock_timeout: float = 60.0,
+                  on_bucket: Callable[[dt.datetime, int], None] | None = None
+                  ) -> CollectResult:
+    """Collect the given buckets (or every pending one), one locked transaction per bucket.
+
+    ``push_interval`` is the cadence samples reach the hub at (ACM: 300 s): the coverage
+    resolution and the delay after a bucket's end before it is complete. ``resolution``
+    (`--step`) may coarsen coverage, never go below the push interval.
+    """
+    resolution = check_settings(bucket=bucket, push_interval=push_interval,
+                                resolution=resolution, retention=retention,
+                                max_backfill=max_backfill)
+    now = time.time() if now is None else now
+    delay = push_interval
+    result = CollectResult()
+    queries = store.usage_queries(format_duration(bucket), format_duration(resolution),
+                                  cluster_label)
+    with _ledger_transaction(engine, lock_timeout) as conn:
+        claim_grid(conn, bucket)
+        if starts is None:
+            starts = pending_buckets(conn, now=now, bucket=bucket, max_backfill=max_backfill,
+                                     delay=delay)
+        known = {(r.uuid, r.slice_key): (r.model, r.memory_total_mib) for r in conn.execute(
+            sa.select(gpus.c.uuid, gpus.c.slice_key, gpus.c.model, gpus.c.memory_total_mib))}
+    ended = [s for s in starts if s + bucket + delay <= now]
+    result.clipped = len(starts) - len(ended)
+    if result.clipped:
+        first_open = min(s for s in starts if s not in set(ended))
+        result.not_before = utc(first_open)
+    for start in ended:
+        before = client.requests
+        try:
+            rows = fold_bucket(_ask(client, queries, start, bucket, resolution), start=start,
+                               bucket=bucket, resolution=resolution,
+                               cluster_label=cluster_label, known=known)
+            if not rows and (typo := _unlabelled_only(client, start, bucket, cluster_label)):
+                raise typo
+        except InputError:
+            raise
+        except GpufleetError as exc:
+            result.requests += client.requests - before
+            result.failed.append((utc(start), exc.format_message()))
+            continue
+        requests = client.requests - before
+        with _ledger_transaction(engine, lock_timeout) as conn:
+            claim_grid(conn, bucket)
+            write_bucket(conn, start, bucket, rows, requests)
+        result.collected.append(utc(start))
+        result.rows += len(rows)
+        result.requests += requests
+        if on_bucket:
+            on_bucket(utc(start), len(rows))
+    with _ledger_transaction(engine, lock_timeout) as conn:
+        result.removed = apply_retention(conn, now - retention)
+    return result
+
+
+def write_bucket(conn: Connection, start: float, bucket: float, rows: list[dict[str, Any]],
+                 requests: int) -> None:
+    """Replace one bucket's rows, rebuild its day's rollup, mark it collected (the caller
+    holds the ledger's lock and commits all of it at once)."""
+    begin = utc(start)
+    conn.execute(usage.delete().where(usage.c.bucket_start == begin))
+    for batch in batches(rows):
+        conn.execute(usage.insert(), batch)
+    rebuild_days(conn, [day_of(begin)])
+    stmt = upsert_statement(conn, usage_buckets).values(
+        bucket_start=begin, bucket_end=utc(start + bucket), collected_at=now_utc(),
+        rows=len(rows), requests=requests)
+    conn.execute(stmt.on_conflict_do_update(
+        index_elements=["bucket_start"],
+        set_={c: stmt.excluded[c] for c in ("bucket_end", "collected_at", "rows", "requests")}))
+
+
+def apply_retention(conn: Connection, before: float) -> int:
+    cut = utc(before)
+    removed = conn.execute(usage.delete().where(usage.c.bucket_start < cut)).rowcount or 0
+    conn.execute(usage_buckets.delete().where(usage_buckets.c.bucket_start < cut))
+    conn.execute(usage_daily.delete().where(usage_daily.c.day < day_of(cut)))
+    if removed:
+        rebuild_days(conn, [day_of(cut)])  # the day the cut falls in lost its first hours
+    return removed
+
+
+def rollup_sums(table: sa.Table, when: sa.ColumnElement) -> list[sa.ColumnElement]:
+    """The summed figures of ledger rows, labelled like usage_daily's columns (the one place
+    that says how a ledger row counts; usage answers use it on the ledger's edge hours)."""
+    allocated = table.c.pod != ""
+    util = sa.func.coalesce(table.c.avg_utilisation_pct, 0.0)
+    zero = sa.literal(0.0)
+    sm = table.c.avg_sm_active_pct
+    return [
+        sa.func.sum(table.c.gpu_hours).label("gpu_hours"),
+        sa.func.sum(sa.case((allocated, table.c.gpu_hours), else_=zero))
+        .label("allocated_gpu_hours"),
+        sa.func.sum(table.c.gpu_hours * util / 100.0).label("busy_gpu_hours"),
+        sa.func.sum(sa.case((sa.and_(allocated, when), table.c.gpu_hours), else_=zero))
+        .label("idle_allocated_gpu_hours"),
+        sa.func.sum(sa.func.coalesce(table.c.energy_wh, 0.0)).label("energy_wh"),
+        sa.func.sum(sa.func.coalesce(table.c.gpu_hours * sm / 100.0, zero))
+        .label("sm_active_gpu_hours"),
+        sa.func.sum(sa.case((sm.is_not(None), table.c.gpu_hours), else_=zero))
+        .label("sm_measured_gpu_hours"),
+    ]
+
+
+ROLLUP_KEYS = ["cluster", "node", "uuid", "slice", "namespace", "model"]
+
+
+def rebuild_days(conn: Connection, days: Iterable[dt.datetime]) -> None:
+    """Replace the rollup rows of these days by the sums of the ledger rows starting in them."""
+    util = sa.func.coalesce(usage.c.avg_utilisation_pct, 0.0)
+    for day in sorted(set(days)):
+        conn.execute(usage_daily.delete().where(usage_daily.c.day == day))
+        sums = rollup_sums(usage, util < ROLLUP_IDLE_THRESHOLD)
+        select = (sa.select(sa.literal(day, sa.DateTime).label("day"),
+                            *[usage.c[k] for k in ROLLUP_KEYS], *sums)
+                  .where(usage.c.bucket_start >= day, usage.c.bucket_start < day + DAY)
+                  .group_by(*[usage.c[k] for k in ROLLUP_KEYS]))
+        conn.execute(usage_daily.insert().from_select(
+            ["day", *ROLLUP_KEYS, *[c.name for c in sums]], select))
+
+
+def describe(result: CollectResult, push_interval: float) -> str:
+    """The one-line summary `usage collect` prints (and the demo)."""
+    text = (f"usage collect: {len(result.collected)} buckets, {result.rows} rows "
+            f"({result.requests} requests), {result.removed} old rows removed")
+    if result.clipped:
+        text += (f"; {result.clipped} bucket(s) not ended a push interval "
+                 f"({human_duration(push_interval)}) ago were left for a later collect, "
+                 f"from {result.not_before.isoformat()}Z" if result.not_before else "")
+    return text
