@@ -70,6 +70,8 @@ def human_duration(seconds: float | None) -> str:
 def format_duration(seconds: float) -> str:
     """Shortest Prometheus duration (used in PromQL range selectors): whole seconds, or
     milliseconds for a fraction of a second (the scaled-down push intervals of tests)."""
+    if seconds <= 0:
+        return "0s"
     if abs(seconds - round(seconds)) > 1e-9 or seconds < 1:
         return f"{max(1, round(seconds * 1000))}ms"
     secs = round(seconds)

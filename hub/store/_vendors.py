@@ -482,5 +482,5 @@ def labelled_probe(window: str) -> str:
     asked only when a bucket came back empty, to tell a typo'd --cluster-label (GPU series
     exist, none carries it) from a quiet fleet."""
     return " or ".join(
-        f"count(last_over_time({prefix}{p.clock_metric}{{{p.device_matcher}}}[{window}]))"
-        for p in PROFILES for prefix in p.name_prefixes)
+        f"count(last_over_time({prefix}{m}{{{p.device_matcher}}}[{window}]))"
+        for p in PROFILES for m in p.timestamp_metrics for prefix in p.name_prefixes)

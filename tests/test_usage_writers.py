@@ -1,0 +1,190 @@
+"""The usage ledger's writers and guard rails, on SQLite and PostgreSQL, against a real hub
+Prometheus backfilled with the fleet of tests/test_usage_e2e.py (samples every 30 s).
+
+- two processes collecting the same and adjacent buckets ten times over give, row for row,
+  the ledger and rollup one writer gives;
+- a period reaching past now writes and marks only buckets that ended a push interval ago;
+- one bucket grid: another bucket size is refused, naming both;
+- values that would destroy the ledger are one-line errors (exit 2) and change nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from hub import inventory as inv
+from tests.support.backfill import backfilled_hub
+from tests.support.clirun import gpufleet, gpufleet_json
+from tests.test_usage_e2e import HOUR, fleet_text, iso
+
+REPO = Path(__file__).resolve().parents[1]
+
+WRITER = """
+import sys
+from hub import inventory as inv, usage
+from hub.store import HubClient, HubSettings
+url, hub, first, count = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
+engine = inv.make_engine(url)
+with HubClient.from_settings(HubSettings(url=hub)) as client:
+    for _ in range(10):
+        result = usage.collect_usage(engine, client, push_interval=30.0,
+                                     starts=[first + i * 3600.0 for i in range(count)])
+        assert not result.failed, result.failed
+"""
+
+
+def ledger(url: str) -> tuple[list[tuple], list[tuple]]:
+    """Every ledger and rollup row, in one order (collected_at is when, not what)."""
+    engine = inv.make_engine(url)
+    with engine.connect() as conn:
+        rows = sorted(tuple(r) for r in conn.execute(sa.select(inv.usage)))
+        daily = sorted(tuple("" if v is None else v for v in r) for r in conn.execute(
+            sa.select(inv.usage_daily)))
+    engine.dispose()
+    return rows, daily
+
+
+def fresh(url: str) -> None:
+    engine = inv.make_engine(url, create=True)
+    inv.ensure_schema(engine)
+    with engine.begin() as conn:
+        for table in (inv.usage, inv.usage_buckets, inv.usage_daily, inv.usage_ledger):
+            conn.execute(table.delete())
+    engine.dispose()
+
+
+@pytest.fixture
+def backfilled(tmp_path: Path):
+    t0 = (time.time() // HOUR) * HOUR - 4 * HOUR
+    hub = backfilled_hub(tmp_path / "hub", fleet_text(t0)).start(timeout=120)
+    try:
+        yield hub, t0
+    finally:
+        hub.stop()
+
+
+def test_two_writers_at_once_give_the_single_writers_ledger_and_rollup(backfilled, db_url,
+                                                                       tmp_path):
+    hub, t0 = backfilled
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    fresh(db_url)
+    alone = subprocess.run([sys.executable, "-c", WRITER, db_url, hub.url, str(t0), "3"],
+                           env=env, capture_output=True, text=True, timeout=300)
+    assert alone.returncode == 0, alone.stderr
+    single = ledger(db_url)
+    assert len(single[0]) == 3 * 9 + 1 and single[1]
+
+    fresh(db_url)
+    # A: hours 1-2, B: hours 2-3 -- the same bucket (hour 2) and adjacent ones, ten times each
+    writers = [subprocess.Popen([sys.executable, "-c", WRITER, db_url, hub.url, str(first),
+                                 "2"], env=env, stderr=subprocess.PIPE, text=True)
+               for first in (t0, t0 + HOUR)]
+    for w in writers:
+        _, err = w.communicate(timeout=300)
+        assert w.returncode == 0, err
+    assert ledger(db_url) == single
+
+
+def test_a_period_reaching_past_now_writes_only_ended_buckets(backfilled, tmp_path):
+    hub, t0 = backfilled
+    db = f"sqlite:///{tmp_path / 'inv.db'}"
+    env = {"GPUFLEET_HUB_URL": hub.url, "GPUFLEET_DB": db}
+    now = time.time()
+    result = gpufleet("usage", "collect", "--from", iso(t0), "--until", iso(now + 3 * HOUR),
+                      env=env)
+    assert result.exit_code == 0, result.output
+    assert "not ended a push interval (5m) ago were left for a later collect" in result.stdout
+    engine = inv.make_engine(db)
+    with engine.connect() as conn:
+        marked = [r.bucket_end for r in conn.execute(sa.select(inv.usage_buckets))]
+        latest_row = conn.execute(sa.select(sa.func.max(inv.usage.c.bucket_end))).scalar()
+    engine.dispose()
+    # every bucket written ended at least one push interval (300 s) before the collect
+    assert marked and max(marked).timestamp() <= now - 300 + 1 - _utc_offset()
+    assert latest_row <= max(marked)
+    data = gpufleet_json("usage", "collect", "--from", iso(t0), "--until",
+                         iso(now + 3 * HOUR), env=env)
+    assert data["clipped_not_ended"] >= 3 and data["next_bucket"] is not None
+
+
+def _utc_offset() -> float:
+    """naive UTC datetimes' .timestamp() reads them as local time; correct for it."""
+    return time.localtime().tm_gmtoff
+
+
+def test_one_bucket_grid_another_size_is_refused_naming_both(backfilled, tmp_path):
+    hub, t0 = backfilled
+    db = f"sqlite:///{tmp_path / 'inv.db'}"
+    env = {"GPUFLEET_HUB_URL": hub.url, "GPUFLEET_DB": db}
+    period = ["--from", iso(t0), "--until", iso(t0 + 2 * HOUR), "--push-interval", "30s"]
+    assert gpufleet("usage", "collect", *period, env=env).exit_code == 0
+    before = ledger(db)
+    other = gpufleet("usage", "collect", *period, "--bucket", "5m", env=env)
+    assert other.exit_code == 2
+    assert "buckets are 1h, not 5m" in other.stderr and "--replace-grid" in other.stderr
+    assert ledger(db) == before
+    # the explicit way: start over on the new grid
+    assert gpufleet("usage", "collect", *period, "--bucket", "5m", "--replace-grid",
+                    env=env).exit_code == 2  # without --yes
+    redone = gpufleet("usage", "collect", *period, "--bucket", "5m", "--replace-grid", "--yes",
+                      env=env)
+    assert redone.exit_code == 0, redone.output
+    rows, _ = ledger(db)
+    sizes = {(r[7] - r[0]).total_seconds() for r in rows}  # bucket_end - bucket_start
+    assert sizes == {300.0}
+    hours = sum(r[11] for r in rows if r[3] == "GPU-A")  # gpu_hours of a GPU on all along
+    assert hours == pytest.approx(2.0)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--usage-retention", "0s"], "--usage-retention 0s would delete rows"),
+    (["--usage-retention", "12h"], "use at least 48h"),
+    (["--from", "0001-01-01T00:00:00Z"], "buckets of 1h (at most 100,000)"),
+    (["--since", "100000000d"], "is too long (at most 100y)"),
+    (["--max-backfill", "1000000d"], "is too long (at most 100y)"),
+    (["--step", "1m", "--push-interval", "5m"], "--step 1m is below the push interval 5m"),
+    (["--bucket", "7m"], "--bucket 7m must be a whole number of push intervals (5m)"),
+])
+def test_values_that_would_destroy_the_ledger_are_one_line_errors(backfilled, tmp_path, args,
+                                                                   message):
+    hub, t0 = backfilled
+    db = f"sqlite:///{tmp_path / 'inv.db'}"
+    env = {"GPUFLEET_HUB_URL": hub.url, "GPUFLEET_DB": db}
+    first = ["--from", iso(t0), "--until", iso(t0 + 2 * HOUR), "--push-interval", "30s"]
+    assert gpufleet("usage", "collect", *first, env=env).exit_code == 0
+    before = ledger(db)
+    result = gpufleet("usage", "collect", *args, env=env)
+    assert result.exit_code == 2, result.output
+    assert message in result.stderr.strip().splitlines()[-1], result.stderr  # one line
+    assert ledger(db) == before
+
+
+def test_a_long_period_needs_yes_and_says_how_many_buckets(backfilled, tmp_path):
+    hub, _ = backfilled
+    env = {"GPUFLEET_HUB_URL": hub.url, "GPUFLEET_DB": f"sqlite:///{tmp_path / 'inv.db'}"}
+    result = gpufleet("usage", "collect", "--since", "60d", env=env)
+    assert result.exit_code == 2
+    assert "buckets of 1h (more than 1,000); add --yes" in result.stderr
+    assert "holds 1,439 buckets" in result.stderr or "holds 1,440 buckets" in result.stderr
+
+
+def test_a_cluster_label_no_series_carries_is_refused_and_nothing_is_written(backfilled,
+                                                                              tmp_path):
+    hub, t0 = backfilled
+    db = f"sqlite:///{tmp_path / 'inv.db'}"
+    env = {"GPUFLEET_HUB_URL": hub.url, "GPUFLEET_DB": db}
+    period = ["--from", iso(t0), "--until", iso(t0 + 3 * HOUR), "--push-interval", "30s"]
+    assert gpufleet("usage", "collect", *period, env=env).exit_code == 0
+    before = ledger(db)
+    typo = gpufleet("usage", "collect", *period, "--cluster-label", "clustr", env=env)
+    assert typo.exit_code == 2
+    assert "no GPU series carries the cluster label 'clustr'" in typo.stderr
+    after = ledger(db)
+    assert after == before and all(r[1] for r in after[0])  # no row under cluster ''
