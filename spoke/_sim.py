@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import pynvml as _pynvml  # constants only (pure Python until nvmlInit)
+
 from spoke._amdsmi import AmdSmiBackend
 from spoke._fakes import MIB, FakeAmdGpu, FakeAmdSmi, FakeMigSlice, FakeNvml, FakeNvmlGpu
 from spoke._model import Collection
@@ -102,6 +104,21 @@ def _wave(t: float, period: float, phase: float) -> float:
     return 0.5 + 0.5 * math.sin(2 * math.pi * t / period + phase)
 
 
+def _gpm_answers(load: float) -> dict[int, float]:
+    """What a Hopper GPU's GPM answers under this load (units as NVML gives them: percent,
+    MiB/s): the engine busier than its SMs, tensor pipes and DRAM well below, as under a
+    real bf16 matmul (shared/samples/nvml-h100-probe.txt). The demo shows efficiency from
+    these, and the sim's field set is dcgm-exporter's whole default one."""
+    return {
+        _pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL: round(95.0 * load, 1),
+        _pynvml.NVML_GPM_METRIC_SM_UTIL: round(80.0 * load, 1),
+        _pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL: round(55.0 * load, 1),
+        _pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL: round(35.0 * load, 1),
+        _pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC: round(900.0 * load, 1),
+        _pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC: round(1800.0 * load, 1),
+    }
+
+
 class SimBackend:
     """A deterministic simulated node: same seed, node name and clock → same output."""
 
@@ -175,9 +192,12 @@ class SimBackend:
                 gpu.util, gpu.power_mw, gpu.temp = util, round(power * 1000), temp
                 gpu.sm_clock = 210 if util < 5 else 1980
                 gpu.memory_used = int(gpu.memory_total * 0.9 * load) // MIB * MIB
+                gpu.gpm_metrics = _gpm_answers(load)
                 for s in gpu.mig or []:
                     s_load = _wave(t, 240.0 + 30.0 * s.slot, phase + s.slot)
                     s.graphics_util = round(100 * s_load, 1)
+                    s.gpm_metrics = {k: v for k, v in _gpm_answers(s_load).items()
+                                     if k != _pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL}
                     s.memory_used = int(s.memory_total * 0.9 * s_load) // MIB * MIB
             elif self.amdsmi is not None:
                 agpu = self.amdsmi.gpus[i]

@@ -231,3 +231,52 @@ def test_a_whole_bucket_of_pushes_is_coverage_one_and_a_20_minute_gap_two_thirds
             hub.stop()
             engine.dispose()
         assert hours == pytest.approx({"GPU-0": 1.0, "GPU-1": 2 / 3}), push
+
+
+def test_efficiency_columns_from_profiling_counters_null_where_not_exported(tmp_path: Path):
+    """SM activity from DCGM_FI_PROF_SM_ACTIVE, else GR_ENGINE_ACTIVE; AMD's percent
+    counters as they are; a GPU without any profiling counter is null, never 0."""
+    from tests.support.backfill import openmetrics as om_text
+    from tests.support.clirun import gpufleet_json
+
+    t0 = (time.time() // 3600) * 3600 - 4 * 3600
+    base = 'cluster="c1",Hostname="n1",modelName="NVIDIA H100 80GB HBM3",pod="p",namespace='
+
+    def const(v: float):
+        return lambda t: v
+
+    series = []
+    for uuid, fields in (("GPU-SM", {"DCGM_FI_PROF_SM_ACTIVE": 0.8,
+                                     "DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.9,
+                                     "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": 0.4,
+                                     "DCGM_FI_PROF_DRAM_ACTIVE": 0.3}),
+                         ("GPU-GR", {"DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.5}),
+                         ("GPU-NONE", {})):
+        labels = f'{base}"{uuid.lower()}",gpu="0",UUID="{uuid}"'
+        series.append(("DCGM_FI_DEV_GPU_UTIL", labels, const(70)))
+        series += [(name, labels, const(v)) for name, v in fields.items()]
+    amd = ('cluster="c1",hostname="n2",gpu_id="0",gpu_uuid="amd-0",namespace="amd",pod="q",'
+           'card_series="AMD Instinct MI300X OAM"')
+    series += [("gpu_gfx_activity", amd, const(90)), ("gpu_prof_sm_active", amd, const(60)),
+               ("gpu_prof_tensor_active_percent", amd, const(20))]
+    text = om_text(series, [t0 + 30 + 60 * k for k in range(60)])
+    hub = backfilled_hub(tmp_path / "hub", text).start(timeout=120)
+    env = {"GPUFLEET_HUB_URL": hub.url, "GPUFLEET_DB": f"sqlite:///{tmp_path / 'inv.db'}"}
+    try:
+        gpufleet_json("usage", "collect", "--from", _iso(t0), "--until", _iso(t0 + 3600),
+                      "--push-interval", "1m", env=env)
+        rows = {r["namespace"]: r for r in gpufleet_json(
+            "usage", "--from", _iso(t0), "--until", _iso(t0 + 3600), env=env)}
+    finally:
+        hub.stop()
+    assert rows["gpu-sm"]["avg_sm_active_pct"] == pytest.approx(80.0)
+    assert rows["gpu-sm"]["sm_active_gpu_hours"] == pytest.approx(0.8)
+    assert rows["gpu-gr"]["avg_sm_active_pct"] == pytest.approx(50.0)
+    assert rows["amd"]["avg_sm_active_pct"] == pytest.approx(60.0)
+    assert rows["gpu-none"]["avg_sm_active_pct"] is None
+    assert rows["gpu-none"]["sm_active_gpu_hours"] is None
+    assert rows["gpu-none"]["gpu_hours"] == pytest.approx(1.0)
+
+
+def _iso(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
