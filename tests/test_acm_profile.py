@@ -8,6 +8,7 @@ default 10m), the report's --push-interval 3 s.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import time
 
@@ -233,3 +234,55 @@ def test_a_namespace_scoped_token_sees_only_gpus_its_namespaces_use(acm_hub, tmp
     sync(narrow, proxy.url)
     gpus = gpufleet_json("inventory", "gpus", env=narrow)
     assert [(g["cluster"], g["index"]) for g in gpus] == [("west", 1)]
+
+
+# -- the usage ledger at ACM's cadence, through `serve` -------------------------------------------
+def test_serve_books_exact_gpu_hours_at_acms_push_interval(acm_hub, tmp_path):
+    """One push per push interval (ACM: 300 s; here 3 s) is a whole GPU's worth of hours:
+    every bucket the collector pushed through holds exactly bucket-hours per GPU. (Measured
+    in 1-minute slices, as serve did, ACM's cadence booked a fifth of that.)"""
+    import os
+    import subprocess
+    import sys
+
+    import sqlalchemy as sa
+
+    from hub import inventory as inv
+
+    bucket = 5 * ACM_TEST_PUSH
+    started = time.time()
+    acm_hub.cluster("east", [sample_text("dcgm-h100-8gpu-aicr-eks-156a357e.prom")])
+    db = f"sqlite:///{tmp_path / 'inv.db'}"
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "hub", "serve", "--hub-url", acm_hub.url, "--db", db,
+         "--listen", "127.0.0.1:0", "--every", f"{ACM_TEST_PUSH:g}s",
+         "--push-interval", f"{ACM_TEST_PUSH:g}s", "--usage-bucket", f"{bucket:g}s",
+         "--usage-max-backfill", "1m",
+         "--stale-after", f"{STALE_AFTER:g}s"],
+        env=os.environ.copy(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        full: list = []
+        while time.monotonic() < deadline and len(full) < 2:
+            assert serve.poll() is None, serve.communicate()
+            time.sleep(1)
+            try:
+                engine = inv.make_engine(db)
+                with engine.connect() as conn:
+                    rows = conn.execute(sa.select(inv.usage)).mappings().all()
+                engine.dispose()
+            except sa.exc.OperationalError:
+                continue  # not created yet
+            # buckets that began after the first push: the collector pushed all through them
+            firsts = sorted({r["bucket_start"] for r in rows
+                             if r["bucket_start"].replace(tzinfo=dt.UTC).timestamp()
+                             >= started + ACM_TEST_PUSH})
+            full = [[r for r in rows if r["bucket_start"] == b] for b in firsts]
+    finally:
+        serve.terminate()
+        _, log = serve.communicate(timeout=30)
+    assert len(full) >= 2, f"serve collected no bucket the collector pushed through:\n{log}"
+    for rows in full:
+        assert len(rows) == 8  # the eight H100s of the sample
+        assert [r["coverage"] for r in rows] == [1.0] * 8
+        assert sum(r["gpu_hours"] for r in rows) == pytest.approx(8 * bucket / 3600)

@@ -47,6 +47,7 @@ def service_jobs(engine: Engine, client: HubClient, *, stale_after: float, clust
                  lock_timeout: float, reconcile: bool = False, max_age: float = 3600.0,
                  push_interval: float = 300.0, window: float = 3600.0,
                  usage_bucket: float = 3600.0, usage_retention: float = 400 * 86400.0,
+                 usage_max_backfill: float = 48 * 3600.0,
                  prune_stale_after: float | None = None) -> svc.Jobs:
     """The scheduled work: sync; then, when asked, a hub-side reconcile and a prune of what
     has been stale for longer than ``prune_stale_after``; then every completed usage bucket
@@ -74,6 +75,7 @@ def service_jobs(engine: Engine, client: HubClient, *, stale_after: float, clust
     def usage_job() -> None:
         result = usage.collect_usage(engine, client, bucket=usage_bucket,
                                      push_interval=push_interval, retention=usage_retention,
+                                     max_backfill=usage_max_backfill,
                                      cluster_label=cluster_label,
                                      lock_timeout=max(lock_timeout, 60.0))
         if result.collected:
@@ -169,6 +171,9 @@ class _ServeGroup(ConfiguredCommand, click.Group):
               "after the sync that follows it (see `gpufleet usage collect`).")
 @click.option("--usage-retention", type=DURATION, default="400d", show_default=True,
               metavar="DURATION", help="Usage rows older than this are removed (at least 1d).")
+@click.option("--usage-max-backfill", type=DURATION, default="48h", show_default=True,
+              metavar="DURATION", help="How far back missed usage buckets are caught up "
+              "(after a restart or a hub outage).")
 @click.option("--prune-stale-after", type=DURATION, envvar=env("prune-stale-after"),
               metavar="DURATION", help="After each sync, delete GPUs, nodes and clusters "
               "stale for longer than this (as `gpufleet inventory prune`). Default: never.")
@@ -186,7 +191,7 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
           oidc_scope_claim: str, scopes_file: str | None, allow_unauthenticated: bool,
           metrics_open: bool, session_ttl: float, tls_cert_file: str | None,
           tls_key_file: str | None, usage_bucket: float, usage_retention: float,
-          prune_stale_after: float | None,
+          usage_max_backfill: float, prune_stale_after: float | None,
           max_age: float, push_interval: float, window: float, stale_after: float,
           lock_timeout: float, cluster_label: str, db: str | None, **opts: Any) -> None:
     """Run the hub service: sync on a schedule and serve the inventory over HTTP.
@@ -226,7 +231,7 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
     if prune_stale_after is not None and prune_stale_after <= stale_after:
         raise InputError("--prune-stale-after must be longer than --stale-after")
     usage.check_settings(bucket=usage_bucket, push_interval=push_interval,
-                         retention=usage_retention, max_backfill=48 * 3600.0)
+                         retention=usage_retention, max_backfill=usage_max_backfill)
     try:
         host, port = parse_listen(listen)
     except ValueError as exc:
@@ -254,6 +259,7 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
                                 reconcile=reconcile, max_age=max_age,
                                 push_interval=push_interval, window=window,
                                 usage_bucket=usage_bucket, usage_retention=usage_retention,
+                                usage_max_backfill=usage_max_backfill,
                                 prune_stale_after=prune_stale_after)
             try:  # bind first: a port in use fails before anything touches the database
                 service = svc.build_service(jobs, every=every, engine=readonly, host=host,
