@@ -359,9 +359,10 @@ def run(*, clusters: int, nodes: int, gpus_per_node: int, workdir: Path, say: Sa
                 cluster_rows = inv.list_clusters(conn)
             engine.dispose()
 
-            usage_lines(db_url, hub.url, say)
+            push = ACM_PUSH if acm_profile else DEMO_PUSH
+            usage_lines(db_url, hub.url, say, push)
             reconcile_counts = reconcile(p, workdir, db_url, say)
-            report_exit = make_report(db_url, hub.url, report, say)
+            report_exit = make_report(db_url, hub.url, report, say, push)
             if keep_running:
                 say(f"fleet still running, syncing every {KEEP_SYNC_EVERY:g}s; hub at "
                     f"{hub.url}; inventory database {db_url}; HTML report {report}. "
@@ -373,19 +374,23 @@ def run(*, clusters: int, nodes: int, gpus_per_node: int, workdir: Path, say: Sa
                   cluster_rows, time.monotonic() - started)
 
 
-#: The demo's usage ledger: 5 s buckets (1 s coverage steps) instead of hours.
-DEMO_BUCKET = "5s"
+#: The demo's push interval, said once: every command that measures coverage or freshness
+#: gets it (the agents scrape every second; --acm-profile pushes every ACM_PUSH).
+DEMO_PUSH = 2.0
+#: The demo's usage ledger: buckets of five push intervals instead of hours, one grid.
+DEMO_BUCKET_PUSHES = 5
 
 
-def usage_lines(db_url: str, hub_url: str, say: Say) -> None:
+def usage_lines(db_url: str, hub_url: str, say: Say, push: float = DEMO_PUSH) -> None:
     """Collect the demo's short buckets, then show usage, idle and capacity as a user would."""
+    bucket = f"{DEMO_BUCKET_PUSHES * push:g}s"
     proc = _gpufleet("usage", "collect", "--db", db_url, "--hub-url", hub_url, "--bucket",
-                     DEMO_BUCKET, "--step", "1s", "--delay", "2s", "--max-backfill", "2m",
+                     bucket, "--push-interval", f"{push:g}s", "--max-backfill", "2m",
                      "-o", "json")
     if proc.returncode != 0:
         raise UnavailableError(f"demo: usage collect failed: {_last_line(proc.stderr)}")
     collected = json.loads(proc.stdout)
-    say(f"usage collect: {len(collected['collected'])} buckets of {DEMO_BUCKET}, "
+    say(f"usage collect: {len(collected['collected'])} buckets of {bucket}, "
         f"{collected['rows']} rows")
     for title, args in (("usage --by namespace", ["usage", "--since", "10m"]),
                         ("idle (allocated, under 5% for 10s)",
@@ -454,14 +459,15 @@ def reconcile(p: Plan, workdir: Path, db_url: str, say: Say) -> dict[str, int]:
     return counts
 
 
-def make_report(db_url: str, hub_url: str, out: Path, say: Say) -> int:
+def make_report(db_url: str, hub_url: str, out: Path, say: Say,
+                push: float = DEMO_PUSH) -> int:
     proc = _gpufleet("report", "--db", db_url, "--hub-url", hub_url,
-                     "--max-age", f"{STALE_AFTER:g}s", "--push-interval", "2s",
+                     "--max-age", f"{STALE_AFTER:g}s", "--push-interval", f"{push:g}s",
                      "-o", "html", "--out", str(out))
     if proc.returncode not in (0, 1) or not out.exists():
         raise UnavailableError(f"demo: report failed: {_last_line(proc.stderr)}")
     summary = _gpufleet("report", "--db", db_url, "--max-age", f"{STALE_AFTER:g}s",
-                        "--push-interval", "2s", "-o", "json")
+                        "--push-interval", f"{push:g}s", "-o", "json")
     findings = json.loads(summary.stdout).get("findings", []) if summary.stdout else []
     by_severity: dict[str, int] = {}
     for f in findings:
