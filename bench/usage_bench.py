@@ -3,7 +3,8 @@
 Prints two JSON lines.
 
 1. collect: N GPUs (8 a node, pod labels on every other GPU, NVIDIA) with one hour of samples
-   every 30 s (GPU_UTIL, FB_USED, POWER_USAGE) backfilled into a real Prometheus with
+   every --push seconds (300: ACM's cadence; GPU_UTIL, FB_USED, POWER_USAGE) backfilled into a
+   real Prometheus with
    ``promtool tsdb create-blocks-from openmetrics``; ``gpufleet usage collect`` of that hour
    runs in a child process (peak RSS read with wait4). Figures: requests (a constant: the
    same at any N), seconds, peak_rss_mb, rows written, database bytes per 1,000 GPU-hours.
@@ -40,7 +41,7 @@ from hub.devstack import PrometheusProcess, hub_config, require_binary  # noqa: 
 HOUR = 3600
 
 
-def write_openmetrics(path: Path, gpus: int, t0: float) -> None:
+def write_openmetrics(path: Path, gpus: int, t0: float, push: float) -> None:
     series = []
     for i in range(gpus):
         node, g = divmod(i, 8)
@@ -48,7 +49,7 @@ def write_openmetrics(path: Path, gpus: int, t0: float) -> None:
                ',namespace="gpu-operator",pod="nvidia-dcgm-exporter-x"')
         series.append(f'cluster="c{node // 50}",Hostname="n{node}",gpu="{g}",'
                       f'UUID="GPU-{i:08d}",modelName="NVIDIA H100 80GB HBM3"{pod}')
-    times = [t0 + 15 + 30 * k for k in range(HOUR // 30)]
+    times = [t0 + push / 2 + push * k for k in range(round(HOUR / push))]
     with path.open("w") as out:
         for name, value in (("DCGM_FI_DEV_GPU_UTIL", 40), ("DCGM_FI_DEV_FB_USED", 1000),
                             ("DCGM_FI_DEV_POWER_USAGE", 300)):
@@ -72,10 +73,10 @@ def child(args: list[str]) -> tuple[str, float, float]:
         return out.read().decode(), took, ru.ru_maxrss / 1024
 
 
-def bench_collect(gpus: int, work: Path) -> dict:
+def bench_collect(gpus: int, work: Path, push: float = 300.0) -> dict:
     t0 = (time.time() // HOUR) * HOUR - 2 * HOUR
     om = work / "fleet.om"
-    write_openmetrics(om, gpus, t0)
+    write_openmetrics(om, gpus, t0, push)
     data = work / "hub" / "data"
     data.mkdir(parents=True)
     subprocess.run([require_binary("promtool"), "tsdb", "create-blocks-from", "openmetrics",
@@ -88,6 +89,7 @@ def bench_collect(gpus: int, work: Path) -> dict:
         end = dt.datetime.fromtimestamp(t0 + HOUR, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         out, took, rss = child(["usage", "collect", "--hub-url", hub.url, "--db",
                                 f"sqlite:///{db_path}", "--from", iso, "--until", end,
+                                "--push-interval", f"{push:g}s",
                                 "--timeout", "600s", "-o", "json"])
     finally:
         hub.stop()
@@ -101,7 +103,8 @@ def bench_collect(gpus: int, work: Path) -> dict:
         rollup = _bytes(conn, ("usage_daily", "ix_usage_daily_day"))
     engine.dispose()
     per = 1000 / max(gpu_hours, 1e-9)
-    return {"figure": "collect", "gpus": gpus, "requests": result["requests"],
+    return {"figure": "collect", "gpus": gpus, "push_interval_s": push,
+            "requests": result["requests"],
             "seconds": round(took, 2), "peak_rss_mb": round(rss, 1), "rows": result["rows"],
             "gpu_hours": round(gpu_hours, 3),
             "db_bytes_per_1000_gpu_hours": round(
@@ -169,7 +172,7 @@ def fill_ledger(engine, gpus: int, hours: int, base: dt.datetime) -> tuple[float
     with engine.begin() as conn:
         for day in days:
             began = time.perf_counter()
-            inv.rebuild_days(conn, [day])
+            usage.rebuild_days(conn, [day])
             took.append(time.perf_counter() - began)
     return fill_s, max(took)
 
@@ -262,12 +265,14 @@ def main() -> None:
     parser.add_argument("--pg", help="also time the answer on this PostgreSQL server URL "
                         "(without a database; one is created), or 'auto': start a throwaway "
                         "PostgreSQL 15 as the tests do")
+    parser.add_argument("--push", type=float, default=300.0,
+                        help="push interval of the collect figure's samples (s; ACM: 300)")
     parser.add_argument("--workdir", type=Path)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         work = Path(tmp)
         if args.gpus:
-            print(json.dumps(bench_collect(args.gpus, work)), flush=True)
+            print(json.dumps(bench_collect(args.gpus, work, args.push)), flush=True)
         if args.answer_gpus:
             print(json.dumps(bench_answer(args.answer_gpus, f"sqlite:///{work / 'a.db'}")),
                   flush=True)

@@ -192,7 +192,8 @@ class SimBackend:
                 gpu.util, gpu.power_mw, gpu.temp = util, round(power * 1000), temp
                 gpu.sm_clock = 210 if util < 5 else 1980
                 gpu.memory_used = int(gpu.memory_total * 0.9 * load) // MIB * MIB
-                gpu.gpm_metrics = _gpm_answers(load)
+                # a MIG-enabled GPU answers GPM per GPU instance only (its slices, below)
+                gpu.gpm_metrics = {} if gpu.mig else _gpm_answers(load)
                 for s in gpu.mig or []:
                     s_load = _wave(t, 240.0 + 30.0 * s.slot, phase + s.slot)
                     s.graphics_util = round(100 * s_load, 1)

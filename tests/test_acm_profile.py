@@ -253,6 +253,7 @@ def test_serve_books_exact_gpu_hours_at_acms_push_interval(acm_hub, tmp_path):
     started = time.time()
     acm_hub.cluster("east", [sample_text("dcgm-h100-8gpu-aicr-eks-156a357e.prom")])
     db = f"sqlite:///{tmp_path / 'inv.db'}"
+    inv.ensure_schema(inv.make_engine(db, create=True))
     serve = subprocess.Popen(
         [sys.executable, "-m", "hub", "serve", "--hub-url", acm_hub.url, "--db", db,
          "--listen", "127.0.0.1:0", "--every", f"{ACM_TEST_PUSH:g}s",

@@ -100,7 +100,8 @@ def test_hub_sync_reads_the_exporter_into_the_same_inventory_fields(hub, fleet, 
     wait_for(hub.url, 'count(DCGM_FI_DEV_GPU_UTIL{cluster="east"})',
              lambda r: bool(r) and r[0]["value"][1] == "2")
     wait_for(hub.url, 'count(DCGM_FI_PROF_GR_ENGINE_ACTIVE{cluster="east"})',
-             lambda r: bool(r) and r[0]["value"][1] == "4")  # two slices on each of two GPUs
+             # two slices on each of two MIG GPUs, and the two whole H100s (GPM, as on Hopper)
+             lambda r: bool(r) and r[0]["value"][1] == "6")
     wait_for(hub.url, "count(gpu_gfx_activity)", lambda r: bool(r) and r[0]["value"][1] == "3")
     env = {"GPUFLEET_HUB_URL": hub.url, "GPUFLEET_DB": f"sqlite:///{tmp_path / 'i.db'}",
            "GPUFLEET_STALE_AFTER": "30s"}

@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 
 from hub import inventory as inv
 from hub import usage
+from hub.common import InputError
 from hub.store import HubClient, HubSettings
 from tests.support.backfill import backfilled_hub
 
@@ -182,8 +183,15 @@ def test_ledger_rows_equal_the_oracle_at_every_push_interval(tmp_path_factory, d
     hub = backfilled_hub(workdir / "hub", openmetrics(fleet, t0, push)).start(timeout=120)
     engine = inv.make_engine(f"sqlite:///{workdir / 'inv.db'}", create=True)
     inv.ensure_schema(engine)
+    labelled = any(g.labelled and any(g.slots) for g in fleet)
+    unlabelled = any(not g.labelled and any(g.slots) for g in fleet)
     try:
         with HubClient.from_settings(HubSettings(url=hub.url)) as client:
+            if unlabelled and not labelled:  # GPU series, none labelled: a typo, refused
+                with pytest.raises(InputError, match="no GPU series carries the cluster"):
+                    usage.collect_usage(engine, client, bucket=bucket, push_interval=push,
+                                        starts=[t0, t0 + bucket])
+                return
             result = usage.collect_usage(engine, client, bucket=bucket, push_interval=push,
                                          starts=[t0, t0 + bucket])
         assert result.failed == [] and len(result.collected) == 2

@@ -477,10 +477,11 @@ def usage_queries(bucket: str, resolution: str, cluster_label: str) -> list[Quer
     return out
 
 
-def labelled_probe(window: str) -> str:
-    """How many GPU series of any vendor the store holds in the window, labelled or not:
-    asked only when a bucket came back empty, to tell a typo'd --cluster-label (GPU series
-    exist, none carries it) from a quiet fleet."""
+def labelled_probe(window: str, cluster_label: str | None = None) -> str:
+    """How many GPU series of any vendor the store holds in the window (only those carrying
+    ``cluster_label`` when given): asked only when a bucket came back empty, to tell a typo'd
+    --cluster-label (GPU series exist, none carries it) from a quiet fleet."""
+    extra = f', {cluster_label}!=""' if cluster_label else ""
     return " or ".join(
-        f"count(last_over_time({prefix}{m}{{{p.device_matcher}}}[{window}]))"
+        f"count(last_over_time({prefix}{m}{{{p.device_matcher}{extra}}}[{window}]))"
         for p in PROFILES for m in p.timestamp_metrics for prefix in p.name_prefixes)

@@ -193,16 +193,24 @@ def _ask(client: HubClient, queries: list[store.Query], start: float, bucket: fl
                                         f"({warnings[0]}); bucket left for a later collect")
 
 
-def _unlabelled_only(client: HubClient, start: float, bucket: float,
-                     cluster_label: str) -> GpufleetError | None:
-    """When a bucket came back empty: are there GPU series the label is missing from? One
-    request, asked only then; a fleet that was quiet costs nothing more."""
-    res = client.query(store.labelled_probe(format_duration(bucket)), time=start + bucket)
-    if any(float(r["value"][1]) > 0 for r in res.result):
-        return InputError(f"no GPU series carries the cluster label {cluster_label!r} "
-                          "(check --cluster-label and the spokes' external_labels); "
-                          "nothing written")
-    return None
+def _unlabelled_only(client: HubClient, start: float, bucket: float, cluster_label: str,
+                     now: float) -> GpufleetError | None:
+    """When a bucket came back empty: does the hub hold GPU series in it while no GPU series
+    carries the label, in that bucket's day nor in the last day? Then the label is a typo
+    (as `sync` says). A fleet that was quiet, or one spoke without the label beside labelled
+    ones (left out, and named by the report), is not. Asked only for an empty bucket."""
+    def some(promql: str, at: float) -> bool:
+        return any(float(r["value"][1]) > 0 for r in client.query(promql, time=at).result)
+
+    if not some(store.labelled_probe(format_duration(bucket)), start + bucket):
+        return None
+    day = format_duration(86400.0)
+    if any(some(store.labelled_probe(day, cluster_label), at)
+           for at in (start + bucket, now)):
+        return None
+    return InputError(f"no GPU series carries the cluster label {cluster_label!r} "
+                      "(check --cluster-label and the spokes' external_labels); "
+                      "nothing written")
 
 
 # -- writing ----------------------------------------------------------------------------------
@@ -250,7 +258,8 @@ def collect_usage(engine: Engine, client: HubClient, *, bucket: float = 3600.0,
             rows = fold_bucket(_ask(client, queries, start, bucket, resolution), start=start,
                                bucket=bucket, resolution=resolution,
                                cluster_label=cluster_label, known=known)
-            if not rows and (typo := _unlabelled_only(client, start, bucket, cluster_label)):
+            if not rows and (typo := _unlabelled_only(client, start, bucket, cluster_label,
+                                                             now)):
                 raise typo
         except InputError:
             raise
