@@ -1,7 +1,8 @@
 """`gpufleet reconcile` and `capacity` on a mixed DRA / device-plugin cluster, end to end: a real
 hub Prometheus fed by a real agent (dcgm-exporter and AMD exporter output whose UUIDs are the
 ResourceSlices' ones), the local Kubernetes API serving resource.k8s.io/v1 through the official
-client, the same objects as kubectl files, and kube-state-metrics through the hub."""
+client, the same objects as kubectl files, and kube-state-metrics through the hub; on SQLite and
+PostgreSQL."""
 
 from __future__ import annotations
 
@@ -47,7 +48,8 @@ def amd(node: str, serials: list[str]) -> list[str]:
 
 def exporter_text() -> str:
     lines = ["# TYPE DCGM_FI_DEV_GPU_TEMP gauge"]
-    lines += dcgm(fx.DRA_H100, 8)  # no pod labels: the exporter cannot see DRA claims
+    # one GPU with pod labels (an exporter that reads dynamic_resources), the others without
+    lines += dcgm(fx.DRA_H100, 8, pods={5: ("team-y", "serve-0")})
     lines += dcgm(fx.DRA_MIG, 2, fx.A100, mig={1: ["1g.10gb", "1g.10gb", "3g.40gb"]})
     lines += dcgm(fx.DRA_PARTIAL, 4)
     lines += dcgm(fx.BOTH, 8)
@@ -90,18 +92,18 @@ def capacity_by_node(env: dict[str, str]) -> dict[str, tuple[float, float]]:
 
 
 def test_a_mixed_dra_cluster_reconciles_exactly_from_every_source(hub, fleet, kube_api,
-                                                                   tmp_path: Path):
+                                                                   db_url, tmp_path: Path):
     fleet(CLUSTER, [exporter_text(), ksm()])
     wait_for(hub.url, f'count(kube_node_status_capacity{{cluster="{CLUSTER}"}})',
              lambda r: bool(r) and r[0]["value"][1] == "9")
     wait_for(hub.url, f'count(DCGM_FI_DEV_GPU_TEMP{{cluster="{CLUSTER}"}})',
              lambda r: bool(r) and r[0]["value"][1] == str(
                  exporter_text().count("DCGM_FI_DEV_GPU_TEMP{")))
-    env = {"GPUFLEET_HUB_URL": hub.url, "GPUFLEET_DB": f"sqlite:///{tmp_path / 'inv.db'}"}
+    env = {"GPUFLEET_HUB_URL": hub.url, "GPUFLEET_DB": db_url}
     sync = gpufleet("sync", "--stale-after", "30s", env=env)
     assert sync.exit_code == 0, sync.output
     before = capacity_by_node(env)
-    assert before[fx.DRA_H100] == (0.0, 8.0)  # no pod labels: every GPU looks free
+    assert before[fx.DRA_H100] == (1.0, 7.0)  # pod labels ingested as on any node
 
     # -- the Kubernetes API serving resource.k8s.io/v1 -----------------------------------------
     for obj in node_objects():
@@ -126,7 +128,8 @@ def test_a_mixed_dra_cluster_reconciles_exactly_from_every_source(hub, fleet, ku
 
     # capacity now counts the claims' GPUs as allocated where the exporter labelled no pod
     after = capacity_by_node(env)
-    assert after[fx.DRA_H100] == (3.0, 5.0)  # trainer-0 holds 2, legacy-0 1; admin access: 0
+    # trainer-0 holds 2, legacy-0 1 (claims), serve-0 1 (labels); admin access holds nothing
+    assert after[fx.DRA_H100] == (4.0, 4.0)
     allocated, free = after[fx.DRA_MIG]
     assert round(allocated * 7) == 1  # notebook's 1g.10gb slice, a seventh of an A100
     assert round(free * 7) == 11  # GPU 0 whole, one 1g.10gb and one 3g.40gb slice
@@ -145,7 +148,7 @@ def test_a_mixed_dra_cluster_reconciles_exactly_from_every_source(hub, fleet, ku
                       "-o", "json", env=env)
     assert result.exit_code == 1, result.output
     assert statuses(json.loads(result.stdout)) == EXACT
-    assert capacity_by_node(env)[fx.DRA_H100] == (0.0, 8.0)  # the newest claims read: none
+    assert capacity_by_node(env)[fx.DRA_H100] == (1.0, 7.0)  # the newest claims read: none
 
     # -- kube-state-metrics through the hub: DRA cannot be seen -------------------------------
     result = gpufleet("reconcile", "-o", "table", env=env)
