@@ -640,10 +640,11 @@ def _node_result(cluster: str, view: NodeView | None, obs: ObservedNode | None,
         if view is not None and not dra_visible:
             return NodeResult(status=UNKNOWN, mode="none", **base,
                               reason=f"hub sees {_plural(obs.gpus, 'GPU')}; kube-state-metrics "
-                                     "shows no GPU resource on the node. A DRA node publishes "
-                                     "its GPUs in ResourceSlices, which kube-state-metrics does "
-                                     "not export, so it cannot be checked from the hub: use "
-                                     "--source kube or --resourceslices-json")
+                                     "shows no GPU resource on the node: a DRA node (its GPUs "
+                                     "are in ResourceSlices, which kube-state-metrics does not "
+                                     "export) or a device plugin that is not running; the hub "
+                                     "cannot tell which: check with --source kube or "
+                                     "--resourceslices-json")
         return NodeResult(status=MISSING_IN_KUBERNETES, mode="none", **base,
                           reason=f"hub sees {_plural(obs.gpus, 'GPU')}; {where}")
     listing = ", ".join(f"{n} {k}" for k, n in resources.items() if n)
