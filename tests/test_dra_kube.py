@@ -98,3 +98,30 @@ def test_a_refused_list_is_a_one_line_error(kube_api, api):
     message = info.value.format_message()  # type: ignore[attr-defined]
     assert "refused listing resourceslices.resource.k8s.io/v1 (HTTP 403)" in message
     assert "\n" not in message
+
+
+def test_one_read_gives_nodes_slices_and_claims(kube_api, api):
+    serve(kube_api)
+    kube_api.put_object({"apiVersion": "v1", "kind": "Node", "metadata": {"name": fx.DRA_H100}})
+    found = kube.read_gpu_objects(api, page_size=4)
+    assert [n["metadata"]["name"] for n in found.nodes] == [fx.DRA_H100]
+    assert (found.dra_version, len(found.slices), len(found.claims or [])) == (
+        "v1", len(fx.dra_slices()), len(fx.dra_claims()))
+    assert found.notes == []
+
+
+def test_refused_claims_cost_only_the_claims_refused_slices_fail(kube_api, api):
+    serve(kube_api)
+    kube_api.fail("GET", "/apis/resource.k8s.io/v1/resourceclaims", 403, "Forbidden")
+    found = kube.read_gpu_objects(api)
+    assert found.claims is None and len(found.slices) == len(fx.dra_slices())
+    [note] = found.notes
+    assert "refused listing resourceclaims.resource.k8s.io/v1 (HTTP 403)" in note
+    kube_api.fail("GET", "/apis/resource.k8s.io/v1/resourceslices", 403, "Forbidden")
+    with pytest.raises(Exception, match="refused listing resourceslices"):
+        kube.read_gpu_objects(api)
+
+
+def test_a_cluster_without_dra_reads_nodes_only(kube_api, api):
+    found = kube.read_gpu_objects(api)
+    assert (found.nodes, found.dra_version, found.slices, found.claims) == ([], None, [], None)

@@ -122,15 +122,15 @@ def _nodes_from_kube(pairs: list[tuple[str, str]], kubeconfig: str | None
         clusters.add(cluster)
         api = kube_.api_client(kubeconfig, context)
         try:
-            views += [validation.node_from_object(cluster, obj) for obj in kube_.list_nodes(api)]
-            version = kube_.dra_version(api)
-            if version is not None:
-                views = validation.with_dra(views, cluster,
-                                            kube_.list_resource_slices(api, version))
-                claims[cluster] = validation.claim_allocations_of(
-                    views, cluster, kube_.list_resource_claims(api, version))
+            found = kube_.read_gpu_objects(api)
         finally:
             api.close()
+        views += [validation.node_from_object(cluster, obj) for obj in found.nodes]
+        views = validation.with_dra(views, cluster, found.slices)
+        if found.claims is not None:
+            claims[cluster] = validation.claim_allocations_of(views, cluster, found.claims)
+        for note in found.notes:
+            click.echo(f"note: context {context}: {note}", err=True)
     return views, clusters, claims
 
 

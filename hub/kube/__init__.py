@@ -29,7 +29,7 @@ from hub.kube._dra import (
 
 _CLIENT = ("api_client", "call", "list_all", "list_managed_clusters", "list_nodes",
            "translate", "dra_version", "list_resource_slices", "list_resource_claims",
-           "list_device_classes", "DRA_VERSIONS")
+           "list_device_classes", "DRA_VERSIONS", "GpuObjects", "read_gpu_objects")
 
 __all__ = [
     "AMD_DRIVER",
@@ -40,6 +40,7 @@ __all__ = [
     "ClaimedDevice",
     "DraGpu",
     "DraNode",
+    "GpuObjects",
     "PoolState",
     "SliceError",
     "api_client",
@@ -55,6 +56,7 @@ __all__ = [
     "list_resource_claims",
     "list_resource_slices",
     "normalise_pci",
+    "read_gpu_objects",
     "translate",
 ]
 

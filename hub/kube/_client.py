@@ -16,6 +16,7 @@ import json
 import os
 import re
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -111,8 +112,10 @@ def translate(exc: BaseException, api: client.ApiClient, doing: str) -> Gpufleet
             return UnavailableError(f"Kubernetes API at {host} unreachable while {doing}: "
                                     f"{message}")
         if code in (401, 403):
-            return InputError(f"Kubernetes API at {host} refused {doing} (HTTP {code}): "
-                              f"{message}")
+            refused = InputError(f"Kubernetes API at {host} refused {doing} (HTTP {code}): "
+                                 f"{message}")
+            refused.http_status = code  # type: ignore[attr-defined]
+            return refused
         if code == 404:
             return UnavailableError(f"{doing}: not found at {host}: {message}")
         if code >= 500 or code == 429:
@@ -264,3 +267,41 @@ def list_device_classes(api: client.ApiClient, version: str, *, apis: Any = clie
                         page_size: int = PAGE_SIZE) -> Iterator[dict[str, Any]]:
     """Every DeviceClass: which drivers' devices a cluster offers under which class name."""
     return _dra_list(api, version, "deviceclasses", page_size, apis)
+
+
+@dataclass
+class GpuObjects:
+    """What one cluster's API says about its GPUs: the Node list, and where the cluster
+    serves resource.k8s.io, its ResourceSlices and ResourceClaims."""
+
+    nodes: list[dict[str, Any]]
+    dra_version: str | None = None
+    slices: list[dict[str, Any]] = field(default_factory=list)
+    #: None: not read (DRA not served, or listing claims refused: claims only feed capacity)
+    claims: list[dict[str, Any]] | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def read_gpu_objects(api: client.ApiClient, page_size: int = PAGE_SIZE,
+                     apis: Any = client) -> GpuObjects:
+    """Nodes, then DRA objects in the newest version served, each list paged.
+
+    A refused ResourceSlice list fails the read (GPU counts of DRA nodes would be wrong); a
+    refused ResourceClaim list only costs `capacity` its claims, so it becomes a note.
+    """
+    found = GpuObjects(list(list_nodes(api, page_size)))
+    found.dra_version = dra_version(api)
+    if found.dra_version is None:
+        return found
+    found.slices = list(list_resource_slices(api, found.dra_version, apis=apis,
+                                             page_size=page_size))
+    try:
+        found.claims = list(list_resource_claims(api, found.dra_version, apis=apis,
+                                                 page_size=page_size))
+    except InputError as exc:
+        if getattr(exc, "http_status", None) != 403:
+            raise
+        found.notes.append(f"{exc.format_message()}: DRA claims not read, `capacity` keeps "
+                           "the previous reading (grant list on resourceclaims: "
+                           "`spoke render --reconcile-reader`)")
+    return found
