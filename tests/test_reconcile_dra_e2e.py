@@ -172,6 +172,8 @@ def test_file_source_errors_name_the_flag(tmp_path: Path):
     assert gpufleet("db", "upgrade", "--db", db).exit_code == 0
     nodes = tmp_path / "nodes.json"
     nodes.write_text(json.dumps({"kind": "List", "items": node_objects()}))
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"kind": "List", "items": []}))
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"kind": "List", "items": [{"metadata": {"name": "s"}}]}))
     cases = [
@@ -183,6 +185,8 @@ def test_file_source_errors_name_the_flag(tmp_path: Path):
           f"c={nodes}"], 2, "No such file"),
         (["--resourceclaims-json", "c", "--nodes-json", f"c={nodes}"], 2,
          "expected CLUSTER=FILE"),
+        (["--resourceclaims-json", f"c={empty}", "--nodes-json", f"c={nodes}"], 2,
+         "--resourceclaims-json c: the cluster has no --resourceslices-json"),
         (["--source", "hub", "--hub-url", "http://127.0.0.1:9", "--resourceslices-json",
           f"c={bad}"], 2, "apply to --source file"),
     ]

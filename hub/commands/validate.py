@@ -105,6 +105,10 @@ def _nodes_from_files(pairs: list[tuple[str, str]], slice_pairs: list[tuple[str,
                                     f"--resourceslices-json {cluster}")
     claims = {c: validation.claim_allocations_of(views, c, items, f"--resourceclaims-json {c}")
               for c, items in _per_cluster(claim_pairs, "--resourceclaims-json", seen).items()}
+    unjoined = sorted(set(claims) - set(slices))
+    if unjoined:  # claims name devices of slices: without them nothing can be joined
+        raise InputError(f"--resourceclaims-json {unjoined[0]}: the cluster has no "
+                         "--resourceslices-json to join its claims to")
     return views, seen, claims
 
 
