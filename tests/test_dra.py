@@ -187,3 +187,17 @@ def test_dropping_a_current_slice_makes_the_node_unknown_never_a_smaller_count(c
     node = slices[drop]["spec"]["nodeName"]
     after = dra.dra_nodes([s for i, s in enumerate(slices) if i != drop])
     assert not after[node].complete
+
+
+def test_the_rules_do_not_load_the_kubernetes_client():
+    """reconcile from files and the usage answers use the DRA rules without the client."""
+    import subprocess
+    import sys
+
+    code = ("import sys, hub.validate, hub.usage, hub.kube\n"
+            "print('kubernetes' in sys.modules)\n"
+            "hub.kube.list_nodes\n"
+            "print('kubernetes' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.stdout.split() == ["False", "True"], out.stderr
