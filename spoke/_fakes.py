@@ -27,6 +27,9 @@ class FakeMigSlice:
     gi_id: int
     profile: str = "1g.10gb"
     slot: int = 0
+    #: first memory slice of its placement (nvmlGpuInstanceGetInfo's placement.start);
+    #: None: the slot number
+    start: int | None = None
     memory_total: int = 9856 * MIB
     memory_used: int = 0
     graphics_util: float = 0.0  # percent, what GPM's GRAPHICS_UTIL metric returns
@@ -74,6 +77,7 @@ class FakeNvmlGpu:
     mig: list[FakeMigSlice] | None = None  # None: MIG not supported; a list: MIG enabled
     mig_slots: int = 7
     lost: bool = False  # fell off the bus: every call about it raises GPU_IS_LOST
+    minor: int | None = None  # /dev/nvidia<minor>; None: the same as its index
 
 
 @dataclass(frozen=True)
@@ -147,6 +151,18 @@ class _GpmMetricsGet:
 
 
 _PROFILE_IDS = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4}
+#: GPU instance profile IDs as NVML reports them (`nvidia-smi mig -lgip`'s ID column)
+_GI_PROFILE_IDS = {"1g.5gb": 19, "1g.10gb": 19, "1g.12gb": 19, "1g.20gb": 15, "1g.24gb": 15,
+                   "2g.10gb": 14, "2g.20gb": 14, "2g.24gb": 14, "3g.20gb": 9, "3g.40gb": 9,
+                   "3g.47gb": 9, "4g.20gb": 5, "4g.40gb": 5, "4g.47gb": 5, "7g.40gb": 0,
+                   "7g.80gb": 0, "7g.94gb": 0}
+#: memory slices a placement of each compute-slice count spans (A100/H100)
+_PLACEMENT_SIZE = {1: 1, 2: 2, 3: 4, 4: 4, 7: 8}
+
+
+def _profile_id(s: FakeMigSlice) -> int:
+    slices = int(s.profile.split("g", 1)[0])
+    return _GI_PROFILE_IDS.get(s.profile, _PROFILE_IDS.get(slices, 0) * 100 + slices)
 
 
 class FakeNvml:
@@ -315,6 +331,10 @@ class FakeNvml:
     nvmlDeviceGetCurrentClocksThrottleReasons = nvmlDeviceGetCurrentClocksEventReasons
 
     # -- MIG ----------------------------------------------------------------------------
+    def nvmlDeviceGetMinorNumber(self, device: _Handle) -> int:
+        gpu = self._gpu(device)
+        return device.index if gpu.minor is None else gpu.minor
+
     def nvmlDeviceGetMigMode(self, device: _Handle) -> list[int]:
         gpu = self._gpu(device)
         if gpu.mig is None:
@@ -345,15 +365,17 @@ class FakeNvml:
         index, gi_id = gpuInstance
         s = next(s for s in self._gpu(_Handle(index)).mig or [] if s.gi_id == gi_id)
         slices = int(s.profile.split("g", 1)[0])
-        return _Struct({"id": gi_id, "profileId": _PROFILE_IDS.get(slices, 0) * 100 + slices,
-                        "device": _Handle(index)})
+        placement = _Struct({"start": s.slot if s.start is None else s.start,
+                             "size": _PLACEMENT_SIZE.get(slices, slices)})
+        return _Struct({"id": gi_id, "profileId": _profile_id(s), "device": _Handle(index),
+                        "placement": placement})
 
     def nvmlDeviceGetGpuInstanceProfileInfoById(self, device: _Handle,
                                                 profileId: int) -> _Struct:
         gpu = self._gpu(device)
         for s in gpu.mig or []:
             slices = int(s.profile.split("g", 1)[0])
-            if _PROFILE_IDS.get(slices, 0) * 100 + slices == profileId:
+            if _profile_id(s) == profileId:
                 return _Struct({"id": profileId, "sliceCount": slices,
                                 "memorySizeMB": s.memory_total // MIB,
                                 "name": f"MIG {s.profile}"})

@@ -14,6 +14,27 @@ from typing import Protocol
 #: where the kubelet serves its pod-resources API (the exporter's --kubelet-socket default)
 KUBELET_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 
+#: DRA drivers whose devices are GPUs: pod-resources names a container's DRA devices by
+#: (driver, pool, device), and a GPU reading lists the ``driver/device`` keys it answers to
+NVIDIA_DRA_DRIVER = "gpu.nvidia.com"
+AMD_DRA_DRIVER = "gpu.amd.com"
+
+
+def dra_key(driver: str, device: str) -> str:
+    """How a DRA device appears among a reading's ``device_ids`` (driver-qualified, so a
+    device name can never be taken for a UUID)."""
+    return f"{driver}/{device}"
+
+
+def dra_gpu_id(minor: int) -> str:
+    """NVIDIA's DRA driver names a whole GPU after its minor number (/dev/nvidia<minor>)."""
+    return dra_key(NVIDIA_DRA_DRIVER, f"gpu-{minor}")
+
+
+def dra_mig_id(minor: int, profile_id: int, start: int, size: int) -> str:
+    """…and a MIG device after its GPU, GPU-instance profile ID and placement."""
+    return dra_key(NVIDIA_DRA_DRIVER, f"gpu-{minor}-mig-{profile_id}-{start}-{size}")
+
 
 class LibraryNotFound(Exception):
     """The GPU management library (or its driver) is not on this host.

@@ -11,7 +11,14 @@ import logging
 import math
 from typing import Any
 
-from spoke._model import Collection, Failure, GpuReading, LibraryNotFound
+from spoke._model import (
+    Collection,
+    Failure,
+    GpuReading,
+    LibraryNotFound,
+    dra_gpu_id,
+    dra_mig_id,
+)
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +127,8 @@ class NvmlBackend:
         power_mw = self._opt(n.nvmlDeviceGetPowerUsage, handle)
         rows = self._opt(n.nvmlDeviceGetRemappedRows, handle)  # (corr, unc, pending, failed)
         serial = self._opt(n.nvmlDeviceGetSerial, handle)
+        get_minor = getattr(n, "nvmlDeviceGetMinorNumber", None)
+        minor = self._opt(get_minor, handle) if get_minor is not None else None
         gpm = self._gpm(handle, uuid, None, seen_slices)
         gpu = GpuReading(
             index=index,
@@ -154,16 +163,16 @@ class NvmlBackend:
                                        n.NVML_VOLATILE_ECC),
             clocks_event_reasons=self._clocks_event_reasons(handle),
             last_xid=self._xid(handle, uuid),
-            device_ids=(uuid,),
+            device_ids=(uuid, *((dra_gpu_id(minor),) if minor is not None else ())),
             **gpm,
         )
         mode = self._opt(n.nvmlDeviceGetMigMode, handle)
         if mode is None or mode[0] != n.NVML_DEVICE_MIG_ENABLE:
             return [gpu]
-        return [gpu, *self._read_slices(handle, gpu, seen_slices)]
+        return [gpu, *self._read_slices(handle, gpu, seen_slices, minor)]
 
-    def _read_slices(self, handle: Any, gpu: GpuReading,
-                     seen_slices: set[tuple[str, int]]) -> list[GpuReading]:
+    def _read_slices(self, handle: Any, gpu: GpuReading, seen_slices: set[tuple[str, int]],
+                     minor: int | None = None) -> list[GpuReading]:
         """MIG slices carry the parent's index and UUID, as dcgm-exporter's do."""
         n = self._nvml
         slices: list[GpuReading] = []
@@ -180,7 +189,8 @@ class NvmlBackend:
                 serial=gpu.serial,
                 mig_profile=self._profile_name(handle, mig, gi_id), mig_instance=gi_id,
                 mem_used_mib=used, mem_free_mib=free, mem_total_mib=total,
-                device_ids=(str(mig_uuid),) if mig_uuid else (),
+                device_ids=tuple(d for d in (str(mig_uuid) if mig_uuid else "",
+                                             self._dra_mig_id(handle, gi_id, minor)) if d),
                 **self._gpm(handle, gpu.uuid, gi_id, seen_slices),
             ))
         return slices
@@ -215,6 +225,19 @@ class NvmlBackend:
                 return None, None, None, None
         return (float(mem.used // _MIB), float(mem.free // _MIB), reserved,
                 float(mem.total // _MIB))
+
+    def _dra_mig_id(self, parent: Any, gi_id: int, minor: int | None) -> str:
+        """The name NVIDIA's DRA driver gives this MIG device (pod-resources reports it in
+        ``dynamic_resources``): ``gpu-<minor>-mig-<GI profile id>-<start>-<size>``."""
+        n = self._nvml
+        if minor is None:
+            return ""
+        try:
+            info = n.nvmlGpuInstanceGetInfo(n.nvmlDeviceGetGpuInstanceById(parent, gi_id))
+            return dra_mig_id(minor, int(info.profileId), int(info.placement.start),
+                              int(info.placement.size))
+        except (n.NVMLError, AttributeError):
+            return ""  # no placement known: the slice is attributed by its MIG UUID only
 
     def _profile_name(self, parent: Any, mig: Any, gi_id: int) -> str:
         """dcgm-exporter's GPU_I_PROFILE, e.g. "1g.10gb" (NVML names it "MIG 1g.10gb")."""

@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_plan_mixes_vendors_has_one_mig_node_and_one_mismatch():
     p = demo.plan(3, 4, 8)
-    assert len(p.nodes) == 12 and p.silent == "research"
+    assert len(p.nodes) == 13 and p.silent == "research"
+    assert [(n.name, n.vendor) for n in p.nodes if n.dra] == [("prod-east-dra-01", "nvidia")]
     assert {n.vendor for n in p.nodes} == {"nvidia", "amd"}
     assert [n.name for n in p.nodes if n.mig] == ["prod-east-gpu-01"]
     off = [n for n in p.nodes if n.gpus != n.advertised]
@@ -32,13 +33,19 @@ def test_plan_mixes_vendors_has_one_mig_node_and_one_mismatch():
 def test_node_list_is_what_kubectl_get_nodes_prints():
     p = demo.plan(2, 3, 4)
     listing = demo.node_list(p, "prod-east")
-    assert listing["kind"] == "List" and len(listing["items"]) == 3
+    assert listing["kind"] == "List" and len(listing["items"]) == 4  # the DRA node too
     by_name = {n["metadata"]["name"]: n for n in listing["items"]}
     mig = by_name["prod-east-gpu-01"]
     assert mig["metadata"]["labels"]["nvidia.com/mig.strategy"] == "mixed"
     assert mig["status"]["capacity"]["nvidia.com/mig-3g.40gb"] == "8"  # 4 GPUs × 2 slices
     amd = next(n for n in p.nodes if n.cluster == "prod-east" and n.vendor == "amd")
     assert by_name[amd.name]["status"]["capacity"]["amd.com/gpu"] == "4"
+    dra = by_name["prod-east-dra-01"]["status"]["capacity"]
+    assert not any(k.startswith("nvidia.com/") for k in dra)  # its GPUs are in a slice
+    [published] = demo.resource_slices(p, "prod-east")["items"]
+    assert published["spec"]["nodeName"] == "prod-east-dra-01"
+    assert len(published["spec"]["devices"]) == 4
+    assert demo.resource_slices(p, "prod-west")["items"] == []
 
 
 def test_workdir_that_the_demo_did_not_make_is_never_emptied(tmp_path):
@@ -73,12 +80,14 @@ def test_demo_runs_end_to_end_twice_and_leaves_nothing_running(tmp_path):
     assert "End-to-end freshness" in out
     assert "prod-west goes silent" in err
     assert "count_mismatch" in err  # the deliberate mismatch is found
+    assert "prod-east/prod-east-dra-01: DRA node matched (k8s publishes 2 GPUs through DRA" \
+        in err
     html = (workdir / "report.html").read_text()
     assert "<html" in html.lower() and "prod-west" in html
     db = f"sqlite:///{workdir / 'inventory.db'}"
     clusters = {c["cluster"]: c for c in gpufleet_json("inventory", "clusters", "--db", db)}
     assert clusters["prod-west"]["state"] == "stale"
-    assert clusters["prod-east"]["state"] == "active" and clusters["prod-east"]["gpus"] == 3
+    assert clusters["prod-east"]["state"] == "active" and clusters["prod-east"]["gpus"] == 5
     failed = [g for g in gpufleet_json("inventory", "gpus", "--db", db)
               if g["health"] == "failed"]
     assert [(g["health_reasons"], g["node"]) for g in failed] == [("xid 79", "prod-east-gpu-02")]
@@ -102,7 +111,7 @@ def test_demo_with_the_acm_hub_profile(tmp_path):
     db = f"sqlite:///{workdir / 'inventory.db'}"
     clusters = {c["cluster"]: c for c in gpufleet_json("inventory", "clusters", "--db", db)}
     assert clusters["prod-west"]["state"] == "stale"
-    assert clusters["prod-east"]["state"] == "active" and clusters["prod-east"]["gpus"] == 3
+    assert clusters["prod-east"]["state"] == "active" and clusters["prod-east"]["gpus"] == 5
 
 
 def test_ctrl_c_stops_every_process(tmp_path):

@@ -223,3 +223,98 @@ def test_exporter_without_kubelet_socket_does_not_load_grpc(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60)
     assert out.stdout.split() == ["2", "False", "False"], out.stdout + out.stderr
+
+
+# -- Dynamic Resource Allocation: each container's dynamic_resources -------------------------
+def claim_resource(driver: str, pool: str, device: str, cdi: str = "") -> bytes:
+    """ClaimResource{cdi_devices=1{name=1}, driver_name=2, pool_name=3, device_name=4}."""
+    cdi = cdi or f"k8s.{driver}/claim=9f2c-{device}"
+    return _bytes(1, _str(1, cdi)) + _str(2, driver) + _str(3, pool) + _str(4, device)
+
+
+def dynamic(claim: str, namespace: str, *resources: bytes) -> bytes:
+    """DynamicResource{claim_name=2, claim_namespace=3, claim_resources=4} (1 is unused)."""
+    return _str(2, claim) + _str(3, namespace) + b"".join(_bytes(4, r) for r in resources)
+
+
+def dra_container(name: str, *claims: bytes, devs: tuple[bytes, ...] = ()) -> bytes:
+    """ContainerResources with dynamic_resources=5 beside devices, cpu_ids and memory."""
+    return container(name, *devs) + b"".join(_bytes(5, c) for c in claims)
+
+
+def test_dra_gpus_and_mig_devices_carry_their_pods(kubelet, tmp_path):
+    nv = "gpu.nvidia.com"
+    k = kubelet(lambda: list_response(
+        pod("trainer-0", "team-a", dra_container(
+            "main", dynamic("trainer-0-gpu-x7", "team-a", claim_resource(nv, "node-1", "gpu-0")),
+            dynamic("trainer-0-imex", "team-a",
+                    claim_resource("compute-domain.nvidia.com", "node-1", "channel-0")))),
+        pod("notebook", "team-b", dra_container(
+            "jupyter", dynamic("nb-mig", "team-b",
+                               claim_resource(nv, "node-1", "gpu-2-mig-19-1-1")))),
+        pod("ghost", "team-c", dra_container(
+            "c", dynamic("gone", "team-c", claim_resource(nv, "node-1", "gpu-9")))),
+        pod("plugin", "team-d", container("c", devices("nvidia.com/gpu", GPU1))),
+    ))
+    exp = collected_once(tmp_path)
+    assert k.calls == 1
+    assert pods_of(exp) == {
+        (GPU0, "", "team-a", "trainer-0", "main"),  # gpu-0: minor 0; the IMEX channel is no GPU
+        (GPU1, "", "team-d", "plugin", "c"),  # a device-plugin pod beside, as before
+        (GPU2, "", "", "", ""),
+        (GPU2, "1", "", "", ""),
+        (GPU2, "2", "team-b", "notebook", "jupyter"),  # 1g.10gb at placement 1: gpu-2-mig-19-1-1
+    }  # gpu-9 names no GPU here: no labels anywhere
+
+
+def test_dra_names_follow_the_minor_number_not_the_index(kubelet, tmp_path):
+    kubelet(lambda: list_response(pod("p", "ns", dra_container(
+        "c", dynamic("c1", "ns", claim_resource("gpu.nvidia.com", "n", "gpu-7"))))))
+    fake = FakeNvml([FakeNvmlGpu(uuid=GPU0, minor=7), FakeNvmlGpu(uuid=GPU1, minor=0)])
+    backend = NvmlBackend(nvml=fake)
+    backend.open()
+    client = KubeletPods(str(tmp_path / "kubelet.sock"), timeout=5)
+    try:
+        exp = Exporter(backend, hostname="node-1", interval=30, pods=client)
+        exp.collect_once()
+    finally:
+        client.close()
+    assert pods_of(exp) == {(GPU0, "", "ns", "p", "c"), (GPU1, "", "", "", "")}
+
+
+def test_amd_dra_devices_are_found_by_pci_address(kubelet, tmp_path):
+    from spoke import AmdSmiBackend
+    from spoke._fakes import FakeAmdGpu, FakeAmdSmi
+    from spoke._podresources import DrmPciAddresses
+
+    sysfs = tmp_path / "sys"
+    for card, bus in ((1, "0000:0c:00.0"), (2, "0000:8c:00.0"), (3, "amdgpu_xcp_1")):
+        target = sysfs / "devices" / "pci0000:00" / bus
+        target.mkdir(parents=True)
+        (sysfs / "class" / "drm" / f"card{card}").mkdir(parents=True)
+        (sysfs / "class" / "drm" / f"card{card}" / "device").symlink_to(target)
+    amd = "gpu.amd.com"
+    kubelet(lambda: list_response(
+        pod("llm", "inference", dra_container(
+            "vllm", dynamic("llm-gpu", "inference", claim_resource(amd, "node-2", "gpu-2-130")))),
+        pod("part", "inference", dra_container(
+            "w", dynamic("p", "inference", claim_resource(amd, "node-2", "gpu-3-131")))),
+    ))
+    fake = FakeAmdSmi([FakeAmdGpu(uuid="00000000-0000-1000-80f6-e4d2c51d0d02",
+                                  bdf="0000:0c:00.0"),
+                       FakeAmdGpu(uuid="00000001-0000-1000-80f6-e4d2c51d0d02",
+                                  bdf="0000:8c:00.0", serial="692251001125")])
+    backend = AmdSmiBackend(amdsmi=fake)
+    backend.open()
+    client = KubeletPods(str(tmp_path / "kubelet.sock"), timeout=5,
+                         amd_pci=DrmPciAddresses(str(sysfs)))
+    try:
+        exp = Exporter(backend, hostname="node-2", interval=30, pods=client)
+        exp.collect_once()
+    finally:
+        client.close()
+    got = {(lbl["gpu_id"], lbl.get("namespace", ""), lbl.get("pod", ""))
+           for lbl in series(exp, "gpu_total_vram")}
+    # card 2 is 0000:8c:00.0, GPU 1; card 3 is a partition without a PCI address of its own:
+    # its pod is left unlabelled rather than put on a guessed GPU
+    assert got == {("0", "", ""), ("1", "inference", "llm")}

@@ -500,3 +500,12 @@ def test_status_errors(kube_api):
     kube_api.fail("GET", POLICIES, 503, "ServiceUnavailable")
     result = status(kube_api)
     assert result.exit_code == 3 and result.output.count("\n") == 1
+
+
+def test_the_policy_can_roll_out_the_reconcile_reader(tmp_path):
+    policy = load(render_policy(tmp_path, "--mode", "acm", "--reconcile-reader"))["policy.yaml"]
+    kinds = {t["objectDefinition"]["kind"]: t["objectDefinition"]
+             for t in object_templates(policy)}
+    assert {"ClusterRole", "ClusterRoleBinding"} <= set(kinds)
+    assert kinds["ClusterRole"]["rules"][1]["resources"] == [
+        "resourceslices", "resourceclaims", "deviceclasses"]

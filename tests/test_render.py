@@ -650,3 +650,39 @@ def test_image_is_short_for_exporter_image(tmp_path):
     daemonset = yaml.safe_load((tmp_path / "out" / "exporter-daemonset.yaml").read_text())
     assert daemonset["spec"]["template"]["spec"]["containers"][0]["image"] == (
         "registry.example.com/gpufleet:9.9")
+
+
+@pytest.mark.parametrize("mode", ["remote-write", "acm"])
+def test_the_reconcile_reader_may_list_nodes_and_dra_objects_and_nothing_else(mode):
+    """`--reconcile-reader`: the identity `reconcile --context` reads a cluster as, DRA
+    clusters included (ResourceSlices, ResourceClaims, DeviceClasses); get/list only."""
+    files = render.render_spoke(values(mode=mode, reconcile_reader=True))
+    assert_core_objects_valid(files, "1.34")
+    role = one(files, "ClusterRole")
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"]},
+        {"apiGroups": ["resource.k8s.io"],
+         "resources": ["resourceslices", "resourceclaims", "deviceclasses"],
+         "verbs": ["get", "list"]},
+    ]
+    binding = one(files, "ClusterRoleBinding")
+    [subject] = binding["subjects"]
+    reader = [a for a in by_kind(files, "ServiceAccount")
+              if a["metadata"]["name"] == "gpufleet-reader"]
+    assert [(a["metadata"]["namespace"], a["automountServiceAccountToken"]) for a in reader] == [
+        (subject["namespace"], False)]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"] == subject["name"] == \
+        "gpufleet-reader"
+    namespaces = {o["metadata"]["name"] for o in by_kind(files, "Namespace")}
+    assert subject["namespace"] in namespaces  # created by the same bundle
+    assert not by_kind(render.render_spoke(values(mode=mode)), "ClusterRole")  # opt-in
+
+
+def test_the_reconcile_reader_option_reaches_the_files(tmp_path):
+    result = CliRunner().invoke(cli, ["spoke", "render", "--cluster", "east", "--vendor",
+                                      "nvidia", "--remote-write-url", URL,
+                                      "--reconcile-reader", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "out" / "reader-clusterrole.yaml").exists()
+    kustomization = yaml.safe_load((tmp_path / "out" / "kustomization.yaml").read_text())
+    assert "reader-clusterrolebinding.yaml" in kustomization["resources"]

@@ -79,6 +79,12 @@ def _spoke_options(func: F) -> F:
                           "operator's namespace admitting only our scraper. It cuts off every "
                           "other scraper there (see docs/onboarding.md). Builtin exporters "
                           "always get one."),
+        click.option("--reconcile-reader", envvar=env("reconcile-reader"), is_flag=True,
+                     default=False,
+                     help="Also render a read-only ServiceAccount and ClusterRole for "
+                          "`gpufleet reconcile --context`: get/list nodes, and the DRA "
+                          "objects resourceslices, resourceclaims and deviceclasses "
+                          "(resource.k8s.io)."),
         click.option("--out", envvar=env("out"), metavar="DIR",
                      help="Directory to write (replaced as a whole on re-render)."),
     ]
@@ -103,7 +109,7 @@ def _require_out(out: str | None) -> str:
 def _spoke_kwargs(params: dict[str, Any]) -> dict[str, Any]:
     keys = ("vendor", "mode", "exporter", "remote_write_url", "remote_write_secret",
             "monitoring", "platform", "exporter_namespace", "exporter_selector",
-            "agent_image", "exporter_image", "restrict_exporter_ingress")
+            "agent_image", "exporter_image", "restrict_exporter_ingress", "reconcile_reader")
     return {key: params[key] for key in keys}
 
 

@@ -34,6 +34,8 @@ from hub.common import (
 )
 
 SOURCES = ("hub", "kube", "file")
+#: cluster -> the GPUs pods hold through ResourceClaims, as read this run
+DraClaims = dict[str, list[Any]]
 RECONCILE_COLUMNS = ["scope", "cluster", "node", "status", "mode", "k8s_gpus",
                      "k8s_allocatable", "expected_gpus", "observed_gpus", "k8s_slices",
                      "observed_slices", "reason", "metrics_node", "resources", "managed",
@@ -57,44 +59,83 @@ def _pairs(values: tuple[str, ...], flag: str, *, value_required: bool) -> list[
     return out
 
 
-def _nodes_from_files(pairs: list[tuple[str, str]]) -> tuple[list[validation.NodeView], set[str]]:
+def _json_file(flag: str, cluster: str, path: str) -> Any:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"{flag} {cluster}={path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{flag} {cluster}={path}: not UTF-8 text") from None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise InputError(f"{flag} {cluster}={path}: not valid JSON "
+                         f"(line {getattr(exc, 'lineno', '?')})") from None
+
+
+def _per_cluster(pairs: list[tuple[str, str]], flag: str,
+                 clusters: set[str]) -> dict[str, list[Any]]:
+    """``--resourceslices-json``/``--resourceclaims-json`` items per cluster (a cluster may
+    be named more than once: one file per version or per driver)."""
+    out: dict[str, list[Any]] = {}
+    for cluster, path in pairs:
+        if cluster not in clusters:
+            raise InputError(f"{flag} {cluster}={path}: cluster {cluster!r} has no "
+                             "--nodes-json (the slices need the cluster's nodes beside them)")
+        doc = _json_file(flag, cluster, path)
+        out.setdefault(cluster, []).extend(
+            validation.slices_from_document(doc, f"{flag} {cluster}={path}"))
+    return out
+
+
+def _nodes_from_files(pairs: list[tuple[str, str]], slice_pairs: list[tuple[str, str]],
+                      claim_pairs: list[tuple[str, str]]) -> tuple[list[validation.NodeView],
+                                                                    set[str], DraClaims]:
     views: list[validation.NodeView] = []
     seen: set[str] = set()
     for cluster, path in pairs:
         if cluster in seen:
             raise InputError(f"--nodes-json names cluster {cluster!r} twice")
         seen.add(cluster)
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise InputError(f"--nodes-json {cluster}={path}: {exc.strerror}") from None
-        except UnicodeDecodeError:
-            raise InputError(f"--nodes-json {cluster}={path}: not UTF-8 text") from None
-        try:
-            doc = json.loads(text)
-        except ValueError as exc:
-            raise InputError(f"--nodes-json {cluster}={path}: not valid JSON "
-                             f"(line {getattr(exc, 'lineno', '?')})") from None
+        doc = _json_file("--nodes-json", cluster, path)
         views += validation.nodes_from_document(cluster, doc, f"--nodes-json {cluster}={path}")
-    return views, seen
+    slices = _per_cluster(slice_pairs, "--resourceslices-json", seen)
+    for cluster, items in slices.items():
+        views = validation.with_dra(views, cluster, items,
+                                    f"--resourceslices-json {cluster}")
+    claims = {c: validation.claim_allocations_of(views, c, items, f"--resourceclaims-json {c}")
+              for c, items in _per_cluster(claim_pairs, "--resourceclaims-json", seen).items()}
+    unjoined = sorted(set(claims) - set(slices))
+    if unjoined:  # claims name devices of slices: without them nothing can be joined
+        raise InputError(f"--resourceclaims-json {unjoined[0]}: the cluster has no "
+                         "--resourceslices-json to join its claims to")
+    return views, seen, claims
 
 
-def _nodes_from_kube(pairs: list[tuple[str, str]],
-                     kubeconfig: str | None) -> tuple[list[validation.NodeView], set[str]]:
+def _nodes_from_kube(pairs: list[tuple[str, str]], kubeconfig: str | None
+                     ) -> tuple[list[validation.NodeView], set[str], DraClaims]:
+    """Nodes, and where the cluster serves resource.k8s.io, its ResourceSlices and claims."""
     from hub import kube as kube_
 
     views: list[validation.NodeView] = []
     clusters: set[str] = set()
+    claims: DraClaims = {}
     for context, cluster in pairs:
         if cluster in clusters:
             raise InputError(f"--context maps two contexts to cluster {cluster!r}")
         clusters.add(cluster)
         api = kube_.api_client(kubeconfig, context)
         try:
-            views += [validation.node_from_object(cluster, obj) for obj in kube_.list_nodes(api)]
+            found = kube_.read_gpu_objects(api)
         finally:
             api.close()
-    return views, clusters
+        views += [validation.node_from_object(cluster, obj) for obj in found.nodes]
+        views = validation.with_dra(views, cluster, found.slices)
+        if found.claims is not None:
+            claims[cluster] = validation.claim_allocations_of(views, cluster, found.claims)
+        for note in found.notes:
+            click.echo(f"note: context {context}: {note}", err=True)
+    return views, clusters, claims
 
 
 def _managed(context: str, kubeconfig: str | None,
@@ -121,6 +162,14 @@ def _managed(context: str, kubeconfig: str | None,
 @click.option("--nodes-json", "nodes_json", multiple=True, metavar="CLUSTER=FILE",
               help="`kubectl get nodes -o json` of a cluster, for air-gapped sites "
                    "(repeatable).")
+@click.option("--resourceslices-json", "resourceslices_json", multiple=True,
+              metavar="CLUSTER=FILE",
+              help="`kubectl get resourceslices -o json` of a --nodes-json cluster: its GPUs "
+                   "published through Dynamic Resource Allocation (repeatable).")
+@click.option("--resourceclaims-json", "resourceclaims_json", multiple=True,
+              metavar="CLUSTER=FILE",
+              help="`kubectl get resourceclaims -A -o json` of a --nodes-json cluster: which "
+                   "pods hold which DRA GPUs, for `capacity` (repeatable).")
 @click.option("--managed-clusters", "managed_clusters", is_flag=False,
               flag_value=CURRENT_CONTEXT, default=None, envvar=env("managed-clusters"),
               metavar="[HUB_CONTEXT]",
@@ -140,6 +189,7 @@ def _managed(context: str, kubeconfig: str | None,
 @click.pass_context
 def reconcile(ctx: click.Context, source: str | None, contexts: tuple[str, ...],
               kubeconfig: str | None, nodes_json: tuple[str, ...],
+              resourceslices_json: tuple[str, ...], resourceclaims_json: tuple[str, ...],
               managed_clusters: str | None, managed_cluster_selector: str | None,
               stale_after: float, cluster_label: str, db: str | None, output: str,
               **opts: Any) -> None:
@@ -147,16 +197,20 @@ def reconcile(ctx: click.Context, source: str | None, contexts: tuple[str, ...],
 
     Reads the inventory database (run `gpufleet sync` first; this command never syncs) and
     the Kubernetes view from one source, then gives every GPU node one status: match,
-    missing_in_metrics, missing_in_kubernetes, count_mismatch or node_not_reporting. MIG
-    (mixed and single strategy), time-slicing and AMD partitions are understood. The run is
-    stored for `gpufleet report`. Exits 1 when any node does not match (or a managed cluster
-    sends no GPU metrics).
+    missing_in_metrics, missing_in_kubernetes, count_mismatch, node_not_reporting,
+    device_plugin_and_dra or unknown. MIG (mixed and single strategy), time-slicing, AMD
+    partitions and Dynamic Resource Allocation (GPUs in ResourceSlices, read with --context
+    or --resourceslices-json; kube-state-metrics cannot show them, so through the hub a DRA
+    node is unknown) are understood. The run is stored for `gpufleet report`, and the DRA
+    claims it read for `gpufleet capacity`. Exits 1 when any node does not match (unknown
+    does not fail), or a managed cluster sends no GPU metrics.
 
     \b
     Examples:
       gpufleet reconcile                                  # kube-state-metrics via the hub
       gpufleet reconcile --context east --context ocp-west=west
       gpufleet reconcile --nodes-json lab=nodes.json -o json
+      gpufleet reconcile --nodes-json lab=nodes.json --resourceslices-json lab=slices.json
       gpufleet reconcile --managed-clusters acm-hub
     """
     from hub.commands.core import database, hub_client
@@ -170,6 +224,9 @@ def reconcile(ctx: click.Context, source: str | None, contexts: tuple[str, ...],
         raise InputError(f"--context applies to --source kube, not --source {source}")
     if source == "file" and not nodes_json:
         raise InputError("--source file needs --nodes-json CLUSTER=FILE")
+    if (resourceslices_json or resourceclaims_json) and source != "file":
+        raise InputError("--resourceslices-json and --resourceclaims-json apply to --source "
+                         f"file, not --source {source} (--source kube reads them itself)")
     if source == "kube" and not contexts:
         raise InputError("--source kube needs --context CTX (one per cluster)")
     if managed_cluster_selector and not managed_clusters:
@@ -178,14 +235,17 @@ def reconcile(ctx: click.Context, source: str | None, contexts: tuple[str, ...],
         raise InputError("--source hub (the default without --context or --nodes-json) needs "
                          "--hub-url or GPUFLEET_HUB_URL")
     file_pairs = _pairs(nodes_json, "--nodes-json", value_required=True)
+    slice_pairs = _pairs(resourceslices_json, "--resourceslices-json", value_required=True)
+    claim_pairs = _pairs(resourceclaims_json, "--resourceclaims-json", value_required=True)
+    claims: DraClaims | None = None
     context_pairs = _pairs(contexts, "--context", value_required=False)
 
     with database(db) as engine:
         inv.ensure_schema(engine)
         if source == "file":
-            views, covered = _nodes_from_files(file_pairs)
+            views, covered, claims = _nodes_from_files(file_pairs, slice_pairs, claim_pairs)
         elif source == "kube":
-            views, covered = _nodes_from_kube(context_pairs, kubeconfig)
+            views, covered, claims = _nodes_from_kube(context_pairs, kubeconfig)
         else:
             with hub_client(opts) as client:
                 views, covered = validation.nodes_from_hub(client, stale_after=stale_after,
@@ -193,7 +253,7 @@ def reconcile(ctx: click.Context, source: str | None, contexts: tuple[str, ...],
         managed = (_managed(managed_clusters, kubeconfig, managed_cluster_selector)
                    if managed_clusters else None)
         run_id, result = validation.reconcile_run(engine, views, covered, source=source,
-                                                managed=managed)
+                                                managed=managed, claims=claims)
     rows = result.rows()
     where = ", ".join(v for _, v in file_pairs) if source == "file" else \
         ", ".join(k for k, _ in context_pairs)
@@ -210,6 +270,11 @@ def reconcile(ctx: click.Context, source: str | None, contexts: tuple[str, ...],
                    f"{problems} not matching", err=True)
         if empty:
             click.echo(f"finding: {empty}", err=True)
+        unknown = sum(1 for r in result.nodes if r.status == "unknown")
+        if unknown and source == "hub":
+            click.echo(f"note: {unknown} node(s) unknown: kube-state-metrics has no "
+                       "ResourceSlice metric, so GPUs published through DRA cannot be checked "
+                       "from the hub (use --context or --resourceslices-json)", err=True)
     if result.failed or empty:
         ctx.exit(EXIT_FINDINGS)
 

@@ -113,6 +113,8 @@ class Node:
     target: str = ""
     #: simulated GPU faults (``--sim-fault`` specs), so the report shows an unhealthy GPU
     faults: tuple[str, ...] = ()
+    #: its GPUs are published through DRA (a ResourceSlice), not the device plugin
+    dra: bool = False
 
 
 @dataclass
@@ -149,6 +151,10 @@ def plan(clusters: int, nodes: int, gpus_per_node: int) -> Plan:
                    and n.cluster != p.silent), None)
     if faulty is not None:
         faulty.faults = (f"{faulty.gpus - 1}:xid=79",)
+    # One node whose GPUs Kubernetes publishes through Dynamic Resource Allocation.
+    first = names[0]
+    p.nodes.append(Node(first, f"{first}-dra-01", "nvidia", gpus_per_node, gpus_per_node,
+                        dra=True))
     return p
 
 
@@ -161,6 +167,8 @@ def node_list(p: Plan, cluster: str) -> dict[str, Any]:
         if node.vendor == "amd":
             labels["amd.com/gpu.product-name"] = "AMD_Instinct_MI300X"
             capacity["amd.com/gpu"] = str(node.advertised)
+        elif node.dra:  # no extended resource, no feature-discovery labels: the slice says it
+            pass
         elif node.mig:
             slices = node.mig.split(",")
             labels.update({"nvidia.com/mig.strategy": "mixed", "nvidia.com/gpu.count":
@@ -223,6 +231,30 @@ class Fleet:
                 agent.stop()
         for proc in reversed(self.procs):
             proc.stop()
+
+
+def resource_slices(p: Plan, cluster: str) -> dict[str, Any]:
+    """What `kubectl get resourceslices -o json` says for one simulated cluster: the DRA
+    node's GPUs as NVIDIA's DRA driver publishes them (the simulated GPUs' own UUIDs)."""
+    from spoke import SimBackend
+
+    items = []
+    for node in (n for n in p.nodes if n.cluster == cluster and n.dra):
+        sim = SimBackend(vendor=node.vendor, gpus=node.gpus, node=node.name, seed=7)
+        assert sim.nvml is not None
+        devices = [{"name": f"gpu-{i}", "attributes": {
+            "type": {"string": "gpu"}, "uuid": {"string": g.uuid},
+            "productName": {"string": g.name},
+            "resource.kubernetes.io/pciBusID": {"string": g.pci_bus_id.lower()[4:]},
+        }, "capacity": {"memory": {"value": f"{g.memory_total // 2**20}Mi"}}}
+            for i, g in enumerate(sim.nvml.gpus)]
+        items.append({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                      "metadata": {"name": f"{node.name}-gpu.nvidia.com"},
+                      "spec": {"driver": "gpu.nvidia.com", "nodeName": node.name,
+                               "pool": {"name": node.name, "generation": 1,
+                                        "resourceSliceCount": 1},
+                               "devices": devices}})
+    return {"apiVersion": "v1", "kind": "List", "items": items, "metadata": {}}
 
 
 def start_fleet(p: Plan, workdir: Path, fleet: Fleet, say: Say,
@@ -445,12 +477,20 @@ def reconcile(p: Plan, workdir: Path, db_url: str, say: Say) -> dict[str, int]:
         path.parent.mkdir(exist_ok=True)
         path.write_text(json.dumps(node_list(p, cluster), indent=2))
         args += ["--nodes-json", f"{cluster}={path}"]
+        slices = resource_slices(p, cluster)
+        if slices["items"]:
+            path = workdir / "nodes" / f"{cluster}-resourceslices.json"
+            path.write_text(json.dumps(slices, indent=2))
+            args += ["--resourceslices-json", f"{cluster}={path}"]
     proc = _gpufleet("reconcile", "--source", "file", *args, "--db", db_url, "-o", "json")
     if proc.returncode not in (0, 1):
         raise UnavailableError(f"demo: reconcile failed: {_last_line(proc.stderr)}")
     counts: dict[str, int] = {}
     for row in json.loads(proc.stdout):
         counts[row["status"]] = counts.get(row["status"], 0) + 1
+        if row.get("mode") == "dra" and row["status"] == "match":
+            say(f"reconcile: {row['cluster']}/{row['node']}: DRA node matched "
+                f"({row['reason']})")
         if row["status"] != "match":
             where = row["cluster"] + (f"/{row['node']}" if row.get("node") else "")
             say(f"reconcile: {where}: {row['status']}"

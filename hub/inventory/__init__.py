@@ -47,7 +47,12 @@ from hub.inventory._migrate import (
     upgrade,
 )
 from hub.inventory._prune import PRUNE_COLUMNS, PruneResult, prune
-from hub.inventory._reconcile_runs import reconcile_clusters, reconcile_results, reconcile_runs
+from hub.inventory._reconcile_runs import (
+    reconcile_claims,
+    reconcile_clusters,
+    reconcile_results,
+    reconcile_runs,
+)
 from hub.inventory._sync import (
     NO_GPU_SERIES,
     SyncResult,
@@ -113,6 +118,7 @@ __all__ = [
     "now_utc",
     "prune",
     "recent_usage",
+    "reconcile_claims",
     "reconcile_clusters",
     "reconcile_results",
     "reconcile_runs",

@@ -55,4 +55,24 @@ reconcile_clusters = sa.Table(
     sa.Column("observed_nodes", sa.Integer, nullable=False),
     sa.Column("observed_gpus", sa.Integer, nullable=False),
     sa.Column("reason", sa.Text, nullable=False),
+    # whether this run read the cluster's DRA ResourceClaims (revision 0009): the latest run
+    # that did holds the cluster's claims, none of them included
+    sa.Column("claims_read", sa.Boolean),
+)
+
+#: GPUs (or MIG/partition devices of them) pods hold through DRA ResourceClaims, as a
+#: reconcile run read them (revision 0009): `capacity` counts them as allocated where the
+#: exporter gave no pod labels. ``gpu`` is the NVIDIA UUID, or an AMD GPU's PCI bus id.
+reconcile_claims = sa.Table(
+    "reconcile_claims", metadata,
+    sa.Column("run_id", sa.Integer, sa.ForeignKey("reconcile_runs.id", ondelete="CASCADE"),
+              primary_key=True),
+    sa.Column("cluster", sa.String(253), primary_key=True),
+    sa.Column("node", sa.String(253), primary_key=True),
+    sa.Column("gpu", sa.String(128), primary_key=True),
+    sa.Column("device", sa.String(128), primary_key=True),  # "" for the whole GPU
+    sa.Column("namespace", sa.String(253), primary_key=True),
+    sa.Column("pod", sa.String(253), primary_key=True),
+    sa.Column("claim", sa.String(253), primary_key=True),
+    sa.Column("profile", sa.String(32)),  # the MIG profile / partition profile of ``device``
 )

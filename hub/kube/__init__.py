@@ -1,23 +1,70 @@
 """The one door to the Kubernetes API (the official client, with paging and one-line errors),
-used by reconcile and by ACM policy rollout. Importing it loads the kubernetes client.
+used by reconcile and by ACM policy rollout, and the pure reading of what Dynamic Resource
+Allocation publishes (ResourceSlices, ResourceClaims) as GPUs per node.
+
+The DRA rules (``hub.kube._dra``) need no client and are imported at once; the client door is
+loaded on first use, so the plain-data users (reconcile from files, the usage answers) do not
+pay for importing the kubernetes package.
 """
 
 from __future__ import annotations
 
-from hub.kube._client import (
-    api_client,
-    call,
-    list_all,
-    list_managed_clusters,
-    list_nodes,
-    translate,
+from typing import Any
+
+from hub.kube._dra import (
+    AMD_DRIVER,
+    GPU_DRIVERS,
+    NVIDIA_DRIVER,
+    ClaimAllocation,
+    ClaimedDevice,
+    DraGpu,
+    DraNode,
+    PoolState,
+    SliceError,
+    claim_allocations,
+    claimed_devices,
+    dra_nodes,
+    normalise_pci,
 )
 
+_CLIENT = ("api_client", "call", "list_all", "list_managed_clusters", "list_nodes",
+           "translate", "dra_version", "list_resource_slices", "list_resource_claims",
+           "list_device_classes", "DRA_VERSIONS", "GpuObjects", "read_gpu_objects")
+
 __all__ = [
+    "AMD_DRIVER",
+    "DRA_VERSIONS",
+    "GPU_DRIVERS",
+    "NVIDIA_DRIVER",
+    "ClaimAllocation",
+    "ClaimedDevice",
+    "DraGpu",
+    "DraNode",
+    "GpuObjects",
+    "PoolState",
+    "SliceError",
     "api_client",
     "call",
+    "claim_allocations",
+    "claimed_devices",
+    "dra_nodes",
+    "dra_version",
     "list_all",
+    "list_device_classes",
     "list_managed_clusters",
     "list_nodes",
+    "list_resource_claims",
+    "list_resource_slices",
+    "normalise_pci",
+    "read_gpu_objects",
     "translate",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """The client door, imported on first use (PEP 562)."""
+    if name in _CLIENT:
+        from hub.kube import _client
+
+        return getattr(_client, name)
+    raise AttributeError(f"module 'hub.kube' has no attribute {name!r}")

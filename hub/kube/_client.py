@@ -16,6 +16,7 @@ import json
 import os
 import re
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -111,8 +112,10 @@ def translate(exc: BaseException, api: client.ApiClient, doing: str) -> Gpufleet
             return UnavailableError(f"Kubernetes API at {host} unreachable while {doing}: "
                                     f"{message}")
         if code in (401, 403):
-            return InputError(f"Kubernetes API at {host} refused {doing} (HTTP {code}): "
-                              f"{message}")
+            refused = InputError(f"Kubernetes API at {host} refused {doing} (HTTP {code}): "
+                                 f"{message}")
+            refused.http_status = code  # type: ignore[attr-defined]
+            return refused
         if code == 404:
             return UnavailableError(f"{doing}: not found at {host}: {message}")
         if code >= 500 or code == 429:
@@ -205,3 +208,100 @@ def list_managed_clusters(api: client.ApiClient, page_size: int = PAGE_SIZE,
     return list_all(api, "listing ManagedClusters (is this context an ACM hub?)",
                     client.CustomObjectsApi(api).list_cluster_custom_object, group, version,
                     plural, page_size=page_size, **extra)
+
+
+# -- Dynamic Resource Allocation (issue 21) ---------------------------------------------------
+DRA_GROUP = "resource.k8s.io"
+#: versions whose ResourceSlice/ResourceClaim shapes gpufleet reads, preferred first
+DRA_VERSIONS = ("v1", "v1beta2", "v1beta1")
+#: typed API classes of the client, per version (a client without one uses the generic call)
+_DRA_APIS = {"v1": "ResourceV1Api", "v1beta2": "ResourceV1beta2Api",
+             "v1beta1": "ResourceV1beta1Api"}
+#: resource -> (typed list method, cluster-wide plural)
+_DRA_LISTS = {"resourceslices": "list_resource_slice",
+              "resourceclaims": "list_resource_claim_for_all_namespaces",
+              "deviceclasses": "list_device_class"}
+
+
+def dra_version(api: client.ApiClient) -> str | None:
+    """The newest resource.k8s.io version the server serves that gpufleet reads; None when
+    it serves none (DRA off or a cluster before 1.32: every GPU node uses device plugins)."""
+    doing = "discovering API groups"
+    groups = call(api, doing, _raw_json(api, doing, client.ApisApi(api).get_api_versions))
+    served: set[str] = set()
+    for group in groups.get("groups") or []:
+        if isinstance(group, dict) and group.get("name") == DRA_GROUP:
+            served |= {str(v.get("version")) for v in group.get("versions") or []
+                       if isinstance(v, dict)}
+    return next((v for v in DRA_VERSIONS if v in served), None)
+
+
+def _dra_list(api: client.ApiClient, version: str, plural: str, page_size: int,
+              apis: Any = client) -> Iterator[dict[str, Any]]:
+    """Every object of one DRA resource, page by page, through the client's typed API for
+    that version when it has one, else through its generic custom-objects call (older
+    clients lack ResourceV1Api; the server's JSON is the same). ``apis`` is the module the
+    typed classes are looked up in (tests pass one without them)."""
+    doing = f"listing {plural}.{DRA_GROUP}/{version}"
+    typed = getattr(apis, _DRA_APIS[version], None)
+    method = getattr(typed(api), _DRA_LISTS[plural], None) if typed is not None else None
+    if method is not None:
+        return list_all(api, doing, _raw_json(api, doing, method), page_size=page_size)
+    return list_all(api, doing, client.CustomObjectsApi(api).list_cluster_custom_object,
+                    DRA_GROUP, version, plural, page_size=page_size)
+
+
+def list_resource_slices(api: client.ApiClient, version: str, *, apis: Any = client,
+                         page_size: int = PAGE_SIZE) -> Iterator[dict[str, Any]]:
+    """Every ResourceSlice (cluster-scoped): the devices DRA drivers publish per node."""
+    return _dra_list(api, version, "resourceslices", page_size, apis)
+
+
+def list_resource_claims(api: client.ApiClient, version: str, *, apis: Any = client,
+                         page_size: int = PAGE_SIZE) -> Iterator[dict[str, Any]]:
+    """Every ResourceClaim of every namespace: which pods hold which devices."""
+    return _dra_list(api, version, "resourceclaims", page_size, apis)
+
+
+def list_device_classes(api: client.ApiClient, version: str, *, apis: Any = client,
+                        page_size: int = PAGE_SIZE) -> Iterator[dict[str, Any]]:
+    """Every DeviceClass: which drivers' devices a cluster offers under which class name."""
+    return _dra_list(api, version, "deviceclasses", page_size, apis)
+
+
+@dataclass
+class GpuObjects:
+    """What one cluster's API says about its GPUs: the Node list, and where the cluster
+    serves resource.k8s.io, its ResourceSlices and ResourceClaims."""
+
+    nodes: list[dict[str, Any]]
+    dra_version: str | None = None
+    slices: list[dict[str, Any]] = field(default_factory=list)
+    #: None: not read (DRA not served, or listing claims refused: claims only feed capacity)
+    claims: list[dict[str, Any]] | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def read_gpu_objects(api: client.ApiClient, page_size: int = PAGE_SIZE,
+                     apis: Any = client) -> GpuObjects:
+    """Nodes, then DRA objects in the newest version served, each list paged.
+
+    A refused ResourceSlice list fails the read (GPU counts of DRA nodes would be wrong); a
+    refused ResourceClaim list only costs `capacity` its claims, so it becomes a note.
+    """
+    found = GpuObjects(list(list_nodes(api, page_size)))
+    found.dra_version = dra_version(api)
+    if found.dra_version is None:
+        return found
+    found.slices = list(list_resource_slices(api, found.dra_version, apis=apis,
+                                             page_size=page_size))
+    try:
+        found.claims = list(list_resource_claims(api, found.dra_version, apis=apis,
+                                                 page_size=page_size))
+    except InputError as exc:
+        if getattr(exc, "http_status", None) != 403:
+            raise
+        found.notes.append(f"{exc.format_message()}: DRA claims not read, `capacity` keeps "
+                           "the previous reading (grant list on resourceclaims: "
+                           "`spoke render --reconcile-reader`)")
+    return found

@@ -109,6 +109,8 @@ class SpokeValues:
     secret_data: tuple[tuple[str, str], ...] = ()
     #: Render a NetworkPolicy in an upstream exporter's namespace (the GPU operator's, not ours).
     restrict_exporter_ingress: bool = False
+    #: Render the read-only identity `reconcile --context` uses (nodes, DRA objects).
+    reconcile_reader: bool = False
 
     @property
     def vendor(self) -> str:
@@ -147,6 +149,7 @@ def spoke_values(
     agent_image: str | None = DEFAULT_AGENT_IMAGE,
     exporter_image: str | None = DEFAULT_EXPORTER_IMAGE,
     restrict_exporter_ingress: bool = False,
+    reconcile_reader: bool = False,
     cluster_is_template: bool = False,
 ) -> SpokeValues:
     """Check raw option values and build :class:`SpokeValues`; InputError names the bad one."""
@@ -196,6 +199,7 @@ def spoke_values(
         agent_image=_image(agent_image, "--agent-image"),
         exporter_image=_image(exporter_image, "--exporter-image"),
         restrict_exporter_ingress=bool(restrict_exporter_ingress),
+        reconcile_reader=bool(reconcile_reader),
     )
 
 
@@ -255,6 +259,9 @@ _SPOKE_ORDER = [
     "servicemonitor.yaml",
     "agent-networkpolicy.yaml",
     "agent-deployment.yaml",
+    "reader-serviceaccount.yaml",
+    "reader-clusterrole.yaml",
+    "reader-clusterrolebinding.yaml",
 ]
 
 
@@ -343,6 +350,9 @@ def _spoke_context(values: SpokeValues) -> dict[str, Any]:
 def _spoke_names(values: SpokeValues) -> list[str]:
     builtin = values.exporter == "builtin"
     names = {"namespace.yaml", "exporter-service.yaml"}
+    if values.reconcile_reader:  # the read-only identity of `reconcile --context`, on request
+        names |= {"reader-serviceaccount.yaml", "reader-clusterrole.yaml",
+                  "reader-clusterrolebinding.yaml"}
     # A NetworkPolicy selecting pods cuts off every scraper it does not list. In our own
     # namespace (builtin exporter) that is what we want; in the GPU operator's namespace it
     # would cut off the scrapers already there (OpenShift monitoring, a team's Prometheus), so
@@ -374,6 +384,9 @@ def spoke_manifests(values: SpokeValues) -> dict[str, str]:
         config = agent_config(values)
         context["agent_config"] = config
         context["config_checksum"] = hashlib.sha256(config.encode()).hexdigest()
+    # our namespace (remote-write), else the first exporter's (acm mode creates no other)
+    context["reader_namespace"] = (values.namespace if values.mode == "remote-write"
+                                   else context["exporters"][0].namespace)
     for name in _spoke_names(values):
         template = f"templates/spoke/{name}.j2"
         if name == "namespace.yaml":

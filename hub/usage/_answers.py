@@ -23,6 +23,7 @@ from sqlalchemy.engine import Connection
 
 from hub import inventory as inv
 from hub import store
+from hub.usage._dra import claim_held
 from hub.usage._ledger import rollup_sums
 
 U = inv.usage
@@ -226,7 +227,8 @@ CAPACITY_GROUPS = {"model": ["model"], "cluster": ["cluster"], "node": ["cluster
 def capacity(conn: Connection, by: Sequence[str] = ("model",), *,
              clusters: Collection[str] | None = None) -> list[dict[str, Any]]:
     """GPU-equivalents per group: total, active, stale, allocated now (an allocation the
-    latest sync that saw the GPU also saw), free (active and not allocated). ``clusters``
+    latest sync that saw the GPU also saw, or a DRA claim the latest reconcile read: see
+    hub.usage._dra), free (active and not allocated). ``clusters``
     limits it to those clusters (a caller whose scope hides fleet-wide counts)."""
     g = inv.gpus
     a = inv.allocations
@@ -240,6 +242,7 @@ def capacity(conn: Connection, by: Sequence[str] = ("model",), *,
             g, sa.and_(g.c.uuid == a.c.uuid, g.c.slice_key == a.c.slice_key,
                        g.c.cluster == a.c.cluster, g.c.node == a.c.node,
                        g.c.last_seen == a.c.last_seen)))}
+    held |= claim_held(conn, clusters, held)  # DRA nodes: claims the exporter did not label
     parents = {r.uuid: r for r in rows if r.slice_key == ""}
     sliced = {r.uuid for r in rows if r.slice_key != ""}
     cols: list[str] = []

@@ -21,10 +21,13 @@ from hub.validate._reconcile import (
     NOTHING_TO_COMPARE,
     ManagedCluster,
     NodeView,
+    claim_allocations_of,
     managed_cluster,
     node_from_object,
     nodes_from_document,
     nothing_to_compare,
+    slices_from_document,
+    with_dra,
 )
 from hub.validate._report import (
     Report,
@@ -40,6 +43,7 @@ __all__ = [
     "NodeView",
     "Report",
     "assess",
+    "claim_allocations_of",
     "managed_cluster",
     "node_from_object",
     "nodes_from_document",
@@ -48,6 +52,8 @@ __all__ = [
     "reconcile_run",
     "render_alert_files",
     "render_report",
+    "slices_from_document",
     "summarize",
+    "with_dra",
     "write_atomic",
 ]

@@ -35,9 +35,11 @@ def nodes_from_hub(client: HubClient, *, stale_after: float,
 
 
 def reconcile_run(engine: Engine, views: list[rc.NodeView], covered: set[str], *, source: str,
-                  managed: list[rc.ManagedCluster] | None = None
+                  managed: list[rc.ManagedCluster] | None = None,
+                  claims: dict[str, list[Any]] | None = None
                   ) -> tuple[int, rc.Reconciliation]:
-    """Compare the Kubernetes view with the inventory and store the run; (run id, result)."""
+    """Compare the Kubernetes view with the inventory and store the run, with the DRA claims
+    read per cluster (for `capacity`); (run id, result)."""
     inv.ensure_schema(engine)
     started = inv.now_utc()
     with engine.connect() as conn:
@@ -46,7 +48,7 @@ def reconcile_run(engine: Engine, views: list[rc.NodeView], covered: set[str], *
                         managed=managed)
     with engine.begin() as conn:
         run_id = store.save_run(conn, result, source=source, started_at=started,
-                                managed_clusters=managed is not None)
+                                managed_clusters=managed is not None, claims=claims)
     return run_id, result
 
 

@@ -293,6 +293,8 @@ RECONCILE_SEVERITY = {
     "missing_in_metrics": ERROR,
     "missing_in_kubernetes": WARNING,
     "node_not_reporting": WARNING,
+    "device_plugin_and_dra": WARNING,
+    "unknown": INFO,
 }
 
 

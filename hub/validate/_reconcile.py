@@ -18,6 +18,13 @@ report that cries wolf on every time-sliced node gets ignored:
   or, renamed, ``nvidia.com/gpu.shared``.
 * AMD partitions: ``amd.com/<cpx|dpx|qpx|spx>_<nps>`` resources count partitions while the
   exporter reports series for partition 0 only, i.e. one per physical GPU.
+* Dynamic Resource Allocation: on a DRA node the GPUs are not in allocatable at all; a GPU
+  driver's ResourceSlices publish them (``hub.kube.dra_nodes`` counts physical GPUs there). Such a
+  node is compared GPU by GPU (NVIDIA by UUID, AMD by PCI bus id), a pool being rewritten makes
+  it ``unknown`` (never a mismatch or 0), and a node that publishes GPUs both ways is flagged.
+  kube-state-metrics has no ResourceSlice metric, so ``--source hub`` cannot check DRA nodes:
+  a node it lists without GPU resources while the hub sees GPUs there is ``unknown``, not
+  ``missing_in_kubernetes``.
 
 Every node gets exactly one status; the reason names both numbers and the rule applied.
 """
@@ -28,11 +35,19 @@ import datetime as dt
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from hub import store
 from hub.common import InputError
+from hub.kube import (
+    ClaimAllocation,
+    DraNode,
+    SliceError,
+    claim_allocations,
+    claimed_devices,
+    dra_nodes,
+)
 
 # -- Kubernetes resource and label names --------------------------------------------------------
 NVIDIA_GPU = "nvidia.com/gpu"
@@ -58,8 +73,15 @@ MISSING_IN_METRICS = "missing_in_metrics"
 MISSING_IN_KUBERNETES = "missing_in_kubernetes"
 COUNT_MISMATCH = "count_mismatch"
 NODE_NOT_REPORTING = "node_not_reporting"
+#: the Kubernetes side cannot say how many GPUs the node has (a DRA pool being rewritten, or
+#: a DRA node seen through kube-state-metrics): not a finding of a mismatch, not a match
+UNKNOWN = "unknown"
+#: the node publishes GPUs through a device plugin and through DRA at once
+DEVICE_PLUGIN_AND_DRA = "device_plugin_and_dra"
 NODE_STATUSES = (MATCH, MISSING_IN_METRICS, MISSING_IN_KUBERNETES, COUNT_MISMATCH,
-                 NODE_NOT_REPORTING)
+                 NODE_NOT_REPORTING, UNKNOWN, DEVICE_PLUGIN_AND_DRA)
+#: node statuses that do not fail `gpufleet reconcile`
+NODE_PASSING = (MATCH, UNKNOWN)
 
 #: cluster-level statuses; the first four are findings, the rest are informative
 CLUSTER_NO_GPU_METRICS = "no_gpu_metrics"  # GPU nodes in Kubernetes, no GPU metrics ever
@@ -81,17 +103,24 @@ ACTIVE = "active"
 # -- plain data --------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class NodeView:
-    """What Kubernetes says about one node: GPU resources and GPU-related labels only."""
+    """What Kubernetes says about one node: GPU resources and GPU-related labels, and what
+    DRA GPU drivers publish for it (``dra``; None when no GPU driver has a pool there)."""
 
     cluster: str
     node: str
     capacity: Mapping[str, int]
     allocatable: Mapping[str, int] = field(default_factory=dict)
     labels: Mapping[str, str] = field(default_factory=dict)
+    dra: DraNode | None = None
+
+    @property
+    def plugin_gpus(self) -> int:
+        """Every GPU resource in capacity (device plugins), summed."""
+        return sum(self.capacity.values())
 
     @property
     def gpus(self) -> int:
-        return sum(self.capacity.values())
+        return self.plugin_gpus + (len(self.dra.gpus) if self.dra is not None else 0)
 
 
 @dataclass(frozen=True)
@@ -106,6 +135,10 @@ class ObservedNode:
     mig_gpus: int = 0  # active physical GPUs that have active slices
     vendor: str | None = None
     last_sample_at: dt.datetime | None = None
+    #: UUIDs of its active GPUs (slices name their parent): the join with DRA's ``uuid``
+    uuids: frozenset[str] = frozenset()
+    #: normalised PCI bus ids of its active GPUs, where the exporter labels them (AMD's DRA key)
+    pci_bus_ids: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -121,7 +154,8 @@ class NodeResult:
     cluster: str
     node: str
     status: str
-    mode: str  # whole | time-slicing | mps | mig-mixed | mig-single | amd-partition | none
+    mode: str  # whole | time-slicing | mps | mig-mixed | mig-single | amd-partition | dra
+    #          | dra+device-plugin | none
     k8s_gpus: int | None  # every GPU resource Kubernetes advertises (capacity), summed
     observed_gpus: int | None  # active physical GPUs in the inventory
     reason: str
@@ -172,7 +206,7 @@ class Reconciliation:
 
     @property
     def failed(self) -> bool:
-        return (any(r.status != MATCH for r in self.nodes)
+        return (any(r.status not in NODE_PASSING for r in self.nodes)
                 or any(c.status in CLUSTER_FAILURES for c in self.clusters))
 
     def rows(self) -> list[dict[str, Any]]:
@@ -249,6 +283,50 @@ def nodes_from_document(cluster: str, doc: Any, source: str) -> list[NodeView]:
         if isinstance(item, Mapping) and item.get("kind") not in (None, "Node"):
             raise InputError(f"{source} holds a {item.get('kind')}, not Nodes")
     return [node_from_object(cluster, item) for item in items]
+
+
+def slices_from_document(doc: Any, source: str) -> list[Mapping[str, Any]]:
+    """``kubectl get resourceslices -o json`` (or resourceclaims): the List's items."""
+    if isinstance(doc, Mapping) and doc.get("kind") in ("ResourceSlice", "ResourceClaim"):
+        return [doc]
+    if not isinstance(doc, Mapping) or not isinstance(doc.get("items"), list):
+        raise InputError(f"{source} is not the output of `kubectl get ... -o json` "
+                         "(expected an object with 'items')")
+    return list(doc["items"])
+
+
+def with_dra(views: Iterable[NodeView], cluster: str,
+             slices: Iterable[Mapping[str, Any]], source: str = "") -> list[NodeView]:
+    """The cluster's NodeViews with what DRA GPU drivers publish attached per node.
+
+    A node a GPU driver publishes for that the Node list lacks (deleted, slices not yet
+    cleaned up) gets a view of its own, with no capacity.
+    """
+    try:
+        published = dra_nodes(slices)
+    except SliceError as exc:
+        where = f"{source}: " if source else f"cluster {cluster}: "
+        raise InputError(where + str(exc)) from None
+    out = []
+    for view in views:
+        if view.cluster == cluster and view.node in published:
+            view = replace(view, dra=published.pop(view.node))
+        out.append(view)
+    out += [NodeView(cluster, name, {}, dra=node) for name, node in sorted(published.items())]
+    return out
+
+
+def claim_allocations_of(views: Iterable[NodeView], cluster: str,
+                         claims: Iterable[Mapping[str, Any]],
+                         source: str = "") -> list[ClaimAllocation]:
+    """The GPUs pods of ``cluster`` hold through ResourceClaims, joined to the devices its
+    views' slices publish."""
+    published = {v.node: v.dra for v in views if v.cluster == cluster and v.dra is not None}
+    try:
+        return claim_allocations(published, claimed_devices(claims))
+    except SliceError as exc:
+        where = f"{source}: " if source else f"cluster {cluster}: "
+        raise InputError(where + str(exc)) from None
 
 
 _MIG_SANITISED = re.compile(r"^nvidia_com_mig_(\d+)g_(\d+)gb(.*)$")
@@ -452,8 +530,94 @@ def _iso(ts: dt.datetime | None) -> str:
     return ts.strftime("%Y-%m-%dT%H:%M:%SZ") if ts else "never"
 
 
-def _node_result(cluster: str, view: NodeView | None,
-                 obs: ObservedNode | None) -> NodeResult | None:
+def _dra_published(view: NodeView) -> bool:
+    """Does DRA speak for this node: GPUs in its slices, or a pool being rewritten?"""
+    return view.dra is not None and (bool(view.dra.gpus) or not view.dra.complete)
+
+
+def _dra_listing(dra: DraNode) -> str:
+    """"8 GPUs through DRA (gpu.nvidia.com; NVIDIA H100 80GB HBM3, 80 GiB)", the node's model
+    and memory from the slices' attributes (a DRA node may carry no feature-discovery labels)."""
+    facts = [", ".join(dra.drivers)]
+    models = dra.models()
+    if models:
+        facts.append(", ".join(models))
+    memory = dra.memory_mib()
+    if memory:
+        facts.append(", ".join(f"{m / 1024:g} GiB" for m in memory))
+    extra = f"; {_plural(dra.partitions, 'MIG/partition device')} are not GPUs" \
+        if dra.partitions else ""
+    return f"{_plural(len(dra.gpus), 'GPU')} through DRA ({'; '.join(facts)}{extra})"
+
+
+def _few(keys: Iterable[str], limit: int = 3) -> str:
+    items = sorted(keys)
+    more = f" (+{len(items) - limit} more)" if len(items) > limit else ""
+    return ", ".join(items[:limit]) + more
+
+
+def _dra_result(view: NodeView, obs: ObservedNode | None,
+                base: dict[str, Any]) -> NodeResult:
+    """A node DRA speaks for: flagged, unknown, or compared GPU by GPU."""
+    dra = view.dra
+    assert dra is not None
+    by_driver: dict[str, int] = {}
+    for gpu in dra.gpus:
+        driver = "gpu.nvidia.com" if gpu.vendor == "nvidia" else "gpu.amd.com"
+        by_driver[driver] = by_driver.get(driver, 0) + 1
+    base = {**base, "k8s_gpus": view.gpus,
+            "resources": dict(sorted({**view.capacity, **by_driver}.items()))}
+    seen = f"{obs.gpus} observed" if obs is not None else "the hub has never seen the node"
+    listing = _dra_listing(dra)
+    if view.plugin_gpus:
+        plugin = ", ".join(f"{n} {k}" for k, n in sorted(view.capacity.items()) if n)
+        return NodeResult(status=DEVICE_PLUGIN_AND_DRA, mode="dra+device-plugin", **base,
+                          reason=f"k8s advertises {plugin} (device plugin) and {listing}: a GPU "
+                                 f"is published one way, so neither count can be trusted; "
+                                 f"{seen}")
+    if not dra.complete:
+        pools = "; ".join(f"pool {p.driver}/{p.pool} generation {p.generation}: "
+                          f"{p.slices_seen} of {p.slices_expected} slices"
+                          for p in dra.incomplete_pools)
+        return NodeResult(status=UNKNOWN, mode="dra", **base,
+                          reason=f"GPU count unknown: {pools} (the driver is rewriting the "
+                                 f"pool; run reconcile again); {seen}")
+    expected = len(dra.gpus)
+    if obs is None:
+        return NodeResult(status=MISSING_IN_METRICS, mode="dra", **base, expected_gpus=expected,
+                          reason=f"k8s publishes {listing}; the hub has never seen the node")
+    if obs.state != ACTIVE:
+        return NodeResult(status=NODE_NOT_REPORTING, mode="dra", **base,
+                          expected_gpus=expected,
+                          reason=f"k8s publishes {listing}; no GPU sample since "
+                                 f"{_iso(obs.last_sample_at)} (stale in the inventory)")
+    published = {g.key for g in dra.gpus if g.vendor == "nvidia"}
+    amd = {g.key for g in dra.gpus if g.vendor == "amd"}
+    k8s_only: set[str] = set()
+    hub_only: set[str] = set()
+    joined = []
+    if published and obs.uuids:
+        k8s_only |= published - obs.uuids
+        hub_only |= {u for u in obs.uuids if u.startswith("GPU-")} - published
+        joined.append("UUID")
+    if amd and obs.pci_bus_ids:
+        k8s_only |= amd - obs.pci_bus_ids
+        hub_only |= obs.pci_bus_ids - amd
+        joined.append("PCI bus id")
+    ok = expected == obs.gpus and not k8s_only and not hub_only
+    reason = f"k8s publishes {listing} {'=' if ok else 'vs'} {obs.gpus} observed"
+    if ok and joined:
+        reason += f" (every GPU joined by {' and '.join(joined)})"
+    if k8s_only:
+        reason += f"; in ResourceSlices only: {_few(k8s_only)}"
+    if hub_only:
+        reason += f"; in metrics only: {_few(hub_only)}"
+    return NodeResult(status=MATCH if ok else COUNT_MISMATCH, mode="dra", **base,
+                      expected_gpus=expected, reason=reason)
+
+
+def _node_result(cluster: str, view: NodeView | None, obs: ObservedNode | None,
+                 dra_visible: bool = True) -> NodeResult | None:
     name = view.node if view else obs.node  # type: ignore[union-attr]
     metrics_node = obs.node if obs and view and obs.node != view.node else None
     resources = dict(sorted(view.capacity.items())) if view else {}
@@ -462,6 +626,8 @@ def _node_result(cluster: str, view: NodeView | None,
     base = {"cluster": cluster, "node": name, "k8s_gpus": advertised if view else None,
             "observed_gpus": obs.gpus if obs else None, "k8s_allocatable": allocatable,
             "resources": resources, "metrics_node": metrics_node}
+    if view is not None and _dra_published(view):
+        return _dra_result(view, obs, base)
     if not advertised:
         if obs is None:
             return None  # a node without GPUs, unknown to the hub: not a GPU node
@@ -471,6 +637,14 @@ def _node_result(cluster: str, view: NodeView | None,
             return NodeResult(status=MATCH, mode="none", **base,
                               reason=f"retired: {where}, and its metrics stopped "
                                      f"(last sample {_iso(obs.last_sample_at)})")
+        if view is not None and not dra_visible:
+            return NodeResult(status=UNKNOWN, mode="none", **base,
+                              reason=f"hub sees {_plural(obs.gpus, 'GPU')}; kube-state-metrics "
+                                     "shows no GPU resource on the node: a DRA node (its GPUs "
+                                     "are in ResourceSlices, which kube-state-metrics does not "
+                                     "export) or a device plugin that is not running; the hub "
+                                     "cannot tell which: check with --source kube or "
+                                     "--resourceslices-json")
         return NodeResult(status=MISSING_IN_KUBERNETES, mode="none", **base,
                           reason=f"hub sees {_plural(obs.gpus, 'GPU')}; {where}")
     listing = ", ".join(f"{n} {k}" for k, n in resources.items() if n)
@@ -528,7 +702,8 @@ def _pair(views: Sequence[NodeView], observed: Sequence[ObservedNode]
 
 def compare(views: Iterable[NodeView], observed: Iterable[ObservedNode], *,
             covered: Iterable[str], fleet_wide: bool = False,
-            managed: Sequence[ManagedCluster] | None = None) -> Reconciliation:
+            managed: Sequence[ManagedCluster] | None = None,
+            dra_visible: bool | None = None) -> Reconciliation:
     """Every node's status, and every cluster's, from the two views.
 
     ``covered`` are the clusters the Kubernetes source speaks for (a cluster it lists with no
@@ -536,7 +711,11 @@ def compare(views: Iterable[NodeView], observed: Iterable[ObservedNode], *,
     hub's kube-state-metrics): an inventory cluster it lacks is then a finding, while a
     ``--context`` or ``--nodes-json`` source simply did not look at it. ``managed`` is the ACM
     ManagedCluster list when it was read: the clusters that should be reporting.
+    ``dra_visible`` says the source can see ResourceSlices (default: every source but the
+    fleet-wide kube-state-metrics one).
     """
+    if dra_visible is None:
+        dra_visible = not fleet_wide
     by_cluster: dict[str, list[NodeView]] = {}
     for view in views:
         by_cluster.setdefault(view.cluster, []).append(view)
@@ -547,7 +726,7 @@ def compare(views: Iterable[NodeView], observed: Iterable[ObservedNode], *,
     nodes: list[NodeResult] = []
     for cluster in sorted(covered):
         for view, obs in _pair(by_cluster.get(cluster, []), seen.get(cluster, [])):
-            result = _node_result(cluster, view, obs)
+            result = _node_result(cluster, view, obs, dra_visible)
             if result is not None:
                 nodes.append(result)
     nodes.sort(key=lambda r: (r.cluster, r.node))
@@ -566,7 +745,7 @@ def compare(views: Iterable[NodeView], observed: Iterable[ObservedNode], *,
                   "observed_nodes": len(active), "observed_gpus": sum(o.gpus for o in active)}
         if cluster in covered:
             k8s = {"k8s_gpu_nodes": len(gpu_views), "k8s_gpus": sum(v.gpus for v in gpu_views)}
-            bad = [r for r in nodes if r.cluster == cluster and r.status != MATCH]
+            bad = [r for r in nodes if r.cluster == cluster and r.status not in NODE_PASSING]
             if not gpu_views and not active:
                 status, reason = CLUSTER_NO_GPUS, "no GPU nodes in Kubernetes, no GPU metrics"
             elif gpu_views and not obs_here:
@@ -584,7 +763,11 @@ def compare(views: Iterable[NodeView], observed: Iterable[ObservedNode], *,
                 total = sum(1 for r in nodes if r.cluster == cluster)
                 reason = f"{len(bad)} of {_plural(total, 'GPU node')} differ"
             else:
+                unknown = sum(1 for r in nodes if r.cluster == cluster and r.status == UNKNOWN)
                 status, reason = CLUSTER_OK, "every GPU node matches"
+                if unknown:
+                    reason = (f"every GPU node that can be checked matches; "
+                              f"{_plural(unknown, 'node')} unknown")
             clusters.append(ClusterResult(cluster, status, reason, **common, **k8s))
         elif obs_here and fleet_wide:
             clusters.append(ClusterResult(

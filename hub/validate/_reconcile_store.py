@@ -18,7 +18,15 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from hub import inventory as inv
-from hub.inventory import gpus, nodes, reconcile_clusters, reconcile_results, reconcile_runs
+from hub.inventory import (
+    gpus,
+    nodes,
+    reconcile_claims,
+    reconcile_clusters,
+    reconcile_results,
+    reconcile_runs,
+)
+from hub.kube import ClaimAllocation, normalise_pci
 from hub.validate._checks import (
     ClusterFacts,
     ExpectedFacts,
@@ -31,6 +39,7 @@ from hub.validate._checks import (
 from hub.validate._reconcile import (
     CLUSTER_NO_GPUS,
     MATCH,
+    NODE_PASSING,
     ObservedNode,
     Reconciliation,
     resources_json,
@@ -66,22 +75,47 @@ def observed_nodes(conn: Connection) -> list[ObservedNode]:
                                                      counts.c.node == nodes.c.node)))
         .order_by(nodes.c.cluster, nodes.c.node)
     )
+    uuids, pci_ids = _identities(conn)
     return [
         ObservedNode(r.cluster, r.node, r.state, r.gpus or 0, r.slices or 0, r.mig_gpus or 0,
-                     r.vendor, r.last_sample_at)
+                     r.vendor, r.last_sample_at,
+                     frozenset(uuids.get((r.cluster, r.node), ())),
+                     frozenset(pci_ids.get((r.cluster, r.node), ())))
         for r in conn.execute(stmt)
     ]
 
 
+def _identities(conn: Connection) -> tuple[dict[tuple[str, str], set[str]],
+                                           dict[tuple[str, str], set[str]]]:
+    """Per node, the UUIDs and PCI bus ids of its active GPUs: what a DRA node's slices are
+    joined on (NVIDIA ``uuid`` = dcgm's UUID; AMD has only its PCI bus id in DRA)."""
+    uuids: dict[tuple[str, str], set[str]] = {}
+    pci_ids: dict[tuple[str, str], set[str]] = {}
+    rows = conn.execute(
+        sa.select(gpus.c.cluster, gpus.c.node, gpus.c.uuid, gpus.c.pci_bus_id)
+        .where(gpus.c.state == inv.ACTIVE).distinct())
+    for r in rows:
+        key = (r.cluster, r.node)
+        uuids.setdefault(key, set()).add(r.uuid)
+        if r.pci_bus_id:
+            pci_ids.setdefault(key, set()).add(normalise_pci(r.pci_bus_id))
+    return uuids, pci_ids
+
+
 # -- runs ----------------------------------------------------------------------------------------
 def save_run(conn: Connection, rec: Reconciliation, *, source: str, started_at: dt.datetime,
-             managed_clusters: bool, keep: int = KEEP_RUNS) -> int:
-    """Store one run with its node and cluster rows; returns the run id."""
+             managed_clusters: bool, keep: int = KEEP_RUNS,
+             claims: dict[str, list[ClaimAllocation]] | None = None) -> int:
+    """Store one run with its node and cluster rows, and the DRA claims it read per cluster
+    (``claims``: cluster -> allocations; a cluster present with none read its claims and
+    found none held); returns the run id."""
+    claims = claims or {}
     result = conn.execute(reconcile_runs.insert().values(
         started_at=started_at, finished_at=inv.now_utc(), source=source,
         managed_clusters=managed_clusters,
         clusters=sum(1 for c in rec.clusters if c.k8s_gpus is not None),
-        nodes=len(rec.nodes), problems=sum(1 for r in rec.nodes if r.status != MATCH),
+        nodes=len(rec.nodes),
+        problems=sum(1 for r in rec.nodes if r.status not in NODE_PASSING),
     ))
     run_id = int(result.inserted_primary_key[0])
     rows = [{
@@ -98,10 +132,16 @@ def save_run(conn: Connection, rec: Reconciliation, *, source: str, started_at: 
         "run_id": run_id, "cluster": c.cluster, "status": c.status, "managed": c.managed,
         "available": c.available, "k8s_gpu_nodes": c.k8s_gpu_nodes, "k8s_gpus": c.k8s_gpus,
         "observed_nodes": c.observed_nodes, "observed_gpus": c.observed_gpus,
-        "reason": c.reason,
+        "reason": c.reason, "claims_read": True if c.cluster in claims else None,
     } for c in rec.clusters]
     if cluster_rows:
         conn.execute(reconcile_clusters.insert(), cluster_rows)
+    claim_rows = [{
+        "run_id": run_id, "cluster": cluster, "node": a.node, "gpu": a.gpu, "device": a.slice,
+        "namespace": a.namespace, "pod": a.pod, "claim": a.claim, "profile": a.profile,
+    } for cluster, allocations in sorted(claims.items()) for a in allocations]
+    for start in range(0, len(claim_rows), 5000):
+        conn.execute(reconcile_claims.insert(), claim_rows[start:start + 5000])
     _prune(conn, keep)
     return run_id
 
@@ -114,7 +154,7 @@ def _prune(conn: Connection, keep: int) -> None:
     ).scalar()
     if cutoff is None:
         return
-    for table in (reconcile_results, reconcile_clusters):
+    for table in (reconcile_results, reconcile_clusters, reconcile_claims):
         conn.execute(table.delete().where(table.c.run_id <= cutoff))
     conn.execute(reconcile_runs.delete().where(reconcile_runs.c.id <= cutoff))
 

@@ -61,7 +61,7 @@ BUILTIN_GROUPS = {
     "", "apps", "batch", "rbac.authorization.k8s.io", "networking.k8s.io", "policy",
     "storage.k8s.io", "scheduling.k8s.io", "coordination.k8s.io", "autoscaling",
     "admissionregistration.k8s.io", "apiextensions.k8s.io", "node.k8s.io",
-    "discovery.k8s.io", "certificates.k8s.io",
+    "discovery.k8s.io", "certificates.k8s.io", "resource.k8s.io",
 }
 
 #: plural -> (kind, namespaced) for the resources tests commonly use; more are learned.
@@ -82,6 +82,13 @@ KNOWN: dict[tuple[str, str, str], tuple[str, bool]] = {
         ("ManagedClusterSetBinding", True),
     ("cluster.open-cluster-management.io", "v1", "managedclusters"): ("ManagedCluster", False),
 }
+
+#: Dynamic Resource Allocation's resources (the same in v1, v1beta2 and v1beta1); a server
+#: serves them only when a test says so (``serve_dra``), as clusters before 1.32 do not.
+DRA_GROUP = "resource.k8s.io"
+DRA_RESOURCES = {"resourceslices": ("ResourceSlice", False),
+                 "resourceclaims": ("ResourceClaim", True),
+                 "deviceclasses": ("DeviceClass", False)}
 
 SUBRESOURCES = {"status"}
 
@@ -371,6 +378,15 @@ class KubeAPI:
             self.objects[key] = stored
             return copy.deepcopy(stored)
 
+    def serve_dra(self, *versions: str) -> None:
+        """Serve resource.k8s.io in these versions (discovery lists them; lists answer, empty
+        until objects are put): ``serve_dra("v1")`` is Kubernetes 1.34+, ``serve_dra("v1beta1")``
+        a 1.32 cluster."""
+        with self._lock:
+            for version in versions or ("v1",):
+                for plural, known in DRA_RESOURCES.items():
+                    self.kinds[(DRA_GROUP, version, plural)] = known
+
     def get_object(self, api_version: str, kind_or_plural: str, name: str,
                    namespace: str = "") -> dict[str, Any] | None:
         group, version = _split_api_version(api_version)
@@ -649,11 +665,12 @@ class KubeAPI:
                     "serverAddressByClientCIDRs": [
                         {"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]}
         if path == "/apis":
+            ordered = {g: sorted(vs, key=_version_priority) for g, vs in groups.items()}
             return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
                 {"name": g,
-                 "versions": [{"groupVersion": f"{g}/{v}", "version": v} for v in sorted(vs)],
-                 "preferredVersion": {"groupVersion": f"{g}/{max(vs)}", "version": max(vs)}}
-                for g, vs in sorted(groups.items()) if g]}
+                 "versions": [{"groupVersion": f"{g}/{v}", "version": v} for v in vs],
+                 "preferredVersion": {"groupVersion": f"{g}/{vs[0]}", "version": vs[0]}}
+                for g, vs in sorted(ordered.items()) if g]}
         parts = path.strip("/").split("/")
         if parts[0] == "api" and len(parts) == 2:
             group, version = "", parts[1]
@@ -672,6 +689,16 @@ class KubeAPI:
         return {"kind": "APIResourceList", "apiVersion": "v1",
                 "groupVersion": f"{group}/{version}" if group else version,
                 "resources": resources}
+
+
+def _version_priority(version: str) -> tuple[int, int, int]:
+    """Kubernetes' order of API versions, preferred first: GA, then beta, then alpha, each
+    newest first (v1 before v1beta2 before v1beta1)."""
+    match = re.match(r"^v(\d+)(?:(alpha|beta)(\d+))?$", version)
+    if not match:
+        return (3, 0, 0)
+    major, stage, minor = match.groups()
+    return ({None: 0, "beta": 1, "alpha": 2}[stage], -int(major), -int(minor or 0))
 
 
 def parse_route(path: str) -> Route | None:
