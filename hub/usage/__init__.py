@@ -1,5 +1,6 @@
-"""Answers about how GPUs are used: GPU-hours, idle allocated GPUs, free capacity, and the
-history of one GPU. Reads the inventory (tables, events, usage ledger); writes nothing.
+"""Answers about how GPUs are used: GPU-hours, idle allocated GPUs, free capacity, the
+history of one GPU, and the same figures over time for charts. Reads the inventory (tables,
+events, usage ledger); writes nothing.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from hub.usage._answers import (
     usage_summary,
 )
 from hub.usage._history import HISTORY_COLUMNS, gpu_history
+from hub.usage._series import daily_by_namespace, day_starts, utilisation_over_time
 
 __all__ = [
     "CAPACITY_FIGURES",
@@ -28,6 +30,8 @@ __all__ = [
     "IDLE_COLUMNS",
     "USAGE_FIGURES",
     "capacity",
+    "daily_by_namespace",
+    "day_starts",
     "gpu_history",
     "group_columns",
     "idle_allocated",
@@ -35,4 +39,5 @@ __all__ = [
     "summary_select",
     "usage_frame",
     "usage_summary",
+    "utilisation_over_time",
 ]
