@@ -402,6 +402,11 @@ def hub_group() -> None:
 @click.option("--prune-stale-after", type=DURATION, envvar=env("prune-stale-after"),
               metavar="DURATION", help="Let the Deployment delete what has been stale for "
               "longer than this after each sync (serve --prune-stale-after). Default: never.")
+@click.option("--grafana", is_flag=True, envvar=env("grafana"),
+              help="Also write grafana-dashboard.yaml: a dashboard ConfigMap for ACM "
+                   f"Observability's Grafana (namespace {onboard.OBSERVABILITY_NAMESPACE}, "
+                   "apply on the ACM hub) with the inventory's PromQL.")
+@cluster_label_option
 def hub_render(out: str | None, namespace: str, image: str, kind: str, every: str,
                hub_url: str | None, db_secret: str, hub_token_secret: str,
                hub_ca_configmap: str | None, hub_ca_key: str, tls_secret: str | None,
@@ -409,7 +414,7 @@ def hub_render(out: str | None, namespace: str, image: str, kind: str, every: st
                oidc_audience: str | None, oidc_scope_claim: str,
                scopes_configmap: str | None, allow_unauthenticated: bool,
                allow_from_namespaces: tuple[str, ...], prune_stale_after: float | None,
-               **_: Any) -> None:
+               grafana: bool, cluster_label: str, **_: Any) -> None:
     """Write the hub service's manifests into --out (apply with `kubectl apply -k DIR`).
 
     Secrets are referenced by name, never rendered: create the database Secret (and the
@@ -432,7 +437,8 @@ def hub_render(out: str | None, namespace: str, image: str, kind: str, every: st
         oidc_scope_claim=oidc_scope_claim, scopes_configmap=scopes_configmap,
         allow_unauthenticated=allow_unauthenticated,
         allow_from_namespaces=allow_from_namespaces)
-    files = onboard.render_hub_service(values)
+    files = onboard.render_hub_service(
+        values, extra=onboard.render_grafana(cluster_label) if grafana else None)
     onboard.write_tree(files, out)
     click.echo(f"wrote {len(files)} files to {out} (kubectl apply -k {out})")
     if values.kind == "deployment":

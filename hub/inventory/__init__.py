@@ -35,7 +35,7 @@ from hub.inventory._db import (
     safe_url,
     sync_runs,
 )
-from hub.inventory._health import FATAL_XIDS
+from hub.inventory._health import FATAL_XIDS, HW_SLOWDOWN
 from hub.inventory._health import LEVELS as HEALTH_LEVELS
 from hub.inventory._ledger import (
     DAY,
@@ -78,6 +78,7 @@ __all__ = [
     "GPU_COLUMNS",
     "GPU_TABLE_COLUMNS",
     "HEALTH_LEVELS",
+    "HW_SLOWDOWN",
     "NODE_COLUMNS",
     "NO_GPU_SERIES",
     "PRUNE_COLUMNS",

@@ -6,6 +6,11 @@ load the kubernetes client only when used.
 from __future__ import annotations
 
 from hub.common import template_roots
+from hub.onboard._grafana import (
+    OBSERVABILITY_NAMESPACE,
+    dashboard_panels,
+    render_grafana,
+)
 from hub.onboard._hubservice import (
     DB_SECRET_KEY,
     DEFAULT_CA_KEY,
@@ -76,6 +81,7 @@ __all__ = [
     "DEFAULT_SECRET",
     "DEFAULT_TOKEN_SECRET",
     "DNS_LABEL",
+    "OBSERVABILITY_NAMESPACE",
     "SCOPES_KEY",
     "STATUS_COLUMNS",
     "TOKENS_KEY",
@@ -86,6 +92,7 @@ __all__ = [
     "any_noncompliant",
     "apply_objects",
     "cron_schedule",
+    "dashboard_panels",
     "dns_label",
     "hub_service_values",
     "load_dir",
@@ -93,6 +100,7 @@ __all__ = [
     "policy_spoke",
     "policy_status",
     "policy_values",
+    "render_grafana",
     "render_hub_service",
     "render_policy",
     "render_spoke",

@@ -8,6 +8,7 @@ NetworkPolicy admits only the namespaces named (the service's own when none are)
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -242,11 +243,13 @@ def _access_args(values: HubServiceValues) -> list[str]:
     return args
 
 
-def render_hub_service(values: HubServiceValues) -> dict[str, str]:
+def render_hub_service(values: HubServiceValues,
+                       extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """All files of ``gpufleet hub render``: relative path -> text, in apply order.
 
     A Deployment runs ``gpufleet serve`` with a Service and ServiceMonitor for its /metrics;
     a CronJob runs ``gpufleet sync`` and has nothing to scrape, so it gets neither.
+    ``extra`` files (the Grafana dashboard) are added before the kustomization lists them.
     """
     every = format_duration(values.every)
     if values.kind == "deployment":
@@ -295,5 +298,6 @@ def render_hub_service(values: HubServiceValues) -> dict[str, str]:
     else:
         files["cronjob.yaml"] = _render("templates/hubservice/cronjob.yaml.j2",
                                                **context)
+    files.update(extra or {})
     files["kustomization.yaml"] = _kustomization(files)
     return files
