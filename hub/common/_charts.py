@@ -405,8 +405,8 @@ def idle_gpu_hours_chart(rows: Sequence[Mapping[str, Any]], *, chart_id: str = "
                          table: bool = False, limit: int = 15) -> str:
     """Idle allocated GPU-hours per namespace, most first.
 
-    ``rows``: ``{"namespace", "idle_allocated_gpu_hours"}`` (one per namespace, or several
-    to be summed, e.g. one per idle GPU); namespaces past ``limit`` are summed into one bar.
+    ``rows``: ``{"namespace", "idle_allocated_gpu_hours"}`` (``usage --by namespace`` rows,
+    or several a namespace, summed); namespaces past ``limit`` are summed into one bar.
     """
     sums: dict[str, float] = {}
     for r in rows:

@@ -388,20 +388,18 @@ def utilisation_chart(conn: Connection, *, scope: Scope = FULL) -> Section | Non
 
 
 def idle_chart(conn: Connection, *, scope: Scope = FULL) -> Section | None:
-    """Chart: idle allocated GPU-hours by namespace over the last 24 h (the idle list's
-    GPU-hours wasted, summed per namespace)."""
+    """Chart: idle allocated GPU-hours by namespace over the last 24 h, the figure of the
+    usage table (`usage --by namespace`), an aggregate the database sums."""
     from hub import usage
 
-    rows = usage.idle_allocated(conn, *_window(), clusters=scope.clusters,
-                                namespaces=scope.namespaces)
-    if not rows:
+    rows = usage.usage_summary(conn, *_window(), by=("namespace",), clusters=scope.clusters,
+                               namespaces=scope.namespaces)
+    if not any(r.get("idle_allocated_gpu_hours") for r in rows):
         return None
     return Section("idle-chart", "Idle allocated GPU-hours by namespace, last 24 h", [], [],
-                   "", "/api/v1/idle?since=24h", None,
-                   _figure(common.idle_gpu_hours_chart(
-                       [{"namespace": r.get("namespace"),
-                         "idle_allocated_gpu_hours": r.get("wasted_gpu_hours")} for r in rows],
-                       chart_id="idle-chart-figure", table=True)))
+                   "", "/api/v1/usage?by=namespace&since=24h", None,
+                   _figure(common.idle_gpu_hours_chart(rows, chart_id="idle-chart-figure",
+                                                       table=True)))
 
 
 def capacity_chart(conn: Connection, *, scope: Scope = FULL) -> Section | None:

@@ -227,9 +227,7 @@ def report_charts(report: Report) -> dict[str, Any]:
     out["by_day"] = Markup(common.gpu_hours_by_day_chart(usage.get("by_day") or [], days=days))
     out["utilisation"] = Markup(common.utilisation_chart(
         usage.get("utilisation") or [], start=usage["since"], end=now))
-    out["idle"] = Markup(common.idle_gpu_hours_chart(
-        [{"namespace": r.get("namespace"), "idle_allocated_gpu_hours": r.get("wasted_gpu_hours")}
-         for r in usage.get("idle") or []]))
+    out["idle"] = Markup(common.idle_gpu_hours_chart(usage.get("by_namespace") or []))
     out["capacity"] = Markup(common.capacity_chart(usage.get("capacity") or []))
     return out
 
