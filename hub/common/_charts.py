@@ -235,9 +235,11 @@ def gpu_hours_by_day_chart(rows: Sequence[Mapping[str, Any]], *,
     caption = (f"{_num(total)} GPU-hours in {len(geo['columns'])} days; "
                + (", ".join(f"{k['key']} {_num(k['total'])}" for k in geo["keys"][:5])
                   or "no usage"))
+    # the table holds what the chart draws (its namespaces and the grey rest), so it stays
+    # as long as the chart whatever the number of namespaces
     data = _table(chart_id, ["Day", "Namespace", "GPU-hours"],
-                  [(day, ns, v) for day, values in columns
-                   for ns, v in sorted(values.items(), key=lambda kv: -kv[1])]) if table else ""
+                  [(c["label"], s["key"], s["value"]) for c in geo["columns"]
+                   for s in c["segments"]]) if table else ""
     return _figure(chart_id, "GPU-hours per day by namespace", desc or "No days.",
                    "".join(body), geo["width"], height, caption, data)
 
