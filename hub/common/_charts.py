@@ -232,7 +232,8 @@ def gpu_hours_by_day_chart(rows: Sequence[Mapping[str, Any]], *,
         + (" (" + ", ".join(f"{s['key']} {_num(s['value'])}" for s in c["segments"]) + ")"
            if c["segments"] else "")
         for c in geo["columns"])
-    caption = (f"{_num(total)} GPU-hours in {len(geo['columns'])} days; "
+    caption = (f"{_num(total)} GPU-hours in {len(geo['columns'])} "
+               f"day{'s' * (len(geo['columns']) != 1)}; "
                + (", ".join(f"{k['key']} {_num(k['total'])}" for k in geo["keys"][:5])
                   or "no usage"))
     # the table holds what the chart draws (its namespaces and the grey rest), so it stays
@@ -479,6 +480,7 @@ def stale_clusters_chart(rows: Sequence[Mapping[str, Any]], *,
                       [(str(r["cluster"]), {"stale": float(r.get("stale_gpus") or 0)})
                        for r in ordered], ["stale"], {"stale": PALETTE[1]}, "stale GPUs",
                       "No stale GPU.",
-                      f"{_num(total)} stale GPUs in {len(ordered)} clusters",
+                      f"{_num(total)} stale GPUs in {len(ordered)} "
+                      f"cluster{'s' * (len(ordered) != 1)}",
                       ["Cluster", "Stale GPUs"] if table else None, "cluster",
                       value_text=text)
