@@ -366,3 +366,51 @@ def test_the_report_file_draws_the_same_charts(tmp_path):
         assert height > 100
     finally:
         browser.close()
+
+
+BASE = dt.datetime(2026, 11, 2)
+ledger_rows = st.lists(st.tuples(st.integers(0, 5 * 24 - 1),  # hour after BASE
+                                 st.sampled_from(["team-a", "team-b", ""]),
+                                 st.sampled_from(["GPU-1", "GPU-2"]),
+                                 st.floats(0.05, 1.0), st.floats(0, 100)),
+                       min_size=1, max_size=40,
+                       unique_by=lambda r: (r[0], r[1], r[2]))
+
+
+@settings(max_examples=25, deadline=None)
+@given(ledger_rows, st.integers(0, 5 * 24), st.integers(1, 5 * 24))
+def test_a_days_column_is_the_brute_force_sum_of_its_buckets(tmp_path_factory, rows, a, span):
+    """Whatever the period's edges (mid-day, whole days, partly collected days), each day's
+    GPU-hours per namespace are the sum of the ledger rows starting that day inside the
+    period: the rollup's whole days and the hourly edges never count twice or miss."""
+    path = tmp_path_factory.mktemp("ledger") / "inv.db"
+    engine = _db.make_engine(f"sqlite:///{path}", create=True)
+    migrate.ensure_schema(engine)
+    by_hour: dict[int, list[dict]] = {}
+    for hour, ns, uuid, hours, util in rows:
+        start = BASE + hour * HOUR
+        by_hour.setdefault(hour, []).append({
+            "cluster": "c1", "node": "n1", "uuid": uuid, "slice": "", "namespace": ns,
+            "pod": "p" if ns else "", "bucket_start": start, "bucket_end": start + HOUR,
+            "vendor": "nvidia", "model": "H100", "gpu_share": 1.0, "gpu_hours": hours,
+            "avg_utilisation_pct": util, "max_utilisation_pct": util,
+            "avg_memory_used_mib": 1.0, "max_memory_used_mib": 1.0, "avg_power_w": 1.0,
+            "energy_wh": 1.0, "coverage": hours})
+    with engine.begin() as conn:
+        for hour, bucket in by_hour.items():
+            write_bucket(conn, (BASE + hour * HOUR).replace(tzinfo=dt.UTC).timestamp(),
+                         3600.0, bucket, 1)
+    start, end = BASE + a * HOUR, BASE + (a + span) * HOUR
+    with engine.connect() as conn:
+        got = {(r["day"], r["namespace"]): r["gpu_hours"]
+               for r in usage_answers.daily_by_namespace(conn, start, end)}
+    engine.dispose()
+    oracle: dict[tuple, float] = {}
+    for hour, ns, _, hours, _ in rows:
+        at = BASE + hour * HOUR
+        if start <= at < end:
+            key = (at.replace(hour=0), ns or None)
+            oracle[key] = oracle.get(key, 0.0) + hours
+    assert got.keys() == oracle.keys()
+    for key, value in oracle.items():
+        assert got[key] == pytest.approx(value, abs=1e-5)
