@@ -386,3 +386,24 @@ def test_the_network_policy_admits_only_the_namespaces_given(tmp_path):
         result.stderr
     assert admitted({"networkpolicy.yaml": (tmp_path / "out" / "networkpolicy.yaml")
                      .read_text()}) == ["openshift-ingress", "openshift-monitoring"]
+
+
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if v.get("kind") != "cronjob"])
+def test_the_deployments_arguments_are_options_serve_has(variant):
+    """What `hub render` passes is what `gpufleet serve` parses: a renamed or dropped serve
+    option fails here, not in a crash-looping pod."""
+    import click
+
+    from hub.commands.service import serve
+
+    args = pod_of(files_for(**variant))["containers"][0]["args"]
+    assert args[0] == "serve"
+    known = {o for p in serve.params if isinstance(p, click.Option) for o in p.opts}
+    assert {a for a in args[1:] if a.startswith("--")} <= known
+    # the files the options name exist only in the pod: parse without their callbacks
+    ctx = serve.make_context("serve", list(args[1:]), resilient_parsing=True)
+    expected = {"tokens_file": "tokens_secret", "oidc_issuer": "oidc_issuer",
+                "allow_unauthenticated": "allow_unauthenticated"}
+    for param, option in expected.items():
+        assert bool(ctx.params.get(param)) == bool(
+            {"tokens_secret": "api-tokens", **variant}.get(option)), param
