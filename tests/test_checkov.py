@@ -52,7 +52,7 @@ def render_everything(out: Path) -> None:
                     (inner / f"{path.stem}-{i}.yaml").write_text(text)
     for kind in ("deployment", "cronjob"):
         _render("hub", "render", "--out", str(out / f"hub-{kind}"), "--kind", kind,
-                "--hub-url", "https://thanos.example.com")
+                "--hub-url", "https://thanos.example.com", "--tokens-secret", "api-tokens")
 
 
 def test_checkov_finds_nothing_undocumented_in_any_render(tmp_path: Path):

@@ -95,7 +95,7 @@ def test_demo_runs_end_to_end_twice_and_leaves_nothing_running(tmp_path):
     assert "usage --by namespace:" in err and "capacity --by model:" in err
     idle = gpufleet_json("idle", "--since", "1h", "--for", "5s", "--db", db)
     assert [(i["namespace"], i["pod"]) for i in idle] == [("research", "notebook-idle")]
-    assert "research" in html and 'id="usage-chart"' in html
+    assert "research" in html and 'id="gpu-hours-by-day"' in html
 
 
 def test_demo_with_the_acm_hub_profile(tmp_path):

@@ -23,12 +23,18 @@ def run(*args: str, env: dict[str, str] | None = None) -> Result:
     return CliRunner().invoke(cli, list(args), env=env or {}, catch_exceptions=False)
 
 
+#: the least a Deployment needs besides the hub: who may read its API
+ACCESS = ("--tokens-secret", "api-tokens")
+OIDC = {"oidc_issuer": "https://sso.example.com/realms/gpu", "oidc_audience": "gpufleet",
+        "scopes_configmap": "gpufleet-scopes"}
+
+
 def render(tmp_path: Path, *args: str, out: str = "out") -> Result:
     return run("hub", "render", "--out", str(tmp_path / out), *args)
 
 
 def files_for(**overrides: Any) -> dict[str, str]:
-    options: dict[str, Any] = {"hub_url": HUB}
+    options: dict[str, Any] = {"hub_url": HUB, "tokens_secret": "api-tokens"}
     options.update(overrides)
     return render_hub_service(hub_service_values(**options))
 
@@ -50,6 +56,8 @@ VARIANTS = [
     {"hub_ca_configmap": "hub-ca", "hub_ca_key": "ca-bundle.crt"},
     {"kind": "cronjob", "hub_token_secret": "", "every": 3600.0},
     {"tls_secret": "gpufleet-tls", "tokens_secret": "gpufleet-api-tokens"},
+    {"tokens_secret": None, **OIDC, "allow_from_namespaces": ["openshift-ingress"]},
+    {"tokens_secret": None, "allow_unauthenticated": True},
 ]
 
 
@@ -74,8 +82,8 @@ def test_deployment_runs_serve_with_secrets_by_reference_only():
         "serve", "--listen", "0.0.0.0:8080", "--every", "5m", "--hub-url", HUB,
         "--db-file", "/etc/gpufleet/db/url",
         "--token-file", "/etc/gpufleet/hub-token/token", "--ca-file", "/etc/gpufleet/hub-ca/ca.crt",
-        "--allow-unauthenticated"]
-    assert "UNSAFE" in files["deployment.yaml"]
+        "--tokens-file", "/etc/gpufleet/access/tokens.yaml"]
+    assert "UNSAFE" not in files["deployment.yaml"]
     assert "env" not in container  # the database URL is a mounted file, never an env var
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["db-url"]["secret"] == {"secretName": "gpufleet-db", "defaultMode": 292,
@@ -92,7 +100,10 @@ def test_deployment_runs_serve_with_secrets_by_reference_only():
                      "ServiceMonitor"]
     ingress = one(files, "NetworkPolicy")["spec"]
     assert ingress["podSelector"]["matchLabels"] == one(files, "Service")["spec"]["selector"]
-    assert ingress["ingress"] == [{"ports": [{"protocol": "TCP", "port": 8080}]}]
+    assert ingress["ingress"] == [{
+        "from": [{"namespaceSelector": {"matchLabels": {
+            "kubernetes.io/metadata.name": "gpufleet"}}}],
+        "ports": [{"protocol": "TCP", "port": 8080}]}]
     assert "Secret" not in kinds and "ConfigMap" not in kinds
     assert "stringData" not in "".join(files.values())
 
@@ -129,7 +140,7 @@ def test_without_token_or_ca_nothing_is_mounted_or_passed():
     files = files_for(hub_token_secret=None)
     container = pod_of(files)["containers"][0]
     assert "--token-file" not in container["args"] and "--ca-file" not in container["args"]
-    assert [v["name"] for v in pod_of(files)["volumes"]] == ["tmp", "db-url"]
+    assert [v["name"] for v in pod_of(files)["volumes"]] == ["tmp", "db-url", "access"]
 
 
 @pytest.mark.parametrize("variant", [{}, {"kind": "cronjob"}])
@@ -210,7 +221,7 @@ def test_every_object_carries_the_recommended_labels():
 def test_kustomization_lists_every_file(tmp_path):
     for kind in ("deployment", "cronjob"):
         out = tmp_path / kind
-        result = render(tmp_path, "--hub-url", HUB, "--kind", kind, out=kind)
+        result = render(tmp_path, "--hub-url", HUB, "--kind", kind, *ACCESS, out=kind)
         assert result.exit_code == 0, result.output
         kustomization = yaml.safe_load((out / "kustomization.yaml").read_text())
         on_disk = sorted(p.name for p in out.glob("*.yaml") if p.name != "kustomization.yaml")
@@ -218,7 +229,8 @@ def test_kustomization_lists_every_file(tmp_path):
 
 
 def test_rendering_twice_is_byte_identical(tmp_path):
-    args = ["--hub-url", HUB, "--hub-ca-configmap", "hub-ca", "--namespace", "fleet-hub"]
+    args = ["--hub-url", HUB, "--hub-ca-configmap", "hub-ca", "--namespace", "fleet-hub",
+            *ACCESS]
     assert render(tmp_path, *args, out="one").exit_code == 0
     assert render(tmp_path, *args, out="two").exit_code == 0
     first = snapshot(tmp_path / "one")
@@ -228,7 +240,7 @@ def test_rendering_twice_is_byte_identical(tmp_path):
 
 
 def test_hostile_image_is_quoted_and_cannot_add_keys(tmp_path):
-    result = render(tmp_path, "--hub-url", HUB, "--image", HOSTILE)
+    result = render(tmp_path, "--hub-url", HUB, "--image", HOSTILE, *ACCESS)
     assert result.exit_code == 0, result.output
 
     for path in (tmp_path / "out").glob("*.yaml"):
@@ -270,6 +282,16 @@ def test_hub_url_with_query_characters_stays_one_argument():
     (["--hub-url", HUB, "--kind", "cronjob", "--prune-stale-after", "90d"],
      "needs --kind deployment"),
     (["--hub-url", HUB, "--image", ""], "--image must not be empty"),
+    (["--hub-url", HUB], "the service would answer anyone who reaches it"),
+    (["--hub-url", HUB, "--tokens-secret", "t", "--allow-unauthenticated"], "contradicts"),
+    (["--hub-url", HUB, "--oidc-issuer", "https://sso.example.com"], "--oidc-audience"),
+    (["--hub-url", HUB, "--oidc-issuer", "http://sso.example.com", "--oidc-audience", "a",
+      "--scopes-configmap", "s"], "https://"),
+    (["--hub-url", HUB, "--oidc-issuer", "https://sso.example.com", "--oidc-audience", "a"],
+     "--scopes-configmap"),
+    (["--hub-url", HUB, "--oidc-audience", "a", *ACCESS], "need --oidc-issuer"),
+    (["--hub-url", HUB, *ACCESS, "--allow-from-namespace", "Open Sesame"],
+     "--allow-from-namespace"),
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, message):
     result = render(tmp_path, *args)
@@ -287,7 +309,7 @@ def test_missing_out_is_an_input_error():
 def test_refuses_to_replace_a_directory_it_did_not_write(tmp_path):
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "notes.txt").write_text("mine")
-    result = render(tmp_path, "--hub-url", HUB)
+    result = render(tmp_path, "--hub-url", HUB, *ACCESS)
     assert result.exit_code == 2 and "not written by gpufleet" in result.output
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["notes.txt"]
 
@@ -300,7 +322,7 @@ def test_options_come_from_the_environment_and_config_file(tmp_path):
     assert cron["spec"]["schedule"] == "0 * * * *"
     config = tmp_path / "gpufleet.yaml"
     config.write_text(yaml.safe_dump({"hub-url": HUB, "db-secret": "inventory-pg",
-                                      "every": "10m"}))
+                                      "every": "10m", "tokens-secret": "api-tokens"}))
     result = run("hub", "render", "--config", str(config), "--out", str(tmp_path / "cfg"))
     assert result.exit_code == 0, result.output
     deployment = yaml.safe_load((tmp_path / "cfg" / "deployment.yaml").read_text())
@@ -309,3 +331,79 @@ def test_options_come_from_the_environment_and_config_file(tmp_path):
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["db-url"]["secret"]["secretName"] == "inventory-pg"
     assert container["args"][container["args"].index("--every") + 1] == "10m"
+
+
+def test_a_deployment_requires_a_token_unless_told_otherwise_loudly(tmp_path):
+    refused = render(tmp_path, "--hub-url", HUB, out="open")
+    assert refused.exit_code == 2 and "--allow-unauthenticated" in refused.output
+    assert not (tmp_path / "open").exists()
+    result = render(tmp_path, "--hub-url", HUB, "--allow-unauthenticated", out="open")
+    assert result.exit_code == 0, result.output
+    assert "WARNING: rendered with --allow-unauthenticated" in result.stderr
+    deployment = (tmp_path / "open" / "deployment.yaml").read_text()
+    assert "# UNSAFE (rendered with --allow-unauthenticated)" in deployment
+    args = yaml.safe_load(deployment)["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[-1] == "--allow-unauthenticated" and "--tokens-file" not in args
+    # a CronJob serves nothing: no access to decide
+    assert render(tmp_path, "--hub-url", HUB, "--kind", "cronjob", out="cron").exit_code == 0
+
+
+def test_oidc_is_passed_to_serve_with_its_scopes_mounted():
+    files = files_for(tokens_secret=None, **OIDC, oidc_scope_claim="roles")
+    pod = pod_of(files)
+    [container] = pod["containers"]
+    args = container["args"]
+    assert args[args.index("--oidc-issuer"):] == [
+        "--oidc-issuer", OIDC["oidc_issuer"], "--oidc-audience", "gpufleet",
+        "--oidc-scope-claim", "roles", "--scopes-file", "/etc/gpufleet/oidc-scopes/scopes.yaml"]
+    assert "--allow-unauthenticated" not in args and "--tokens-file" not in args
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["oidc-scopes"]["configMap"] == {"name": "gpufleet-scopes", "items": [
+        {"key": "scopes.yaml", "path": "scopes.yaml"}]}
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts["oidc-scopes"] == "/etc/gpufleet/oidc-scopes"
+    both = pod_of(files_for(**OIDC))["containers"][0]["args"]  # tokens and OIDC together
+    assert "--tokens-file" in both and "--oidc-issuer" in both
+
+
+def test_the_network_policy_admits_only_the_namespaces_given(tmp_path):
+    def admitted(files: dict[str, str]) -> list[str]:
+        [rule] = one(files, "NetworkPolicy")["spec"]["ingress"]
+        assert rule["from"], "an empty from would admit every source"
+        assert rule["ports"] == [{"protocol": "TCP", "port": 8080}]
+        return [peer["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
+                for peer in rule["from"]]
+
+    assert admitted(files_for()) == ["gpufleet"]
+    assert admitted(files_for(namespace="fleet-hub")) == ["fleet-hub"]
+    given = ["openshift-ingress", "openshift-monitoring", "openshift-ingress"]
+    assert admitted(files_for(allow_from_namespaces=given)) == [
+        "openshift-ingress", "openshift-monitoring"]
+    result = render(tmp_path, "--hub-url", HUB, *ACCESS, "--allow-from-namespace",
+                    "openshift-ingress", "--allow-from-namespace", "openshift-monitoring")
+    assert result.exit_code == 0, result.output
+    assert "admits pods of namespace(s): openshift-ingress, openshift-monitoring" in \
+        result.stderr
+    assert admitted({"networkpolicy.yaml": (tmp_path / "out" / "networkpolicy.yaml")
+                     .read_text()}) == ["openshift-ingress", "openshift-monitoring"]
+
+
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if v.get("kind") != "cronjob"])
+def test_the_deployments_arguments_are_options_serve_has(variant):
+    """What `hub render` passes is what `gpufleet serve` parses: a renamed or dropped serve
+    option fails here, not in a crash-looping pod."""
+    import click
+
+    from hub.commands.service import serve
+
+    args = pod_of(files_for(**variant))["containers"][0]["args"]
+    assert args[0] == "serve"
+    known = {o for p in serve.params if isinstance(p, click.Option) for o in p.opts}
+    assert {a for a in args[1:] if a.startswith("--")} <= known
+    # the files the options name exist only in the pod: parse without their callbacks
+    ctx = serve.make_context("serve", list(args[1:]), resilient_parsing=True)
+    expected = {"tokens_file": "tokens_secret", "oidc_issuer": "oidc_issuer",
+                "allow_unauthenticated": "allow_unauthenticated"}
+    for param, option in expected.items():
+        assert bool(ctx.params.get(param)) == bool(
+            {"tokens_secret": "api-tokens", **variant}.get(option)), param

@@ -99,7 +99,9 @@ def assert_matches_api(dom: Dom, service: Any, token: str) -> set[str]:
         assert (shown[name]["state"], int(shown[name]["nodes"]), int(shown[name]["gpus"])) == (
             c["state"], c["nodes"], c["gpus"])
     stale = api_all(service, "/api/v1/gpus", token, state="stale")
-    assert _count(dom, "stale-gpus") == len(stale)
+    # stale GPUs one line per cluster, with how many
+    assert sum(int(r["stale_gpus"]) for r in _cells(dom, "stale-clusters")) == len(stale)
+    assert _count(dom, "stale-clusters") == len({g["cluster"] for g in stale})
     assert _count(dom, "findings") == len(api_all(service, "/api/v1/findings", token))
     return set(clusters)
 

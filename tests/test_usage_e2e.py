@@ -25,9 +25,9 @@ from hub import inventory as inv
 from hub import store, usage
 from hub.usage._fold import utc
 from tests.support.backfill import backfilled_hub, openmetrics
+from tests.support.browser import Dom, chromium_dom
 from tests.support.clirun import gpufleet, gpufleet_json
 from tests.support.httpstub import StubServer
-from tests.test_report import chromium_dom
 from tests.test_sync_failures import with_warnings
 
 HOUR = 3600.0
@@ -242,14 +242,23 @@ def test_serve_collects_completed_buckets_and_report_warns_of_idle_allocated_gpu
         page = tmp_path / "report.html"
         gpufleet("report", "-o", "html", "--out", str(page), env=env)
         dom = chromium_dom(page)
-        bars = {e["attrs"]["data-namespace"]: e["text"] for e in dom.find("g")
-                if "data-namespace" in e["attrs"]}
-        assert {"ml", "research", "vision", "hpc", "(unallocated)"} == set(bars)
-        assert "3.0 GPU-h" in bars["research"] and "7.3 GPU-h" in bars["ml"]
+        html = page.read_text()
+        start = html.index('<figure class="chart" id="gpu-hours-by-day">')
+        by_day = Dom(html[start:html.index("</figure>", start)])
+        hours: dict[str, float] = {}
+        for rect in by_day.find("rect"):
+            if "data-key" in rect["attrs"]:
+                key = rect["attrs"]["data-key"]
+                hours[key] = hours.get(key, 0.0) + float(rect["attrs"]["data-value"])
+        assert {"ml", "research", "vision", "hpc", "(unallocated)"} == set(hours)
+        assert round(hours["research"], 1) == 3.0 and round(hours["ml"], 1) == 7.3
+        idle_bars = {e["attrs"]["data-namespace"]: e["text"] for e in dom.find("g")
+                     if "data-namespace" in e["attrs"]}
+        assert set(idle_bars) == {"research"} and "3 GPU-hours" in idle_bars["research"]
         [idle_row] = [e for e in dom.find("tr") if "data-uuid" in e["attrs"]]
         assert idle_row["attrs"]["data-uuid"] == "GPU-B" and "research/nb-1" in idle_row["text"]
         [h100] = [i for i, e in enumerate(dom.elements)
-                  if e["attrs"].get("data-model") == "NVIDIA H100 80GB HBM3"]
+                  if e["tag"] == "tr" and e["attrs"].get("data-model") == "NVIDIA H100 80GB HBM3"]
         cells = [e["text"] for e in dom.elements[h100 + 1:h100 + 7]]
         assert cells == ["NVIDIA H100 80GB HBM3", "4", "4", "0", "3", "1"]
     finally:

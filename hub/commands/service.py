@@ -387,19 +387,49 @@ def hub_group() -> None:
               help="kubernetes.io/tls Secret (cert-manager's) to serve HTTPS with; mounted "
                    "whole so a rotation reaches the running service.")
 @click.option("--tokens-secret", envvar=env("tokens-secret"), metavar="NAME",
-              help=f"Secret whose key '{onboard.TOKENS_KEY}' is the API's --tokens-file. "
-                   "Without it the API is rendered --allow-unauthenticated (unsafe).")
+              help=f"Secret whose key '{onboard.TOKENS_KEY}' is the API's --tokens-file "
+                   "(`gpufleet serve token create` makes its entries).")
+@click.option("--oidc-issuer", envvar=env("oidc-issuer"), metavar="URL",
+              help="Accept OIDC bearer tokens of this https issuer (serve --oidc-issuer); "
+                   "needs --oidc-audience and --scopes-configmap.")
+@click.option("--oidc-audience", envvar=env("oidc-audience"), metavar="AUD",
+              help="The audience ('aud') an OIDC token must be issued for.")
+@click.option("--oidc-scope-claim", envvar=env("oidc-scope-claim"),
+              default=onboard.DEFAULT_SCOPE_CLAIM, show_default=True, metavar="CLAIM",
+              help="Token claim holding the caller's groups.")
+@click.option("--scopes-configmap", envvar=env("scopes-configmap"), metavar="NAME",
+              help=f"ConfigMap whose key '{onboard.SCOPES_KEY}' maps OIDC groups to scopes "
+                   "(serve --scopes-file).")
+@click.option("--allow-unauthenticated", is_flag=True, envvar=env("allow-unauthenticated"),
+              help="UNSAFE: render a service that answers anyone who reaches it, without a "
+                   "token (refused unless given, when neither --tokens-secret nor "
+                   "--oidc-issuer is).")
+@click.option("--allow-from-namespace", "allow_from_namespaces", multiple=True,
+              envvar=env("allow-from-namespace"), metavar="NS",
+              help="A namespace whose pods may reach the service (repeat: ingress "
+                   "controller, monitoring). Default: only the service's own namespace.")
 @click.option("--prune-stale-after", type=DURATION, envvar=env("prune-stale-after"),
               metavar="DURATION", help="Let the Deployment delete what has been stale for "
               "longer than this after each sync (serve --prune-stale-after). Default: never.")
+@click.option("--grafana", is_flag=True, envvar=env("grafana"),
+              help="Also write grafana-dashboard.yaml: a dashboard ConfigMap for ACM "
+                   f"Observability's Grafana (namespace {onboard.OBSERVABILITY_NAMESPACE}, "
+                   "apply on the ACM hub) with the inventory's PromQL.")
+@cluster_label_option
 def hub_render(out: str | None, namespace: str, image: str, kind: str, every: str,
                hub_url: str | None, db_secret: str, hub_token_secret: str,
                hub_ca_configmap: str | None, hub_ca_key: str, tls_secret: str | None,
-               tokens_secret: str | None, prune_stale_after: float | None, **_: Any) -> None:
+               tokens_secret: str | None, oidc_issuer: str | None,
+               oidc_audience: str | None, oidc_scope_claim: str,
+               scopes_configmap: str | None, allow_unauthenticated: bool,
+               allow_from_namespaces: tuple[str, ...], prune_stale_after: float | None,
+               grafana: bool, cluster_label: str, **_: Any) -> None:
     """Write the hub service's manifests into --out (apply with `kubectl apply -k DIR`).
 
     Secrets are referenced by name, never rendered: create the database Secret (and the
-    token Secret / CA ConfigMap) yourself.
+    token Secret / CA ConfigMap) yourself. The service requires a token: give
+    --tokens-secret and/or --oidc-issuer, or (unsafe, warned about) --allow-unauthenticated.
+    Its NetworkPolicy admits only the --allow-from-namespace namespaces.
     """
     if not out:
         raise InputError("--out DIR is required")
@@ -411,10 +441,22 @@ def hub_render(out: str | None, namespace: str, image: str, kind: str, every: st
         hub_url=hub_url, namespace=namespace, image=image, kind=kind, every=seconds,
         db_secret=db_secret, hub_token_secret=hub_token_secret,
         hub_ca_configmap=hub_ca_configmap, hub_ca_key=hub_ca_key, tls_secret=tls_secret,
-        tokens_secret=tokens_secret, prune_stale_after=prune_stale_after)
-    files = onboard.render_hub_service(values)
+        tokens_secret=tokens_secret, prune_stale_after=prune_stale_after,
+        oidc_issuer=oidc_issuer, oidc_audience=oidc_audience,
+        oidc_scope_claim=oidc_scope_claim, scopes_configmap=scopes_configmap,
+        allow_unauthenticated=allow_unauthenticated,
+        allow_from_namespaces=allow_from_namespaces)
+    files = onboard.render_hub_service(
+        values, extra=onboard.render_grafana(cluster_label) if grafana else None)
     onboard.write_tree(files, out)
     click.echo(f"wrote {len(files)} files to {out} (kubectl apply -k {out})")
+    if values.kind == "deployment":
+        click.echo("NetworkPolicy admits pods of namespace(s): "
+                   + ", ".join(values.admitted_namespaces), err=True)
+        if not values.authenticated:
+            click.echo("WARNING: rendered with --allow-unauthenticated: the API and the page "
+                       "answer anyone who reaches the service, namespace and pod names "
+                       "included", err=True)
 
 
 hub_group.name = "hub"

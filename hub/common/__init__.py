@@ -1,5 +1,6 @@
 """Small helpers every part shares, the spoke exporter included: errors and exit codes,
-durations, SIGTERM handling, the click base, the HTTP server base, shared options and output.
+durations, SIGTERM handling, the click base, the HTTP server base, shared options and output,
+and the inline-SVG charts of the report and the live page.
 Nothing here imports another hub package.
 """
 
@@ -7,6 +8,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from hub.common._charts import (
+    capacity_chart,
+    gpu_hours_by_day_chart,
+    idle_gpu_hours_chart,
+    stacked_bars,
+    stacked_columns,
+    stale_clusters_chart,
+    time_lines,
+    utilisation_chart,
+)
 from hub.common._clibase import CONFIG_ENV, ConfiguredCommand, ConfiguredGroup, load_config
 from hub.common._durations import (
     DURATION,
@@ -59,14 +70,17 @@ __all__ = [
     "GpufleetError",
     "InputError",
     "UnavailableError",
+    "capacity_chart",
     "cluster_label_option",
     "db_option",
     "emit",
     "env",
     "format_duration",
+    "gpu_hours_by_day_chart",
     "html_environment",
     "hub_options",
     "human_duration",
+    "idle_gpu_hours_chart",
     "iso",
     "load_config",
     "lock_timeout_option",
@@ -80,10 +94,15 @@ __all__ = [
     "redact",
     "register_secret",
     "shorten",
+    "stacked_bars",
+    "stacked_columns",
     "stale_after_option",
+    "stale_clusters_chart",
     "template_roots",
+    "time_lines",
     "to_json",
     "to_table",
+    "utilisation_chart",
     "window_option",
 ]
 

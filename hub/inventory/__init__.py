@@ -39,7 +39,7 @@ from hub.inventory._db import (
 )
 from hub.inventory._db import _batches as batches
 from hub.inventory._db import _insert as upsert_statement
-from hub.inventory._health import FATAL_XIDS
+from hub.inventory._health import FATAL_XIDS, HW_SLOWDOWN
 from hub.inventory._health import LEVELS as HEALTH_LEVELS
 from hub.inventory._migrate import (
     current,
@@ -83,6 +83,7 @@ __all__ = [
     "GPU_COLUMNS",
     "GPU_TABLE_COLUMNS",
     "HEALTH_LEVELS",
+    "HW_SLOWDOWN",
     "LEDGER_LOCK_KEY",
     "NODE_COLUMNS",
     "NO_GPU_SERIES",

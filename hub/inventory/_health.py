@@ -28,8 +28,8 @@ LEVELS = (OK, DEGRADED, FAILED)
 #: XIDs after which the GPU needs a drain and a reset
 FATAL_XIDS = frozenset({48, 79, 95, 119, 120})
 #: nvmlClocksEventReason* bits that mean the hardware slowed the clocks down
-_HW_SLOWDOWN = {0x8: "hw slowdown", 0x40: "hw thermal slowdown",
-                0x80: "hw power brake slowdown"}
+HW_SLOWDOWN = {0x8: "hw slowdown", 0x40: "hw thermal slowdown",
+               0x80: "hw power brake slowdown"}
 
 
 def assess(values: Mapping[str, float]) -> tuple[str | None, str | None]:
@@ -52,7 +52,7 @@ def assess(values: Mapping[str, float]) -> tuple[str | None, str | None]:
         failed.append("exporter reports unhealthy")
     reasons = values.get(store.CLOCKS_EVENT_REASONS)
     if reasons:
-        degraded += [text for bit, text in _HW_SLOWDOWN.items() if int(reasons) & bit]
+        degraded += [text for bit, text in HW_SLOWDOWN.items() if int(reasons) & bit]
     if failed:
         return FAILED, "; ".join(failed + degraded)
     if degraded:

@@ -6,11 +6,18 @@ load the kubernetes client only when used.
 from __future__ import annotations
 
 from hub.common import template_roots
+from hub.onboard._grafana import (
+    OBSERVABILITY_NAMESPACE,
+    dashboard_panels,
+    render_grafana,
+)
 from hub.onboard._hubservice import (
     DB_SECRET_KEY,
     DEFAULT_CA_KEY,
     DEFAULT_DB_SECRET,
+    DEFAULT_SCOPE_CLAIM,
     DEFAULT_TOKEN_SECRET,
+    SCOPES_KEY,
     TOKEN_KEY,
     TOKENS_KEY,
     cron_schedule,
@@ -70,9 +77,12 @@ __all__ = [
     "DEFAULT_EXPORTER_IMAGE",
     "DEFAULT_NAMESPACE",
     "DEFAULT_POLICY_NAMESPACE",
+    "DEFAULT_SCOPE_CLAIM",
     "DEFAULT_SECRET",
     "DEFAULT_TOKEN_SECRET",
     "DNS_LABEL",
+    "OBSERVABILITY_NAMESPACE",
+    "SCOPES_KEY",
     "STATUS_COLUMNS",
     "TOKENS_KEY",
     "TOKEN_KEY",
@@ -82,6 +92,7 @@ __all__ = [
     "any_noncompliant",
     "apply_objects",
     "cron_schedule",
+    "dashboard_panels",
     "dns_label",
     "hub_service_values",
     "load_dir",
@@ -89,6 +100,7 @@ __all__ = [
     "policy_spoke",
     "policy_status",
     "policy_values",
+    "render_grafana",
     "render_hub_service",
     "render_policy",
     "render_spoke",

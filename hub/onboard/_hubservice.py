@@ -1,10 +1,14 @@
 """The hub service's own manifests (``gpufleet hub render``): Deployment or CronJob.
 
-Secrets are referenced by name only; nothing secret is ever rendered.
+Secrets are referenced by name only; nothing secret is ever rendered. The served API is
+authenticated unless asked otherwise: a Deployment needs a tokens Secret or an OIDC issuer,
+or an explicit ``allow_unauthenticated`` that the files and the command say is unsafe; its
+NetworkPolicy admits only the namespaces named (the service's own when none are).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -38,6 +42,12 @@ HUB_NAME = "gpufleet-hub"
 TLS_DIR = "/etc/gpufleet/tls"
 ACCESS_DIR = "/etc/gpufleet/access"
 TOKENS_KEY = "tokens.yaml"
+SCOPES_DIR = "/etc/gpufleet/oidc-scopes"
+SCOPES_KEY = "scopes.yaml"
+DEFAULT_SCOPE_CLAIM = "groups"
+NO_ACCESS = ("the service would answer anyone who reaches it: give --tokens-secret and/or "
+             "--oidc-issuer (with --oidc-audience and --scopes-configmap), or, knowingly, "
+             "--allow-unauthenticated")
 
 
 @dataclass(frozen=True)
@@ -56,6 +66,22 @@ class HubServiceValues:
     tls_secret: str | None = None  # a kubernetes.io/tls Secret (tls.crt, tls.key[, ca.crt])
     tokens_secret: str | None = None  # a Secret whose key tokens.yaml is the --tokens-file
     prune_stale_after: float | None = None
+    oidc_issuer: str | None = None
+    oidc_audience: str | None = None
+    oidc_scope_claim: str = DEFAULT_SCOPE_CLAIM
+    scopes_configmap: str | None = None  # a ConfigMap whose key scopes.yaml is --scopes-file
+    allow_unauthenticated: bool = False
+    #: namespaces whose pods the NetworkPolicy admits (ingress controller, monitoring, ...)
+    allow_from_namespaces: tuple[str, ...] = ()
+
+    @property
+    def authenticated(self) -> bool:
+        return bool(self.tokens_secret or self.oidc_issuer)
+
+    @property
+    def admitted_namespaces(self) -> tuple[str, ...]:
+        """Who may reach the port: the namespaces given, else only the service's own."""
+        return self.allow_from_namespaces or (self.namespace,)
 
 
 def cron_schedule(every: float) -> str:
@@ -98,6 +124,31 @@ def _hub_url(value: str | None) -> str:
     return text
 
 
+def _oidc(issuer: str | None, audience: str | None, claim: str | None,
+          scopes_configmap: str | None) -> tuple[str | None, str | None, str, str | None]:
+    """(issuer, audience, claim, scopes ConfigMap), checked as `serve` will check them."""
+    claim_ = (claim or "").strip() or DEFAULT_SCOPE_CLAIM
+    if not issuer:
+        if audience or scopes_configmap:
+            raise InputError("--oidc-audience and --scopes-configmap need --oidc-issuer")
+        return None, None, claim_, None
+    text = issuer.strip()
+    parts = urlsplit(text)
+    if (parts.scheme != "https" or not parts.hostname or parts.username or parts.password
+            or any(ch.isspace() or not ch.isprintable() for ch in text)):
+        raise InputError("--oidc-issuer must be an https:// URL without credentials or spaces")
+    aud = (audience or "").strip()
+    if not aud or any(ch.isspace() or not ch.isprintable() for ch in aud):
+        raise InputError("--oidc-issuer needs --oidc-audience (the 'aud' tokens are issued "
+                         "for), one word")
+    if not scopes_configmap:
+        raise InputError("--oidc-issuer needs --scopes-configmap (a ConfigMap whose key "
+                         f"{SCOPES_KEY} maps groups to scopes)")
+    if not PLAIN_KEY.match(claim_) or len(claim_) > 253:
+        raise InputError(f"--oidc-scope-claim {claim_!r} is not a claim name")
+    return text, aud, claim_, _dns_subdomain(scopes_configmap, "--scopes-configmap")
+
+
 def hub_service_values(*, hub_url: str | None, namespace: str | None = DEFAULT_NAMESPACE,
                        image: str | None = DEFAULT_EXPORTER_IMAGE,
                        kind: str | None = "deployment", every: float = DEFAULT_EVERY,
@@ -106,9 +157,22 @@ def hub_service_values(*, hub_url: str | None, namespace: str | None = DEFAULT_N
                        hub_ca_configmap: str | None = None,
                        hub_ca_key: str | None = DEFAULT_CA_KEY, tls_secret: str | None = None,
                        tokens_secret: str | None = None,
-                       prune_stale_after: float | None = None) -> HubServiceValues:
-    """Check raw option values; InputError names the bad one. Empty secret names mean none."""
+                       prune_stale_after: float | None = None,
+                       oidc_issuer: str | None = None, oidc_audience: str | None = None,
+                       oidc_scope_claim: str | None = DEFAULT_SCOPE_CLAIM,
+                       scopes_configmap: str | None = None,
+                       allow_unauthenticated: bool = False,
+                       allow_from_namespaces: tuple[str, ...] | list[str] = (),
+                       ) -> HubServiceValues:
+    """Check raw option values; InputError names the bad one. Empty secret names mean none.
+
+    A Deployment serves the API, so it must be told who may read it (a tokens Secret, an
+    OIDC issuer, or knowingly nobody in particular); a CronJob serves nothing."""
     kind_ = _choice(kind, KINDS, "kind")
+    issuer, audience, claim, scopes = _oidc(oidc_issuer, oidc_audience, oidc_scope_claim,
+                                            scopes_configmap)
+    admitted = tuple(dict.fromkeys(dns_label(ns, "--allow-from-namespace")
+                                   for ns in allow_from_namespaces))
     if every < 1:
         raise InputError("--every must be at least 1s")
     if kind_ == "cronjob":
@@ -123,7 +187,7 @@ def hub_service_values(*, hub_url: str | None, namespace: str | None = DEFAULT_N
     key = hub_ca_key or ""
     if not PLAIN_KEY.match(key) or "/" in key or len(key) > 253:
         raise InputError(f"--hub-ca-key {key!r} is not a valid ConfigMap key")
-    return HubServiceValues(
+    values = HubServiceValues(
         hub_url=_hub_url(hub_url),
         namespace=dns_label(namespace, "namespace"),
         image=_image(image, "--image"),
@@ -137,7 +201,20 @@ def hub_service_values(*, hub_url: str | None, namespace: str | None = DEFAULT_N
         tokens_secret=(_dns_subdomain(tokens_secret, "--tokens-secret") if tokens_secret
                        else None),
         prune_stale_after=prune_stale_after,
+        oidc_issuer=issuer,
+        oidc_audience=audience,
+        oidc_scope_claim=claim,
+        scopes_configmap=scopes,
+        allow_unauthenticated=bool(allow_unauthenticated),
+        allow_from_namespaces=admitted,
     )
+    if kind_ == "deployment":  # last: a misspelt name is the more useful message
+        if allow_unauthenticated and values.authenticated:
+            raise InputError("--allow-unauthenticated contradicts --tokens-secret and "
+                             "--oidc-issuer: drop it to require a token")
+        if not (values.authenticated or allow_unauthenticated):
+            raise InputError(NO_ACCESS)
+    return values
 
 
 def _hub_args(values: HubServiceValues) -> list[str]:
@@ -150,20 +227,29 @@ def _hub_args(values: HubServiceValues) -> list[str]:
 
 
 def _access_args(values: HubServiceValues) -> list[str]:
-    """Who may read the API. Without a tokens Secret the pod must serve unauthenticated
-    (its probes and Prometheus reach it on the pod IP): said loudly in the Deployment."""
-    args = (["--tokens-file", f"{ACCESS_DIR}/{TOKENS_KEY}"] if values.tokens_secret
-            else ["--allow-unauthenticated"])
+    """Who may read the API: static tokens, OIDC, or (asked for, said loudly in the
+    Deployment) anyone who reaches the pod."""
+    args: list[str] = []
+    if values.tokens_secret:
+        args += ["--tokens-file", f"{ACCESS_DIR}/{TOKENS_KEY}"]
+    if values.oidc_issuer and values.oidc_audience:
+        args += ["--oidc-issuer", values.oidc_issuer, "--oidc-audience", values.oidc_audience,
+                 "--oidc-scope-claim", values.oidc_scope_claim,
+                 "--scopes-file", f"{SCOPES_DIR}/{SCOPES_KEY}"]
+    if not values.authenticated:
+        args.append("--allow-unauthenticated")
     if values.tls_secret:
         args += ["--tls-cert-file", f"{TLS_DIR}/tls.crt", "--tls-key-file", f"{TLS_DIR}/tls.key"]
     return args
 
 
-def render_hub_service(values: HubServiceValues) -> dict[str, str]:
+def render_hub_service(values: HubServiceValues,
+                       extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """All files of ``gpufleet hub render``: relative path -> text, in apply order.
 
     A Deployment runs ``gpufleet serve`` with a Service and ServiceMonitor for its /metrics;
     a CronJob runs ``gpufleet sync`` and has nothing to scrape, so it gets neither.
+    ``extra`` files (the Grafana dashboard) are added before the kustomization lists them.
     """
     every = format_duration(values.every)
     if values.kind == "deployment":
@@ -191,6 +277,9 @@ def render_hub_service(values: HubServiceValues) -> dict[str, str]:
         "tls_dir": TLS_DIR,
         "access_dir": ACCESS_DIR,
         "tokens_key": TOKENS_KEY,
+        "scopes_dir": SCOPES_DIR,
+        "scopes_key": SCOPES_KEY,
+        "admitted": values.admitted_namespaces,
         "scheme": "HTTPS" if values.tls_secret else "HTTP",
         "db_dir": DB_DIR,
     }
@@ -209,5 +298,6 @@ def render_hub_service(values: HubServiceValues) -> dict[str, str]:
     else:
         files["cronjob.yaml"] = _render("templates/hubservice/cronjob.yaml.j2",
                                                **context)
+    files.update(extra or {})
     files["kustomization.yaml"] = _kustomization(files)
     return files

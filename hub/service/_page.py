@@ -1,7 +1,8 @@
 """The live page of ``gpufleet serve`` at ``/``: the fleet at a glance, for people.
 
-Clusters and their freshness, failed and degraded GPUs, stale GPUs, GPUs named by findings,
-the findings, and a search by GPU UUID, node or namespace.
+Clusters and their freshness, failed and degraded GPUs, stale GPUs (one line per cluster),
+GPUs named by findings, the findings, charts of usage, utilisation, idle GPUs and capacity,
+and a search by GPU UUID, node or namespace.
 
 Read-only and server-rendered from the report's templates (templates/report: one layout, one
 set of tables), with no script and no external asset, so it works offline and behind the
@@ -26,6 +27,7 @@ from urllib.parse import quote, urlencode
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from hub import common
 from hub import inventory as inv
 from hub.common import html_environment, human_duration, iso
 from hub.service._api import ApiError, Query, Raw, page_gpus
@@ -57,6 +59,9 @@ class Section:
     empty: str
     api: str | None = None
     total: int | None = None
+    #: an inline-SVG chart (hub.common's chart functions, HTML) shown above the rows; drawn
+    #: from data already limited to the caller's scope, so it is passed through as it is
+    figure: str | None = None
 
     @property
     def more(self) -> int:
@@ -85,7 +90,8 @@ def scoped_section(section: Section, scope: Scope) -> Section:
     rows = [scope.mask_allocation(r) if "namespace" in r else r for r in section.rows
             if "cluster" not in r or scope.allows_cluster(r.get("cluster"))]
     return Section(section.id, section.title, section.columns, rows, section.empty,
-                   section.api, len(rows) if section.total is not None else None)
+                   section.api, len(rows) if section.total is not None else None,
+                   section.figure)
 
 
 def _gpu_href(uuid: str) -> str:
@@ -124,6 +130,29 @@ def stale_gpus_section(conn: Connection) -> Section:
                          .where(inv.gpus.c.state == inv.STALE)).scalar_one()
     return Section("stale-gpus", "Stale GPUs", GPU_COLUMNS, [_gpu_row(g) for g in items],
                    "No stale GPU.", "/api/v1/gpus?state=stale", total)
+
+
+def stale_clusters_section(conn: Connection, *, scope: Scope = FULL) -> Section:
+    """Stale GPUs collapsed to one line per cluster with how many, newest first by count:
+    a switched-off cluster is one line (with a bar), not a page of GPU rows. The rows link
+    to the cluster's stale GPUs in the API."""
+    g = inv.gpus
+    stmt = (sa.select(g.c.cluster, sa.func.count().label("stale_gpus"),
+                      sa.func.count(sa.distinct(g.c.node)).label("nodes"),
+                      sa.func.max(g.c.last_sample_at).label("last_sample_at"))
+            .where(g.c.state == inv.STALE).group_by(g.c.cluster))
+    if scope.clusters is not None:
+        stmt = stmt.where(g.c.cluster.in_(sorted(scope.clusters)))
+    states = {c["cluster"]: c["state"] for c in inv.list_clusters(conn)}
+    rows = [{"cluster": r.cluster, "state": states.get(r.cluster), "stale_gpus": r.stale_gpus,
+             "nodes": r.nodes, "last_sample_at": iso(r.last_sample_at),
+             "_href": "/api/v1/gpus?" + urlencode({"state": inv.STALE, "cluster": r.cluster})}
+            for r in sorted(conn.execute(stmt), key=lambda r: (-r.stale_gpus, r.cluster))]
+    return Section("stale-clusters", "Stale GPUs by cluster", [
+        ("cluster", "Cluster"), ("state", "Cluster state"), ("stale_gpus", "Stale GPUs"),
+        ("nodes", "Nodes"), ("last_sample_at", "Newest sample")],
+        rows[:PAGE_ROWS], "No stale GPU.", "/api/v1/gpus?state=stale", len(rows),
+        _figure(common.stale_clusters_chart(rows[:PAGE_ROWS])) if rows else None)
 
 
 HEALTH_COLUMNS = [("uuid", "GPU"), ("cluster", "Cluster"), ("node", "Node"),
@@ -224,7 +253,8 @@ def page_data(engine: Engine, *, search: str | None, findings: Sequence[Finding]
     with engine.connect() as conn:
         sections = [clusters_section(conn, now),
                     *(health_section(conn, level) for level in UNHEALTHY),
-                    stale_gpus_section(conn), findings_gpus_section(findings)]
+                    stale_clusters_section(conn, scope=scope),
+                    findings_gpus_section(findings)]
         for source in extra:
             section = source(conn, scope=scope) if _takes_scope(source) else source(conn)
             if section is not None:
@@ -315,5 +345,81 @@ def capacity_section(conn: Connection, *, scope: Scope = FULL) -> Section | None
         "No GPUs.", "/api/v1/capacity?by=model", len(rows))
 
 
-#: The usage sections `serve` shows on its page.
-USAGE_SECTIONS: tuple[SectionSource, ...] = (usage_section, idle_section, capacity_section)
+# -- charts (issue 22): one section per chart, each drawn from data read for the scope ------
+#: days of the GPU-hours-per-day chart, today included
+CHART_DAYS = 14
+
+
+def _figure(html: str) -> str:
+    from markupsafe import Markup
+
+    return Markup(html)  # built by hub.common's chart functions, which escape every text
+
+
+def usage_by_day_chart(conn: Connection, *, scope: Scope = FULL) -> Section | None:
+    """Chart: GPU-hours per day by namespace (stacked), the last CHART_DAYS days."""
+    from hub import usage
+
+    now = inv.now_utc()
+    first = inv.day_of(now) - (CHART_DAYS - 1) * inv.DAY
+    rows = usage.daily_by_namespace(conn, first, now, clusters=scope.clusters,
+                                    namespaces=scope.namespaces)
+    if not rows:
+        return None
+    return Section("usage-by-day", f"GPU-hours per day by namespace, last {CHART_DAYS} days",
+                   [], [], "", f"/api/v1/usage?by=namespace&since={CHART_DAYS}d", None,
+                   _figure(common.gpu_hours_by_day_chart(
+                       rows, days=usage.day_starts(first, now), chart_id="usage-by-day-chart")))
+
+
+def utilisation_chart(conn: Connection, *, scope: Scope = FULL) -> Section | None:
+    """Chart: fleet utilisation and SM activity per bucket over the last 24 h."""
+    from hub import usage
+
+    start, end = _window()
+    points = usage.utilisation_over_time(conn, start, end, clusters=scope.clusters,
+                                         namespaces=scope.namespaces)
+    if not points:
+        return None
+    return Section("utilisation", "Utilisation and SM activity, last 24 h", [], [], "",
+                   "/api/v1/usage?by=cluster&since=24h", None,
+                   _figure(common.utilisation_chart(points, start=start, end=end,
+                                                    chart_id="utilisation-chart")))
+
+
+def idle_chart(conn: Connection, *, scope: Scope = FULL) -> Section | None:
+    """Chart: idle allocated GPU-hours by namespace over the last 24 h, the figure of the
+    usage table (`usage --by namespace`), an aggregate the database sums."""
+    from hub import usage
+
+    rows = usage.usage_summary(conn, *_window(), by=("namespace",), clusters=scope.clusters,
+                               namespaces=scope.namespaces)
+    if not any(r.get("idle_allocated_gpu_hours") for r in rows):
+        return None
+    return Section("idle-chart", "Idle allocated GPU-hours by namespace, last 24 h", [], [],
+                   "", "/api/v1/usage?by=namespace&since=24h", None,
+                   _figure(common.idle_gpu_hours_chart(rows, chart_id="idle-chart-figure",
+                                                       table=True)))
+
+
+def capacity_chart(conn: Connection, *, scope: Scope = FULL) -> Section | None:
+    """Chart: GPU-equivalents by model, allocated / free / stale (the capacity table's
+    figures, scoped the same way)."""
+    from hub import usage
+
+    rows = usage.capacity(conn, ("model",),
+                          clusters=None if scope.fleet_counts else scope.clusters)
+    if not rows:
+        return None
+    return Section("capacity-chart", "Capacity by model: allocated, free, stale", [], [], "",
+                   "/api/v1/capacity?by=model", None,
+                   _figure(common.capacity_chart(rows, chart_id="capacity-chart-figure",
+                                                 table=True)))
+
+
+#: The usage sections `serve` shows on its page, each chart above the table it draws.
+USAGE_SECTIONS: tuple[SectionSource, ...] = (
+    usage_by_day_chart, utilisation_chart, usage_section,
+    idle_chart, idle_section,
+    capacity_chart, capacity_section,
+)

@@ -1,7 +1,7 @@
 """How GPUs are used: the usage ledger's writer (collect, fold, rollup) and the answers read
-from it (GPU-hours, idle allocated GPUs, free capacity, the history of one GPU). The ledger's
-tables belong to the inventory (hub/inventory/_usage_tables.py); everything else about the
-ledger is here, in one place.
+from it (GPU-hours, idle allocated GPUs, free capacity, the history of one GPU, and the same
+figures over time for charts). The ledger's tables belong to the inventory
+(hub/inventory/_usage_tables.py); everything else about the ledger is here, in one place.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from hub.usage._ledger import (
     rollup_sums,
     write_bucket,
 )
+from hub.usage._series import daily_by_namespace, day_starts, utilisation_over_time
 
 __all__ = [
     "CAPACITY_FIGURES",
@@ -53,6 +54,8 @@ __all__ = [
     "capacity",
     "check_settings",
     "collect_usage",
+    "daily_by_namespace",
+    "day_starts",
     "describe",
     "fold_bucket",
     "gpu_history",
@@ -66,5 +69,6 @@ __all__ = [
     "summary_select",
     "usage_frame",
     "usage_summary",
+    "utilisation_over_time",
     "write_bucket",
 ]

@@ -106,6 +106,8 @@ def assess(engine: Engine, client: HubClient | None, *, max_age: float, push_int
 IDLE_THRESHOLD_PCT = 5.0
 IDLE_FOR = 2 * 3600.0
 IDLE_LOOKBACK = 24 * 3600.0
+#: days of the report's GPU-hours-per-day chart (today included)
+CHART_DAYS = 14
 
 
 def idle_allocated_findings(conn: Any, now: dt.datetime) -> list[checks.Finding]:
@@ -125,11 +127,18 @@ def idle_allocated_findings(conn: Any, now: dt.datetime) -> list[checks.Finding]
 
 
 def usage_summary(conn: Any, now: dt.datetime) -> dict[str, Any]:
-    """The report's usage section: the last day by namespace, idle allocated GPUs, capacity."""
+    """The report's usage section: the last day by namespace, idle allocated GPUs, capacity,
+    and for its charts GPU-hours per day by namespace (CHART_DAYS) and utilisation per
+    bucket over the last day."""
     from hub import usage
 
     since = now - dt.timedelta(seconds=IDLE_LOOKBACK)
+    days_since = inv.day_of(now) - (CHART_DAYS - 1) * inv.DAY
     return {"since": since,
+            "days_since": days_since,
+            "by_day": usage.daily_by_namespace(conn, days_since, now,
+                                               idle_threshold=IDLE_THRESHOLD_PCT),
+            "utilisation": usage.utilisation_over_time(conn, since, now),
             "by_namespace": usage.usage_summary(conn, since, now, ["namespace"],
                                                 IDLE_THRESHOLD_PCT),
             "idle": usage.idle_allocated(conn, since, now, threshold=IDLE_THRESHOLD_PCT,

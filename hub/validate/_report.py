@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hub import common
 from hub.common import InputError, html_environment, iso, to_json, to_table
 from hub.validate._checks import ERROR, INFO, SEVERITIES, WARNING, Finding, human
 
@@ -201,23 +202,34 @@ def _chart(report: Report) -> dict[str, Any]:
             "top": top, "bottom": height - 6, "label_w": label_w}
 
 
-def _usage_chart(report: Report) -> dict[str, Any]:
-    """Bars of GPU-hours by namespace (allocated part darker), longest first."""
-    rows = sorted((report.usage or {}).get("by_namespace") or [],
-                  key=lambda r: -r["gpu_hours"])
-    label_w, bar_w, row_h, top = 180, 460, 22, 8
-    scale = max([r["gpu_hours"] for r in rows] + [1e-9])
-    bars = []
-    for i, r in enumerate(rows):
-        name = r["namespace"] or "(unallocated)"
-        bars.append({"namespace": name, "label": name if len(name) <= 24 else name[:23] + "…",
-                     "x": label_w, "y": top + i * row_h, "height": row_h - 6,
-                     "width": round(max(2.0, bar_w * r["gpu_hours"] / scale), 1),
-                     "text_y": top + i * row_h + row_h - 10,
-                     "value": f"{r['gpu_hours']:.1f} GPU-h",
-                     "busy": round(bar_w * r["busy_gpu_hours"] / scale, 1)})
-    return {"width": label_w + bar_w + 110, "height": top + max(1, len(bars)) * row_h + 6,
-            "bars": bars, "label_w": label_w}
+def stale_cluster_rows(summary: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Clusters with stale GPUs, one row each with how many: a switched-off cluster is one
+    line, not one per GPU."""
+    return [{"cluster": r["cluster"], "stale_gpus": r.get("stale_gpus") or 0,
+             "last_sample_at": r.get("last_sample_at")}
+            for r in summary if r.get("stale_gpus")]
+
+
+def report_charts(report: Report) -> dict[str, Any]:
+    """The page's charts as HTML (inline SVG with its text and table), drawn from the same
+    data the report's tables show; {} parts are left out when there is no usage section."""
+    from markupsafe import Markup
+
+    out = {"stale": Markup(common.stale_clusters_chart(stale_cluster_rows(report.summary),
+                                                       table=False))}
+    usage = report.usage
+    if usage is None:
+        return out
+    now = report.generated_at
+    days = [usage["days_since"] + dt.timedelta(days=i)
+            for i in range(max(1, (now - usage["days_since"]).days + 1))] \
+        if usage.get("days_since") else None
+    out["by_day"] = Markup(common.gpu_hours_by_day_chart(usage.get("by_day") or [], days=days))
+    out["utilisation"] = Markup(common.utilisation_chart(
+        usage.get("utilisation") or [], start=usage["since"], end=now))
+    out["idle"] = Markup(common.idle_gpu_hours_chart(usage.get("by_namespace") or []))
+    out["capacity"] = Markup(common.capacity_chart(usage.get("capacity") or []))
+    return out
 
 
 def render_html(report: Report) -> str:
@@ -227,7 +239,7 @@ def render_html(report: Report) -> str:
         summary=[{**r, "last_sample_at": iso(r.get("last_sample_at"))}
                  for r in _sorted_summary(report.summary)],
         findings=[f.as_dict() for f in report.findings], chart=_chart(report),
-        usage=_plain_usage(report.usage), usage_chart=_usage_chart(report),
+        usage=_plain_usage(report.usage), charts=report_charts(report),
     )
 
 

@@ -177,6 +177,21 @@ class Browser:
     def dom(self) -> Dom:
         return Dom(str(self.evaluate("document.documentElement.outerHTML")))
 
+    def screenshot(self, selector: str | None = None) -> tuple[bytes, dict]:
+        """A PNG of the page, or of the element ``selector`` names (scrolled into view,
+        clipped to its box at scale 1); (png, the box in CSS pixels)."""
+        import base64
+
+        params: dict[str, Any] = {"format": "png", "captureBeyondViewport": True}
+        box: dict = {}
+        if selector is not None:
+            box = self.evaluate(
+                f"(() => {{ const r = document.querySelector({json.dumps(selector)})"
+                ".getBoundingClientRect(); return {x: r.x + window.scrollX, "
+                "y: r.y + window.scrollY, width: r.width, height: r.height}; })()")
+            params["clip"] = {**box, "scale": 1}
+        return base64.b64decode(self.send("Page.captureScreenshot", **params)["data"]), box
+
     def cookies(self) -> list[dict]:
         return self.send("Network.getCookies")["cookies"]
 
