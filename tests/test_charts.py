@@ -12,7 +12,6 @@ import datetime as dt
 import json
 
 import pytest
-from hub.inventory._ledger import write_bucket
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -22,6 +21,7 @@ from hub.common import _charts as charts
 from hub.inventory import _db
 from hub.inventory import _migrate as migrate
 from hub.inventory._normalize import Observation
+from hub.usage import write_bucket
 from tests.support.browser import Browser, Dom
 from tests.support.clirun import gpufleet
 from tests.support.png import decode

@@ -56,8 +56,8 @@ def _num(value: float) -> str:
 
 def nice_ceiling(value: float) -> float:
     """The smallest of 1, 2, 2.5, 5 x 10^k at or above ``value`` (an axis end people read)."""
-    if value <= 0 or not math.isfinite(value):
-        return 1.0
+    if value <= 1e-12 or not math.isfinite(value):
+        return 1.0  # nothing to draw (and 10**k of a subnormal value underflows to 0)
     power = 10.0 ** math.floor(math.log10(value))
     for step in (1.0, 2.0, 2.5, 5.0, 10.0):
         if value <= step * power * (1 + 1e-9):
