@@ -74,12 +74,15 @@ def period_options(func):
 @click.option("--idle-threshold", type=click.FloatRange(0, 100), default=5.0,
               show_default=True, help="Average utilisation % under which an allocated "
               "bucket counts as idle.")
+@click.option("--prices", "prices_file", metavar="FILE", type=click.Path(dir_okay=False),
+              help="Showback: YAML of prices per GPU-hour by model (as the exporter spells "
+              "it), with optional per-cluster overrides; adds cost and unpriced_gpu_hours.")
 @db_option
 @output_option()
 @click.pass_context
 def usage(ctx: click.Context, since: float | None, from_: str | None, until: str | None,
-          by: tuple[str, ...], idle_threshold: float, db: str | None, output: str,
-          **_: Any) -> None:
+          by: tuple[str, ...], idle_threshold: float, prices_file: str | None,
+          db: str | None, output: str, **_: Any) -> None:
     """GPU-hours per group from the usage ledger (fill it with `gpufleet usage collect`).
 
     \b
@@ -89,18 +92,30 @@ def usage(ctx: click.Context, since: float | None, from_: str | None, until: str
     idle_allocated_gpu_hours  allocated hours whose bucket average stayed under
                               --idle-threshold
     avg_utilisation_pct       busy / gpu_hours x 100
+    sm_active_gpu_hours       hours x average SM activity / 100 (null: not exported)
+    avg_sm_active_pct         SM activity over the hours that exported it
     energy_kwh                average power x hours reporting
-    Unallocated GPU time has an empty namespace. See docs/usage.md.
+    cost                      with --prices: GPU-hours x price (empty when a model in
+                              the group has no price; unpriced_gpu_hours says how many)
+    Unallocated GPU time has an empty namespace. A monthly showback export:
+    `gpufleet usage --since 30d --by namespace --prices prices.yaml -o csv`.
+    See docs/usage.md.
     """
     if ctx.invoked_subcommand is not None:
         return
     start, end = period(since, from_, until)  # type: ignore[misc]
     by = by or ("namespace",)
+    prices = answers.load_prices(prices_file) if prices_file else None
+    missing: dict = {}
     with database(db) as engine:
         require_schema(engine)
         with engine.connect() as conn:
-            rows = answers.usage_summary(conn, start, end, by, idle_threshold)
-    emit(rows, [*answers.group_columns(by), *answers.USAGE_FIGURES], output)
+            rows = answers.usage_summary(conn, start, end, by, idle_threshold,
+                                         prices=prices, missing=missing)
+    figures = [*answers.USAGE_FIGURES, *(answers.COST_FIGURES if prices else [])]
+    emit(rows, [*answers.group_columns(by), *figures], output)
+    if note := answers.missing_note(missing):
+        click.echo(f"note: {note}", err=True)
 
 
 @usage.command("collect", cls=ConfiguredCommand)

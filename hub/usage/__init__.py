@@ -37,18 +37,21 @@ from hub.usage._ledger import (
     rollup_sums,
     write_bucket,
 )
+from hub.usage._prices import COST_FIGURES, Prices, load_prices, missing_note, parse_prices
 from hub.usage._series import daily_by_namespace, day_starts, utilisation_over_time
 
 __all__ = [
     "CAPACITY_FIGURES",
     "CAPACITY_GROUPS",
     "CONFIRM_BUCKETS",
+    "COST_FIGURES",
     "GROUPS",
     "HISTORY_COLUMNS",
     "IDLE_COLUMNS",
     "MAX_BUCKETS",
     "USAGE_FIGURES",
     "CollectResult",
+    "Prices",
     "apply_retention",
     "buckets_between",
     "capacity",
@@ -62,6 +65,9 @@ __all__ = [
     "group_columns",
     "idle_allocated",
     "ledger_bucket",
+    "load_prices",
+    "missing_note",
+    "parse_prices",
     "rebuild_days",
     "replace_grid",
     "rollup_days",

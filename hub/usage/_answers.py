@@ -25,6 +25,7 @@ from hub import inventory as inv
 from hub import store
 from hub.usage._dra import claim_held
 from hub.usage._ledger import rollup_sums
+from hub.usage._prices import Prices, add_costs
 
 U = inv.usage
 GROUPS: dict[str, list[str]] = {
@@ -92,15 +93,16 @@ def summary_select(conn: Connection, start: dt.datetime, end: dt.datetime,
                    by: Sequence[str], idle_threshold: float, *,
                    clusters: Collection[str] | None = None,
                    namespaces: Collection[str] | None = None,
-                   rollup: bool = True) -> sa.Select | None:
+                   rollup: bool = True,
+                   columns: Sequence[str] | None = None) -> sa.Select | None:
     """The statement usage_summary runs (None: nothing to read), also for EXPLAIN.
 
     Whole UTC days come from the daily rollup (inv.usage_daily, an index range on its day)
     and only the edge hours from the hourly ledger (a range of its key): a month is ~30 rows
     per GPU, not 720. The rollup's idle figure is for the default threshold, so another
     ``idle_threshold`` (or ``rollup=False``) reads the whole period from the ledger; both
-    give the same sums."""
-    cols = group_columns(by)
+    give the same sums. ``columns`` replaces the grouping columns ``by`` names."""
+    cols = list(columns) if columns is not None else group_columns(by)
     parts: list[sa.Select] = []
     hourly = [(start, end)]
     days = (rollup_days(conn, start, end)
@@ -131,31 +133,51 @@ def usage_summary(conn: Connection, start: dt.datetime, end: dt.datetime,
                   by: Sequence[str] = ("namespace",), idle_threshold: float = 5.0, *,
                   clusters: Collection[str] | None = None,
                   namespaces: Collection[str] | None = None,
-                  rollup: bool = True) -> list[dict[str, Any]]:
+                  rollup: bool = True, prices: Prices | None = None,
+                  missing: dict | None = None) -> list[dict[str, Any]]:
     """One row per group over the buckets starting in [start, end), summed in the database
     (summary_select says from where). ``clusters`` and ``namespaces`` restrict the rows
-    counted (a scoped API caller sees only its own)."""
-    stmt = summary_select(conn, start, end, by, idle_threshold, clusters=clusters,
-                          namespaces=namespaces, rollup=rollup)
+    counted (a scoped API caller sees only its own). With ``prices`` each row also has
+    ``cost`` and ``unpriced_gpu_hours`` (hub/usage/_prices.py): the database sums per group,
+    cluster and model (a price is per cluster and model), and the groups add those up;
+    ``missing`` (a dict) receives the unpriced GPU-hours per (cluster, model)."""
+    cols = group_columns(by)
+    read = cols + [c for c in ("cluster", "model") if prices is not None and c not in cols]
+    stmt = summary_select(conn, start, end, read, idle_threshold, clusters=clusters,
+                          namespaces=namespaces, rollup=rollup, columns=read)
     if stmt is None:
         return []
-    cols = group_columns(by)
-    out = []
+    groups: dict[tuple, dict[str, Any]] = {}
+    parts: list[tuple[tuple, Any]] = []
     for r in conn.execute(stmt).mappings():
-        row = {c: r[c] for c in cols}
+        key = tuple(r[c] for c in cols)
+        group = groups.setdefault(key, {**{c: r[c] for c in cols}, **dict.fromkeys(SUMS, 0.0)})
+        for f in SUMS:
+            group[f] += float(r[f] or 0.0)
+        parts.append((key, r))
+    if prices is not None:
+        found = add_costs(groups, parts, prices)
+        if missing is not None:
+            missing.update(found)
+    out = []
+    for group in groups.values():
+        row = {c: group[c] for c in cols}
         for f in ("gpu_hours", "allocated_gpu_hours", "busy_gpu_hours",
                   "idle_allocated_gpu_hours"):
-            row[f] = round(float(r[f] or 0.0), 6)
-        row["avg_utilisation_pct"] = (round(100.0 * float(r["busy_gpu_hours"]) /
-                                            float(r["gpu_hours"]), 3)
-                                      if r["gpu_hours"] else None)
+            row[f] = round(group[f], 6)
+        row["avg_utilisation_pct"] = (round(100.0 * group["busy_gpu_hours"] /
+                                            group["gpu_hours"], 3)
+                                      if group["gpu_hours"] else None)
         # SM activity only over the GPU-hours that exported it: null where none did
-        measured = float(r["sm_measured_gpu_hours"] or 0.0)
-        row["sm_active_gpu_hours"] = (round(float(r["sm_active_gpu_hours"] or 0.0), 6)
+        measured = group["sm_measured_gpu_hours"]
+        row["sm_active_gpu_hours"] = (round(group["sm_active_gpu_hours"], 6)
                                       if measured else None)
-        row["avg_sm_active_pct"] = (round(100.0 * float(r["sm_active_gpu_hours"] or 0.0)
-                                          / measured, 3) if measured else None)
-        row["energy_kwh"] = round(float(r["energy_wh"] or 0.0) / 1000.0, 6)
+        row["avg_sm_active_pct"] = (round(100.0 * group["sm_active_gpu_hours"] / measured, 3)
+                                    if measured else None)
+        row["energy_kwh"] = round(group["energy_wh"] / 1000.0, 6)
+        if prices is not None:
+            row["cost"] = group["cost"]
+            row["unpriced_gpu_hours"] = group["unpriced_gpu_hours"]
         out.append(_clean(row))
     return out
 

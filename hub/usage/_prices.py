@@ -1,0 +1,134 @@
+"""Showback: what the GPU-hours of the ledger cost, from a price per GPU-hour per model.
+
+A price file is YAML: the model name exactly as the exporter spells it (``modelName``,
+``card_series``) to a price per GPU-hour, and optionally per-cluster overrides::
+
+    "NVIDIA H100 80GB HBM3": 2.5
+    "AMD Instinct MI300X OAM": 3.1
+    clusters:
+      prod-east:
+        "NVIDIA H100 80GB HBM3": 2.1
+
+A MIG slice is priced at its share: its GPU-hours are already share x hours. A model without
+a price is never billed as 0: its hours are counted in ``unpriced_gpu_hours`` and the cost of
+every group they fall in is left empty (null), so nobody sends a bill that silently leaves
+hardware out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hub.common import InputError
+
+CLUSTERS_KEY = "clusters"
+COST_FIGURES = ["cost", "unpriced_gpu_hours"]
+
+
+@dataclass(frozen=True)
+class Prices:
+    """Prices per GPU-hour by model, with per-cluster overrides."""
+
+    models: Mapping[str, float]
+    clusters: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+
+    def price(self, cluster: str | None, model: str | None) -> float | None:
+        if model is None:
+            return None
+        override = self.clusters.get(cluster or "", {})
+        if model in override:
+            return override[model]
+        return self.models.get(model)
+
+
+def _price_table(raw: Any, where: str) -> dict[str, float]:
+    if not isinstance(raw, Mapping):
+        raise InputError(f"{where} must map model names to prices per GPU-hour")
+    out: dict[str, float] = {}
+    for model, value in raw.items():
+        if not isinstance(model, str) or not model.strip():
+            raise InputError(f"{where}: {model!r} is not a model name")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise InputError(f"{where}: the price of {model!r} is {value!r}, not a number")
+        if not math.isfinite(value) or value < 0:
+            raise InputError(f"{where}: the price of {model!r} is {value!r}; prices are "
+                             "0 or more")
+        out[model] = float(value)
+    return out
+
+
+def parse_prices(raw: Any, source: str = "price file") -> Prices:
+    """Prices from parsed YAML; a one-line InputError names what is wrong."""
+    if not isinstance(raw, Mapping) or not raw:
+        raise InputError(f"{source}: expected a mapping of model names to prices per "
+                         'GPU-hour, e.g. "NVIDIA H100 80GB HBM3": 2.5')
+    models = {k: v for k, v in raw.items() if k != CLUSTERS_KEY}
+    clusters_raw = raw.get(CLUSTERS_KEY, {}) or {}
+    if not isinstance(clusters_raw, Mapping):
+        raise InputError(f"{source}: {CLUSTERS_KEY} must map cluster names to price tables")
+    clusters = {}
+    for name, table in clusters_raw.items():
+        if not isinstance(name, str) or not name:
+            raise InputError(f"{source}: {name!r} under {CLUSTERS_KEY} is not a cluster name")
+        clusters[name] = _price_table(table, f"{source}: {CLUSTERS_KEY}.{name}")
+    return Prices(_price_table(models, source), clusters)
+
+
+def load_prices(path: str | Path) -> Prices:
+    import yaml
+
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise InputError(f"cannot read price file {path}: {exc.strerror or exc}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" (line {mark.line + 1})" if mark is not None else ""
+        raise InputError(f"price file {path} is not valid YAML{at}") from None
+    return parse_prices(raw, f"price file {path}")
+
+
+def add_costs(groups: dict[tuple, dict[str, Any]], parts: Iterable[tuple[tuple, Mapping]],
+              prices: Prices) -> dict[tuple[str | None, str | None], float]:
+    """Add ``cost`` and ``unpriced_gpu_hours`` to each group from its parts: (group key,
+    row with cluster, model and gpu_hours). Returns the unpriced GPU-hours per
+    (cluster, model), for the note that says which prices are missing."""
+    missing: dict[tuple[str | None, str | None], float] = {}
+    for key, part in parts:
+        group = groups[key]
+        hours = float(part["gpu_hours"] or 0.0)
+        group.setdefault("_cost", 0.0)
+        group.setdefault("unpriced_gpu_hours", 0.0)
+        price = prices.price(part["cluster"], part["model"])
+        if price is None:
+            if hours > 0:
+                group["unpriced_gpu_hours"] += hours
+                where = (part["cluster"], part["model"])
+                missing[where] = missing.get(where, 0.0) + hours
+            continue
+        group["_cost"] += hours * price
+    for group in groups.values():
+        cost = group.pop("_cost", 0.0)
+        unpriced = round(group.get("unpriced_gpu_hours", 0.0), 6)
+        group["unpriced_gpu_hours"] = unpriced
+        group["cost"] = None if unpriced > 0 else round(cost, 6)
+    return missing
+
+
+def missing_note(missing: Mapping[tuple[str | None, str | None], float]) -> str | None:
+    """One line naming the models without a price (None when every hour is priced)."""
+    if not missing:
+        return None
+    by_model: dict[str, float] = {}
+    for (_, model), hours in missing.items():
+        name = model or "(model not known)"
+        by_model[name] = by_model.get(name, 0.0) + hours
+    listed = ", ".join(f"{m} ({h:.2f} GPU-hours)" for m, h in sorted(by_model.items()))
+    return (f"no price for {listed}: the cost of the groups they fall in is left empty; "
+            "add them to the price file")
