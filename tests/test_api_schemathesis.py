@@ -55,7 +55,7 @@ def service(request: pytest.FixtureRequest, hub_store: str,  # noqa: F811
         yield started
     finally:
         started.stop()
-        started.server.router.engine.dispose()
+        started.engine.dispose()
         write.dispose()
 
 

@@ -263,7 +263,7 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
             try:
                 _prepare_schema(engine)
             except BaseException:
-                service.server.server_close()
+                service.server.close()
                 raise
             _run(service, client, engine, every)
         finally:

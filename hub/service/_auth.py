@@ -112,6 +112,10 @@ class Caller:
     token_sha256: str | None = None
 
 
+#: the caller of a service without access control (loopback, or --allow-unauthenticated)
+ANONYMOUS = Caller(FULL, "")
+
+
 def _names(value: Any, what: str, source: str) -> frozenset[str] | None:
     if value is None or value == "*" or value == ["*"]:
         return None
@@ -351,14 +355,19 @@ class Authenticator:
         return self.tokens is not None or self.oidc is not None
 
     def authenticate(self, authorization: str | None) -> Scope:
+        return self.bearer(authorization).scope
+
+    def bearer(self, authorization: str | None) -> Caller:
+        """The caller of an ``Authorization: Bearer TOKEN`` header (everyone, unrestricted,
+        when no access is configured)."""
         if not self.enabled:
-            return FULL
+            return ANONYMOUS
         if not authorization:
             raise Unauthorized("no bearer token")
         kind, _, token = authorization.partition(" ")
         if kind.lower() != "bearer":
             raise Unauthorized("malformed Authorization header")
-        return self.identify(token).scope
+        return self.identify(token)
 
     def identify(self, token: str) -> Caller:
         """A token as sent in a header or pasted into the sign-in form -> its caller; the one

@@ -25,10 +25,11 @@ from urllib.parse import quote, urlencode
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
+from starlette.responses import HTMLResponse
 
 from hub import inventory as inv
 from hub.common import html_environment, human_duration, iso
-from hub.service._api import ApiError, Query, Raw, page_gpus
+from hub.service._api import ApiError, page_gpus
 from hub.service._auth import FULL, Scope
 
 #: rows per section; the section links to the API for the rest
@@ -43,6 +44,7 @@ API_LINKS = ("/api/v1/clusters", "/api/v1/nodes", "/api/v1/gpus", "/api/v1/findi
 SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
 UNHEALTHY = [level for level in ("failed", "degraded") if level in inv.HEALTH_LEVELS]
 Finding = Mapping[str, Any]
+Query = Mapping[str, list[str]]
 
 
 @dataclass
@@ -250,9 +252,9 @@ def unavailable_data(search: str | None, notice: str) -> dict[str, Any]:
             "signed_in": None, "can_sign_out": False}
 
 
-def render_page(data: Mapping[str, Any]) -> Raw:
+def render_page(data: Mapping[str, Any], status: int = 200) -> HTMLResponse:
     html = html_environment().get_template("fleet.html.j2").render(**data)
-    return Raw(html.encode(), HTML_CONTENT_TYPE, (("Content-Security-Policy", PAGE_CSP),))
+    return HTMLResponse(html, status, headers={"Content-Security-Policy": PAGE_CSP})
 
 
 # -- usage, idle and capacity (issue "usage and capacity"): sections from the usage ledger ----

@@ -30,11 +30,12 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from http.cookies import CookieError, SimpleCookie
-from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, Response
+
 from hub.common import html_environment
-from hub.service._api import Raw, Response
 from hub.service._auth import Authenticator, Caller, Unauthorized
 
 log = logging.getLogger("gpufleet.auth")
@@ -135,16 +136,6 @@ def same_origin(sec_fetch_site: str | None, origin: str | None, host: str | None
     return bool(host) and urlsplit(origin).netloc.lower() == host.strip().lower()
 
 
-@dataclass(frozen=True)
-class FormPost:
-    """A POST as the HTTP layer read it: ``body`` None when it was missing or too large."""
-
-    body: bytes | None
-    content_type: str = ""
-    cookie: str | None = None
-    same_origin: bool = True
-
-
 class Login:
     """The /login and /logout endpoints and the sessions they keep.
 
@@ -179,19 +170,20 @@ class Login:
         return caller, sid
 
     # -- the endpoints ----------------------------------------------------------------------
-    def form(self, query: Mapping[str, list[str]], engine: Any = None) -> Response:
+    def form(self, request: Request) -> Response:
         """GET /login: the form. It takes no parameter (a token never travels in a URL)."""
-        if query:
+        if request.query_params:
             return self._form(400, "This page takes no parameters; paste the token into "
                                    "the form.")
         return self._form(200)
 
-    def submit(self, post: FormPost) -> Response:
-        """POST /login: check the token, start a session, send the browser to the page."""
-        if not post.same_origin:
+    def submit(self, body: bytes | None, headers: Mapping[str, str]) -> Response:
+        """POST /login: check the token, start a session, send the browser to the page.
+        ``body`` is None when it was missing or too large (not read)."""
+        if not _same_origin(headers):
             log.info("sign-in refused: a form post from another site")
             return self._form(403, "Sign-in failed: the form was sent from another site.")
-        token = _token_field(post)
+        token = _token_field(body, headers.get("content-type", ""))
         if token is None:
             return self._form(400, "Sign-in failed: the form could not be read.")
         try:
@@ -210,22 +202,22 @@ class Login:
             self.on_refused("unauthenticated")
             log.info("sign-in refused for %s: the token expires now", caller.name)
             return self._form(401, "Sign-in failed.")
-        old = session_id(post.cookie)
+        old = session_id(headers.get("cookie"))
         if old is not None:  # a fresh id on every sign-in: no session fixation
             self.sessions.drop(old)
         new_id, session = made
         log.info("signed in: %s", caller.name)
         max_age = max(1, int(session.expires_at - self.sessions.clock()))
-        return 303, redirect("/", self.cookie(new_id, max_age))
+        return redirect("/", self.cookie(new_id, max_age))
 
-    def logout(self, post: FormPost) -> Response:
+    def logout(self, headers: Mapping[str, str]) -> Response:
         """POST /logout: forget the session (if any) and the cookie; back to the form."""
-        if not post.same_origin:
+        if not _same_origin(headers):
             return self._form(403, "Sign-out refused: the form was sent from another site.")
-        sid = session_id(post.cookie)
+        sid = session_id(headers.get("cookie"))
         if sid is not None:
             self.sessions.drop(sid)
-        return 303, redirect("/login", self.cookie("", 0))
+        return redirect("/login", self.cookie("", 0))
 
     # -- helpers ------------------------------------------------------------------------------
     def cookie(self, value: str, max_age: int) -> str:
@@ -235,16 +227,22 @@ class Login:
 
     def _form(self, status: int, message: str | None = None) -> Response:
         html = html_environment().get_template("login.html.j2").render(message=message)
-        return status, Raw(html.encode(), HTML, (("Content-Security-Policy", LOGIN_CSP),))
+        return HTMLResponse(html, status, headers={"Content-Security-Policy": LOGIN_CSP,
+                                                   "Cache-Control": "no-store"})
 
 
-def _token_field(post: FormPost) -> str | None:
+def _same_origin(headers: Mapping[str, str]) -> bool:
+    return same_origin(headers.get("sec-fetch-site"), headers.get("origin"),
+                       headers.get("host"))
+
+
+def _token_field(body: bytes | None, content_type: str) -> str | None:
     """The one ``token`` field of a urlencoded form, or None for anything else."""
-    if post.body is None or post.content_type.split(";")[0].strip().lower() != FORM:
+    if body is None or content_type.split(";")[0].strip().lower() != FORM:
         return None
     try:
-        fields = parse_qs(post.body.decode("ascii"), keep_blank_values=True,
-                          strict_parsing=bool(post.body), max_num_fields=5,
+        fields = parse_qs(body.decode("ascii"), keep_blank_values=True,
+                          strict_parsing=bool(body), max_num_fields=5,
                           errors="strict")
     except (UnicodeDecodeError, ValueError):
         return None
@@ -257,11 +255,11 @@ def _token_field(post: FormPost) -> str | None:
     return token
 
 
-def redirect(location: str, cookie: str | None = None) -> Raw:
-    headers = [("Location", location)]
+def redirect(location: str, cookie: str | None = None) -> Response:
+    headers = {"Location": location, "Cache-Control": "no-store"}
     if cookie is not None:
-        headers.append(("Set-Cookie", cookie))
-    return Raw(b"", HTML, tuple(headers))
+        headers["Set-Cookie"] = cookie
+    return Response(b"", 303, headers=headers, media_type="text/html")
 
 
 def wants_html(accept: str | None) -> bool:
