@@ -590,8 +590,11 @@ def _error_handlers(app: FastAPI, login: Login | None) -> None:
             exc = StarletteHTTPException(405)
         if exc.status_code == 405:
             allowed = _allowed(app, path)
+            # h11 frames the request, so a body we do not read never passes for a request;
+            # the connection stays open (closing it under an unread body resets it, and the
+            # client may lose this answer)
             return _error(405, f"method {request.method[:16]} not allowed here ({allowed}): "
-                               "the API is read-only", {"Allow": allowed, "Connection": "close"})
+                               "the API is read-only", {"Allow": allowed})
         if exc.status_code == 404:
             try:  # before the 404: an unknown path tells a stranger nothing either
                 await run_in_threadpool(gate.caller, request)
