@@ -69,7 +69,8 @@ def service_jobs(engine: Engine, client: HubClient, *, stale_after: float, clust
     def findings() -> list[dict[str, Any]]:
         assessed = validation.assess(engine, client, max_age=max_age, push_interval=push_interval,
                                    window=window, cluster_label=cluster_label)
-        return [f.as_dict() for f in assessed.findings]
+        # with the namespace a finding's message names, so the API can keep it from others
+        return [{**f.as_dict(), "namespace": f.namespace} for f in assessed.findings]
 
     def usage_job() -> None:
         result = inv.collect_usage(engine, client, bucket=usage_bucket, delay=push_interval,

@@ -139,6 +139,8 @@ class Finding(Strict):
     gpu: Text
     message: str
     checked_at: Time
+    namespace: Text = Field(None, description="The namespace of the pod the message names, "
+                                              "if it names one.")
 
 
 class CheckFailure(Strict):
