@@ -7,6 +7,7 @@ sync fills it. Then the endpoints are asked what a client would ask.
 
 from __future__ import annotations
 
+import base64
 import json
 import uuid as uuidlib
 from collections.abc import Iterator
@@ -273,10 +274,33 @@ def test_a_uuid_is_one_gpu_wherever_it_reports(served):
     ("/api/v1/findings", {"severity": "fatal"}, "unknown severity 'fatal'"),
     ("/api/v1/clusters", {"node": "x"}, "unknown query parameter 'node'"),
     ("/healthz", {"verbose": "1"}, "unknown query parameter 'verbose'"),
+    # client mistakes that once answered 500 or 503 (issue 22)
+    *((path, {"since": "100000000d"}, "since: '100000000d' is longer than 36500d")
+      for path in ("/api/v1/usage", "/api/v1/idle", "/api/v1/events")),
+    ("/api/v1/usage", {"since": "1e400"}, "since: invalid duration"),
+    ("/api/v1/usage", {"from": "0001-01-01T00:00:00+14:00"}, "not an ISO-8601 time"),
+    ("/api/v1/idle", {"for": "100000000d"}, "for: '100000000d' is longer"),
+    ("/api/v1/events", {"continue": api.encode_token(["9" * 30, "", "", ""])},
+     "invalid continue token"),
+    ("/api/v1/events", {"continue": api.encode_token(["²", "", "", ""])},
+     "invalid continue token"),
+    ("/api/v1/events", {"continue": "A" * 5000}, "invalid continue"),
+    ("/api/v1/gpus", {"continue": base64.urlsafe_b64encode(b"[" * 100_00).decode()},
+     "invalid continue"),
+    ("/api/v1/gpus", {"continue": base64.urlsafe_b64encode(b"[" * 1500).decode()},
+     "invalid continue token"),
 ])
 def test_bad_query_parameters_are_400_naming_the_problem(served, path, params, needle):
     body = served.json(path, 400, **params)
     assert set(body) == {"error"} and needle in body["error"]
+
+
+@pytest.mark.parametrize("path", ["/api/v1/gpus/a%00b", "/api/v1/gpus/a%00b/history",
+                                  "/api/v1/gpus/GPU-%1b[31m/history"])
+def test_control_characters_in_a_gpu_path_are_400_on_every_database(served, path):
+    """PostgreSQL refuses NUL in a text parameter: that once read as 'database unavailable'."""
+    body = served.json(path, 400)
+    assert body == {"error": "uuid must not contain control characters"}
 
 
 def test_empty_parameters_mean_no_filter_as_the_schema_allows(served):
