@@ -21,6 +21,7 @@ import signal
 import socket
 import ssl
 import struct
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -268,6 +269,9 @@ class Issuer:
     def __init__(self) -> None:
         self.keys: dict[str, Any] = {}  # kid -> private key
         self.jwks_hits = 0
+        #: while cleared, the JWKS answer waits (an issuer that stalls)
+        self.answering = threading.Event()
+        self.answering.set()
         issuer = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -276,6 +280,7 @@ class Issuer:
                     body = {"issuer": issuer.url, "jwks_uri": issuer.url + "/jwks"}
                 elif self.path == "/jwks":
                     issuer.jwks_hits += 1
+                    issuer.answering.wait(30)
                     body = {"keys": [issuer.jwk(k, v) for k, v in issuer.keys.items()]}
                 else:
                     self.send_error(404)
@@ -404,6 +409,35 @@ def test_oidc_key_rotation_is_picked_up_on_an_unknown_key_id(oidc, issuer):
                            headers={"kid": "random"})
         assert get(service, "/api/v1/clusters", bogus).status_code == 401
     assert issuer.jwks_hits == hits
+
+
+def test_a_stalled_issuer_never_holds_up_callers_whose_key_is_cached(oidc, issuer):
+    """A stranger's random key id makes the service fetch the keys again; the issuer stalls.
+    Callers whose key is cached are answered meanwhile, not queued behind that fetch."""
+    service, clock = oidc
+    valid = issuer.token("rsa-1", ["platform"])
+    assert get(service, "/api/v1/clusters", valid).ok  # keys fetched and cached
+    issuer.answering.clear()
+    clock.now += MIN_REFRESH
+    bogus = jwt.encode({"x": 1}, issuer.keys["rsa-1"], algorithm="RS256",
+                       headers={"kid": "random"})
+    stranger = threading.Thread(target=get, args=(service, "/api/v1/clusters", bogus))
+    hits = issuer.jwks_hits
+    try:
+        stranger.start()
+        while issuer.jwks_hits == hits:  # the refresh is in flight, stalled at the issuer
+            time.sleep(0.01)
+        for _ in range(5):
+            started = time.monotonic()
+            assert get(service, "/api/v1/clusters", valid).status_code == 200
+            assert time.monotonic() - started < 1.0
+        # another unknown key id meanwhile is refused at once, not queued
+        started = time.monotonic()
+        assert get(service, "/api/v1/clusters", bogus).status_code == 401
+        assert time.monotonic() - started < 1.0
+    finally:
+        issuer.answering.set()
+        stranger.join(30)
 
 
 # -- TLS -----------------------------------------------------------------------------------------

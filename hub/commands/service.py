@@ -21,6 +21,7 @@ from hub.common import (
     ConfiguredCommand,
     ConfiguredGroup,
     InputError,
+    RedactingFilter,
     UnavailableError,
     cluster_label_option,
     db_option,
@@ -34,6 +35,7 @@ from hub.common import (
     parse_duration,
     parse_listen,
     push_interval_option,
+    register_secret,
     stale_after_option,
     window_option,
 )
@@ -241,6 +243,8 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
     tls = svc.TlsFiles(tls_cert_file, tls_key_file) if tls_cert_file and tls_key_file else None
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:  # no URL password in any line, whoever logs
+        handler.addFilter(RedactingFilter())
     if auth.oidc is not None:
         auth.oidc.jwks.warm()
     logging.getLogger("alembic").setLevel(logging.WARNING)
@@ -283,6 +287,7 @@ def access(*, tokens_file: str | None, oidc_issuer: str | None, oidc_audience: s
         if not scopes_file:
             raise InputError("--oidc-issuer needs --scopes-file (which group sees what)")
         parsed = urlsplit(oidc_issuer)
+        register_secret(parsed.password)  # never in a log line or an error
         if parsed.scheme != "https" and not (parsed.scheme == "http" and parsed.hostname
                                              and svc.is_loopback(parsed.hostname)):
             raise InputError(f"--oidc-issuer must be an https:// URL, not {oidc_issuer!r}")
@@ -298,8 +303,18 @@ def token_group() -> None:
     """Static tokens for --tokens-file."""
 
 
-def _names(values: tuple[str, ...]) -> list[str]:
-    return sorted({n.strip() for v in values for n in v.split(",") if n.strip()})
+def _names(values: tuple[str, ...], option: str) -> list[str]:
+    """The names of a ``--clusters``/``--namespaces`` option (repeatable, comma-separated).
+    Given but naming nothing (``--clusters ''``) is an error: read as "no restriction" it
+    would make a whole-fleet token out of a typo or an empty variable."""
+    names = sorted({n.strip() for v in values for n in v.split(",") if n.strip()})
+    if values and not names:
+        raise InputError(f"{option} names no {option[2:-1]}: give at least one name, or "
+                         f"leave {option} out for all")
+    bad = next((n for n in names if not n.isprintable()), None)
+    if bad is not None:
+        raise InputError(f"{option}: {bad!r} is not a name (control characters)")
+    return names
 
 
 @token_group.command("create", cls=ConfiguredCommand)
@@ -316,8 +331,13 @@ def token_create(name: str, clusters: tuple[str, ...], namespaces: tuple[str, ..
     The file keeps only the token's sha256, so it can live in a ConfigMap or Git; hand the
     token itself to the team through a secret channel.
     """
+    if not name.strip() or not name.isprintable() or name != name.strip():
+        raise InputError(f"token name {name!r}: give a name of printable characters, one "
+                         "line, without surrounding spaces (it is what the log shows)")
+    chosen_clusters = _names(clusters, "--clusters")
+    chosen_namespaces = _names(namespaces, "--namespaces")
     token = svc.new_token()
-    entry = svc.token_entry(name, token, _names(clusters), _names(namespaces))
+    entry = svc.token_entry(name, token, chosen_clusters, chosen_namespaces)
     if output == "json":
         click.echo(json.dumps({"token": token, "entry": entry}))
         return

@@ -41,7 +41,13 @@ from hub.common._output import (
     to_json,
     to_table,
 )
-from hub.common._redact import REDACTED, redact, register_secret
+from hub.common._redact import (
+    REDACTED,
+    RedactingFilter,
+    redact,
+    redact_urls,
+    register_secret,
+)
 from hub.common._signals import (
     on_sigterm,
 )
@@ -58,6 +64,7 @@ __all__ = [
     "ConfiguredGroup",
     "GpufleetError",
     "InputError",
+    "RedactingFilter",
     "UnavailableError",
     "cluster_label_option",
     "db_option",
@@ -78,6 +85,7 @@ __all__ = [
     "push_interval_option",
     "query_concurrency_option",
     "redact",
+    "redact_urls",
     "register_secret",
     "shorten",
     "stale_after_option",

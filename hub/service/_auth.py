@@ -279,7 +279,17 @@ class JwksCache:
         return True
 
     def key(self, kid: str) -> jwt.PyJWK:
-        with self._lock:
+        """The key with this id. A cached key is answered at once, without a lock: a refresh
+        in flight (a stalled issuer, a stranger's random key id) never holds up callers whose
+        key is known. An unknown id starts a refresh (at most one at a time, at most every
+        MIN_REFRESH seconds); others asking for unknown ids meanwhile are refused, not
+        queued behind it."""
+        found = self._keys.get(kid)  # the dict is replaced whole by a refresh, never edited
+        if found is not None:
+            return found
+        if not self._lock.acquire(blocking=False):
+            raise Unauthorized("unknown signing key id (the issuer's keys are being fetched)")
+        try:
             if kid not in self._keys and (self._fetched_at is None
                                           or self.clock() - self._fetched_at >= MIN_REFRESH):
                 self._fetched_at = self.clock()  # a failed fetch waits its turn as well
@@ -290,6 +300,8 @@ class JwksCache:
                     raise Unauthorized(f"cannot fetch the issuer's keys: "
                                        f"{type(exc).__name__}") from None
             found = self._keys.get(kid)
+        finally:
+            self._lock.release()
         if found is None:
             raise Unauthorized("unknown signing key id")
         return found
