@@ -394,6 +394,28 @@ def test_metrics_expose_the_documented_families(served):
     assert "process_resident_memory_bytes" in samples
 
 
+def test_metrics_negotiate_openmetrics_and_gzip_as_prometheus_client_does(served):
+    """A Prometheus that asks for OpenMetrics gets it (with # EOF), one that accepts gzip
+    gets it compressed; a plain scraper still gets text 0.0.4."""
+    import gzip
+
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families as om
+
+    r = requests.get(served.url + "/metrics", timeout=10, headers={
+        "Accept": "application/openmetrics-text; version=1.0.0,text/plain;version=0.0.4;q=0.5",
+        "Accept-Encoding": "gzip"}, stream=True)
+    assert r.status_code == 200
+    assert r.headers["Content-Type"].startswith("application/openmetrics-text; version=1.0.0")
+    assert r.headers["Content-Encoding"] == "gzip"
+    text = gzip.decompress(r.raw.read()).decode()
+    assert text.rstrip().endswith("# EOF")
+    assert "gpufleet_sync_duration_seconds" in {f.name for f in om(text)}
+    plain = requests.get(served.url + "/metrics", timeout=10,
+                         headers={"Accept-Encoding": "identity"})
+    assert plain.headers["Content-Type"] == api.METRICS_CONTENT_TYPE
+    assert "Content-Encoding" not in plain.headers and "# EOF" not in plain.text
+
+
 def test_healthz_while_healthy(served):
     body = served.json("/healthz")
     assert body["status"] == "ok" and body["last_sync"]["gpus"] == 26
