@@ -161,7 +161,8 @@ class _ServeGroup(ConfiguredCommand, click.Group):
 @click.option("--session-ttl", type=DURATION, default="8h", show_default=True,
               envvar=env("session-ttl"), metavar="DURATION",
               help="How long a browser stays signed in at /login (at most until its token "
-                   "expires); sessions live in memory, so a restart signs everyone out.")
+                   "expires); sessions live in the inventory database, shared by replicas "
+                   "and kept across a restart.")
 @_file_option("--tls-cert-file",
               help="Serve HTTPS with this certificate (PEM, chain allowed); re-read when it "
                    "changes, as cert-manager rotates it.")
@@ -261,7 +262,7 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
                 service = svc.build_service(jobs, every=every, engine=readonly, host=host,
                                             port=port, page_sections=svc.USAGE_SECTIONS,
                                             auth=auth, metrics_open=metrics_open, tls=tls,
-                                            sessions=svc.Sessions(ttl=session_ttl))
+                                            sessions=svc.DbSessions(engine, ttl=session_ttl))
             except OSError as exc:
                 reason = exc.strerror or str(exc)
                 raise InputError(f"cannot listen on {listen}: {reason}") from None

@@ -59,6 +59,7 @@ from hub.inventory._migrate import (
 )
 from hub.inventory._prune import PRUNE_COLUMNS, PruneResult, prune
 from hub.inventory._reconcile_runs import reconcile_clusters, reconcile_results, reconcile_runs
+from hub.inventory._sessions import add_session, drop_session, session_row, sessions
 from hub.inventory._sync import (
     NO_GPU_SERIES,
     SyncResult,
@@ -88,11 +89,13 @@ __all__ = [
     "LockHeld",
     "PruneResult",
     "SyncResult",
+    "add_session",
     "allocations",
     "buckets_between",
     "collect_usage",
     "current",
     "day_of",
+    "drop_session",
     "ensure_schema",
     "event_item",
     "events",
@@ -120,6 +123,8 @@ __all__ = [
     "rollup_sums",
     "run_sync",
     "safe_url",
+    "session_row",
+    "sessions",
     "subquery_step",
     "sync_runs",
     "upgrade",

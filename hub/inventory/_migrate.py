@@ -20,7 +20,7 @@ from hub.common import InputError
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 #: Modules that define tables on hub.inventory.metadata; importing them completes it.
 TABLE_MODULES = ("hub.inventory._db", "hub.inventory._reconcile_runs",
-                 "hub.inventory._ledger")
+                 "hub.inventory._ledger", "hub.inventory._sessions")
 
 
 def metadata() -> sa.MetaData:
@@ -33,7 +33,7 @@ def metadata() -> sa.MetaData:
 
 
 #: The newest migration's revision (tests check it is Alembic's head of migrations/).
-HEAD = "0006"
+HEAD = "0008"
 
 
 def _config(connection=None):  # -> alembic.config.Config

@@ -27,19 +27,30 @@ from hub.service._scheduler import (
     build_service,
     describe_error,
 )
-from hub.service._session import MAX_SESSIONS, Sessions
+from hub.service._session import (
+    MAX_PER_TOKEN,
+    MAX_SESSIONS,
+    DbSessions,
+    Sessions,
+    SessionsFull,
+    SignInLimit,
+)
 from hub.service._tls import TlsFiles
 
 __all__ = [
     "FULL",
+    "MAX_PER_TOKEN",
     "MAX_SESSIONS",
     "USAGE_SECTIONS",
     "Authenticator",
+    "DbSessions",
     "Jobs",
     "OidcVerifier",
     "Scope",
     "Service",
     "Sessions",
+    "SessionsFull",
+    "SignInLimit",
     "TlsFiles",
     "TokenFile",
     "build_app",

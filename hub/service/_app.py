@@ -68,6 +68,7 @@ from hub.service._page import (
 from hub.service._session import (
     MAX_FORM,
     MAX_TOKEN,
+    DbSessions,
     Login,
     Sessions,
     redirect,
@@ -332,7 +333,8 @@ def build_app(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, Any]
               check_failure: Callable[[], tuple[float, str] | None] = lambda: None,
               auth: Authenticator | None = None, metrics_open: bool = True,
               on_refused: Callable[[str], None] = lambda reason: None,
-              sessions: Sessions | None = None, secure_cookies: bool = False) -> FastAPI:
+              sessions: Sessions | DbSessions | None = None,
+              secure_cookies: bool = False) -> FastAPI:
     """The whole API over a read-only ``engine`` and the service's state, passed in.
 
     ``health`` answers (ok, details); ``findings`` the latest findings and when they were
@@ -517,7 +519,8 @@ def _login_routes(app: FastAPI, add: Callable[..., None], login: Login) -> None:
         """Sign in with a token (form post): on success a session cookie and 303 to the
         page; a bad token answers the form again with 'sign-in failed' (401)."""
         body = await read_body(request)
-        response = await run_in_threadpool(login.submit, body, request.headers)
+        client = request.client.host if request.client is not None else ""
+        response = await run_in_threadpool(login.submit, body, request.headers, client)
         if body is None:
             response.headers["Connection"] = "close"
         return response
@@ -536,6 +539,8 @@ def _login_routes(app: FastAPI, add: Callable[..., None], login: Login) -> None:
             "401": _html("Sign-in failed (the same answer for any bad token)."),
             "403": _html("A form sent from another site, or a token whose groups map to no "
                          "scope."),
+            "429": _html("Too many sign-in attempts from this client in a minute."),
+            "503": _html("As many sessions live as the service keeps; try again later."),
             "413": {"description": "A body larger than the form can be.", "content": {
                 "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}})
     add("/logout", logout, None, public=True, errors=(), method="POST", response_class=_Html,

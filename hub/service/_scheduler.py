@@ -41,7 +41,7 @@ from hub.service._auth import Authenticator
 from hub.service._models import SEVERITIES
 from hub.service._page import SectionSource
 from hub.service._serve import Server
-from hub.service._session import Sessions
+from hub.service._session import DbSessions, Sessions
 from hub.service._tls import TlsFiles
 
 log = logging.getLogger("gpufleet.service")
@@ -431,7 +431,7 @@ def build_service(jobs: Jobs, *, every: float, engine: Engine, host: str = "127.
                   page_sections: Sequence[SectionSource] = (),
                   auth: Authenticator | None = None, metrics_open: bool = True,
                   tls: TlsFiles | None = None,
-                  sessions: Sessions | None = None) -> Service:
+                  sessions: Sessions | DbSessions | None = None) -> Service:
     """Wire jobs, metrics and the API over a read-only ``engine``; binds the port now
     (OSError when it cannot) but starts nothing. ``sessions``: where browser sign-ins live
     (a default store when None; used only with ``auth`` configured)."""
