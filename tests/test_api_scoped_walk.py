@@ -133,8 +133,11 @@ def _variants(route: APIRoute) -> list[tuple[str, dict[str, str]]]:
     names = {p.alias for p in route.dependant.query_params}
     for sub in route.dependant.dependencies:
         names |= {p.alias for p in sub.query_params}
-    paths = ([route.path_format.replace("{uuid}", u) for u in UUIDS]
-             if "{uuid}" in route.path_format else [route.path_format])
+    paths = [route.path_format]
+    for name, values in (("{uuid}", UUIDS), ("{cluster}", ("east", "west-hidden")),
+                         ("{node}", ("east-n1", "west-node-x"))):
+        paths = [p.replace(name, v) for p in paths for v in values] if any(
+            name in p for p in paths) else paths
     queries: list[dict[str, str]] = [{}]
     if "by" in names:
         queries += [{"by": by} for by in ("cluster", "node", "namespace", "gpu", "model",
@@ -192,7 +195,7 @@ def test_every_route_with_a_scoped_token_names_nothing_outside_its_scope(app):
     walked, problems = _walk(client, app, {"Authorization": f"Bearer {TEAM}"})
     declared = {r.path_format for r in app.routes
                 if isinstance(r, APIRoute) and "GET" in r.methods}
-    assert walked == declared and len(declared) >= 15
+    assert walked == declared and len(declared) >= 18  # the pages of a cluster, node, GPU too
     assert problems == []
 
 
@@ -247,3 +250,38 @@ def test_a_handler_that_forgets_the_scope_still_cannot_leak(app):
         ("east", "team-a"), ("east", "other")}
     whole = client.get("/api/v1/careless", headers={"Authorization": f"Bearer {ADMIN}"})
     assert "west-pod-c" in whole.text
+
+
+def test_the_pages_links_open_pages_with_the_json_one_click_away(app):
+    """From the live page to a cluster, a node and a GPU: each an HTML page of its own,
+    each with links to the JSON behind it that answer."""
+    import re
+
+    client = _client(app)
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+
+    def links(html: str) -> list[str]:
+        return re.findall(r'href="([^"]+)"', html)
+
+    page = client.get("/", headers=admin).text
+    assert "/clusters/east" in links(page) and "/gpus/GPU-east-1" in links(page)
+    cluster = client.get("/clusters/east", headers=admin)
+    assert cluster.status_code == 200 and cluster.headers["content-type"].startswith(
+        "text/html")
+    assert "/nodes/east/east-n1" in links(cluster.text)
+    node = client.get("/nodes/east/east-n1", headers=admin)
+    assert node.status_code == 200 and "/gpus/GPU-east-1" in links(node.text)
+    gpu = client.get("/gpus/GPU-mover", headers=admin)
+    assert gpu.status_code == 200 and 'id="usage"' in gpu.text and 'id="events"' in gpu.text
+    assert "moved" in gpu.text and "west-hidden" in gpu.text  # the admin sees where from
+    for html in (cluster.text, node.text, gpu.text):
+        json_links = [link for link in links(html) if link.startswith("/api/v1/")]
+        assert json_links
+        for link in json_links:
+            r = client.get(link.replace("&amp;", "&"), headers=admin)
+            assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+    team = {"Authorization": f"Bearer {TEAM}"}
+    assert client.get("/clusters/west-hidden", headers=team).status_code == 404
+    assert client.get("/gpus/GPU-west-1", headers=team).status_code == 404
+    mover = client.get("/gpus/GPU-mover", headers=team)
+    assert mover.status_code == 200 and "west-hidden" not in mover.text

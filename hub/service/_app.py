@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 import sqlalchemy as sa
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, Path, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
@@ -44,6 +44,7 @@ from starlette.types import Scope as AsgiScope
 
 from hub import __version__
 from hub.service import _api as api
+from hub.service import _detail as detail
 from hub.service import _models as models
 from hub.service._api import (
     DB_UNAVAILABLE,
@@ -57,6 +58,7 @@ from hub.service._api import (
 )
 from hub.service._auth import ANONYMOUS, Authenticator, Caller, Unauthorized
 from hub.service._confine import confine
+from hub.service._detail import DetailPage
 from hub.service._page import (
     MAX_SEARCH,
     SectionSource,
@@ -280,7 +282,7 @@ def _guarded(endpoint: Callable[..., Any], *, public: bool) -> Callable[..., Any
     def finish(caller: Caller | None, result: Any) -> Any:
         if caller is not None:
             result = confine(result, caller.scope)
-        return result.response() if isinstance(result, Page) else result
+        return result.response() if isinstance(result, (Page, DetailPage)) else result
 
     def admit(kwargs: dict[str, Any]) -> Caller | None:
         caller = kwargs.pop("_caller", None)
@@ -448,6 +450,31 @@ def build_app(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, Any]
     add("/api/v1/capacity", api.capacity, models.CapacityList, errors=(400, 503))
     add("/api/v1/events", api.events, models.EventList, errors=(400, 503))
     add("/api/v1/sync-runs", api.sync_runs, models.SyncRunList, errors=(400, 503))
+    def cluster_page(engine: ReadEngine, scope: CallerScope,
+                     cluster: Annotated[str, Path(pattern=api.TEXT_PATTERN)]) -> DetailPage:
+        """One cluster: its nodes and GPUs (HTML), the JSON one click away."""
+        with engine.connect() as conn:
+            return detail.cluster_page(conn, cluster, scope)
+
+    def node_page(engine: ReadEngine, scope: CallerScope,
+                  cluster: Annotated[str, Path(pattern=api.TEXT_PATTERN)],
+                  node: Annotated[str, Path(pattern=api.TEXT_PATTERN)]) -> DetailPage:
+        """One node: its GPUs and the pods on them (HTML), the JSON one click away."""
+        with engine.connect() as conn:
+            return detail.node_page(conn, cluster, node, scope)
+
+    def gpu_page(engine: ReadEngine, scope: CallerScope, uuid: api.UuidPath) -> DetailPage:
+        """One GPU: where it is, its slices, pods, usage and events (HTML), the JSON one click
+        away."""
+        with engine.connect() as conn:
+            return detail.gpu_page(conn, uuid, scope)
+
+    # browser pages: in the app (and its scope step), not in the API's description
+    for path, endpoint in (("/clusters/{cluster}", cluster_page),
+                           ("/nodes/{cluster}/{node}", node_page),
+                           ("/gpus/{uuid:path}", gpu_page)):
+        add(path, endpoint, None, errors=(400, 404, 503), response_class=_Html,
+            include_in_schema=False)
     if login is not None:
         _login_routes(app, add, login)
     _error_handlers(app, login)

@@ -21,7 +21,7 @@ import datetime as dt
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote, urlencode
+from urllib.parse import quote
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -91,7 +91,8 @@ def scoped_section(section: Section, scope: Scope) -> Section:
 
 
 def _gpu_href(uuid: str) -> str:
-    return "/api/v1/gpus/" + quote(uuid, safe="")
+    """The GPU's page (its history and usage, the JSON one click away)."""
+    return "/gpus/" + quote(uuid, safe="")
 
 
 def _age(now: dt.datetime, when: dt.datetime | None) -> str:
@@ -102,7 +103,7 @@ def clusters_section(conn: Connection, now: dt.datetime) -> Section:
     """Every cluster with its active nodes and GPUs and the age of its newest sample."""
     rows = [{**c, "age": _age(now, c["last_sample_at"]),
              "last_sample_at": iso(c["last_sample_at"]),
-             "_href": "/api/v1/nodes?" + urlencode({"cluster": c["cluster"]})}
+             "_href": "/clusters/" + quote(c["cluster"], safe="")}
             for c in inv.list_clusters(conn)]
     return Section("clusters", "Clusters", [
         ("cluster", "Cluster"), ("state", "State"), ("nodes", "Active nodes"),
