@@ -515,10 +515,11 @@ def capacity(engine: ReadEngine, scope: CallerScope,
     groups = _by(by, _capacity_groups(), "model")
     with engine.connect() as conn:
         items = answers.capacity(conn, groups, clusters=scope.clusters)
-        fleet = None
-        if scope.fleet_counts:
-            rows = answers.capacity(conn, ["model"])
-            fleet = {k: sum(r[k] or 0 for r in rows) for k in answers.CAPACITY_FIGURES}
+        # the items of a whole-fleet caller are the fleet already: one read, not two
+        fleet_rows = (items if scope.clusters is None
+                      else answers.capacity(conn, ["model"]) if scope.fleet_counts else None)
+    fleet = None if fleet_rows is None or not scope.fleet_counts else {
+        k: sum(r[k] or 0 for r in fleet_rows) for k in answers.CAPACITY_FIGURES}
     return {**_listing(items), "fleet": fleet}
 
 
