@@ -503,7 +503,7 @@ def idle(engine: ReadEngine, scope: CallerScope, since: SinceParam = None,
             for_seconds=for_s, clusters=scope.clusters, namespaces=scope.namespaces))
 
 
-def capacity(engine: ReadEngine, scope: CallerScope,
+def capacity(request: Request, engine: ReadEngine, scope: CallerScope,
              by: Annotated[str | None, _text("Group by, comma-separated: model, cluster, node "
                                              "(default model).", max_length=128)] = None
              ) -> dict[str, Any]:
@@ -513,11 +513,15 @@ def capacity(engine: ReadEngine, scope: CallerScope,
     from hub import usage as answers
 
     groups = _by(by, _capacity_groups(), "model")
+    memo = request.app.state.memo
+    within = None if scope.clusters is None else tuple(sorted(scope.clusters))
     with engine.connect() as conn:
-        items = answers.capacity(conn, groups, clusters=scope.clusters)
+        items = memo.get(conn, ("capacity", tuple(groups), within),
+                         lambda: answers.capacity(conn, groups, clusters=scope.clusters))
         # the items of a whole-fleet caller are the fleet already: one read, not two
-        fleet_rows = (items if scope.clusters is None
-                      else answers.capacity(conn, ["model"]) if scope.fleet_counts else None)
+        fleet_rows = (items if scope.clusters is None else memo.get(
+            conn, ("capacity", ("model",), None), lambda: answers.capacity(conn, ["model"]))
+            if scope.fleet_counts else None)
     fleet = None if fleet_rows is None or not scope.fleet_counts else {
         k: sum(r[k] or 0 for r in fleet_rows) for k in answers.CAPACITY_FIGURES}
     return {**_listing(items), "fleet": fleet}

@@ -56,12 +56,14 @@ from hub.service._api import (
     identify,
     public_error,
 )
-from hub.service._auth import ANONYMOUS, Authenticator, Caller, Unauthorized
+from hub.service._auth import ANONYMOUS, FULL, Authenticator, Caller, Scope, Unauthorized
 from hub.service._confine import confine
 from hub.service._detail import DetailPage
+from hub.service._memo import Memo
 from hub.service._page import (
     MAX_SEARCH,
     SectionSource,
+    _takes_scope,
     page_data,
     render_page,
     search_text,
@@ -357,6 +359,8 @@ def build_app(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, Any]
                               "posts to sign a browser in and out.")
     app.state.engine = engine
     app.state.gate = Gate(auth, login, on_refused)
+    app.state.memo = memo = Memo()
+    page_sections = [_kept(source, memo) for source in page_sections]
     app.state.routes = {}
 
     def add(path: str, endpoint: Callable[..., Any], model: Any, **options: Any) -> None:
@@ -445,9 +449,12 @@ def build_app(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, Any]
     add("/api/v1/gpus/{uuid:path}", api.gpu, models.GpuDetail, errors=(400, 404, 503))
     add("/api/v1/allocations", api.allocations, models.AllocationList, errors=(400, 503))
     add("/api/v1/findings", findings_, models.FindingList)
-    add("/api/v1/usage", api.usage, models.UsageList, errors=(400, 503))
+    # a usage or capacity row carries the keys of its grouping only, not the others as null
+    add("/api/v1/usage", api.usage, models.UsageList, errors=(400, 503),
+        response_model_exclude_unset=True)
     add("/api/v1/idle", api.idle, models.IdleList, errors=(400, 503))
-    add("/api/v1/capacity", api.capacity, models.CapacityList, errors=(400, 503))
+    add("/api/v1/capacity", api.capacity, models.CapacityList, errors=(400, 503),
+        response_model_exclude_unset=True)
     add("/api/v1/events", api.events, models.EventList, errors=(400, 503))
     add("/api/v1/sync-runs", api.sync_runs, models.SyncRunList, errors=(400, 503))
     def cluster_page(engine: ReadEngine, scope: CallerScope,
@@ -479,6 +486,21 @@ def build_app(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, Any]
         _login_routes(app, add, login)
     _error_handlers(app, login)
     return app
+
+
+def _kept(source: SectionSource, memo: Memo) -> SectionSource:
+    """A page section kept in ``memo`` until the inventory changes (per scope): the usage
+    sections fold the whole ledger and inventory on every page view otherwise."""
+    takes_scope = _takes_scope(source)
+
+    def kept(conn: Any, *, scope: Scope = FULL) -> Any:
+        key = ("section", source, scope)
+        if takes_scope:
+            return memo.get(conn, key, lambda: source(conn, scope=scope))
+        return memo.get(conn, key, lambda: source(conn))
+
+    kept.__name__ = getattr(source, "__name__", "section")
+    return kept
 
 
 class _Html(Response):
