@@ -67,3 +67,41 @@ def test_a_kept_answer_ends_after_its_ttl():
     assert memo.get(Conn(), "k", lambda: calls.append(1) or len(calls)) == 1
     clock.now = 31
     assert memo.get(Conn(), "k", lambda: calls.append(1) or len(calls)) == 2
+
+
+class _SameVersion:
+    """A connection whose inventory version never changes (the version reads only)."""
+
+    def execute(self, *_):
+        class Result:
+            def scalar(self):
+                return 1
+
+            def one(self):
+                return (None, 0)
+        return Result()
+
+
+def test_many_callers_missing_at_once_compute_the_answer_once():
+    import threading
+
+    memo = Memo()
+    release = threading.Event()
+    started = threading.Event()
+    answers: list[int] = []
+
+    def compute() -> int:
+        started.set()
+        release.wait(10)  # held until every caller is waiting for it
+        return 42
+
+    threads = [threading.Thread(target=lambda: answers.append(
+        memo.get(_SameVersion(), "capacity", compute))) for _ in range(20)]
+    threads[0].start()
+    started.wait(10)
+    for t in threads[1:]:
+        t.start()
+    release.set()
+    for t in threads:
+        t.join(10)
+    assert answers == [42] * 20 and memo.computed == 1

@@ -80,17 +80,20 @@ class ApiError(Exception):
 
 
 # -- dependencies -------------------------------------------------------------------------------
-def engine_of(request: Request) -> Engine:
-    """The app's read-only inventory engine."""
+async def engine_of(request: Request) -> Engine:
+    """The app's read-only inventory engine. (async: a trivial dependency need not take a
+    trip through the thread pool)"""
     return request.app.state.engine
 
 
 def identify(request: Request) -> Caller:
-    """Who asks: the one dependency every non-public route has (the app's gate decides)."""
+    """Who asks: the one dependency every non-public route has (the app's gate decides).
+    Run in the thread pool: it may read a session from the database or fetch an issuer's
+    keys, and the event loop must never wait for either."""
     return request.app.state.gate.caller(request)
 
 
-def scope_of(caller: Annotated[Caller, Depends(identify)]) -> Scope:
+async def scope_of(caller: Annotated[Caller, Depends(identify)]) -> Scope:
     return caller.scope
 
 

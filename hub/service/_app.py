@@ -155,8 +155,9 @@ async def _send_json(send: Send, status: int, error: str, *, head: bool = False)
 
 
 # -- 2. strict parameters --------------------------------------------------------------------------
-def strict_query(request: Request) -> None:
-    """Unknown, repeated or control-character parameters are a 400 naming the parameter."""
+async def strict_query(request: Request) -> None:
+    """Unknown, repeated or control-character parameters are a 400 naming the parameter.
+    (async: pure computation, no trip through the thread pool)"""
     route = request.scope.get("route")
     dependant = getattr(route, "dependant", None)
     allowed = sorted({p.alias for p in _query_params(dependant)})

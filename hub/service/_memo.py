@@ -46,22 +46,38 @@ class Memo:
         self.clock = clock
         self._kept: OrderedDict[Hashable, tuple[tuple[Any, ...], float, Any]] = OrderedDict()
         self._lock = threading.Lock()
+        self._computing: dict[Hashable, threading.Lock] = {}
         #: answers computed (not found kept): what the tests and an operator's profile read
         self.computed = 0
 
-    def get(self, conn: Connection, key: Hashable, compute: Callable[[], Any]) -> Any:
-        version = inventory_version(conn)
-        now = self.clock()
+    def _fresh(self, key: Hashable, version: tuple[Any, ...]) -> tuple[Any] | None:
         with self._lock:
             kept = self._kept.get(key)
-            if kept is not None and kept[0] == version and now - kept[1] < self.ttl:
+            if kept is not None and kept[0] == version and self.clock() - kept[1] < self.ttl:
                 self._kept.move_to_end(key)
-                return kept[2]
-        value = compute()
+                return (kept[2],)
+        return None
+
+    def get(self, conn: Connection, key: Hashable, compute: Callable[[], Any]) -> Any:
+        """The kept answer for ``key``, or ``compute()``'s: one caller computes a missing
+        answer while the others asking for the same key wait for it (fifty dashboards
+        opening at once compute capacity once, not fifty times)."""
+        version = inventory_version(conn)
+        found = self._fresh(key, version)
+        if found is not None:
+            return found[0]
         with self._lock:
-            self.computed += 1
-            self._kept[key] = (version, now, value)
-            self._kept.move_to_end(key)
-            while len(self._kept) > self.size:
-                self._kept.popitem(last=False)
+            computing = self._computing.setdefault(key, threading.Lock())
+        with computing:
+            found = self._fresh(key, version)
+            if found is not None:
+                return found[0]
+            value = compute()
+            with self._lock:  # kept before the waiters are let in
+                self._computing.pop(key, None)
+                self.computed += 1
+                self._kept[key] = (version, self.clock(), value)
+                self._kept.move_to_end(key)
+                while len(self._kept) > self.size:
+                    self._kept.popitem(last=False)
         return value
