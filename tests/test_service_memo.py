@@ -70,38 +70,50 @@ def test_a_kept_answer_ends_after_its_ttl():
 
 
 class _SameVersion:
-    """A connection whose inventory version never changes (the version reads only)."""
+    """A connection whose inventory version never changes; ``on_read`` is called each time
+    a caller reads the version."""
+
+    def __init__(self, on_read=lambda: None) -> None:
+        self.on_read = on_read
 
     def execute(self, *_):
+        on_read = self.on_read
+
         class Result:
             def scalar(self):
                 return 1
 
             def one(self):
+                on_read()
                 return (None, 0)
         return Result()
 
 
 def test_many_callers_missing_at_once_compute_the_answer_once():
+    """The answer is held back until all twenty callers have read the version (and so
+    found it missing): each would compute it without the single flight."""
     import threading
 
     memo = Memo()
     release = threading.Event()
-    started = threading.Event()
-    answers: list[int] = []
+    lock = threading.Lock()
+    reads = [0]
+
+    def on_read() -> None:
+        with lock:
+            reads[0] += 1
+            if reads[0] == 20:
+                release.set()
 
     def compute() -> int:
-        started.set()
-        release.wait(10)  # held until every caller is waiting for it
+        release.wait(10)
         return 42
 
+    answers: list[int] = []
     threads = [threading.Thread(target=lambda: answers.append(
-        memo.get(_SameVersion(), "capacity", compute))) for _ in range(20)]
-    threads[0].start()
-    started.wait(10)
-    for t in threads[1:]:
+        memo.get(_SameVersion(on_read), "capacity", compute))) for _ in range(20)]
+    for t in threads:
         t.start()
-    release.set()
     for t in threads:
         t.join(10)
     assert answers == [42] * 20 and memo.computed == 1
