@@ -11,8 +11,9 @@ every tenth request, the live page. A client waits for each answer before it ask
 so the figures are a closed loop: latency and throughput trade against each other.
 
 Prints one JSON line per database: requests, requests/s, errors (non-2xx or a failed
-connection), p50/p99/max latency overall and p99 per endpoint, the service's RSS before and
-after, and the 1-minute load average before and after (the machine may be shared).
+connection), p50/p99/max latency overall and p99 per endpoint, the service's CPU time per
+request (the figure a shared machine disturbs least), its RSS before and after, and the
+1-minute load average before and after (the machine may be shared).
 
     python bench/serve_load.py [--gpus 10000] [--clients 50] [--seconds 60] [--pg auto|URL]
 """
@@ -70,6 +71,13 @@ def fill(url: str, gpus: int) -> list[str]:
         apply_observations(conn, observations, inv.now_utc())
     engine.dispose()
     return [o.uuid for o in observations]
+
+
+def cpu_s(pid: int) -> float:
+    """The process's CPU time (user + system), all threads: the service's own work, which a
+    shared machine's other load slows down but does not add to."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_mb(pid: int) -> float:
@@ -157,6 +165,7 @@ def measure(db_url: str, gpus: int, clients: int, seconds: float) -> dict[str, A
                        for i in range(gpus)})
     with tempfile.TemporaryDirectory() as tmp, service(db_url, Path(tmp)) as (port, pid):
         rss_before = rss_mb(pid)
+        cpu_before = cpu_s(pid)
         load_before = os.getloadavg()[0]
         results: list[tuple[str, float, bool]] = []
         stop = time.monotonic() + seconds
@@ -168,6 +177,7 @@ def measure(db_url: str, gpus: int, clients: int, seconds: float) -> dict[str, A
         for t in threads:
             t.join()
         rss_after = rss_mb(pid)
+        cpu = cpu_s(pid) - cpu_before
         load_after = os.getloadavg()[0]
     latencies = [s for _, s, _ in results]
     by_endpoint: dict[str, list[float]] = {}
@@ -184,6 +194,7 @@ def measure(db_url: str, gpus: int, clients: int, seconds: float) -> dict[str, A
         "mean_ms": round(statistics.fmean(latencies) * 1000, 1) if latencies else 0,
         "p99_ms_by_endpoint": {k: round(p(v, 0.99) * 1000, 1)
                                for k, v in sorted(by_endpoint.items())},
+        "service_cpu_ms_per_request": round(cpu * 1000 / max(1, len(results)), 2),
         "service_rss_mb_before": round(rss_before, 1),
         "service_rss_mb_after": round(rss_after, 1),
         "load_1m_before": round(load_before, 2), "load_1m_after": round(load_after, 2),
