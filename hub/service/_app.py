@@ -26,7 +26,7 @@ import datetime as dt
 import inspect
 import logging
 import typing
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -300,8 +300,7 @@ def _guarded(endpoint: Callable[..., Any], *, public: bool) -> Callable[..., Any
     else:
         # A synchronous handler (a database read) runs in the thread pool, its answer
         # confined there too; the wrapper itself is async so that FastAPI checks the answer
-        # against its model on the way out without another trip through the pool (three
-        # trips a request cost a third of the throughput under load).
+        # against its model on the way out without another trip through the pool.
         async def wrapper(**kwargs: Any) -> Any:  # type: ignore[misc]
             caller = admit(kwargs)
             return await run_in_threadpool(lambda: finish(caller, endpoint(**kwargs)))
@@ -751,5 +750,3 @@ def _operation_id(method: str, path: str) -> str:
     name = "".join(w[:1].upper() + w[1:] for w in words if w not in ("api", "v1"))
     return method + (name or "Page")
 
-
-AsyncHandler = Callable[..., Awaitable[Any]]
