@@ -197,6 +197,7 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
     \b
     Endpoints (read-only, GET/HEAD):
       /                      a live HTML page of the fleet (search by GPU UUID, node, namespace)
+      /clusters/C, /nodes/C/N, /gpus/UUID   pages of one cluster, node, GPU (links from /)
       /login, /logout        sign a browser in with a token, and out (with access configured)
       /healthz               200 while the last sync succeeded within two intervals, else 503
       /metrics               Prometheus metrics (sync duration, failures, GPUs by state, ...)
