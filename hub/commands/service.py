@@ -283,13 +283,14 @@ def access(*, tokens_file: str | None, oidc_issuer: str | None, oidc_audience: s
     tokens = svc.TokenFile(tokens_file) if tokens_file else None
     oidc = None
     if oidc_issuer:
+        # its password, if it has one, is never in a log line or an error (this one's too)
+        register_secret(urlsplit(oidc_issuer).password)
         if not oidc_audience:
             raise InputError("--oidc-issuer needs --oidc-audience (the 'aud' tokens are "
                              "issued for)")
         if not scopes_file:
             raise InputError("--oidc-issuer needs --scopes-file (which group sees what)")
         parsed = urlsplit(oidc_issuer)
-        register_secret(parsed.password)  # never in a log line or an error
         if parsed.scheme != "https" and not (parsed.scheme == "http" and parsed.hostname
                                              and svc.is_loopback(parsed.hostname)):
             raise InputError(f"--oidc-issuer must be an https:// URL, not {oidc_issuer!r}")
