@@ -298,23 +298,27 @@ def scoped_cluster(cluster: str | None, scope: Scope) -> str | None:
     return cluster or None
 
 
-def clusters(engine: ReadEngine, scope: CallerScope, cluster: ClusterParam = None,
-             limit: LimitParam = DEFAULT_LIMIT, continue_: ContinueParam = None
-             ) -> dict[str, Any]:
+def clusters(request: Request, engine: ReadEngine, scope: CallerScope,
+             cluster: ClusterParam = None, limit: LimitParam = DEFAULT_LIMIT,
+             continue_: ContinueParam = None) -> dict[str, Any]:
     """Clusters: active nodes and physical GPUs, state, last sample; paged."""
     cluster = scoped_cluster(cluster, scope)
-    with engine.connect() as conn:
-        items = [c for c in inv.list_clusters(conn, cluster) if scope.allows_cluster(c["cluster"])]
+    with engine.connect() as conn:  # a count over every GPU: kept until the inventory changes
+        rows = request.app.state.memo.get(conn, ("clusters", cluster),
+                                          lambda: inv.list_clusters(conn, cluster))
+    items = [c for c in rows if scope.allows_cluster(c["cluster"])]
     return page_items(items, text_key("cluster"), continue_, limit, "c1", 1)
 
 
-def nodes(engine: ReadEngine, scope: CallerScope, cluster: ClusterParam = None,
-          limit: LimitParam = DEFAULT_LIMIT, continue_: ContinueParam = None
-          ) -> dict[str, Any]:
+def nodes(request: Request, engine: ReadEngine, scope: CallerScope,
+          cluster: ClusterParam = None, limit: LimitParam = DEFAULT_LIMIT,
+          continue_: ContinueParam = None) -> dict[str, Any]:
     """Nodes: active physical GPUs, state, last sample; paged."""
     cluster = scoped_cluster(cluster, scope)
-    with engine.connect() as conn:
-        items = [n for n in inv.list_nodes(conn, cluster) if scope.allows_cluster(n["cluster"])]
+    with engine.connect() as conn:  # a count over every GPU: kept until the inventory changes
+        rows = request.app.state.memo.get(conn, ("nodes", cluster),
+                                          lambda: inv.list_nodes(conn, cluster))
+    items = [n for n in rows if scope.allows_cluster(n["cluster"])]
     return page_items(items, text_key("cluster", "node"), continue_, limit, "n1", 2)
 
 
