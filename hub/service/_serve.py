@@ -30,6 +30,7 @@ import ssl
 import threading
 from typing import Any
 
+import anyio
 import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -45,6 +46,8 @@ HEADER_TIMEOUT = 10.0
 KEEP_ALIVE = 15
 #: seconds answers in flight may take to finish when the service stops
 GRACE = 5
+#: threads running synchronous handlers (database reads) at once
+THREADS = 8
 #: open connections at most; beyond, new ones get 503 (far above what a probe meets)
 MAX_CONNECTIONS = 2000
 
@@ -174,9 +177,15 @@ class Server:
         """Serve from a thread; returns once the port answers (or raises why it cannot)."""
         failed: list[BaseException] = []
 
+        async def serve() -> None:
+            # handlers hold the GIL while they fold rows: a few threads keep both cores
+            # busy, forty only queue the event loop (and /healthz) behind them
+            anyio.to_thread.current_default_thread_limiter().total_tokens = THREADS
+            await self._server.serve(sockets=[self.socket])
+
         def run() -> None:
             try:  # uvicorn leaves signals alone off the main thread: the command owns them
-                asyncio.run(self._server.serve(sockets=[self.socket]))
+                asyncio.run(serve())
             except BaseException as exc:
                 failed.append(exc)
 
