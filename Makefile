@@ -47,6 +47,7 @@ bench: setup
 	$(PY) bench/sync_bench.py --gpus 100000
 	$(PY) bench/usage_bench.py --pg auto
 	$(PY) bench/exporter_bench.py
+	$(PY) bench/serve_load.py --gpus 10000 --clients 50 --seconds 60 --pg auto
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache

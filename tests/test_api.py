@@ -7,6 +7,7 @@ sync fills it. Then the endpoints are asked what a client would ask.
 
 from __future__ import annotations
 
+import base64
 import json
 import uuid as uuidlib
 from collections.abc import Iterator
@@ -126,7 +127,7 @@ def served(request: pytest.FixtureRequest, hub_store: str,
         yield client
     finally:
         service.stop()
-        service.server.router.engine.dispose()
+        service.engine.dispose()
 
 
 def cli_json(served: Api, *args: str) -> Any:
@@ -273,10 +274,33 @@ def test_a_uuid_is_one_gpu_wherever_it_reports(served):
     ("/api/v1/findings", {"severity": "fatal"}, "unknown severity 'fatal'"),
     ("/api/v1/clusters", {"node": "x"}, "unknown query parameter 'node'"),
     ("/healthz", {"verbose": "1"}, "unknown query parameter 'verbose'"),
+    # client mistakes that once answered 500 or 503 (issue 22)
+    *((path, {"since": "100000000d"}, "since: '100000000d' is longer than 36500d")
+      for path in ("/api/v1/usage", "/api/v1/idle", "/api/v1/events")),
+    ("/api/v1/usage", {"since": "1e400"}, "since: invalid duration"),
+    ("/api/v1/usage", {"from": "0001-01-01T00:00:00+14:00"}, "not an ISO-8601 time"),
+    ("/api/v1/idle", {"for": "100000000d"}, "for: '100000000d' is longer"),
+    ("/api/v1/events", {"continue": api.encode_token(["9" * 30, "", "", ""])},
+     "invalid continue token"),
+    ("/api/v1/events", {"continue": api.encode_token(["²", "", "", ""])},
+     "invalid continue token"),
+    ("/api/v1/events", {"continue": "A" * 5000}, "invalid continue"),
+    ("/api/v1/gpus", {"continue": base64.urlsafe_b64encode(b"[" * 100_00).decode()},
+     "invalid continue"),
+    ("/api/v1/gpus", {"continue": base64.urlsafe_b64encode(b"[" * 1500).decode()},
+     "invalid continue token"),
 ])
 def test_bad_query_parameters_are_400_naming_the_problem(served, path, params, needle):
     body = served.json(path, 400, **params)
     assert set(body) == {"error"} and needle in body["error"]
+
+
+@pytest.mark.parametrize("path", ["/api/v1/gpus/a%00b", "/api/v1/gpus/a%00b/history",
+                                  "/api/v1/gpus/GPU-%1b[31m/history"])
+def test_control_characters_in_a_gpu_path_are_400_on_every_database(served, path):
+    """PostgreSQL refuses NUL in a text parameter: that once read as 'database unavailable'."""
+    body = served.json(path, 400)
+    assert body == {"error": "uuid must not contain control characters"}
 
 
 def test_empty_parameters_mean_no_filter_as_the_schema_allows(served):
@@ -336,7 +360,7 @@ def test_findings_are_empty_until_checks_are_configured(served):
 
 
 def test_the_api_engine_cannot_write(served):
-    engine = served.service.server.router.engine
+    engine = served.service.engine
     with pytest.raises(sa.exc.DBAPIError), engine.begin() as conn:
         conn.execute(inventory.gpus.delete())
     assert len(served.json("/api/v1/gpus")["items"]) == 29
@@ -370,6 +394,28 @@ def test_metrics_expose_the_documented_families(served):
     assert "process_resident_memory_bytes" in samples
 
 
+def test_metrics_negotiate_openmetrics_and_gzip_as_prometheus_client_does(served):
+    """A Prometheus that asks for OpenMetrics gets it (with # EOF), one that accepts gzip
+    gets it compressed; a plain scraper still gets text 0.0.4."""
+    import gzip
+
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families as om
+
+    r = requests.get(served.url + "/metrics", timeout=10, headers={
+        "Accept": "application/openmetrics-text; version=1.0.0,text/plain;version=0.0.4;q=0.5",
+        "Accept-Encoding": "gzip"}, stream=True)
+    assert r.status_code == 200
+    assert r.headers["Content-Type"].startswith("application/openmetrics-text; version=1.0.0")
+    assert r.headers["Content-Encoding"] == "gzip"
+    text = gzip.decompress(r.raw.read()).decode()
+    assert text.rstrip().endswith("# EOF")
+    assert "gpufleet_sync_duration_seconds" in {f.name for f in om(text)}
+    plain = requests.get(served.url + "/metrics", timeout=10,
+                         headers={"Accept-Encoding": "identity"})
+    assert plain.headers["Content-Type"] == api.METRICS_CONTENT_TYPE
+    assert "Content-Encoding" not in plain.headers and "# EOF" not in plain.text
+
+
 def test_healthz_while_healthy(served):
     body = served.json("/healthz")
     assert body["status"] == "ok" and body["last_sync"]["gpus"] == 26
@@ -382,7 +428,9 @@ def test_healthz_while_healthy(served):
 def test_openapi_describes_every_served_path_and_every_documented_path_answers(served):
     doc = served.json("/api/v1/openapi.json")
     assert doc["openapi"].startswith("3.")
-    served_paths = {r.path for r in served.service.server.router.routes}
+    # every route but the browser pages of one cluster, node or GPU (HTML, not the API)
+    served_paths = {r.path.replace(":path}", "}") for r in served.service.app.routes
+                    if r.include_in_schema}
     assert set(doc["paths"]) == served_paths
     assert {"/healthz", "/metrics", "/api/v1/openapi.json", "/api/v1/clusters",
             "/api/v1/nodes", "/api/v1/gpus", "/api/v1/gpus/{uuid}", "/api/v1/findings",
@@ -396,7 +444,9 @@ def test_openapi_describes_every_served_path_and_every_documented_path_answers(s
         r = served.get(url)
         assert r.status_code == 200, (path, r.status_code, r.text)
         ref = operation["responses"]["200"]["content"]
-        assert list(ref) == [r.headers["Content-Type"].split(";")[0]], path
+        # one kind of answer per path; /metrics also speaks OpenMetrics when asked
+        assert r.headers["Content-Type"].split(";")[0] == next(iter(ref)), path
+        assert len(ref) == 1 or path == "/metrics", path
     # the item schemas list exactly the fields the endpoints return
     gpu = served.json("/api/v1/gpus", limit=1)["items"][0]
     assert schemas["Gpu"]["required"] == list(gpu)

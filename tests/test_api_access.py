@@ -21,6 +21,7 @@ import signal
 import socket
 import ssl
 import struct
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,7 +54,7 @@ from hub.service import (
 )
 from hub.service import _api as api
 from hub.service._auth import MIN_REFRESH
-from hub.service._http import CONNECTION_TIMEOUT
+from hub.service._serve import GRACE, HEADER_TIMEOUT
 from hub.store import HubClient
 from tests.test_api import hub_store  # noqa: F401  (module fixture: the real hub store)
 
@@ -268,6 +269,9 @@ class Issuer:
     def __init__(self) -> None:
         self.keys: dict[str, Any] = {}  # kid -> private key
         self.jwks_hits = 0
+        #: while cleared, the JWKS answer waits (an issuer that stalls)
+        self.answering = threading.Event()
+        self.answering.set()
         issuer = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -276,6 +280,7 @@ class Issuer:
                     body = {"issuer": issuer.url, "jwks_uri": issuer.url + "/jwks"}
                 elif self.path == "/jwks":
                     issuer.jwks_hits += 1
+                    issuer.answering.wait(30)
                     body = {"keys": [issuer.jwk(k, v) for k, v in issuer.keys.items()]}
                 else:
                     self.send_error(404)
@@ -406,6 +411,35 @@ def test_oidc_key_rotation_is_picked_up_on_an_unknown_key_id(oidc, issuer):
     assert issuer.jwks_hits == hits
 
 
+def test_a_stalled_issuer_never_holds_up_callers_whose_key_is_cached(oidc, issuer):
+    """A stranger's random key id makes the service fetch the keys again; the issuer stalls.
+    Callers whose key is cached are answered meanwhile, not queued behind that fetch."""
+    service, clock = oidc
+    valid = issuer.token("rsa-1", ["platform"])
+    assert get(service, "/api/v1/clusters", valid).ok  # keys fetched and cached
+    issuer.answering.clear()
+    clock.now += MIN_REFRESH
+    bogus = jwt.encode({"x": 1}, issuer.keys["rsa-1"], algorithm="RS256",
+                       headers={"kid": "random"})
+    stranger = threading.Thread(target=get, args=(service, "/api/v1/clusters", bogus))
+    hits = issuer.jwks_hits
+    try:
+        stranger.start()
+        while issuer.jwks_hits == hits:  # the refresh is in flight, stalled at the issuer
+            time.sleep(0.01)
+        for _ in range(5):
+            started = time.monotonic()
+            assert get(service, "/api/v1/clusters", valid).status_code == 200
+            assert time.monotonic() - started < 1.0
+        # another unknown key id meanwhile is refused at once, not queued
+        started = time.monotonic()
+        assert get(service, "/api/v1/clusters", bogus).status_code == 401
+        assert time.monotonic() - started < 1.0
+    finally:
+        issuer.answering.set()
+        stranger.join(30)
+
+
 # -- TLS -----------------------------------------------------------------------------------------
 def make_cert(directory: Path, name: str) -> Path:
     """A CA and a server certificate for 127.0.0.1 signed by it; returns the CA file."""
@@ -522,28 +556,80 @@ def test_a_dead_database_is_a_503_without_driver_details(caplog):
     assert str(port) in caplog.text  # the operator still learns why
 
 
-def test_concurrent_requests_are_bounded(db_url):
-    """With one slot, an idle connection holds it: a second request waits for it to go."""
-    service = serve(db_url, Authenticator(), max_requests=1)
+def _healthz_seconds(service: Service) -> float:
+    started = time.monotonic()
+    r = requests.get(service.url + "/healthz", timeout=10)
+    assert r.status_code in (200, 503) and r.headers["Content-Type"] == "application/json"
+    return time.monotonic() - started
+
+
+@pytest.mark.parametrize("kind", ["half-sent", "trickling", "idle"])
+def test_300_slow_clients_never_delay_the_readiness_probe(db_url, kind):
+    """300 connections that send half a request (and stop), trickle one header byte at a
+    time, or open and say nothing, all on loopback: /healthz answers within a second while
+    they hold on, and the half-sent ones are cut once their head is HEADER_TIMEOUT late."""
+    service = serve(db_url, Authenticator(tokens=None))
+    held: list[socket.socket] = []
     try:
-        idle = socket.create_connection(("127.0.0.1", service.server.port), timeout=5)
-        idle.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-        idle.recv(65536)  # answered; the keep-alive connection now holds the only slot
-        with pytest.raises(requests.exceptions.ReadTimeout):
-            requests.get(service.url + "/healthz", timeout=(5, 1))
-        idle.close()
-        assert get(service, "/healthz").status_code in (200, 503)
-        # all slots held by idle keep-alive connections do not hold up a shutdown
-        held = socket.create_connection(("127.0.0.1", service.server.port), timeout=5)
-        held.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-        held.recv(65536)
-        waiting = socket.create_connection(("127.0.0.1", service.server.port), timeout=5)
-    finally:
+        for _ in range(300):
+            s = socket.create_connection(("127.0.0.1", service.server.port), timeout=5)
+            if kind != "idle":
+                s.sendall(b"GET /api/v1/gpus HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+            held.append(s)
+        for step in range(5):
+            if kind == "trickling":
+                for s in held:
+                    s.sendall(b"a")
+            assert _healthz_seconds(service) < 1.0, (kind, step)
+        cut = held[0]
+        cut.settimeout(HEADER_TIMEOUT + 5)
         started = time.monotonic()
+        while cut.recv(4096):  # the server closes it (an empty read), no answer needed
+            pass
+        assert time.monotonic() - started <= HEADER_TIMEOUT + 1
+        assert _healthz_seconds(service) < 1.0
+    finally:
+        for s in held:
+            s.close()
         service.stop()
-    assert time.monotonic() - started < CONNECTION_TIMEOUT
-    held.close()
-    waiting.close()
+
+
+def test_stopping_lets_an_answer_in_flight_finish_and_ignores_idle_connections(db_url):
+    service = serve(db_url, Authenticator())
+    idle = socket.create_connection(("127.0.0.1", service.server.port), timeout=5)
+    idle.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    answer = b""
+    while not answer.endswith(b"}"):  # the whole JSON answer; the connection stays open
+        answer += idle.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 ")  # a kept-alive connection, idle now
+    started = time.monotonic()
+    service.stop()
+    assert time.monotonic() - started < GRACE + 1
+    assert idle.recv(65536) == b""  # closed by the server on the way out
+    idle.close()
+    with pytest.raises(requests.exceptions.ConnectionError):
+        requests.get(service.url + "/healthz", timeout=2)
+
+
+@pytest.mark.parametrize(("request_bytes", "status"), [
+    (b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 40000 + b"\r\n\r\n", 431),
+    (b"POST /login HTTP/1.1\r\nHost: x\r\nContent-Length: 10000000\r\n\r\n", 413),
+    (b"NOT HTTP AT ALL\r\n\r\n", 400),
+], ids=["huge-head", "huge-body", "not-http"])
+def test_oversized_and_malformed_requests_get_a_json_error(db_url, request_bytes, status):
+    """Each closes the connection after its answer: nothing of it is read as a request."""
+    service = serve(db_url, Authenticator())
+    try:
+        with socket.create_connection(("127.0.0.1", service.server.port), timeout=5) as s:
+            s.sendall(request_bytes)
+            answer = b""
+            while chunk := s.recv(65536):
+                answer += chunk
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(f"HTTP/1.1 {status} ".encode()), head
+        assert b"application/json" in head and json.loads(body)["error"]
+    finally:
+        service.stop()
 
 
 def test_serve_process_with_tokens_and_tls_on_a_pod_address(tokens, tmp_path):
@@ -628,15 +714,14 @@ def test_a_bad_scopes_file_is_a_one_line_error(text, needle, tmp_path):
 def test_an_endpoint_that_applies_no_scope_is_closed_to_scoped_callers(db_url, tokens):
     """The contract for new endpoints: a handler without a ``scope`` keyword answers only
     callers who may see everything, so it cannot leak before it learns to filter."""
-    from hub.service._routes import Route
+    from hub.service._app import route
 
     service = serve(db_url, Authenticator(tokens=TokenFile(tokens[0])))
-    router = service.server.router
 
-    def everything(query: Any, engine: Any) -> tuple[int, Any]:
-        return 200, {"items": ["every team's pods"]}
+    def everything() -> dict[str, Any]:
+        return {"items": ["every team's pods"]}
 
-    router.routes.append(Route("/api/v1/new", everything, "new", {"type": "object"}))
+    route(service.app, "/api/v1/new", everything, dict[str, Any])
     try:
         assert get(service, "/api/v1/new", tokens[1]["admin"]).status_code == 200
         r = get(service, "/api/v1/new", tokens[1]["team"])
@@ -708,8 +793,8 @@ def _ledger_db(tmp_path: Path) -> str:
 
 
 def test_usage_idle_capacity_events_and_history_apply_the_callers_scope(tmp_path):
-    """Team B's token: its own GPU-hours and idle GPU, fleet-wide capacity counts (no names),
-    only its cluster's events, and team A's GPU history unknown."""
+    """Team B's token: its own GPU-hours, idle GPU and capacity, fleet-wide capacity totals
+    (numbers, no names), only its cluster's events, and team A's GPU history unknown."""
     url = _ledger_db(tmp_path)
     made = {}
     entries = []
@@ -747,10 +832,16 @@ def test_usage_idle_capacity_events_and_history_apply_the_callers_scope(tmp_path
         assert {r["namespace"] for r in admin_usage["items"]} == {"team-a", "team-b"}
         idle = get(service, "/api/v1/idle", team, since="24h").json()["items"]
         assert [(r["uuid"], r["pod"]) for r in idle] == [("GPU-b", "idle-b")]
-        capacity = get(service, "/api/v1/capacity", team).json()["items"]
-        assert [(r["model"], r["total"], r["allocated"]) for r in capacity] == [
-            ("H100", 2.0, 2.0)]
-        assert "train-a" not in get(service, "/api/v1/capacity", team).text
+        capacity = get(service, "/api/v1/capacity", team).json()
+        assert [(r["model"], r["total"], r["allocated"]) for r in capacity["items"]] == [
+            ("H100", 1.0, 1.0)]  # its own cluster's GPUs
+        assert (capacity["fleet"]["total"], capacity["fleet"]["allocated"]) == (2.0, 2.0)
+        by_cluster = get(service, "/api/v1/capacity", team, by="cluster").json()
+        assert [r["cluster"] for r in by_cluster["items"]] == ["c-b"]
+        assert by_cluster["fleet"]["total"] == 2.0  # the fleet as a number, no name
+        for by in ("model", "cluster", "node"):
+            text = get(service, "/api/v1/capacity", team, by=by).text
+            assert "train-a" not in text and "c-a" not in text, by
         events = get(service, "/api/v1/events", team).json()["items"]
         assert events and {e["cluster"] for e in events} == {"c-b"}
         assert get(service, "/api/v1/events", team, cluster="c-a").status_code == 403

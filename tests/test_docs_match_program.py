@@ -66,10 +66,11 @@ def alert_names(tmp_path: Path) -> set[str]:
 
 
 def metric_names(tmp_path: Path) -> set[str]:
-    """Sample names of the hub service's /metrics (the router's own answer over an
+    """Sample names of the hub service's /metrics (the app's own answer over an
     inventory with one GPU) and of the exporter's /metrics."""
     from hub import inventory as inv
     from hub.inventory._normalize import Observation
+    from tests.support.asgi import AppClient
 
     url = f"sqlite:///{tmp_path / 'metrics.db'}"
     engine = inv.make_engine(url, create=True)
@@ -80,16 +81,16 @@ def metric_names(tmp_path: Path) -> set[str]:
     service = build_service(Jobs(sync=lambda: None), every=3600.0,  # type: ignore[arg-type]
                             engine=engine, process_metrics=False)
     try:
-        status, raw = service.server.router.handle("/metrics", {})
+        status, raw = AppClient(service.app).handle("/metrics")
     finally:
-        service.server.server_close()
+        service.server.close()
         engine.dispose()
     assert status == 200
     backend = SimBackend(gpus=1)
     backend.open()
     exporter = Exporter(backend, hostname="node-a")
     exporter.collect_once()
-    text = raw.body.decode() + generate_latest(exporter.registry).decode()
+    text = raw.text + generate_latest(exporter.registry).decode()
     names = {line.split("{")[0].split(" ")[0] for line in text.splitlines()
              if line and not line.startswith("#")}
     return {n for n in names if n.startswith("gpufleet_")}

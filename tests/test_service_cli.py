@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import requests
 
 from hub.devstack import free_port
@@ -163,3 +164,39 @@ def test_serve_reconciles_through_the_hub_and_serves_the_reports_findings(hub, f
     report = json.loads(result.stdout)
     assert any(f["check"] == "count_mismatch" and f["node"] == "cp-bm14r7"
                for f in report["findings"])
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["", "--clusters", "east"], "token name ''"),
+    (["team\nadmin"], "token name 'team\\nadmin'"),
+    ([" team"], "token name ' team'"),
+    (["team", "--clusters", ""], "--clusters names no cluster"),
+    (["team", "--clusters", " , "], "--clusters names no cluster"),
+    (["team", "--namespaces", ""], "--namespaces names no namespace"),
+    (["team", "--clusters", "east\x00"], "--clusters: 'east\\x00' is not a name"),
+])
+def test_token_create_refuses_names_and_scopes_that_are_not(args, needle):
+    """An empty --clusters read as "no restriction" would print a whole-fleet token."""
+    result = gpufleet("serve", "token", "create", *args)
+    assert result.exit_code == 2, result.output
+    assert needle in result.output and "gpf_" not in result.output
+    assert result.output.count("\n") == 1
+
+
+def test_serve_log_hides_the_oidc_issuer_password(tmp_path: Path):
+    """The issuer cannot be reached at start-up, and the log says so: without its password."""
+    scopes = tmp_path / "scopes.yaml"
+    scopes.write_text("scopes: [{group: platform, clusters: '*'}]\n")
+    port = free_port()
+    proc = start("--hub-url", "http://127.0.0.1:1", "--db", f"sqlite:///{tmp_path / 'i.db'}",
+                 "--listen", f"127.0.0.1:{port}", "--scopes-file", str(scopes),
+                 "--oidc-issuer", f"http://gpufleet:{SECRET_PASSWORD}@127.0.0.1:{free_port()}",
+                 "--oidc-audience", "gpufleet")
+    try:
+        wait_status(proc, f"http://127.0.0.1:{port}", 503)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "OIDC issuer http://gpufleet:<redacted>@127.0.0.1" in err
+    assert SECRET_PASSWORD not in err

@@ -45,7 +45,11 @@ from tests.test_service_page import _cells, _count
 
 @pytest.fixture(scope="module")
 def service(db_url: str, tokens: tuple[Path, dict[str, str]]) -> Iterator[Any]:
+    from hub.service import SignInLimit
+
     started = serve(db_url, Authenticator(tokens=TokenFile(tokens[0])), metrics_open=False)
+    # every test of the module signs in from 127.0.0.1, many on purpose with bad forms
+    started.app.state.gate.login.limit = SignInLimit(burst=10_000)
     yield started
     started.stop()
 
@@ -278,14 +282,92 @@ def _scopes(path: Path) -> Any:
     return load_group_scopes(path)
 
 
-def test_sessions_are_bounded_and_the_oldest_goes_first(db_url, tokens):
-    sessions = Sessions(limit=2)
+def test_sessions_are_capped_per_token_and_a_full_store_signs_nobody_else_out(db_url, tokens):
+    """Many sign-ins with one token replace that token's own oldest sessions; when the store
+    is full a new sign-in is refused (503) and the sessions already there live on."""
+    sessions = Sessions(limit=3, per_token=2)
     service = serve(db_url, Authenticator(tokens=TokenFile(tokens[0])), sessions=sessions)
     try:
-        made = [set_cookie(post_login(service, tokens[1]["admin"])).value for _ in range(3)]
-        assert len(set(made)) == 3 and len(sessions) == 2
+        admin = [set_cookie(post_login(service, tokens[1]["admin"])).value for _ in range(3)]
+        assert len(set(admin)) == 3 and len(sessions) == 2
         assert [with_cookie(service, "/api/v1/clusters", sid).status_code
-                for sid in made] == [401, 200, 200]
+                for sid in admin] == [401, 200, 200]
+        team = set_cookie(post_login(service, tokens[1]["team"])).value
+        full = post_login(service, tokens[1]["team"])
+        assert full.status_code == 503 and "Set-Cookie" not in full.headers
+        assert [with_cookie(service, "/api/v1/clusters", sid).status_code
+                for sid in [*admin[1:], team]] == [200, 200, 200]
+    finally:
+        service.stop()
+
+
+def test_sessions_in_the_database_are_shared_by_replicas_and_survive_a_restart(db_url,
+                                                                                tokens):
+    """Two services on one inventory (replicas): a session made on one opens the other,
+    a sign-out on either ends it, and a new service after a restart still knows it. The
+    table holds only the sha256 of each id."""
+    import sqlalchemy as sa
+
+    from hub.inventory import _db
+    from hub.inventory import sessions as table
+    from hub.service import DbSessions
+
+    writer = _db.make_engine(db_url)
+    auth = Authenticator(tokens=TokenFile(tokens[0]))
+    one = serve(db_url, auth, sessions=DbSessions(writer))
+    two = serve(db_url, auth, sessions=DbSessions(writer))
+    try:
+        sid = set_cookie(post_login(one, tokens[1]["team"])).value
+        assert with_cookie(two, "/api/v1/clusters", sid).status_code == 200
+        with writer.connect() as conn:
+            stored = conn.execute(sa.select(table)).mappings().all()
+        assert sid not in repr(stored) and tokens[1]["team"] not in repr(stored)
+        assert any(row["id_sha256"] == session._key(sid) for row in stored)
+        one.stop()
+        one = serve(db_url, auth, sessions=DbSessions(writer))  # restarted
+        assert with_cookie(one, "/", sid).status_code == 200
+        requests.post(two.url + "/logout", timeout=10, allow_redirects=False,
+                      headers={"Cookie": f"{session.COOKIE}={sid}"})
+        assert with_cookie(one, "/api/v1/clusters", sid).status_code == 401
+    finally:
+        one.stop()
+        two.stop()
+        writer.dispose()
+
+
+def test_database_sessions_are_capped_per_token_and_in_all(db_url, tokens):
+    from hub.inventory import _db
+    from hub.service import DbSessions
+
+    writer = _db.make_engine(db_url)
+    store = DbSessions(writer, per_token=2)
+    store.limit = len(store) + 3  # the module's database holds other tests' sessions
+    try:
+        admin = Caller(Scope("admin"), "admin")
+        made = [store.create(admin, "a" * 64) for _ in range(3)]
+        assert store.get(made[0][0]) is None and store.get(made[2][0]) is not None
+        store.create(Caller(Scope("team"), "team"), "b" * 64)
+        with pytest.raises(session.SessionsFull):
+            store.create(Caller(Scope("team"), "team"), "b" * 64)
+        assert store.get(made[1][0]) is not None  # nobody was signed out to make room
+    finally:
+        writer.dispose()
+
+
+def test_sign_in_attempts_are_limited_per_client(db_url, tokens):
+    from hub.service import SignInLimit
+
+    limit = SignInLimit(burst=3, window=3600)
+    service = serve(db_url, Authenticator(tokens=TokenFile(tokens[0])))
+    service.app.state.gate.login.limit = limit
+    try:
+        assert post_login(service, tokens[1]["team"]).status_code == 303  # does not count
+        answers = [post_login(service, "gpf_guess-" + str(i)).status_code for i in range(3)]
+        assert answers == [401, 401, 401]
+        blocked = post_login(service, tokens[1]["team"])  # even the right one, for a while
+        assert blocked.status_code == 429 and "Set-Cookie" not in blocked.headers
+        assert blocked.headers["Retry-After"] == "3600"
+        assert limit.allow("192.0.2.7") and not limit.allow("127.0.0.1")
     finally:
         service.stop()
 

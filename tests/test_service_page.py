@@ -141,8 +141,9 @@ def test_the_live_page_matches_the_api(hub, fleet, tmp_path):
 def test_sections_from_optional_parts_appear_only_when_they_answer(tmp_path):
     """Usage, idle and capacity come from parts not every install has: a section function
     that answers None (its part is absent or empty) leaves no trace on the page."""
+    from hub.service import build_app
     from hub.service._page import Section
-    from hub.service._routes import build_router
+    from tests.support.asgi import AppClient, no_metrics
 
     url = f"sqlite:///{tmp_path / 'inv.db'}"
     migrate.ensure_schema(_db.make_engine(url, create=True))
@@ -152,12 +153,12 @@ def test_sections_from_optional_parts_appear_only_when_they_answer(tmp_path):
                                                        ("gpu_hours", "GPU-hours")],
                        [{"namespace": "team-a", "gpu_hours": 12.5}], "No usage.")
 
-    router = build_router(read_only_engine(url), health=lambda: (True, {}),
-                          findings=lambda: ([], None), metrics=lambda: b"",
-                          page_sections=[usage, lambda conn: None])
+    router = AppClient(build_app(read_only_engine(url), health=lambda: (True, {}),
+                          findings=lambda: ([], None), metrics=no_metrics,
+                          page_sections=[usage, lambda conn: None]))
     status, page = router.handle("/", {})
     assert status == 200
-    dom = Dom(page.body.decode())
+    dom = Dom(page.text)
     assert _cells(dom, "usage") == [{"namespace": "team-a", "gpu_hours": "12.5"}]
     assert [e["attrs"]["id"] for e in dom.find("table")] == [
         "clusters", "failed-gpus", "degraded-gpus", "stale-clusters", "gpus-with-findings",
@@ -167,14 +168,15 @@ def test_sections_from_optional_parts_appear_only_when_they_answer(tmp_path):
 
 
 def test_before_the_first_sync_the_page_says_so_in_html(tmp_path):
-    from hub.service._routes import build_router
+    from hub.service import build_app
+    from tests.support.asgi import AppClient, no_metrics
 
     url = f"sqlite:///{tmp_path / 'empty.db'}"  # no schema yet: no sync has run
-    router = build_router(read_only_engine(url), health=lambda: (False, {}),
-                          findings=lambda: ([], None), metrics=lambda: b"")
+    router = AppClient(build_app(read_only_engine(url), health=lambda: (False, {}),
+                          findings=lambda: ([], None), metrics=no_metrics))
     status, page = router.handle("/", {})
-    assert status == 503 and page.content_type.startswith("text/html")
-    dom = Dom(page.body.decode())
+    assert status == 503 and page.headers["content-type"].startswith("text/html")
+    dom = Dom(page.text)
     assert "no sync has completed yet" in dom.find("p", id="notice")[0]["text"]
     assert dom.find("form")  # the search and the API links are still there
 
@@ -182,9 +184,9 @@ def test_before_the_first_sync_the_page_says_so_in_html(tmp_path):
 def test_the_usage_sections_serve_shows_agree_with_the_api(tmp_path):
     """serve's page sections for usage, idle GPUs and capacity read the same ledger the API
     answers from: the same namespaces, GPU-hours and idle GPUs."""
-    from hub.service import USAGE_SECTIONS
-    from hub.service._routes import build_router
+    from hub.service import USAGE_SECTIONS, build_app
     from hub.usage import write_bucket
+    from tests.support.asgi import AppClient, no_metrics
 
     url = f"sqlite:///{tmp_path / 'inv.db'}"
     engine = _db.make_engine(url, create=True)
@@ -209,12 +211,12 @@ def test_the_usage_sections_serve_shows_agree_with_the_api(tmp_path):
                                                 ("GPU-idle", "team-b", "notebook", 0.0))]
             write_bucket(conn, start.replace(tzinfo=dt.UTC).timestamp(), 3600.0, rows, 14)
     engine.dispose()
-    router = build_router(read_only_engine(url), health=lambda: (True, {}),
-                          findings=lambda: ([], None), metrics=lambda: b"",
-                          page_sections=USAGE_SECTIONS)
+    router = AppClient(build_app(read_only_engine(url), health=lambda: (True, {}),
+                          findings=lambda: ([], None), metrics=no_metrics,
+                          page_sections=USAGE_SECTIONS))
     status, page = router.handle("/", {})
     assert status == 200
-    dom = Dom(page.body.decode())
+    dom = Dom(page.text)
     status, api_usage = router.handle("/api/v1/usage", {"by": ["namespace"], "since": ["24h"]})
     assert status == 200, api_usage
     page_usage = {r["namespace"]: float(r["gpu_hours"]) for r in _cells(dom, "usage")}

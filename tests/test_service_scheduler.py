@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from hub.common import InputError
+from hub.common import InputError, iso
 from hub.inventory import LockHeld, SyncResult
 from hub.service._scheduler import (
     Jobs,
@@ -275,13 +275,14 @@ def test_findings_api_says_when_the_last_check_failed_and_when_findings_were_mad
     """An unreachable hub must not read as "no findings": the API carries the failure."""
     import json
 
-    from hub.service._routes import build_router
+    from hub.service import build_app
+    from tests.support.asgi import AppClient
 
     scheduler, clock, _, metrics = scheduler_for(
         [result(), down()], findings=lambda: [finding("warning")])
-    router = build_router(None, health=scheduler.health,  # type: ignore[arg-type]
-                          findings=scheduler.findings, metrics=metrics.exposition,
-                          check_failure=scheduler.check_failure)
+    router = AppClient(build_app(None, health=scheduler.health,  # type: ignore[arg-type]
+                                 findings=scheduler.findings, metrics=metrics.negotiate,
+                                 check_failure=scheduler.check_failure))
 
     def answer() -> dict[str, Any]:
         status, body = router.handle("/api/v1/findings", {})
@@ -292,13 +293,13 @@ def test_findings_api_says_when_the_last_check_failed_and_when_findings_were_mad
     scheduler.tick()  # a good sync: findings with the time of their check
     body = answer()
     assert body["last_check_failed"] is None
-    assert body["items"][0]["checked_at"] == str(dt.datetime.fromtimestamp(T0, dt.UTC))
+    assert body["items"][0]["checked_at"] == iso(dt.datetime.fromtimestamp(T0, dt.UTC))
     clock.now += 60
     scheduler.tick()  # the hub is down: the old findings stay, and the API says why
     body = answer()
-    assert body["items"][0]["checked_at"] == str(dt.datetime.fromtimestamp(T0, dt.UTC))
+    assert body["items"][0]["checked_at"] == iso(dt.datetime.fromtimestamp(T0, dt.UTC))
     failed = body["last_check_failed"]
-    assert failed["at"] == str(dt.datetime.fromtimestamp(T0 + 60, dt.UTC))
+    assert failed["at"] == iso(dt.datetime.fromtimestamp(T0 + 60, dt.UTC))
     # no hub address to callers (the log has it)
     assert failed["error"].startswith("sync failed, no checks ran: hub <url> unreachable")
     clock.now += 60

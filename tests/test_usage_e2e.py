@@ -267,12 +267,12 @@ def test_serve_collects_completed_buckets_and_report_warns_of_idle_allocated_gpu
 
 def check_api(db_url: str, t0: float, by_namespace: dict) -> None:
     """The read API answers the same figures, with the same filters and paging rules."""
-    from hub.service import read_only_engine
-    from hub.service._routes import build_router
+    from hub.service import build_app, read_only_engine
+    from tests.support.asgi import AppClient, no_metrics
 
     engine = read_only_engine(db_url)
-    router = build_router(engine, health=lambda: (True, {}), findings=lambda: ([], None),
-                          metrics=lambda: b"")
+    router = AppClient(build_app(engine, health=lambda: (True, {}),
+                                 findings=lambda: ([], None), metrics=no_metrics))
 
     def get(path: str, status: int = 200, **query: str):
         code, body = router.handle(path, {k: [v] for k, v in query.items()})

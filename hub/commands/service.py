@@ -21,6 +21,7 @@ from hub.common import (
     ConfiguredCommand,
     ConfiguredGroup,
     InputError,
+    RedactingFilter,
     UnavailableError,
     cluster_label_option,
     db_option,
@@ -34,6 +35,7 @@ from hub.common import (
     parse_duration,
     parse_listen,
     push_interval_option,
+    register_secret,
     stale_after_option,
     window_option,
 )
@@ -70,7 +72,8 @@ def service_jobs(engine: Engine, client: HubClient, *, stale_after: float, clust
     def findings() -> list[dict[str, Any]]:
         assessed = validation.assess(engine, client, max_age=max_age, push_interval=push_interval,
                                    window=window, cluster_label=cluster_label)
-        return [f.as_dict() for f in assessed.findings]
+        # with the namespace a finding's message names, so the API can keep it from others
+        return [{**f.as_dict(), "namespace": f.namespace} for f in assessed.findings]
 
     def usage_job() -> None:
         result = usage.collect_usage(engine, client, bucket=usage_bucket,
@@ -161,7 +164,8 @@ class _ServeGroup(ConfiguredCommand, click.Group):
 @click.option("--session-ttl", type=DURATION, default="8h", show_default=True,
               envvar=env("session-ttl"), metavar="DURATION",
               help="How long a browser stays signed in at /login (at most until its token "
-                   "expires); sessions live in memory, so a restart signs everyone out.")
+                   "expires); sessions live in the inventory database, shared by replicas "
+                   "and kept across a restart.")
 @_file_option("--tls-cert-file",
               help="Serve HTTPS with this certificate (PEM, chain allowed); re-read when it "
                    "changes, as cert-manager rotates it.")
@@ -199,6 +203,7 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
     \b
     Endpoints (read-only, GET/HEAD):
       /                      a live HTML page of the fleet (search by GPU UUID, node, namespace)
+      /clusters/C, /nodes/C/N, /gpus/UUID   pages of one cluster, node, GPU (links from /)
       /login, /logout        sign a browser in with a token, and out (with access configured)
       /healthz               200 while the last sync succeeded within two intervals, else 503
       /metrics               Prometheus metrics (sync duration, failures, GPUs by state, ...)
@@ -248,6 +253,8 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
     tls = svc.TlsFiles(tls_cert_file, tls_key_file) if tls_cert_file and tls_key_file else None
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:  # no URL password in any line, whoever logs
+        handler.addFilter(RedactingFilter())
     if auth.oidc is not None:
         auth.oidc.jwks.warm()
     logging.getLogger("alembic").setLevel(logging.WARNING)
@@ -265,14 +272,14 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
                 service = svc.build_service(jobs, every=every, engine=readonly, host=host,
                                             port=port, page_sections=svc.USAGE_SECTIONS,
                                             auth=auth, metrics_open=metrics_open, tls=tls,
-                                            sessions=svc.Sessions(ttl=session_ttl))
+                                            sessions=svc.DbSessions(engine, ttl=session_ttl))
             except OSError as exc:
                 reason = exc.strerror or str(exc)
                 raise InputError(f"cannot listen on {listen}: {reason}") from None
             try:
                 _prepare_schema(engine)
             except BaseException:
-                service.server.server_close()
+                service.server.close()
                 raise
             _run(service, client, engine, every)
         finally:
@@ -285,6 +292,8 @@ def access(*, tokens_file: str | None, oidc_issuer: str | None, oidc_audience: s
     tokens = svc.TokenFile(tokens_file) if tokens_file else None
     oidc = None
     if oidc_issuer:
+        # its password, if it has one, is never in a log line or an error (this one's too)
+        register_secret(urlsplit(oidc_issuer).password)
         if not oidc_audience:
             raise InputError("--oidc-issuer needs --oidc-audience (the 'aud' tokens are "
                              "issued for)")
@@ -306,8 +315,18 @@ def token_group() -> None:
     """Static tokens for --tokens-file."""
 
 
-def _names(values: tuple[str, ...]) -> list[str]:
-    return sorted({n.strip() for v in values for n in v.split(",") if n.strip()})
+def _names(values: tuple[str, ...], option: str) -> list[str]:
+    """The names of a ``--clusters``/``--namespaces`` option (repeatable, comma-separated).
+    Given but naming nothing (``--clusters ''``) is an error: read as "no restriction" it
+    would make a whole-fleet token out of a typo or an empty variable."""
+    names = sorted({n.strip() for v in values for n in v.split(",") if n.strip()})
+    if values and not names:
+        raise InputError(f"{option} names no {option[2:-1]}: give at least one name, or "
+                         f"leave {option} out for all")
+    bad = next((n for n in names if not n.isprintable()), None)
+    if bad is not None:
+        raise InputError(f"{option}: {bad!r} is not a name (control characters)")
+    return names
 
 
 @token_group.command("create", cls=ConfiguredCommand)
@@ -324,8 +343,13 @@ def token_create(name: str, clusters: tuple[str, ...], namespaces: tuple[str, ..
     The file keeps only the token's sha256, so it can live in a ConfigMap or Git; hand the
     token itself to the team through a secret channel.
     """
+    if not name.strip() or not name.isprintable() or name != name.strip():
+        raise InputError(f"token name {name!r}: give a name of printable characters, one "
+                         "line, without surrounding spaces (it is what the log shows)")
+    chosen_clusters = _names(clusters, "--clusters")
+    chosen_namespaces = _names(namespaces, "--namespaces")
     token = svc.new_token()
-    entry = svc.token_entry(name, token, _names(clusters), _names(namespaces))
+    entry = svc.token_entry(name, token, chosen_clusters, chosen_namespaces)
     if output == "json":
         click.echo(json.dumps({"token": token, "entry": entry}))
         return

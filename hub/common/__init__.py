@@ -52,7 +52,13 @@ from hub.common._output import (
     to_json,
     to_table,
 )
-from hub.common._redact import REDACTED, redact, register_secret
+from hub.common._redact import (
+    REDACTED,
+    RedactingFilter,
+    redact,
+    redact_urls,
+    register_secret,
+)
 from hub.common._signals import (
     on_sigterm,
 )
@@ -69,6 +75,7 @@ __all__ = [
     "ConfiguredGroup",
     "GpufleetError",
     "InputError",
+    "RedactingFilter",
     "UnavailableError",
     "capacity_chart",
     "cluster_label_option",
@@ -92,6 +99,7 @@ __all__ = [
     "push_interval_option",
     "query_concurrency_option",
     "redact",
+    "redact_urls",
     "register_secret",
     "shorten",
     "stacked_bars",

@@ -1,8 +1,8 @@
-"""The small HTTP server both gpufleet services stand on (the exporter and `serve`).
+"""The small HTTP server of the exporter (and the local fleet's stand-ins).
 
-Plain ``http.server`` with a thread per connection: each serves a few readers (a Prometheus,
-a kubelet probe, an API client), never user traffic at scale, and a framework would add a
-dependency for nothing.
+Plain ``http.server`` with a thread per connection: the exporter serves a few readers (a
+Prometheus, a kubelet probe), never user traffic, and needs nothing more. `gpufleet serve`,
+which faces people and slow clients, runs FastAPI on uvicorn instead (hub/service/_serve.py).
 """
 
 from __future__ import annotations

@@ -9,6 +9,8 @@ parameter, because an error can be raised deep below the code that knows the sec
 
 from __future__ import annotations
 
+import logging
+import re
 import threading
 
 REDACTED = "<redacted>"
@@ -39,3 +41,27 @@ def redact(text: str) -> str:
         if secret in text:
             text = text.replace(secret, REDACTED)
     return text
+
+
+_URL_PASSWORD = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^/@\s:]*):(?P<pw>[^/@\s]*)@")
+
+
+def redact_urls(text: str) -> str:
+    """``text`` with the password of every ``scheme://user:password@host`` in it hidden, and
+    every registered secret: what a log line may carry (an OIDC issuer URL with a password,
+    a database URL a driver quotes)."""
+    return redact(_URL_PASSWORD.sub(lambda m: f"{m['head']}:{REDACTED}@", text))
+
+
+class RedactingFilter(logging.Filter):
+    """A handler filter that passes every record through :func:`redact_urls`, whatever
+    logged it (ours, uvicorn's, a driver's)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        clean = redact_urls(message)
+        if clean != message:
+            record.msg, record.args = clean, ()
+        if record.exc_info and record.exc_text is None and record.exc_info[1] is not None:
+            record.exc_text = redact_urls(logging.Formatter().formatException(record.exc_info))
+        return True

@@ -53,6 +53,7 @@ from hub.inventory._reconcile_runs import (
     reconcile_results,
     reconcile_runs,
 )
+from hub.inventory._sessions import add_session, drop_session, session_row, sessions
 from hub.inventory._sync import (
     NO_GPU_SERIES,
     SyncResult,
@@ -94,10 +95,12 @@ __all__ = [
     "LockHeld",
     "PruneResult",
     "SyncResult",
+    "add_session",
     "allocations",
     "batches",
     "current",
     "day_of",
+    "drop_session",
     "ensure_schema",
     "event_item",
     "events",
@@ -125,6 +128,8 @@ __all__ = [
     "reconcile_runs",
     "run_sync",
     "safe_url",
+    "session_row",
+    "sessions",
     "subquery_step",
     "sync_runs",
     "upgrade",

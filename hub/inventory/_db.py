@@ -610,37 +610,48 @@ def _stale_physical_gpus():
     return sa.and_(gpus.c.slice_key == "", gpus.c.state != ACTIVE)
 
 
-def list_nodes(conn: Connection, cluster: str | None = None) -> list[dict[str, Any]]:
-    def count(which: sa.ColumnElement[bool]) -> sa.ScalarSelect[int]:
-        return (sa.select(sa.func.count())
-                .where(gpus.c.cluster == nodes.c.cluster, gpus.c.node == nodes.c.node, which)
-                .scalar_subquery())
+def _gpu_counts(*keys: sa.Column, cluster: str | None) -> sa.Subquery:
+    """Active and stale physical GPUs per ``keys``, in one grouped pass over gpus (a
+    correlated count per row let SQLite pick the state index and scan every active GPU
+    once per node: 75 ms for one cluster's nodes at 10,000 GPUs)."""
+    physical = gpus.c.slice_key == ""
+    stmt = sa.select(
+        *keys,
+        sa.func.sum(sa.case((sa.and_(physical, gpus.c.state == ACTIVE), 1), else_=0)
+                    ).label("gpus"),
+        sa.func.sum(sa.case((sa.and_(physical, gpus.c.state != ACTIVE), 1), else_=0)
+                    ).label("stale_gpus"),
+    ).group_by(*keys)
+    return _where_cluster(stmt, gpus, cluster).subquery()
 
+
+def list_nodes(conn: Connection, cluster: str | None = None) -> list[dict[str, Any]]:
+    counts = _gpu_counts(gpus.c.cluster, gpus.c.node, cluster=cluster)
+    joined = nodes.outerjoin(counts, sa.and_(counts.c.cluster == nodes.c.cluster,
+                                             counts.c.node == nodes.c.node))
     stmt = _where_cluster(
-        sa.select(nodes.c.cluster, nodes.c.node, count(_active_physical_gpus()).label("gpus"),
-                  count(_stale_physical_gpus()).label("stale_gpus"), nodes.c.state,
-                  nodes.c.last_seen, nodes.c.last_sample_at), nodes, cluster,
+        sa.select(nodes.c.cluster, nodes.c.node,
+                  sa.func.coalesce(counts.c.gpus, 0).label("gpus"),
+                  sa.func.coalesce(counts.c.stale_gpus, 0).label("stale_gpus"),
+                  nodes.c.state, nodes.c.last_seen, nodes.c.last_sample_at
+                  ).select_from(joined), nodes, cluster,
     ).order_by(nodes.c.cluster, nodes.c.node)
     return [dict(r) for r in conn.execute(stmt).mappings()]
 
 
 def list_clusters(conn: Connection, cluster: str | None = None) -> list[dict[str, Any]]:
-    node_count = (
-        sa.select(sa.func.count())
-        .where(nodes.c.cluster == clusters.c.cluster, nodes.c.state == ACTIVE)
-        .scalar_subquery()
-    )
-    def gpu_count(which: sa.ColumnElement[bool]) -> sa.ScalarSelect[int]:
-        return (sa.select(sa.func.count())
-                .where(gpus.c.cluster == clusters.c.cluster, which)
-                .scalar_subquery())
-
+    active_nodes = sa.select(nodes.c.cluster, sa.func.count().label("nodes")).where(
+        nodes.c.state == ACTIVE).group_by(nodes.c.cluster)
+    active_nodes = _where_cluster(active_nodes, nodes, cluster).subquery()
+    counts = _gpu_counts(gpus.c.cluster, cluster=cluster)
+    joined = clusters.outerjoin(active_nodes, active_nodes.c.cluster == clusters.c.cluster
+                                ).outerjoin(counts, counts.c.cluster == clusters.c.cluster)
     stmt = _where_cluster(
-        sa.select(clusters.c.cluster, node_count.label("nodes"),
-                  gpu_count(_active_physical_gpus()).label("gpus"),
-                  gpu_count(_stale_physical_gpus()).label("stale_gpus"),
-                  clusters.c.state, clusters.c.last_seen, clusters.c.last_sample_at),
-        clusters, cluster,
+        sa.select(clusters.c.cluster, sa.func.coalesce(active_nodes.c.nodes, 0).label("nodes"),
+                  sa.func.coalesce(counts.c.gpus, 0).label("gpus"),
+                  sa.func.coalesce(counts.c.stale_gpus, 0).label("stale_gpus"),
+                  clusters.c.state, clusters.c.last_seen, clusters.c.last_sample_at
+                  ).select_from(joined), clusters, cluster,
     ).order_by(clusters.c.cluster)
     return [dict(r) for r in conn.execute(stmt).mappings()]
 

@@ -20,7 +20,7 @@ from hub.common import InputError
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 #: Modules that define tables on hub.inventory.metadata; importing them completes it.
 TABLE_MODULES = ("hub.inventory._db", "hub.inventory._reconcile_runs",
-                 "hub.inventory._usage_tables")
+                 "hub.inventory._usage_tables", "hub.inventory._sessions")
 
 
 def metadata() -> sa.MetaData:

@@ -1,5 +1,5 @@
 """`gpufleet serve`: the scheduler that syncs and checks on a schedule, its health and
-metrics, and the read-only JSON API over the inventory.
+metrics, and the read-only JSON API over the inventory (FastAPI on uvicorn).
 """
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from __future__ import annotations
 from hub.service._api import (
     read_only_engine,
 )
+from hub.service._app import build_app
 from hub.service._auth import (
     FULL,
     Authenticator,
@@ -18,6 +19,7 @@ from hub.service._auth import (
     new_token,
     token_entry,
 )
+from hub.service._confine import confine
 from hub.service._page import USAGE_SECTIONS
 from hub.service._scheduler import (
     Jobs,
@@ -25,22 +27,35 @@ from hub.service._scheduler import (
     build_service,
     describe_error,
 )
-from hub.service._session import MAX_SESSIONS, Sessions
+from hub.service._session import (
+    MAX_PER_TOKEN,
+    MAX_SESSIONS,
+    DbSessions,
+    Sessions,
+    SessionsFull,
+    SignInLimit,
+)
 from hub.service._tls import TlsFiles
 
 __all__ = [
     "FULL",
+    "MAX_PER_TOKEN",
     "MAX_SESSIONS",
     "USAGE_SECTIONS",
     "Authenticator",
+    "DbSessions",
     "Jobs",
     "OidcVerifier",
     "Scope",
     "Service",
     "Sessions",
+    "SessionsFull",
+    "SignInLimit",
     "TlsFiles",
     "TokenFile",
+    "build_app",
     "build_service",
+    "confine",
     "describe_error",
     "is_loopback",
     "load_group_scopes",

@@ -1,10 +1,11 @@
-"""The hub service's HTTP face: a read-only JSON API over the inventory, /healthz and /metrics.
+"""The hub service's API handlers: a read-only JSON API over the inventory.
 
-Plain ``http.server`` and a table of routes, no web framework: the API is a handful of GET
-endpoints that each run one indexed query. A route's handler is a plain function
-``(query, engine, **path_params) -> (status, body)``: ``query`` is the parsed query string
-(``{name: [values]}``) and ``engine`` a read-only engine, so handlers are tested like any other
-function and the HTTP layer only encodes what they return.
+Each handler is a plain function whose parameters say what it takes: typed query parameters
+(``Annotated`` with their OpenAPI description and bounds), the read-only ``engine`` and the
+caller's ``scope`` as FastAPI dependencies. It returns plain data shaped like its response
+model (``hub.service._models``); the app (``hub.service._app``) checks and encodes it, and
+passes it through the one scope step (``hub.service._confine``) on the way out. Tests call a
+handler like any other function.
 
 Items carry the same field names as ``gpufleet inventory ... -o json`` because they come from
 the same columns (``hub.inventory``'s lists and ``GPU_COLUMNS``). The GPU list is paged with a
@@ -14,11 +15,10 @@ others. Nothing here writes: the engine refuses writes at the connection level.
 
 No response carries a secret: the database URL, the hub token and its URL never appear.
 
-Scopes: a handler that declares a keyword ``scope`` (a ``hub.service._auth.Scope``) gets the
-caller's and must apply it: ``scoped_cluster`` for a ``cluster`` filter (403 outside),
-``scope.allows_cluster`` on every row, ``scope.mask_allocation`` on rows that name a
-namespace or pod (another team's become "other"). A handler without ``scope`` is served only
-to unrestricted callers, so a new endpoint is closed to teams until it applies the scope.
+Scopes: a handler that declares ``scope`` narrows its reads to it (in SQL where it pages, so
+pages stay exact) and refuses a ``cluster`` filter outside it (403); whatever it returns is
+confined again before it leaves. A handler without ``scope`` is served only to unrestricted
+callers, so a new endpoint is closed to teams until it takes the scope.
 """
 
 from __future__ import annotations
@@ -32,17 +32,17 @@ import json
 import logging
 import re
 import secrets
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Annotated, Any, Literal
 
 import sqlalchemy as sa
+from fastapi import Depends, Path, Query, Request
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
 from hub import inventory as inv
-from hub.service._auth import FULL, Scope
-from hub.store import PROFILES
+from hub.service._auth import FULL, Caller, Scope
+from hub.service._models import HEALTH_LEVELS, STATES, VENDORS
 
 log = logging.getLogger("gpufleet.api")
 
@@ -50,23 +50,22 @@ DEFAULT_LIMIT = 500
 MAX_LIMIT = 5000
 DEFAULT_RUNS = 20
 MAX_RUNS = 1000
-STATES = (inv.ACTIVE, inv.STALE)
-SEVERITIES = ("error", "warning", "info")
-VENDORS = tuple(p.vendor for p in PROFILES)
-HEALTH_LEVELS = inv.HEALTH_LEVELS
+#: a continue token is a few keys; anything longer is not one of ours (and is not decoded)
+MAX_TOKEN = 2048
+#: the longest look-back a client may ask for (since=...): longer is a mistake, not a wish
+MAX_SINCE = 100 * 365 * 86400.0
 #: Prometheus text format 0.0.4: what every Prometheus (2.42 included) parses.
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _PAGE_KEY = secrets.token_bytes(32)
 DB_UNAVAILABLE = "inventory database unavailable"
-DIGITS = re.compile(r"[0-9]{1,9}")
-#: No control characters (NUL above all: PostgreSQL refuses it in a text parameter).
+#: an event id: digits that fit PostgreSQL's bigint
+EVENT_ID = re.compile(r"[0-9]{1,18}")
 URL = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://\S+")
+#: No control characters (NUL above all: PostgreSQL refuses it in a text parameter).
 PRINTABLE = re.compile(r"[^\x00-\x1f\x7f]*")
+TEXT_PATTERN = "^[^\\u0000-\\u001f\\u007f]*$"
 
-Query = Mapping[str, list[str]]
-Response = tuple[int, Any]
-Handler = Callable[..., Response]
 GPU_KEY = (inv.gpus.c.cluster, inv.gpus.c.node, inv.gpus.c.uuid,
            inv.gpus.c.slice_key)
 
@@ -80,13 +79,46 @@ class ApiError(Exception):
         self.message = message
 
 
-@dataclass(frozen=True)
-class Raw:
-    """A non-JSON body (the /metrics exposition, the HTML page) and headers of its own."""
+# -- dependencies -------------------------------------------------------------------------------
+async def engine_of(request: Request) -> Engine:
+    """The app's read-only inventory engine. (async: a trivial dependency need not take a
+    trip through the thread pool)"""
+    return request.app.state.engine
 
-    body: bytes
-    content_type: str
-    headers: tuple[tuple[str, str], ...] = ()
+
+def identify(request: Request) -> Caller:
+    """Who asks: the one dependency every non-public route has (the app's gate decides).
+    Run in the thread pool: it may read a session from the database or fetch an issuer's
+    keys, and the event loop must never wait for either."""
+    return request.app.state.gate.caller(request)
+
+
+async def scope_of(caller: Annotated[Caller, Depends(identify)]) -> Scope:
+    return caller.scope
+
+
+ReadEngine = Annotated[Engine, Depends(engine_of)]
+CallerScope = Annotated[Scope, Depends(scope_of)]
+
+
+def _text(description: str, **extra: Any) -> Any:
+    return Query(description=description, pattern=TEXT_PATTERN, **extra)
+
+
+ClusterParam = Annotated[str | None, _text("Only this cluster.")]
+LimitParam = Annotated[int, Query(ge=1, le=MAX_LIMIT,
+                                  description=f"Page size (1-{MAX_LIMIT}).")]
+ContinueParam = Annotated[str | None, Query(
+    alias="continue", max_length=MAX_TOKEN, pattern=TEXT_PATTERN,
+    description="The 'continue' token of the previous page.")]
+SinceParam = Annotated[str | None, _text("The last DURATION (default 24h).", max_length=64)]
+FromParam = Annotated[str | None, Query(alias="from", pattern=TEXT_PATTERN, max_length=64,
+                                        description="Start (ISO-8601, UTC), instead of since.")]
+UntilParam = Annotated[str | None, _text("End (ISO-8601, UTC).", max_length=64)]
+PercentParam = Annotated[float | None, Query(ge=0, le=100, allow_inf_nan=False,
+                                             description="Utilisation %.")]
+UuidPath = Annotated[str, Path(description="GPU uuid, percent-encoded ('/' as %2F).",
+                               pattern=TEXT_PATTERN)]
 
 
 # -- read-only engine -------------------------------------------------------------------------
@@ -118,57 +150,7 @@ def read_only_engine(url: str | None) -> Engine:
     return engine
 
 
-# -- query parameters -------------------------------------------------------------------------
-class Params:
-    """The query string of one request, checked strictly.
-
-    An unknown or repeated parameter is a 400, not ignored: ``?clustr=east`` silently
-    returning the whole fleet is the kind of answer that looks right and is not.
-    """
-
-    def __init__(self, query: Query, allowed: Iterable[str]) -> None:
-        allowed = tuple(allowed)
-        for name in sorted(query):
-            if name not in allowed:
-                hint = f" (allowed: {', '.join(allowed)})" if allowed else " (none allowed)"
-                raise ApiError(400, f"unknown query parameter {name!r}{hint}")
-        self.query = query
-
-    def text(self, name: str) -> str | None:
-        """The value, or None when absent or empty: ``cluster=`` means no filter, as the
-        schema (a plain string) allows."""
-        value = self._one(name)
-        return value or None
-
-    def _one(self, name: str) -> str | None:
-        values = self.query.get(name)
-        if not values:
-            return None
-        if len(values) > 1:
-            raise ApiError(400, f"query parameter {name!r} given more than once")
-        if not PRINTABLE.fullmatch(values[0]):
-            raise ApiError(400, f"query parameter {name!r} must not contain control characters")
-        return values[0]
-
-    def choice(self, name: str, choices: Sequence[str]) -> str | None:
-        value = self._one(name)
-        if value is not None and value not in choices:
-            raise ApiError(400, f"unknown {name} {value[:64]!r}: choose one of "
-                                f"{', '.join(choices)}")
-        return value
-
-    def integer(self, name: str, default: int, maximum: int) -> int:
-        """ASCII digits only (``str.isdigit`` takes '²'), checked before ``int`` ever sees a
-        long string."""
-        value = self._one(name)
-        if value is None:
-            return default
-        if not DIGITS.fullmatch(value) or not 1 <= int(value) <= maximum:
-            raise ApiError(400, f"{name} must be a whole number from 1 to {maximum}, "
-                                f"not {value[:32]!r}")
-        return int(value)
-
-
+# -- continue tokens and paging ------------------------------------------------------------------
 def encode_token(key: Sequence[Any], kind: str = "g1") -> str:
     """Opaque continue token: the key of the last item sent, base64url of JSON. ``kind`` names
     the listing, so one endpoint's token is refused by another."""
@@ -177,11 +159,16 @@ def encode_token(key: Sequence[Any], kind: str = "g1") -> str:
 
 
 def decode_token(token: str, kind: str = "g1", size: int = 4) -> tuple[Any, ...]:
-    try:
-        raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
-        data = json.loads(raw)
-    except (binascii.Error, ValueError, UnicodeDecodeError):
-        data = None
+    """A token of ours, or a 400: too long, not base64 of a flat JSON list of strings (a
+    deeply nested one is refused before the JSON parser recurses into it)."""
+    data: Any = None
+    if len(token) <= MAX_TOKEN:
+        try:
+            raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+            if raw.count(b"[") <= 1:
+                data = json.loads(raw)
+        except (binascii.Error, ValueError, UnicodeDecodeError, RecursionError):
+            data = None
     if (not isinstance(data, list) or len(data) != size + 1 or data[0] != kind
             or not all(isinstance(v, str) for v in data[1:])):
         raise ApiError(400, "invalid continue token (pass the 'continue' value of the "
@@ -190,7 +177,7 @@ def decode_token(token: str, kind: str = "g1", size: int = 4) -> tuple[Any, ...]
 
 
 def page_items(items: list[dict[str, Any]], key: Callable[[Mapping[str, Any]], tuple[str, ...]],
-               params: Params, kind: str, size: int,
+               token: str | None, limit: int, kind: str, size: int,
                present: Callable[[dict[str, Any]], dict[str, Any]] | None = None
                ) -> dict[str, Any]:
     """Keyset paging of a short list already read whole (clusters, nodes, findings): the same
@@ -199,10 +186,8 @@ def page_items(items: list[dict[str, Any]], key: Callable[[Mapping[str, Any]], t
     ``key`` must be unique per item; ``present`` turns a page's rows into what is sent
     (masking), after the keys are taken, so masked rows that look alike still page right.
     """
-    token = params.text("continue")
-    limit = params.integer("limit", DEFAULT_LIMIT, MAX_LIMIT)
     ordered = sorted(items, key=key)
-    if token is not None:
+    if token:
         after = decode_token(token, kind, size)
         ordered = [i for i in ordered if key(i) > after]
     page = ordered[:limit]
@@ -305,65 +290,77 @@ def _listing(items: list[Any], token: str | None = None) -> dict[str, Any]:
     return {"items": items, "continue": token}
 
 
-def scoped_cluster(params: Params, scope: Scope) -> str | None:
-    """The ``cluster`` filter, refused (403) when it names a cluster outside the scope."""
-    cluster = params.text("cluster")
-    if cluster is not None and not scope.allows_cluster(cluster):
+def scoped_cluster(cluster: str | None, scope: Scope) -> str | None:
+    """The ``cluster`` filter ('' is none), refused (403) when it names a cluster outside the
+    scope."""
+    if cluster and not scope.allows_cluster(cluster):
         raise ApiError(403, "cluster outside your scope")
-    return cluster
+    return cluster or None
 
 
-def clusters(query: Query, engine: Engine, *, scope: Scope) -> Response:
-    params = Params(query, ["cluster", "limit", "continue"])
-    cluster = scoped_cluster(params, scope)
-    with engine.connect() as conn:
-        items = [c for c in inv.list_clusters(conn, cluster) if scope.allows_cluster(c["cluster"])]
-    return 200, page_items(items, text_key("cluster"), params, "c1", 1)
+def clusters(request: Request, engine: ReadEngine, scope: CallerScope,
+             cluster: ClusterParam = None, limit: LimitParam = DEFAULT_LIMIT,
+             continue_: ContinueParam = None) -> dict[str, Any]:
+    """Clusters: active nodes and physical GPUs, state, last sample; paged."""
+    cluster = scoped_cluster(cluster, scope)
+    with engine.connect() as conn:  # a count over every GPU: kept until the inventory changes
+        rows = request.app.state.memo.get(conn, ("clusters", cluster),
+                                          lambda: inv.list_clusters(conn, cluster))
+    items = [c for c in rows if scope.allows_cluster(c["cluster"])]
+    return page_items(items, text_key("cluster"), continue_, limit, "c1", 1)
 
 
-def nodes(query: Query, engine: Engine, *, scope: Scope) -> Response:
-    params = Params(query, ["cluster", "limit", "continue"])
-    cluster = scoped_cluster(params, scope)
-    with engine.connect() as conn:
-        items = [n for n in inv.list_nodes(conn, cluster) if scope.allows_cluster(n["cluster"])]
-    return 200, page_items(items, text_key("cluster", "node"), params, "n1", 2)
+def nodes(request: Request, engine: ReadEngine, scope: CallerScope,
+          cluster: ClusterParam = None, limit: LimitParam = DEFAULT_LIMIT,
+          continue_: ContinueParam = None) -> dict[str, Any]:
+    """Nodes: active physical GPUs, state, last sample; paged."""
+    cluster = scoped_cluster(cluster, scope)
+    with engine.connect() as conn:  # a count over every GPU: kept until the inventory changes
+        rows = request.app.state.memo.get(conn, ("nodes", cluster),
+                                          lambda: inv.list_nodes(conn, cluster))
+    items = [n for n in rows if scope.allows_cluster(n["cluster"])]
+    return page_items(items, text_key("cluster", "node"), continue_, limit, "n1", 2)
 
 
-def gpus(query: Query, engine: Engine, *, scope: Scope) -> Response:
-    params = Params(query, ["cluster", "node", "state", "vendor", "health", "limit",
-                            "continue"])
-    token = params.text("continue")
-    after = decode_token(token) if token is not None else None
-    filters = {
-        "cluster": scoped_cluster(params, scope),
-        "node": params.text("node"),
-        "state": params.choice("state", STATES),
-        "vendor": params.choice("vendor", VENDORS),
-        "health": params.choice("health", HEALTH_LEVELS),
-    }
-    limit = params.integer("limit", DEFAULT_LIMIT, MAX_LIMIT)
+def gpus(engine: ReadEngine, scope: CallerScope, cluster: ClusterParam = None,
+         node: Annotated[str | None, _text("Only this node.")] = None,
+         state: Annotated[Literal[STATES] | None,  # type: ignore[valid-type]
+                          Query(description="Only GPUs in this state.")] = None,
+         vendor: Annotated[Literal[VENDORS] | None,  # type: ignore[valid-type]
+                           Query(description="Only this vendor.")] = None,
+         health: Annotated[Literal[HEALTH_LEVELS] | None,  # type: ignore[valid-type]
+                           Query(description="Only GPUs of this health (XID, ECC, row "
+                                             "remapping).")] = None,
+         limit: LimitParam = DEFAULT_LIMIT, continue_: ContinueParam = None
+         ) -> dict[str, Any]:
+    """GPUs, one item per physical GPU and one per MIG slice, in (cluster, node, uuid, slice)
+    order; paged."""
+    after = decode_token(continue_) if continue_ else None
     with engine.connect() as conn:
         items, last = page_gpus(conn, limit=limit, after=after, within=scope.clusters,
-                                **filters)
-    return 200, _listing(items, encode_token(last) if last else None)
+                                cluster=scoped_cluster(cluster, scope), node=node or None,
+                                state=state, vendor=vendor, health=health)
+    return _listing(items, encode_token(last) if last else None)
 
 
-def gpu(query: Query, engine: Engine, uuid: str, *, scope: Scope) -> Response:
-    Params(query, [])
-    if not uuid or not PRINTABLE.fullmatch(uuid):
-        raise ApiError(404, "unknown GPU")
+def gpu(engine: ReadEngine, scope: CallerScope, uuid: UuidPath) -> dict[str, Any]:
+    """One GPU (the physical device) with its MIG slices. A uuid seen on several nodes
+    answers the active, most recently seen one and lists the others in also_seen_on."""
     with engine.connect() as conn:
-        found = gpu_detail(conn, uuid, scope)
+        found = gpu_detail(conn, uuid, scope) if uuid else None
     if found is None:  # outside the scope reads like unknown: no hint that it exists
         raise ApiError(404, f"unknown GPU {uuid[:128]!r}")
-    return 200, found
+    return found
 
 
-def allocations(query: Query, engine: Engine, *, scope: Scope) -> Response:
-    """Who uses which GPU. Another team's allocation on a visible GPU stays, as "other"."""
-    params = Params(query, ["cluster", "namespace", "limit", "continue"])
-    cluster = scoped_cluster(params, scope)
-    namespace = params.text("namespace")
+def allocations(engine: ReadEngine, scope: CallerScope, cluster: ClusterParam = None,
+                namespace: Annotated[str | None, _text("Only this namespace.")] = None,
+                limit: LimitParam = DEFAULT_LIMIT, continue_: ContinueParam = None
+                ) -> dict[str, Any]:
+    """Which pods use which GPU; a namespace outside the caller's scope appears as 'other'
+    without names; paged."""
+    cluster = scoped_cluster(cluster, scope)
+    namespace = namespace or None
     if namespace is not None and not scope.allows_namespace(namespace):
         raise ApiError(403, "namespace outside your scope")
     with engine.connect() as conn:
@@ -379,16 +376,19 @@ def allocations(query: Query, engine: Engine, *, scope: Scope) -> Response:
             ident = "~" + hmac.new(_PAGE_KEY, ident.encode(), hashlib.sha256).hexdigest()[:32]
         return (row["cluster"], row["node"], row["uuid"], row["mig_profile"] or "", ident)
 
-    return 200, page_items(items, key, params, "a1", 5, present=scope.mask_allocation)
+    return page_items(items, key, continue_, limit, "a1", 5, present=scope.mask_allocation)
 
 
-def sync_runs(query: Query, engine: Engine, *, scope: Scope) -> Response:
-    limit = Params(query, ["limit"]).integer("limit", DEFAULT_RUNS, MAX_RUNS)
+def sync_runs(engine: ReadEngine, scope: CallerScope,
+              limit: Annotated[int, Query(ge=1, le=MAX_RUNS,
+                                          description=f"Number of runs (1-{MAX_RUNS}).")
+                               ] = DEFAULT_RUNS) -> dict[str, Any]:
+    """Sync runs, latest first."""
     if not scope.fleet_counts:
         raise ApiError(403, "fleet-wide figures are outside your scope")
     with engine.connect() as conn:
         runs = inv.list_sync_runs(conn, limit)
-    return 200, _listing([{**r, "error": public_error(r.get("error"))} for r in runs])
+    return _listing([{**r, "error": public_error(r.get("error"))} for r in runs])
 
 
 def public_error(text: str | None) -> str | None:
@@ -402,12 +402,26 @@ def public_error(text: str | None) -> str | None:
     return line[:200]
 
 
+
 # -- usage, idle, capacity, events, history (issue 12) ---------------------------------------
-def _period(params: Params) -> tuple[dt.datetime, dt.datetime]:
-    """[start, end) from ``since`` (a duration, default 24h) or ``from``/``until`` (ISO)."""
+def look_back(since: str, now: dt.datetime) -> dt.datetime:
+    """``now - since`` for a DURATION; a 400 for one that is not, or longer than a century
+    (before the year 1 a datetime overflows, and no ledger is that old)."""
     from hub.common import parse_duration
 
-    since, from_, until = params.text("since"), params.text("from"), params.text("until")
+    try:
+        seconds = parse_duration(since)
+    except ValueError as exc:
+        raise ApiError(400, f"since: {exc}") from None
+    if seconds > MAX_SINCE:
+        raise ApiError(400, f"since: {since[:32]!r} is longer than {MAX_SINCE / 86400:.0f}d")
+    return now - dt.timedelta(seconds=seconds)
+
+
+def _period(since: str | None, from_: str | None, until: str | None
+            ) -> tuple[dt.datetime, dt.datetime]:
+    """[start, end) from ``since`` (a duration, default 24h) or ``from``/``until`` (ISO)."""
+    since, from_, until = since or None, from_ or None, until or None
     if since is not None and (from_ or until):
         raise ApiError(400, "since and from/until exclude each other")
     now = inv.now_utc()
@@ -415,9 +429,9 @@ def _period(params: Params) -> tuple[dt.datetime, dt.datetime]:
     def when(name: str, text: str) -> dt.datetime:
         try:
             value = dt.datetime.fromisoformat(text)
-        except ValueError:
-            raise ApiError(400, f"{name} {text!r} is not an ISO-8601 time") from None
-        return value.astimezone(dt.UTC).replace(tzinfo=None) if value.tzinfo else value
+            return value.astimezone(dt.UTC).replace(tzinfo=None) if value.tzinfo else value
+        except (ValueError, OverflowError):
+            raise ApiError(400, f"{name} {text[:64]!r} is not an ISO-8601 time") from None
 
     if from_ or until:
         start = when("from", from_) if from_ else dt.datetime.min
@@ -425,136 +439,146 @@ def _period(params: Params) -> tuple[dt.datetime, dt.datetime]:
         if end <= start:
             raise ApiError(400, "until must be after from")
         return start, end
-    try:
-        seconds = parse_duration(since or "24h")
-    except ValueError as exc:
-        raise ApiError(400, f"since: {exc}") from None
-    return now - dt.timedelta(seconds=seconds), now + dt.timedelta(seconds=1)
+    return look_back(since or "24h", now), now + dt.timedelta(seconds=1)
 
 
-def _by(params: Params, choices: Sequence[str], default: str) -> list[str]:
+def _by(by: str | None, choices: Sequence[str], default: str) -> list[str]:
     """``by=cluster,model``: one or more group names, comma-separated."""
-    names = (params.text("by") or default).split(",")
+    names = (by or default).split(",")
     for name in names:
         if name not in choices:
-            raise ApiError(400, f"unknown by {name!r}: choose from {', '.join(choices)}")
+            raise ApiError(400, f"unknown by {name[:64]!r}: choose from {', '.join(choices)}")
     return names
 
 
-def _percent(params: Params, name: str, default: float) -> float:
-    text = params.text(name)
-    try:
-        value = float(text) if text is not None else default
-    except ValueError:
-        value = -1.0
-    if not 0 <= value <= 100:
-        raise ApiError(400, f"{name} must be a number from 0 to 100, not {text!r}")
-    return value
-
-
-def usage(query: Query, engine: Engine, *, scope: Scope) -> Response:
-    """A scoped caller's GPU-hours count only its clusters' and namespaces' ledger rows."""
+def _usage_groups() -> list[str]:
     from hub import usage as answers
 
-    params = Params(query, ["since", "from", "until", "by", "idle_threshold"])
-    start, end = _period(params)
-    by = _by(params, list(answers.GROUPS), "namespace")
-    threshold = _percent(params, "idle_threshold", 5.0)
-    with engine.connect() as conn:
-        return 200, _listing(answers.usage_summary(
-            conn, start, end, by, threshold, clusters=scope.clusters,
-            namespaces=scope.namespaces))
+    return list(answers.GROUPS)
 
 
-def idle(query: Query, engine: Engine, *, scope: Scope) -> Response:
+def _capacity_groups() -> list[str]:
     from hub import usage as answers
-    from hub.common import parse_duration
 
-    params = Params(query, ["since", "from", "until", "threshold", "for"])
-    start, end = _period(params)
-    threshold = _percent(params, "threshold", 5.0)
-    try:
-        for_s = parse_duration(params.text("for") or "2h")
-    except ValueError as exc:
-        raise ApiError(400, f"for: {exc}") from None
+    return list(answers.CAPACITY_GROUPS)
+
+
+def usage(engine: ReadEngine, scope: CallerScope, since: SinceParam = None,
+          from_: FromParam = None, until: UntilParam = None,
+          by: Annotated[str | None, _text(
+              "Group by, comma-separated: cluster, namespace, model, node, gpu (default "
+              "namespace).", max_length=128)] = None,
+          idle_threshold: Annotated[float | None, Query(
+              ge=0, le=100, allow_inf_nan=False, description="Utilisation % under which an "
+              "allocated bucket is idle (default 5).")] = None) -> dict[str, Any]:
+    """GPU-hours per group from the usage ledger (see docs/usage.md for each figure). A
+    scoped caller's GPU-hours count only its clusters' and namespaces' ledger rows."""
+    from hub import usage as answers
+
+    start, end = _period(since, from_, until)
+    groups = _by(by, _usage_groups(), "namespace")
     with engine.connect() as conn:
-        return 200, _listing(answers.idle_allocated(
-            conn, start, end, threshold=threshold, for_seconds=for_s,
+        return _listing(answers.usage_summary(
+            conn, start, end, groups, 5.0 if idle_threshold is None else idle_threshold,
             clusters=scope.clusters, namespaces=scope.namespaces))
 
 
-def capacity(query: Query, engine: Engine, *, scope: Scope) -> Response:
-    """Fleet-wide GPU-equivalents (counts only, no names) unless the scope hides fleet counts,
-    in which case only its clusters are counted."""
+def idle(engine: ReadEngine, scope: CallerScope, since: SinceParam = None,
+         from_: FromParam = None, until: UntilParam = None,
+         threshold: Annotated[float | None, Query(
+             ge=0, le=100, allow_inf_nan=False, description="Utilisation % (default 5).")
+         ] = None,
+         for_: Annotated[str | None, Query(
+             alias="for", pattern=TEXT_PATTERN, max_length=64,
+             description="Idle at least this long in a row (default 2h).")] = None
+         ) -> dict[str, Any]:
+    """Allocated GPUs and slices idle for at least 'for' in a row, most GPU-hours wasted
+    first."""
     from hub import usage as answers
-
-    params = Params(query, ["by"])
-    by = _by(params, list(answers.CAPACITY_GROUPS), "model")
-    clusters = None if scope.fleet_counts else scope.clusters
-    with engine.connect() as conn:
-        return 200, _listing(answers.capacity(conn, by, clusters=clusters))
-
-
-def events(query: Query, engine: Engine, *, scope: Scope) -> Response:
-    """Events newest first, paged by a keyset on the event id (written in time order); a
-    scoped caller sees only its clusters' events."""
     from hub.common import parse_duration
 
-    params = Params(query, ["since", "cluster", "uuid", "type", "limit", "continue"])
+    start, end = _period(since, from_, until)
+    try:
+        for_s = parse_duration(for_ or "2h")
+    except ValueError as exc:
+        raise ApiError(400, f"for: {exc}") from None
+    if for_s > MAX_SINCE:
+        raise ApiError(400, f"for: {for_[:32]!r} is longer than {MAX_SINCE / 86400:.0f}d")
+    with engine.connect() as conn:
+        return _listing(answers.idle_allocated(
+            conn, start, end, threshold=5.0 if threshold is None else threshold,
+            for_seconds=for_s, clusters=scope.clusters, namespaces=scope.namespaces))
+
+
+def capacity(request: Request, engine: ReadEngine, scope: CallerScope,
+             by: Annotated[str | None, _text("Group by, comma-separated: model, cluster, node "
+                                             "(default model).", max_length=128)] = None
+             ) -> dict[str, Any]:
+    """GPU-equivalents per group now: total, active, stale, allocated, free. A scoped
+    caller's groups cover its clusters; ``fleet`` totals the whole fleet in numbers without
+    names when its scope allows fleet counts."""
+    from hub import usage as answers
+
+    groups = _by(by, _capacity_groups(), "model")
+    memo = request.app.state.memo
+    within = None if scope.clusters is None else tuple(sorted(scope.clusters))
+    with engine.connect() as conn:
+        items = memo.get(conn, ("capacity", tuple(groups), within),
+                         lambda: answers.capacity(conn, groups, clusters=scope.clusters))
+        # the items of a whole-fleet caller are the fleet already: one read, not two
+        fleet_rows = (items if scope.clusters is None else memo.get(
+            conn, ("capacity", ("model",), None), lambda: answers.capacity(conn, ["model"]))
+            if scope.fleet_counts else None)
+    fleet = None if fleet_rows is None or not scope.fleet_counts else {
+        k: sum(r[k] or 0 for r in fleet_rows) for k in answers.CAPACITY_FIGURES}
+    return {**_listing(items), "fleet": fleet}
+
+
+def events(engine: ReadEngine, scope: CallerScope,
+           since: Annotated[str | None, _text("Only events of the last DURATION (e.g. 7d).",
+                                              max_length=64)] = None,
+           cluster: ClusterParam = None,
+           uuid: Annotated[str | None, _text("Only this GPU.")] = None,
+           type: Annotated[Literal[tuple(inv.EVENT_TYPES)] | None,  # type: ignore[valid-type]
+                           Query(description="Only this type.")] = None,
+           limit: LimitParam = DEFAULT_LIMIT, continue_: ContinueParam = None
+           ) -> dict[str, Any]:
+    """Inventory events, newest first; paged by a keyset on the event id (written in time
+    order); a scoped caller sees only its clusters' events."""
     table = inv.events
     stmt = sa.select(table)
-    since = params.text("since")
-    if since is not None:
-        try:
-            cut = inv.now_utc() - dt.timedelta(seconds=parse_duration(since))
-        except ValueError as exc:
-            raise ApiError(400, f"since: {exc}") from None
-        stmt = stmt.where(table.c.at >= cut)
-    cluster = scoped_cluster(params, scope)
+    if since:
+        stmt = stmt.where(table.c.at >= look_back(since, inv.now_utc()))
+    cluster = scoped_cluster(cluster, scope)
     if cluster is not None:
         stmt = stmt.where(table.c.cluster == cluster)
     if scope.clusters is not None:
         stmt = stmt.where(table.c.cluster.in_(sorted(scope.clusters)))
-    uuid = params.text("uuid")
-    if uuid is not None:
+    if uuid:
         stmt = stmt.where(table.c.uuid == uuid)
-    type_ = params.choice("type", inv.EVENT_TYPES)
-    if type_ is not None:
-        stmt = stmt.where(table.c.type == type_)
-    token = params.text("continue")
-    if token is not None:
-        last = decode_token(token)
-        if not last[0].isdigit():
+    if type is not None:
+        stmt = stmt.where(table.c.type == type)
+    if continue_:
+        last = decode_token(continue_)
+        if not EVENT_ID.fullmatch(last[0]) or any(last[1:]):
             raise ApiError(400, "invalid continue token (pass the 'continue' value of the "
                                 "previous page unchanged)")
         stmt = stmt.where(table.c.id < int(last[0]))
-    limit = params.integer("limit", DEFAULT_LIMIT, MAX_LIMIT)
     with engine.connect() as conn:
         rows = conn.execute(stmt.order_by(table.c.id.desc()).limit(limit + 1)).mappings().all()
     more = len(rows) > limit
     rows = rows[:limit]
     next_token = encode_token([str(rows[-1]["id"]), "", "", ""]) if more else None
-    return 200, _listing([inv.event_item(r) for r in rows], next_token)
+    return _listing([inv.event_item(r) for r in rows], next_token)
 
 
-def gpu_history(query: Query, engine: Engine, uuid: str, *, scope: Scope) -> Response:
-    """A GPU outside the caller's clusters reads as unknown (404), as /gpus/{uuid} does;
-    inside, other teams' pods are "other" and only the scope's clusters' events show."""
+def gpu_history(engine: ReadEngine, scope: CallerScope, uuid: UuidPath) -> dict[str, Any]:
+    """One GPU's story: where it is, its MIG slices, events, allocations and recent usage
+    rows. A GPU outside the caller's clusters reads as unknown (404), as /gpus/{uuid} does."""
     from hub import usage as answers
 
-    Params(query, [])
     with engine.connect() as conn:
-        found = answers.gpu_history(conn, uuid)
+        found = answers.gpu_history(conn, uuid) if uuid else None
     if found is None or not scope.allows_cluster(found["gpu"].get("cluster")):
-        raise ApiError(404, f"unknown GPU {uuid!r}")
-    if scope.unrestricted:
-        return 200, found
-    return 200, {
-        **found,
-        "slices": [s for s in found["slices"] if scope.allows_cluster(s.get("cluster"))],
-        "events": [e for e in found["events"] if scope.allows_cluster(e.get("cluster"))],
-        "allocations": [scope.mask_allocation(a) for a in found["allocations"]
-                        if scope.allows_cluster(a.get("cluster"))],
-        "usage": [scope.mask_allocation(u) for u in found["usage"]
-                  if scope.allows_cluster(u.get("cluster"))],
-    }
+        raise ApiError(404, f"unknown GPU {uuid[:128]!r}")
+    return found

@@ -112,6 +112,10 @@ class Caller:
     token_sha256: str | None = None
 
 
+#: the caller of a service without access control (loopback, or --allow-unauthenticated)
+ANONYMOUS = Caller(FULL, "")
+
+
 def _names(value: Any, what: str, source: str) -> frozenset[str] | None:
     if value is None or value == "*" or value == ["*"]:
         return None
@@ -275,7 +279,17 @@ class JwksCache:
         return True
 
     def key(self, kid: str) -> jwt.PyJWK:
-        with self._lock:
+        """The key with this id. A cached key is answered at once, without a lock: a refresh
+        in flight (a stalled issuer, a stranger's random key id) never holds up callers whose
+        key is known. An unknown id starts a refresh (at most one at a time, at most every
+        MIN_REFRESH seconds); others asking for unknown ids meanwhile are refused, not
+        queued behind it."""
+        found = self._keys.get(kid)  # the dict is replaced whole by a refresh, never edited
+        if found is not None:
+            return found
+        if not self._lock.acquire(blocking=False):
+            raise Unauthorized("unknown signing key id (the issuer's keys are being fetched)")
+        try:
             if kid not in self._keys and (self._fetched_at is None
                                           or self.clock() - self._fetched_at >= MIN_REFRESH):
                 self._fetched_at = self.clock()  # a failed fetch waits its turn as well
@@ -286,6 +300,8 @@ class JwksCache:
                     raise Unauthorized(f"cannot fetch the issuer's keys: "
                                        f"{type(exc).__name__}") from None
             found = self._keys.get(kid)
+        finally:
+            self._lock.release()
         if found is None:
             raise Unauthorized("unknown signing key id")
         return found
@@ -351,14 +367,19 @@ class Authenticator:
         return self.tokens is not None or self.oidc is not None
 
     def authenticate(self, authorization: str | None) -> Scope:
+        return self.bearer(authorization).scope
+
+    def bearer(self, authorization: str | None) -> Caller:
+        """The caller of an ``Authorization: Bearer TOKEN`` header (everyone, unrestricted,
+        when no access is configured)."""
         if not self.enabled:
-            return FULL
+            return ANONYMOUS
         if not authorization:
             raise Unauthorized("no bearer token")
         kind, _, token = authorization.partition(" ")
         if kind.lower() != "bearer":
             raise Unauthorized("malformed Authorization header")
-        return self.identify(token).scope
+        return self.identify(token)
 
     def identify(self, token: str) -> Caller:
         """A token as sent in a header or pasted into the sign-in form -> its caller; the one

@@ -22,15 +22,16 @@ import datetime as dt
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote, urlencode
+from urllib.parse import quote
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
+from starlette.responses import HTMLResponse
 
 from hub import common
 from hub import inventory as inv
 from hub.common import html_environment, human_duration, iso
-from hub.service._api import ApiError, Query, Raw, page_gpus
+from hub.service._api import ApiError, page_gpus
 from hub.service._auth import FULL, Scope
 
 #: rows per section; the section links to the API for the rest
@@ -45,6 +46,7 @@ API_LINKS = ("/api/v1/clusters", "/api/v1/nodes", "/api/v1/gpus", "/api/v1/findi
 SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
 UNHEALTHY = [level for level in ("failed", "degraded") if level in inv.HEALTH_LEVELS]
 Finding = Mapping[str, Any]
+Query = Mapping[str, list[str]]
 
 
 @dataclass
@@ -95,7 +97,8 @@ def scoped_section(section: Section, scope: Scope) -> Section:
 
 
 def _gpu_href(uuid: str) -> str:
-    return "/api/v1/gpus/" + quote(uuid, safe="")
+    """The GPU's page (its history and usage, the JSON one click away)."""
+    return "/gpus/" + quote(uuid, safe="")
 
 
 def _age(now: dt.datetime, when: dt.datetime | None) -> str:
@@ -106,7 +109,7 @@ def clusters_section(conn: Connection, now: dt.datetime) -> Section:
     """Every cluster with its active nodes and GPUs and the age of its newest sample."""
     rows = [{**c, "age": _age(now, c["last_sample_at"]),
              "last_sample_at": iso(c["last_sample_at"]),
-             "_href": "/api/v1/nodes?" + urlencode({"cluster": c["cluster"]})}
+             "_href": "/clusters/" + quote(c["cluster"], safe="")}
             for c in inv.list_clusters(conn)]
     return Section("clusters", "Clusters", [
         ("cluster", "Cluster"), ("state", "State"), ("nodes", "Active nodes"),
@@ -146,7 +149,7 @@ def stale_clusters_section(conn: Connection, *, scope: Scope = FULL) -> Section:
     states = {c["cluster"]: c["state"] for c in inv.list_clusters(conn)}
     rows = [{"cluster": r.cluster, "state": states.get(r.cluster), "stale_gpus": r.stale_gpus,
              "nodes": r.nodes, "last_sample_at": iso(r.last_sample_at),
-             "_href": "/api/v1/gpus?" + urlencode({"state": inv.STALE, "cluster": r.cluster})}
+             "_href": "/clusters/" + quote(r.cluster, safe="")}
             for r in sorted(conn.execute(stmt), key=lambda r: (-r.stale_gpus, r.cluster))]
     return Section("stale-clusters", "Stale GPUs by cluster", [
         ("cluster", "Cluster"), ("state", "Cluster state"), ("stale_gpus", "Stale GPUs"),
@@ -280,9 +283,9 @@ def unavailable_data(search: str | None, notice: str) -> dict[str, Any]:
             "signed_in": None, "can_sign_out": False}
 
 
-def render_page(data: Mapping[str, Any]) -> Raw:
+def render_page(data: Mapping[str, Any], status: int = 200) -> HTMLResponse:
     html = html_environment().get_template("fleet.html.j2").render(**data)
-    return Raw(html.encode(), HTML_CONTENT_TYPE, (("Content-Security-Policy", PAGE_CSP),))
+    return HTMLResponse(html, status, headers={"Content-Security-Policy": PAGE_CSP})
 
 
 # -- usage, idle and capacity (issue "usage and capacity"): sections from the usage ledger ----

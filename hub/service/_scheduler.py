@@ -15,6 +15,7 @@ fixed sequence is what an operator reading the log and the tests expect.
 from __future__ import annotations
 
 import datetime as dt
+import gzip
 import logging
 import threading
 import time
@@ -26,7 +27,7 @@ import click
 import sqlalchemy as sa
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.exposition import generate_latest
+from prometheus_client.exposition import choose_encoder, gzip_accepted
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 from sqlalchemy.engine import Engine
@@ -35,11 +36,12 @@ from hub import __version__
 from hub.common import InputError, redact
 from hub.inventory import LockHeld, SyncResult
 from hub.service import _api as api
+from hub.service._app import build_app, database_error
 from hub.service._auth import Authenticator
-from hub.service._http import MAX_REQUESTS, ApiServer
+from hub.service._models import SEVERITIES
 from hub.service._page import SectionSource
-from hub.service._routes import build_router, database_error
-from hub.service._session import Sessions
+from hub.service._serve import Server
+from hub.service._session import DbSessions, Sessions
 from hub.service._tls import TlsFiles
 
 log = logging.getLogger("gpufleet.service")
@@ -174,7 +176,7 @@ class _InventoryCollector(Collector):
                     gpus.add_metric([cluster, state], count)
                 yield gpus
             yield ok
-        by_severity = dict.fromkeys(api.SEVERITIES, 0)
+        by_severity = dict.fromkeys(SEVERITIES, 0)
         for finding in self.findings():
             severity = str(finding.get("severity", "error"))
             by_severity[severity] = by_severity.get(severity, 0) + 1
@@ -224,7 +226,20 @@ class ServiceMetrics:
         self.registry.register(_InventoryCollector(gpu_counts, findings))
 
     def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+        """Prometheus text format 0.0.4."""
+        return self.negotiate()[0]
+
+    def negotiate(self, accept: str | None = None, accept_encoding: str | None = None
+                  ) -> tuple[bytes, dict[str, str]]:
+        """The registry in the format the scraper asks for (Prometheus text 0.0.4 unless it
+        asks for OpenMetrics), gzipped when it accepts gzip; and the headers to send."""
+        encoder, content_type = choose_encoder(accept or "")
+        output = encoder(self.registry)
+        headers = {"Content-Type": content_type, "Vary": "Accept, Accept-Encoding"}
+        if gzip_accepted(accept_encoding or ""):
+            output = gzip.compress(output, compresslevel=6)
+            headers["Content-Encoding"] = "gzip"
+        return output, headers
 
 
 # -- scheduler --------------------------------------------------------------------------------
@@ -369,11 +384,12 @@ class Scheduler:
 
 # -- the service ------------------------------------------------------------------------------
 class Service:
-    """A scheduler and an API server on their own threads."""
+    """A scheduler and the API server on their own threads."""
 
-    def __init__(self, scheduler: Scheduler, server: ApiServer) -> None:
+    def __init__(self, scheduler: Scheduler, server: Server, engine: Engine) -> None:
         self.scheduler = scheduler
         self.server = server
+        self.engine = engine
         self._thread = threading.Thread(target=self._run_scheduler, name="scheduler",
                                         daemon=True)
 
@@ -385,6 +401,10 @@ class Service:
             raise
 
     @property
+    def app(self) -> Any:
+        return self.server.app
+
+    @property
     def url(self) -> str:
         return self.server.url
 
@@ -394,7 +414,8 @@ class Service:
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop scheduling, wait a little for a sync in flight, stop serving.
+        """Stop scheduling, wait a little for a sync in flight, stop serving (answers in
+        flight finish first).
 
         A sync still running after ``timeout`` dies with the process: it is one transaction,
         so the database rolls it back and nothing is half-written.
@@ -409,8 +430,8 @@ def build_service(jobs: Jobs, *, every: float, engine: Engine, host: str = "127.
                   backoff: float = DEFAULT_BACKOFF, process_metrics: bool = True,
                   page_sections: Sequence[SectionSource] = (),
                   auth: Authenticator | None = None, metrics_open: bool = True,
-                  tls: TlsFiles | None = None, max_requests: int = MAX_REQUESTS,
-                  sessions: Sessions | None = None) -> Service:
+                  tls: TlsFiles | None = None,
+                  sessions: Sessions | DbSessions | None = None) -> Service:
     """Wire jobs, metrics and the API over a read-only ``engine``; binds the port now
     (OSError when it cannot) but starts nothing. ``sessions``: where browser sign-ins live
     (a default store when None; used only with ``auth`` configured)."""
@@ -422,9 +443,9 @@ def build_service(jobs: Jobs, *, every: float, engine: Engine, host: str = "127.
             return api.gpu_counts(conn)
 
     metrics.watch(counts, lambda: scheduler.state.findings)
-    router = build_router(engine, health=scheduler.health, findings=scheduler.findings,
-                          metrics=metrics.exposition, check_failure=scheduler.check_failure,
-                          page_sections=page_sections, auth=auth, metrics_open=metrics_open,
-                          on_refused=lambda reason: metrics.refused.labels(reason).inc(),
-                          sessions=sessions, secure_cookies=tls is not None)
-    return Service(scheduler, ApiServer(router, host, port, tls=tls, max_requests=max_requests))
+    app = build_app(engine, health=scheduler.health, findings=scheduler.findings,
+                    metrics=metrics.negotiate, check_failure=scheduler.check_failure,
+                    page_sections=page_sections, auth=auth, metrics_open=metrics_open,
+                    on_refused=lambda reason: metrics.refused.labels(reason).inc(),
+                    sessions=sessions, secure_cookies=tls is not None)
+    return Service(scheduler, Server(app, host, port, tls=tls), engine)

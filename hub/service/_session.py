@@ -3,25 +3,29 @@
 A browser sends no bearer token by itself, so the live page offers a form where a person
 pastes a token (a static token, or an OIDC access or ID token). The token goes through the
 very check the API uses (:meth:`Authenticator.identify`) and is then forgotten: what lives on
-is a session, a random id (``secrets.token_urlsafe(32)``) mapped *in memory* to the caller's
-scope and name, ending when the token would (an OIDC token's ``exp``) or after the session
-TTL, whichever is first. The cookie carries only that id: HttpOnly (no script reads it),
+is a session, a random id (``secrets.token_urlsafe(32)``) mapped to the caller's scope and
+name, ending when the token would (an OIDC token's ``exp``) or after the session TTL,
+whichever is first. The cookie carries only that id: HttpOnly (no script reads it),
 SameSite=Strict (no other site's page sends it), Path=/, Secure when the service speaks TLS.
 
 Why server-side and not a signed cookie: signing out or removing a static token from the
 tokens file ends the session at once, nothing about the caller travels to the browser, and
-there is no signing key to manage. The price is that a restart signs everyone out and that
-several replicas do not share sessions (one replica per database is the norm).
+there is no signing key to manage. `serve` keeps them in the inventory database
+(:class:`DbSessions`, under the sha256 of the id), so replicas share them and a restart
+signs nobody out; :class:`Sessions` is the same in one process's memory.
 
-The number of sessions is bounded; a new one evicts the oldest. Tokens and session ids are
-never logged, never put in a URL, and never echoed in an answer. Sign-in and sign-out are
-form posts checked for a same-origin request (``Sec-Fetch-Site`` and ``Origin``), so another
-site cannot sign a visitor in with its own token nor sign them out.
+A token holds at most ``MAX_PER_TOKEN`` sessions (its own oldest goes first) and the service
+at most ``MAX_SESSIONS``; when full a new sign-in is refused rather than signing another
+person out. Sign-in attempts are limited per client address (:class:`SignInLimit`). Tokens
+and session ids are never logged, never put in a URL, and never echoed in an answer.
+Sign-in and sign-out are form posts checked for a same-origin request (``Sec-Fetch-Site`` and
+``Origin``), so another site cannot sign a visitor in with its own token nor sign them out.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import secrets
 import threading
@@ -33,15 +37,25 @@ from http.cookies import CookieError, SimpleCookie
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, Response
+
+from hub import inventory as inv
 from hub.common import html_environment
-from hub.service._api import Raw, Response
-from hub.service._auth import Authenticator, Caller, Unauthorized
+from hub.service._auth import Authenticator, Caller, Scope, Unauthorized, hash_token
 
 log = logging.getLogger("gpufleet.auth")
 
 COOKIE = "gpufleet-session"
 DEFAULT_TTL = 8 * 3600.0
 MAX_SESSIONS = 10_000
+#: sessions one token may hold at once (browsers, devices); its oldest goes first beyond
+MAX_PER_TOKEN = 20
+#: sign-in attempts a client may make in SIGN_IN_WINDOW seconds
+SIGN_IN_BURST = 10
+SIGN_IN_WINDOW = 60.0
 #: the largest sign-in form read: a JWT with many groups is a few KiB
 MAX_FORM = 16 * 1024
 MAX_TOKEN = 8192
@@ -63,50 +77,171 @@ def _key(session_id: str) -> str:
     return hashlib.sha256(session_id.encode()).hexdigest()
 
 
+class SessionsFull(Exception):
+    """Every session slot is taken by live sessions of other tokens: a new sign-in waits
+    for one to end rather than signing someone else out."""
+
+
 class Sessions:
-    """Session id -> caller, in memory, at most ``limit`` of them (the oldest go first)."""
+    """Session id -> caller, in memory (one process; tests, a single replica without a
+    database of its own). At most ``per_token`` sessions per token (its oldest goes first)
+    and ``limit`` in all (then a new sign-in is refused: no one evicts another's session)."""
 
     def __init__(self, *, ttl: float = DEFAULT_TTL, limit: int = MAX_SESSIONS,
-                 clock: Callable[[], float] = time.time) -> None:
-        if ttl <= 0 or limit < 1:
+                 per_token: int = MAX_PER_TOKEN, clock: Callable[[], float] = time.time
+                 ) -> None:
+        if ttl <= 0 or limit < 1 or per_token < 1:
             raise ValueError("a session needs a positive TTL and room for one")
         self.ttl = ttl
         self.limit = limit
+        self.per_token = per_token
         self.clock = clock
-        self._items: OrderedDict[str, Session] = OrderedDict()
+        self._items: OrderedDict[str, tuple[Session, str]] = OrderedDict()
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._items)
 
-    def create(self, caller: Caller) -> tuple[str, Session] | None:
-        """A new session for ``caller`` (None when its token expires at once)."""
-        now = self.clock()
-        expires = now + self.ttl
-        if caller.expires_at is not None:
-            expires = min(expires, caller.expires_at)
-        if expires <= now:
+    def create(self, caller: Caller, owner: str = "") -> tuple[str, Session] | None:
+        """A new session for ``caller`` signed in with the token whose sha256 is ``owner``
+        (None when its token expires at once; SessionsFull when there is no room)."""
+        made = _new_session(caller, self.ttl, self.clock())
+        if made is None:
             return None
-        session_id = secrets.token_urlsafe(32)
-        session = Session(caller, expires)
+        session_id, session = made
+        now = self.clock()
         with self._lock:
-            self._items[_key(session_id)] = session
-            while len(self._items) > self.limit:
-                self._items.popitem(last=False)
+            for key in [k for k, (s, _) in self._items.items() if s.expires_at <= now]:
+                del self._items[key]
+            mine = [k for k, (_, o) in self._items.items() if o == owner]
+            for key in mine[:max(0, len(mine) - self.per_token + 1)]:
+                del self._items[key]
+            if len(self._items) >= self.limit:
+                raise SessionsFull(f"{len(self._items)} sessions live")
+            self._items[_key(session_id)] = (session, owner)
         return session_id, session
 
     def get(self, session_id: str) -> Session | None:
         key = _key(session_id)
         with self._lock:
-            session = self._items.get(key)
-            if session is not None and session.expires_at <= self.clock():
+            found = self._items.get(key)
+            if found is not None and found[0].expires_at <= self.clock():
                 del self._items[key]
-                session = None
-        return session
+                found = None
+        return found[0] if found is not None else None
 
     def drop(self, session_id: str) -> None:
         with self._lock:
             self._items.pop(_key(session_id), None)
+
+
+class DbSessions:
+    """Sessions in the inventory database (``hub.inventory.sessions``): every replica of the
+    service reads the same ones and a restart signs nobody out. Same caps as
+    :class:`Sessions`. ``engine`` must be able to write (the API's own engine cannot)."""
+
+    def __init__(self, engine: Engine, *, ttl: float = DEFAULT_TTL,
+                 limit: int = MAX_SESSIONS, per_token: int = MAX_PER_TOKEN,
+                 clock: Callable[[], float] = time.time) -> None:
+        if ttl <= 0 or limit < 1 or per_token < 1:
+            raise ValueError("a session needs a positive TTL and room for one")
+        self.engine = engine
+        self.ttl = ttl
+        self.limit = limit
+        self.per_token = per_token
+        self.clock = clock
+
+    def __len__(self) -> int:
+        with self.engine.connect() as conn:
+            return int(conn.execute(sa.select(sa.func.count()).select_from(
+                inv.sessions).where(inv.sessions.c.expires_at > self.clock())).scalar_one())
+
+    def create(self, caller: Caller, owner: str = "") -> tuple[str, Session] | None:
+        made = _new_session(caller, self.ttl, self.clock())
+        if made is None:
+            return None
+        session_id, session = made
+        scope = caller.scope
+        row = {"id_sha256": _key(session_id), "owner_sha256": owner or _key(caller.name),
+               "token_sha256": caller.token_sha256, "caller": caller.name[:253],
+               "scope": json.dumps({
+                   "name": scope.name, "fleet_counts": scope.fleet_counts,
+                   "clusters": None if scope.clusters is None else sorted(scope.clusters),
+                   "namespaces": None if scope.namespaces is None else sorted(
+                       scope.namespaces)}),
+               "token_expires_at": caller.expires_at, "created_at": self.clock(),
+               "expires_at": session.expires_at}
+        with self.engine.begin() as conn:
+            added = inv.add_session(conn, row, now=self.clock(), per_owner=self.per_token,
+                                    total=self.limit)
+        if not added:
+            raise SessionsFull(f"{self.limit} sessions live")
+        return session_id, session
+
+    def get(self, session_id: str) -> Session | None:
+        with self.engine.connect() as conn:
+            row = inv.session_row(conn, _key(session_id))
+        if row is None:
+            return None
+        if row["expires_at"] <= self.clock():
+            self.drop(session_id)
+            return None
+        data = json.loads(row["scope"])
+        scope = Scope(data["name"], _names(data.get("clusters")),
+                      _names(data.get("namespaces")), bool(data.get("fleet_counts", True)))
+        caller = Caller(scope, row["caller"], row["token_expires_at"], row["token_sha256"])
+        return Session(caller, row["expires_at"])
+
+    def drop(self, session_id: str) -> None:
+        with self.engine.begin() as conn:
+            inv.drop_session(conn, _key(session_id))
+
+
+def _names(value: Any) -> frozenset[str] | None:
+    return None if value is None else frozenset(value)
+
+
+def _new_session(caller: Caller, ttl: float, now: float) -> tuple[str, Session] | None:
+    expires = now + ttl
+    if caller.expires_at is not None:
+        expires = min(expires, caller.expires_at)
+    if expires <= now:
+        return None
+    return secrets.token_urlsafe(32), Session(caller, expires)
+
+
+class SignInLimit:
+    """At most ``burst`` failed sign-ins per client address in any ``window`` seconds; past
+    that, every sign-in from it is refused until the window has moved on. A person mistypes
+    a token a few times; a script guessing hundreds a second is stopped. Successful sign-ins
+    do not count, so an office behind one address is not locked out by its own people. The
+    least recently seen clients beyond ``clients`` are forgotten (bounded memory)."""
+
+    def __init__(self, *, burst: int = SIGN_IN_BURST, window: float = SIGN_IN_WINDOW,
+                 clients: int = 10_000, clock: Callable[[], float] = time.monotonic) -> None:
+        self.burst = burst
+        self.window = window
+        self.clients = clients
+        self.clock = clock
+        self._failed: OrderedDict[str, list[float]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def _recent(self, client: str, now: float) -> list[float]:
+        times = [t for t in self._failed.pop(client, []) if now - t < self.window]
+        if times:
+            self._failed[client] = times
+        return times
+
+    def allow(self, client: str) -> bool:
+        with self._lock:
+            return len(self._recent(client, self.clock())) < self.burst
+
+    def failed(self, client: str) -> None:
+        now = self.clock()
+        with self._lock:
+            self._failed[client] = [*self._recent(client, now), now]
+            while len(self._failed) > self.clients:
+                self._failed.popitem(last=False)
 
 
 def session_id(cookie_header: str | None) -> str | None:
@@ -135,16 +270,6 @@ def same_origin(sec_fetch_site: str | None, origin: str | None, host: str | None
     return bool(host) and urlsplit(origin).netloc.lower() == host.strip().lower()
 
 
-@dataclass(frozen=True)
-class FormPost:
-    """A POST as the HTTP layer read it: ``body`` None when it was missing or too large."""
-
-    body: bytes | None
-    content_type: str = ""
-    cookie: str | None = None
-    same_origin: bool = True
-
-
 class Login:
     """The /login and /logout endpoints and the sessions they keep.
 
@@ -152,12 +277,14 @@ class Login:
     a bad bearer token.
     """
 
-    def __init__(self, auth: Authenticator, sessions: Sessions, *, secure: bool = False,
-                 on_refused: Callable[[str], None] = lambda reason: None) -> None:
+    def __init__(self, auth: Authenticator, sessions: Sessions | DbSessions, *,
+                 secure: bool = False, on_refused: Callable[[str], None] = lambda reason: None,
+                 limit: SignInLimit | None = None) -> None:
         self.auth = auth
         self.sessions = sessions
         self.secure = secure
         self.on_refused = on_refused
+        self.limit = limit or SignInLimit()
 
     # -- the session behind a request -------------------------------------------------------
     def caller(self, cookie_header: str | None) -> tuple[Caller, str]:
@@ -179,19 +306,34 @@ class Login:
         return caller, sid
 
     # -- the endpoints ----------------------------------------------------------------------
-    def form(self, query: Mapping[str, list[str]], engine: Any = None) -> Response:
+    def form(self, request: Request) -> Response:
         """GET /login: the form. It takes no parameter (a token never travels in a URL)."""
-        if query:
+        if request.query_params:
             return self._form(400, "This page takes no parameters; paste the token into "
                                    "the form.")
         return self._form(200)
 
-    def submit(self, post: FormPost) -> Response:
-        """POST /login: check the token, start a session, send the browser to the page."""
-        if not post.same_origin:
+    def submit(self, body: bytes | None, headers: Mapping[str, str],
+               client: str = "") -> Response:
+        """POST /login: check the token, start a session, send the browser to the page.
+        ``body`` is None when it was missing or too large (not read); ``client`` is the
+        address sign-in attempts are counted by."""
+        if not self.limit.allow(client):
+            log.info("sign-in refused for %s: too many failed attempts", client)
+            response = self._form(429, "Too many failed sign-in attempts: wait a minute and "
+                                       "try again.")
+            response.headers["Retry-After"] = str(int(self.limit.window))
+            return response
+        response = self._submit(body, headers)
+        if response.status_code != 303:
+            self.limit.failed(client)
+        return response
+
+    def _submit(self, body: bytes | None, headers: Mapping[str, str]) -> Response:
+        if not _same_origin(headers):
             log.info("sign-in refused: a form post from another site")
             return self._form(403, "Sign-in failed: the form was sent from another site.")
-        token = _token_field(post)
+        token = _token_field(body, headers.get("content-type", ""))
         if token is None:
             return self._form(400, "Sign-in failed: the form could not be read.")
         try:
@@ -205,27 +347,33 @@ class Login:
             log.info("sign-in refused for %s: no scope", caller.name)
             return self._form(403, "Sign-in failed: your token maps to no part of the fleet "
                                    "(ask for your group to be added to the scopes file).")
-        made = self.sessions.create(caller)
+        try:
+            made = self.sessions.create(caller, hash_token(token.strip()))
+        except SessionsFull as exc:
+            log.warning("sign-in refused for %s: no room for a session (%s)", caller.name,
+                        exc)
+            return self._form(503, "Sign-in failed: the service holds as many sessions as "
+                                   "it may; try again later.")
         if made is None:
             self.on_refused("unauthenticated")
             log.info("sign-in refused for %s: the token expires now", caller.name)
             return self._form(401, "Sign-in failed.")
-        old = session_id(post.cookie)
+        old = session_id(headers.get("cookie"))
         if old is not None:  # a fresh id on every sign-in: no session fixation
             self.sessions.drop(old)
         new_id, session = made
         log.info("signed in: %s", caller.name)
         max_age = max(1, int(session.expires_at - self.sessions.clock()))
-        return 303, redirect("/", self.cookie(new_id, max_age))
+        return redirect("/", self.cookie(new_id, max_age))
 
-    def logout(self, post: FormPost) -> Response:
+    def logout(self, headers: Mapping[str, str]) -> Response:
         """POST /logout: forget the session (if any) and the cookie; back to the form."""
-        if not post.same_origin:
+        if not _same_origin(headers):
             return self._form(403, "Sign-out refused: the form was sent from another site.")
-        sid = session_id(post.cookie)
+        sid = session_id(headers.get("cookie"))
         if sid is not None:
             self.sessions.drop(sid)
-        return 303, redirect("/login", self.cookie("", 0))
+        return redirect("/login", self.cookie("", 0))
 
     # -- helpers ------------------------------------------------------------------------------
     def cookie(self, value: str, max_age: int) -> str:
@@ -235,16 +383,22 @@ class Login:
 
     def _form(self, status: int, message: str | None = None) -> Response:
         html = html_environment().get_template("login.html.j2").render(message=message)
-        return status, Raw(html.encode(), HTML, (("Content-Security-Policy", LOGIN_CSP),))
+        return HTMLResponse(html, status, headers={"Content-Security-Policy": LOGIN_CSP,
+                                                   "Cache-Control": "no-store"})
 
 
-def _token_field(post: FormPost) -> str | None:
+def _same_origin(headers: Mapping[str, str]) -> bool:
+    return same_origin(headers.get("sec-fetch-site"), headers.get("origin"),
+                       headers.get("host"))
+
+
+def _token_field(body: bytes | None, content_type: str) -> str | None:
     """The one ``token`` field of a urlencoded form, or None for anything else."""
-    if post.body is None or post.content_type.split(";")[0].strip().lower() != FORM:
+    if body is None or content_type.split(";")[0].strip().lower() != FORM:
         return None
     try:
-        fields = parse_qs(post.body.decode("ascii"), keep_blank_values=True,
-                          strict_parsing=bool(post.body), max_num_fields=5,
+        fields = parse_qs(body.decode("ascii"), keep_blank_values=True,
+                          strict_parsing=bool(body), max_num_fields=5,
                           errors="strict")
     except (UnicodeDecodeError, ValueError):
         return None
@@ -257,11 +411,11 @@ def _token_field(post: FormPost) -> str | None:
     return token
 
 
-def redirect(location: str, cookie: str | None = None) -> Raw:
-    headers = [("Location", location)]
+def redirect(location: str, cookie: str | None = None) -> Response:
+    headers = {"Location": location, "Cache-Control": "no-store"}
     if cookie is not None:
-        headers.append(("Set-Cookie", cookie))
-    return Raw(b"", HTML, tuple(headers))
+        headers["Set-Cookie"] = cookie
+    return Response(b"", 303, headers=headers, media_type="text/html")
 
 
 def wants_html(accept: str | None) -> bool:

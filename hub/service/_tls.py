@@ -1,8 +1,9 @@
 """The API's TLS: a certificate and key read from files, read again when they change.
 
 cert-manager (or a Secret update) rewrites the mounted files in place; the service must serve
-the new certificate without a restart. Each new connection compares the files' modification
-stamps with the ones loaded (two ``stat`` calls) and builds a fresh context when they differ.
+the new certificate without a restart. Each TLS handshake (uvicorn's context calls back on
+every one, hub/service/_serve.py) compares the files' modification stamps with the ones
+loaded (two ``stat`` calls) and builds a fresh context when they differ.
 A pair that does not load (a rotation caught half-way: new cert, old key) keeps the previous
 context and is tried again on the next connection.
 """

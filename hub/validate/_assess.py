@@ -122,7 +122,8 @@ def idle_allocated_findings(conn: Any, now: dt.datetime) -> list[checks.Finding]
         f"allocated to {r['namespace']}/{r['pod']} but under {IDLE_THRESHOLD_PCT:g}% "
         f"utilisation for {r['idle_hours']:g}h in a row ({r['wasted_gpu_hours']:g} "
         "GPU-hours wasted)",
-        r["cluster"], r["node"], r["uuid"] + (f" {r['slice']}" if r["slice"] else ""))
+        r["cluster"], r["node"], r["uuid"] + (f" {r['slice']}" if r["slice"] else ""),
+        r["namespace"])
         for r in rows]
 
 

@@ -34,6 +34,9 @@ class Finding:
     cluster: str | None = None
     node: str | None = None
     gpu: str | None = None
+    #: the namespace of the pod the message names, if it names one: the service shows such a
+    #: finding only to callers who may see that namespace (not part of the report's columns)
+    namespace: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -334,7 +337,8 @@ def check_zero_usage(history: HubHistory) -> list[Finding]:
     window = human(history.window)
     return [Finding(WARNING, "zero_usage",
                     f"utilisation exactly 0 for the whole {window} while pod {g.pod} is "
-                    "allocated to it", g.cluster, g.node, g.gpu)
+                    "allocated to it", g.cluster, g.node, g.gpu,
+                    g.pod.partition("/")[0] if g.pod else None)
             for g in history.zero_usage]
 
 

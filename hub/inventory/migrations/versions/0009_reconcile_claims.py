@@ -6,7 +6,7 @@ the latest such run speaks for the cluster even when no claim holds anything. `c
 these GPUs as allocated where the exporter gave no pod labels.
 
 Revision ID: 0009
-Revises: 0007
+Revises: 0008
 Create Date: 2026-11-24
 """
 
@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0009"
-down_revision = "0007"
+down_revision = "0008"
 branch_labels = None
 depends_on = None
 

@@ -1,0 +1,231 @@
+"""Load on `gpufleet serve`: 50 concurrent keep-alive clients for 60 s against an inventory of
+10,000 GPUs, on SQLite and on PostgreSQL.
+
+The service runs as its own process (`python -m hub serve`, a static token required), so
+its memory is its own: RSS is read from /proc before the load and after it. Its hub is a
+closed port (no sync runs; the API reads the inventory this script wrote), so the figures
+are the API's alone. Each client is a thread with one keep-alive connection (http.client)
+asking, in turn, what a dashboard and a person would: a page of 100 GPUs (keyset-paged on),
+one GPU, the clusters, one cluster's nodes, capacity by model, the findings, /healthz and,
+every tenth request, the live page. A client waits for each answer before it asks again,
+so the figures are a closed loop: latency and throughput trade against each other.
+
+Prints one JSON line per database: requests, requests/s, errors (non-2xx or a failed
+connection), p50/p99/max latency overall and p99 per endpoint, the service's CPU time per
+request (the figure a shared machine disturbs least), its RSS before and after, and the
+1-minute load average before and after (the machine may be shared).
+
+    python bench/serve_load.py [--gpus 10000] [--clients 50] [--seconds 60] [--pg auto|URL]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import http.client
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from hub import inventory as inv  # noqa: E402
+from hub.devstack import free_port  # noqa: E402
+from hub.inventory._db import apply_observations  # noqa: E402
+from hub.inventory._normalize import Observation  # noqa: E402
+from hub.service import token_entry  # noqa: E402
+
+TOKEN = "gpf_serve-load-bench-token"
+GPUS_PER_NODE = 8
+NODES_PER_CLUSTER = 50
+
+
+def fill(url: str, gpus: int) -> list[str]:
+    """An inventory of ``gpus`` GPUs (8 a node, 50 nodes a cluster), every other GPU
+    allocated to a pod; returns the uuids."""
+    engine = inv.make_engine(url, create=True)
+    inv.ensure_schema(engine)
+    observations = []
+    for i in range(gpus):
+        node = i // GPUS_PER_NODE
+        cluster = f"cluster-{node // NODES_PER_CLUSTER:03d}"
+        allocations = ({(f"team-{i % 17}", f"pod-{i}", "main")} if i % 2 else set())
+        observations.append(Observation(
+            cluster, f"{cluster}-node-{node:05d}", f"GPU-{i:08d}-0000-4000-8000-000000000000",
+            "nvidia", index=i % GPUS_PER_NODE, model="NVIDIA H100 80GB HBM3",
+            memory_total_mib=81559.0, utilisation_pct=float(i % 100),
+            sample_at=time.time(), allocations=allocations))
+    with engine.begin() as conn:
+        apply_observations(conn, observations, inv.now_utc())
+    engine.dispose()
+    return [o.uuid for o in observations]
+
+
+def cpu_s(pid: int) -> float:
+    """The process's CPU time (user + system), all threads: the service's own work, which a
+    shared machine's other load slows down but does not add to."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+@contextlib.contextmanager
+def service(db_url: str, workdir: Path) -> Iterator[tuple[int, int]]:
+    tokens = workdir / "tokens.yaml"
+    tokens.write_text(yaml.safe_dump({"tokens": [token_entry("bench", TOKEN)]}))
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hub", "serve", "--hub-url", f"http://127.0.0.1:{free_port()}",
+         "--db", db_url, "--listen", f"127.0.0.1:{port}", "--tokens-file", str(tokens),
+         "--every", "1h"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                conn.request("GET", "/healthz")
+                conn.getresponse().read()
+                break
+            time.sleep(0.2)
+        yield port, proc.pid
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def rounds(n: int, uuids: list[str], clusters: list[str], token: str | None
+           ) -> list[tuple[str, str]]:
+    """One round of a client's asks, as (endpoint name, path); ``token`` pages the GPUs on."""
+    uuid = uuids[(n * 7919) % len(uuids)]
+    cluster = clusters[n % len(clusters)]
+    asks = [("gpus", "/api/v1/gpus?limit=100" + (f"&continue={token}" if token else "")),
+            ("gpu", f"/api/v1/gpus/{uuid}"), ("clusters", "/api/v1/clusters"),
+            ("nodes", f"/api/v1/nodes?cluster={cluster}"),
+            ("capacity", "/api/v1/capacity?by=model"), ("findings", "/api/v1/findings"),
+            ("healthz", "/healthz")]
+    return [*asks, ("page", "/")] if n % 10 == 0 else asks
+
+
+def client(port: int, uuids: list[str], clusters: list[str], stop: float,
+           out: list[tuple[str, float, bool]], offset: int) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    headers = {"Authorization": f"Bearer {TOKEN}", "Connection": "keep-alive"}
+    token: str | None = None
+    n = offset
+    while time.monotonic() < stop:
+        n += 1
+        for name, path in rounds(n, uuids, clusters, token):
+            if time.monotonic() >= stop:
+                break
+            started = time.monotonic()
+            ok = False
+            try:
+                conn.request("GET", path, headers=headers)
+                response = conn.getresponse()
+                body = response.read()
+                ok = 200 <= response.status < 300 or (name == "healthz"
+                                                      and response.status == 503)
+                if name == "gpus" and ok:
+                    token = None if n % 20 == 0 else json.loads(body).get("continue")
+            except (OSError, http.client.HTTPException):
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            out.append((name, time.monotonic() - started, ok))
+    conn.close()
+
+
+def p(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
+
+
+def measure(db_url: str, gpus: int, clients: int, seconds: float) -> dict[str, Any]:
+    started = time.monotonic()
+    uuids = fill(db_url, gpus)
+    filled = time.monotonic() - started
+    clusters = sorted({f"cluster-{(i // GPUS_PER_NODE) // NODES_PER_CLUSTER:03d}"
+                       for i in range(gpus)})
+    with tempfile.TemporaryDirectory() as tmp, service(db_url, Path(tmp)) as (port, pid):
+        rss_before = rss_mb(pid)
+        cpu_before = cpu_s(pid)
+        load_before = os.getloadavg()[0]
+        results: list[tuple[str, float, bool]] = []
+        stop = time.monotonic() + seconds
+        threads = [threading.Thread(target=client,
+                                    args=(port, uuids, clusters, stop, results, 1000 * k))
+                   for k in range(clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        rss_after = rss_mb(pid)
+        cpu = cpu_s(pid) - cpu_before
+        load_after = os.getloadavg()[0]
+    latencies = [s for _, s, _ in results]
+    by_endpoint: dict[str, list[float]] = {}
+    for name, s, _ in results:
+        by_endpoint.setdefault(name, []).append(s)
+    return {
+        "database": db_url.split(":")[0].split("+")[0], "gpus": gpus, "clients": clients,
+        "seconds": seconds, "fill_s": round(filled, 1), "requests": len(results),
+        "requests_per_s": round(len(results) / seconds, 1),
+        "errors": sum(1 for *_, ok in results if not ok),
+        "p50_ms": round(p(latencies, 0.50) * 1000, 1),
+        "p99_ms": round(p(latencies, 0.99) * 1000, 1),
+        "max_ms": round(max(latencies, default=0) * 1000, 1),
+        "mean_ms": round(statistics.fmean(latencies) * 1000, 1) if latencies else 0,
+        "p99_ms_by_endpoint": {k: round(p(v, 0.99) * 1000, 1)
+                               for k, v in sorted(by_endpoint.items())},
+        "service_cpu_ms_per_request": round(cpu * 1000 / max(1, len(results)), 2),
+        "service_rss_mb_before": round(rss_before, 1),
+        "service_rss_mb_after": round(rss_after, 1),
+        "load_1m_before": round(load_before, 2), "load_1m_after": round(load_after, 2),
+        "cpus": os.cpu_count(), "at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gpus", type=int, default=10_000)
+    parser.add_argument("--clients", type=int, default=50)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--pg", default="auto",
+                        help="PostgreSQL server URL (no database), 'auto' for a throwaway "
+                             "PostgreSQL 15 as the tests start, or 'none'")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        print(json.dumps(measure(f"sqlite:///{tmp}/bench.db", args.gpus, args.clients,
+                                 args.seconds)), flush=True)
+    if args.pg == "none":
+        return
+    from tests.support.pg import create_database, throwaway_server
+
+    if args.pg == "auto":
+        with throwaway_server() as server:
+            print(json.dumps(measure(create_database(server, "bench_"), args.gpus,
+                                     args.clients, args.seconds)), flush=True)
+    else:
+        print(json.dumps(measure(create_database(args.pg, "bench_"), args.gpus,
+                                 args.clients, args.seconds)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
