@@ -16,7 +16,7 @@ MAX_DURATION = 100 * _UNITS["y"]
 
 def _bounded(value: float, text: object) -> float:
     if value > MAX_DURATION:
-        raise ValueError(f"duration {text} is too long (at most 100y)")
+        raise ValueError(f"duration {str(text)[:32]} is too long (at most 100y)")
     return value
 
 
