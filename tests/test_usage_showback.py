@@ -175,3 +175,39 @@ def test_bad_price_files_are_one_line_errors(tmp_path, text, message):
     missing = gpufleet("usage", "--prices", str(tmp_path / "nope.yaml"),
                        env={"GPUFLEET_DB": url})
     assert missing.exit_code == 2 and "cannot read price file" in missing.stderr
+
+
+def test_the_api_answers_the_same_cost_when_serve_has_prices(tmp_path):
+    from hub.service import build_app
+    from tests.support.asgi import AppClient, no_metrics
+
+    url = _ledger(tmp_path)
+    prices = usage.parse_prices({"NVIDIA H100 80GB HBM3": 2.5, "NVIDIA A100-SXM4-80GB": 1.2,
+                                 "clusters": {"west": {"NVIDIA H100 80GB HBM3": 2.1}}})
+    engine = inv.make_engine(url)
+    app = build_app(engine, health=lambda: (True, {}), findings=lambda: ([], None),
+                    metrics=no_metrics, prices=prices)
+    status, body = AppClient(app).handle("/api/v1/usage", {
+        "from": ["2026-10-01T20:00:00Z"], "until": ["2026-10-01T23:00:00Z"]})
+    engine.dispose()
+    assert status == 200, body
+    cost = {r["namespace"]: r["cost"] for r in body["items"]}
+    assert cost["ml"] == pytest.approx(3 * 2.5 + 3 * 3 / 7 * 2.1)
+    assert cost["vision"] == pytest.approx(1.8)
+    # and the CLI's answer is the same figure
+    path = tmp_path / "prices.yaml"
+    path.write_text('"NVIDIA H100 80GB HBM3": 2.5\n"NVIDIA A100-SXM4-80GB": 1.2\n'
+                    'clusters:\n  west:\n    "NVIDIA H100 80GB HBM3": 2.1\n')
+    import json
+
+    cli = json.loads(gpufleet("usage", *PERIOD, "--prices", str(path), "-o", "json",
+                              env={"GPUFLEET_DB": url}).stdout)
+    assert {r["namespace"]: r["cost"] for r in cli} == cost
+
+
+def test_serve_refuses_a_bad_price_file_before_it_starts(tmp_path):
+    bad = tmp_path / "prices.yaml"
+    bad.write_text('"NVIDIA H100 80GB HBM3": -2\n')
+    out = gpufleet("serve", "--prices", str(bad), "--hub-url", "http://127.0.0.1:9",
+                   "--db", f"sqlite:///{tmp_path / 'inv.db'}")
+    assert out.exit_code == 2 and "prices are 0 or more" in out.stderr

@@ -170,6 +170,8 @@ class _ServeGroup(ConfiguredCommand, click.Group):
               help="Serve HTTPS with this certificate (PEM, chain allowed); re-read when it "
                    "changes, as cert-manager rotates it.")
 @_file_option("--tls-key-file", help="Private key of --tls-cert-file (PEM).")
+@_file_option("--prices", help="Showback: YAML of prices per GPU-hour by model (as in "
+              "`gpufleet usage --prices`); /api/v1/usage then has cost per group.")
 @click.option("--usage-bucket", type=DURATION, default="1h", show_default=True,
               metavar="DURATION", help="Usage ledger bucket: each completed one is collected "
               "after the sync that follows it (see `gpufleet usage collect`).")
@@ -195,7 +197,7 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
           oidc_scope_claim: str, scopes_file: str | None, allow_unauthenticated: bool,
           metrics_open: bool, session_ttl: float, tls_cert_file: str | None,
           tls_key_file: str | None, usage_bucket: float, usage_retention: float,
-          usage_max_backfill: float, prune_stale_after: float | None,
+          usage_max_backfill: float, prices: str | None, prune_stale_after: float | None,
           max_age: float, push_interval: float, window: float, stale_after: float,
           lock_timeout: float, cluster_label: str, db: str | None, **opts: Any) -> None:
     """Run the hub service: sync on a schedule and serve the inventory over HTTP.
@@ -237,6 +239,7 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
         raise InputError("--prune-stale-after must be longer than --stale-after")
     usage.check_settings(bucket=usage_bucket, push_interval=push_interval,
                          retention=usage_retention, max_backfill=usage_max_backfill)
+    price_table = usage.load_prices(prices) if prices else None
     try:
         host, port = parse_listen(listen)
     except ValueError as exc:
@@ -272,7 +275,8 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
                 service = svc.build_service(jobs, every=every, engine=readonly, host=host,
                                             port=port, page_sections=svc.USAGE_SECTIONS,
                                             auth=auth, metrics_open=metrics_open, tls=tls,
-                                            sessions=svc.DbSessions(engine, ttl=session_ttl))
+                                            sessions=svc.DbSessions(engine, ttl=session_ttl),
+                                            prices=price_table)
             except OSError as exc:
                 reason = exc.strerror or str(exc)
                 raise InputError(f"cannot listen on {listen}: {reason}") from None

@@ -97,6 +97,11 @@ async def scope_of(caller: Annotated[Caller, Depends(identify)]) -> Scope:
     return caller.scope
 
 
+async def prices_of(request: Request) -> Any:
+    """The service's showback prices (hub.usage.Prices), None without `serve --prices`."""
+    return getattr(request.app.state, "prices", None)
+
+
 ReadEngine = Annotated[Engine, Depends(engine_of)]
 CallerScope = Annotated[Scope, Depends(scope_of)]
 
@@ -470,9 +475,11 @@ def usage(engine: ReadEngine, scope: CallerScope, since: SinceParam = None,
               "namespace).", max_length=128)] = None,
           idle_threshold: Annotated[float | None, Query(
               ge=0, le=100, allow_inf_nan=False, description="Utilisation % under which an "
-              "allocated bucket is idle (default 5).")] = None) -> dict[str, Any]:
+              "allocated bucket is idle (default 5).")] = None,
+          prices: Annotated[Any, Depends(prices_of)] = None) -> dict[str, Any]:
     """GPU-hours per group from the usage ledger (see docs/usage.md for each figure). A
-    scoped caller's GPU-hours count only its clusters' and namespaces' ledger rows."""
+    scoped caller's GPU-hours count only its clusters' and namespaces' ledger rows. With
+    `serve --prices`, each group also has cost and unpriced_gpu_hours (showback)."""
     from hub import usage as answers
 
     start, end = _period(since, from_, until)
@@ -480,7 +487,7 @@ def usage(engine: ReadEngine, scope: CallerScope, since: SinceParam = None,
     with engine.connect() as conn:
         return _listing(answers.usage_summary(
             conn, start, end, groups, 5.0 if idle_threshold is None else idle_threshold,
-            clusters=scope.clusters, namespaces=scope.namespaces))
+            clusters=scope.clusters, namespaces=scope.namespaces, prices=prices))
 
 
 def idle(engine: ReadEngine, scope: CallerScope, since: SinceParam = None,

@@ -342,7 +342,7 @@ def build_app(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, Any]
               auth: Authenticator | None = None, metrics_open: bool = True,
               on_refused: Callable[[str], None] = lambda reason: None,
               sessions: Sessions | DbSessions | None = None,
-              secure_cookies: bool = False) -> FastAPI:
+              secure_cookies: bool = False, prices: Any = None) -> FastAPI:
     """The whole API over a read-only ``engine`` and the service's state, passed in.
 
     ``health`` answers (ok, details); ``findings`` the latest findings and when they were
@@ -350,7 +350,8 @@ def build_app(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, Any]
     exposition and its headers; ``page_sections`` more sections of the live page;
     ``check_failure`` when and why the latest checks could not run (None if they did). With
     authentication configured a browser signs in at /login into ``sessions``;
-    ``secure_cookies`` marks the cookie Secure (the service speaks TLS).
+    ``secure_cookies`` marks the cookie Secure (the service speaks TLS); ``prices``
+    (hub.usage.Prices) adds showback cost to /api/v1/usage.
     """
     auth = auth or Authenticator()
     if sessions is None:  # not `or`: an empty store is falsy (it has a length)
@@ -362,6 +363,7 @@ def build_app(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, Any]
                   description="Read-only view of the GPU inventory: GET and HEAD, and form "
                               "posts to sign a browser in and out.")
     app.state.engine = engine
+    app.state.prices = prices
     app.state.gate = Gate(auth, login, on_refused)
     app.state.memo = memo = Memo()
     page_sections = [_kept(source, memo) for source in page_sections]

@@ -84,7 +84,10 @@ def _usage_models() -> tuple[type[BaseModel], type[BaseModel], type[BaseModel]]:
 
     keys = {c: (Text, None) for c in ["cluster", "namespace", "model", "node", "uuid", "slice"]}
     figures = {c: (Number, ...) for c in usage.USAGE_FIGURES}
-    usage_row = create_model("Usage", __config__=ConfigDict(extra="allow"), **keys, **figures)
+    # showback, when the service has prices (serve --prices): null cost = a model unpriced
+    costs = {c: (Number, None) for c in usage.COST_FIGURES}
+    usage_row = create_model("Usage", __config__=ConfigDict(extra="allow"), **keys, **figures,
+                             **costs)
     usage_row.__doc__ = ("GPU-hours of one group: the 'by' keys, then the figures "
                          "(docs/usage.md).")
     idle_types = {**dict.fromkeys(["idle_since", "idle_until"], Time),
