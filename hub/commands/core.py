@@ -45,7 +45,11 @@ def hub_client(opts: dict[str, Any]) -> HubClient:
     try:
         timeout = parse_duration(opts.get("hub_timeout") or "60s")
     except ValueError as exc:
-        raise InputError(f"--timeout: {exc}") from None
+        raise InputError(f"--read-timeout: {exc}") from None
+    try:
+        connect_timeout = parse_duration(opts.get("hub_connect_timeout") or "5s")
+    except ValueError as exc:
+        raise InputError(f"--connect-timeout: {exc}") from None
     from hub.store import HubClient, HubSettings  # requests loads only for hub commands
 
     return HubClient.from_settings(HubSettings(
@@ -56,6 +60,7 @@ def hub_client(opts: dict[str, Any]) -> HubClient:
         key_file=opts.get("key_file"),
         insecure_skip_verify=bool(opts.get("insecure_skip_verify")),
         timeout=timeout,
+        connect_timeout=connect_timeout,
     ))
 
 

@@ -57,6 +57,7 @@ from hub.inventory._migrate import (
     ensure_schema,
     upgrade,
 )
+from hub.inventory._normalize import UNLABELLED_SERIES
 from hub.inventory._prune import PRUNE_COLUMNS, PruneResult, prune
 from hub.inventory._reconcile_runs import reconcile_clusters, reconcile_results, reconcile_runs
 from hub.inventory._sync import (
@@ -83,6 +84,7 @@ __all__ = [
     "PRUNE_COLUMNS",
     "ROLLUP_IDLE_THRESHOLD",
     "STALE",
+    "UNLABELLED_SERIES",
     "USAGE_COLUMNS",
     "CollectResult",
     "LockHeld",

@@ -155,7 +155,11 @@ class HubSettings:
     cert_file: str | None = None
     key_file: str | None = None
     insecure_skip_verify: bool = False
+    #: read timeout: how long one answer may take once connected (--read-timeout)
     timeout: float = 60.0
+    #: how long the hub may take to accept a connection (--connect-timeout): a hub that is
+    #: down or firewalled costs this, not a whole read timeout
+    connect_timeout: float = 5.0
 
     def validate(self) -> None:
         if not self.url:
@@ -166,7 +170,10 @@ class HubSettings:
         except ValueError as exc:
             raise InputError(f"invalid hub URL (--hub-url): {exc}") from None
         if not self.timeout > 0:
-            raise InputError(f"--timeout must be greater than 0 (got {self.timeout:g}s)")
+            raise InputError(f"--read-timeout must be greater than 0 (got {self.timeout:g}s)")
+        if not self.connect_timeout > 0:
+            raise InputError("--connect-timeout must be greater than 0 "
+                             f"(got {self.connect_timeout:g}s)")
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise InputError(f"invalid hub URL {redact_url(self.url)!r}: expected http(s)://host[:port]")
         if bool(self.cert_file) != bool(self.key_file):
@@ -233,10 +240,11 @@ class HubClient:
     """Prometheus-API client for the hub store (Prometheus, Thanos Query, ACM query proxy)."""
 
     def __init__(self, url: str, *, session: requests.Session | None = None,
-                 timeout: float = 60.0) -> None:
+                 timeout: float = 60.0, connect_timeout: float = 5.0) -> None:
         self.url = url.rstrip("/")
         self.session = session or requests.Session()
         self.timeout = timeout
+        self.connect_timeout = connect_timeout
         #: number of HTTP requests made: a sync records it, and it must not grow with the fleet
         self.requests = 0
         self._count_lock = threading.Lock()  # a sync asks from several threads
@@ -244,7 +252,8 @@ class HubClient:
     @classmethod
     def from_settings(cls, settings: HubSettings) -> HubClient:
         settings.validate()
-        return cls(settings.url, session=build_session(settings), timeout=settings.timeout)
+        return cls(settings.url, session=build_session(settings), timeout=settings.timeout,
+                   connect_timeout=settings.connect_timeout)
 
     @property
     def safe_url(self) -> str:
@@ -314,12 +323,18 @@ class HubClient:
         try:
             # verify/cert per request: requests lets REQUESTS_CA_BUNDLE in the environment
             # override a session's own `verify`, which would silently ignore --ca-file.
-            resp = self.session.post(self.url + path, data=data, timeout=self.timeout,
+            resp = self.session.post(self.url + path, data=data,
+                                     timeout=(self.connect_timeout, self.timeout),
                                      verify=self.session.verify, cert=self.session.cert,
                                      stream=stream)
+        except requests.ConnectTimeout:
+            raise HubUnavailable(
+                f"hub {self.safe_url} did not accept a connection within "
+                f"{self.connect_timeout:g}s (--connect-timeout)"
+            ) from None
         except requests.Timeout:
             raise HubUnavailable(
-                f"hub {self.safe_url} did not answer within {self.timeout:g}s"
+                f"hub {self.safe_url} did not answer within {self.timeout:g}s (--read-timeout)"
             ) from None
         except requests.exceptions.SSLError as exc:
             raise HubUnavailable(

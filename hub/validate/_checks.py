@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from hub.common import human_duration as human
-from hub.inventory import NO_GPU_SERIES
+from hub.inventory import NO_GPU_SERIES, UNLABELLED_SERIES
 
 ERROR = "error"
 WARNING = "warning"
@@ -169,6 +169,12 @@ def check_inventory(clusters: Sequence[ClusterFacts],
                                           f"no GPU series at all, yet the inventory knows "
                                           f"{len(clusters)} cluster(s): the hub lost the GPU "
                                           "metrics (allowlist, exporters, --hub-url?)"))
+    if (last_sync is not None and last_sync.status == "ok"
+            and (last_sync.error or "").startswith(UNLABELLED_SERIES + ": ")):
+        # one spoke pushing without the cluster label: the others were synced, its GPUs not
+        out.append(Finding(ERROR, UNLABELLED_SERIES, f"the latest sync "
+                                                     f"({_iso(last_sync.started_at)}): "
+                           + last_sync.error[len(UNLABELLED_SERIES) + 2:]))
     if last_sync is not None and last_sync.status != "ok":
         out.append(Finding(WARNING, "sync", f"the latest sync ({_iso(last_sync.started_at)}) "
                                             f"failed: {last_sync.error or 'no detail'}"))
