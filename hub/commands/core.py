@@ -171,7 +171,9 @@ def query(expr: str, range_: float | None, step: float, output: str, **opts: Any
       gpufleet query 'count by (cluster) (DCGM_FI_DEV_GPU_UTIL)'
       gpufleet query 'avg(DCGM_FI_DEV_GPU_UTIL)' --range 1h --step 5m -o csv
 
-    A PromQL error prints the store's message and exits 2; an unreachable hub exits 3.
+    ``--range`` with ``-o csv`` writes prometheus-api-client's MetricRangeDataFrame (one row
+    per sample: labels, time, value), the frame hub.store.prometheus_connect() gives a
+    notebook. A PromQL error prints the store's message and exits 2; an unreachable hub exits 3.
     """
     if (range_ is not None and range_ <= 0) or step <= 0:
         raise InputError("--range and --step must be greater than 0")
@@ -187,6 +189,12 @@ def query(expr: str, range_: float | None, step: float, output: str, **opts: Any
                            "in the allowlist?)", err=True)
     for warning in res.warnings:
         click.echo(f"warning: hub returned a partial response: {warning}", err=True)
+    if range_ and output == "csv" and res.result_type == "matrix":
+        # prometheus-api-client's DataFrame, as a notebook would get it (store.range_frame)
+        from hub.store import range_frame
+
+        click.echo(range_frame(res.result).to_csv(index=False, lineterminator="\n"), nl=False)
+        return
     series = _series(res.result_type, res.result)
     if output == "json":
         click.echo(to_json(series))

@@ -15,6 +15,8 @@ if TYPE_CHECKING:
         PartialResponse,
         QueryResult,
         StreamedRows,
+        prometheus_connect,
+        range_frame,
     )
 from hub.store._vendors import (
     CLOCKS_EVENT_REASONS,
@@ -47,6 +49,7 @@ from hub.store._vendors import (
     allowlist_metrics,
     compute_slices,
     is_exporter_pod,
+    labelled_matcher,
     mig_share,
     profile,
     sync_queries,
@@ -90,8 +93,11 @@ __all__ = [
     "allowlist_metrics",
     "compute_slices",
     "is_exporter_pod",
+    "labelled_matcher",
     "mig_share",
     "profile",
+    "prometheus_connect",
+    "range_frame",
     "sync_queries",
     "usage_queries",
 ]
@@ -99,7 +105,7 @@ __all__ = [
 #: The HTTP client's names load with it (requests, urllib3) on first use: commands that only
 #: read the database (`usage`, `inventory list`) start without them.
 _CLIENT = {"NO_PARTIAL_RESPONSE", "HubClient", "HubSettings", "PartialResponse", "QueryResult",
-           "StreamedRows"}
+           "StreamedRows", "prometheus_connect", "range_frame"}
 
 
 def __getattr__(name: str) -> Any:
