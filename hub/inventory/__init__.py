@@ -35,6 +35,7 @@ from hub.inventory._db import (
     safe_url,
     sync_runs,
 )
+from hub.inventory._frames import inventory_frame
 from hub.inventory._health import FATAL_XIDS
 from hub.inventory._health import LEVELS as HEALTH_LEVELS
 from hub.inventory._ledger import (
@@ -102,6 +103,7 @@ __all__ = [
     "gpu_item",
     "gpu_rows",
     "gpus",
+    "inventory_frame",
     "list_allocations",
     "list_clusters",
     "list_events",
