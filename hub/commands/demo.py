@@ -1,4 +1,4 @@
-"""`gpufleet demo`: a local multi-cluster fleet, end to end (see hub/demo.py)."""
+"""`gpufleet demo`: a local multi-cluster fleet, end to end (see hub/devstack/_demo.py)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """Validation rules: plain facts in, findings out (pure; no database, no network).
 
 ``gpufleet report`` gathers the facts (the inventory, the latest reconcile run, and a few
-fixed PromQL answers from the hub, see :mod:`hub.alerts`) and runs every check here; the same
-failure modes are rendered as Prometheus alerting rules by ``gpufleet alerts render``.
+fixed PromQL answers from the hub, see :mod:`hub.validate._alerts`) and runs every check
+here; the same failure modes are rendered as Prometheus alerting rules by
+``gpufleet alerts render``.
 
 Freshness is the age of the newest sample, never the presence of a series: ACM pushes every
 300 s by default, so one missed push (twice the interval) is a warning, and the adoption
@@ -121,7 +122,7 @@ class NodeRef:
 
 @dataclass
 class HubHistory:
-    """What the hub's fixed history queries returned (see hub.alerts.read_history)."""
+    """What the hub's fixed history queries returned (see hub.validate._alerts.read_history)."""
 
     window: float
     zero_usage: list[GpuRef] = field(default_factory=list)
