@@ -35,6 +35,8 @@ from hub.common._options import (
     window_option,
 )
 from hub.common._output import (
+    NO_WRAP,
+    console,
     emit,
     iso,
     output_option,
@@ -51,6 +53,7 @@ __all__ = [
     "CONFIG_ENV",
     "DURATION",
     "EXIT_FINDINGS",
+    "NO_WRAP",
     "QUERY_CONCURRENCY",
     "REDACTED",
     "BackgroundHTTPServer",
@@ -60,6 +63,7 @@ __all__ = [
     "InputError",
     "UnavailableError",
     "cluster_label_option",
+    "console",
     "db_option",
     "emit",
     "env",
