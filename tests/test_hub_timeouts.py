@@ -79,3 +79,17 @@ def test_a_timeout_must_be_positive(option):
     result = gpufleet("query", "up", "--hub-url", "http://127.0.0.1:1", option, "0s")
     assert result.exit_code == 2
     assert f"{option} must be greater than 0" in result.stderr
+
+
+def test_both_timeouts_from_a_config_file(unaccepting_port, silent_port, tmp_path):
+    config = tmp_path / "gpufleet.yaml"
+    config.write_text(f"hub-url: http://127.0.0.1:{unaccepting_port}\n"
+                      "connect-timeout: 0.3s\nread-timeout: 7s\n")
+    result = gpufleet("query", "up", "--config", str(config))
+    assert result.exit_code == 3
+    assert "within 0.3s (--connect-timeout)" in result.stderr
+    # the older name is a config key too
+    config.write_text(f"hub-url: http://127.0.0.1:{silent_port}\ntimeout: 0.4s\n")
+    result = gpufleet("query", "up", "--config", str(config))
+    assert result.exit_code == 3
+    assert "did not answer within 0.4s (--read-timeout)" in result.stderr
