@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 DEBS := prometheus chromium
 SHELL := /bin/bash
 
-.PHONY: setup test lint demo bench clean
+.PHONY: setup test lint demo bench clean debs apt-wait
 
 setup: $(STAMP) debs
 
@@ -15,19 +15,37 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $(STAMP)
 
+# apt-get waits for another package manager (unattended-upgrades on a fresh machine, a second
+# make) up to APT_LOCK_WAIT seconds, then stops with one clear line instead of failing at once.
+APT_LOCK_WAIT ?= 300
+APT_LOCKS ?= /var/lib/dpkg/lock-frontend /var/lib/dpkg/lock /var/lib/apt/lists/lock
+# exits non-zero while any of the locks is held (apt and dpkg take them with fcntl, as lockf does)
+LOCK_FREE = python3 -c "import fcntl, sys; [fcntl.lockf(open(p, 'a'), fcntl.LOCK_EX | fcntl.LOCK_NB) for p in sys.argv[1:]]" $(APT_LOCKS) 2>/dev/null
+
+apt-wait:
+	@if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO=sudo; fi; waited=0; \
+	until $$SUDO $(LOCK_FREE); do \
+	  if [ $$waited -ge $(APT_LOCK_WAIT) ]; then \
+	    echo "error: another package manager still holds the apt/dpkg lock after $(APT_LOCK_WAIT)s ($(APT_LOCKS)); let it finish (or raise APT_LOCK_WAIT) and run make again" >&2; \
+	    exit 3; \
+	  fi; \
+	  [ $$waited = 0 ] && echo "waiting for another package manager to release the apt/dpkg lock (up to $(APT_LOCK_WAIT)s)" >&2; \
+	  sleep 2; waited=$$((waited + 2)); \
+	done
+
 # Debian packages the real-component tests need; installed only when missing.
 debs:
 	@missing=""; \
 	command -v prometheus >/dev/null || missing="$$missing prometheus"; \
 	command -v promtool >/dev/null || missing="$$missing prometheus"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	command -v initdb >/dev/null || test -x /usr/lib/postgresql/15/bin/initdb || missing="$$missing postgresql-15"; \
 	if [ -n "$$missing" ]; then \
+	  $(MAKE) --no-print-directory apt-wait || exit $$?; \
 	  if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO=sudo; fi; \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	  $$SUDO apt-get -o DPkg::Lock::Timeout=$(APT_LOCK_WAIT) update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get -o DPkg::Lock::Timeout=$(APT_LOCK_WAIT) install -y -qq $$missing; \
 	fi
-	@command -v initdb >/dev/null || test -x /usr/lib/postgresql/15/bin/initdb || { \
-	  if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO=sudo; fi; \
-	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq postgresql-15; }
 
 lint: setup
 	$(VENV)/bin/ruff check hub spoke tests bench

@@ -13,10 +13,11 @@ on one store:
   the larger peak RSS (VmHWM) of the two, hub_cpu_s the store's CPU time during the steady
   one (utime + stime from /proc/PID/stat of the Prometheus process).
 
-The fleet: 8-GPU nodes, 50 nodes a cluster, a quarter of the nodes AMD, GPU 0 of every 10th
-NVIDIA node in MIG mode with two slices, a sample every 30 s over the 10-minute window (the
-density at which a ``__name__`` regex over the window passes Prometheus's default
-``--query.max-samples``). It is written as OpenMetrics, backfilled with ``promtool tsdb
+The fleet: 8-GPU nodes, 50 nodes a cluster (100,000 GPUs are 250 clusters), a quarter of the
+nodes AMD, GPU 0 of every 10th NVIDIA node in MIG mode with two slices, a sample every 30 s
+over the 10-minute window (the density at which a ``__name__`` regex over the window passes
+Prometheus's default ``--query.max-samples``), or with ``--samples 3`` ACM's shape: three
+samples per series in the window. It is written as OpenMetrics, backfilled with ``promtool tsdb
 create-blocks-from openmetrics`` with timestamps ending when measuring starts, and served by
 a real Prometheus with default limits.
 """
@@ -47,6 +48,9 @@ NODES_PER_CLUSTER = 50
 STALE_AFTER = 600.0
 INTERVAL = 30.0  # dcgm-exporter's collect interval
 SAMPLES = int(STALE_AFTER // INTERVAL)  # 20 per series in the window
+#: ACM's shape: metrics-collector pushes every 300 s, so a 10-minute window holds 2-3 samples
+#: of a series; `--samples 3` writes exactly 3 (every 200 s)
+ACM_SAMPLES = 3
 NV_FAMILIES = [("DCGM_FI_DEV_GPU_UTIL", 37), ("DCGM_FI_DEV_FB_USED", 20480),
                ("DCGM_FI_DEV_FB_FREE", 60000), ("DCGM_FI_DEV_FB_RESERVED", 577),
                ("DCGM_FI_DEV_POWER_USAGE", 312.5), ("DCGM_FI_DEV_GPU_TEMP", 45)]
@@ -55,8 +59,25 @@ AMD_FAMILIES = [("gpu_gfx_activity", 12), ("gpu_used_vram", 2048), ("gpu_total_v
 MIG_ONLY = [("DCGM_FI_PROF_GR_ENGINE_ACTIVE", 0.5)]
 
 
-def fleet_labels(gpus: int) -> tuple[list[str], list[str], list[str], int]:
-    """Label sets (NVIDIA whole GPUs, NVIDIA MIG slices, AMD) and the cluster count."""
+def acm_labels(cluster: str, n: int, g: int, vendor: str) -> str:
+    """What a series carries after ACM's pipeline: the managed cluster's id, the platform
+    Prometheus' target labels for the exporter pod (honorLabels off), and a workload's pod on
+    half the GPUs as ``exported_*``."""
+    exporter = ("nvidia-dcgm-exporter", "nvidia-gpu-operator") if vendor == "nvidia" else \
+        ("amd-device-metrics-exporter", "kube-amd-gpu")
+    out = (f',clusterID="{n // NODES_PER_CLUSTER:08d}-4a7e-4c1b-9d6f-3c2e1b0a9f8e",'
+           f'endpoint="gpu-metrics",service="{exporter[0]}",namespace="{exporter[1]}",'
+           f'pod="{exporter[0]}-{n:05x}",container="exporter",'
+           f'prometheus="openshift-monitoring/k8s",receive="true",tenant_id="default-tenant"')
+    if g % 2 == 0:
+        out += (f',exported_namespace="team-{n % 40:02d}",exported_pod="train-{n:05x}-{g}",'
+                f'exported_container="trainer"')
+    return out
+
+
+def fleet_labels(gpus: int, acm: bool = False) -> tuple[list[str], list[str], list[str], int]:
+    """Label sets (NVIDIA whole GPUs, NVIDIA MIG slices, AMD) and the cluster count; with
+    ``acm`` the labels ACM's pipeline adds too (see acm_labels)."""
     nodes = max(1, (gpus + GPUS_PER_NODE - 1) // GPUS_PER_NODE)
     nv: list[str] = []
     mig: list[str] = []
@@ -74,13 +95,14 @@ def fleet_labels(gpus: int) -> tuple[list[str], list[str], list[str], int]:
                     f'cluster="{cluster}",hostname="{node}",gpu_id="{g}",'
                     f'gpu_uuid="amd-{n:06d}-{g}",serial_number="SN{n:06d}{g}",'
                     f'card_series="AMD Instinct MI300X OAM",card_model="0x74a1",'
-                    f'driver_version="6.8.5",instance="10.0.{n % 250}.{g}:5000",job="amd"')
+                    f'driver_version="6.8.5",instance="10.0.{n % 250}.{g}:5000",job="amd"'
+                    + (acm_labels(cluster, n, g, "amd") if acm else ""))
                 continue
             base = (f'cluster="{cluster}",Hostname="{node}",gpu="{g}",'
                     f'UUID="GPU-{n:08x}-0000-4000-8000-{g:012x}",device="nvidia{g}",'
                     f'modelName="NVIDIA H100 80GB HBM3",DCGM_FI_DRIVER_VERSION="580.105.08",'
                     f'pci_bus_id="00000000:{g:02X}:00.0",instance="10.1.{n % 250}.1:9400",'
-                    f'job="dcgm-exporter"')
+                    f'job="dcgm-exporter"' + (acm_labels(cluster, n, g, "nvidia") if acm else ""))
             if g == 0 and n % 10 == 0:
                 mig.append(base + ',GPU_I_PROFILE="3g.40gb",GPU_I_ID="1"')
                 mig.append(base + ',GPU_I_PROFILE="3g.40gb",GPU_I_ID="2"')
@@ -89,10 +111,13 @@ def fleet_labels(gpus: int) -> tuple[list[str], list[str], list[str], int]:
     return nv, mig, amd, (nodes + NODES_PER_CLUSTER - 1) // NODES_PER_CLUSTER
 
 
-def write_openmetrics(path: Path, gpus: int, end: float) -> int:
-    """Write the fleet, samples every INTERVAL up to ``end``; returns the cluster count."""
-    nv, mig, amd, clusters = fleet_labels(gpus)
-    stamps = [f"{end - INTERVAL * i:.3f}" for i in reversed(range(SAMPLES))]
+def write_openmetrics(path: Path, gpus: int, end: float, samples: int = SAMPLES,
+                     acm: bool = False) -> int:
+    """Write the fleet, ``samples`` per series evenly over the window up to ``end``; returns
+    the cluster count."""
+    nv, mig, amd, clusters = fleet_labels(gpus, acm)
+    every = STALE_AFTER / samples
+    stamps = [f"{end - every * i:.3f}" for i in reversed(range(samples))]
     families = ([(n, nv + mig, v) for n, v in NV_FAMILIES] + [(n, mig, v) for n, v in MIG_ONLY]
                 + [(n, amd, v) for n, v in AMD_FAMILIES])
     with path.open("w", buffering=1 << 20) as out:
@@ -184,7 +209,7 @@ def timed(fn, *args) -> float:
     return time.perf_counter() - started
 
 
-def measure(gpus: int, workdir: Path | None) -> dict:
+def measure(gpus: int, workdir: Path | None, samples: int = SAMPLES, acm: bool = False) -> dict:
     promtool = require_binary("promtool")
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         work = Path(tmp)
@@ -192,7 +217,7 @@ def measure(gpus: int, workdir: Path | None) -> dict:
         lead = 30 + gpus * 0.002
         end = time.time() + lead
         om = work / "fleet.om"
-        clusters = write_openmetrics(om, gpus, end)
+        clusters = write_openmetrics(om, gpus, end, samples, acm)
         data = work / "hub" / "data"
         data.mkdir(parents=True)
         subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(om),
@@ -224,7 +249,9 @@ def measure(gpus: int, workdir: Path | None) -> dict:
         finally:
             hub.stop()
     return {
-        "gpus": steady["gpus"], "clusters": clusters, "requests": steady["requests"],
+        "gpus": steady["gpus"], "clusters": clusters, "samples_per_series": samples,
+        "shape": "acm" if acm else "dcgm",
+        "requests": steady["requests"],
         "raw_s": round(raw_s, 2), "naive_s": round(naive_s, 2), "fetch_s": round(fetch_s, 2),
         "sync_first_s": round(first_s, 2), "sync_steady_s": round(steady_s, 2),
         "hub_cpu_s": round(sync_cpu, 2), "raw_hub_cpu_s": round(raw_cpu, 2),
@@ -241,10 +268,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpus", type=int, nargs="+", default=[1000],
                         help="fleet sizes, one store and one JSON line each")
+    parser.add_argument("--samples", type=int, default=SAMPLES,
+                        help=f"samples per series in the 10-minute window: {SAMPLES} is "
+                             f"dcgm-exporter's 30 s, {ACM_SAMPLES} ACM's 300 s pushes")
+    parser.add_argument("--shape", choices=["dcgm", "acm"], default="dcgm",
+                        help=f"acm: series as ACM delivers them ({ACM_SAMPLES} samples in the "
+                             "window, ACM's and the platform Prometheus' labels, workloads "
+                             "as exported_*)")
     parser.add_argument("--workdir", type=Path)
     args = parser.parse_args()
+    acm = args.shape == "acm"
+    samples = ACM_SAMPLES if acm and args.samples == SAMPLES else args.samples
     for gpus in args.gpus:
-        print(json.dumps(measure(gpus, args.workdir)), flush=True)
+        print(json.dumps(measure(gpus, args.workdir, samples, acm)), flush=True)
 
 
 if __name__ == "__main__":

@@ -103,7 +103,7 @@ AMD_FIELDS: tuple[Field, ...] = (
 AMD_NODES_TOTAL = Field("gpu_nodes_total", "Number of GPUs on the node.", lambda r: None)
 
 # The exporter's own health. The hub's checks and the ACM allowlist read these names
-# (hub/vendors.py EXPORTER_HEALTH_METRICS), so renaming one is a breaking change.
+# (hub/store/_vendors.py EXPORTER_HEALTH_METRICS), so renaming one is a breaking change.
 UP = "gpufleet_exporter_up"
 COLLECT_ERRORS = "gpufleet_exporter_collect_errors"  # counter; exposed with _total
 LAST_COLLECT = "gpufleet_exporter_last_collect_timestamp_seconds"

@@ -14,7 +14,7 @@ from hub import inventory as inv
 from hub.inventory import _migrate as migrate
 from hub.inventory._migrate import _config
 from tests.support.clirun import gpufleet, gpufleet_json
-from tests.support.promql import wait_for
+from tests.support.promql import wait_for, wait_silent
 
 
 def gpu_text(uuid: str, node: str, driver: str = "550.54.15", index: int = 0,
@@ -47,7 +47,7 @@ def test_events_from_real_agents_across_syncs(hub, fleet, db_url):
     # GPU-X moves to n2 with a new driver; GPU-Y stops reporting.
     state["text"] = gpu_text("GPU-X", "n2", driver="560.35.03")
     wait_for(hub.url, 'DCGM_FI_DEV_GPU_TEMP{cluster="c1", Hostname="n2"}', bool)
-    time.sleep(4.5)
+    wait_silent(hub.url, 'DCGM_FI_DEV_GPU_TEMP{cluster="c1", Hostname="n1"}', "3s")
     assert gpufleet("sync", env=env).exit_code == 0
     gpus = {g["uuid"]: g for g in gpufleet_json("inventory", "gpus", env=env)}
     assert set(gpus) == {"GPU-X", "GPU-Y"}  # one row per GPU: the move is not a new GPU

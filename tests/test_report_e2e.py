@@ -7,7 +7,6 @@ from __future__ import annotations
 import itertools
 import json
 import re
-import time
 from collections.abc import Callable
 
 from hub.store import HubClient
@@ -16,7 +15,7 @@ from tests.support.clirun import gpufleet
 from tests.support.kubeapi import KubeAPI
 from tests.support.kubeapi import kube_api as kube_api
 from tests.support.nodes import node_object, nvidia_labels
-from tests.support.promql import wait_for
+from tests.support.promql import wait_for, wait_silent
 from tests.support.samples import sample_text
 
 H100_A, H100_B = "ip-10-0-171-111.ec2.internal", "ip-100-64-147-149.ec2.internal"
@@ -97,7 +96,12 @@ def test_report_finds_every_failure_mode(hub, fleet, kube_api, pg_url, tmp_path)
         for n, c in ((H100_A, 8), (H100_B, 8), (RTX, 2))]}))
     _acm_hub(kube_api)
     kubeconfig = str(kube_api.kubeconfig_path("acm-hub"))
-    time.sleep(9)
+    # until the hub shows what went wrong: the stopped cluster past --max-age, the silent node
+    # and the dropped GPU past --stale-after
+    wait_silent(hub.url, 'DCGM_FI_DEV_GPU_TEMP{cluster="gone"}', "8s", timeout=60)
+    wait_silent(hub.url, 'DCGM_FI_DEV_GPU_TEMP{cluster="west", hostname="gpu-node-a1"}', "3s")
+    wait_silent(hub.url, f'DCGM_FI_DEV_GPU_TEMP{{cluster="east", Hostname="{H100_B}", '
+                         'gpu="7"}', "3s")
 
     for db in dbs:
         env = {"GPUFLEET_HUB_URL": hub.url, "GPUFLEET_DB": db}

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from hub import inventory as inv
+from hub.common import InputError
 from hub.inventory import _db
 from tests.support.clirun import gpufleet, gpufleet_json
 from tests.support.httpstub import Request, Response, StubServer, json_response
@@ -47,14 +48,27 @@ def test_a_cluster_label_no_series_carries_fails_the_sync_and_writes_nothing(syn
     assert runs[0]["status"] == "failed" and "'clustr'" in runs[0]["error"]
 
 
-def test_series_of_which_only_some_carry_the_label_fail_too():
+def test_series_of_which_only_some_carry_the_label_are_left_out_and_named():
     from hub import store
     from hub.inventory._normalize import FleetBuilder
+    from hub.inventory._sync import check_labelled
 
-    rows = [{"metric": {"cluster": "east", "UUID": "a"}}, {"metric": {"UUID": "b"}},
-            {"metric": {"cluster": "", "UUID": "c"}}]
-    query = next(q for q in store.sync_queries("10m", "1m", "cluster") if q.kind != "timestamp")
-    assert FleetBuilder("cluster").add(query, rows) == (3, 2)  # rows, and those lacking it
+    rows = [{"metric": {"cluster": "east", "UUID": "a"}},
+            {"metric": {"UUID": "b", "Hostname": "n1", "team": "west"}},
+            {"metric": {"cluster": "", "UUID": "c", "Hostname": "n2"}}]
+    query = next(q for q in store.sync_queries("10m", "1m", "cluster") if q.kind == "values")
+    builder = FleetBuilder("cluster")
+    assert builder.add(query, rows) == (3, 2)  # rows, and those lacking it
+    note = check_labelled(builder, "cluster")
+    assert [o.uuid for o in builder.observations()] == ["a"]
+    assert note == ("unlabelled_series: 2 GPU series lack label 'cluster' and were left out "
+                    "of the sync (they carry: Hostname, UUID, cluster, team; hosts: n1, n2); "
+                    "fix the external labels of the spoke that pushes them")
+    only_bad = FleetBuilder("cluster")
+    only_bad.add(query, rows[1:])
+    with pytest.raises(InputError) as err:
+        check_labelled(only_bad, "cluster")
+    assert err.value.exit_code == 2
     err = inv.missing_label_error("cluster", 2, 3, ["UUID", "instance"])
     assert err.exit_code == 2
     assert err.format_message().startswith("2 of 3 GPU series lack label 'cluster'; "

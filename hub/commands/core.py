@@ -45,7 +45,11 @@ def hub_client(opts: dict[str, Any]) -> HubClient:
     try:
         timeout = parse_duration(opts.get("hub_timeout") or "60s")
     except ValueError as exc:
-        raise InputError(f"--timeout: {exc}") from None
+        raise InputError(f"--read-timeout: {exc}") from None
+    try:
+        connect_timeout = parse_duration(opts.get("hub_connect_timeout") or "5s")
+    except ValueError as exc:
+        raise InputError(f"--connect-timeout: {exc}") from None
     from hub.store import HubClient, HubSettings  # requests loads only for hub commands
 
     return HubClient.from_settings(HubSettings(
@@ -56,6 +60,7 @@ def hub_client(opts: dict[str, Any]) -> HubClient:
         key_file=opts.get("key_file"),
         insecure_skip_verify=bool(opts.get("insecure_skip_verify")),
         timeout=timeout,
+        connect_timeout=connect_timeout,
     ))
 
 
@@ -166,7 +171,9 @@ def query(expr: str, range_: float | None, step: float, output: str, **opts: Any
       gpufleet query 'count by (cluster) (DCGM_FI_DEV_GPU_UTIL)'
       gpufleet query 'avg(DCGM_FI_DEV_GPU_UTIL)' --range 1h --step 5m -o csv
 
-    A PromQL error prints the store's message and exits 2; an unreachable hub exits 3.
+    ``--range`` with ``-o csv`` writes prometheus-api-client's MetricRangeDataFrame (one row
+    per sample: labels, time, value), the frame hub.store.prometheus_connect() gives a
+    notebook. A PromQL error prints the store's message and exits 2; an unreachable hub exits 3.
     """
     if (range_ is not None and range_ <= 0) or step <= 0:
         raise InputError("--range and --step must be greater than 0")
@@ -182,6 +189,12 @@ def query(expr: str, range_: float | None, step: float, output: str, **opts: Any
                            "in the allowlist?)", err=True)
     for warning in res.warnings:
         click.echo(f"warning: hub returned a partial response: {warning}", err=True)
+    if range_ and output == "csv" and res.result_type == "matrix":
+        # prometheus-api-client's DataFrame, as a notebook would get it (store.range_frame)
+        from hub.store import range_frame
+
+        click.echo(range_frame(res.result).to_csv(index=False, lineterminator="\n"), nl=False)
+        return
     series = _series(res.result_type, res.result)
     if output == "json":
         click.echo(to_json(series))

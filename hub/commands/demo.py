@@ -1,4 +1,4 @@
-"""`gpufleet demo`: a local multi-cluster fleet, end to end (see hub/demo.py)."""
+"""`gpufleet demo`: a local multi-cluster fleet, end to end (see hub/devstack/_demo.py)."""
 
 from __future__ import annotations
 
@@ -37,12 +37,12 @@ def demo(clusters: int, nodes: int, gpus_per_node: int, workdir: Path, keep_runn
     cluster goes silent partway, so the report shows a stale cluster. Every process it
     starts is stopped at the end or on Ctrl-C.
     """
-    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
     from hub import devstack
+    from hub.common import console as make_console
 
-    console = Console(stderr=True, highlight=False)
+    console = make_console(stderr=True)
     bars: dict[str, Any] = {}
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         console=console, transient=True)

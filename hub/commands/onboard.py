@@ -1,7 +1,7 @@
 """``gpufleet spoke render`` and ``gpufleet policy render|apply|status``: joining the fleet.
 
-Thin click layer: options in, :mod:`hub.render` / :mod:`hub.acm` do the work. Choice-like
-options are plain strings checked by ``hub.render`` so that a wrong value gets the same one-line
+Thin click layer: options in, :mod:`hub.onboard` (rendering and ACM) does the work. Choice-like
+options are plain strings checked by ``hub.onboard`` so that a wrong value gets the same one-line
 error (exit 2) as every other input error, and ``--out`` is checked there too.
 """
 

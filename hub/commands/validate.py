@@ -1,5 +1,5 @@
-"""`reconcile`, `report` and `alerts render`: thin click wrappers over hub.reconcile,
-hub.checks, hub.report and hub.alerts.
+"""`reconcile`, `report` and `alerts render`: thin click wrappers over hub.validate
+(reconcile, checks, report and alerts).
 
 The commands gather plain data through the project's doors (the inventory database, the hub
 client, the Kubernetes client) and hand it to pure functions; exit 1 means "ran and found

@@ -46,6 +46,8 @@ from hub.common._options import (
     window_option,
 )
 from hub.common._output import (
+    NO_WRAP,
+    console,
     emit,
     iso,
     output_option,
@@ -68,6 +70,7 @@ __all__ = [
     "CONFIG_ENV",
     "DURATION",
     "EXIT_FINDINGS",
+    "NO_WRAP",
     "QUERY_CONCURRENCY",
     "REDACTED",
     "BackgroundHTTPServer",
@@ -79,6 +82,7 @@ __all__ = [
     "UnavailableError",
     "capacity_chart",
     "cluster_label_option",
+    "console",
     "db_option",
     "emit",
     "env",

@@ -35,15 +35,26 @@ def _config_path(args: list[str], parent: click.Context | None) -> str | None:
     return os.environ.get(CONFIG_ENV) or None
 
 
-def _all_option_names(command: click.Command) -> set[str]:
-    names: set[str] = set()
+def _long_names(command: click.Command) -> dict[str, str]:
+    """Each long option name (``read_timeout``, ``timeout``) -> the parameter it sets: an
+    option's destination may differ from its names (``--read-timeout/--timeout`` set
+    ``hub_timeout``), and a config key is a long option name."""
+    out: dict[str, str] = {}
     for param in command.params:
-        names.add(param.name or "")
+        for opt in getattr(param, "opts", []):
+            if opt.startswith("--"):
+                out[opt[2:].replace("-", "_")] = param.name or ""
+        out.setdefault(param.name or "", param.name or "")
+    return out
+
+
+def _all_option_names(command: click.Command) -> dict[str, str]:
+    names = _long_names(command)
     if isinstance(command, click.Group):
         for name in command.list_commands(click.Context(command)):
             sub = command.get_command(click.Context(command), name)
             if sub is not None:
-                names |= _all_option_names(sub)
+                names = {**_all_option_names(sub), **names}
     return names
 
 
@@ -72,16 +83,16 @@ def load_config(path: str, root: click.Command,
         raise InputError(f"config file {path} is not valid YAML{where}") from None
     if not isinstance(data, dict):
         raise InputError(f"config file {path} must be a mapping of option names to values")
-    own = {param.name or "" for param in command.params} if command is not None else set()
-    known: set[str] | None = None
+    own = _long_names(command) if command is not None else {}
+    known: dict[str, str] | None = None
     values: dict[str, Any] = {}
     for key, value in data.items():
         name = str(key).lstrip("-").replace("-", "_")
         if name not in own and known is None:
             known = _all_option_names(root)
-        if name == "config" or (name not in own and name not in (known or set())):
+        if name == "config" or (name not in own and name not in (known or {})):
             raise InputError(f"config file {path}: unknown option {key!r}")
-        values[name] = value
+        values[own.get(name) or (known or {}).get(name) or name] = value
     return values
 
 

@@ -43,8 +43,15 @@ hub_options = _stack(
                  help="Private key of the client certificate."),
     click.option("--insecure-skip-verify", envvar=env("insecure-skip-verify"), is_flag=True,
                  default=False, help="Do not verify the hub's TLS certificate (testing only)."),
-    click.option("--timeout", "hub_timeout", envvar=env("timeout"), default="60s",
-                 show_default=True, metavar="DURATION", help="Timeout of one hub request."),
+    click.option("--connect-timeout", "hub_connect_timeout", envvar=env("connect-timeout"),
+                 default="5s", show_default=True, metavar="DURATION",
+                 help="How long to wait for the hub to accept a connection: a dead hub fails "
+                      "fast."),
+    click.option("--read-timeout", "--timeout", "hub_timeout",
+                 envvar=[env("read-timeout"), env("timeout")], default="60s", show_default=True,
+                 metavar="DURATION",
+                 help="How long one hub answer may take once connected (a 100,000-GPU query "
+                      "takes seconds); --timeout is its older name."),
 )
 
 LABEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

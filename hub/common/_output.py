@@ -76,17 +76,37 @@ def cell(column: str, value: Any) -> str:
     return str(_plain(value))
 
 
-def terminal_width() -> int:
-    """The terminal's width ($COLUMNS first); 220 when not on a terminal (files, pipes)."""
+#: the width of output that is not a terminal (a pipe, a file, a CI log): no line is ever
+#: wrapped or a table turned into records for want of room; `less -S`, a log viewer or the
+#: next program decides how to show long lines
+NO_WRAP = 1 << 16
+
+
+def terminal_width(stream: Any = None) -> int:
+    """The width to lay out for: $COLUMNS first; the terminal's when ``stream`` (stdout by
+    default) is one; NO_WRAP when it is not, so piped output keeps whole lines."""
     import os
     import shutil
     import sys
 
     if os.environ.get("COLUMNS", "").isdigit():
         return int(os.environ["COLUMNS"])
-    if not sys.stdout.isatty():
-        return 220
+    stream = sys.stdout if stream is None else stream
+    if not (hasattr(stream, "isatty") and stream.isatty()):
+        return NO_WRAP
     return shutil.get_terminal_size((220, 24)).columns
+
+
+def console(*, stderr: bool = False):  # -> rich.console.Console
+    """A rich Console for progress and messages that never hard-wraps: rich's own default
+    is 80 columns on anything that is not a terminal, which cut the demo's lines in a log."""
+    import sys
+
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr, highlight=False, soft_wrap=True,
+                   width=min(terminal_width(stream), NO_WRAP))
 
 
 def to_table(rows: Sequence[dict[str, Any]], columns: Sequence[str],

@@ -30,12 +30,11 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
 
-import cramjam
 import requests
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from prometheus_client.parser import text_string_to_metric_families
 
-from hub.common import BackgroundHTTPServer
+from hub.common import BackgroundHTTPServer, UnavailableError
 
 #: ACM's defaults: metrics-collector interval, and Thanos Query's look-back (twice the interval).
 ACM_PUSH_INTERVAL = 300.0
@@ -104,6 +103,17 @@ def encode_write_request(series: Iterable[tuple[Mapping[str, str], float, int]])
 Source = Callable[[], str] | str  # exporter text, a function giving it, or an exporter's URL
 
 
+def _snappy(data: bytes) -> bytes:
+    """Raw snappy, as remote-write wants it. cramjam is the demo's dependency only (the
+    ``demo`` extra): a hub or exporter install does not carry it."""
+    try:
+        import cramjam
+    except ImportError:
+        raise UnavailableError("the demo's ACM emulator needs cramjam: "
+                               "pip install 'gpufleet[demo]'") from None
+    return bytes(cramjam.snappy.compress_raw(data))
+
+
 @dataclass
 class MetricsCollector:
     """ACM's metrics-collector in miniature: every ``interval`` seconds it reads each source
@@ -162,7 +172,7 @@ class MetricsCollector:
     def push_once(self) -> int:
         series, answered = self.collect()
         if series:
-            body = cramjam.snappy.compress_raw(encode_write_request(series))
+            body = _snappy(encode_write_request(series))
             r = self._session.post(
                 f"{self.hub_url}/api/v1/write", data=bytes(body), timeout=10,
                 headers={"Content-Encoding": "snappy",

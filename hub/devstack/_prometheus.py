@@ -28,9 +28,28 @@ from hub.common import UnavailableError
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port that no other process is handed before our server binds it.
+
+    Bound, listened on, connected to and closed from the accepting side, the port sits in
+    TIME_WAIT: the kernel gives it to no other ``bind(port 0)`` meanwhile (the race four test
+    workers hit when a port was merely bound and closed), while the servers we start on it
+    all set SO_REUSEADDR (Go's net.Listen, PostgreSQL, Python's socketserver, uvicorn) and
+    bind it at once. PrometheusProcess also retries on another port if the bind still fails.
+    """
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        port = server.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            accepted, _ = server.accept()
+            accepted.close()  # the accepting side closes first: its port goes to TIME_WAIT
+    return port
+
+
+#: how often a server on a port of free_port() is started again on another when the bind
+#: fails all the same (another program chose the port explicitly)
+PORT_ATTEMPTS = 3
 
 
 def require_binary(name: str) -> str:
@@ -51,6 +70,7 @@ class PrometheusProcess:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
+        self._own_port = port is None  # ours to change if the bind fails (see start)
         self.agent = agent
         self.config_path = self.workdir / "prometheus.yml"
         self.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -66,6 +86,21 @@ class PrometheusProcess:
         return f"{self.scheme}://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 30.0) -> PrometheusProcess:
+        """Start and wait until ready; on a port that turned out taken, again on another."""
+        for attempt in range(PORT_ATTEMPTS):
+            logged = self.log_path.stat().st_size if self.log_path.exists() else 0
+            try:
+                return self._start_once(timeout)
+            except UnavailableError:
+                with self.log_path.open("rb") as log:
+                    log.seek(logged)
+                    taken = b"address already in use" in log.read()
+                if not (taken and self._own_port and attempt + 1 < PORT_ATTEMPTS):
+                    raise
+                self.port = free_port()
+        raise AssertionError("unreachable")
+
+    def _start_once(self, timeout: float) -> PrometheusProcess:
         binary = require_binary("prometheus")
         data = self.workdir / ("wal" if self.agent else "data")
         args = [

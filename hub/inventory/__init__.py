@@ -39,6 +39,7 @@ from hub.inventory._db import (
 )
 from hub.inventory._db import _batches as batches
 from hub.inventory._db import _insert as upsert_statement
+from hub.inventory._frames import inventory_frame
 from hub.inventory._health import FATAL_XIDS, HW_SLOWDOWN
 from hub.inventory._health import LEVELS as HEALTH_LEVELS
 from hub.inventory._migrate import (
@@ -46,6 +47,7 @@ from hub.inventory._migrate import (
     ensure_schema,
     upgrade,
 )
+from hub.inventory._normalize import UNLABELLED_SERIES
 from hub.inventory._prune import PRUNE_COLUMNS, PruneResult, prune
 from hub.inventory._reconcile_runs import (
     reconcile_claims,
@@ -91,6 +93,7 @@ __all__ = [
     "PRUNE_COLUMNS",
     "ROLLUP_IDLE_THRESHOLD",
     "STALE",
+    "UNLABELLED_SERIES",
     "USAGE_COLUMNS",
     "LockHeld",
     "PruneResult",
@@ -108,6 +111,7 @@ __all__ = [
     "gpu_item",
     "gpu_rows",
     "gpus",
+    "inventory_frame",
     "list_allocations",
     "list_clusters",
     "list_events",

@@ -55,7 +55,7 @@ class Observation:
     health: str | None = None
     health_reasons: str | None = None
     #: the neutral health fields behind ``health`` (kept to judge a slice-only GPU's parent)
-    health_values: dict[str, float] = field(default_factory=dict)
+    health_values: dict[str, float] = field(default_factory=lambda: _NO_HEALTH_VALUES)
 
     @property
     def is_slice(self) -> bool:
@@ -70,6 +70,10 @@ class Observation:
 
 
 _UNSEEN = object()
+
+#: the health values of the many GPUs that report none: one shared, never written, dict
+#: rather than 64 bytes each at 100,000 GPUs (read only: inventory._health.merge, the DB)
+_NO_HEALTH_VALUES: dict[str, float] = {}
 
 #: what most GPUs' ``allocations`` is: one shared empty set, not 200 bytes each
 _NO_ALLOCATIONS: frozenset[Allocation] = frozenset()
@@ -128,6 +132,53 @@ class _Series:
         self.more: _Series | None = None  # the GPU's next series (a chain, rarely long)
 
 
+#: how many names of unlabelled series' hosts a report line lists before "and N more"
+UNLABELLED_HOSTS_SHOWN = 10
+
+
+class Unlabelled:
+    """What a sync saw of GPU series without the cluster label: how many GPUs (and MIG
+    slices), which labels they do carry, and which hosts they come from. Enough for an
+    operator to find the one spoke whose agent lost its external label."""
+
+    __slots__ = ("gpus", "hosts", "labels")
+
+    def __init__(self) -> None:
+        self.gpus: set[tuple[str, str, str, str | None, str | None]] = set()
+        self.labels: set[str] = set()
+        self.hosts: set[str] = set()
+
+    def add(self, profile: VendorProfile, labels: Mapping[str, str],
+            cluster_label: str) -> None:
+        found = profile.identity(labels, cluster_label)
+        if found is None:
+            return
+        self.gpus.add((profile.vendor, found.node, found.uuid, found.mig_profile,
+                       found.mig_instance))
+        self.labels.update(k for k in labels if k != "__name__")
+        if found.node:
+            self.hosts.add(found.node)
+
+    def __bool__(self) -> bool:
+        return bool(self.gpus)
+
+    def describe(self, cluster_label: str) -> str:
+        """One line: ``unlabelled_series: 3 GPU series lack label 'cluster' (they carry: ...;
+        hosts: a, b)``; the report's finding and the sync run's note."""
+        hosts = sorted(self.hosts)
+        shown = ", ".join(hosts[:UNLABELLED_HOSTS_SHOWN]) or "none named"
+        if len(hosts) > UNLABELLED_HOSTS_SHOWN:
+            shown += f" and {len(hosts) - UNLABELLED_HOSTS_SHOWN} more"
+        return (f"{UNLABELLED_SERIES}: {len(self.gpus)} GPU series lack label "
+                f"{cluster_label!r} and were left out of the sync (they carry: "
+                f"{', '.join(sorted(self.labels))}; hosts: {shown}); fix the external "
+                "labels of the spoke that pushes them")
+
+
+#: The check name of the finding (and the sync run's note) about series without the label.
+UNLABELLED_SERIES = "unlabelled_series"
+
+
 class FleetBuilder:
     """Accumulates query results of one sync into observations.
 
@@ -145,9 +196,12 @@ class FleetBuilder:
         self._series: dict[int, _Series | None] = {}
         #: sample times of series no value row has named yet (the answers race)
         self._early: dict[int, float] = {}
-        #: keys of series without the cluster label: a GPU filed without its cluster would
-        #: sit under a cluster named '' and look healthy, so the sync refuses on any
-        self._unlabelled: set[int] = set()
+        #: series without the cluster label: left out of the sync (a GPU filed without its
+        #: cluster would sit under a cluster named '' and look healthy) and described here
+        self.unlabelled = Unlabelled()
+        self._left_out: set[int] = set()  # their series keys
+        #: set by the sync once every answer is in: Unlabelled.describe, or None
+        self.labelled_note: str | None = None
 
     # -- feeding ----------------------------------------------------------------------------
     def add(self, query: Query, rows: Iterable[Row]) -> tuple[int, int]:
@@ -166,15 +220,19 @@ class FleetBuilder:
     def add_keyed(self, query: Query, rows: Iterable[tuple[str, str, str]]) -> tuple[int, int]:
         """Rows of a streamed answer as (labels JSON, time, value) (StreamedRows.keyed): the
         labels text is the series key, decoded only for a series not seen before. Returns
-        how many rows came and how many lacked the cluster label."""
-        return self._fold(store.profile(query.vendor), query.field,
-                          query.kind == "timestamp", rows)
+        how many rows came and how many lacked the cluster label (left out)."""
+        return self._fold(store.profile(query.vendor), query.field, query.kind == "timestamp",
+                          rows, presence=query.kind == "presence")
 
     def _fold(self, profile: VendorProfile, fld: str | None, stamps: bool,
-              rows: Iterable[tuple[str, str, str]]) -> tuple[int, int]:
+              rows: Iterable[tuple[str, str, str]], presence: bool = False) -> tuple[int, int]:
+        """Fold rows into their series. A presence row's value is its newest sample's time
+        (the presence query's answer), and it makes its GPU like a value row does."""
         slot = _SLOT[fld] if fld else None
+        makes = slot is not None or presence
         convert = profile.convert
-        known, early, unlabelled = self._series, self._early, self._unlabelled
+        known, early, unlabelled = self._series, self._early, self.unlabelled
+        left_out = self._left_out
         count = missing = 0
         for text, ts, raw in rows:
             count += 1
@@ -183,27 +241,35 @@ class FleetBuilder:
             if series is _UNSEEN:
                 labels = json.loads(text)
                 if not labels.get(self.cluster_label):
-                    unlabelled.add(key)
-                if slot is None:  # a time alone makes no GPU
-                    missing += key in unlabelled
+                    missing += 1
+                    unlabelled.add(profile, labels, self.cluster_label)
+                    left_out.add(key)
+                    known[key] = None  # left out: never a GPU of this sync
+                    early.pop(key, None)
+                    continue
+                if not makes:  # a time alone makes no GPU
                     t = _float(ts)
                     if t > early.get(key, -math.inf):
                         early[key] = t
                     continue
                 series = known[key] = self._new_series(profile, labels, key)
-            if key in unlabelled:
-                missing += 1
             if series is None:
+                missing += key in left_out
                 continue
             if slot is not None:
                 value = _float(raw)
                 if value == value:
                     series.vals[slot] = convert(fld, value)  # type: ignore[arg-type]
-            if stamps:
-                t = _float(ts)
+            if stamps or presence:
+                t = _float(raw if presence else ts)
                 if t == t and not t <= series.vals[_AT]:  # no time yet is NaN
                     series.vals[_AT] = t
         return count, missing
+
+    @property
+    def gpu_count(self) -> int:
+        """GPUs and slices (carrying the cluster label) seen so far."""
+        return len(self._gpus)
 
     def _new_series(self, profile: VendorProfile, labels: Mapping[str, str],
                     key: int) -> _Series | None:
@@ -234,6 +300,7 @@ class FleetBuilder:
         physical: dict[Identity, Observation] = {}
         self._series.clear()  # only needed while answers arrive
         self._early.clear()
+        self._left_out.clear()
         while self._gpus:  # each GPU's records go as its observation is made (memory)
             ident, first = self._gpus.popitem()
             obs = self._observation(ident, first)
@@ -310,7 +377,7 @@ _HEALTH_FIELDS = frozenset(f for p in store.PROFILES for f in p.health_fields)
 
 
 def _apply_health(obs: Observation, values: dict[str, float]) -> None:
-    obs.health_values = values
+    obs.health_values = values or _NO_HEALTH_VALUES
     obs.health, obs.health_reasons = health.assess(values)
 
 

@@ -37,7 +37,8 @@ class SyncResult:
     clusters: int
     nodes: int
     gpus: int
-    note: str | None = None  # e.g. NO_GPU_SERIES: ok, but worth a reader's attention
+    #: NO_GPU_SERIES or the unlabelled_series line: ok, but worth a reader's attention
+    note: str | None = None
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -62,17 +63,6 @@ def missing_label_error(cluster_label: str, missing: int, total: int,
     return InputError(f"{head}{they} (check --cluster-label); inventory left unchanged")
 
 
-def _carried_labels(client: HubClient, query: store.Query, at: float) -> list[str]:
-    """Label names one raw GPU series carries (only asked on the failure path)."""
-    series = query.promql if query.kind == "values" else f"last_over_time({query.promql})"
-    try:
-        res = client.query(f"topk(1, {series})", time=at)
-    except GpufleetError:
-        return []
-    names = {k for row in res.result for k in row.get("metric", {}) if k != "__name__"}
-    return sorted(names)
-
-
 def subquery_step(window: float) -> float:
     """Resolution of the look-back subquery: fine enough for short test windows, never
     coarser than a minute (well inside Prometheus's 5 min look-back, so no sample is missed)."""
@@ -90,23 +80,33 @@ def _fetch(client: HubClient, query: store.Query, at: float) -> tuple[store.Quer
     return query, ask(query.promql, time=at, stream=True)
 
 
-def _fold(builder: FleetBuilder, client: HubClient, query: store.Query, res: QueryResult,
-          cluster_label: str, at: float) -> None:
-    """Fold one answer (decoded row by row as it is folded); a partial one fails the sync,
-    and so does one whose GPU series lack the cluster label (checked on every row)."""
+def _fold(builder: FleetBuilder, client: HubClient, query: store.Query,
+          res: QueryResult) -> None:
+    """Fold one answer (decoded row by row as it is folded); a partial one fails the sync.
+    Series without the cluster label are left out as they come (FleetBuilder.unlabelled)."""
     if isinstance(res.result, store.StreamedRows):
-        rows, missing = builder.add_keyed(query, res.result.keyed())
+        builder.add_keyed(query, res.result.keyed())
     else:  # an answer without a result array to stream (no rows)
-        rows, missing = builder.add(query, res.result)
+        builder.add(query, res.result)
     warnings = res.warnings or getattr(res.result, "warnings", [])
     if warnings:
         raise store.PartialResponse(
             f"hub {client.safe_url} returned a partial response ({warnings[0]}); "
             "inventory left unchanged"
         )
-    if missing:
-        raise missing_label_error(cluster_label, missing, rows,
-                                  _carried_labels(client, query, at))
+
+
+def check_labelled(builder: FleetBuilder, cluster_label: str) -> str | None:
+    """Exit 2 when GPU series came and none carries the cluster label (a typo'd
+    ``--cluster-label``); when only some lack it (one spoke's agent without its external
+    label), the others are synced and the returned note names what was left out."""
+    left_out = builder.unlabelled
+    if not left_out:
+        return None
+    if builder.gpu_count == 0:
+        n = len(left_out.gpus)
+        raise missing_label_error(cluster_label, n, n, sorted(left_out.labels))
+    return left_out.describe(cluster_label)
 
 
 def collect(client: HubClient, *, stale_after: float, cluster_label: str,
@@ -114,7 +114,8 @@ def collect(client: HubClient, *, stale_after: float, cluster_label: str,
             concurrency: int = DEFAULT_QUERY_CONCURRENCY) -> FleetBuilder:
     """Fetch and fold every sync query, at most ``concurrency`` in flight; raises on the
     first failure. Each answer is folded and dropped as it arrives, so memory holds at most
-    ``concurrency`` responses, whatever the request count."""
+    ``concurrency`` responses, whatever the request count. Raises the missing-label error
+    when no GPU series carries ``cluster_label`` (see check_labelled)."""
     at = time.time() if at is None else at
     builder = FleetBuilder(cluster_label)
     window, step = format_duration(stale_after), format_duration(subquery_step(stale_after))
@@ -128,13 +129,14 @@ def collect(client: HubClient, *, stale_after: float, cluster_label: str,
                 done, pending = wait(pending, return_when=FIRST_COMPLETED)
                 for future in done:
                     query, res = future.result()
-                    _fold(builder, client, query, res, cluster_label, at)
+                    _fold(builder, client, query, res)
                     del res
                     for q in itertools.islice(queries, 1):
                         pending.add(pool.submit(_fetch, client, q, at))
         finally:
             for future in pending:
                 future.cancel()
+    builder.labelled_note = check_labelled(builder, cluster_label)
     return builder
 
 
@@ -160,7 +162,7 @@ def run_sync(engine: Engine, client: HubClient, *, stale_after: float = 600.0,
         with inventory.locked_transaction(engine, lock_timeout) as conn:
             now = inventory.now_utc()
             counts = inventory.apply_observations(conn, builder.observations(), now)
-            note = NO_GPU_SERIES if counts["gpus"] == 0 else None
+            note = NO_GPU_SERIES if counts["gpus"] == 0 else builder.labelled_note
             inventory.record_run(conn, started_at=started, status="ok", requests=requests,
                                  counts=counts, error=note)
         del builder

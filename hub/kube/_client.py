@@ -2,7 +2,7 @@
 
 Everything gpufleet asks of a Kubernetes API server (the ACM hub's policies here, node capacity
 elsewhere) goes through the official ``kubernetes`` client built by :func:`api_client`, and every
-failure comes out of :func:`translate` as a one-line :class:`~hub.errors.GpufleetError` with the
+failure comes out of :func:`translate` as a one-line :class:`~hub.common.GpufleetError` with the
 documented exit code. Nothing here prints tokens or kubeconfig contents: messages name the
 kubeconfig file, the context and the API host, never credentials.
 

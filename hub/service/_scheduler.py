@@ -1,4 +1,4 @@
-"""``gpufleet serve``: sync on a schedule, keep its health, serve it (see hub.api).
+"""``gpufleet serve``: sync on a schedule, keep its health, serve it (see hub/service/_api.py).
 
 The schedule is a plain object, :class:`Scheduler`, over plain callables (:class:`Jobs`): the
 sync, the jobs that follow a successful sync (reconcile) and the findings provider (report

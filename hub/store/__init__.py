@@ -15,6 +15,8 @@ if TYPE_CHECKING:
         PartialResponse,
         QueryResult,
         StreamedRows,
+        prometheus_connect,
+        range_frame,
     )
 from hub.store._vendors import (
     CLOCKS_EVENT_REASONS,
@@ -50,6 +52,7 @@ from hub.store._vendors import (
     allowlist_metrics,
     compute_slices,
     is_exporter_pod,
+    labelled_matcher,
     labelled_probe,
     mig_share,
     profile,
@@ -98,9 +101,12 @@ __all__ = [
     "allowlist_metrics",
     "compute_slices",
     "is_exporter_pod",
+    "labelled_matcher",
     "labelled_probe",
     "mig_share",
     "profile",
+    "prometheus_connect",
+    "range_frame",
     "sync_queries",
     "usage_convert",
     "usage_queries",
@@ -109,7 +115,7 @@ __all__ = [
 #: The HTTP client's names load with it (requests, urllib3) on first use: commands that only
 #: read the database (`usage`, `inventory list`) start without them.
 _CLIENT = {"NO_PARTIAL_RESPONSE", "HubClient", "HubSettings", "PartialResponse", "QueryResult",
-           "StreamedRows"}
+           "StreamedRows", "prometheus_connect", "range_frame"}
 
 
 def __getattr__(name: str) -> Any:

@@ -155,7 +155,11 @@ class HubSettings:
     cert_file: str | None = None
     key_file: str | None = None
     insecure_skip_verify: bool = False
+    #: read timeout: how long one answer may take once connected (--read-timeout)
     timeout: float = 60.0
+    #: how long the hub may take to accept a connection (--connect-timeout): a hub that is
+    #: down or firewalled costs this, not a whole read timeout
+    connect_timeout: float = 5.0
 
     def validate(self) -> None:
         if not self.url:
@@ -166,7 +170,10 @@ class HubSettings:
         except ValueError as exc:
             raise InputError(f"invalid hub URL (--hub-url): {exc}") from None
         if not self.timeout > 0:
-            raise InputError(f"--timeout must be greater than 0 (got {self.timeout:g}s)")
+            raise InputError(f"--read-timeout must be greater than 0 (got {self.timeout:g}s)")
+        if not self.connect_timeout > 0:
+            raise InputError("--connect-timeout must be greater than 0 "
+                             f"(got {self.connect_timeout:g}s)")
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise InputError(f"invalid hub URL {redact_url(self.url)!r}: expected http(s)://host[:port]")
         if bool(self.cert_file) != bool(self.key_file):
@@ -233,10 +240,11 @@ class HubClient:
     """Prometheus-API client for the hub store (Prometheus, Thanos Query, ACM query proxy)."""
 
     def __init__(self, url: str, *, session: requests.Session | None = None,
-                 timeout: float = 60.0) -> None:
+                 timeout: float = 60.0, connect_timeout: float = 5.0) -> None:
         self.url = url.rstrip("/")
         self.session = session or requests.Session()
         self.timeout = timeout
+        self.connect_timeout = connect_timeout
         #: number of HTTP requests made: a sync records it, and it must not grow with the fleet
         self.requests = 0
         self._count_lock = threading.Lock()  # a sync asks from several threads
@@ -244,7 +252,8 @@ class HubClient:
     @classmethod
     def from_settings(cls, settings: HubSettings) -> HubClient:
         settings.validate()
-        return cls(settings.url, session=build_session(settings), timeout=settings.timeout)
+        return cls(settings.url, session=build_session(settings), timeout=settings.timeout,
+                   connect_timeout=settings.connect_timeout)
 
     @property
     def safe_url(self) -> str:
@@ -290,13 +299,16 @@ class HubClient:
         return self._post("/api/v1/query_range", data)
 
     def prometheus_connect(self):  # -> prometheus_api_client.PrometheusConnect
-        """prometheus-api-client on the same session, for DataFrame-based reporting.
+        """prometheus-api-client on the same session (token, CA, client certificate) and
+        timeouts, for interactive PromQL and DataFrames (``gpufleet query``, notebooks).
 
-        Pass ``params=NO_PARTIAL_RESPONSE`` to its queries: it does not send it by itself.
+        Pass ``params=NO_PARTIAL_RESPONSE`` to its queries: it does not send it by itself,
+        and it drops Thanos warnings, so the sync never goes through it.
         """
         from prometheus_api_client import PrometheusConnect
 
-        return PrometheusConnect(self.url, session=self.session, disable_ssl=False)
+        return PrometheusConnect(self.url, session=self.session, disable_ssl=False,
+                                 timeout=(self.connect_timeout, self.timeout))  # type: ignore[arg-type]
 
     # -- transport ------------------------------------------------------------------------
     def _post(self, path: str, data: dict[str, Any],
@@ -314,12 +326,18 @@ class HubClient:
         try:
             # verify/cert per request: requests lets REQUESTS_CA_BUNDLE in the environment
             # override a session's own `verify`, which would silently ignore --ca-file.
-            resp = self.session.post(self.url + path, data=data, timeout=self.timeout,
+            resp = self.session.post(self.url + path, data=data,
+                                     timeout=(self.connect_timeout, self.timeout),
                                      verify=self.session.verify, cert=self.session.cert,
                                      stream=stream)
+        except requests.ConnectTimeout:
+            raise HubUnavailable(
+                f"hub {self.safe_url} did not accept a connection within "
+                f"{self.connect_timeout:g}s (--connect-timeout)"
+            ) from None
         except requests.Timeout:
             raise HubUnavailable(
-                f"hub {self.safe_url} did not answer within {self.timeout:g}s"
+                f"hub {self.safe_url} did not answer within {self.timeout:g}s (--read-timeout)"
             ) from None
         except requests.exceptions.SSLError as exc:
             raise HubUnavailable(
@@ -394,6 +412,55 @@ class HubClient:
                 break
         head += "".join(chunks)  # no result array (an error, a scalar): small, read it whole
         return json.loads(rewrite(head) if rewrite else head), None
+
+
+def prometheus_connect(hub_url: str | None = None, *, token_file: str | None = None,
+                       ca_file: str | None = None, cert_file: str | None = None,
+                       key_file: str | None = None, insecure_skip_verify: bool | None = None,
+                       connect_timeout: float = 5.0, read_timeout: float = 60.0):
+    """A prometheus-api-client ``PrometheusConnect`` to the hub with gpufleet's hub auth: the
+    notebook door to the same store ``gpufleet query`` asks.
+
+    Each argument left out comes from the environment the CLI reads (``GPUFLEET_HUB_URL``,
+    ``GPUFLEET_TOKEN_FILE`` or ``GPUFLEET_TOKEN``, ``GPUFLEET_CA_FILE``,
+    ``GPUFLEET_CERT_FILE`` / ``GPUFLEET_KEY_FILE``, ``GPUFLEET_INSECURE_SKIP_VERIFY``), so a
+    notebook started beside a configured CLI needs no arguments. Bad settings raise the CLI's
+    one-line InputError; the token is re-read when its file changes and never printed::
+
+        from hub.store import prometheus_connect
+        prom = prometheus_connect()
+        prom.custom_query("count by (cluster) (DCGM_FI_DEV_GPU_UTIL)")
+    """
+    def pick(value: Any, name: str) -> Any:
+        return value if value is not None else (os.environ.get(f"GPUFLEET_{name}") or None)
+
+    insecure = pick(insecure_skip_verify, "INSECURE_SKIP_VERIFY")
+    settings = HubSettings(
+        url=pick(hub_url, "HUB_URL") or "", token_file=pick(token_file, "TOKEN_FILE"),
+        ca_file=pick(ca_file, "CA_FILE"), cert_file=pick(cert_file, "CERT_FILE"),
+        key_file=pick(key_file, "KEY_FILE"),
+        insecure_skip_verify=insecure if isinstance(insecure, bool)
+        else str(insecure or "").lower() in ("1", "true", "yes", "on"),
+        timeout=read_timeout, connect_timeout=connect_timeout)
+    return HubClient.from_settings(settings).prometheus_connect()
+
+
+def range_frame(result: list[dict[str, Any]]):  # -> pandas.DataFrame
+    """A range query's matrix as prometheus-api-client's ``MetricRangeDataFrame``: one row
+    per sample, the labels as columns, ``time`` (ISO 8601, UTC) and a numeric ``value``; what
+    ``gpufleet query --range -o csv`` writes and a notebook analyses further."""
+    import pandas as pd
+    from prometheus_api_client import MetricRangeDataFrame
+
+    if not result:
+        return pd.DataFrame(columns=["time", "value"])
+    with warnings.catch_warnings():  # its own pandas deprecations: not the user's business
+        warnings.simplefilter("ignore")
+        frame = MetricRangeDataFrame(result).reset_index()
+    frame["time"] = frame.pop("timestamp").dt.strftime("%Y-%m-%dT%H:%M:%SZ")
+    labels = sorted(c for c in frame.columns if c not in ("time", "value", "__name__"))
+    name = ["__name__"] if "__name__" in frame.columns else []
+    return frame[[*name, *labels, "time", "value"]]
 
 
 #: how much of an answer may come before its result array (status, resultType: ~60 bytes)

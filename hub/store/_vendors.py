@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from hub.common import parse_duration
+
 # Neutral value fields of an observation.
 UTILISATION = "utilisation_pct"
 MEMORY_USED = "memory_used_mib"
@@ -52,7 +54,7 @@ class Query:
     """One PromQL request of a sync, and which parser reads its result."""
 
     vendor: str
-    kind: str  # "timestamp" | "values"
+    kind: str  # "timestamp" | "values" | "presence"
     promql: str
     #: the neutral field a "values" query fills; for "timestamp", the field its newest
     #: samples' values fill too (when the clock family is that field's only metric)
@@ -80,6 +82,13 @@ class VendorProfile(ABC):
     #: query each, but kept apart so utilisation checks (stuck, zero usage) do not read them
     health_fields: dict[str, list[str]] = {}
     name_prefixes: tuple[str, ...] = ("",)
+    #: device-level metric names of the exporter's whole field list that no value or health
+    #: query reads: a GPU whose exporter sends only these (a trimmed counter set) is found by
+    #: the presence query, with its fields left null (adoption contract N3, N4)
+    presence_metrics: list[str] = []
+    #: labels that carry a GPU's attributes (index, model, driver, ...), kept by the presence
+    #: query beside the id labels so a GPU found only there still has them
+    attribute_labels: list[str] = []
 
     def _names(self, metric: str) -> str:
         """The metric's names over every prefix, as an explicit ``a|b`` list (usage queries)."""
@@ -123,7 +132,34 @@ class VendorProfile(ABC):
         stamps = (f"{self.clock_metric}{{{match}}}[{window}]" if len(self.name_prefixes) == 1
                   else f'{{__name__=~"{names}", {match}}}[{window}]')
         out.append(Query(self.vendor, "timestamp", stamps, clock_field))
+        out.append(self.presence_query(window, step, cluster_label))
         return out
+
+    def presence_query(self, window: str, step: str, cluster_label: str) -> Query:
+        """GPUs that send none of the metrics the other queries read, with their newest
+        sample's time: one request over an explicit list of exact names (no ``__name__``
+        regex), ``max``-ed per GPU, attributes and allocation (the names' extra labels such
+        as ``clock_index`` fold away).
+
+        ``timestamp()`` of a plain selector is its sample's own time. Its instant form sees
+        the store's look-back; the subquery form the whole window (its steps are aligned to
+        multiples of ``step``, so it misses a GPU that first reported after the last step:
+        the instant form has that one). ``> time() - window`` drops what a look-back carried
+        in from before the window. GPUs that send the clock family are left out on the hub
+        (``unless``): they are in the sync already, so at any fleet size the answer holds
+        only the GPUs with a trimmed field set. The value is a time, never a field.
+        """
+        match = self.device_matcher
+        group = _by([cluster_label, *self.id_labels, *self.attribute_labels, *POD_LABELS])
+        ids = _by([cluster_label, *self.id_labels])
+        arms = " or ".join(self._any_name(m, f"timestamp({{}}{{{{{match}}}}})")
+                           for m in self.presence_metrics)
+        newest = f"max by ({group}) ({arms})"
+        clock = self._any_name(self.clock_metric, f"{{}}{{{{{match}}}}}")
+        seconds = f"{parse_duration(window):g}"
+        promql = (f"({newest} or max_over_time(({newest})[{window}:{step}]))"
+                  f" > time() - {seconds} unless on ({ids}) ({clock})")
+        return Query(self.vendor, "presence", promql)
 
     # -- parsing of rows -------------------------------------------------------
     def node(self, labels: Mapping[str, str]) -> str:
@@ -217,6 +253,33 @@ class Nvidia(VendorProfile):
                                "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"],
     }
 
+    attribute_labels = ["gpu", "modelName", "DCGM_FI_DRIVER_VERSION", "pci_bus_id", "serial"]
+    #: dcgm-exporter's default field set (default-counters.csv, 25 fields), its opt-in health
+    #: and profiling fields, less those the value and health queries read
+    presence_metrics = [
+        "DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEM_CLOCK", "DCGM_FI_DEV_MEMORY_TEMP",
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+        "DCGM_FI_DEV_MEM_COPY_UTIL", "DCGM_FI_DEV_ENC_UTIL", "DCGM_FI_DEV_DEC_UTIL",
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "DCGM_FI_DEV_VGPU_LICENSE_STATUS",
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_PROF_DRAM_ACTIVE",
+        "DCGM_FI_PROF_PCIE_TX_BYTES", "DCGM_FI_PROF_PCIE_RX_BYTES",
+        "DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_SM_OCCUPANCY",
+        "DCGM_FI_PROF_PIPE_FP64_ACTIVE", "DCGM_FI_PROF_PIPE_FP32_ACTIVE",
+        "DCGM_FI_PROF_PIPE_FP16_ACTIVE", "DCGM_FI_PROF_NVLINK_TX_BYTES",
+        "DCGM_FI_PROF_NVLINK_RX_BYTES", "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+        "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL", "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+        "DCGM_FI_DEV_RETIRED_SBE", "DCGM_FI_DEV_RETIRED_DBE", "DCGM_FI_DEV_RETIRED_PENDING",
+        "DCGM_FI_DEV_POWER_VIOLATION", "DCGM_FI_DEV_THERMAL_VIOLATION",
+        "DCGM_FI_DEV_SYNC_BOOST_VIOLATION", "DCGM_FI_DEV_BOARD_LIMIT_VIOLATION",
+        "DCGM_FI_DEV_LOW_UTIL_VIOLATION", "DCGM_FI_DEV_RELIABILITY_VIOLATION",
+        "DCGM_FI_DEV_PCIE_TX_THROUGHPUT", "DCGM_FI_DEV_PCIE_RX_THROUGHPUT",
+        "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+        "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+        "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+        "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "DCGM_FI_DEV_FB_TOTAL",
+    ]
+
     def identity(self, labels: Mapping[str, str], cluster_label: str) -> Identity | None:
         uuid = labels.get("UUID")
         if not uuid:
@@ -271,6 +334,28 @@ class Amd(VendorProfile):
         ECC_DBE: ["gpu_ecc_uncorrect_total"],
     }
 
+    attribute_labels = ["card_series", "card_model", "driver_version"]
+    #: device-metrics-exporter's whole field list (every field is on by default), less
+    #: those the value and health queries read and the node-level gpu_nodes_total
+    presence_metrics = [
+        "gpu_average_package_power", "gpu_memory_temperature", "gpu_hbm_temperature",
+        "gpu_umc_activity", "gpu_mma_activity", "gpu_vcn_activity", "gpu_jpeg_activity",
+        "gpu_voltage", "gpu_gfx_voltage", "gpu_memory_voltage", "pcie_speed",
+        "pcie_max_speed", "pcie_bandwidth", "gpu_energy_consumed", "pcie_replay_count",
+        "pcie_recovery_count", "pcie_replay_rollover_count", "pcie_nack_sent_count",
+        "pcie_nack_received_count", "gpu_clock", "gpu_total_visible_vram",
+        "gpu_used_visible_vram", "gpu_free_visible_vram", "gpu_total_gtt", "gpu_used_gtt",
+        "gpu_free_gtt", "gpu_ecc_correct_total",
+        *(f"gpu_ecc_{kind}_{block}" for block in (
+            "sdma", "gfx", "mmhub", "athub", "bif", "hdp", "xgmi_wafl", "df", "smn", "sem",
+            "mp0", "mp1", "fuse", "umc", "mca", "vcn", "jpeg", "ih", "mpio")
+          for kind in ("correct", "uncorrect")),
+        "gpu_xgmi_link_rx", "gpu_xgmi_link_tx",
+        *(f"xgmi_neighbor_{n}_{what}" for n in (0, 1)
+          for what in ("nop_tx", "request_tx", "response_tx", "beats_tx")),
+        *(f"xgmi_neighbor_{n}_tx_throughput" for n in range(6)),
+    ]
+
     def identity(self, labels: Mapping[str, str], cluster_label: str) -> Identity | None:
         gpu_id = labels.get("gpu_id")
         if not gpu_id:
@@ -295,6 +380,18 @@ class Amd(VendorProfile):
 
 
 PROFILES: tuple[VendorProfile, ...] = (Nvidia(), Amd())
+
+
+def labelled_matcher(cluster_label: str) -> str:
+    """The label matcher that keeps only series carrying the cluster label (``cluster!=""``).
+
+    A series pushed without it (one spoke's agent missing its external label) belongs to no
+    cluster: the sync leaves it out and names it (finding ``unlabelled_series``), and any
+    query that groups by the cluster label (the usage ledger's) adds this matcher to its
+    selectors so such series never land under a cluster named ''. ``cluster_label`` must be
+    a checked label name (``--cluster-label`` is, by its option).
+    """
+    return f'{cluster_label}!=""'
 
 
 def sync_queries(window: str, step: str, cluster_label: str) -> list[Query]:
@@ -457,7 +554,7 @@ def usage_queries(bucket: str, resolution: str, cluster_label: str) -> list[Quer
     Series without the cluster label never reach the ledger (``{cluster}!=""``).
     """
     out: list[Query] = []
-    labelled = f'{cluster_label}!=""'
+    labelled = labelled_matcher(cluster_label)
     for p in PROFILES:
         group = usage_group(p, cluster_label)
         match = f"{p.device_matcher}, {labelled}"
@@ -481,7 +578,7 @@ def labelled_probe(window: str, cluster_label: str | None = None) -> str:
     """How many GPU series of any vendor the store holds in the window (only those carrying
     ``cluster_label`` when given): asked only when a bucket came back empty, to tell a typo'd
     --cluster-label (GPU series exist, none carries it) from a quiet fleet."""
-    extra = f', {cluster_label}!=""' if cluster_label else ""
+    extra = f", {labelled_matcher(cluster_label)}" if cluster_label else ""
     return " or ".join(
         f"count(last_over_time({prefix}{m}{{{p.device_matcher}{extra}}}[{window}]))"
         for p in PROFILES for m in p.timestamp_metrics for prefix in p.name_prefixes)

@@ -1,8 +1,9 @@
 """Validation rules: plain facts in, findings out (pure; no database, no network).
 
 ``gpufleet report`` gathers the facts (the inventory, the latest reconcile run, and a few
-fixed PromQL answers from the hub, see :mod:`hub.alerts`) and runs every check here; the same
-failure modes are rendered as Prometheus alerting rules by ``gpufleet alerts render``.
+fixed PromQL answers from the hub, see :mod:`hub.validate._alerts`) and runs every check
+here; the same failure modes are rendered as Prometheus alerting rules by
+``gpufleet alerts render``.
 
 Freshness is the age of the newest sample, never the presence of a series: ACM pushes every
 300 s by default, so one missed push (twice the interval) is a warning, and the adoption
@@ -17,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from hub.common import human_duration as human
-from hub.inventory import NO_GPU_SERIES
+from hub.inventory import NO_GPU_SERIES, UNLABELLED_SERIES
 
 ERROR = "error"
 WARNING = "warning"
@@ -124,7 +125,7 @@ class NodeRef:
 
 @dataclass
 class HubHistory:
-    """What the hub's fixed history queries returned (see hub.alerts.read_history)."""
+    """What the hub's fixed history queries returned (see hub.validate._alerts.read_history)."""
 
     window: float
     zero_usage: list[GpuRef] = field(default_factory=list)
@@ -172,6 +173,12 @@ def check_inventory(clusters: Sequence[ClusterFacts],
                                           f"no GPU series at all, yet the inventory knows "
                                           f"{len(clusters)} cluster(s): the hub lost the GPU "
                                           "metrics (allowlist, exporters, --hub-url?)"))
+    if (last_sync is not None and last_sync.status == "ok"
+            and (last_sync.error or "").startswith(UNLABELLED_SERIES + ": ")):
+        # one spoke pushing without the cluster label: the others were synced, its GPUs not
+        out.append(Finding(ERROR, UNLABELLED_SERIES, f"the latest sync "
+                                                     f"({_iso(last_sync.started_at)}): "
+                           + last_sync.error[len(UNLABELLED_SERIES) + 2:]))
     if last_sync is not None and last_sync.status != "ok":
         out.append(Finding(WARNING, "sync", f"the latest sync ({_iso(last_sync.started_at)}) "
                                             f"failed: {last_sync.error or 'no detail'}"))

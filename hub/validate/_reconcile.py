@@ -4,7 +4,7 @@ Three sources describe the Kubernetes side: the API itself (``--source kube``), 
 through the hub (``--source hub``) and ``kubectl get nodes -o json`` files for air-gapped sites
 (``--source file``). Each is turned into the same :class:`NodeView` here, so that one function,
 :func:`compare`, decides every node's status whatever the source was. The inventory side is
-:class:`ObservedNode`, read from the database by :mod:`hub.reconcile_store`.
+:class:`ObservedNode`, read from the database by :mod:`hub.validate._reconcile_store`.
 
 Counts legitimately differ in a few well-known ways, and the compare knows them, because a
 report that cries wolf on every time-sliced node gets ignored:

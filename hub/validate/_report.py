@@ -1,6 +1,6 @@
 """Render a validation report: a terminal table, JSON, a pull-request comment, an HTML page.
 
-Only rendering happens here; the findings come from :mod:`hub.checks`. The Markdown fits a
+Only rendering happens here; the findings come from :mod:`hub.validate._checks`. The Markdown fits a
 pull-request comment (GitHub's limit is 65536 characters: findings are capped with an "and N
 more" line). The HTML is one self-contained page (inline CSS and SVG, no script, no external
 asset) rendered by an autoescaping Jinja2 template, so a hostile cluster or pod name is text,

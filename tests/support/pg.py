@@ -29,8 +29,6 @@ def throwaway_server(fail: Callable[[str], object] = _raise) -> Iterator[str]:
     pytest's temp tree is private to root and PostgreSQL refuses to run as root. ``fail``
     reports a missing binary or a failed start (pytest.fail in tests) and must not return.
     """
-    from hub.devstack import free_port
-
     def tool(name: str) -> str:
         path = shutil.which(name) or (str(PG_BIN / name) if (PG_BIN / name).exists() else None)
         if path is None:
@@ -50,18 +48,37 @@ def throwaway_server(fail: Callable[[str], object] = _raise) -> Iterator[str]:
         for path in (base, sock):
             shutil.chown(path, "postgres", "postgres")
         as_user = ["runuser", "-u", "postgres", "--"]
-    port = free_port()
     try:
         run([*as_user, tool("initdb"), "-D", str(data), "-U", "gpufleet", "--auth=trust",
              "-E", "UTF8"])
-        run([*as_user, tool("pg_ctl"), "-D", str(data), "-l", str(base / "pg.log"), "-w",
-             "start", "-o", f"-p {port} -k {sock} -c listen_addresses=127.0.0.1 -c fsync=off"])
+        port = _start(as_user, tool("pg_ctl"), data, sock, base / "pg.log", fail)
         yield f"postgresql+psycopg://gpufleet@127.0.0.1:{port}"
     finally:
         if (data / "postmaster.pid").exists():
             subprocess.run([*as_user, tool("pg_ctl"), "-D", str(data), "-m", "immediate",
                             "stop"], capture_output=True)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def _start(as_user: list[str], pg_ctl: str, data: Path, sock: Path, log: Path,
+           fail: Callable[[str], object], attempts: int = 3) -> int:
+    """Start the server on a free port, on another when the start fails (a port another
+    program took after all); the last failure is reported with the server's own log."""
+    from hub.devstack import free_port
+
+    for attempt in range(attempts):
+        port = free_port()
+        proc = subprocess.run(
+            [*as_user, pg_ctl, "-D", str(data), "-l", str(log), "-w", "start", "-o",
+             f"-p {port} -k {sock} -c listen_addresses=127.0.0.1 -c fsync=off"],
+            capture_output=True, text=True)
+        if proc.returncode == 0:
+            return port
+        if attempt + 1 == attempts:
+            tail = log.read_text(errors="replace")[-800:] if log.exists() else ""
+            fail(f"pg_ctl start failed {attempts} times: "
+                 f"{proc.stderr.strip() or proc.stdout.strip()}; server log: {tail}")
+    raise AssertionError("unreachable")
 
 
 def create_database(server: str, prefix: str = "t_") -> str:

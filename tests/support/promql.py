@@ -20,3 +20,10 @@ def wait_for(hub_url: str, query: str, predicate: Callable[[list], bool],
             return result
         time.sleep(0.3)
     raise AssertionError(f"timed out waiting for {query!r}; last result: {result}")
+
+
+def wait_silent(hub_url: str, selector: str, window: str, timeout: float = 30.0) -> None:
+    """Wait until the hub holds no sample of ``selector`` within the last ``window``: what a
+    sync with ``--stale-after window`` then sees as stale. A condition, not a sleep sized to
+    a guess of how long pushes take to stop."""
+    wait_for(hub_url, f"count(last_over_time({selector}[{window}]))", lambda r: not r, timeout)

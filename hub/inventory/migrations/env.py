@@ -1,4 +1,5 @@
-"""Alembic environment: gpufleet always hands in an open connection (see hub.migrate)."""
+"""Alembic environment: gpufleet always hands in an open connection
+(see hub/inventory/_migrate.py)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,102 @@
+"""Every module the docs and docstrings point a reader to exists: a `hub/...` or `spoke/...`
+path in docs/*.md, README.md or a docstring or comment of hub/, spoke/ and bench/, and every
+dotted ``hub.x.y`` name in a docstring or comment and in the docs' inline code. A rename that
+leaves them behind sends readers to modules that are gone."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import io
+import re
+import tokenize
+from collections.abc import Iterator
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PATH = re.compile(r"(?<![\w./-])((?:hub|spoke)/[\w./-]*\w)")
+DOTTED = re.compile(r"(?<![\w./-])((?:hub|spoke)(?:\.[A-Za-z_]\w*)+)")
+INLINE_CODE = re.compile(r"`([^`\n]+)`")
+#: the wheel's layout (pyproject force-include), not a source path
+WHEEL_ONLY = ("hub/_bundled",)
+
+
+def docs() -> list[Path]:
+    return [*sorted((REPO / "docs").glob("*.md")), REPO / "README.md"]
+
+
+def sources() -> list[Path]:
+    return sorted(p for top in ("hub", "spoke", "bench") for p in (REPO / top).rglob("*.py"))
+
+
+def prose(path: Path) -> Iterator[tuple[int, str]]:
+    """(line, text) of a Python file's docstrings and comments."""
+    text = path.read_text()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                    and isinstance(body[0].value.value, str):
+                for i, line in enumerate(body[0].value.value.splitlines()):
+                    yield body[0].lineno + i, line
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type == tokenize.COMMENT:
+            yield tok.start[0], tok.string
+
+
+def path_exists(name: str) -> bool:
+    """A source path, or a file gpufleet renders under that name (``spoke/namespace.yaml``
+    in a rendered tree is templates/.../namespace.yaml.j2)."""
+    name = name.rstrip(".")
+    if (REPO / name).exists() or name.startswith(WHEEL_ONLY):
+        return True
+    rendered = Path(name).name
+    return rendered.endswith(".yaml") and any((REPO / "templates").rglob(rendered + ".j2"))
+
+
+def resolves(name: str) -> bool:
+    parts = name.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for attr in parts[i:]:
+            if not hasattr(obj, attr):
+                return False
+            obj = getattr(obj, attr)
+        return True
+    return False
+
+
+def test_every_hub_and_spoke_path_named_exists():
+    missing = []
+    for doc in docs():
+        for n, line in enumerate(doc.read_text().splitlines(), 1):
+            missing += [f"{doc.relative_to(REPO)}:{n}: {m}" for m in PATH.findall(line)
+                        if not path_exists(m)]
+    for src in sources():
+        for n, line in prose(src):
+            missing += [f"{src.relative_to(REPO)}:{n}: {m}" for m in PATH.findall(line)
+                        if not path_exists(m)]
+    assert not missing, "\n".join(missing)
+
+
+def test_every_dotted_module_named_in_docstrings_and_inline_code_exists():
+    missing = []
+    for src in sources():
+        for n, line in prose(src):
+            missing += [f"{src.relative_to(REPO)}:{n}: {m}" for m in DOTTED.findall(line)
+                        if not resolves(m)]
+    for doc in docs():
+        for n, line in enumerate(doc.read_text().splitlines(), 1):
+            for code in INLINE_CODE.findall(line):
+                missing += [f"{doc.relative_to(REPO)}:{n}: {m}" for m in DOTTED.findall(code)
+                            if not resolves(m)]
+    assert not missing, "\n".join(missing)
+
+
+def test_the_checks_catch_a_stale_name():
+    assert not path_exists("hub/vendors.py") and path_exists("hub/store/_vendors.py")
+    assert path_exists("spoke/namespace.yaml")  # a rendered file, not a source path
+    assert not resolves("hub.checks") and resolves("hub.validate._checks")
