@@ -20,6 +20,7 @@ from hub.common import (
     cluster_label_option,
     db_option,
     emit,
+    format_duration,
     hub_options,
     output_option,
     to_json,
@@ -56,6 +57,21 @@ def period(since: float | None, from_: str | None, until: str | None,
     return now - dt.timedelta(seconds=since), now + dt.timedelta(seconds=1)
 
 
+def idle_options(func):
+    """--idle-threshold and --idle-for: the one idle rule (hub.usage._idle) of `usage`'s idle
+    GPU-hours and `report`'s idle list; `idle --threshold/--for` default to the same."""
+    func = click.option(
+        "--idle-for", type=DURATION, default=format_duration(answers.IDLE_FOR_S),
+        show_default=True, metavar="DURATION", envvar="GPUFLEET_IDLE_FOR",
+        help="Allocated time counts as idle only in runs under --idle-threshold at least "
+             "this long (what `gpufleet idle --for` lists).")(func)
+    return click.option(
+        "--idle-threshold", type=click.FloatRange(0, 100),
+        default=answers.IDLE_THRESHOLD_PCT, show_default=True,
+        envvar="GPUFLEET_IDLE_THRESHOLD",
+        help="Average utilisation % under which an allocated bucket is idle.")(func)
+
+
 def period_options(func):
     func = click.option("--until", "until", metavar="ISO", help="End of the period (UTC).")(func)
     func = click.option("--from", "from_", metavar="ISO",
@@ -68,23 +84,21 @@ def period_options(func):
 @period_options
 @click.option("--by", "by", multiple=True, type=click.Choice(list(answers.GROUPS)),
               help="Group by (repeatable; default namespace).")
-@click.option("--idle-threshold", type=click.FloatRange(0, 100), default=5.0,
-              show_default=True, help="Average utilisation % under which an allocated "
-              "bucket counts as idle.")
+@idle_options
 @db_option
 @output_option()
 @click.pass_context
 def usage(ctx: click.Context, since: float | None, from_: str | None, until: str | None,
-          by: tuple[str, ...], idle_threshold: float, db: str | None, output: str,
-          **_: Any) -> None:
+          by: tuple[str, ...], idle_threshold: float, idle_for: float, db: str | None,
+          output: str, **_: Any) -> None:
     """GPU-hours per group from the usage ledger (fill it with `gpufleet usage collect`).
 
     \b
     gpu_hours                 GPU-equivalents x hours reporting (MIG slice = its share)
     allocated_gpu_hours       the part of it a pod held the GPU or slice
     busy_gpu_hours            sum of hours x average utilisation / 100
-    idle_allocated_gpu_hours  allocated hours whose bucket average stayed under
-                              --idle-threshold
+    idle_allocated_gpu_hours  allocated hours under --idle-threshold in runs of at
+                              least --idle-for (the wasted hours `idle` lists)
     avg_utilisation_pct       busy / gpu_hours x 100
     energy_kwh                average power x hours reporting
     Unallocated GPU time has an empty namespace. See docs/usage.md.
@@ -96,7 +110,8 @@ def usage(ctx: click.Context, since: float | None, from_: str | None, until: str
     with database(db) as engine:
         require_schema(engine)
         with engine.connect() as conn:
-            rows = answers.usage_summary(conn, start, end, by, idle_threshold)
+            rows = answers.usage_summary(conn, start, end, by, idle_threshold,
+                                         idle_for=idle_for)
     emit(rows, [*answers.group_columns(by), *answers.USAGE_FIGURES], output)
 
 
@@ -150,9 +165,12 @@ def collect(since: float | None, from_: str | None, until: str | None, bucket: f
 
 
 @click.command(cls=ConfiguredCommand)
-@click.option("--threshold", type=click.FloatRange(0, 100), default=5.0, show_default=True,
-              help="Average utilisation % under which an allocated hour is idle.")
-@click.option("--for", "for_", type=DURATION, default="2h", show_default=True,
+@click.option("--threshold", type=click.FloatRange(0, 100),
+              default=answers.IDLE_THRESHOLD_PCT, show_default=True,
+              envvar="GPUFLEET_IDLE_THRESHOLD",
+              help="Average utilisation % under which an allocated bucket is idle.")
+@click.option("--for", "for_", type=DURATION, default=format_duration(answers.IDLE_FOR_S),
+              show_default=True, envvar="GPUFLEET_IDLE_FOR",
               metavar="DURATION", help="Idle at least this long in a row.")
 @period_options
 @db_option

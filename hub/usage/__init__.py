@@ -8,17 +8,23 @@ from hub.usage._answers import (
     CAPACITY_FIGURES,
     CAPACITY_GROUPS,
     GROUPS,
-    IDLE_COLUMNS,
     USAGE_FIGURES,
     capacity,
     group_columns,
-    idle_allocated,
     rollup_days,
     summary_select,
     usage_frame,
     usage_summary,
 )
 from hub.usage._history import HISTORY_COLUMNS, gpu_history
+from hub.usage._idle import (
+    IDLE_COLUMNS,
+    IDLE_FOR_S,
+    IDLE_THRESHOLD_PCT,
+    idle_allocated,
+    idle_gpu_hours,
+    idle_runs,
+)
 
 __all__ = [
     "CAPACITY_FIGURES",
@@ -26,11 +32,15 @@ __all__ = [
     "GROUPS",
     "HISTORY_COLUMNS",
     "IDLE_COLUMNS",
+    "IDLE_FOR_S",
+    "IDLE_THRESHOLD_PCT",
     "USAGE_FIGURES",
     "capacity",
     "gpu_history",
     "group_columns",
     "idle_allocated",
+    "idle_gpu_hours",
+    "idle_runs",
     "rollup_days",
     "summary_select",
     "usage_frame",

@@ -1,0 +1,118 @@
+"""The one idle answer: allocated GPUs and MIG slices whose bucket averages stayed under a
+threshold for at least a given time in a row.
+
+`idle`, the idle GPU-hours of `usage`, the report's idle_allocated_gpu finding, the live
+page and the demo all read idle time through :func:`idle_runs`, with the same defaults
+(IDLE_THRESHOLD_PCT, IDLE_FOR_S), so on one database over one period they cannot disagree:
+idle GPU-hours of a group are exactly the wasted GPU-hours of the idle list's entries in it.
+
+A bucket counts as idle only when the pod had samples in it (gpu_hours > 0) and a
+utilisation was measured: an empty bucket or an unknown utilisation is not evidence of
+idleness, so a run never starts before the pod's first sample.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Collection, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from hub import inventory as inv
+
+U = inv.usage
+#: The defaults every idle answer shares (`idle --threshold/--for`, `usage --idle-threshold
+#: /--idle-for`, the report, the live page).
+IDLE_THRESHOLD_PCT = 5.0
+IDLE_FOR_S = 2 * 3600.0
+
+IDLE_COLUMNS = ["cluster", "node", "uuid", "slice", "namespace", "pod", "idle_since",
+                "idle_until", "idle_hours", "wasted_gpu_hours", "avg_utilisation_pct"]
+_KEY = ["cluster", "node", "uuid", "slice", "namespace", "pod"]
+
+
+def _blank(value: Any) -> Any:
+    return None if value == "" else value
+
+
+def idle_runs(conn: Connection, start: dt.datetime, end: dt.datetime, *,
+              threshold: float = IDLE_THRESHOLD_PCT, for_seconds: float = IDLE_FOR_S,
+              clusters: Collection[str] | None = None,
+              namespaces: Collection[str] | None = None) -> list[dict[str, Any]]:
+    """Idle allocated GPUs/slices over the buckets starting in [start, end), most wasted
+    first: one entry per GPU or slice and pod, summing its runs of consecutive idle buckets
+    that lasted at least ``for_seconds``. Each entry also carries ``model`` (for grouping by
+    model); the IDLE_COLUMNS are what a user is shown."""
+    key = [U.c[c] for c in _KEY]
+    stmt = (sa.select(*key, U.c.model, U.c.bucket_start, U.c.bucket_end, U.c.gpu_hours,
+                      U.c.avg_utilisation_pct)
+            .where(U.c.bucket_start >= start, U.c.bucket_start < end, U.c.pod != "",
+                   U.c.gpu_hours > 0, U.c.avg_utilisation_pct.is_not(None),
+                   U.c.avg_utilisation_pct < threshold)
+            .order_by(*key, U.c.bucket_start))
+    if clusters is not None:
+        stmt = stmt.where(U.c.cluster.in_(sorted(clusters)))
+    if namespaces is not None:
+        stmt = stmt.where(U.c.namespace.in_(sorted(namespaces)))
+    found: dict[tuple, dict[str, Any]] = {}
+    run: list[Any] = []
+
+    def close() -> None:
+        if not run:
+            return
+        seconds = (run[-1].bucket_end - run[0].bucket_start).total_seconds()
+        if seconds < for_seconds:
+            return
+        k = tuple(run[0][:6])
+        item = found.setdefault(k, {
+            **{c: _blank(v) for c, v in zip(_KEY, k, strict=True)}, "model": run[0].model,
+            "idle_since": run[0].bucket_start, "idle_until": run[-1].bucket_end,
+            "idle_hours": 0.0, "wasted_gpu_hours": 0.0, "_busy": 0.0})
+        item["idle_until"] = run[-1].bucket_end
+        item["idle_hours"] += seconds / 3600.0
+        for r in run:
+            item["wasted_gpu_hours"] += r.gpu_hours
+            item["_busy"] += r.gpu_hours * r.avg_utilisation_pct
+
+    for r in conn.execute(stmt):
+        # only idle buckets are read: a busy or missing bucket between two is a gap
+        if not (run and tuple(r[:6]) == tuple(run[-1][:6])
+                and run[-1].bucket_end == r.bucket_start):
+            close()
+            run = []
+        run.append(r)
+    close()
+    out = []
+    for item in found.values():
+        busy = item.pop("_busy")
+        item["avg_utilisation_pct"] = (round(busy / item["wasted_gpu_hours"], 3)
+                                       if item["wasted_gpu_hours"] else None)
+        item["idle_hours"] = round(item["idle_hours"], 6)
+        item["wasted_gpu_hours"] = round(item["wasted_gpu_hours"], 6)
+        out.append(item)
+    return sorted(out, key=lambda i: (-i["wasted_gpu_hours"], i["cluster"], i["node"],
+                                      i["uuid"], i["slice"] or "", i["pod"] or ""))
+
+
+def idle_gpu_hours(runs: Sequence[dict[str, Any]],
+                   columns: Sequence[str]) -> dict[tuple, float]:
+    """The idle runs' wasted GPU-hours summed per group (the group's column values, None
+    for '' as the usage rows show them): usage's idle_allocated_gpu_hours."""
+    sums: dict[tuple, float] = {}
+    for run in runs:
+        k = tuple(run[c] for c in columns)
+        sums[k] = sums.get(k, 0.0) + run["wasted_gpu_hours"]
+    return sums
+
+
+def idle_allocated(conn: Connection, start: dt.datetime, end: dt.datetime, *,
+                   threshold: float = IDLE_THRESHOLD_PCT, for_seconds: float = IDLE_FOR_S,
+                   clusters: Collection[str] | None = None,
+                   namespaces: Collection[str] | None = None) -> list[dict[str, Any]]:
+    """The idle list as `idle`, the API and the page show it: idle_runs in IDLE_COLUMNS."""
+    return [{c: run[c] for c in IDLE_COLUMNS}
+            for run in idle_runs(conn, start, end, threshold=threshold,
+                                 for_seconds=for_seconds, clusters=clusters,
+                                 namespaces=namespaces)]
