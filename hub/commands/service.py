@@ -39,6 +39,7 @@ from hub.common import (
 )
 from hub.inventory import SyncResult, run_sync, safe_url
 from hub.store import HubClient
+from hub.usage import load_prices
 
 log = logging.getLogger("gpufleet.service")
 
@@ -168,6 +169,9 @@ class _ServeGroup(ConfiguredCommand, click.Group):
               "after the sync that follows it (see `gpufleet usage collect`).")
 @click.option("--usage-retention", type=DURATION, default="400d", show_default=True,
               metavar="DURATION", help="Usage rows older than this are removed.")
+@click.option("--prices", metavar="FILE", envvar=env("prices"),
+              help="YAML price per GPU-hour per model: /api/v1/usage adds each group's cost "
+                   "(as `gpufleet usage --prices`).")
 @click.option("--prune-stale-after", type=DURATION, envvar=env("prune-stale-after"),
               metavar="DURATION", help="After each sync, delete GPUs, nodes and clusters "
               "stale for longer than this (as `gpufleet inventory prune`). Default: never.")
@@ -185,7 +189,7 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
           oidc_scope_claim: str, scopes_file: str | None, allow_unauthenticated: bool,
           metrics_open: bool, session_ttl: float, tls_cert_file: str | None,
           tls_key_file: str | None, usage_bucket: float, usage_retention: float,
-          prune_stale_after: float | None,
+          prune_stale_after: float | None, prices: str | None,
           max_age: float, push_interval: float, window: float, stale_after: float,
           lock_timeout: float, cluster_label: str, db: str | None, **opts: Any) -> None:
     """Run the hub service: sync on a schedule and serve the inventory over HTTP.
@@ -238,6 +242,7 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
     if (tls_cert_file is None) != (tls_key_file is None):
         raise InputError("--tls-cert-file and --tls-key-file go together")
     tls = svc.TlsFiles(tls_cert_file, tls_key_file) if tls_cert_file and tls_key_file else None
+    priced = load_prices(prices) if prices else None
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if auth.oidc is not None:
@@ -256,7 +261,8 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
                 service = svc.build_service(jobs, every=every, engine=readonly, host=host,
                                             port=port, page_sections=svc.USAGE_SECTIONS,
                                             auth=auth, metrics_open=metrics_open, tls=tls,
-                                            sessions=svc.Sessions(ttl=session_ttl))
+                                            sessions=svc.Sessions(ttl=session_ttl),
+                                            prices=priced)
             except OSError as exc:
                 reason = exc.strerror or str(exc)
                 raise InputError(f"cannot listen on {listen}: {reason}") from None
@@ -380,6 +386,9 @@ def hub_group() -> None:
 @click.option("--tokens-secret", envvar=env("tokens-secret"), metavar="NAME",
               help=f"Secret whose key '{onboard.TOKENS_KEY}' is the API's --tokens-file. "
                    "Without it the API is rendered --allow-unauthenticated (unsafe).")
+@click.option("--prices", metavar="FILE", envvar=env("prices"),
+              help="YAML price per GPU-hour per model: /api/v1/usage adds each group's cost "
+                   "(as `gpufleet usage --prices`).")
 @click.option("--prune-stale-after", type=DURATION, envvar=env("prune-stale-after"),
               metavar="DURATION", help="Let the Deployment delete what has been stale for "
               "longer than this after each sync (serve --prune-stale-after). Default: never.")

@@ -85,12 +85,15 @@ def period_options(func):
 @click.option("--by", "by", multiple=True, type=click.Choice(list(answers.GROUPS)),
               help="Group by (repeatable; default namespace).")
 @idle_options
+@click.option("--prices", metavar="FILE", envvar="GPUFLEET_PRICES",
+              help="YAML price per GPU-hour per model (optional per-cluster prices): adds "
+                   "cost and cost_note columns. See docs/usage.md.")
 @db_option
 @output_option()
 @click.pass_context
 def usage(ctx: click.Context, since: float | None, from_: str | None, until: str | None,
-          by: tuple[str, ...], idle_threshold: float, idle_for: float, db: str | None,
-          output: str, **_: Any) -> None:
+          by: tuple[str, ...], idle_threshold: float, idle_for: float, prices: str | None,
+          db: str | None, output: str, **_: Any) -> None:
     """GPU-hours per group from the usage ledger (fill it with `gpufleet usage collect`).
 
     \b
@@ -101,18 +104,25 @@ def usage(ctx: click.Context, since: float | None, from_: str | None, until: str
                               least --idle-for (the wasted hours `idle` lists)
     avg_utilisation_pct       busy / gpu_hours x 100
     energy_kwh                average power x hours reporting
+    cost                      gpu_hours x price per GPU-hour (--prices); empty,
+                              with cost_note, where a model has no price
     Unallocated GPU time has an empty namespace. See docs/usage.md.
     """
     if ctx.invoked_subcommand is not None:
         return
     start, end = period(since, from_, until)  # type: ignore[misc]
     by = by or ("namespace",)
+    priced = answers.load_prices(prices) if prices else None
     with database(db) as engine:
         require_schema(engine)
         with engine.connect() as conn:
             rows = answers.usage_summary(conn, start, end, by, idle_threshold,
-                                         idle_for=idle_for)
-    emit(rows, [*answers.group_columns(by), *answers.USAGE_FIGURES], output)
+                                         idle_for=idle_for, prices=priced)
+    columns = [*answers.group_columns(by), *answers.USAGE_FIGURES]
+    emit(rows, [*columns, *answers.COST_COLUMNS] if priced else columns, output)
+    notes = sorted({r["cost_note"] for r in rows if r.get("cost_note")})
+    for note in notes:
+        click.echo(f"note: {note}: cost left empty, not 0", err=True)
 
 
 @usage.command("collect", cls=ConfiguredCommand)

@@ -452,8 +452,9 @@ def _percent(params: Params, name: str, default: float) -> float:
     return value
 
 
-def usage(query: Query, engine: Engine, *, scope: Scope) -> Response:
-    """A scoped caller's GPU-hours count only its clusters' and namespaces' ledger rows."""
+def usage(query: Query, engine: Engine, *, scope: Scope, prices: Any = None) -> Response:
+    """A scoped caller's GPU-hours count only its clusters' and namespaces' ledger rows.
+    ``prices`` (hub.usage.Prices, `serve --prices`) adds each group's cost."""
     from hub import usage as answers
 
     params = Params(query, ["since", "from", "until", "by", "idle_threshold"])
@@ -463,7 +464,7 @@ def usage(query: Query, engine: Engine, *, scope: Scope) -> Response:
     with engine.connect() as conn:
         return 200, _listing(answers.usage_summary(
             conn, start, end, by, threshold, clusters=scope.clusters,
-            namespaces=scope.namespaces))
+            namespaces=scope.namespaces, prices=prices))
 
 
 def idle(query: Query, engine: Engine, *, scope: Scope) -> Response:

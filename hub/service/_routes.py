@@ -7,6 +7,7 @@ from what is served.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -255,7 +256,8 @@ def build_router(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, A
                  check_failure: Callable[[], tuple[float, str] | None] = lambda: None,
                  auth: Authenticator | None = None, metrics_open: bool = True,
                  on_refused: Callable[[str], None] = lambda reason: None,
-                 sessions: Sessions | None = None, secure_cookies: bool = False) -> Router:
+                 sessions: Sessions | None = None, secure_cookies: bool = False,
+                 prices: Any = None) -> Router:
     """All routes: the inventory handlers above plus the service's own state, passed in.
 
     ``health`` answers (ok, details); ``findings`` the latest findings and when they were
@@ -264,7 +266,7 @@ def build_router(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, A
     ``check_failure`` when and why the latest checks could not run (None if they did).
     With authentication configured a browser signs in at /login into ``sessions`` (a
     fresh store by default); ``secure_cookies`` marks the cookie Secure (the service speaks
-    TLS).
+    TLS). ``prices`` (hub.usage.Prices, `serve --prices`) prices /api/v1/usage.
     """
 
     def healthz(query: Query, engine: Engine) -> Response:
@@ -379,8 +381,9 @@ def build_router(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, A
                                      "error": {"type": "string"}}}}},
               (_param("severity", "Only this severity.",
                       {"type": "string", "enum": list(SEVERITIES)}), CLUSTER_PARAM, *paging)),
-        Route("/api/v1/usage", usage, "GPU-hours per group from the usage ledger (see "
-              "docs/usage.md for each figure).", _list_of("Usage"),
+        Route("/api/v1/usage", functools.partial(usage, prices=prices),
+              "GPU-hours per group from the usage ledger (see docs/usage.md for each "
+              "figure; cost with `serve --prices`).", _list_of("Usage"),
               (*PERIOD_PARAMS,
                _param("by", "Group by, comma-separated: cluster, namespace, model, node, gpu "
                       "(default namespace)."),

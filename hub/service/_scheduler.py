@@ -410,7 +410,7 @@ def build_service(jobs: Jobs, *, every: float, engine: Engine, host: str = "127.
                   page_sections: Sequence[SectionSource] = (),
                   auth: Authenticator | None = None, metrics_open: bool = True,
                   tls: TlsFiles | None = None, max_requests: int = MAX_REQUESTS,
-                  sessions: Sessions | None = None) -> Service:
+                  sessions: Sessions | None = None, prices: Any = None) -> Service:
     """Wire jobs, metrics and the API over a read-only ``engine``; binds the port now
     (OSError when it cannot) but starts nothing. ``sessions``: where browser sign-ins live
     (a default store when None; used only with ``auth`` configured)."""
@@ -426,5 +426,6 @@ def build_service(jobs: Jobs, *, every: float, engine: Engine, host: str = "127.
                           metrics=metrics.exposition, check_failure=scheduler.check_failure,
                           page_sections=page_sections, auth=auth, metrics_open=metrics_open,
                           on_refused=lambda reason: metrics.refused.labels(reason).inc(),
-                          sessions=sessions, secure_cookies=tls is not None)
+                          sessions=sessions, secure_cookies=tls is not None,
+                          prices=prices)
     return Service(scheduler, ApiServer(router, host, port, tls=tls, max_requests=max_requests))

@@ -25,22 +25,28 @@ from hub.usage._idle import (
     idle_gpu_hours,
     idle_runs,
 )
+from hub.usage._prices import COST_COLUMNS, Prices, group_costs, load_prices, parse_prices
 
 __all__ = [
     "CAPACITY_FIGURES",
     "CAPACITY_GROUPS",
+    "COST_COLUMNS",
     "GROUPS",
     "HISTORY_COLUMNS",
     "IDLE_COLUMNS",
     "IDLE_FOR_S",
     "IDLE_THRESHOLD_PCT",
     "USAGE_FIGURES",
+    "Prices",
     "capacity",
     "gpu_history",
     "group_columns",
+    "group_costs",
     "idle_allocated",
     "idle_gpu_hours",
     "idle_runs",
+    "load_prices",
+    "parse_prices",
     "rollup_days",
     "summary_select",
     "usage_frame",

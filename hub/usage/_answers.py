@@ -22,6 +22,7 @@ from sqlalchemy.engine import Connection
 from hub import inventory as inv
 from hub import store
 from hub.usage._idle import IDLE_FOR_S, IDLE_THRESHOLD_PCT, idle_gpu_hours, idle_runs
+from hub.usage._prices import Prices, group_costs
 
 U = inv.usage
 GROUPS: dict[str, list[str]] = {
@@ -133,11 +134,12 @@ def usage_summary(conn: Connection, start: dt.datetime, end: dt.datetime,
                   idle_for: float = IDLE_FOR_S,
                   clusters: Collection[str] | None = None,
                   namespaces: Collection[str] | None = None,
-                  rollup: bool = True) -> list[dict[str, Any]]:
+                  rollup: bool = True, prices: Prices | None = None) -> list[dict[str, Any]]:
     """One row per group over the buckets starting in [start, end), summed in the database
     (summary_select says from where). ``clusters`` and ``namespaces`` restrict the rows
     counted (a scoped API caller sees only its own). idle_allocated_gpu_hours comes from
-    idle_runs with ``idle_threshold`` and ``idle_for``, so it is what `idle` lists."""
+    idle_runs with ``idle_threshold`` and ``idle_for``, so it is what `idle` lists. With
+    ``prices`` each row also has cost and cost_note (COST_COLUMNS)."""
     stmt = summary_select(conn, start, end, by, idle_threshold, clusters=clusters,
                           namespaces=namespaces, rollup=rollup)
     if stmt is None:
@@ -146,6 +148,8 @@ def usage_summary(conn: Connection, start: dt.datetime, end: dt.datetime,
     idle = idle_gpu_hours(idle_runs(conn, start, end, threshold=idle_threshold,
                                     for_seconds=idle_for, clusters=clusters,
                                     namespaces=namespaces), cols)
+    costs = _costs(conn, start, end, by, idle_threshold, clusters, namespaces, rollup,
+                   prices) if prices is not None else None
     out = []
     for r in conn.execute(stmt).mappings():
         row = {c: r[c] for c in cols}
@@ -157,8 +161,26 @@ def usage_summary(conn: Connection, start: dt.datetime, end: dt.datetime,
                                             float(r["gpu_hours"]), 3)
                                       if r["gpu_hours"] else None)
         row["energy_kwh"] = round(float(r["energy_wh"] or 0.0) / 1000.0, 6)
+        if costs is not None:
+            cost, note = costs.get(tuple(r[c] for c in cols), (0.0, None))
+            row["cost"] = None if cost is None else round(cost, 6)
+            row["cost_note"] = note
         out.append(_clean(row))
     return out
+
+
+def _costs(conn: Connection, start: dt.datetime, end: dt.datetime, by: Sequence[str],
+           idle_threshold: float, clusters: Collection[str] | None,
+           namespaces: Collection[str] | None, rollup: bool,
+           prices: Prices) -> dict[tuple, tuple[float | None, str | None]]:
+    """Cost per group: the same sums per cluster and model too (a price depends on both),
+    priced unrounded, then summed into the groups."""
+    stmt = summary_select(conn, start, end, [*by, "cluster", "model"], idle_threshold,
+                          clusters=clusters,
+                          namespaces=namespaces, rollup=rollup)
+    if stmt is None:
+        return {}
+    return group_costs(conn.execute(stmt).mappings(), prices, group_columns(by))
 
 
 CAPACITY_FIGURES = ["total", "active", "stale", "allocated", "free"]
