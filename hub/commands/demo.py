@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from hub.common import ConfiguredCommand, UnavailableError
+from hub.common import ConfiguredCommand, UnavailableError, format_duration
 
 
 @click.command(cls=ConfiguredCommand)
@@ -84,7 +84,8 @@ def demo(clusters: int, nodes: int, gpus_per_node: int, workdir: Path, keep_runn
     click.echo(f"  {g} inventory gpus --db {db} --cluster {result.clusters[0]['cluster']}")
     for title, args in devstack.demo_usage_commands(db)[:2]:
         click.echo(f"  {g} {' '.join(args)}   # {title}")
-    click.echo(f"  {g} report --db {db} -o markdown")
+    click.echo(f"  {g} report --db {db} --idle-for "
+               f"{format_duration(devstack.DEMO_IDLE_FOR)} -o markdown   # the demo's idle rule")
     click.echo(f"  {g} demo --keep-running   # then, while it runs:")
     click.echo(f"  {g} query 'count by (cluster) (DCGM_FI_DEV_GPU_TEMP)' "
                f"--hub-url {result.hub_url}")
