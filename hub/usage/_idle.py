@@ -56,6 +56,9 @@ def idle_runs(conn: Connection, start: dt.datetime, end: dt.datetime, *,
         stmt = stmt.where(U.c.cluster.in_(sorted(clusters)))
     if namespaces is not None:
         stmt = stmt.where(U.c.namespace.in_(sorted(namespaces)))
+    candidates = _candidates(conn, start, end, threshold)
+    if candidates is not None:
+        stmt = stmt.where(U.c.uuid.in_(candidates))
     found: dict[tuple, dict[str, Any]] = {}
     run: list[Any] = []
 
@@ -94,6 +97,33 @@ def idle_runs(conn: Connection, start: dt.datetime, end: dt.datetime, *,
         out.append(item)
     return sorted(out, key=lambda i: (-i["wasted_gpu_hours"], i["cluster"], i["node"],
                                       i["uuid"], i["slice"] or "", i["pod"] or ""))
+
+
+def _candidates(conn: Connection, start: dt.datetime, end: dt.datetime,
+                threshold: float) -> sa.Select | None:
+    """The GPUs that can have an idle bucket in [start, end), so a month's idle runs read
+    the idle GPUs' rows by the ledger's uuid index instead of every row of the month: those
+    with idle allocated hours in the daily rollup's whole days (counted there at
+    ROLLUP_IDLE_THRESHOLD, with an unknown utilisation as 0: a superset for any threshold
+    up to it) and those with an idle bucket in the hours at the edges. None: no narrowing
+    (a higher threshold, or no whole day in the period)."""
+    from hub.usage._answers import rollup_days  # (it imports this module)
+
+    if threshold > inv.ROLLUP_IDLE_THRESHOLD:
+        return None
+    days = rollup_days(conn, start, end)
+    if days is None:
+        return None
+    D = inv.usage_daily
+    parts: list[sa.Select] = [
+        sa.select(D.c.uuid).where(D.c.day >= days[0], D.c.day < days[1],
+                                  D.c.idle_allocated_gpu_hours > 0)]
+    for a, b in ((start, days[0]), (days[1], end)):
+        if a < b:
+            parts.append(sa.select(U.c.uuid).where(
+                U.c.bucket_start >= a, U.c.bucket_start < b, U.c.pod != "",
+                U.c.avg_utilisation_pct < threshold))
+    return sa.union(*parts) if len(parts) > 1 else parts[0].distinct()
 
 
 def idle_gpu_hours(runs: Sequence[dict[str, Any]],
