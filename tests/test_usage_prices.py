@@ -180,8 +180,8 @@ def test_usage_prices_in_table_json_csv_and_the_api(tmp_path):
     assert header.split(",")[-2:] == ["cost", "cost_note"]
     assert f"team-a,{rows['team-a']['gpu_hours']}," in csv.stdout
     assert any(line.startswith("team-a,") and f",{team_a}," in line for line in lines)
-    table = gpufleet("usage", "--prices", str(path), "--db", url)
-    assert "COST" in table.stdout.splitlines()[0]
+    table = gpufleet("usage", "--prices", str(path), "--db", url, env={"COLUMNS": "250"})
+    assert "COST" in table.stdout.splitlines()[0], table.stdout
     plain = gpufleet("usage", "--db", url, "-o", "json")
     assert "cost" not in json.loads(plain.stdout)[0]  # no price file, no cost column
 
