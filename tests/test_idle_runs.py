@@ -53,10 +53,10 @@ def _oracle(rows: list[dict], start: dt.datetime, end: dt.datetime, threshold: f
     return out
 
 
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory):
-    url = f"sqlite:///{tmp_path_factory.mktemp('idle') / 'inv.db'}"
-    eng = _db.make_engine(url, create=True)
+@pytest.fixture
+def engine(db_url):
+    """Both databases: the run detection sums in SQL and compares times in Python."""
+    eng = _db.make_engine(db_url, create=True)
     migrate.ensure_schema(eng)
     yield eng
     eng.dispose()

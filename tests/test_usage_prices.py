@@ -76,10 +76,9 @@ def _oracle(rows: list[dict], table: usage.Prices,
     return out
 
 
-@pytest.fixture(scope="module")
-def ledger_engine(tmp_path_factory):
-    url = f"sqlite:///{tmp_path_factory.mktemp('prices') / 'inv.db'}"
-    engine = _db.make_engine(url, create=True)
+@pytest.fixture
+def ledger_engine(db_url):
+    engine = _db.make_engine(db_url, create=True)
     migrate.ensure_schema(engine)
     yield engine
     engine.dispose()

@@ -46,47 +46,71 @@ def idle_runs(conn: Connection, start: dt.datetime, end: dt.datetime, *,
     that lasted at least ``for_seconds``. Each entry also carries ``model`` (for grouping by
     model); the IDLE_COLUMNS are what a user is shown."""
     key = [U.c[c] for c in _KEY]
-    stmt = (sa.select(*key, U.c.model, U.c.bucket_start, U.c.bucket_end, U.c.gpu_hours,
-                      U.c.avg_utilisation_pct)
-            .where(U.c.bucket_start >= start, U.c.bucket_start < end, U.c.pod != "",
-                   U.c.gpu_hours > 0, U.c.avg_utilisation_pct.is_not(None),
-                   U.c.avg_utilisation_pct < threshold)
-            .order_by(*key, U.c.bucket_start))
+    where = [U.c.bucket_start >= start, U.c.bucket_start < end, U.c.pod != "",
+             U.c.gpu_hours > 0, U.c.avg_utilisation_pct.is_not(None),
+             U.c.avg_utilisation_pct < threshold]
     if clusters is not None:
-        stmt = stmt.where(U.c.cluster.in_(sorted(clusters)))
+        where.append(U.c.cluster.in_(sorted(clusters)))
     if namespaces is not None:
-        stmt = stmt.where(U.c.namespace.in_(sorted(namespaces)))
+        where.append(U.c.namespace.in_(sorted(namespaces)))
     candidates = _candidates(conn, start, end, threshold)
     if candidates is not None:
-        stmt = stmt.where(U.c.uuid.in_(candidates))
+        where.append(U.c.uuid.in_(candidates))
     found: dict[tuple, dict[str, Any]] = {}
-    run: list[Any] = []
 
-    def close() -> None:
-        if not run:
-            return
-        seconds = (run[-1].bucket_end - run[0].bucket_start).total_seconds()
+    def add(k: tuple, model: str | None, since: dt.datetime, until: dt.datetime,
+            wasted: float, busy: float) -> None:
+        seconds = (until - since).total_seconds()
         if seconds < for_seconds:
             return
-        k = tuple(run[0][:6])
         item = found.setdefault(k, {
-            **{c: _blank(v) for c, v in zip(_KEY, k, strict=True)}, "model": run[0].model,
-            "idle_since": run[0].bucket_start, "idle_until": run[-1].bucket_end,
+            **{c: _blank(v) for c, v in zip(_KEY, k, strict=True)}, "model": model,
+            "idle_since": since, "idle_until": until,
             "idle_hours": 0.0, "wasted_gpu_hours": 0.0, "_busy": 0.0})
-        item["idle_until"] = run[-1].bucket_end
+        item["idle_until"] = until
         item["idle_hours"] += seconds / 3600.0
-        for r in run:
-            item["wasted_gpu_hours"] += r.gpu_hours
-            item["_busy"] += r.gpu_hours * r.avg_utilisation_pct
+        item["wasted_gpu_hours"] += wasted
+        item["_busy"] += busy
 
-    for r in conn.execute(stmt):
-        # only idle buckets are read: a busy or missing bucket between two is a gap
-        if not (run and tuple(r[:6]) == tuple(run[-1][:6])
-                and run[-1].bucket_end == r.bucket_start):
-            close()
-            run = []
-        run.append(r)
-    close()
+    # First the idle buckets summed per GPU and pod in the database: where they are one
+    # unbroken run (as many buckets as fit between the first start and the last end, on
+    # the ledger's one grid) that sum is the run. Only the others are walked row by row.
+    busy_sum = sa.func.sum(U.c.gpu_hours * U.c.avg_utilisation_pct)
+    summed = (sa.select(*key, sa.func.min(U.c.model), sa.func.count(),
+                        sa.func.min(U.c.bucket_start), sa.func.max(U.c.bucket_start),
+                        sa.func.max(U.c.bucket_end), sa.func.sum(U.c.gpu_hours), busy_sum)
+              .where(*where).group_by(*key))
+    broken: set[tuple] = set()
+    for r in conn.execute(summed):
+        k, (model, n, first, last, until, wasted, busy) = tuple(r[:6]), tuple(r[6:])
+        if (until - first) == n * (until - last):
+            add(k, model, first, until, wasted or 0.0, busy or 0.0)
+        else:
+            broken.add(k)
+    if broken:
+        rows = conn.execute(
+            sa.select(*key, U.c.model, U.c.bucket_start, U.c.bucket_end, U.c.gpu_hours,
+                      U.c.avg_utilisation_pct)
+            .where(*where, U.c.uuid.in_(sorted({k[2] for k in broken})))
+            .order_by(*key, U.c.bucket_start))
+        run: list[Any] = []
+
+        def close() -> None:
+            if run:
+                add(tuple(run[0][:6]), run[0].model, run[0].bucket_start,
+                    run[-1].bucket_end, sum(r.gpu_hours for r in run),
+                    sum(r.gpu_hours * r.avg_utilisation_pct for r in run))
+
+        for r in rows:
+            if tuple(r[:6]) not in broken:
+                continue
+            # only idle buckets are read: a busy or missing bucket between two is a gap
+            if not (run and tuple(r[:6]) == tuple(run[-1][:6])
+                    and run[-1].bucket_end == r.bucket_start):
+                close()
+                run = []
+            run.append(r)
+        close()
     out = []
     for item in found.values():
         busy = item.pop("_busy")
