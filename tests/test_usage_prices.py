@@ -198,3 +198,14 @@ def test_usage_prices_in_table_json_csv_and_the_api(tmp_path):
         ns: (r["cost"], r["cost_note"]) for ns, r in rows.items()}
     with _db.make_engine(url).connect() as conn:
         assert conn.execute(sa.select(sa.func.count()).select_from(ledger)).scalar() == 9
+
+
+def test_serve_refuses_a_bad_price_file_before_it_starts(tmp_path):
+    path = tmp_path / "prices.yaml"
+    path.write_text(f'"{H100}": -2.5\n')
+    result = gpufleet("serve", "--prices", str(path), "--hub-url", "http://127.0.0.1:9",
+                      "--db", f"sqlite:///{tmp_path / 'inv.db'}")
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (f"error: --prices {path}: '{H100}': the price must be a "
+                                     "finite number of 0 or more, not -2.5")
+    assert not (tmp_path / "inv.db").exists()  # nothing half-done
