@@ -130,6 +130,14 @@ def test_hub_history_findings():
     assert found[0].message == ("utilisation exactly 0 for the whole 1h while pod ml/idle-0 is "
                                 "allocated to it")
     assert found[3].message == "12 collection errors in the last 1h"
+    # a GPU the hub had samples for during 3 minutes was not idle "for the whole 1h"
+    short = HubHistory(window=3600, zero_usage=[
+        GpuRef("east", "a", "GPU-2", "ml/new-0", seen=180.0),
+        GpuRef("east", "a", "GPU-3", "ml/old-0", seen=3540.0)])
+    assert [f.message for f in checks.check_zero_usage(short)] == [
+        "utilisation exactly 0 in every sample of the 3m it reported (of the 1h window) while "
+        "pod ml/new-0 is allocated to it",
+        "utilisation exactly 0 for the whole 1h while pod ml/old-0 is allocated to it"]
     hidden = checks.check_visibility(history, ["east", "west", "amd", "lab"], "expected (ACM)")
     assert keys(hidden) == [("error", "hub_visibility", None, None, None)]
     assert hidden[0].message.startswith("the hub returns GPU series for 2 of 4 expected (ACM) "

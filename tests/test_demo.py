@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -10,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 from hub.devstack import _demo as demo
 from tests.support.clirun import gpufleet, gpufleet_json
@@ -92,10 +95,25 @@ def test_demo_runs_end_to_end_twice_and_leaves_nothing_running(tmp_path):
               if g["health"] == "failed"]
     assert [(g["health_reasons"], g["node"]) for g in failed] == [("xid 79", "prod-east-gpu-02")]
     # the usage ledger: the simulated notebook holds a GPU and does nothing
-    assert "usage --by namespace:" in err and "capacity --by model:" in err
-    idle = gpufleet_json("idle", "--since", "1h", "--for", "5s", "--db", db)
+    assert "GPU-hours over the last hour, by namespace:" in err
+    assert "capacity --by model:" in err
+    idle = gpufleet_json("idle", "--since", "1h", "--for", "12s", "--db", db)
     assert [(i["namespace"], i["pod"]) for i in idle] == [("research", "notebook-idle")]
     assert "research" in html and 'id="gpu-hours-by-day"' in html
+    # one idle answer: the console's idle list is the HTML report's, and the suggested
+    # command (printed with its flags) lists the same GPU
+    assert "notebook-idle" in err.split("idle (allocated")[1].split("capacity --by")[0]
+    assert "notebook-idle" in html and "No idle allocated" not in html
+    [suggested] = [line for line in out.splitlines() if " idle --since 1h" in line]
+    assert "--for 12s" in suggested
+    # one bucket grid end to end
+    engine = sa.create_engine(db)
+    with engine.connect() as conn:
+        sizes = conn.execute(sa.text("SELECT DISTINCT bucket_start, bucket_end FROM usage"
+                                     )).all()
+    engine.dispose()
+    assert sizes and {(dt.datetime.fromisoformat(str(e)) - dt.datetime.fromisoformat(str(b))
+                       ).total_seconds() for b, e in sizes} == {12.0}
 
 
 def test_demo_with_the_acm_hub_profile(tmp_path):
@@ -142,7 +160,7 @@ def test_suggested_commands_work_in_a_new_shell(tmp_path):
 
 
 def test_keep_running_keeps_syncing(hub, fleet, tmp_path):
-    from hub.devstack import keep_syncing
+    from hub.devstack import DEMO_BUCKET, keep_syncing
     from hub.store import HubClient
     from tests.support.promql import wait_for
     from tests.support.samples import sample_text
@@ -154,6 +172,16 @@ def test_keep_running_keeps_syncing(hub, fleet, tmp_path):
     said: list[str] = []
     with HubClient(hub.url) as client:
         assert keep_syncing(db, client, said.append, every=0.0, rounds=2) == 2
-    assert len(said) == 2 and all(s.startswith("sync: 1 clusters reporting") for s in said)
-    runs = gpufleet_json("inventory", "sync-runs", "--db", db)
-    assert [r["status"] for r in runs] == ["ok", "ok", "ok"]
+        assert len(said) == 2 and all(s.startswith("sync: 1 clusters reporting")
+                                      for s in said)
+        runs = gpufleet_json("inventory", "sync-runs", "--db", db)
+        assert [r["status"] for r in runs] == ["ok", "ok", "ok"]
+        # and, as serve does, each round collects the usage buckets that ended: wait (one
+        # round a second) until a bucket of the demo's grid has ended and been collected
+        deadline = time.monotonic() + 3 * DEMO_BUCKET + 10
+        while (not gpufleet_json("usage", "--since", "1h", "--db", db)
+               and time.monotonic() < deadline):
+            keep_syncing(db, client, said.append, every=1.0, rounds=1)
+    used = gpufleet_json("usage", "--since", "1h", "--by", "cluster", "--db", db)
+    assert [r["cluster"] for r in used] == ["east"] and used[0]["gpu_hours"] > 0
+    assert any(re.search(r"; usage: [1-9]\d* buckets of 12s collected", s) for s in said), said

@@ -130,9 +130,15 @@ def test_rollup_answers_equal_the_hourly_ledger(db_url):
         conn.execute(inv.usage.delete().where(
             inv.usage.c.bucket_start >= DAY0 + dt.timedelta(days=2),
             inv.usage.c.bucket_start < DAY0 + dt.timedelta(days=3)))
+    # (idle GPU-hours excepted: they are idle runs, read from the ledger by hub.usage's one
+    # idle function, and the rollup cannot say where a run starts)
+    def sums(rows: list[dict]) -> list[dict]:
+        return [{k: v for k, v in r.items() if k != "idle_allocated_gpu_hours"} for r in rows]
+
     with engine.connect() as conn:
-        assert whole and usage.usage_summary(conn, DAY0 + dt.timedelta(days=2),
-                                             DAY0 + dt.timedelta(days=3), ["cluster"]) == whole
+        assert whole and sums(usage.usage_summary(conn, DAY0 + dt.timedelta(days=2),
+                                                  DAY0 + dt.timedelta(days=3),
+                                                  ["cluster"])) == sums(whole)
     engine.dispose()
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from hub.common import ConfiguredCommand, UnavailableError
+from hub.common import ConfiguredCommand, UnavailableError, format_duration
 
 
 @click.command(cls=ConfiguredCommand)
@@ -26,14 +26,16 @@ from hub.common import ConfiguredCommand, UnavailableError
                    "without staleness markers, a look-back of twice the push interval, "
                    "clusterID on every series.")
 @click.option("--keep-running", is_flag=True,
-              help="Leave the fleet running at the end so you can try the PromQL; Ctrl-C stops.")
+              help="Leave the fleet running at the end so you can try the PromQL; it keeps "
+                   "syncing and collecting usage as `serve` does. Ctrl-C stops.")
 def demo(clusters: int, nodes: int, gpus_per_node: int, workdir: Path, keep_running: bool,
          acm_profile: bool, **_: Any) -> None:
     """Run a local multi-cluster GPU fleet end to end, on loopback.
 
     Starts a hub Prometheus with the remote-write receiver, one Prometheus agent per cluster
     and gpufleet's exporter (simulated NVIDIA and AMD GPUs, one MIG node) per node; then
-    runs sync, reconcile (against node lists with one deliberate mismatch) and report. One
+    runs sync, usage (GPU-hours of the last hour on the demo's one bucket grid, idle GPUs),
+    reconcile (against node lists with one deliberate mismatch) and report. One
     cluster goes silent partway, so the report shows a stale cluster. Every process it
     starts is stopped at the end or on Ctrl-C.
     """
@@ -80,7 +82,10 @@ def demo(clusters: int, nodes: int, gpus_per_node: int, workdir: Path, keep_runn
                    "in full, as below")
     click.echo(f"  {g} inventory clusters --db {db}")
     click.echo(f"  {g} inventory gpus --db {db} --cluster {result.clusters[0]['cluster']}")
-    click.echo(f"  {g} report --db {db} -o markdown")
+    for title, args in devstack.demo_usage_commands(db)[:2]:
+        click.echo(f"  {g} {' '.join(args)}   # {title}")
+    click.echo(f"  {g} report --db {db} --idle-for "
+               f"{format_duration(devstack.DEMO_IDLE_FOR)} -o markdown   # the demo's idle rule")
     click.echo(f"  {g} demo --keep-running   # then, while it runs:")
     click.echo(f"  {g} query 'count by (cluster) (DCGM_FI_DEV_GPU_TEMP)' "
                f"--hub-url {result.hub_url}")

@@ -59,6 +59,21 @@ def period(since: float | None, from_: str | None, until: str | None,
     return now - dt.timedelta(seconds=since), now + dt.timedelta(seconds=1)
 
 
+def idle_options(func):
+    """--idle-threshold and --idle-for: the one idle rule (hub.usage._idle) of `usage`'s idle
+    GPU-hours and `report`'s idle list; `idle --threshold/--for` default to the same."""
+    func = click.option(
+        "--idle-for", type=DURATION, default=format_duration(answers.IDLE_FOR_S),
+        show_default=True, metavar="DURATION", envvar="GPUFLEET_IDLE_FOR",
+        help="Allocated time counts as idle only in runs under --idle-threshold at least "
+             "this long (what `gpufleet idle --for` lists).")(func)
+    return click.option(
+        "--idle-threshold", type=click.FloatRange(0, 100),
+        default=answers.IDLE_THRESHOLD_PCT, show_default=True,
+        envvar="GPUFLEET_IDLE_THRESHOLD",
+        help="Average utilisation % under which an allocated bucket is idle.")(func)
+
+
 def period_options(func):
     func = click.option("--until", "until", metavar="ISO", help="End of the period (UTC).")(func)
     func = click.option("--from", "from_", metavar="ISO",
@@ -71,9 +86,7 @@ def period_options(func):
 @period_options
 @click.option("--by", "by", multiple=True, type=click.Choice(list(answers.GROUPS)),
               help="Group by (repeatable; default namespace).")
-@click.option("--idle-threshold", type=click.FloatRange(0, 100), default=5.0,
-              show_default=True, help="Average utilisation % under which an allocated "
-              "bucket counts as idle.")
+@idle_options
 @click.option("--prices", "prices_file", metavar="FILE", type=click.Path(dir_okay=False),
               help="Showback: YAML of prices per GPU-hour by model (as the exporter spells "
               "it), with optional per-cluster overrides; adds cost and unpriced_gpu_hours.")
@@ -81,7 +94,8 @@ def period_options(func):
 @output_option()
 @click.pass_context
 def usage(ctx: click.Context, since: float | None, from_: str | None, until: str | None,
-          by: tuple[str, ...], idle_threshold: float, prices_file: str | None,
+          by: tuple[str, ...], idle_threshold: float, idle_for: float,
+          prices_file: str | None,
           db: str | None, output: str, **_: Any) -> None:
     """GPU-hours per group from the usage ledger (fill it with `gpufleet usage collect`).
 
@@ -89,8 +103,8 @@ def usage(ctx: click.Context, since: float | None, from_: str | None, until: str
     gpu_hours                 GPU-equivalents x hours reporting (MIG slice = its share)
     allocated_gpu_hours       the part of it a pod held the GPU or slice
     busy_gpu_hours            sum of hours x average utilisation / 100
-    idle_allocated_gpu_hours  allocated hours whose bucket average stayed under
-                              --idle-threshold
+    idle_allocated_gpu_hours  allocated hours under --idle-threshold in runs of at
+                              least --idle-for (the wasted hours `idle` lists)
     avg_utilisation_pct       busy / gpu_hours x 100
     sm_active_gpu_hours       hours x average SM activity / 100 (null: not exported)
     avg_sm_active_pct         SM activity over the hours that exported it
@@ -111,7 +125,8 @@ def usage(ctx: click.Context, since: float | None, from_: str | None, until: str
         require_schema(engine)
         with engine.connect() as conn:
             rows = answers.usage_summary(conn, start, end, by, idle_threshold,
-                                         prices=prices, missing=missing)
+                                         idle_for=idle_for, prices=prices,
+                                         missing=missing)
     figures = [*answers.USAGE_FIGURES, *(answers.COST_FIGURES if prices else [])]
     emit(rows, [*answers.group_columns(by), *figures], output)
     if note := answers.missing_note(missing):
@@ -190,9 +205,12 @@ def collect(since: float | None, from_: str | None, until: str | None, bucket: f
 
 
 @click.command(cls=ConfiguredCommand)
-@click.option("--threshold", type=click.FloatRange(0, 100), default=5.0, show_default=True,
-              help="Average utilisation % under which an allocated hour is idle.")
-@click.option("--for", "for_", type=DURATION, default="2h", show_default=True,
+@click.option("--threshold", type=click.FloatRange(0, 100),
+              default=answers.IDLE_THRESHOLD_PCT, show_default=True,
+              envvar="GPUFLEET_IDLE_THRESHOLD",
+              help="Average utilisation % under which an allocated bucket is idle.")
+@click.option("--for", "for_", type=DURATION, default=format_duration(answers.IDLE_FOR_S),
+              show_default=True, envvar="GPUFLEET_IDLE_FOR",
               metavar="DURATION", help="Idle at least this long in a row.")
 @period_options
 @db_option

@@ -16,6 +16,7 @@ import click
 
 from hub import inventory as inv
 from hub import validate as validation
+from hub.commands.usage import idle_options
 from hub.common import (
     DURATION,
     EXIT_FINDINGS,
@@ -283,6 +284,7 @@ def reconcile(ctx: click.Context, source: str | None, contexts: tuple[str, ...],
 @max_age_option
 @push_interval_option
 @window_option
+@idle_options
 @click.option("--max-findings", type=click.IntRange(1), default=50, show_default=True,
               help="Findings listed in -o markdown (the rest are counted).")
 @click.option("--out", metavar="FILE",
@@ -293,8 +295,8 @@ def reconcile(ctx: click.Context, source: str | None, contexts: tuple[str, ...],
 @output_option("table", "json", "markdown", "html")
 @click.pass_context
 def report(ctx: click.Context, max_age: float, push_interval: float, window: float,
-           max_findings: int, out: str | None, cluster_label: str, db: str | None,
-           output: str, **opts: Any) -> None:
+           idle_threshold: float, idle_for: float, max_findings: int, out: str | None,
+           cluster_label: str, db: str | None, output: str, **opts: Any) -> None:
     """Check the latest data and print findings with a per-cluster summary.
 
     Checks freshness (newest sample against --max-age and twice --push-interval), expected
@@ -318,11 +320,13 @@ def report(ctx: click.Context, max_age: float, push_interval: float, window: flo
             with hub_client(opts) as client:
                 assessed = validation.assess(engine, client, max_age=max_age,
                                            push_interval=push_interval, window=window,
-                                           cluster_label=cluster_label)
+                                           cluster_label=cluster_label,
+                                           idle_threshold=idle_threshold, idle_for=idle_for)
         else:
             assessed = validation.assess(engine, None, max_age=max_age,
                                        push_interval=push_interval, window=window,
-                                       cluster_label=cluster_label)
+                                       cluster_label=cluster_label,
+                                       idle_threshold=idle_threshold, idle_for=idle_for)
     facts, findings, now = assessed.facts, assessed.findings, assessed.now
     hub_url, hub_failure = assessed.hub_url, assessed.hub_failure
     run = facts.reconcile

@@ -13,6 +13,10 @@ from hub.devstack._acm import (
     inject_matchers,
 )
 from hub.devstack._demo import (
+    DEMO_BUCKET,
+    DEMO_IDLE_FOR,
+    collect_usage,
+    demo_usage_commands,
     gpufleet_command,
     keep_syncing,
     run,
@@ -25,10 +29,14 @@ from hub.devstack._prometheus import (
 )
 
 __all__ = [
+    "DEMO_BUCKET",
+    "DEMO_IDLE_FOR",
     "MetricsCollector",
     "PrometheusProcess",
     "RbacQueryProxy",
     "Scope",
+    "collect_usage",
+    "demo_usage_commands",
     "free_port",
     "gpufleet_command",
     "hub_args",

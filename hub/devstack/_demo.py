@@ -25,7 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from hub import inventory as inv
-from hub.common import GpufleetError, InputError, UnavailableError, on_sigterm
+from hub import usage
+from hub.common import (
+    GpufleetError,
+    InputError,
+    UnavailableError,
+    format_duration,
+    on_sigterm,
+)
 from hub.devstack._acm import MetricsCollector, hub_args
 from hub.devstack._prometheus import PrometheusProcess, hub_config, start_agent
 from hub.inventory import run_sync
@@ -39,6 +46,22 @@ STALE_AFTER = 8.0  # seconds: short so the demo shows a stale cluster within its
 ACM_PUSH = STALE_AFTER / 2
 ACM_LOOKBACK = STALE_AFTER
 PROBE_TEMPERATURE = 99.0
+#: How often the demo's agents scrape and push (hub.devstack._prometheus.agent_config).
+AGENT_PUSH = 1.0
+#: The demo's push interval, said once to every command that measures coverage or
+#: freshness (collect, report): the agents' 1 s scrapes reach the hub in remote-write
+#: batches of up to 500 ms, so a sample lands in every 2 s slot; --acm-profile: ACM_PUSH.
+DEMO_PUSH = 2.0
+#: The demo's one usage grid: every collect the demo runs (its first screen and every
+#: --keep-running round) and every usage command it runs or suggests use buckets of this
+#: size, so no bucket of another size is ever summed beside them. A whole number of both
+#: push intervals (DEMO_PUSH, ACM_PUSH), which are the coverage resolution.
+DEMO_BUCKET = 12.0
+#: The idle rule at the demo's scale (`gpufleet idle` defaults to 2h): under 5 % for one
+#: whole bucket. The console, the HTML report and the suggested commands all use it.
+DEMO_IDLE_FOR = DEMO_BUCKET
+#: How far back the demo's collect catches up (the demo's whole life, with room).
+DEMO_BACKFILL = 3600.0
 
 Say = Callable[[str], None]
 
@@ -392,43 +415,66 @@ def run(*, clusters: int, nodes: int, gpus_per_node: int, workdir: Path, say: Sa
             engine.dispose()
 
             push = ACM_PUSH if acm_profile else DEMO_PUSH
-            usage_lines(db_url, hub.url, say, push)
+            usage_lines(db_url, client, say, push=push,
+                        progress=lambda done, want: progress("usage buckets ending", done,
+                                                             want))
             reconcile_counts = reconcile(p, workdir, db_url, say)
             report_exit = make_report(db_url, hub.url, report, say, push)
             if keep_running:
-                say(f"fleet still running, syncing every {KEEP_SYNC_EVERY:g}s; hub at "
-                    f"{hub.url}; inventory database {db_url}; HTML report {report}. "
-                    "Ctrl-C to stop.")
-                keep_syncing(db_url, client, say, every=KEEP_SYNC_EVERY)
+                say(f"fleet still running, syncing and collecting usage every "
+                    f"{KEEP_SYNC_EVERY:g}s; hub at {hub.url}; inventory database {db_url}; "
+                    f"HTML report {report}. Ctrl-C to stop.")
+                keep_syncing(db_url, client, say, every=KEEP_SYNC_EVERY, push=push)
         finally:
             fleet.close()
     return Result(db_url, report, hub.url, freshness, reconcile_counts, report_exit,
                   cluster_rows, time.monotonic() - started)
 
 
-#: The demo's push interval, said once: every command that measures coverage or freshness
-#: gets it (the agents scrape every second; --acm-profile pushes every ACM_PUSH).
-DEMO_PUSH = 2.0
-#: The demo's usage ledger: buckets of five push intervals instead of hours, one grid.
-DEMO_BUCKET_PUSHES = 5
+def collect_usage(engine, client: HubClient, *, push: float) -> usage.CollectResult:
+    """The demo's only call of the ledger's collect, as `serve` makes it after a sync, at the
+    demo's scale: the demo's grid, coverage in push-interval slots, a bucket collected once
+    it ended a push interval ago."""
+    return usage.collect_usage(engine, client, bucket=DEMO_BUCKET, push_interval=push,
+                               max_backfill=DEMO_BACKFILL)
 
 
-def usage_lines(db_url: str, hub_url: str, say: Say, push: float = DEMO_PUSH) -> None:
-    """Collect the demo's short buckets, then show usage, idle and capacity as a user would."""
-    bucket = f"{DEMO_BUCKET_PUSHES * push:g}s"
-    proc = _gpufleet("usage", "collect", "--db", db_url, "--hub-url", hub_url, "--bucket",
-                     bucket, "--push-interval", f"{push:g}s", "--max-backfill", "2m",
-                     "-o", "json")
-    if proc.returncode != 0:
-        raise UnavailableError(f"demo: usage collect failed: {_last_line(proc.stderr)}")
-    collected = json.loads(proc.stdout)
-    say(f"usage collect: {len(collected['collected'])} buckets of {bucket}, "
-        f"{collected['rows']} rows")
-    for title, args in (("usage --by namespace", ["usage", "--since", "10m"]),
-                        ("idle (allocated, under 5% for 10s)",
-                         ["idle", "--since", "10m", "--for", "10s"]),
-                        ("capacity --by model", ["capacity"])):
-        out = _gpufleet(*args, "--db", db_url)
+def demo_usage_commands(db_url: str) -> list[tuple[str, list[str]]]:
+    """The usage commands the demo shows (and suggests): GPU-hours of the last hour, the
+    idle list under the demo's idle rule, capacity; each with the flags it needs."""
+    since = ["--since", "1h", "--db", db_url]
+    idle_for = format_duration(DEMO_IDLE_FOR)
+    return [("GPU-hours over the last hour, by namespace",
+             ["usage", *since, "--idle-for", idle_for]),
+            (f"idle (allocated, under 5% for {idle_for} or more)",
+             ["idle", *since, "--for", idle_for]),
+            ("capacity --by model", ["capacity", "--db", db_url])]
+
+
+def usage_lines(db_url: str, client: HubClient, say: Say, *, push: float,
+                progress: Callable[[int, int], None] = lambda done, want: None,
+                timeout: float = 3 * DEMO_BUCKET) -> None:
+    """Collect the demo's buckets (waiting, up to ``timeout``, for the first one with rows to
+    end), then show GPU-hours, idle and capacity as a user would type them."""
+    engine = inv.make_engine(db_url)
+    deadline = time.monotonic() + timeout
+    buckets = rows = 0
+    try:
+        while True:
+            result = collect_usage(engine, client, push=push)
+            if result.failed:
+                raise UnavailableError(f"demo: usage collect failed: {result.failed[0][1]}")
+            buckets += len(result.collected)
+            rows += result.rows
+            progress(min(rows, 1), 1)
+            if rows or time.monotonic() > deadline:
+                break
+            time.sleep(push)
+    finally:
+        engine.dispose()
+    say(f"usage collect: {buckets} buckets of {format_duration(DEMO_BUCKET)}, {rows} rows")
+    for title, args in demo_usage_commands(db_url):
+        out = _gpufleet(*args)
         if out.returncode != 0:
             raise UnavailableError(f"demo: {args[0]} failed: {_last_line(out.stderr)}")
         say(f"{title}:")
@@ -440,16 +486,24 @@ KEEP_SYNC_EVERY = 15.0
 
 
 def keep_syncing(db_url: str, client: HubClient, say: Say, *, every: float,
-                 rounds: int | None = None, sleep: Callable[[float], None] = time.sleep) -> int:
+                 push: float = DEMO_PUSH, rounds: int | None = None,
+                 sleep: Callable[[float], None] = time.sleep) -> int:
     """--keep-running: the inventory follows the live fleet (a stopped agent turns stale, a
-    started one returns) instead of freezing at the demo's end. Returns the rounds run."""
+    started one returns) instead of freezing at the demo's end, and, as `serve` does, every
+    sync is followed by a collect of the usage buckets that ended. Returns the rounds run."""
     done = 0
     while rounds is None or done < rounds:
         sleep(every)
         engine = inv.make_engine(db_url)
         try:
             result = run_sync(engine, client, stale_after=STALE_AFTER)
-            say(f"sync: {result.clusters} clusters reporting, {result.gpus} GPUs active")
+            line = f"sync: {result.clusters} clusters reporting, {result.gpus} GPUs active"
+            collected = collect_usage(engine, client, push=push)
+            line += (f"; usage: {len(collected.collected)} buckets of "
+                     f"{format_duration(DEMO_BUCKET)} collected")
+            if collected.failed:
+                line += f", {len(collected.failed)} failed ({collected.failed[0][1]})"
+            say(line)
         except GpufleetError as exc:
             say(f"sync failed: {exc.format_message()}")
         finally:
@@ -501,13 +555,15 @@ def reconcile(p: Plan, workdir: Path, db_url: str, say: Say) -> dict[str, int]:
 
 def make_report(db_url: str, hub_url: str, out: Path, say: Say,
                 push: float = DEMO_PUSH) -> int:
+    idle = ["--idle-for", format_duration(DEMO_IDLE_FOR)]  # the console's idle rule
+    warn = f"{push:g}s"
     proc = _gpufleet("report", "--db", db_url, "--hub-url", hub_url,
-                     "--max-age", f"{STALE_AFTER:g}s", "--push-interval", f"{push:g}s",
+                     "--max-age", f"{STALE_AFTER:g}s", "--push-interval", warn, *idle,
                      "-o", "html", "--out", str(out))
     if proc.returncode not in (0, 1) or not out.exists():
         raise UnavailableError(f"demo: report failed: {_last_line(proc.stderr)}")
     summary = _gpufleet("report", "--db", db_url, "--max-age", f"{STALE_AFTER:g}s",
-                        "--push-interval", f"{push:g}s", "-o", "json")
+                        "--push-interval", warn, *idle, "-o", "json")
     findings = json.loads(summary.stdout).get("findings", []) if summary.stdout else []
     by_severity: dict[str, int] = {}
     for f in findings:

@@ -318,14 +318,20 @@ def usage_section(conn: Connection, *, scope: Scope = FULL) -> Section | None:
 
 
 def idle_section(conn: Connection, *, scope: Scope = FULL) -> Section | None:
-    """Allocated GPUs idle for 2 h in a row within the last 24 h: the list to reclaim."""
+    """Allocated GPUs idle for 2 h in a row within the last 24 h: the list to reclaim.
+    Read by the same function and rule as the usage section's idle GPU-hours, which its
+    title repeats, so the two sections cannot disagree."""
     from hub import usage
 
-    rows = usage.idle_allocated(conn, *_window(), clusters=scope.clusters,
+    rows = usage.idle_allocated(conn, *_window(), threshold=usage.IDLE_THRESHOLD_PCT,
+                                for_seconds=usage.IDLE_FOR_S, clusters=scope.clusters,
                                 namespaces=scope.namespaces)
     shown = [{**r, "idle_since": iso(r.get("idle_since")), "_href": _gpu_href(r["uuid"])}
              for r in rows]
-    return Section("idle", "Idle allocated GPUs, last 24 h", [
+    wasted = round(sum(r["wasted_gpu_hours"] for r in rows), 2)
+    return Section("idle", f"Idle allocated GPUs (under {usage.IDLE_THRESHOLD_PCT:g}% for "
+                   f"{human_duration(usage.IDLE_FOR_S)} or more), last 24 h: {wasted:g} "
+                   "idle GPU-hours", [
         ("cluster", "Cluster"), ("node", "Node"), ("uuid", "GPU"), ("slice", "Slice"),
         ("namespace", "Namespace"), ("pod", "Pod"), ("idle_since", "Idle since"),
         ("wasted_gpu_hours", "GPU-hours wasted")],

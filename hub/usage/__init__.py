@@ -10,11 +10,9 @@ from hub.usage._answers import (
     CAPACITY_FIGURES,
     CAPACITY_GROUPS,
     GROUPS,
-    IDLE_COLUMNS,
     USAGE_FIGURES,
     capacity,
     group_columns,
-    idle_allocated,
     rollup_days,
     summary_select,
     usage_frame,
@@ -22,6 +20,14 @@ from hub.usage._answers import (
 )
 from hub.usage._fold import fold_bucket
 from hub.usage._history import HISTORY_COLUMNS, gpu_history
+from hub.usage._idle import (
+    IDLE_COLUMNS,
+    IDLE_FOR_S,
+    IDLE_THRESHOLD_PCT,
+    idle_allocated,
+    idle_gpu_hours,
+    idle_runs,
+)
 from hub.usage._ledger import (
     CONFIRM_BUCKETS,
     MAX_BUCKETS,
@@ -48,6 +54,8 @@ __all__ = [
     "GROUPS",
     "HISTORY_COLUMNS",
     "IDLE_COLUMNS",
+    "IDLE_FOR_S",
+    "IDLE_THRESHOLD_PCT",
     "MAX_BUCKETS",
     "USAGE_FIGURES",
     "CollectResult",
@@ -64,6 +72,8 @@ __all__ = [
     "gpu_history",
     "group_columns",
     "idle_allocated",
+    "idle_gpu_hours",
+    "idle_runs",
     "ledger_bucket",
     "load_prices",
     "missing_note",

@@ -4,8 +4,9 @@ Figures (docs/usage.md says the same to users):
 - gpu_hours: GPU-equivalents x hours with samples (a MIG slice is its share of the GPU);
 - allocated_gpu_hours: the part of it during which a pod held the GPU or slice;
 - busy_gpu_hours: sum of hours x average utilisation / 100;
-- idle_allocated_gpu_hours: allocated hours in buckets whose average utilisation stayed
-  under the idle threshold;
+- idle_allocated_gpu_hours: the wasted GPU-hours of the idle list (hub.usage._idle): allocated
+  buckets under the idle threshold in runs of at least the idle time, the same answer `idle`,
+  the report and the live page give;
 - sm_active_gpu_hours: sum of hours x average SM activity / 100 (DCGM_FI_PROF_SM_ACTIVE,
   else GR_ENGINE_ACTIVE; AMD's GPU_PROF_SM_ACTIVE), over the rows that export it: null, never
   0, where none does; avg_sm_active_pct is it over those rows' GPU-hours;
@@ -24,6 +25,7 @@ from sqlalchemy.engine import Connection
 from hub import inventory as inv
 from hub import store
 from hub.usage._dra import claim_held
+from hub.usage._idle import IDLE_FOR_S, IDLE_THRESHOLD_PCT, idle_gpu_hours, idle_runs
 from hub.usage._ledger import rollup_sums
 from hub.usage._prices import Prices, add_costs
 
@@ -52,6 +54,10 @@ def _clean(row: dict[str, Any]) -> dict[str, Any]:
         if row.get(key) == "":
             row[key] = None
     return row
+
+
+def _blank(value: Any) -> Any:
+    return None if value == "" else value
 
 
 def _within(stmt: sa.Select, clusters: Collection[str] | None,
@@ -130,7 +136,9 @@ def summary_select(conn: Connection, start: dt.datetime, end: dt.datetime,
 
 
 def usage_summary(conn: Connection, start: dt.datetime, end: dt.datetime,
-                  by: Sequence[str] = ("namespace",), idle_threshold: float = 5.0, *,
+                  by: Sequence[str] = ("namespace",),
+                  idle_threshold: float = IDLE_THRESHOLD_PCT, *,
+                  idle_for: float = IDLE_FOR_S,
                   clusters: Collection[str] | None = None,
                   namespaces: Collection[str] | None = None,
                   rollup: bool = True, prices: Prices | None = None,
@@ -140,13 +148,18 @@ def usage_summary(conn: Connection, start: dt.datetime, end: dt.datetime,
     counted (a scoped API caller sees only its own). With ``prices`` each row also has
     ``cost`` and ``unpriced_gpu_hours`` (hub/usage/_prices.py): the database sums per group,
     cluster and model (a price is per cluster and model), and the groups add those up;
-    ``missing`` (a dict) receives the unpriced GPU-hours per (cluster, model)."""
+    ``missing`` (a dict) receives the unpriced GPU-hours per (cluster, model).
+    idle_allocated_gpu_hours comes from idle_runs with ``idle_threshold`` and ``idle_for``,
+    so it is exactly what `idle` lists (hub/usage/_idle.py)."""
     cols = group_columns(by)
     read = cols + [c for c in ("cluster", "model") if prices is not None and c not in cols]
     stmt = summary_select(conn, start, end, read, idle_threshold, clusters=clusters,
                           namespaces=namespaces, rollup=rollup, columns=read)
     if stmt is None:
         return []
+    idle = idle_gpu_hours(idle_runs(conn, start, end, threshold=idle_threshold,
+                                    for_seconds=idle_for, clusters=clusters,
+                                    namespaces=namespaces), cols)
     groups: dict[tuple, dict[str, Any]] = {}
     parts: list[tuple[tuple, Any]] = []
     for r in conn.execute(stmt).mappings():
@@ -162,9 +175,10 @@ def usage_summary(conn: Connection, start: dt.datetime, end: dt.datetime,
     out = []
     for group in groups.values():
         row = {c: group[c] for c in cols}
-        for f in ("gpu_hours", "allocated_gpu_hours", "busy_gpu_hours",
-                  "idle_allocated_gpu_hours"):
+        for f in ("gpu_hours", "allocated_gpu_hours", "busy_gpu_hours"):
             row[f] = round(group[f], 6)
+        row["idle_allocated_gpu_hours"] = round(
+            idle.get(tuple(_blank(group[c]) for c in cols), 0.0), 6)
         row["avg_utilisation_pct"] = (round(100.0 * group["busy_gpu_hours"] /
                                             group["gpu_hours"], 3)
                                       if group["gpu_hours"] else None)
@@ -180,66 +194,6 @@ def usage_summary(conn: Connection, start: dt.datetime, end: dt.datetime,
             row["unpriced_gpu_hours"] = group["unpriced_gpu_hours"]
         out.append(_clean(row))
     return out
-
-
-IDLE_COLUMNS = ["cluster", "node", "uuid", "slice", "namespace", "pod", "idle_since",
-                "idle_until", "idle_hours", "wasted_gpu_hours", "avg_utilisation_pct"]
-
-
-def idle_allocated(conn: Connection, start: dt.datetime, end: dt.datetime, *,
-                   threshold: float = 5.0, for_seconds: float = 7200.0,
-                   clusters: Collection[str] | None = None,
-                   namespaces: Collection[str] | None = None) -> list[dict[str, Any]]:
-    """Allocated GPUs/slices whose bucket averages stayed under the threshold for at least
-    ``for_seconds`` in a row (consecutive buckets) within [start, end), most wasted first."""
-    key = [U.c.cluster, U.c.node, U.c.uuid, U.c.slice, U.c.namespace, U.c.pod]
-    stmt = (sa.select(*key, U.c.bucket_start, U.c.bucket_end, U.c.gpu_hours,
-                      U.c.avg_utilisation_pct)
-            .where(U.c.bucket_start >= start, U.c.bucket_start < end, U.c.pod != "")
-            .order_by(*key, U.c.bucket_start))
-    stmt = _within(stmt, clusters, namespaces)
-    found: dict[tuple, dict[str, Any]] = {}
-    run: list[Any] = []
-    run_key: tuple | None = None
-
-    def close() -> None:
-        if not run or run_key is None:
-            return
-        seconds = (run[-1].bucket_end - run[0].bucket_start).total_seconds()
-        if seconds < for_seconds:
-            return
-        item = found.setdefault(run_key, {
-            **dict(zip(["cluster", "node", "uuid", "slice", "namespace", "pod"], run_key,
-                       strict=True)),
-            "idle_since": run[0].bucket_start, "idle_until": run[-1].bucket_end,
-            "idle_hours": 0.0, "wasted_gpu_hours": 0.0, "_busy": 0.0})
-        item["idle_until"] = run[-1].bucket_end
-        item["idle_hours"] += seconds / 3600.0
-        for r in run:
-            item["wasted_gpu_hours"] += r.gpu_hours
-            item["_busy"] += r.gpu_hours * (r.avg_utilisation_pct or 0.0)
-
-    for r in conn.execute(stmt):
-        k = tuple(r[:6])
-        idle = (r.avg_utilisation_pct or 0.0) < threshold
-        contiguous = run and k == run_key and run[-1].bucket_end == r.bucket_start
-        if not (idle and contiguous):
-            close()
-            run = []
-        if idle:
-            run.append(r)
-            run_key = k
-    close()
-    out = []
-    for item in found.values():
-        busy = item.pop("_busy")
-        item["avg_utilisation_pct"] = (round(busy / item["wasted_gpu_hours"], 3)
-                                       if item["wasted_gpu_hours"] else None)
-        item["idle_hours"] = round(item["idle_hours"], 6)
-        item["wasted_gpu_hours"] = round(item["wasted_gpu_hours"], 6)
-        out.append(_clean(item))
-    return sorted(out, key=lambda i: (-i["wasted_gpu_hours"], i["cluster"], i["node"],
-                                      i["uuid"]))
 
 
 CAPACITY_FIGURES = ["total", "active", "stale", "allocated", "free"]

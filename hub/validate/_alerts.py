@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from hub import inventory, store
-from hub.common import format_duration
+from hub.common import format_duration, parse_duration
 from hub.store import HubClient, PartialResponse, VendorProfile
 from hub.validate._checks import GpuRef, HubHistory, NodeRef
 
@@ -94,7 +94,9 @@ def gpu_count_dropped(p: VendorProfile, window: str, offset: str, cl: str) -> st
 
 def zero_usage(p: VendorProfile, window: str, cl: str) -> str:
     """GPUs (or MIG slices) with a pod allocated whose utilisation was exactly 0 in every
-    sample of the window (and at least MIN_SAMPLES samples).
+    sample of the window (and at least MIN_SAMPLES samples). The value is the seconds from
+    the first of those samples until now (at the subquery's resolution), so a finding names
+    the span it saw: a GPU that appeared 3 minutes ago was not idle "for the whole hour".
 
     Utilisation means what the inventory stores: the utilisation field of a physical GPU, the
     profiling counter of a MIG slice (DCGM reports GPU_UTIL 0 on slices), so a slice whose
@@ -106,14 +108,19 @@ def zero_usage(p: VendorProfile, window: str, cl: str) -> str:
     slice_labels = store.SLICE_LABELS[p.vendor]
     on_slices = f', {slice_labels[0]}!=""' if slice_labels else ""
     engine = _field_names(p, store.ENGINE_ACTIVE) if slice_labels else []
+    # the span's resolution: a thirtieth of the window (the default, the evaluation
+    # interval, can be longer than a short window and find nothing)
+    step = format_duration(max(1.0, parse_duration(window) / 30))
 
     def idle(name: str, extra: str) -> list[str]:
         out = []
         # the exporter's own pod (target labels, store.allocation) is never a GPU's user
         not_exporter = f', pod!~"{store.EXPORTER_POD_REGEX}", exported_pod=""'
         for pod, rule in (("pod", not_exporter), ("exported_pod", "")):
-            sel = f'{name}{{{p.device_matcher}{extra}, {pod}!=""{rule}}}[{window}]'
-            out.append(f"max by ({keep}) ((max_over_time({sel}) == 0) and "
+            series = f'{name}{{{p.device_matcher}{extra}, {pod}!=""{rule}}}'
+            sel = f"{series}[{window}]"
+            out.append(f"max by ({keep}) ((time() - min_over_time(timestamp({series})"
+                       f"[{window}:{step}])) and (max_over_time({sel}) == 0) and "
                        f"(count_over_time({sel}) >= {MIN_SAMPLES}))")
         return out
 
@@ -205,8 +212,10 @@ def read_history(client: HubClient, *, window: float, max_age: float, push_inter
                 continue
             gpu = ident.uuid + (f" {ident.mig_profile}/{ident.mig_instance or ''}"
                                 if ident.mig_profile else "")
+            seen = float(row["value"][1]) if row.get("value") else None
             history.zero_usage.append(GpuRef(ident.cluster, ident.node, gpu,
-                                             f"{alloc[0]}/{alloc[1]}"))
+                                             f"{alloc[0]}/{alloc[1]}",
+                                             None if seen is None else min(seen, window)))
         for row in _rows(client, stuck_exporter(p, w, cl), at):
             labels = row.get("metric") or {}
             history.stuck.append(NodeRef(labels.get(cl, ""), _node(p, labels)))

@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy.engine import Engine
 
 from hub import inventory as inv
-from hub.common import UnavailableError, format_duration
+from hub.common import UnavailableError, format_duration, human_duration
 from hub.store import HubClient, PartialResponse
 from hub.validate import _checks as checks
 from hub.validate import _reconcile as rc
@@ -65,7 +65,8 @@ class Assessment:
 
 
 def assess(engine: Engine, client: HubClient | None, *, max_age: float, push_interval: float,
-           window: float, cluster_label: str) -> Assessment:
+           window: float, cluster_label: str, idle_threshold: float | None = None,
+           idle_for: float | None = None) -> Assessment:
     """Run every check on the latest inventory (and the hub's recent history, given a client).
 
     A hub that fails is not fatal here: the assessment carries an error finding and the
@@ -92,9 +93,10 @@ def assess(engine: Engine, client: HubClient | None, *, max_age: float, push_int
     else:
         facts.hub_skipped = "no hub URL configured (--hub-url or GPUFLEET_HUB_URL)"
     findings = checks.run_checks(facts, max_age=max_age, push_interval=push_interval)
+    rule = idle_rule(idle_threshold, idle_for)
     with engine.connect() as conn:
-        findings += idle_allocated_findings(conn, now)
-        usage_view = usage_summary(conn, now)
+        usage_view = usage_summary(conn, now, *rule)
+        findings += idle_allocated_findings(usage_view["idle"], rule[0])
     if failure is not None:
         findings.insert(0, checks.Finding(checks.ERROR, "hub", "hub checks failed: "
                                           + failure.format_message()))
@@ -102,46 +104,52 @@ def assess(engine: Engine, client: HubClient | None, *, max_age: float, push_int
                       usage_view)
 
 
-#: The report's idle rule: the `gpufleet idle` defaults over the last day.
-IDLE_THRESHOLD_PCT = 5.0
-IDLE_FOR = 2 * 3600.0
+#: The report looks back one day; its idle rule is `gpufleet idle`'s (hub.usage's defaults).
 IDLE_LOOKBACK = 24 * 3600.0
 #: days of the report's GPU-hours-per-day chart (today included)
 CHART_DAYS = 14
 
 
-def idle_allocated_findings(conn: Any, now: dt.datetime) -> list[checks.Finding]:
-    """Allocated GPUs idle for IDLE_FOR in a row in the last day (from the usage ledger;
-    nothing when `usage collect` has not run): the list a platform team reclaims from."""
+def idle_rule(threshold: float | None, for_seconds: float | None) -> tuple[float, float]:
+    """(threshold %, seconds in a row): the given values, else the shared idle defaults."""
     from hub import usage
 
-    rows = usage.idle_allocated(conn, now - dt.timedelta(seconds=IDLE_LOOKBACK), now,
-                                threshold=IDLE_THRESHOLD_PCT, for_seconds=IDLE_FOR)
+    return (usage.IDLE_THRESHOLD_PCT if threshold is None else threshold,
+            usage.IDLE_FOR_S if for_seconds is None else for_seconds)
+
+
+def idle_allocated_findings(idle: list[dict[str, Any]],
+                            threshold: float) -> list[checks.Finding]:
+    """One finding per entry of the report's idle list (usage_summary's "idle", read by
+    hub.usage.idle_runs like `gpufleet idle`): the list a platform team reclaims from."""
     return [checks.Finding(
         checks.WARNING, "idle_allocated_gpu",
-        f"allocated to {r['namespace']}/{r['pod']} but under {IDLE_THRESHOLD_PCT:g}% "
-        f"utilisation for {r['idle_hours']:g}h in a row ({r['wasted_gpu_hours']:g} "
+        f"allocated to {r['namespace']}/{r['pod']} but under {threshold:g}% "
+        f"utilisation for {human_duration(r['idle_hours'] * 3600)} in a row "
+        f"({r['wasted_gpu_hours']:g} "
         "GPU-hours wasted)",
         r["cluster"], r["node"], r["uuid"] + (f" {r['slice']}" if r["slice"] else ""),
         r["namespace"])
-        for r in rows]
+        for r in idle]
 
 
-def usage_summary(conn: Any, now: dt.datetime) -> dict[str, Any]:
+def usage_summary(conn: Any, now: dt.datetime, threshold: float | None = None,
+                  for_seconds: float | None = None) -> dict[str, Any]:
     """The report's usage section: the last day by namespace, idle allocated GPUs, capacity,
-    and for its charts GPU-hours per day by namespace (CHART_DAYS) and utilisation per
-    bucket over the last day."""
+    with one idle rule for the figures and the list, and for its charts GPU-hours per day by
+    namespace (CHART_DAYS) and utilisation per bucket over the last day."""
     from hub import usage
 
+    threshold, for_seconds = idle_rule(threshold, for_seconds)
     since = now - dt.timedelta(seconds=IDLE_LOOKBACK)
     days_since = inv.day_of(now) - (CHART_DAYS - 1) * inv.DAY
     return {"since": since,
             "days_since": days_since,
             "by_day": usage.daily_by_namespace(conn, days_since, now,
-                                               idle_threshold=IDLE_THRESHOLD_PCT),
+                                               idle_threshold=threshold),
             "utilisation": usage.utilisation_over_time(conn, since, now),
-            "by_namespace": usage.usage_summary(conn, since, now, ["namespace"],
-                                                IDLE_THRESHOLD_PCT),
-            "idle": usage.idle_allocated(conn, since, now, threshold=IDLE_THRESHOLD_PCT,
-                                         for_seconds=IDLE_FOR),
+            "by_namespace": usage.usage_summary(conn, since, now, ["namespace"], threshold,
+                                                idle_for=for_seconds),
+            "idle": usage.idle_allocated(conn, since, now, threshold=threshold,
+                                         for_seconds=for_seconds),
             "capacity": usage.capacity(conn, ["model"])}

@@ -115,6 +115,8 @@ class GpuRef:
     node: str
     gpu: str
     pod: str | None = None
+    #: seconds of the window the hub had samples for (None: the whole window)
+    seen: float | None = None
 
 
 @dataclass(frozen=True)
@@ -340,12 +342,25 @@ def hub_skipped(reason: str) -> list[Finding]:
                                         "and hub-visibility checks skipped")]
 
 
+#: a GPU seen for this share of the window or more was seen "for the whole" window (the
+#: span is measured at the hub's subquery resolution)
+WHOLE_WINDOW = 0.95
+
+
 def check_zero_usage(history: HubHistory) -> list[Finding]:
+    """Names the span actually seen: a GPU that reported for 3 minutes of the hour was not
+    idle for the whole hour."""
     window = human(history.window)
+
+    def span(g: GpuRef) -> str:
+        if g.seen is None or g.seen >= WHOLE_WINDOW * history.window:
+            return f"for the whole {window}"
+        return (f"in every sample of the {human(max(g.seen, 1.0))} it reported "
+                f"(of the {window} window)")
+
     return [Finding(WARNING, "zero_usage",
-                    f"utilisation exactly 0 for the whole {window} while pod {g.pod} is "
-                    "allocated to it", g.cluster, g.node, g.gpu,
-                    g.pod.partition("/")[0] if g.pod else None)
+                    f"utilisation exactly 0 {span(g)} while pod {g.pod} is allocated to it",
+                    g.cluster, g.node, g.gpu, g.pod.partition("/")[0] if g.pod else None)
             for g in history.zero_usage]
 
 

@@ -1,0 +1,172 @@
+"""The one idle answer: allocated GPUs and MIG slices whose bucket averages stayed under a
+threshold for at least a given time in a row.
+
+`idle`, the idle GPU-hours of `usage`, the report's idle_allocated_gpu finding, the live
+page and the demo all read idle time through :func:`idle_runs`, with the same defaults
+(IDLE_THRESHOLD_PCT, IDLE_FOR_S), so on one database over one period they cannot disagree:
+idle GPU-hours of a group are exactly the wasted GPU-hours of the idle list's entries in it.
+
+A bucket counts as idle only when the pod had samples in it (gpu_hours > 0) and a
+utilisation was measured: an empty bucket or an unknown utilisation is not evidence of
+idleness, so a run never starts before the pod's first sample.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Collection, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from hub import inventory as inv
+
+U = inv.usage
+#: The defaults every idle answer shares (`idle --threshold/--for`, `usage --idle-threshold
+#: /--idle-for`, the report, the live page).
+IDLE_THRESHOLD_PCT = 5.0
+IDLE_FOR_S = 2 * 3600.0
+
+IDLE_COLUMNS = ["cluster", "node", "uuid", "slice", "namespace", "pod", "idle_since",
+                "idle_until", "idle_hours", "wasted_gpu_hours", "avg_utilisation_pct"]
+_KEY = ["cluster", "node", "uuid", "slice", "namespace", "pod"]
+
+
+def _blank(value: Any) -> Any:
+    return None if value == "" else value
+
+
+def idle_runs(conn: Connection, start: dt.datetime, end: dt.datetime, *,
+              threshold: float = IDLE_THRESHOLD_PCT, for_seconds: float = IDLE_FOR_S,
+              clusters: Collection[str] | None = None,
+              namespaces: Collection[str] | None = None) -> list[dict[str, Any]]:
+    """Idle allocated GPUs/slices over the buckets starting in [start, end), most wasted
+    first: one entry per GPU or slice and pod, summing its runs of consecutive idle buckets
+    that lasted at least ``for_seconds``. Each entry also carries ``model`` (for grouping by
+    model); the IDLE_COLUMNS are what a user is shown."""
+    key = [U.c[c] for c in _KEY]
+    where = [U.c.bucket_start >= start, U.c.bucket_start < end, U.c.pod != "",
+             U.c.gpu_hours > 0, U.c.avg_utilisation_pct.is_not(None),
+             U.c.avg_utilisation_pct < threshold]
+    if clusters is not None:
+        where.append(U.c.cluster.in_(sorted(clusters)))
+    if namespaces is not None:
+        where.append(U.c.namespace.in_(sorted(namespaces)))
+    candidates = _candidates(conn, start, end, threshold)
+    if candidates is not None:
+        where.append(U.c.uuid.in_(candidates))
+    found: dict[tuple, dict[str, Any]] = {}
+
+    def add(k: tuple, model: str | None, since: dt.datetime, until: dt.datetime,
+            wasted: float, busy: float) -> None:
+        seconds = (until - since).total_seconds()
+        if seconds < for_seconds:
+            return
+        item = found.setdefault(k, {
+            **{c: _blank(v) for c, v in zip(_KEY, k, strict=True)}, "model": model,
+            "idle_since": since, "idle_until": until,
+            "idle_hours": 0.0, "wasted_gpu_hours": 0.0, "_busy": 0.0})
+        item["idle_until"] = until
+        item["idle_hours"] += seconds / 3600.0
+        item["wasted_gpu_hours"] += wasted
+        item["_busy"] += busy
+
+    # First the idle buckets summed per GPU and pod in the database: where they are one
+    # unbroken run (as many buckets as fit between the first start and the last end, on
+    # the ledger's one grid) that sum is the run. Only the others are walked row by row.
+    busy_sum = sa.func.sum(U.c.gpu_hours * U.c.avg_utilisation_pct)
+    summed = (sa.select(*key, sa.func.min(U.c.model), sa.func.count(),
+                        sa.func.min(U.c.bucket_start), sa.func.max(U.c.bucket_start),
+                        sa.func.max(U.c.bucket_end), sa.func.sum(U.c.gpu_hours), busy_sum)
+              .where(*where).group_by(*key))
+    broken: set[tuple] = set()
+    for r in conn.execute(summed):
+        k, (model, n, first, last, until, wasted, busy) = tuple(r[:6]), tuple(r[6:])
+        if (until - first) == n * (until - last):
+            add(k, model, first, until, wasted or 0.0, busy or 0.0)
+        else:
+            broken.add(k)
+    if broken:
+        rows = conn.execute(
+            sa.select(*key, U.c.model, U.c.bucket_start, U.c.bucket_end, U.c.gpu_hours,
+                      U.c.avg_utilisation_pct)
+            .where(*where, U.c.uuid.in_(sorted({k[2] for k in broken})))
+            .order_by(*key, U.c.bucket_start))
+        run: list[Any] = []
+
+        def close() -> None:
+            if run:
+                add(tuple(run[0][:6]), run[0].model, run[0].bucket_start,
+                    run[-1].bucket_end, sum(r.gpu_hours for r in run),
+                    sum(r.gpu_hours * r.avg_utilisation_pct for r in run))
+
+        for r in rows:
+            if tuple(r[:6]) not in broken:
+                continue
+            # only idle buckets are read: a busy or missing bucket between two is a gap
+            if not (run and tuple(r[:6]) == tuple(run[-1][:6])
+                    and run[-1].bucket_end == r.bucket_start):
+                close()
+                run = []
+            run.append(r)
+        close()
+    out = []
+    for item in found.values():
+        busy = item.pop("_busy")
+        item["avg_utilisation_pct"] = (round(busy / item["wasted_gpu_hours"], 3)
+                                       if item["wasted_gpu_hours"] else None)
+        item["idle_hours"] = round(item["idle_hours"], 6)
+        item["wasted_gpu_hours"] = round(item["wasted_gpu_hours"], 6)
+        out.append(item)
+    return sorted(out, key=lambda i: (-i["wasted_gpu_hours"], i["cluster"], i["node"],
+                                      i["uuid"], i["slice"] or "", i["pod"] or ""))
+
+
+def _candidates(conn: Connection, start: dt.datetime, end: dt.datetime,
+                threshold: float) -> sa.Select | None:
+    """The GPUs that can have an idle bucket in [start, end), so a month's idle runs read
+    the idle GPUs' rows by the ledger's uuid index instead of every row of the month: those
+    with idle allocated hours in the daily rollup's whole days (counted there at
+    ROLLUP_IDLE_THRESHOLD, with an unknown utilisation as 0: a superset for any threshold
+    up to it) and those with an idle bucket in the hours at the edges. None: no narrowing
+    (a higher threshold, or no whole day in the period)."""
+    from hub.usage._answers import rollup_days  # (it imports this module)
+
+    if threshold > inv.ROLLUP_IDLE_THRESHOLD:
+        return None
+    days = rollup_days(conn, start, end)
+    if days is None:
+        return None
+    D = inv.usage_daily
+    parts: list[sa.Select] = [
+        sa.select(D.c.uuid).where(D.c.day >= days[0], D.c.day < days[1],
+                                  D.c.idle_allocated_gpu_hours > 0)]
+    for a, b in ((start, days[0]), (days[1], end)):
+        if a < b:
+            parts.append(sa.select(U.c.uuid).where(
+                U.c.bucket_start >= a, U.c.bucket_start < b, U.c.pod != "",
+                U.c.avg_utilisation_pct < threshold))
+    return sa.union(*parts) if len(parts) > 1 else parts[0].distinct()
+
+
+def idle_gpu_hours(runs: Sequence[dict[str, Any]],
+                   columns: Sequence[str]) -> dict[tuple, float]:
+    """The idle runs' wasted GPU-hours summed per group (the group's column values, None
+    for '' as the usage rows show them): usage's idle_allocated_gpu_hours."""
+    sums: dict[tuple, float] = {}
+    for run in runs:
+        k = tuple(run[c] for c in columns)
+        sums[k] = sums.get(k, 0.0) + run["wasted_gpu_hours"]
+    return sums
+
+
+def idle_allocated(conn: Connection, start: dt.datetime, end: dt.datetime, *,
+                   threshold: float = IDLE_THRESHOLD_PCT, for_seconds: float = IDLE_FOR_S,
+                   clusters: Collection[str] | None = None,
+                   namespaces: Collection[str] | None = None) -> list[dict[str, Any]]:
+    """The idle list as `idle`, the API and the page show it: idle_runs in IDLE_COLUMNS."""
+    return [{c: run[c] for c in IDLE_COLUMNS}
+            for run in idle_runs(conn, start, end, threshold=threshold,
+                                 for_seconds=for_seconds, clusters=clusters,
+                                 namespaces=namespaces)]
