@@ -14,7 +14,6 @@ import datetime as dt
 import json
 
 import requests
-from hub.inventory._ledger import write_bucket
 
 from hub import usage
 from hub.inventory import _db
@@ -22,6 +21,7 @@ from hub.inventory import _migrate as migrate
 from hub.inventory._normalize import Observation
 from hub.inventory._sync import SyncResult
 from hub.service import USAGE_SECTIONS, Jobs, build_service, read_only_engine
+from hub.usage import write_bucket
 from tests.support.browser import Dom
 from tests.support.clirun import gpufleet, gpufleet_json
 

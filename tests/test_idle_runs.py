@@ -9,14 +9,14 @@ import datetime as dt
 import math
 
 import pytest
-from hub.inventory._ledger import usage as ledger
-from hub.inventory._ledger import usage_buckets, usage_daily, write_bucket
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from hub import usage
-from hub.inventory import _db
+from hub.inventory import _db, usage_buckets, usage_daily
 from hub.inventory import _migrate as migrate
+from hub.inventory import usage as ledger
+from hub.usage import write_bucket
 
 HOUR = dt.timedelta(hours=1)
 BASE = dt.datetime(2026, 11, 2, 18)  # 60 hours: part of a day, a whole day, part of a third
