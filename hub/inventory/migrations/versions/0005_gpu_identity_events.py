@@ -100,7 +100,7 @@ def upgrade() -> None:
 
 
 def _usage_tables() -> None:
-    """The usage ledger (hub/inventory/_ledger.py): rows per bucket, and collected buckets."""
+    """The usage ledger (hub/usage/_ledger.py): rows per bucket, and collected buckets."""
     op.create_table(
         "usage",
         sa.Column("bucket_start", sa.DateTime, primary_key=True),

@@ -4,7 +4,7 @@ usage_daily holds, per UTC day (the buckets starting that day) and per cluster, 
 slice, namespace and model, the sums `usage` reports: gpu_hours, allocated_gpu_hours,
 busy_gpu_hours, idle_allocated_gpu_hours (at the default 5 % idle threshold) and energy_wh.
 `usage collect` rebuilds a day's rows from the ledger whenever it writes a bucket of that day
-(hub/inventory/_ledger.py). This migration fills it from the hourly rows already there, with
+(hub/usage/_ledger.py). This migration fills it from the hourly rows already there, with
 the same sums, so an upgraded database answers exactly as before.
 
 Revision ID: 0006
