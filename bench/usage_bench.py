@@ -181,6 +181,8 @@ def bench_answer(gpus: int, url: str) -> dict:
     """`usage --by namespace --since 30d` over 30 days of hourly rows for ``gpus`` GPUs."""
     engine = inv.make_engine(url, create=True)
     inv.upgrade(engine)
+    with engine.begin() as conn:  # the hourly grid, stored with the ledger as a collect does
+        conn.execute(inv.usage_ledger.insert().values(key="bucket_seconds", value="3600"))
     now_hour = dt.datetime.now(dt.UTC).replace(tzinfo=None, minute=0, second=0,
                                                 microsecond=0)
     fill_s, rebuild_day_s = fill_ledger(engine, gpus, 30 * 24,

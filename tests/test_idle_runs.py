@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from hub import usage
-from hub.inventory import _db, usage_buckets, usage_daily
+from hub.inventory import _db, usage_buckets, usage_daily, usage_idle_daily, usage_ledger
 from hub.inventory import _migrate as migrate
 from hub.inventory import usage as ledger
 from hub.usage import write_bucket
@@ -69,13 +69,22 @@ def engine(db_url):
                                st.booleans()),
                      min_size=1, max_size=3),
        first=st.integers(0, HOURS - 1), length=st.integers(1, HOURS),
-       threshold=st.sampled_from([5.0, 4.0, 10.0]), for_h=st.integers(0, 30))
+       threshold=st.sampled_from([5.0, 4.0, 10.0]), for_h=st.integers(0, 30),
+       grid=st.booleans())
 # idle only in the partial first day of the period: found through the edge hours, not the
 # rollup's whole days
 @example(gpus=[(1.0, [("p1", 1.0, 0.0)] * HOURS, True)], first=10, length=HOURS,
-         threshold=5.0, for_h=0)
+         threshold=5.0, for_h=0, grid=True)
+# idle all along, read by days: one run across three days' rows and the edge hours
+@example(gpus=[(1.0, [("p1", 1.0, 0.0)] * HOURS, False)], first=0, length=HOURS,
+         threshold=5.0, for_h=30, grid=True)
+# a day whose idle buckets are not one run (a busy hour inside it) is read by its rows
+@example(gpus=[(1.0, [("p1", 1.0, 0.0)] * 20 + [("p1", 1.0, 50.0)] + [("p1", 1.0, 0.0)] * 39,
+                False)], first=0, length=HOURS, threshold=5.0, for_h=3, grid=True)
 def test_idle_runs_are_the_runs_walked_bucket_by_bucket(engine, gpus, first, length,
-                                                        threshold, for_h):
+                                                        threshold, for_h, grid):
+    """``grid``: the ledger's bucket size is stored (as every collect stores it), so whole
+    days are read from usage_idle_daily; without it, from the ledger's rows."""
     rows: list[dict] = []
     for i, (share, buckets, busy_late) in enumerate(gpus):
         for h, b in enumerate(buckets):
@@ -95,8 +104,10 @@ def test_idle_runs_are_the_runs_walked_bucket_by_bucket(engine, gpus, first, len
                          "avg_power_w": 1.0, "energy_wh": share * covered,
                          "coverage": covered})
     with engine.begin() as conn:
-        for t in (ledger, usage_daily, usage_buckets):
+        for t in (ledger, usage_daily, usage_buckets, usage_idle_daily, usage_ledger):
             conn.execute(t.delete())
+        if grid:
+            conn.execute(usage_ledger.insert().values(key="bucket_seconds", value="3600"))
         for h in range(HOURS):
             start = BASE + h * HOUR
             write_bucket(conn, start.replace(tzinfo=dt.UTC).timestamp(), 3600.0,

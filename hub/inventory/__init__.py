@@ -72,6 +72,7 @@ from hub.inventory._usage_tables import (
     usage,
     usage_buckets,
     usage_daily,
+    usage_idle_daily,
     usage_ledger,
 )
 
@@ -141,5 +142,6 @@ __all__ = [
     "usage",
     "usage_buckets",
     "usage_daily",
+    "usage_idle_daily",
     "usage_ledger",
 ]

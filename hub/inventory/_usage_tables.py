@@ -89,6 +89,29 @@ usage_daily = sa.Table(
     sa.Index("ix_usage_daily_day", "day"),
 )
 
+#: Per day and GPU or slice and pod: its idle allocated buckets at ROLLUP_IDLE_THRESHOLD (a pod
+#: held it, it had samples, a utilisation was measured and stayed under the threshold): how
+#: many, the first one's start, the last one's end and their sums. When count x bucket size =
+#: last_end - first_start they are one unbroken run, so an idle answer over a month reads one
+#: row per idle GPU and day instead of every idle bucket (hub/usage/_idle.py).
+usage_idle_daily = sa.Table(
+    "usage_idle_daily", metadata,
+    sa.Column("day", sa.DateTime, nullable=False),
+    sa.Column("cluster", sa.String(253), nullable=False),
+    sa.Column("node", sa.String(253), nullable=False),
+    sa.Column("uuid", sa.String(128), nullable=False),
+    sa.Column("slice", sa.String(64), nullable=False),
+    sa.Column("namespace", sa.String(253), nullable=False),
+    sa.Column("pod", sa.String(253), nullable=False),
+    sa.Column("model", sa.String(128)),
+    sa.Column("buckets", sa.Integer, nullable=False),
+    sa.Column("first_start", sa.DateTime, nullable=False),
+    sa.Column("last_end", sa.DateTime, nullable=False),
+    sa.Column("gpu_hours", sa.Float, nullable=False),
+    sa.Column("busy", sa.Float, nullable=False),  # sum of gpu_hours x utilisation %
+    sa.Index("ix_usage_idle_daily_day", "day"),
+)
+
 USAGE_COLUMNS = [
     "cluster", "node", "uuid", "slice", "namespace", "pod", "bucket_start", "bucket_end",
     "vendor", "model", "gpu_share", "gpu_hours", "avg_utilisation_pct", "max_utilisation_pct",

@@ -72,45 +72,51 @@ def idle_runs(conn: Connection, start: dt.datetime, end: dt.datetime, *,
         item["wasted_gpu_hours"] += wasted
         item["_busy"] += busy
 
-    # First the idle buckets summed per GPU and pod in the database: where they are one
-    # unbroken run (as many buckets as fit between the first start and the last end, on
-    # the ledger's one grid) that sum is the run. Only the others are walked row by row.
-    busy_sum = sa.func.sum(U.c.gpu_hours * U.c.avg_utilisation_pct)
-    summed = (sa.select(*key, sa.func.min(U.c.model), sa.func.count(),
-                        sa.func.min(U.c.bucket_start), sa.func.max(U.c.bucket_start),
-                        sa.func.max(U.c.bucket_end), sa.func.sum(U.c.gpu_hours), busy_sum)
-              .where(*where).group_by(*key))
-    broken: set[tuple] = set()
-    for r in conn.execute(summed):
-        k, (model, n, first, last, until, wasted, busy) = tuple(r[:6]), tuple(r[6:])
-        if (until - first) == n * (until - last):
-            add(k, model, first, until, wasted or 0.0, busy or 0.0)
-        else:
-            broken.add(k)
-    if broken:
-        rows = conn.execute(
-            sa.select(*key, U.c.model, U.c.bucket_start, U.c.bucket_end, U.c.gpu_hours,
-                      U.c.avg_utilisation_pct)
-            .where(*where, U.c.uuid.in_(sorted({k[2] for k in broken})))
-            .order_by(*key, U.c.bucket_start))
-        run: list[Any] = []
+    segments = _day_segments(conn, start, end, threshold, clusters, namespaces)
+    if segments is not None:
+        for k, parts in segments.items():
+            for since, until, wasted, busy, model in _merged(parts):
+                add(k, model, since, until, wasted, busy)
+    else:
+        # First the idle buckets summed per GPU and pod in the database: where they are one
+        # unbroken run (as many buckets as fit between the first start and the last end, on
+        # the ledger's one grid) that sum is the run. Only the others are walked row by row.
+        busy_sum = sa.func.sum(U.c.gpu_hours * U.c.avg_utilisation_pct)
+        summed = (sa.select(*key, sa.func.min(U.c.model), sa.func.count(),
+                            sa.func.min(U.c.bucket_start), sa.func.max(U.c.bucket_start),
+                            sa.func.max(U.c.bucket_end), sa.func.sum(U.c.gpu_hours), busy_sum)
+                  .where(*where).group_by(*key))
+        broken: set[tuple] = set()
+        for r in conn.execute(summed):
+            k, (model, n, first, last, until, wasted, busy) = tuple(r[:6]), tuple(r[6:])
+            if (until - first) == n * (until - last):
+                add(k, model, first, until, wasted or 0.0, busy or 0.0)
+            else:
+                broken.add(k)
+        if broken:
+            rows = conn.execute(
+                sa.select(*key, U.c.model, U.c.bucket_start, U.c.bucket_end, U.c.gpu_hours,
+                          U.c.avg_utilisation_pct)
+                .where(*where, U.c.uuid.in_(sorted({k[2] for k in broken})))
+                .order_by(*key, U.c.bucket_start))
+            run: list[Any] = []
 
-        def close() -> None:
-            if run:
-                add(tuple(run[0][:6]), run[0].model, run[0].bucket_start,
-                    run[-1].bucket_end, sum(r.gpu_hours for r in run),
-                    sum(r.gpu_hours * r.avg_utilisation_pct for r in run))
+            def close() -> None:
+                if run:
+                    add(tuple(run[0][:6]), run[0].model, run[0].bucket_start,
+                        run[-1].bucket_end, sum(r.gpu_hours for r in run),
+                        sum(r.gpu_hours * r.avg_utilisation_pct for r in run))
 
-        for r in rows:
-            if tuple(r[:6]) not in broken:
-                continue
-            # only idle buckets are read: a busy or missing bucket between two is a gap
-            if not (run and tuple(r[:6]) == tuple(run[-1][:6])
-                    and run[-1].bucket_end == r.bucket_start):
-                close()
-                run = []
-            run.append(r)
-        close()
+            for r in rows:
+                if tuple(r[:6]) not in broken:
+                    continue
+                # only idle buckets are read: a busy or missing bucket between two is a gap
+                if not (run and tuple(r[:6]) == tuple(run[-1][:6])
+                        and run[-1].bucket_end == r.bucket_start):
+                    close()
+                    run = []
+                run.append(r)
+            close()
     out = []
     for item in found.values():
         busy = item.pop("_busy")
@@ -121,6 +127,83 @@ def idle_runs(conn: Connection, start: dt.datetime, end: dt.datetime, *,
         out.append(item)
     return sorted(out, key=lambda i: (-i["wasted_gpu_hours"], i["cluster"], i["node"],
                                       i["uuid"], i["slice"] or "", i["pod"] or ""))
+
+
+Segment = tuple[dt.datetime, dt.datetime, float, float, "str | None"]
+
+
+def _merged(parts: list[Segment]) -> list[Segment]:
+    """Runs from time-ordered idle segments (a bucket, or a day's unbroken idle run): two
+    touch when one ends where the next starts."""
+    runs: list[list[Any]] = []
+    for since, until, wasted, busy, model in sorted(parts, key=lambda p: p[0]):
+        if runs and runs[-1][1] == since:
+            run = runs[-1]
+            run[1] = until
+            run[2] += wasted
+            run[3] += busy
+        else:
+            runs.append([since, until, wasted, busy, model])
+    return [tuple(r) for r in runs]  # type: ignore[misc]
+
+
+def _day_segments(conn: Connection, start: dt.datetime, end: dt.datetime, threshold: float,
+                  clusters: Collection[str] | None, namespaces: Collection[str] | None
+                  ) -> dict[tuple, list[Segment]] | None:
+    """Idle segments per GPU and pod read by days: a month is one row per idle GPU and day
+    (inv.usage_idle_daily, kept by the ledger's writer at ROLLUP_IDLE_THRESHOLD) where that
+    day's idle buckets are one unbroken run, the ledger's rows only for the other days and
+    the hours at the period's edges. None when the days cannot answer (another threshold,
+    no whole day in the period, a ledger whose grid is not stored yet)."""
+    from hub.usage._answers import rollup_days  # (it imports this module)
+    from hub.usage._ledger import BUCKET_KEY
+
+    if threshold != inv.ROLLUP_IDLE_THRESHOLD:
+        return None
+    days = rollup_days(conn, start, end)
+    size = conn.execute(sa.select(inv.usage_ledger.c.value)
+                        .where(inv.usage_ledger.c.key == BUCKET_KEY)).scalar()
+    if days is None or size is None:
+        return None
+    bucket = dt.timedelta(seconds=float(size))
+    D = inv.usage_idle_daily
+    stmt = sa.select(D).where(D.c.day >= days[0], D.c.day < days[1])
+    if clusters is not None:
+        stmt = stmt.where(D.c.cluster.in_(sorted(clusters)))
+    if namespaces is not None:
+        stmt = stmt.where(D.c.namespace.in_(sorted(namespaces)))
+    out: dict[tuple, list[Segment]] = {}
+    broken: set[tuple] = set()  # (key, day) whose idle buckets are not one run
+    for r in conn.execute(stmt):
+        k = tuple(getattr(r, c) for c in _KEY)
+        if r.last_end - r.first_start == r.buckets * bucket:
+            out.setdefault(k, []).append((r.first_start, r.last_end, r.gpu_hours, r.busy,
+                                          r.model))
+        else:
+            broken.add((k, r.day))
+    reads = [U.c.bucket_start.between(a, b - dt.timedelta(microseconds=1))
+             for a, b in ((start, days[0]), (days[1], end)) if a < b]
+    if broken:
+        reads.append(sa.and_(U.c.uuid.in_(sorted({k[2] for k, _ in broken})),
+                             U.c.bucket_start >= days[0], U.c.bucket_start < days[1]))
+    if reads:
+        from hub.usage._ledger import idle_bucket
+
+        rows = sa.select(*[U.c[c] for c in _KEY], U.c.model, U.c.bucket_start,
+                         U.c.bucket_end, U.c.gpu_hours, U.c.avg_utilisation_pct).where(
+            sa.or_(*reads), *idle_bucket(U, threshold))
+        if clusters is not None:
+            rows = rows.where(U.c.cluster.in_(sorted(clusters)))
+        if namespaces is not None:
+            rows = rows.where(U.c.namespace.in_(sorted(namespaces)))
+        for r in conn.execute(rows):
+            k = tuple(r[:6])
+            inside = days[0] <= r.bucket_start < days[1]
+            if inside and (k, inv.day_of(r.bucket_start)) not in broken:
+                continue  # that day came whole from usage_idle_daily
+            out.setdefault(k, []).append((r.bucket_start, r.bucket_end, r.gpu_hours,
+                                          r.gpu_hours * r.avg_utilisation_pct, r.model))
+    return out
 
 
 def _candidates(conn: Connection, start: dt.datetime, end: dt.datetime,

@@ -47,6 +47,7 @@ from hub.inventory import (
     usage,
     usage_buckets,
     usage_daily,
+    usage_idle_daily,
     usage_ledger,
 )
 from hub.usage._fold import fold_bucket, utc
@@ -157,6 +158,7 @@ def replace_grid(engine: Engine, bucket: float, lock_timeout: float = 60.0) -> i
         removed = conn.execute(usage.delete()).rowcount or 0
         conn.execute(usage_buckets.delete())
         conn.execute(usage_daily.delete())
+        conn.execute(usage_idle_daily.delete())
         conn.execute(usage_ledger.delete().where(usage_ledger.c.key == BUCKET_KEY))
         conn.execute(usage_ledger.insert().values(key=BUCKET_KEY, value=f"{bucket:g}"))
     return removed
@@ -303,6 +305,7 @@ def apply_retention(conn: Connection, before: float) -> int:
     removed = conn.execute(usage.delete().where(usage.c.bucket_start < cut)).rowcount or 0
     conn.execute(usage_buckets.delete().where(usage_buckets.c.bucket_start < cut))
     conn.execute(usage_daily.delete().where(usage_daily.c.day < day_of(cut)))
+    conn.execute(usage_idle_daily.delete().where(usage_idle_daily.c.day < day_of(cut)))
     if removed:
         rebuild_days(conn, [day_of(cut)])  # the day the cut falls in lost its first hours
     return removed
@@ -333,10 +336,34 @@ def rollup_sums(table: sa.Table, when: sa.ColumnElement) -> list[sa.ColumnElemen
 ROLLUP_KEYS = ["cluster", "node", "uuid", "slice", "namespace", "model"]
 
 
+IDLE_KEYS = ["cluster", "node", "uuid", "slice", "namespace", "pod"]
+
+
+def idle_bucket(table: sa.Table, threshold: float) -> list[sa.ColumnElement[bool]]:
+    """A ledger row is an idle allocated bucket: a pod held the GPU, it had samples, and a
+    measured utilisation stayed under the threshold (an unknown one is no evidence)."""
+    return [table.c.pod != "", table.c.gpu_hours > 0,
+            table.c.avg_utilisation_pct.is_not(None),
+            table.c.avg_utilisation_pct < threshold]
+
+
 def rebuild_days(conn: Connection, days: Iterable[dt.datetime]) -> None:
-    """Replace the rollup rows of these days by the sums of the ledger rows starting in them."""
+    """Replace the rollup rows of these days (usage_daily and usage_idle_daily) by the sums
+    of the ledger rows starting in them."""
     util = sa.func.coalesce(usage.c.avg_utilisation_pct, 0.0)
     for day in sorted(set(days)):
+        conn.execute(usage_idle_daily.delete().where(usage_idle_daily.c.day == day))
+        idle = (sa.select(sa.literal(day, sa.DateTime).label("day"),
+                          *[usage.c[k] for k in IDLE_KEYS], sa.func.min(usage.c.model),
+                          sa.func.count(), sa.func.min(usage.c.bucket_start),
+                          sa.func.max(usage.c.bucket_end), sa.func.sum(usage.c.gpu_hours),
+                          sa.func.sum(usage.c.gpu_hours * usage.c.avg_utilisation_pct))
+                .where(usage.c.bucket_start >= day, usage.c.bucket_start < day + DAY,
+                       *idle_bucket(usage, ROLLUP_IDLE_THRESHOLD))
+                .group_by(*[usage.c[k] for k in IDLE_KEYS]))
+        conn.execute(usage_idle_daily.insert().from_select(
+            ["day", *IDLE_KEYS, "model", "buckets", "first_start", "last_end", "gpu_hours",
+             "busy"], idle))
         conn.execute(usage_daily.delete().where(usage_daily.c.day == day))
         sums = rollup_sums(usage, util < ROLLUP_IDLE_THRESHOLD)
         select = (sa.select(sa.literal(day, sa.DateTime).label("day"),
