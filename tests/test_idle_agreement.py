@@ -78,15 +78,7 @@ def _ledger(url: str, now: dt.datetime) -> None:
 
 
 def _page_rows(html: str, table_id: str) -> list[dict[str, str]]:
-    rows, inside = [], False
-    for el in Dom(html).elements:
-        if el["tag"] == "table":
-            inside = el["attrs"].get("id") == table_id
-        elif inside and el["tag"] == "tr" and "data-key" in el["attrs"]:
-            rows.append({})
-        elif inside and el["tag"] == "td" and "data-col" in el["attrs"] and rows:
-            rows[-1][el["attrs"]["data-col"]] = el["text"].strip()
-    return rows
+    return Dom(html).table(table_id)
 
 
 def _by_namespace(rows: list[dict], figure: str) -> dict[str, float]:

@@ -28,16 +28,7 @@ HOSTILE_NS = '<script>alert("ns")</script>'
 
 
 def _cells(dom: Dom, table_id: str) -> list[dict[str, str]]:
-    """The rows of a table on the page as {data-col: text}, in order."""
-    rows, inside = [], False
-    for el in dom.elements:
-        if el["tag"] == "table":
-            inside = el["attrs"].get("id") == table_id
-        elif inside and el["tag"] == "tr" and "data-key" in el["attrs"]:
-            rows.append({})
-        elif inside and el["tag"] == "td" and "data-col" in el["attrs"] and rows:
-            rows[-1][el["attrs"]["data-col"]] = el["text"].strip()
-    return rows
+    return dom.table(table_id)
 
 
 def _count(dom: Dom, section: str) -> int:

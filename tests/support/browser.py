@@ -31,6 +31,20 @@ class Dom(HTMLParser):
         self._open: list[dict] = []
         self.feed(html)
 
+    def table(self, table_id: str) -> list[dict[str, str]]:
+        """The rows of a page's table as {data-col: text}, in order (the live page marks
+        its rows with data-key and its cells with data-col)."""
+        rows: list[dict[str, str]] = []
+        inside = False
+        for el in self.elements:
+            if el["tag"] == "table":
+                inside = el["attrs"].get("id") == table_id
+            elif inside and el["tag"] == "tr" and "data-key" in el["attrs"]:
+                rows.append({})
+            elif inside and el["tag"] == "td" and "data-col" in el["attrs"] and rows:
+                rows[-1][el["attrs"]["data-col"]] = el["text"].strip()
+        return rows
+
     def handle_starttag(self, tag: str, attrs: list) -> None:
         el = {"tag": tag, "attrs": dict(attrs), "text": ""}
         self.elements.append(el)
