@@ -195,24 +195,34 @@ def _ask(client: HubClient, queries: list[store.Query], start: float, bucket: fl
                                         f"({warnings[0]}); bucket left for a later collect")
 
 
-def _unlabelled_only(client: HubClient, start: float, bucket: float, cluster_label: str,
-                     now: float) -> GpufleetError | None:
-    """When a bucket came back empty: does the hub hold GPU series in it while no GPU series
-    carries the label, in that bucket's day nor in the last day? Then the label is a typo
-    (as `sync` says). A fleet that was quiet, or one spoke without the label beside labelled
-    ones (left out, and named by the report), is not. Asked only for an empty bucket."""
-    def some(promql: str, at: float) -> bool:
-        return any(float(r["value"][1]) > 0 for r in client.query(promql, time=at).result)
+class _LabelCheck:
+    """Tells a typo'd --cluster-label from a quiet fleet when a bucket comes back empty: GPU
+    series in the bucket while none carries the label, in that bucket's day nor in the last
+    day (as `sync` says). A quiet fleet, or one spoke without the label beside labelled ones
+    (left out, and named by the report), is not a typo. "Labelled series in the last day" is
+    asked once per collect, not per empty bucket: a backfill over an idle history (a new hub,
+    the demo's first hour) is many empty buckets with the same answer."""
 
-    if not some(store.labelled_probe(format_duration(bucket)), start + bucket):
-        return None
-    day = format_duration(86400.0)
-    if any(some(store.labelled_probe(day, cluster_label), at)
-           for at in (start + bucket, now)):
-        return None
-    return InputError(f"no GPU series carries the cluster label {cluster_label!r} "
-                      "(check --cluster-label and the spokes' external_labels); "
-                      "nothing written")
+    def __init__(self, client: HubClient, cluster_label: str, now: float) -> None:
+        self.client, self.label, self.now = client, cluster_label, now
+        self._labelled_now: bool | None = None
+
+    def _some(self, promql: str, at: float) -> bool:
+        return any(float(r["value"][1]) > 0 for r in self.client.query(promql, time=at).result)
+
+    def typo(self, start: float, bucket: float) -> GpufleetError | None:
+        day = format_duration(86400.0)
+        if self._labelled_now is None:
+            self._labelled_now = self._some(store.labelled_probe(day, self.label), self.now)
+        if self._labelled_now:
+            return None
+        end = start + bucket
+        if (not self._some(store.labelled_probe(format_duration(bucket)), end)
+                or self._some(store.labelled_probe(day, self.label), end)):
+            return None
+        return InputError(f"no GPU series carries the cluster label {self.label!r} "
+                          "(check --cluster-label and the spokes' external_labels); "
+                          "nothing written")
 
 
 # -- writing ----------------------------------------------------------------------------------
@@ -252,16 +262,16 @@ def collect_usage(engine: Engine, client: HubClient, *, bucket: float = 3600.0,
     ended = [s for s in starts if s + bucket + delay <= now]
     result.clipped = len(starts) - len(ended)
     if result.clipped:
-        first_open = min(s for s in starts if s not in set(ended))
+        first_open = min(set(starts) - set(ended))
         result.not_before = utc(first_open)
+    labels = _LabelCheck(client, cluster_label, now)
     for start in ended:
         before = client.requests
         try:
             rows = fold_bucket(_ask(client, queries, start, bucket, resolution), start=start,
                                bucket=bucket, resolution=resolution,
                                cluster_label=cluster_label, known=known)
-            if not rows and (typo := _unlabelled_only(client, start, bucket, cluster_label,
-                                                             now)):
+            if not rows and (typo := labels.typo(start, bucket)):
                 raise typo
         except InputError:
             raise
