@@ -582,3 +582,100 @@ def labelled_probe(window: str, cluster_label: str | None = None) -> str:
     return " or ".join(
         f"count(last_over_time({prefix}{m}{{{p.device_matcher}{extra}}}[{window}]))"
         for p in PROFILES for m in p.timestamp_metrics for prefix in p.name_prefixes)
+
+
+# -- metered allocation: intervals from the allocations' own edges (issue 27) ----------------
+#: kube-state-metrics' pod series (STABLE): start and completion in unix seconds, the
+#: container requests (the series lives as long as the pod object, also after it completed:
+#: never an end), and the phase (where OpenShift deny-lists the completion time, the last
+#: Running sample bounds the end to one push interval).
+KSM_POD_START = "kube_pod_start_time"
+KSM_POD_COMPLETION = "kube_pod_completion_time"
+KSM_POD_REQUESTS = "kube_pod_container_resource_requests"
+KSM_POD_PHASE = "kube_pod_status_phase"
+#: kube-state-metrics' spelling of the time-slicing replicas node label (nvidia.com/gpu.replicas)
+KSM_REPLICAS_LABEL = "label_nvidia_com_gpu_replicas"
+#: gpufleet's exporter: the edges it saw in the kubelet's pod-resources (spoke/_naming.py
+#: publishes the same names): start while held, end for at least two push intervals after.
+EDGE_START = "gpufleet_allocation_start_timestamp_seconds"
+EDGE_END = "gpufleet_allocation_end_timestamp_seconds"
+ALLOCATION_METRICS = [KSM_POD_START, KSM_POD_COMPLETION, KSM_POD_REQUESTS, KSM_POD_PHASE,
+                      EDGE_START, EDGE_END]
+#: GPU resources as kube-state-metrics sanitises them (non-alphanumerics -> ``_``): whole
+#: GPUs, time-sliced replicas (renamed), MIG devices (mixed strategy), HAMi's cores share,
+#: AMD partitions. A label regex (never a ``__name__`` one).
+GPU_RESOURCE_REGEX = ("nvidia_com_gpu|nvidia_com_gpu_shared|nvidia_com_gpucores"
+                      "|nvidia_com_mig_.+|amd_com_gpu|amd_com_.+_nps.+")
+#: the per-pod labels of kube-state-metrics' pod series and the pod labels of the edges
+KSM_POD_KEY = ["namespace", "pod", "uid"]
+EDGE_POD_LABELS = ["namespace", "pod", "exported_namespace", "exported_pod"]
+
+
+@dataclass(frozen=True)
+class GpuRequest:
+    """What one sanitised resource request means for a GPU's time."""
+
+    vendor: str
+    kind: str  # "whole" | "shared" | "mig" | "cores"
+    profile: str | None = None  # MIG profile (``1g.10gb``)
+
+
+def gpu_request(resource: str) -> GpuRequest | None:
+    """kube-state-metrics' resource label -> its meaning; None for a resource that is no
+    count of GPUs (HAMi's gpumem, anything else)."""
+    if resource in ("nvidia_com_gpu", "amd_com_gpu"):
+        return GpuRequest(resource.split("_", 1)[0], "whole")
+    if resource == "nvidia_com_gpu_shared":
+        return GpuRequest("nvidia", "shared")
+    if resource == "nvidia_com_gpucores":
+        return GpuRequest("nvidia", "cores")
+    if resource.startswith("nvidia_com_mig_"):
+        return GpuRequest("nvidia", "mig", resource.removeprefix("nvidia_com_mig_")
+                          .replace("_", "."))
+    if resource.startswith("amd_com_") and "_nps" in resource:
+        return GpuRequest("amd", "whole")  # a partition holds its GPU (see hub/usage/_dra.py)
+    return None
+
+
+def allocation_queries(window: str, step: str, cluster_label: str) -> list[Query]:
+    """The fixed request set of a bucket's allocation intervals, whatever the fleet size.
+
+    Evaluated one push interval after the bucket's end over ``window`` (the bucket plus a
+    push interval each side): a pod that lived in the bucket has samples there, also one
+    shorter than a push (the push after it carries its edges). Intervals are read from the
+    values (the edges' own times), so a wider window never lengthens one.
+
+    Kinds: ``alloc:start`` / ``alloc:end`` (kube-state-metrics' start and completion),
+    ``alloc:requests`` (GPU requests per pod, resource and node), ``alloc:running`` (the time
+    of the pod's last Running sample: ``timestamp`` inside a subquery whose ``step`` is at
+    most the push interval and the store's look-back), ``alloc:replicas`` (time-slicing
+    replicas per node), ``edge:start`` / ``edge:end`` / ``edge:seen`` (gpufleet's exporter:
+    per GPU and pod; seen = its start gauge's last sample, the end where the end gauge was
+    not pushed).
+    """
+    labelled = labelled_matcher(cluster_label)
+    pod = _by([cluster_label, *KSM_POD_KEY])
+    edge_ids = list(dict.fromkeys(label for p in PROFILES for label in p.id_labels))
+    edge = _by([cluster_label, *edge_ids, *EDGE_POD_LABELS])
+
+    def last(agg: str, by: str, name: str, match: str = "") -> str:
+        return f"{agg} by ({by}) (last_over_time({name}{{{labelled}{match}}}[{window}]))"
+
+    def seen(by: str, selector: str) -> str:
+        return f"max by ({by}) (max_over_time(timestamp({selector})[{window}:{step}]))"
+
+    return [
+        Query("kube", "alloc:start", last("max", pod, KSM_POD_START)),
+        Query("kube", "alloc:end", last("max", pod, KSM_POD_COMPLETION)),
+        Query("kube", "alloc:requests", last(
+            "sum", _by([cluster_label, *KSM_POD_KEY, "node", "resource"]), KSM_POD_REQUESTS,
+            f', resource=~"{GPU_RESOURCE_REGEX}"')),
+        Query("kube", "alloc:running", seen(
+            pod, f'{KSM_POD_PHASE}{{{labelled}, phase="Running"}} == 1')),
+        Query("kube", "alloc:replicas", last(
+            "max", _by([cluster_label, "node", KSM_REPLICAS_LABEL]), KUBE_NODE_LABELS,
+            f', {KSM_REPLICAS_LABEL}!=""')),
+        Query("gpufleet", "edge:start", last("max", edge, EDGE_START)),
+        Query("gpufleet", "edge:end", last("max", edge, EDGE_END)),
+        Query("gpufleet", "edge:seen", seen(edge, f"{EDGE_START}{{{labelled}}}")),
+    ]

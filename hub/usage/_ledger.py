@@ -51,6 +51,7 @@ from hub.inventory import (
     usage_ledger,
 )
 from hub.usage._fold import fold_bucket, utc
+from hub.usage._meter import BASES
 
 if TYPE_CHECKING:
     from hub.store import HubClient
@@ -176,8 +177,22 @@ def pending_buckets(conn: Connection, *, now: float, bucket: float, max_backfill
 
 
 # -- asking the hub ---------------------------------------------------------------------------
+def bucket_queries(bucket: float, resolution: float, push_interval: float,
+             cluster_label: str) -> list[store.Query]:
+    """A bucket's fixed request set: the samples' (store.usage_queries) and the
+    allocations' edges (store.allocation_queries: a push interval each side of the bucket,
+    Running samples stepped at most a push interval and the store's 5-minute look-back
+    apart)."""
+    return [*store.usage_queries(format_duration(bucket), format_duration(resolution),
+                                 cluster_label),
+            *store.allocation_queries(format_duration(bucket + 2 * push_interval),
+                                      format_duration(min(push_interval, 300.0)),
+                                      cluster_label)]
+
+
 def _ask(client: HubClient, queries: list[store.Query], start: float, bucket: float,
-         resolution: float) -> Iterator[tuple[store.Query, Iterable[Mapping[str, Any]]]]:
+         resolution: float, push_interval: float | None = None
+         ) -> Iterator[tuple[store.Query, Iterable[Mapping[str, Any]]]]:
     """Each query's answer in turn, coverage first (fold_bucket weighs averages by it),
     decoded row by row as the fold reads it: one answer's rows exist at a time, not the
     whole bucket's. A partial answer raises once its rows are read (Thanos sends the
@@ -186,7 +201,10 @@ def _ask(client: HubClient, queries: list[store.Query], start: float, bucket: fl
     for query in sorted(queries, key=lambda q: q.kind != "coverage"):
         # avg/max: the samples in [start, end) (1 ms before the end, so a sample exactly on a
         # boundary belongs to one bucket); coverage: one slot later, see usage_queries.
+        # allocations: one push later, so the push after a short pod carries its edges.
         at = end - 0.001 + (resolution if query.kind == "coverage" else 0.0)
+        if query.kind.startswith(("alloc:", "edge:")):
+            at = end - 0.001 + (push_interval or resolution)
         res = client.query(query.promql, time=at, stream=True)
         yield query, res.result
         warnings = getattr(res.result, "warnings", None) or res.warnings
@@ -236,13 +254,14 @@ def collect_usage(engine: Engine, client: HubClient, *, bucket: float = 3600.0,
                   starts: list[float] | None = None, max_backfill: float = 48 * 3600.0,
                   retention: float = 400 * 86400.0, cluster_label: str = "cluster",
                   now: float | None = None, lock_timeout: float = 60.0,
-                  on_bucket: Callable[[dt.datetime, int], None] | None = None
-                  ) -> CollectResult:
+                  on_bucket: Callable[[dt.datetime, int], None] | None = None,
+                  min_charge: float = 0.0) -> CollectResult:
     """Collect the given buckets (or every pending one), one locked transaction per bucket.
 
     ``push_interval`` is the cadence samples reach the hub at (ACM: 300 s): the coverage
     resolution and the delay after a bucket's end before it is complete. ``resolution``
-    (`--step`) may coarsen coverage, never go below the push interval.
+    (`--step`) may coarsen coverage, never go below the push interval. ``min_charge``
+    (`--min-charge`, off by default) is the least an ended allocation is charged.
     """
     resolution = check_settings(bucket=bucket, push_interval=push_interval,
                                 resolution=resolution, retention=retention,
@@ -250,8 +269,7 @@ def collect_usage(engine: Engine, client: HubClient, *, bucket: float = 3600.0,
     now = time.time() if now is None else now
     delay = push_interval
     result = CollectResult()
-    queries = store.usage_queries(format_duration(bucket), format_duration(resolution),
-                                  cluster_label)
+    queries = bucket_queries(bucket, resolution, push_interval, cluster_label)
     with _ledger_transaction(engine, lock_timeout) as conn:
         claim_grid(conn, bucket)
         if starts is None:
@@ -268,9 +286,10 @@ def collect_usage(engine: Engine, client: HubClient, *, bucket: float = 3600.0,
     for start in ended:
         before = client.requests
         try:
-            rows = fold_bucket(_ask(client, queries, start, bucket, resolution), start=start,
-                               bucket=bucket, resolution=resolution,
-                               cluster_label=cluster_label, known=known)
+            rows = fold_bucket(_ask(client, queries, start, bucket, resolution, push_interval),
+                               start=start, bucket=bucket, resolution=resolution,
+                               cluster_label=cluster_label, known=known,
+                               push_interval=push_interval, min_charge=min_charge)
             if not rows and (typo := labels.typo(start, bucket)):
                 raise typo
         except InputError:
@@ -340,7 +359,16 @@ def rollup_sums(table: sa.Table, when: sa.ColumnElement) -> list[sa.ColumnElemen
         .label("sm_active_gpu_hours"),
         sa.func.sum(sa.case((sm.is_not(None), table.c.gpu_hours), else_=zero))
         .label("sm_measured_gpu_hours"),
+        sa.func.max(sa.case((allocated, basis_rank(table.c.allocation_basis)), else_=None))
+        .label("allocation_basis_rank"),
     ]
+
+
+def basis_rank(column: sa.ColumnElement) -> sa.ColumnElement:
+    """A row's allocation_basis as its rank (0 interval, 1 estimated, 2 sampled): the
+    greatest rank of a group's allocated rows says how exact its allocated hours are."""
+    return sa.case(*[(column == b, i) for i, b in enumerate(BASES[:-1])],
+                   else_=len(BASES) - 1)
 
 
 ROLLUP_KEYS = ["cluster", "node", "uuid", "slice", "namespace", "model"]

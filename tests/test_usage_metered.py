@@ -1,0 +1,99 @@
+"""Metered allocation: allocated GPU time from each allocation's own edges, through a real
+hub Prometheus holding kube-state-metrics-shaped and dcgm-exporter-shaped history (promtool
+backfill), collected with the ledger's real queries (the issue's examples, to the second)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from hub import inventory as inv
+from hub import usage
+from hub.store import HubClient, HubSettings
+from tests.support.backfill import PodObject, Series, backfilled_hub, openmetrics
+
+H100 = "NVIDIA H100 80GB HBM3"
+EXPORTER = 'namespace="gpu-operator",pod="nvidia-dcgm-exporter-7xk2p"'
+
+
+def gpu_series(uuid: str, node: str, holder: tuple[str, str, float, float] | None,
+               cluster: str = "c1") -> list[Series]:
+    """dcgm-exporter's GPU_UTIL and POWER_USAGE of one GPU: labelled with ``holder``'s
+    namespace and pod at the pushes within [start, end), the exporter's own pod otherwise."""
+    base = f'cluster="{cluster}",Hostname="{node}",gpu="0",UUID="{uuid}",modelName="{H100}"'
+    ns, pod, a, b = holder or ("", "", 0.0, 0.0)
+
+    def held(t: float) -> bool:
+        return holder is not None and a <= t < b
+
+    out: list[Series] = []
+    for name, value in (("DCGM_FI_DEV_GPU_UTIL", 50.0), ("DCGM_FI_DEV_POWER_USAGE", 200.0)):
+        out.append((name, f"{base},{EXPORTER}",
+                    lambda t, v=value: None if held(t) else v))
+        if holder is not None:
+            out.append((name, f'{base},namespace="{ns}",pod="{pod}"',
+                        lambda t, v=value: v if held(t) else None))
+    return out
+
+
+def collect(tmp_path: Path, series: list[Series], times: list[float], starts: list[float],
+            push: float, **kwargs) -> list[dict]:
+    hub = backfilled_hub(tmp_path / "hub", openmetrics(series, times)).start(timeout=120)
+    engine = inv.make_engine(f"sqlite:///{tmp_path / 'inv.db'}", create=True)
+    inv.ensure_schema(engine)
+    try:
+        with HubClient.from_settings(HubSettings(url=hub.url)) as client:
+            result = usage.collect_usage(engine, client, bucket=3600, push_interval=push,
+                                         starts=starts, **kwargs)
+        assert result.failed == []
+        with engine.connect() as conn:
+            return [dict(r) for r in conn.execute(sa.select(inv.usage)).mappings()]
+    finally:
+        hub.stop()
+        engine.dispose()
+
+
+def hours_of(rows: list[dict], **match: str) -> float:
+    return sum(r["gpu_hours"] for r in rows
+               if all(r[k] == v for k, v in match.items()))
+
+
+def test_a_two_minute_job_at_300s_pushes_is_billed_two_minutes(tmp_path: Path):
+    """No push carried the job's labels (it ran between two): sampled it is 0 minutes; its
+    edges bill it 120 s, on its node's GPU whose exact identity no series names, and the
+    node's unallocated time gives those 120 s up (the GPU's hour stays one hour)."""
+    push = 300.0
+    t0 = (time.time() // 3600) * 3600 - 5 * 3600
+    times = [t0 + 30 + push * k for k in range(round(3 * 3600 / push))]
+    job = PodObject("ml", "job-1", "n1", start=t0 + 3600 + 400, end=t0 + 3600 + 520)
+    rows = collect(tmp_path, [*gpu_series("GPU-0", "n1", None), *job.series()], times,
+                   [t0 + 3600], push)
+    assert hours_of(rows, pod="job-1") == pytest.approx(120 / 3600)
+    billed = next(r for r in rows if r["pod"] == "job-1")
+    assert billed["allocation_basis"] == "interval" and billed["uuid"] == ""
+    assert billed["node"] == "n1" and billed["model"] == H100
+    assert hours_of(rows, pod="") == pytest.approx(1 - 120 / 3600)
+    assert sum(r["gpu_hours"] for r in rows) == pytest.approx(1.0)
+
+
+def test_two_gpus_taken_at_1_03_20_are_billed_3_889_gpu_hours_of_three(tmp_path: Path):
+    """Pushes every 300 s label the GPUs from 1:05:00 (sampled: 3.833 GPU-hours); the pod's
+    start time bills them from 1:03:20: 2 x 1 h 56 min 40 s = 3.889 GPU-hours."""
+    push = 300.0
+    t0 = (time.time() // 3600) * 3600 - 6 * 3600
+    start = t0 + 3600 + 200
+    times = [t0 + push * k for k in range(round(4 * 3600 / push))]
+    pod = PodObject("ml", "train", "n1", start=start, gpus=2)
+    series = [*gpu_series("GPU-0", "n1", ("ml", "train", start, t0 + 9 * 3600)),
+              *gpu_series("GPU-1", "n1", ("ml", "train", start, t0 + 9 * 3600)),
+              *pod.series()]
+    rows = collect(tmp_path, series, times, [t0, t0 + 3600, t0 + 7200], push)
+    assert hours_of(rows, pod="train") == pytest.approx(2 * (7200 - 200) / 3600)
+    assert round(hours_of(rows, pod="train"), 3) == 3.889
+    assert {r["allocation_basis"] for r in rows if r["pod"] == "train"} == {"interval"}
+    assert {r["uuid"] for r in rows if r["pod"] == "train"} == {"GPU-0", "GPU-1"}
+    # the GPUs' first 1:03:20 are unallocated: the rest of their 6 GPU-hours
+    assert hours_of(rows, pod="") == pytest.approx(6 - 2 * (7200 - 200) / 3600)
