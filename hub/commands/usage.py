@@ -23,6 +23,7 @@ from hub.common import (
     format_duration,
     hub_options,
     lock_timeout_option,
+    min_charge_option,
     output_option,
     push_interval_option,
     to_json,
@@ -139,6 +140,7 @@ def usage(ctx: click.Context, since: float | None, from_: str | None, until: str
               help="Bucket length (buckets are aligned to multiples of it). The ledger keeps "
               "one size: another is refused unless --replace-grid.")
 @push_interval_option
+@min_charge_option
 @click.option("--step", type=DURATION, metavar="DURATION",
               help="Expert: coverage resolution, default the push interval (never below it). "
               "A coarser step costs the hub less at 1s pushes.")
@@ -157,14 +159,18 @@ def usage(ctx: click.Context, since: float | None, from_: str | None, until: str
 @db_option
 @output_option("text", "json", default="text")
 def collect(since: float | None, from_: str | None, until: str | None, bucket: float,
-            push_interval: float, step: float | None, max_backfill: float,
+            push_interval: float, min_charge: float, step: float | None,
+            max_backfill: float,
             usage_retention: float, replace_grid: bool, yes: bool, lock_timeout: float,
             cluster_label: str, db: str | None, output: str, **opts: Any) -> None:
     """Fill the usage ledger: every ended bucket not collected yet (or those asked for).
 
     A bucket is collected once it ended a push interval ago (its last push has arrived);
     a period reaching past that is clipped and the output says so. Coverage is measured in
-    push-interval slots, so hours are exact at ACM's 300s as at 1s. A fixed set of PromQL
+    push-interval slots, so hours are exact at ACM's 300s as at 1s; a pod's allocated time
+    comes from its allocation's own start and end where kube-state-metrics or gpufleet's
+    exporter publish them (allocation_basis interval or estimated), else from its samples
+    (sampled). A fixed set of PromQL
     requests per bucket, whatever the fleet size; re-collecting a bucket replaces it, also
     beside a running `serve`. A bucket the hub cannot answer is not written and is retried
     by the next collect; exits 3 when any bucket failed.
@@ -193,7 +199,7 @@ def collect(since: float | None, from_: str | None, until: str | None, bucket: f
         result = answers.collect_usage(
             engine, client, bucket=bucket, push_interval=push_interval, resolution=step,
             starts=starts, max_backfill=max_backfill, retention=usage_retention,
-            cluster_label=cluster_label, lock_timeout=lock_timeout)
+            cluster_label=cluster_label, lock_timeout=lock_timeout, min_charge=min_charge)
     if output == "json":
         click.echo(to_json(result.as_dict()))
     else:

@@ -640,9 +640,10 @@ def gpu_request(resource: str) -> GpuRequest | None:
 def allocation_queries(window: str, step: str, cluster_label: str) -> list[Query]:
     """The fixed request set of a bucket's allocation intervals, whatever the fleet size.
 
-    Evaluated one push interval after the bucket's end over ``window`` (the bucket plus a
-    push interval each side): a pod that lived in the bucket has samples there, also one
-    shorter than a push (the push after it carries its edges). Intervals are read from the
+    Evaluated a push interval and one ``step`` after the bucket's end over ``window`` (the
+    bucket, a push interval each side and the step): a pod that lived in the bucket has
+    samples there, also one shorter than a push (the push after it carries its edges), and
+    one held past the bucket's end has a sample after it. Intervals are read from the
     values (the edges' own times), so a wider window never lengthens one.
 
     Kinds: ``alloc:start`` / ``alloc:end`` (kube-state-metrics' start and completion),

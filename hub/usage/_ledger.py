@@ -177,17 +177,22 @@ def pending_buckets(conn: Connection, *, now: float, bucket: float, max_backfill
 
 
 # -- asking the hub ---------------------------------------------------------------------------
+def _alloc_step(push_interval: float) -> float:
+    """The step at which the allocations' last samples are found: at most a push interval
+    and the store's 5-minute look-back, so every sample is the newest at one step."""
+    return min(push_interval, 300.0)
+
+
 def bucket_queries(bucket: float, resolution: float, push_interval: float,
-             cluster_label: str) -> list[store.Query]:
+                   cluster_label: str) -> list[store.Query]:
     """A bucket's fixed request set: the samples' (store.usage_queries) and the
-    allocations' edges (store.allocation_queries: a push interval each side of the bucket,
-    Running samples stepped at most a push interval and the store's 5-minute look-back
-    apart)."""
+    allocations' edges (store.allocation_queries), these over the bucket and a push
+    interval each side, plus one step (see _ask)."""
+    step = _alloc_step(push_interval)
     return [*store.usage_queries(format_duration(bucket), format_duration(resolution),
                                  cluster_label),
-            *store.allocation_queries(format_duration(bucket + 2 * push_interval),
-                                      format_duration(min(push_interval, 300.0)),
-                                      cluster_label)]
+            *store.allocation_queries(format_duration(bucket + 2 * push_interval + step),
+                                      format_duration(step), cluster_label)]
 
 
 def _ask(client: HubClient, queries: list[store.Query], start: float, bucket: float,
@@ -201,10 +206,13 @@ def _ask(client: HubClient, queries: list[store.Query], start: float, bucket: fl
     for query in sorted(queries, key=lambda q: q.kind != "coverage"):
         # avg/max: the samples in [start, end) (1 ms before the end, so a sample exactly on a
         # boundary belongs to one bucket); coverage: one slot later, see usage_queries.
-        # allocations: one push later, so the push after a short pod carries its edges.
         at = end - 0.001 + (resolution if query.kind == "coverage" else 0.0)
         if query.kind.startswith(("alloc:", "edge:")):
-            at = end - 0.001 + (push_interval or resolution)
+            # allocations: a push interval later, so the push after a short pod carries its
+            # edges and a pod held past the end has a sample after it, plus one step, the
+            # subqueries' last point (steps are aligned to multiples of the step)
+            push = push_interval or resolution
+            at = end - 0.001 + push + _alloc_step(push)
         res = client.query(query.promql, time=at, stream=True)
         yield query, res.result
         warnings = getattr(res.result, "warnings", None) or res.warnings
