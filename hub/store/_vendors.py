@@ -662,8 +662,11 @@ def allocation_queries(window: str, step: str, cluster_label: str) -> list[Query
     def last(agg: str, by: str, name: str, match: str = "") -> str:
         return f"{agg} by ({by}) (last_over_time({name}{{{labelled}{match}}}[{window}]))"
 
-    def seen(by: str, selector: str) -> str:
-        return f"max by ({by}) (max_over_time(timestamp({selector})[{window}:{step}]))"
+    def seen(by: str, selector: str, only: str = "") -> str:
+        # timestamp() gives a sample's own time only around a plain selector; ``and`` keeps
+        # those where the condition holds (around ``== 1`` it would give the step's time)
+        stamps = f"timestamp({selector})" + (f" and {only}" if only else "")
+        return f"max by ({by}) (max_over_time(({stamps})[{window}:{step}]))"
 
     return [
         Query("kube", "alloc:start", last("max", pod, KSM_POD_START)),
@@ -672,7 +675,7 @@ def allocation_queries(window: str, step: str, cluster_label: str) -> list[Query
             "sum", _by([cluster_label, *KSM_POD_KEY, "node", "resource"]), KSM_POD_REQUESTS,
             f', resource=~"{GPU_RESOURCE_REGEX}"')),
         Query("kube", "alloc:running", seen(
-            pod, f'{KSM_POD_PHASE}{{{labelled}, phase="Running"}} == 1')),
+            pod, running := f'{KSM_POD_PHASE}{{{labelled}, phase="Running"}}', f"{running} == 1")),
         Query("kube", "alloc:replicas", last(
             "max", _by([cluster_label, "node", KSM_REPLICAS_LABEL]), KUBE_NODE_LABELS,
             f', {KSM_REPLICAS_LABEL}!=""')),

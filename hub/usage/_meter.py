@@ -255,7 +255,8 @@ class Meter:
         out: list[dict[str, Any]] = []
         for unit, members in units.items():
             out += self._meter_unit(unit, members, pods, edge_allocs, named)
-        out += self._unknown(out, pods, named)
+        edged = {(cluster, ns, pod) for cluster, ns, pod, _, _ in self.edges}
+        out += self._unknown(out, {k: v for k, v in pods.items() if k not in edged}, named)
         return out
 
     def _meter_unit(self, unit: Unit, members: list[dict[str, Any]],
