@@ -97,3 +97,63 @@ def test_two_gpus_taken_at_1_03_20_are_billed_3_889_gpu_hours_of_three(tmp_path:
     assert {r["uuid"] for r in rows if r["pod"] == "train"} == {"GPU-0", "GPU-1"}
     # the GPUs' first 1:03:20 are unallocated: the rest of their 6 GPU-hours
     assert hours_of(rows, pod="") == pytest.approx(6 - 2 * (7200 - 200) / 3600)
+
+
+def test_shared_gpus_charge_each_pod_its_share_and_never_more_than_the_gpu(tmp_path: Path):
+    """Time-slicing (4 replicas, two pods: a quarter each, the other half unallocated) and
+    HAMi cores (50 % + 30 %, then 40 % more for the second half hour: 120 % asked, so each
+    is scaled to add up to the one GPU)."""
+    push = 60.0
+    t0 = (time.time() // 3600) * 3600 - 4 * 3600
+    end = t0 + 9 * 3600
+    times = [t0 + 20 + push * k for k in range(round(3 * 3600 / push))]
+    sliced = [PodObject("ml", name, "n1", start=t0 - 600, resource="nvidia_com_gpu_shared")
+              for name in ("a", "b")]
+    hami = [PodObject("ml", "c", "n2", start=t0 - 600, more=(("nvidia_com_gpucores", 50),)),
+            PodObject("ml", "d", "n2", start=t0 - 600, more=(("nvidia_com_gpucores", 30),)),
+            PodObject("ml", "e", "n2", start=t0 + 5400, more=(("nvidia_com_gpucores", 40),))]
+    series: list[Series] = [("kube_node_labels",
+                             'cluster="c1",node="n1",label_nvidia_com_gpu_replicas="4"',
+                             lambda t: 1.0)]
+    for p in [*sliced, *hami]:
+        series += p.series()
+        uuid, node = ("GPU-0", "n1") if p.node == "n1" else ("GPU-1", "n2")
+        series += [s for s in gpu_series(uuid, node, ("ml", p.pod, p.start, end))
+                   if 'pod="nvidia-dcgm' not in s[1]]  # every sample names a pod
+    rows = collect(tmp_path, series, times, [t0 + 3600], push)
+    assert hours_of(rows, pod="a") == pytest.approx(0.25)
+    assert hours_of(rows, pod="b") == pytest.approx(0.25)
+    assert hours_of(rows, uuid="GPU-0", pod="") == pytest.approx(0.5)
+    assert hours_of(rows, pod="c") == pytest.approx(0.5 * 0.5 + 0.5 * 0.5 / 1.2)
+    assert hours_of(rows, pod="d") == pytest.approx(0.5 * 0.3 + 0.5 * 0.3 / 1.2)
+    assert hours_of(rows, pod="e") == pytest.approx(0.5 * 0.4 / 1.2)
+    assert hours_of(rows, uuid="GPU-1", pod="") == pytest.approx(0.5 * 0.2)
+    assert hours_of(rows, uuid="GPU-1") == pytest.approx(1.0)
+
+
+def test_without_completion_times_the_end_is_the_last_running_push_plus_one(tmp_path: Path):
+    """OpenShift's kube-state-metrics: no kube_pod_completion_time. The end is bounded by
+    the push after the last Running sample (estimated), and never past the start of the
+    next pod on the same GPU."""
+    push = 300.0
+    t0 = (time.time() // 3600) * 3600 - 5 * 3600
+    times = [t0 + 30 + push * k for k in range(round(3 * 3600 / push))]
+    bucket = t0 + 3600
+    first = PodObject("ml", "first", "n1", start=bucket - 100, end=bucket + 600,
+                      completion=False)  # last Running push: +330, so estimated till +630
+    alone = PodObject("ml", "alone", "n2", start=bucket - 100, end=bucket + 600,
+                      completion=False)
+    second = PodObject("ml", "second", "n1", start=bucket + 610, end=bucket + 5000,
+                       completion=False)
+    series = [*first.series(), *second.series(), *alone.series(),
+              *gpu_series("GPU-0", "n1", ("ml", "first", first.start, first.end)),
+              *gpu_series("GPU-1", "n2", ("ml", "alone", alone.start, alone.end))]
+    series += [s for s in gpu_series("GPU-0", "n1", ("ml", "second", second.start, 1e12))
+               if 'pod="second"' in s[1]]
+    rows = collect(tmp_path, series, times, [bucket], push)
+    basis = {r["pod"]: r["allocation_basis"] for r in rows if r["pod"]}
+    assert basis == {"first": "estimated", "second": "interval", "alone": "estimated"}
+    assert hours_of(rows, pod="alone") == pytest.approx(630 / 3600)
+    assert hours_of(rows, pod="first") == pytest.approx(610 / 3600)  # capped by "second"
+    assert hours_of(rows, pod="second") == pytest.approx((3600 - 610) / 3600)
+    assert hours_of(rows, uuid="GPU-0") == pytest.approx(1.0)

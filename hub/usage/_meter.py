@@ -80,6 +80,7 @@ class _Edge:
 class _Alloc:
     spans: list[Span]  # inside the bucket, disjoint
     basis: str
+    begin: float  # its start, before clipping
 
 
 def _value(row: Mapping[str, Any]) -> float | None:
@@ -203,10 +204,11 @@ class Meter:
             spans = clip([span[0]], self.lo, self.hi)
             have = out.get((cluster, ns, pod))
             if have is None:
-                out[(cluster, ns, pod)] = (_Alloc(spans, span[1]), p)
+                out[(cluster, ns, pod)] = (_Alloc(spans, span[1], span[0][0]), p)
             else:
                 have[0].spans = clip(have[0].spans + spans, self.lo, self.hi)
                 have[0].basis = weakest([have[0].basis, span[1]]) or span[1]
+                have[0].begin = min(have[0].begin, span[0][0])
                 for r, n in p.requests.items():
                     have[1].requests[r] = max(have[1].requests.get(r, 0.0), n)
         return out
@@ -242,7 +244,7 @@ class Meter:
             if span is None:
                 continue
             edge_allocs[(cluster, uuid, slice_key, ns, pod)] = _Alloc(
-                clip([span[0]], self.lo, self.hi), span[1])
+                clip([span[0]], self.lo, self.hi), span[1], span[0][0])
             if (cluster, uuid, slice_key, ns, pod) not in index:
                 row = new_row(e.vendor, e.ident, slice_key, ns, pod)
                 row["allocation_basis"] = span[1]
@@ -285,6 +287,7 @@ class Meter:
             metered.append((r, alloc, self._share(requests, cluster, r["node"])))
         if not metered:
             return members
+        _cap_estimates(metered)
         covered = min(self.bucket, sum(r["coverage"] for r in members) * self.bucket)
         charged = _shared_seconds([(a.spans, share) for _, a, share in metered])
         out = [r for r in members if r is free or not any(r is m[0] for m in metered)]
@@ -381,6 +384,19 @@ def _take_free(rows: list[dict[str, Any]], cluster: str, node: str, vendor: str,
         for r in free:
             _set_hours(r, r["gpu_hours"] * keep)
     return models.pop() if len(models) == 1 else None
+
+
+def _cap_estimates(metered: list[tuple[dict[str, Any], _Alloc, float]]) -> None:
+    """An end known only to the push interval ends no later than the next whole-GPU
+    allocation of the same GPU starts (one GPU, one holder): the estimate is an upper bound
+    the next pod's start improves on, never a time both are charged half."""
+    for i, (row, alloc, share) in enumerate(metered):
+        if alloc.basis != ESTIMATED or share < 1.0:
+            continue
+        later = [a.begin for _, a, s in metered if s >= 1.0 and a.begin > alloc.begin]
+        if later:
+            metered[i] = (row, _Alloc(clip(alloc.spans, -math.inf, min(later)), alloc.basis,
+                                      alloc.begin), share)
 
 
 def _shared_seconds(allocs: list[tuple[list[Span], float]]) -> list[float]:

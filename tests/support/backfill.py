@@ -59,6 +59,8 @@ class PodObject:
     uid: str = ""
     deleted: float | None = None
     completion: bool = True
+    #: more requests of the pod (HAMi's ("nvidia_com_gpucores", 25.0) beside its GPU)
+    more: tuple[tuple[str, float], ...] = ()
 
     def _alive(self, t: float) -> bool:
         return self.start <= t and (self.deleted is None or t < self.deleted)
@@ -76,6 +78,9 @@ class PodObject:
             ("kube_pod_container_resource_requests",
              f'{pod},container="main",node="{self.node}",resource="{self.resource}",'
              'unit="integer"', when(lambda t: self.gpus)),
+            *[("kube_pod_container_resource_requests",
+               f'{pod},container="main",node="{self.node}",resource="{resource}",'
+               'unit="integer"', when(lambda t, v=value: v)) for resource, value in self.more],
             ("kube_pod_status_phase", f'{pod},phase="Running"',
              when(lambda t: 1.0 if ended is None or t < ended else 0.0)),
         ]
