@@ -20,7 +20,7 @@ EXPORTER = 'namespace="gpu-operator",pod="nvidia-dcgm-exporter-7xk2p"'
 
 
 def gpu_series(uuid: str, node: str, holder: tuple[str, str, float, float] | None,
-               cluster: str = "c1") -> list[Series]:
+               cluster: str = "c1", util: float = 50.0) -> list[Series]:
     """dcgm-exporter's GPU_UTIL and POWER_USAGE of one GPU: labelled with ``holder``'s
     namespace and pod at the pushes within [start, end), the exporter's own pod otherwise."""
     base = f'cluster="{cluster}",Hostname="{node}",gpu="0",UUID="{uuid}",modelName="{H100}"'
@@ -30,7 +30,7 @@ def gpu_series(uuid: str, node: str, holder: tuple[str, str, float, float] | Non
         return holder is not None and a <= t < b
 
     out: list[Series] = []
-    for name, value in (("DCGM_FI_DEV_GPU_UTIL", 50.0), ("DCGM_FI_DEV_POWER_USAGE", 200.0)):
+    for name, value in (("DCGM_FI_DEV_GPU_UTIL", util), ("DCGM_FI_DEV_POWER_USAGE", 200.0)):
         out.append((name, f"{base},{EXPORTER}",
                     lambda t, v=value: None if held(t) else v))
         if holder is not None:
@@ -157,3 +157,69 @@ def test_without_completion_times_the_end_is_the_last_running_push_plus_one(tmp_
     assert hours_of(rows, pod="first") == pytest.approx(610 / 3600)  # capped by "second"
     assert hours_of(rows, pod="second") == pytest.approx((3600 - 610) / 3600)
     assert hours_of(rows, uuid="GPU-0") == pytest.approx(1.0)
+
+
+def test_idle_efficiency_cost_and_every_reader_follow_the_metered_hours(tmp_path: Path):
+    """`usage collect --min-charge 60s` through the CLI; `usage` (JSON, CSV, with prices),
+    `idle`, the API and the live page all read the metered hours and say their basis: the
+    idle 2-GPU pod wastes its 3.889 metered GPU-hours, a 10 s job is charged 60 s."""
+    from hub.service import build_app, read_only_engine
+    from hub.service._page import usage_section
+    from tests.support.asgi import AppClient, no_metrics
+    from tests.support.clirun import gpufleet, gpufleet_json
+
+    push = 300.0
+    t0 = (time.time() // 3600) * 3600 - 6 * 3600
+    start = t0 + 3600 + 200
+    times = [t0 + push * k for k in range(round(4 * 3600 / push))]
+    train = PodObject("ml", "train", "n1", start=start, gpus=2)
+    blip = PodObject("ci", "blip", "n2", start=t0 + 5400, end=t0 + 5410)
+    series = [*gpu_series("GPU-0", "n1", ("ml", "train", start, t0 + 9 * 3600), util=2.0),
+              *gpu_series("GPU-1", "n1", ("ml", "train", start, t0 + 9 * 3600), util=2.0),
+              *gpu_series("GPU-2", "n2", None), *train.series(), *blip.series()]
+    hub = backfilled_hub(tmp_path / "hub", openmetrics(series, times)).start(timeout=120)
+    db = f"sqlite:///{tmp_path / 'inv.db'}"
+    env = {"GPUFLEET_HUB_URL": hub.url, "GPUFLEET_DB": db}
+    period = ["--from", _iso(t0), "--until", _iso(t0 + 3 * 3600)]
+    prices = tmp_path / "prices.yaml"
+    prices.write_text(f'"{H100}": 2.5\n')
+    try:
+        gpufleet_json("usage", "collect", *period, "--min-charge", "60s", env=env)
+    finally:
+        hub.stop()
+    metered = 2 * (7200 - 200) / 3600
+    rows = {r["namespace"]: r for r in gpufleet_json("usage", *period, env=env)}
+    assert rows["ml"]["gpu_hours"] == pytest.approx(metered, abs=1e-6)
+    assert rows["ml"]["idle_allocated_gpu_hours"] == pytest.approx(metered, abs=1e-6)
+    assert rows["ml"]["busy_gpu_hours"] == pytest.approx(metered * 0.02, abs=1e-6)
+    assert rows["ml"]["energy_kwh"] == pytest.approx(metered * 0.2, abs=1e-6)
+    assert rows["ml"]["allocation_basis"] == "interval"
+    assert rows["ci"]["gpu_hours"] == pytest.approx(60 / 3600, abs=1e-6)
+    assert rows[None]["allocation_basis"] is None  # unallocated time has no allocation
+    idle = gpufleet_json("idle", *period, env=env)
+    assert sum(r["wasted_gpu_hours"] for r in idle) == pytest.approx(metered, abs=1e-6)
+    billed = {r["namespace"]: r for r in gpufleet_json("usage", *period, "--prices",
+                                                       str(prices), env=env)}
+    assert billed["ml"]["cost"] == pytest.approx(metered * 2.5, abs=1e-5)
+    csv = gpufleet("usage", *period, "-o", "csv", env=env).stdout.splitlines()
+    assert "allocation_basis" in csv[0].split(",")
+    assert any(line.startswith("ml,") and line.endswith(",interval") for line in csv)
+    engine = read_only_engine(db)
+    try:
+        app = AppClient(build_app(engine, health=lambda: (True, {}),
+                                  findings=lambda: ([], None), metrics=no_metrics))
+        code, body = app.handle("/api/v1/usage", {"from": [_iso(t0)],
+                                                  "until": [_iso(t0 + 3 * 3600)]})
+        assert code == 200
+        assert {r["namespace"]: r["allocation_basis"] for r in body["items"]} == {
+            "ml": "interval", "ci": "interval", None: None}
+        with engine.connect() as conn:
+            section = usage_section(conn)
+        assert section is not None and ("allocation_basis", "Allocated time") in section.columns
+        assert {r["namespace"]: r["allocation_basis"] for r in section.rows}["ml"] == "interval"
+    finally:
+        engine.dispose()
+
+
+def _iso(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
