@@ -85,6 +85,13 @@ def _spoke_options(func: F) -> F:
                           "`gpufleet reconcile --context`: get/list nodes, and the DRA "
                           "objects resourceslices, resourceclaims and deviceclasses "
                           "(resource.k8s.io)."),
+        click.option("--kube-state-metrics", envvar=env("kube-state-metrics"),
+                     metavar="HOST:PORT",
+                     help="remote-write mode: also scrape kube-state-metrics here (e.g. "
+                          "kube-state-metrics.kube-system.svc:8080) for the pods' GPU "
+                          "requests, start, completion and Running phase, so the ledger "
+                          "meters allocations from their edges with an upstream exporter "
+                          "(the builtin exporter publishes its own)."),
         click.option("--out", envvar=env("out"), metavar="DIR",
                      help="Directory to write (replaced as a whole on re-render)."),
     ]
@@ -109,7 +116,8 @@ def _require_out(out: str | None) -> str:
 def _spoke_kwargs(params: dict[str, Any]) -> dict[str, Any]:
     keys = ("vendor", "mode", "exporter", "remote_write_url", "remote_write_secret",
             "monitoring", "platform", "exporter_namespace", "exporter_selector",
-            "agent_image", "exporter_image", "restrict_exporter_ingress", "reconcile_reader")
+            "agent_image", "exporter_image", "restrict_exporter_ingress", "reconcile_reader",
+            "kube_state_metrics")
     return {key: params[key] for key in keys}
 
 

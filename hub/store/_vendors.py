@@ -424,6 +424,8 @@ def allowlist_metrics() -> list[str]:
             names.update(prefix + m for m in p.timestamp_metrics)
             names.update(prefix + m for ms in p.health_fields.values() for m in ms)
     names.update(EXPORTER_HEALTH_METRICS)
+    # gpufleet's exporter's allocation edges: per GPU pod only, bounded by the GPUs
+    names.update((EDGE_START, EDGE_END))
     # reconcile --source hub reads node labels (MIG strategy, time-slicing replicas) from
     # kube-state-metrics; ACM's default allowlist forwards the capacity series, not these.
     names.add(KUBE_NODE_LABELS)
@@ -683,3 +685,38 @@ def allocation_queries(window: str, step: str, cluster_label: str) -> list[Query
         Query("gpufleet", "edge:end", last("max", edge, EDGE_END)),
         Query("gpufleet", "edge:seen", seen(edge, f"{EDGE_START}{{{labelled}}}")),
     ]
+
+
+# -- forwarding kube-state-metrics' allocation series (spoke render, issue 27) ----------------
+#: kube-state-metrics' pod series the ledger's intervals read; forwarded only for pods that
+#: request GPUs (their requests series by its resource label, the others joined to it where
+#: the forwarder can join: ACM's recording rules)
+KSM_ALLOCATION_METRICS = [KSM_POD_START, KSM_POD_COMPLETION, KSM_POD_REQUESTS, KSM_POD_PHASE]
+_GPU_REQUESTS = f'{KSM_POD_REQUESTS}{{resource=~"{GPU_RESOURCE_REGEX}"}}'
+
+
+def allocation_matches() -> list[str]:
+    """ACM allowlist ``matches``: the requests series of GPU resources only."""
+    return [f'__name__="{KSM_POD_REQUESTS}",resource=~"{GPU_RESOURCE_REGEX}"']
+
+
+def allocation_recording_rules() -> list[dict[str, str]]:
+    """ACM allowlist ``recording_rules`` (platform monitoring only): the start, completion
+    and Running phase of pods that request GPUs, under their own names (the metrics-
+    collector pushes the rule's result, so the hub reads them as kube-state-metrics'), so a
+    cluster's thousands of other pods are never forwarded."""
+    gpu_pods = f"on ({', '.join(KSM_POD_KEY)}) ({_GPU_REQUESTS} > 0)"
+    return [{"record": name, "expr": f"{name}{match} and {gpu_pods}"}
+            for name, match in ((KSM_POD_START, ""), (KSM_POD_COMPLETION, ""),
+                                (KSM_POD_PHASE, '{phase="Running"}'))]
+
+
+def allocation_agent_keep() -> tuple[list[str], str]:
+    """(source_labels, regex) of the Prometheus agent's keep rule on kube-state-metrics:
+    GPU requests by their resource label, the pods' start and completion, the Running phase
+    only, and the node labels (time-slicing replicas). An agent cannot join series, so the
+    pod series are one to three per pod of the cluster, not per GPU pod."""
+    pods = "|".join((KSM_POD_START, KSM_POD_COMPLETION, KUBE_NODE_LABELS))
+    return (["__name__", "resource", "phase"],
+            f"{KSM_POD_REQUESTS};(?:{GPU_RESOURCE_REGEX});.*|(?:{pods});.*|"
+            f"{KSM_POD_PHASE};.*;Running")
