@@ -670,14 +670,18 @@ def allocation_queries(window: str, step: str, cluster_label: str) -> list[Query
         stamps = f"timestamp({selector})" + (f" and {only}" if only else "")
         return f"max by ({by}) (max_over_time(({stamps})[{window}:{step}]))"
 
+    gpu = f', resource=~"{GPU_RESOURCE_REGEX}"'
+    # only pods that request GPUs: a hub that holds every pod's series answers with these
+    gpu_pods = f" and on ({pod}) {last('sum', pod, KSM_POD_REQUESTS, gpu)}"
     return [
-        Query("kube", "alloc:start", last("max", pod, KSM_POD_START)),
-        Query("kube", "alloc:end", last("max", pod, KSM_POD_COMPLETION)),
+        Query("kube", "alloc:start", last("max", pod, KSM_POD_START) + gpu_pods),
+        Query("kube", "alloc:end", last("max", pod, KSM_POD_COMPLETION) + gpu_pods),
         Query("kube", "alloc:requests", last(
             "sum", _by([cluster_label, *KSM_POD_KEY, "node", "resource"]), KSM_POD_REQUESTS,
-            f', resource=~"{GPU_RESOURCE_REGEX}"')),
+            gpu)),
         Query("kube", "alloc:running", seen(
-            pod, running := f'{KSM_POD_PHASE}{{{labelled}, phase="Running"}}', f"{running} == 1")),
+            pod, running := f'{KSM_POD_PHASE}{{{labelled}, phase="Running"}}',
+            f"{running} == 1") + gpu_pods),
         Query("kube", "alloc:replicas", last(
             "max", _by([cluster_label, "node", KSM_REPLICAS_LABEL]), KUBE_NODE_LABELS,
             f', {KSM_REPLICAS_LABEL}!=""')),
