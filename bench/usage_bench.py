@@ -107,7 +107,9 @@ def bench_collect(gpus: int, work: Path, push: float = 300.0, intervals: bool = 
                     str(om), str(data)], check=True, capture_output=True)
     om.unlink()
     db_path = work / "usage.db"
-    hub = PrometheusProcess(work / "hub", hub_config()).start(timeout=300)
+    # a loaded 2-core machine can take longer than Prometheus's default 2-minute query timeout
+    hub = PrometheusProcess(work / "hub", hub_config(),
+                            extra_args=["--query.timeout=10m"]).start(timeout=300)
     try:
         iso = dt.datetime.fromtimestamp(t0, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         end = dt.datetime.fromtimestamp(t0 + HOUR, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -22,6 +22,7 @@ from typing import Any
 
 from hub import store
 from hub.usage._meter import Meter
+from hub.usage._meter import sample_value as _num
 
 Key = tuple[str, str, str, str, str, str]  # cluster, node, uuid, slice, namespace, pod
 #: ledger column of each averaged profiling field
@@ -43,14 +44,6 @@ class _Acc:
     sums: dict[str, float] = field(default_factory=dict)
     maxes: dict[str, float] = field(default_factory=dict)
     slots: float = 0.0
-
-
-def _num(row: Mapping[str, Any]) -> float | None:
-    try:
-        v = float(row["value"][1])
-    except (KeyError, IndexError, TypeError, ValueError):
-        return None
-    return None if v != v else v
 
 
 def _series(labels: Mapping[str, str]) -> str:

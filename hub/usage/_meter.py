@@ -83,7 +83,8 @@ class _Alloc:
     begin: float  # its start, before clipping
 
 
-def _value(row: Mapping[str, Any]) -> float | None:
+def sample_value(row: Mapping[str, Any]) -> float | None:
+    """An instant answer's value; None for NaN or a malformed row."""
     try:
         v = float(row["value"][1])
     except (KeyError, IndexError, TypeError, ValueError):
@@ -124,7 +125,7 @@ class Meter:
     # -- reading the answers ----------------------------------------------------------------
     def read(self, kind: str, rows: Iterable[Mapping[str, Any]]) -> None:
         for row in rows:
-            labels, value = row["metric"], _value(row)
+            labels, value = row["metric"], sample_value(row)
             cluster = labels.get(self.label) or ""
             if value is None or not cluster:
                 continue
@@ -302,8 +303,11 @@ class Meter:
             out.append(r)
         rest = max(0.0, covered - allocated)
         if free is None and rest > 0:
+            # samples labelled past the allocation's end (the kubelet lingers): the GPU's
+            # memory and power stand, its activity then is not the pod's, so unknown
             template = max((m[0] for m in metered), key=lambda r: r["coverage"])
-            free = {**template, "namespace": "", "pod": "", "coverage": 0.0}
+            free = {**template, **dict.fromkeys(_ACTIVITY), "namespace": "", "pod": "",
+                    "coverage": 0.0}
             out.append(free)
         if free is not None:
             _set_hours(free, free["gpu_share"] * rest / 3600.0)
@@ -362,6 +366,10 @@ class Meter:
             else:
                 share += max(0.0, count - len({r["uuid"] for r in whole})) * per_gpu
         return share, vendor, profile
+
+
+_ACTIVITY = ("avg_utilisation_pct", "max_utilisation_pct", "avg_sm_active_pct",
+             "avg_tensor_active_pct", "avg_dram_active_pct")
 
 
 def _set_hours(row: dict[str, Any], hours: float) -> None:
