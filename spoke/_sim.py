@@ -93,6 +93,18 @@ def parse_fault(spec: str) -> Fault:
     return Fault(int(m.group(4)), m.group(5))
 
 
+def parse_indices(spec: str | None) -> list[int]:
+    """``"0,3"`` → [0, 3] (``--sim-idle``); ValueError naming the bad part."""
+    out = []
+    for part in (spec or "").split(","):
+        if part.strip():
+            if not part.strip().isdigit():
+                raise ValueError(f"invalid --sim-idle {part.strip()!r} (use GPU indices, "
+                                 "e.g. 0,3)")
+            out.append(int(part))
+    return out
+
+
 def _profile_gb(profile: str) -> int:
     """Memory of a MIG profile in GB ("3g.40gb" → 40); NVML's slices are a little smaller."""
     return int(profile.split(".", 1)[1].split("gb", 1)[0])

@@ -15,7 +15,7 @@ from spoke._http import DEFAULT_PORT, MetricsServer, parse_listen
 from spoke._model import DEFAULT_CADENCE, KUBELET_SOCKET, Backend, Cadence, LibraryNotFound
 from spoke._naming import LEGACY, NAMINGS, select_fields
 from spoke._select import LOADERS, open_backend
-from spoke._sim import SimBackend, parse_fault
+from spoke._sim import SimBackend, parse_fault, parse_indices
 
 if TYPE_CHECKING:
     from spoke._podresources import KubeletPods
@@ -91,6 +91,9 @@ def _listen_address(listen: str | None, port: int | None) -> tuple[str, int]:
 @click.option("--sim-fault", "sim_faults", multiple=True, metavar="INDEX:FAULT",
               help="Inject a fault into simulated GPU INDEX: xid=N, ecc_dbe=N or "
                    "remap_failure (repeatable), e.g. --sim-fault 3:xid=79.")
+@click.option("--sim-idle", envvar=env("sim-idle"), metavar="INDEX,...",
+              help="Simulated GPUs that do nothing (0 %, idle power and temperature), "
+                   "e.g. an allocated notebook nobody uses: --sim-idle 0,3.")
 @click.option("--sim-naming", type=click.Choice(NAMINGS), default=LEGACY, show_default=True,
               envvar=env("sim-naming"),
               help="Name the simulated NVIDIA series as dcgm-exporter up to 4.8 does (legacy) "
@@ -112,7 +115,8 @@ def exporter(ctx: click.Context, backend: str, listen: str | None, port: int | N
              interval: float, slow_interval: float, prof_interval: float,
              node_name: str | None, sim_gpus: int, sim_vendor: str,
              sim_model: str | None, sim_mig: str | None, sim_seed: int,
-             sim_faults: tuple[str, ...], sim_naming: str, fields: str | None,
+             sim_faults: tuple[str, ...], sim_idle: str | None, sim_naming: str,
+             fields: str | None,
              kubelet_socket: str, kubelet_timeout: float, **_: Any) -> None:
     """Serve GPU metrics with dcgm-exporter's or AMD device-metrics-exporter's names.
 
@@ -141,8 +145,10 @@ def exporter(ctx: click.Context, backend: str, listen: str | None, port: int | N
     if backend == "sim":
         try:
             faults = [parse_fault(f) for f in sim_faults]
+            idle = parse_indices(sim_idle)
             gpu = SimBackend(vendor=sim_vendor, gpus=sim_gpus, model=sim_model, mig=sim_mig,
-                             seed=sim_seed, node=hostname, faults=faults, cadence=cadence)
+                             seed=sim_seed, node=hostname, faults=faults, idle=idle,
+                             cadence=cadence)
         except ValueError as exc:
             raise InputError(str(exc)) from None
         gpu.open()

@@ -81,6 +81,8 @@ def test_auto_falls_through_to_amd_when_nvml_is_missing(tmp_path: Path):
     (["--sim-vendor", "amd", "--sim-mig", "1g.10gb"], "only on NVIDIA"),
     (["--listen", "no-such-host.invalid:0"], "cannot listen on no-such-host.invalid:0"),
     (["--slow-interval", "0s"], "--slow-interval must be greater than 0"),
+    (["--sim-idle", "0,x"], "invalid --sim-idle 'x'"),
+    (["--sim-gpus", "2", "--sim-idle", "5"], "--sim-idle names GPU 5; the node has GPUs 0-1"),
     (["--sim-vendor", "amd", "--sim-naming", "dcgm-4.7"],
      "--sim-naming applies to --backend sim --sim-vendor nvidia only"),
 ])
