@@ -93,6 +93,9 @@ def test_mig_slices_draw_by_their_loads_and_carry_their_gpus_power():
         assert gpu.power_w == pytest.approx(H100.idle_w + (H100.max_w - H100.idle_w) * busy,
                                             abs=1.0)
         assert [s.power_w for s in slices] == [gpu.power_w] * 2  # as dcgm-exporter's slices
+        for s in slices:  # a slice's utilisation is its engine activity
+            assert s.sm_active_ratio is not None and s.engine_active_ratio is not None
+            assert s.sm_active_ratio <= s.engine_active_ratio
 
 
 def sim_history(t0: float, node: str = "mig-node") -> tuple[str, dict[str, float]]:

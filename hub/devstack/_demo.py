@@ -347,6 +347,8 @@ def start_fleet(p: Plan, workdir: Path, fleet: Fleet, say: Say,
     for cluster in p.clusters:
         targets = [n.target for n in p.nodes if n.cluster == cluster]
         vendors = sorted({n.vendor for n in p.nodes if n.cluster == cluster})
+        if any(n.naming != "legacy" for n in p.nodes if n.cluster == cluster):
+            vendors = [v if v != "nvidia" else "nvidia on dcgm-exporter 4.9 names" for v in vendors]
         if acm_profile:
             fleet.agents[cluster] = MetricsCollector(
                 hub.url, cluster, [f"http://{t}/metrics" for t in targets],
