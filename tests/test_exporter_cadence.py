@@ -126,3 +126,21 @@ def test_eight_gpus_at_one_second_stay_within_8_ms_of_nvml_cpu_per_collection():
         costs[cadence] = node.nvml.charged / 300
     assert costs[EVERY_PASS] > 8 * (H200_CALL_COSTS[ENERGY] + H200_CALL_COSTS[GPM])
     assert costs[DEFAULT_CADENCE] < 5e-3
+
+
+def test_cost_model_accounts_or_burns_per_call():
+    ticks = [0.0]
+
+    def cpu() -> float:  # a CPU clock that a busy loop advances
+        ticks[0] += 0.0005
+        return ticks[0]
+
+    burnt = CostedNvml(FakeNvml([FakeNvmlGpu(uuid="GPU-0")]), {"nvmlDeviceGetCount": 0.002},
+                       burn=True, cpu=cpu)
+    assert burnt.nvmlDeviceGetCount() == 1
+    assert burnt.charged == 0.002 and ticks[0] >= 0.002
+    assert burnt.NVMLError is pynvml.NVMLError  # constants and errors pass through
+    accounted = CostedNvml(FakeNvml([]), cpu=cpu)
+    before = ticks[0]
+    accounted.nvmlDeviceGetCount()
+    assert accounted.charged == pytest.approx(1e-5) and ticks[0] == before
