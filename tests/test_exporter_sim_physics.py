@@ -108,6 +108,7 @@ def sim_history(t0: float, node: str = "mig-node") -> tuple[str, dict[str, float
     exporter = Exporter(backend, hostname=node, interval=30)
     values: dict[tuple[str, str], dict[float, float]] = {}
     power: list[float] = []
+    prof: dict[str, list[float]] = {}
     for t in times:
         now[0] = t
         for family in exporter.collect_once().families:
@@ -119,13 +120,17 @@ def sim_history(t0: float, node: str = "mig-node") -> tuple[str, dict[str, float
                 values.setdefault((s.name, labels), {})[t] = s.value
                 if s.name == "DCGM_FI_DEV_POWER_USAGE" and "GPU_I_ID" not in s.labels:
                     power.append(s.value)
+                if s.name.startswith("DCGM_FI_PROF_") and "GPU_I_PROFILE" in s.labels:
+                    prof.setdefault(f"{s.name}/{s.labels['GPU_I_PROFILE']}", []).append(s.value)
     series = [(name, labels, lambda t, v=v: v.get(t)) for (name, labels), v in values.items()]
-    return openmetrics(series, times), {"mean_power_w": sum(power) / len(power)}
+    means = {k: sum(v) / len(v) for k, v in prof.items()}
+    return openmetrics(series, times), {"mean_power_w": sum(power) / len(power), **means}
 
 
 def test_a_mig_node_bills_energy_by_slice_share(tmp_path):
     """`usage collect` over an hour of a simulated MIG node: each slice's energy is the
-    GPU's power times its share of the GPU (3/7, 2/7), not 0 kWh."""
+    GPU's power times its share of the GPU (3/7, 2/7), not 0 kWh; its SM-active figure is
+    the exporter's DCGM_FI_PROF_SM_ACTIVE, not the graphics engine's activity."""
     t0 = (time.time() // HOUR) * HOUR - 2 * HOUR
     text, figures = sim_history(t0)
     hub = backfilled_hub(tmp_path / "hub", text).start(timeout=120)
@@ -144,8 +149,12 @@ def test_a_mig_node_bills_energy_by_slice_share(tmp_path):
     finally:
         hub.stop()
     energy = {row.slice.split("/")[0]: row.energy_wh for row in frame.itertuples()}
+    sm_active = {row.slice.split("/")[0]: row.avg_sm_active_pct for row in frame.itertuples()}
     assert set(energy) == {"3g.40gb", "2g.20gb"}  # the parent counts through its slices
     model = "NVIDIA H100 80GB HBM3"
     for profile, wh in energy.items():
         share = store.mig_share(model, profile)
         assert wh == pytest.approx(figures["mean_power_w"] * share, rel=0.02), profile
+        sm = 100 * figures[f"DCGM_FI_PROF_SM_ACTIVE/{profile}"]
+        engine = 100 * figures[f"DCGM_FI_PROF_GR_ENGINE_ACTIVE/{profile}"]
+        assert sm_active[profile] == pytest.approx(sm, rel=0.01) and sm < 0.97 * engine
