@@ -249,7 +249,8 @@ class SimBackend:
                 gpu.util, gpu.power_mw = util, round(power * 1000)
                 gpu.temp = round(IDLE_C + (LOADED_C - IDLE_C) * busy)
                 gpu.sm_clock = IDLE_SM_MHZ if busy < 0.05 else LOADED_SM_MHZ
-                gpu.memory_used = int(gpu.memory_total * 0.9 * util / 100) // MIB * MIB
+                gpu.memory_used = (sum(s.memory_used for s in gpu.mig) if gpu.mig else
+                                   int(gpu.memory_total * 0.9 * util / 100) // MIB * MIB)
                 # a MIG-enabled GPU answers GPM per GPU instance only (its slices, above)
                 gpu.gpm_metrics = {} if gpu.mig else _gpm_answers(util)
             elif self.amdsmi is not None:

@@ -93,6 +93,7 @@ def test_mig_slices_draw_by_their_loads_and_carry_their_gpus_power():
         assert gpu.power_w == pytest.approx(H100.idle_w + (H100.max_w - H100.idle_w) * busy,
                                             abs=1.0)
         assert [s.power_w for s in slices] == [gpu.power_w] * 2  # as dcgm-exporter's slices
+        assert gpu.mem_used_mib == sum(s.mem_used_mib or 0 for s in slices)
         for s in slices:  # a slice's utilisation is its engine activity
             assert s.sm_active_ratio is not None and s.engine_active_ratio is not None
             assert s.sm_active_ratio <= s.engine_active_ratio
