@@ -248,6 +248,8 @@ class SimBackend:
                     gpu.energy_mj += round(gpu.power_mw * dt)  # mW × s = mJ
                 gpu.util, gpu.power_mw = util, round(power * 1000)
                 gpu.temp = round(IDLE_C + (LOADED_C - IDLE_C) * busy)
+                if gpu.memory_temp is not None:  # HBM runs a few degrees above the die
+                    gpu.memory_temp = gpu.temp + 5  # (the real H100: 33 °C, memory 37 °C)
                 gpu.sm_clock = IDLE_SM_MHZ if busy < 0.05 else LOADED_SM_MHZ
                 gpu.memory_used = (sum(s.memory_used for s in gpu.mig) if gpu.mig else
                                    int(gpu.memory_total * 0.9 * util / 100) // MIB * MIB)

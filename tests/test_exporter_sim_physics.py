@@ -47,7 +47,7 @@ def test_power_temperature_and_sm_activity_follow_utilisation(kwargs):
             # an idle H100 draws ~70 W at ~32 °C, a busy one up to 700 W, never above
             assert r.power_w == pytest.approx(H100.idle_w + (H100.max_w - H100.idle_w)
                                               * util / 100, abs=0.001)
-            assert 30 <= r.temp_c <= 70
+            assert 30 <= r.temp_c <= 70 and r.memory_temp_c == r.temp_c + 5
             if util == 0:
                 seen_idle += 1
                 assert 60 <= r.power_w <= 90 and r.temp_c <= 40
