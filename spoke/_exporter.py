@@ -77,6 +77,7 @@ class Exporter:
                  version: str = __version__, stall_after: float | None = None,
                  fields: Sequence[Field] | None = None, pods: PodSource | None = None,
                  edges: Edges | None = None,
+                 naming: str = _naming.LEGACY,
                  clock: Callable[[], float] = time.time,
                  timer: Callable[[], float] = time.perf_counter,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
@@ -91,6 +92,9 @@ class Exporter:
         self._clock, self._timer, self._monotonic = clock, timer, monotonic
         #: the published subset of the vendor's fields (None: the default set)
         self.fields = tuple(fields) if fields is not None else None
+        _naming.check_naming(backend.vendor, naming)
+        #: NVIDIA series under dcgm-exporter's legacy names or DCGM 4.7's (``--sim-naming``)
+        self.naming = naming
         self.pods = pods
         #: allocation edges from the pods' devices (spoke/_edges.py); None: not published
         self.edges = edges
@@ -128,7 +132,7 @@ class Exporter:
         pods = self._pod_devices() if ok else None
         families = _naming.gpu_families(
             self.backend.vendor, result.readings, self.hostname, result.device_count,
-            fields=self.fields, pods=pods,
+            fields=self.fields, pods=pods, naming=self.naming,
         ) if ok else []
         if self.edges is not None:
             families.extend(self.edges.update(self.backend.vendor, result.readings,
