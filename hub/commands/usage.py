@@ -101,7 +101,8 @@ def usage(ctx: click.Context, since: float | None, from_: str | None, until: str
     """GPU-hours per group from the usage ledger (fill it with `gpufleet usage collect`).
 
     \b
-    gpu_hours                 GPU-equivalents x hours reporting (MIG slice = its share)
+    gpu_hours                 GPU-equivalents x hours reporting (MIG slice = its share);
+                              a pod's are metered from its allocation's start and end
     allocated_gpu_hours       the part of it a pod held the GPU or slice
     busy_gpu_hours            sum of hours x average utilisation / 100
     idle_allocated_gpu_hours  allocated hours under --idle-threshold in runs of at
@@ -110,6 +111,9 @@ def usage(ctx: click.Context, since: float | None, from_: str | None, until: str
     sm_active_gpu_hours       hours x average SM activity / 100 (null: not exported)
     avg_sm_active_pct         SM activity over the hours that exported it
     energy_kwh                average power x hours reporting
+    allocation_basis          how the allocated hours were measured, the least exact of
+                              the group's: interval (both edges exported), estimated
+                              (an edge known to the push interval), sampled
     cost                      with --prices: GPU-hours x price (empty when a model in
                               the group has no price; unpriced_gpu_hours says how many)
     Unallocated GPU time has an empty namespace. A monthly showback export:
