@@ -327,24 +327,27 @@ class Meter:
             if seconds <= 0:
                 continue
             mine = named.get((cluster, ns, pod), [])
-            share, vendor, profile = self._missing(p, cluster, mine)
+            share, vendor, profile = self._missing(p, cluster, mine, _node_model(rows, cluster,
+                                                                                p.node))
             if share <= 0:
                 continue
             hours = share * seconds / 3600.0
             out.append({
                 "bucket_start": None, "bucket_end": None, "cluster": cluster, "node": p.node,
                 "uuid": "", "slice": f"{profile}/" if profile else "", "namespace": ns,
-                "pod": pod, "vendor": vendor, "model": None, "gpu_share": share,
+                "pod": pod, "vendor": vendor, "model": _node_model(rows, cluster, p.node,
+                                                                   vendor),
+                "gpu_share": share,
                 "gpu_hours": hours, "avg_utilisation_pct": None, "max_utilisation_pct": None,
                 "avg_memory_used_mib": None, "max_memory_used_mib": None,
                 "avg_power_w": None, "energy_wh": None, "coverage": 0.0,
                 "avg_sm_active_pct": None, "avg_tensor_active_pct": None,
                 "avg_dram_active_pct": None, "allocation_basis": alloc.basis})
-            out[-1]["model"] = _take_free(rows, cluster, p.node, vendor, hours)
+            _take_free(rows, cluster, p.node, vendor, hours)
         return out
 
-    def _missing(self, p: _PodObject, cluster: str,
-                 mine: list[dict[str, Any]]) -> tuple[float, str, str | None]:
+    def _missing(self, p: _PodObject, cluster: str, mine: list[dict[str, Any]],
+                 model: str | None) -> tuple[float, str, str | None]:
         """GPU-equivalents of a pod's requests that no row names: (share, vendor, profile)."""
         whole = [r for r in mine if not r["slice"] and r["uuid"]]
         slices = [r for r in mine if r["slice"] and r["uuid"]]
@@ -360,7 +363,7 @@ class Meter:
                 missing = max(0.0, count - have)
                 if missing:
                     profile = req.profile
-                    share += missing * store.mig_share(None, req.profile)
+                    share += missing * store.mig_share(model, req.profile)
             elif req.kind == "shared":
                 share += 0.0 if whole else min(count * per_gpu, 1.0)
             else:
@@ -378,20 +381,25 @@ def _set_hours(row: dict[str, Any], hours: float) -> None:
     row["energy_wh"] = None if power is None else power * hours
 
 
+def _node_model(rows: list[dict[str, Any]], cluster: str, node: str,
+                vendor: str | None = None) -> str | None:
+    """The model of a node's GPUs when they are all one (the price, and a MIG profile's
+    share, of a GPU whose uuid is unknown)."""
+    models = {r["model"] for r in rows if r["cluster"] == cluster and r["node"] == node
+              and r["uuid"] and (vendor is None or r["vendor"] == vendor)}
+    return models.pop() if len(models) == 1 else None
+
+
 def _take_free(rows: list[dict[str, Any]], cluster: str, node: str, vendor: str,
-               hours: float) -> str | None:
-    """Move ``hours`` out of the unallocated rows of a node's GPUs, in proportion; the
-    node's model when its GPUs are all one (the price of a GPU whose uuid is unknown)."""
-    mine = [r for r in rows if r["cluster"] == cluster and r["node"] == node and r["uuid"]
-            and r["vendor"] == vendor]
-    models = {r["model"] for r in mine}
-    free = [r for r in mine if not r["pod"] and r["gpu_hours"] > 0]
+               hours: float) -> None:
+    """Move ``hours`` out of the unallocated rows of a node's GPUs, in proportion."""
+    free = [r for r in rows if r["cluster"] == cluster and r["node"] == node and r["uuid"]
+            and r["vendor"] == vendor and not r["pod"] and r["gpu_hours"] > 0]
     total = sum(r["gpu_hours"] for r in free)
     if total > 0:
         keep = max(0.0, 1.0 - hours / total)
         for r in free:
             _set_hours(r, r["gpu_hours"] * keep)
-    return models.pop() if len(models) == 1 else None
 
 
 def _cap_estimates(metered: list[tuple[dict[str, Any], _Alloc, float]]) -> None:
