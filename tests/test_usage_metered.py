@@ -184,9 +184,11 @@ def test_idle_efficiency_cost_and_every_reader_follow_the_metered_hours(tmp_path
     prices = tmp_path / "prices.yaml"
     prices.write_text(f'"{H100}": 2.5\n')
     try:
-        gpufleet_json("usage", "collect", *period, "--min-charge", "60s", env=env)
+        collected = gpufleet_json("usage", "collect", *period, "--min-charge", "60s", env=env)
     finally:
         hub.stop()
+    # a fixed request count: one probe per collect, then the same set for every bucket
+    assert collected["requests"] == 1 + 3 * len(usage.bucket_queries(3600, push, push, "cluster"))
     metered = 2 * (7200 - 200) / 3600
     rows = {r["namespace"]: r for r in gpufleet_json("usage", *period, env=env)}
     assert rows["ml"]["gpu_hours"] == pytest.approx(metered, abs=1e-6)

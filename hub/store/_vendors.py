@@ -691,6 +691,17 @@ def allocation_queries(window: str, step: str, cluster_label: str) -> list[Query
     ]
 
 
+def allocation_probe(window: str, cluster_label: str) -> str:
+    """How many allocation series (GPU requests of kube-state-metrics, the exporter's start
+    edges) the store holds in the window: asked once per collect, so a hub without any
+    (a new one, one whose spokes forward neither) is not asked the interval queries for
+    every bucket of a backfill."""
+    labelled = labelled_matcher(cluster_label)
+    return (f'count(last_over_time({KSM_POD_REQUESTS}{{{labelled}, '
+            f'resource=~"{GPU_RESOURCE_REGEX}"}}[{window}])) or '
+            f"count(last_over_time({EDGE_START}{{{labelled}}}[{window}]))")
+
+
 # -- forwarding kube-state-metrics' allocation series (spoke render, issue 27) ----------------
 #: kube-state-metrics' pod series the ledger's intervals read; forwarded only for pods that
 #: request GPUs (their requests series by its resource label, the others joined to it where

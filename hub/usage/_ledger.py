@@ -184,15 +184,29 @@ def _alloc_step(push_interval: float) -> float:
 
 
 def bucket_queries(bucket: float, resolution: float, push_interval: float,
-                   cluster_label: str) -> list[store.Query]:
-    """A bucket's fixed request set: the samples' (store.usage_queries) and the
-    allocations' edges (store.allocation_queries), these over the bucket and a push
-    interval each side, plus one step (see _ask)."""
+                   cluster_label: str, allocations: bool = True) -> list[store.Query]:
+    """A bucket's fixed request set: the samples' (store.usage_queries) and, where the hub
+    holds allocation series, the allocations' edges (store.allocation_queries), these over
+    the bucket and a push interval each side, plus one step (see _ask)."""
     step = _alloc_step(push_interval)
-    return [*store.usage_queries(format_duration(bucket), format_duration(resolution),
-                                 cluster_label),
+    samples = store.usage_queries(format_duration(bucket), format_duration(resolution),
+                                  cluster_label)
+    if not allocations:
+        return samples
+    return [*samples,
             *store.allocation_queries(format_duration(bucket + 2 * push_interval + step),
                                       format_duration(step), cluster_label)]
+
+
+def _has_allocations(client: HubClient, starts: list[float], now: float,
+                     push_interval: float, cluster_label: str) -> bool:
+    """Whether the hub holds any allocation series from the first bucket on (one request
+    per collect; without any, every bucket is sampled and asks 8 requests fewer)."""
+    if not starts:
+        return False
+    window = format_duration(max(push_interval, math.ceil(now - min(starts) + push_interval)))
+    answer = client.query(store.allocation_probe(window, cluster_label), time=now)
+    return any(float(r["value"][1]) > 0 for r in answer.result)
 
 
 def _ask(client: HubClient, queries: list[store.Query], start: float, bucket: float,
@@ -277,7 +291,6 @@ def collect_usage(engine: Engine, client: HubClient, *, bucket: float = 3600.0,
     now = time.time() if now is None else now
     delay = push_interval
     result = CollectResult()
-    queries = bucket_queries(bucket, resolution, push_interval, cluster_label)
     with _ledger_transaction(engine, lock_timeout) as conn:
         claim_grid(conn, bucket)
         if starts is None:
@@ -291,6 +304,13 @@ def collect_usage(engine: Engine, client: HubClient, *, bucket: float = 3600.0,
         first_open = min(set(starts) - set(ended))
         result.not_before = utc(first_open)
     labels = _LabelCheck(client, cluster_label, now)
+    before = client.requests
+    try:
+        metered = _has_allocations(client, ended, now, push_interval, cluster_label)
+    except GpufleetError:  # the hub did not answer: each bucket's own requests say so
+        metered = True
+    result.requests += client.requests - before
+    queries = bucket_queries(bucket, resolution, push_interval, cluster_label, metered)
     for start in ended:
         before = client.requests
         try:
