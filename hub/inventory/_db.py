@@ -48,6 +48,9 @@ clusters = sa.Table(
     sa.Column("cluster", sa.String(253), primary_key=True),
     sa.Column("state", sa.String(16), nullable=False),
     *_seen(),
+    # which dcgm naming its NVIDIA GPUs send (legacy | dcgm-4.7 | both), since when (0011)
+    sa.Column("naming", sa.String(16)),
+    sa.Column("naming_since", sa.DateTime),
 )
 
 nodes = sa.Table(
@@ -410,7 +413,8 @@ def diff_events(known: Mapping[tuple[str, str], HeldGpu],
 
 
 def apply_observations(conn: Connection, observations: Iterable[Observation],
-                       now: dt.datetime) -> dict[str, int]:
+                       now: dt.datetime,
+                       namings: Mapping[str, str] | None = None) -> dict[str, int]:
     """Upsert what this sync saw as active, mark everything it did not see stale, and write
     the events that this implies (all in the caller's transaction).
 
@@ -453,6 +457,8 @@ def apply_observations(conn: Connection, observations: Iterable[Observation],
          "last_sample_at": utc(obs.sample_at)}
         for obs in every for namespace, pod, container in obs.allocations
     ), ["last_seen", "last_sample_at"], keep_if_null=["last_sample_at"])
+    if namings:
+        write_namings(conn, namings, now)
     for table in (clusters, nodes):
         conn.execute(
             table.update()
@@ -465,6 +471,16 @@ def apply_observations(conn: Connection, observations: Iterable[Observation],
         written += len(batch)
     return {"clusters": len(cluster_last), "nodes": len(node_last), "gpus": physical,
             "events": written}
+
+
+def write_namings(conn: Connection, namings: Mapping[str, str], now: dt.datetime) -> None:
+    """Each cluster's naming (legacy | dcgm-4.7 | both); naming_since moves only when the
+    naming changes, so "both for longer than a day" can be read from the row."""
+    held = dict(conn.execute(sa.select(clusters.c.cluster, clusters.c.naming)).all())
+    for cluster, naming in namings.items():
+        if cluster in held and held[cluster] != naming:
+            conn.execute(clusters.update().where(clusters.c.cluster == cluster)
+                         .values(naming=naming, naming_since=now))
 
 
 def _gpu_row(obs: Observation, also: list[list[str]] | None,

@@ -19,7 +19,10 @@ if TYPE_CHECKING:
         range_frame,
     )
 from hub.store._vendors import (
+    BOTH,
     CLOCKS_EVENT_REASONS,
+    DCGM47,
+    DCGM_RENAMES,
     DEVICE_HEALTH,
     DRAM_ACTIVE,
     ECC_DBE,
@@ -31,6 +34,7 @@ from hub.store._vendors import (
     KUBE_NODE_LABELS,
     KUBE_STATE_METRICS,
     LAST_XID,
+    LEGACY,
     MEMORY_FREE,
     MEMORY_RESERVED,
     MEMORY_TOTAL,
@@ -51,6 +55,7 @@ from hub.store._vendors import (
     allocation,
     allowlist_metrics,
     compute_slices,
+    dcgm_names,
     is_exporter_pod,
     labelled_matcher,
     labelled_probe,
@@ -62,7 +67,10 @@ from hub.store._vendors import (
 )
 
 __all__ = [
+    "BOTH",
     "CLOCKS_EVENT_REASONS",
+    "DCGM47",
+    "DCGM_RENAMES",
     "DEVICE_HEALTH",
     "DRAM_ACTIVE",
     "ECC_DBE",
@@ -74,6 +82,7 @@ __all__ = [
     "KUBE_NODE_LABELS",
     "KUBE_STATE_METRICS",
     "LAST_XID",
+    "LEGACY",
     "MEMORY_FREE",
     "MEMORY_RESERVED",
     "MEMORY_TOTAL",
@@ -100,6 +109,7 @@ __all__ = [
     "allocation",
     "allowlist_metrics",
     "compute_slices",
+    "dcgm_names",
     "is_exporter_pod",
     "labelled_matcher",
     "labelled_probe",
