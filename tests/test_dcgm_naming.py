@@ -1,0 +1,199 @@
+"""dcgm-exporter 4.9 (DCGM 4.7) renames 23 fields, eleven with a new unit, and the driver
+label (FIELD_NOTES, fourth round). A hub that reads only the legacy names finds none of a
+4.9 cluster's GPUs and keeps a third of an upgraded GPU's hours. These tests push both
+namings into a real hub Prometheus (real agents for the sync, promtool backfill for the
+ledger) and check the figures people read: the same GPUs, the same units, every hour.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from hub import inventory as inv
+from hub import usage
+from hub.inventory._db import apply_observations
+from hub.inventory._normalize import Observation
+from hub.store import HubClient, HubSettings
+from tests.support.backfill import backfilled_hub, openmetrics
+from tests.support.clirun import gpufleet, gpufleet_json
+from tests.support.promql import wait_for
+from tests.support.samples import EAST, WEST, dcgm47, sample_text
+
+
+def _series(texts: list[str]) -> int:
+    return sum(1 for t in texts for line in t.splitlines() if line.strip()
+               and not line.startswith("#"))
+
+
+def test_sync_finds_a_dcgm47_cluster_and_counts_a_gpu_sending_both_once(hub, fleet, db_url):
+    """west sends only 4.9's names; 'both' runs two exporters during a rolling update (one
+    per naming) for the same eight GPUs; east stays legacy."""
+    clusters = {"east": [sample_text(EAST[2])],
+                "both": [sample_text(EAST[0]), dcgm47(sample_text(EAST[0]))],
+                "west": [dcgm47(sample_text(name)) for name in WEST]}
+    for name, texts in clusters.items():
+        fleet(name, texts)
+    expected = sum(_series(texts) for texts in clusters.values())
+    wait_for(hub.url, 'count({__name__=~"DCGM_.+", cluster=~"east|both|west"})',
+             lambda r: bool(r) and int(float(r[0]["value"][1])) == expected)
+    env = {"GPUFLEET_HUB_URL": hub.url, "GPUFLEET_DB": db_url}
+    result = gpufleet("sync", "--stale-after", "30s", env=env)
+    assert result.exit_code == 0, result.output
+
+    rows = {c["cluster"]: c for c in gpufleet_json("inventory", "clusters", env=env)}
+    assert {c: (r["gpus"], r["naming"]) for c, r in rows.items()} == {
+        "east": (1, "legacy"), "both": (8, "both"), "west": (4, "dcgm-4.7")}
+    table = gpufleet("inventory", "clusters", env=env).stdout
+    assert "dcgm-4.7" in table and "NAMING" in table
+
+    gpus = {(g["uuid"], g["mig_profile"]): g for g in gpufleet_json("inventory", "gpus", env=env)}
+    t4 = next(g for g in gpus.values() if g["model"] == "Tesla T4")
+    # bytes -> MiB, ratio -> %, the driver from DCGM_FI_SYSTEM_DRIVER_VERSION
+    assert t4["memory_total_mib"] == 5120 + 9791 + 447
+    assert t4["utilisation_pct"] == pytest.approx(91)
+    assert t4["memory_used_mib"] == 5120 and t4["temperature_c"] == 74
+    assert t4["power_w"] == pytest.approx(68.244)
+    parent = gpus[("GPU-a1000000-0000-4000-8000-000000000000", None)]
+    assert parent["memory_total_mib"] == 40624 + 19968 + 9728
+    assert parent["node"] == "gpu-node-a1"
+    big = gpus[(parent["uuid"], "3g.40gb")]
+    assert big["utilisation_pct"] == pytest.approx(62.5) and big["memory_used_mib"] == 10624
+    h100 = gpus[("GPU-c4529c8d-69c4-b61d-e0bc-7b2460096005", None)]
+    assert (h100["cluster"], h100["power_w"]) == ("both", pytest.approx(113.611))
+    assert sum(g["cluster"] == "both" for g in gpus.values()) == 8  # once, not twice
+    assert t4["driver_version"] == "590.48.01"
+
+
+H100 = 'modelName="NVIDIA H100 80GB HBM3"'
+
+
+def _gpu(uuid: str, extra: str = "") -> str:
+    return (f'cluster="c1",Hostname="n1",gpu="0",UUID="{uuid}",{H100},namespace="ml",'
+            f'pod="train-{uuid.lower()}"{extra}')
+
+
+def test_ledger_keeps_every_hour_and_all_energy_across_the_rename(tmp_path: Path):
+    """Three hours at 60 s pushes, 50 % and 300 W throughout: a legacy GPU, one upgraded
+    after the first hour, one sent by two exporters at once (one per naming), one on 4.9's
+    names only, and one whose GPU_UTIL_RATIO carries percent (a DCGM 4.6 custom CSV). Each
+    is 3 GPU-hours, 900 Wh, 50 %, 1,024 MiB used, never more, never less."""
+    t0 = (time.time() // 3600) * 3600 - 5 * 3600
+    times = [t0 + 30 + 60 * k for k in range(180)]
+
+    def during(first: float, last: float, v: float):
+        return lambda t: v if first <= t < last else None
+
+    always = (t0, t0 + 3 * 3600)
+    legacy = [("DCGM_FI_DEV_GPU_UTIL", 50.0), ("DCGM_FI_DEV_POWER_USAGE", 300.0),
+              ("DCGM_FI_DEV_FB_USED", 1024.0), ("DCGM_FI_DEV_GPU_TEMP", 60.0)]
+    new = [("DCGM_FI_DEV_GPU_UTIL_RATIO", 0.5), ("DCGM_FI_DEV_BOARD_POWER_WATTS", 300.0),
+           ("DCGM_FI_DEV_FB_USED_BYTES", 1024.0 * 2**20), ("DCGM_FI_DEV_GPU_TEMP_CELSIUS", 60.0),
+           ("DCGM_FI_PROF_SM_UTIL_RATIO", 0.8)]
+    percent = [("DCGM_FI_DEV_GPU_UTIL_RATIO", 50.0), ("DCGM_FI_DEV_BOARD_POWER_WATTS", 300.0),
+               ("DCGM_FI_DEV_FB_USED_BYTES", 1024.0 * 2**20),
+               ("DCGM_FI_DEV_GPU_TEMP_CELSIUS", 60.0)]
+    plan = {
+        "GPU-LEGACY": [(legacy, always, "")],
+        "GPU-UPGRADED": [(legacy, (t0, t0 + 3600), ""), (new, (t0 + 3600, t0 + 3 * 3600), "")],
+        "GPU-BOTH": [(legacy, always, ',instance="dcgm-a"'), (new, always, ',instance="dcgm-b"')],
+        "GPU-NEW": [(new, always, "")],
+        "GPU-PERCENT": [(percent, always, "")],
+    }
+    series = [(name, _gpu(uuid, extra), during(*span, value))
+              for uuid, parts in plan.items() for fields, span, extra in parts
+              for name, value in fields]
+    hub = backfilled_hub(tmp_path / "hub", openmetrics(series, times)).start(timeout=120)
+    engine = inv.make_engine(f"sqlite:///{tmp_path / 'inv.db'}", create=True)
+    inv.ensure_schema(engine)
+    try:
+        with HubClient.from_settings(HubSettings(url=hub.url)) as client:
+            result = usage.collect_usage(engine, client, bucket=3600, push_interval=60,
+                                         starts=[t0, t0 + 3600, t0 + 7200])
+        assert result.failed == [] and len(result.collected) == 3
+        with engine.connect() as conn:
+            rows = conn.execute(sa.select(inv.usage)).mappings().all()
+    finally:
+        hub.stop()
+        engine.dispose()
+    per_gpu: dict[str, dict[str, float]] = {}
+    for r in rows:
+        acc = per_gpu.setdefault(r["uuid"], {"gpu_hours": 0.0, "energy_wh": 0.0, "rows": 0})
+        acc["gpu_hours"] += r["gpu_hours"]
+        acc["energy_wh"] += r["energy_wh"]
+        acc["rows"] += 1
+        assert r["avg_utilisation_pct"] == pytest.approx(50.0), r["uuid"]
+        assert r["max_utilisation_pct"] == pytest.approx(50.0), r["uuid"]
+        assert r["avg_memory_used_mib"] == pytest.approx(1024.0), r["uuid"]
+        assert r["avg_power_w"] == pytest.approx(300.0), r["uuid"]
+    assert set(per_gpu) == set(plan)
+    for uuid, acc in per_gpu.items():
+        assert acc["rows"] == 3, uuid  # one row a bucket: the two spellings are one GPU
+        assert acc["gpu_hours"] == pytest.approx(3.0), uuid
+        assert acc["energy_wh"] == pytest.approx(900.0), uuid
+    sm = {r["uuid"]: r["avg_sm_active_pct"] for r in rows if r["bucket_start"].hour ==
+          time.gmtime(t0 + 7200).tm_hour}
+    assert sm["GPU-NEW"] == pytest.approx(80.0) and sm["GPU-UPGRADED"] == pytest.approx(80.0)
+
+
+def test_repeated_syncs_with_jittering_used_and_free_write_no_changed_events(
+        hub, fleet, db_url):
+    """used + free of the newest samples jitters by ~1 % from sync to sync (issue 30): the
+    GPU's size stays what it was, with no `changed` event; a GPU that says its size
+    (FB_CAPACITY_BYTES) has exactly that size."""
+    state = {"k": 0}
+
+    def text() -> str:
+        state["k"] += 1
+        jitter = (-700, 400, -200, 650)[state["k"] % 4]
+        old = ('gpu="0",UUID="GPU-JIT",device="nvidia0",modelName="NVIDIA A100",'
+               'Hostname="n1",DCGM_FI_DRIVER_VERSION="550.54.15"')
+        new = ('gpu="1",UUID="GPU-CAP",device="nvidia1",modelName="NVIDIA H100",'
+               'Hostname="n1",DCGM_FI_SYSTEM_DRIVER_VERSION="580.1"')
+        return (f"DCGM_FI_DEV_GPU_TEMP{{{old}}} 40\n"
+                f"DCGM_FI_DEV_FB_USED{{{old}}} {20000 + jitter}\n"
+                f"DCGM_FI_DEV_FB_FREE{{{old}}} {41559 + jitter // 2}\n"
+                f"DCGM_FI_DEV_GPU_TEMP_CELSIUS{{{new}}} 40\n"
+                f"DCGM_FI_DEV_FB_USED_BYTES{{{new}}} {(1000 + jitter) * 2**20}\n"
+                f"DCGM_FI_DEV_FB_FREE_BYTES{{{new}}} {(80000 + jitter) * 2**20}\n"
+                f"DCGM_FI_DEV_FB_CAPACITY_BYTES{{{new}}} {81559 * 2**20}\n")
+
+    fleet("c1", [text])
+    env = {"GPUFLEET_HUB_URL": hub.url, "GPUFLEET_DB": db_url, "GPUFLEET_STALE_AFTER": "3s"}
+    wait_for(hub.url, 'count(DCGM_FI_DEV_GPU_TEMP{cluster="c1"})', bool)
+    totals = set()
+    for _ in range(4):
+        scraped = state["k"] + 2  # a new scrape has reached the hub
+        wait_for(hub.url, "vector(1)", lambda r, n=scraped: state["k"] > n)
+        assert gpufleet("sync", env=env).exit_code == 0
+        gpus = {g["uuid"]: g for g in gpufleet_json("inventory", "gpus", env=env)}
+        totals.add(gpus["GPU-JIT"]["memory_total_mib"])
+        assert gpus["GPU-CAP"]["memory_total_mib"] == 81559
+    assert len(totals) == 1
+    events = gpufleet_json("inventory", "events", env=env)
+    assert [e for e in events if e["type"] == "changed"] == []
+    assert sorted(e["uuid"] for e in events) == ["GPU-CAP", "GPU-JIT"]  # appeared, once
+
+
+def test_a_real_change_of_memory_size_is_still_an_event(tmp_path: Path):
+    engine = inv.make_engine(f"sqlite:///{tmp_path / 'inv.db'}", create=True)
+    inv.ensure_schema(engine)
+    now = inv.now_utc()
+
+    def sync(total: float) -> None:
+        obs = Observation(cluster="c", node="n", uuid="GPU-M", vendor="nvidia",
+                          memory_total_mib=total, sample_at=time.time())
+        with engine.begin() as conn:
+            apply_observations(conn, [obs], now)
+
+    for total in (81559.0, 80821.0, 82021.0, 143771.0):
+        sync(total)
+    with engine.connect() as conn:
+        changed = conn.execute(sa.select(inv.events.c.details)
+                               .where(inv.events.c.type == "changed")).scalars().all()
+        stored = conn.execute(sa.select(inv.gpus.c.memory_total_mib)).scalar_one()
+    engine.dispose()
+    assert len(changed) == 1 and '"new": 143771.0' in changed[0] and stored == 143771.0
