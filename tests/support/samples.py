@@ -39,9 +39,11 @@ _NEW_PER_LEGACY = {("%", "0-1"): 0.01, ("MiB", "bytes"): 2.0 ** 20, ("MHz", "Hz"
                    ("mJ", "J"): 1e-3, ("MB/s", "B/s"): 1e6}
 
 
-def dcgm47(text: str) -> str:
-    """A dcgm-exporter scrape as dcgm-exporter 4.9 (DCGM 4.7) would send it: every renamed
-    family under its new name and in its new unit, the driver label renamed."""
+def dcgm47(text: str, only_renamed: bool = False) -> str:
+    """A dcgm-exporter scrape (or OpenMetrics backfill text) as dcgm-exporter 4.9 (DCGM 4.7)
+    would send it: every renamed family under its new name and in its new unit, the driver
+    label renamed. ``only_renamed`` keeps only the renamed families (to add to the legacy
+    text: a GPU sending both namings)."""
     from hub.store import DCGM_RENAMES
 
     renames = {r.legacy: (r.dcgm47, _NEW_PER_LEGACY.get((r.legacy_unit, r.dcgm47_unit), 1.0))
@@ -52,13 +54,22 @@ def dcgm47(text: str) -> str:
             parts = line.split(" ", 3)
             if len(parts) > 2 and parts[2] in renames:
                 parts[2] = renames[parts[2]][0]
+            elif only_renamed or line == "# EOF":
+                continue
             out.append(" ".join(parts))
             continue
         name = line.split("{", 1)[0].split(" ", 1)[0]
-        line = line.replace("DCGM_FI_DRIVER_VERSION=", "DCGM_FI_SYSTEM_DRIVER_VERSION=")
-        if name in renames:
-            new, scale = renames[name]
-            head, _, value = line.rpartition(" ")
-            line = f"{new}{head[len(name):]} {float(value) * scale!r}"
-        out.append(line)
+        if name not in renames:
+            if not only_renamed and line.strip():
+                out.append(line.replace("DCGM_FI_DRIVER_VERSION=",
+                                        "DCGM_FI_SYSTEM_DRIVER_VERSION="))
+            continue
+        new, scale = renames[name]
+        cut = line.rindex("}") + 1 if "{" in line else len(name)
+        labels = line[len(name):cut].replace("DCGM_FI_DRIVER_VERSION=",
+                                             "DCGM_FI_SYSTEM_DRIVER_VERSION=")
+        value, *stamp = line[cut:].split()
+        out.append(" ".join([new + labels, repr(float(value) * scale), *stamp]))
+    if "# EOF" in text and not only_renamed:
+        out.append("# EOF")
     return "\n".join(out) + "\n"
