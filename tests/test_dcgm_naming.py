@@ -11,13 +11,16 @@ import time
 from pathlib import Path
 
 import pytest
+import requests
 import sqlalchemy as sa
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from hub import inventory as inv
 from hub import usage
 from hub.inventory._db import apply_observations
 from hub.inventory._normalize import Observation
-from hub.store import HubClient, HubSettings
+from hub.store import DCGM_RENAMES, HubClient, HubSettings, profile
 from tests.support.backfill import backfilled_hub, openmetrics
 from tests.support.clirun import gpufleet, gpufleet_json
 from tests.support.promql import wait_for
@@ -197,3 +200,58 @@ def test_a_real_change_of_memory_size_is_still_an_event(tmp_path: Path):
         stored = conn.execute(sa.select(inv.gpus.c.memory_total_mib)).scalar_one()
     engine.dispose()
     assert len(changed) == 1 and '"new": 143771.0' in changed[0] and stored == 143771.0
+
+
+#: a plausible legacy value per legacy unit (what dcgm-exporter <= 4.8 sends)
+_LEGACY_VALUES = {
+    "%": st.integers(0, 100).map(float), "MiB": st.integers(0, 200_000).map(float),
+    "MHz": st.integers(0, 3_500).map(float), "mJ": st.integers(0, 10**13).map(float),
+    "MB/s": st.integers(0, 10**6).map(float), "°C": st.integers(0, 120).map(float),
+    "W": st.floats(0, 1500, allow_nan=False).map(lambda w: round(w, 3)),
+    "count": st.integers(0, 10**6).map(float), "XID": st.integers(0, 200).map(float),
+    "rows": st.integers(0, 1000).map(float), "0/1": st.sampled_from([0.0, 1.0]),
+    "0-1": st.floats(0, 1, allow_nan=False).map(lambda r: round(r, 6)),
+}
+
+
+@settings(max_examples=6, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(values=st.fixed_dictionaries({r.legacy: _LEGACY_VALUES[r.legacy_unit]
+                                     for r in DCGM_RENAMES}),
+       percent_csv=st.booleans())
+def test_every_new_name_reads_as_its_legacy_value_on_a_real_hub(tmp_path_factory, values,
+                                                                 percent_csv):
+    """Each renamed field sent in its new unit reads, through the hub's own PromQL arms, as
+    the legacy name's value. GPU_UTIL_RATIO sent as percent (a DCGM 4.6 custom CSV) reads as
+    percent once a value above 1 proves it; 0 or 1 % cannot be told from a ratio and read as
+    0 or 100 % (the documented limit of the rule)."""
+    from tests.support.samples import _NEW_PER_LEGACY
+
+    nvidia = profile("nvidia")
+    t_end = (time.time() // 60) * 60 - 7200
+    series = []
+    for r in DCGM_RENAMES:
+        legacy = values[r.legacy]
+        new = legacy * _NEW_PER_LEGACY.get((r.legacy_unit, r.dcgm47_unit), 1.0)
+        if percent_csv and r.dcgm47 == "DCGM_FI_DEV_GPU_UTIL_RATIO":
+            new = legacy
+        series += [(r.legacy, 'cluster="c",UUID="GPU-L"', lambda t, v=legacy: v),
+                   (r.dcgm47, 'cluster="c",UUID="GPU-N"', lambda t, v=new: v)]
+    workdir = tmp_path_factory.mktemp("units")
+    hub = backfilled_hub(workdir / "hub", openmetrics(
+        series, [t_end - 60 * k for k in range(5, -1, -1)])).start(timeout=120)
+    try:
+        for r in DCGM_RENAMES:
+            promql = " or ".join(nvidia.arms(
+                r.legacy, 'last_over_time({}{{UUID!=""}}[10m])', "10m"))
+            res = requests.get(f"{hub.url}/api/v1/query", params={"query": promql,
+                                                                   "time": t_end}, timeout=30)
+            got = {row["metric"]["UUID"]: float(row["value"][1])
+                   for row in res.json()["data"]["result"]}
+            want = values[r.legacy]
+            if percent_csv and r.dcgm47 == "DCGM_FI_DEV_GPU_UTIL_RATIO" and want <= 1:
+                want *= 100  # what the rule cannot tell: 0 or 1 % looks like a ratio
+            assert got["GPU-L"] == values[r.legacy], r.legacy
+            assert got["GPU-N"] == pytest.approx(want, rel=1e-9, abs=1e-9), (r.dcgm47, got)
+    finally:
+        hub.stop()
