@@ -7,6 +7,7 @@ ledger) and check the figures people read: the same GPUs, the same units, every 
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -255,3 +256,50 @@ def test_every_new_name_reads_as_its_legacy_value_on_a_real_hub(tmp_path_factory
             assert got["GPU-N"] == pytest.approx(want, rel=1e-9, abs=1e-9), (r.dcgm47, got)
     finally:
         hub.stop()
+
+
+def _csv_names(files: dict[str, str]) -> list[str]:
+    import yaml
+
+    cm = yaml.safe_load(files["dcgm-metrics-configmap.yaml"])
+    rows = cm["data"]["dcgm-metrics.csv"].splitlines()
+    return [r.split(",")[0].strip() for r in rows if r.strip() and not r.startswith("#")]
+
+
+@pytest.mark.parametrize("naming", ["legacy", "dcgm-4.7"])
+def test_spoke_render_pins_dcgm_exporters_fields_in_the_chosen_naming(tmp_path, naming):
+    """The collectors CSV names every field the hub reads in one naming only, the agent keeps
+    each of them, and the GPU Operator's ClusterPolicy mounts it (config.name)."""
+    import yaml
+
+    from hub.onboard import metrics_keep_regex
+    from hub.store import dcgm_names
+
+    out = tmp_path / "spoke"
+    args = ["spoke", "render", "--cluster", "c1", "--vendor", "nvidia,amd",
+            "--remote-write-url", "https://hub.example.com/api/v1/receive", "--out", str(out)]
+    result = gpufleet(*args, *(["--dcgm-names", naming] if naming != "legacy" else []))
+    assert result.exit_code == 0, result.output
+    files = {p.name: p.read_text() for p in out.iterdir()}
+    names = _csv_names(files)
+    renamed = dcgm_names("dcgm-4.7")
+    other = set(renamed.values()) if naming == "legacy" else set(renamed)
+    assert not other & set(names)  # one naming, never a mix
+    wanted = {"legacy": ["DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_GPU_TEMP",
+                         "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_PROF_SM_ACTIVE"],
+              "dcgm-4.7": ["DCGM_FI_DEV_GPU_UTIL_RATIO", "DCGM_FI_DEV_FB_USED_BYTES",
+                           "DCGM_FI_DEV_GPU_TEMP_CELSIUS", "DCGM_FI_DEV_XID_ERROR",
+                           "DCGM_FI_PROF_SM_UTIL_RATIO", "DCGM_FI_DEV_FB_CAPACITY_BYTES"]}
+    assert set(wanted[naming]) <= set(names)
+    keep = re.compile(metrics_keep_regex())
+    assert [n for n in names if not keep.fullmatch(n)] == []  # the agent drops none of them
+    policy = yaml.safe_load(files["clusterpolicy-dcgm-exporter.yaml"])
+    cm = yaml.safe_load(files["dcgm-metrics-configmap.yaml"])
+    assert policy["spec"] == {"dcgmExporter": {"config": {"name": cm["metadata"]["name"]}}}
+    assert cm["metadata"]["namespace"] == "nvidia-gpu-operator"
+    kustomization = yaml.safe_load(files["kustomization.yaml"])
+    assert {"dcgm-metrics-configmap.yaml", "clusterpolicy-dcgm-exporter.yaml"} <= set(
+        kustomization["resources"])
+    bad = gpufleet(*args[:-1], str(tmp_path / "bad"), "--dcgm-names", "dcgm-5")
+    assert bad.exit_code == 2 and "unknown dcgm naming 'dcgm-5'" in bad.output
+    assert not (tmp_path / "bad").exists()

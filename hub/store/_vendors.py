@@ -739,6 +739,33 @@ def usage_queries(bucket: str, resolution: str, cluster_label: str) -> list[Quer
     return out
 
 
+def dcgm_collectors(naming: str) -> list[tuple[str, str, str]]:
+    """dcgm-exporter's collectors CSV rows (field, Prometheus type, help) for the fields the
+    hub reads, in one naming: what ``spoke render --dcgm-names`` pins, so that an operator
+    upgrade (4.9 renames the defaults) cannot change the series under the hub. DCGM 4.7
+    still resolves the legacy names; a 4.6 host engine does not know the new ones."""
+    nvidia = profile("nvidia")
+    spelled = dcgm_names(naming)
+    units = {r.legacy: r.dcgm47_unit if naming == DCGM47 else r.legacy_unit
+             for r in DCGM_RENAMES}
+    read = [*(m for ms in nvidia.value_fields.values() for m in ms),
+            *nvidia.timestamp_metrics,
+            # CLOCK_THROTTLE_REASONS is CLOCKS_EVENT_REASONS from DCGM 3.2 on
+            *(ms[-1] if naming == DCGM47 else ms[0] for ms in nvidia.health_fields.values()),
+            *(m for ms in USAGE_PROFILING_FIELDS["nvidia"].values() for m in ms)]
+    rows: dict[str, tuple[str, str, str]] = {}
+    for legacy in read:
+        if legacy in (FB_CAPACITY, "DCGM_FI_DEV_FB_TOTAL"):
+            continue  # the size: 4.7's own field, added below; FB_TOTAL is not needed
+        name = spelled.get(legacy, legacy)
+        kind = "counter" if name.endswith("_TOTAL") and "REMAP" not in name else "gauge"
+        unit = units.get(legacy)
+        rows[name] = (name, kind, f"read by gpufleet ({unit})" if unit else "read by gpufleet")
+    if naming == DCGM47:
+        rows[FB_CAPACITY] = (FB_CAPACITY, "gauge", "read by gpufleet (bytes)")
+    return list(rows.values())
+
+
 def labelled_probe(window: str, cluster_label: str | None = None) -> str:
     """How many GPU series of any vendor the store holds in the window (only those carrying
     ``cluster_label`` when given): asked only when a bucket came back empty, to tell a typo'd
