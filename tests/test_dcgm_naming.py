@@ -7,6 +7,8 @@ ledger) and check the figures people read: the same GPUs, the same units, every 
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 import re
 import time
 from pathlib import Path
@@ -303,3 +305,50 @@ def test_spoke_render_pins_dcgm_exporters_fields_in_the_chosen_naming(tmp_path, 
     bad = gpufleet(*args[:-1], str(tmp_path / "bad"), "--dcgm-names", "dcgm-5")
     assert bad.exit_code == 2 and "unknown dcgm naming 'dcgm-5'" in bad.output
     assert not (tmp_path / "bad").exists()
+
+
+def _synced(engine, now, observations, namings=None):
+    with engine.begin() as conn:
+        apply_observations(conn, observations, now, namings)
+
+
+def test_report_says_which_naming_each_cluster_sends_and_when_it_is_a_problem(db_url):
+    """mixed: both namings for 25 h (over the default 24 h); upgrading: both for 1 h;
+    broken: its GPU's driver changed, then the GPU stopped reporting 10 minutes later."""
+    engine = inv.make_engine(db_url, create=True)
+    inv.ensure_schema(engine)
+    now = inv.now_utc()
+    hour = dt.timedelta(hours=1)
+
+    def gpu(cluster: str, uuid: str, driver: str = "550.54.15") -> Observation:
+        return Observation(cluster=cluster, node="n1", uuid=uuid, vendor="nvidia",
+                           driver_version=driver, sample_at=time.time())
+
+    try:
+        _synced(engine, now - 26 * hour, [gpu("mixed", "GPU-M")], {"mixed": "legacy"})
+        _synced(engine, now - 25 * hour, [gpu("mixed", "GPU-M")], {"mixed": "both"})
+        _synced(engine, now - 2 * hour, [gpu("upgrading", "GPU-U"), gpu("broken", "GPU-B"),
+                                         gpu("broken", "GPU-K")],
+                {"upgrading": "legacy", "broken": "legacy"})
+        _synced(engine, now - hour, [gpu("upgrading", "GPU-U"), gpu("broken", "GPU-K"),
+                                     gpu("broken", "GPU-B", "580.95.05")],
+                {"upgrading": "both", "broken": "legacy"})
+        _synced(engine, now - hour + dt.timedelta(minutes=10), [
+            gpu("upgrading", "GPU-U"), gpu("broken", "GPU-K"), gpu("mixed", "GPU-M")],
+            {"upgrading": "both", "broken": "legacy", "mixed": "both"})
+    finally:
+        engine.dispose()
+    env = {"GPUFLEET_DB": db_url}
+    args = ["report", "--max-age", "30d", "--push-interval", "30d", "-o", "json"]
+    data = json.loads(gpufleet(*args, env=env).stdout)
+    assert {r["cluster"]: r["naming"] for r in data["summary"]} == {
+        "mixed": "both", "upgrading": "both", "broken": "legacy"}
+    found = {(f["check"], f["cluster"]): f["message"] for f in data["findings"]}
+    assert ("naming_mixed", "mixed") in found and ("naming_mixed", "upgrading") not in found
+    assert "1 GPU(s)" in found[("vanished_after_driver_change", "broken")]
+    assert "550.54.15 to 580.95.05" in found[("vanished_after_driver_change", "broken")]
+    relaxed = json.loads(gpufleet(*args, "--naming-mix-for", "2d", env=env).stdout)
+    assert "naming_mixed" not in {f["check"] for f in relaxed["findings"]}
+    table = gpufleet("inventory", "clusters", "-o", "json", env=env)
+    assert {c["cluster"]: c["naming"] for c in json.loads(table.stdout)} == {
+        "mixed": "both", "upgrading": "both", "broken": "legacy"}
