@@ -352,3 +352,39 @@ def test_report_says_which_naming_each_cluster_sends_and_when_it_is_a_problem(db
     table = gpufleet("inventory", "clusters", "-o", "json", env=env)
     assert {c["cluster"]: c["naming"] for c in json.loads(table.stdout)} == {
         "mixed": "both", "upgrading": "both", "broken": "legacy"}
+
+
+def test_missing_is_unknown_never_zero(hub, fleet, tmp_path):
+    """dcgm-exporter leaves the XID series out when there was no XID; an MI350X whose first
+    power reading was 0 has no power series until its exporter restarts. Both GPUs are
+    there, with those fields unknown (null): health not "ok", power not 0 W, energy not 0."""
+    nv = 'gpu="0",UUID="GPU-NOXID",modelName="NVIDIA H200",hostname="n1"'
+    amd = 'hostname="a1",gpu_id="0",gpu_uuid="amd-nopower",card_series="AMD Instinct MI350X"'
+    fleet("c1", [f"DCGM_FI_DEV_GPU_TEMP_CELSIUS{{{nv}}} 41\n"
+                 f"DCGM_FI_DEV_GPU_UTIL_RATIO{{{nv}}} 0.25\n"
+                 f"amd_gpu_edge_temperature{{{amd}}} 38\namd_gpu_gfx_activity{{{amd}}} 7\n"])
+    wait_for(hub.url, 'count({__name__=~"DCGM_.+|amd_gpu_.+", cluster="c1"})',
+             lambda r: bool(r) and r[0]["value"][1] == "4")
+    db = f"sqlite:///{tmp_path / 'inv.db'}"
+    env = {"GPUFLEET_HUB_URL": hub.url, "GPUFLEET_DB": db}
+    assert gpufleet("sync", "--stale-after", "30s", env=env).exit_code == 0
+    gpus = {g["uuid"]: g for g in gpufleet_json("inventory", "gpus", env=env)}
+    assert gpus["GPU-NOXID"]["health"] is None  # nothing said: unknown, not "ok"
+    assert gpus["GPU-NOXID"]["utilisation_pct"] == pytest.approx(25.0)
+    assert gpus["amd-nopower"]["power_w"] is None and gpus["amd-nopower"]["state"] == "active"
+
+    t0 = (time.time() // 3600) * 3600 - 4 * 3600
+    text = openmetrics([("amd_gpu_gfx_activity", f'cluster="c1",{amd},pod="p",namespace="ml"',
+                         lambda t: 50.0)], [t0 + 30 + 60 * k for k in range(60)])
+    old = backfilled_hub(tmp_path / "past", text).start(timeout=120)
+    engine = inv.make_engine(db)
+    try:
+        with HubClient.from_settings(HubSettings(url=old.url)) as client:
+            usage.collect_usage(engine, client, bucket=3600, push_interval=60, starts=[t0])
+        with engine.connect() as conn:
+            [row] = conn.execute(sa.select(inv.usage)).mappings().all()
+    finally:
+        old.stop()
+        engine.dispose()
+    assert row["gpu_hours"] == pytest.approx(1.0) and row["avg_utilisation_pct"] == 50.0
+    assert row["avg_power_w"] is None and row["energy_wh"] is None  # unknown, not 0 Wh
