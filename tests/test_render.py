@@ -468,6 +468,15 @@ def test_acm_allowlist_is_the_hub_list_for_both_vendors():
     assert not set(KUBE_STATE_METRICS) & set(names)  # ACM's default allowlist has them
     assert any(n.startswith("DCGM_") for n in names) and any(n.startswith("gpu_") for n in names)
     assert nvidia["hub/metrics-allowlist.yaml"] == amd["hub/metrics-allowlist.yaml"]
+    # both dcgm namings of what the hub reads (a 4.9 spoke's series must reach the hub too)
+    for legacy, new in (("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_GPU_UTIL_RATIO"),
+                        ("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_GPU_TEMP_CELSIUS"),
+                        ("DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_XID_ERROR"),
+                        ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "DCGM_FI_DEV_ROW_REMAP_FAILED"),
+                        ("DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_SM_UTIL_RATIO"),
+                        ("DCGM_FI_PROF_DRAM_ACTIVE", "DCGM_FI_PROF_DRAM_UTIL_RATIO")):
+        assert legacy in names and new in names
+    assert "DCGM_FI_DEV_FB_CAPACITY_BYTES" in names
 
 
 def test_acm_user_workload_uses_the_uwl_key_and_no_cluster_monitoring_label():
