@@ -352,6 +352,17 @@ def test_report_says_which_naming_each_cluster_sends_and_when_it_is_a_problem(db
     table = gpufleet("inventory", "clusters", "-o", "json", env=env)
     assert {c["cluster"]: c["naming"] for c in json.loads(table.stdout)} == {
         "mixed": "both", "upgrading": "both", "broken": "legacy"}
+    # the live page's clusters table says the same
+    from hub.service import build_app, read_only_engine
+    from tests.support.asgi import AppClient, no_metrics
+    from tests.support.browser import Dom
+
+    router = AppClient(build_app(read_only_engine(db_url), health=lambda: (True, {}),
+                                 findings=lambda: ([], None), metrics=no_metrics))
+    status, page = router.handle("/", {})
+    assert status == 200
+    assert {r["cluster"]: r["naming"] for r in Dom(page.text).table("clusters")} == {
+        "mixed": "both", "upgrading": "both", "broken": "legacy"}
 
 
 def test_missing_is_unknown_never_zero(hub, fleet, tmp_path):
