@@ -71,6 +71,12 @@ def test_sync_finds_a_dcgm47_cluster_and_counts_a_gpu_sending_both_once(hub, fle
     h100 = gpus[("GPU-c4529c8d-69c4-b61d-e0bc-7b2460096005", None)]
     assert (h100["cluster"], h100["power_w"]) == ("both", pytest.approx(113.611))
     assert sum(g["cluster"] == "both" for g in gpus.values()) == 8  # once, not twice
+    # the report's hub questions (visibility, zero usage, stuck collectors) answer for every
+    # naming, both at once included (no "vector cannot contain metrics with the same labelset")
+    report = gpufleet("report", "--max-age", "1h", "-o", "json", env=env)
+    assert report.exit_code in (0, 1), report.output
+    found = json.loads(report.stdout)["findings"]
+    assert [f for f in found if f["check"] in ("hub", "hub_visibility")] == []
     assert t4["driver_version"] == "590.48.01"
 
 
