@@ -11,6 +11,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from hub.kube._catalog import (
+    INSTANCE_TYPE_LABELS,
+    Catalog,
+    InstanceType,
+    instance_type_of,
+    load_catalog,
+    parse_catalog,
+    shipped_catalog,
+)
 from hub.kube._dra import (
     AMD_DRIVER,
     GPU_DRIVERS,
@@ -33,6 +42,13 @@ _CLIENT = ("api_client", "call", "list_all", "list_managed_clusters", "list_node
 
 __all__ = [
     "AMD_DRIVER",
+    "INSTANCE_TYPE_LABELS",
+    "Catalog",
+    "InstanceType",
+    "instance_type_of",
+    "load_catalog",
+    "parse_catalog",
+    "shipped_catalog",
     "DRA_VERSIONS",
     "GPU_DRIVERS",
     "NVIDIA_DRIVER",

@@ -29,7 +29,7 @@ def vks_label_sets() -> list[dict[str, str]]:
 
 
 def node_object(name: str, gpu: dict[str, str] | None = None, labels: dict[str, str] | None = None,
-                allocatable: dict[str, str] | None = None, instance: str = "p4d.24xlarge"
+                allocatable: dict[str, str] | None = None, instance: str = "m7i.48xlarge"
                 ) -> dict[str, Any]:
     """A Node as the API server returns it: capacity and allocatable with cpu, memory, pods and
     extended resources; labels; conditions; node info."""
