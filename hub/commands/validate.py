@@ -392,16 +392,19 @@ def alerts() -> None:
               help="How long a silent cluster stays in the stale alert.")
 @click.option("--namespace", envvar=env("alerts-namespace"), default="gpufleet",
               show_default=True, metavar="NS", help="Namespace of the PrometheusRule.")
+@instance_types_option
 @cluster_label_option
 def alerts_render(out: str | None, max_age: float, push_interval: float, window: float,
-                  lookback: float, namespace: str, cluster_label: str, **_: Any) -> None:
+                  lookback: float, namespace: str, instance_types: str | None,
+                  cluster_label: str, **_: Any) -> None:
     """Write the report's failure modes as alerting rules into --out.
 
     gpufleet-alerts.rules.yaml is a plain rules file (Prometheus, Thanos Ruler; for ACM,
     merge its groups into the thanos-ruler-custom-rules ConfigMap); the same groups as a
     PrometheusRule (monitoring.coreos.com/v1) are in gpufleet-alerts.prometheusrule.yaml.
     Alerts: cluster data late/stale, exporter down, collection errors, GPU count dropped,
-    zero usage with a pod allocated, stuck collector. Both vendors, both AMD name prefixes.
+    zero usage with a pod allocated, stuck collector, GPUs missing by instance type (the
+    catalog shipped in gpufleet and --instance-types). Both vendors, both AMD name prefixes.
     """
     from hub import onboard as onboarding
 
@@ -414,7 +417,8 @@ def alerts_render(out: str | None, max_age: float, push_interval: float, window:
     if not onboarding.DNS_LABEL.match(namespace):
         raise InputError(f"--namespace {namespace!r} is not a valid namespace name")
     settings = validation.AlertSettings(max_age=max_age, push_interval=push_interval, window=window,
-                                lookback=lookback, cluster_label=cluster_label, namespace=namespace)
+                                lookback=lookback, cluster_label=cluster_label, namespace=namespace,
+                                catalog=load_catalog(instance_types))
     files = validation.render_alert_files(settings)
     onboarding.write_tree(files, out)
     click.echo(f"wrote {len(files)} files to {out} ({', '.join(sorted(files))})")
