@@ -240,7 +240,7 @@ def oracle(lines: list[dict], used: list[dict], model_price: float | None,
     node's billed cost per node-hour / GPUs, from the lines whose hour meets the period."""
     out: dict[str, list[float]] = {}
     for u in used:
-        node, _, itype = NODES[u["node"]]
+        _, _, itype = NODES[u["node"]]
         inside = [x for x in lines if x["node"] == u["node"] and 0 <= x["hour"] < hours]
         paid = sum(x["cost"] for x in inside)
         node_hours = sum(x["amount"] for x in inside if "Usage:" in x["kind"])
