@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hub.common import InputError
+from hub.common import InputError, read_input_file
 
 SHIPPED = Path(__file__).resolve().parent / "instance_types.yaml"
 #: the node labels that name a node's instance type, preferred first (the beta one is what
@@ -187,12 +187,7 @@ def parse_catalog(raw: Any, source: str = "instance-type file") -> Catalog:
 def _read_yaml(path: Path, what: str) -> Any:
     import yaml
 
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise InputError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise InputError(f"{what} {path} is not UTF-8 text") from None
+    text = read_input_file(path, what)
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:

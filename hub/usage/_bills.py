@@ -42,7 +42,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from hub import inventory as inv
-from hub.common import InputError
+from hub.common import InputError, read_input_file
 from hub.kube import Catalog, shipped_catalog
 from hub.usage._prices import Prices
 
@@ -284,13 +284,7 @@ def parse_bill(text: str, source: str = "bill") -> Bill:
 
 
 def load_bill(path: str | Path) -> Bill:
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise InputError(f"cannot read bill {path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise InputError(f"bill {path} is not UTF-8 text (expected a CSV export)") from None
-    return parse_bill(text, f"bill {path}")
+    return parse_bill(read_input_file(path, "bill"), f"bill {path}")
 
 
 # -- pricing ---------------------------------------------------------------------------------
