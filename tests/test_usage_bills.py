@@ -308,3 +308,29 @@ def test_bill_pricing_equals_the_oracle(tmp_path_factory, lines, used, model_pri
             assert r["cost"] is None
         else:
             assert r["cost"] == pytest.approx(cost, rel=1e-9, abs=1e-6)
+
+
+def test_a_node_the_bill_does_not_name_gets_its_clusters_rate_for_its_type():
+    head = ("lineItem/LineItemType,lineItem/UsageStartDate,lineItem/UsageEndDate,"
+            "lineItem/UsageType,lineItem/ResourceId,lineItem/UsageAmount,"
+            "lineItem/UnblendedCost,resourceTags/user:eks:cluster-name")
+    rows = ["Usage,2026-10-01T20:00:00Z,2026-10-01T21:00:00Z,USE1-BoxUsage:p5.48xlarge,"
+            "i-a,1,60,eks",
+            "Usage,2026-10-01T20:00:00Z,2026-10-01T21:00:00Z,USE1-SpotUsage:p5.48xlarge,"
+            "i-b,0.5,20,eks",
+            "Usage,2026-10-01T20:00:00Z,2026-10-01T21:00:00Z,USE1-DataTransfer-Out-Bytes,"
+            "i-b,3,9,eks",  # not instance time: no node-hours, not in the type's rate
+            "Usage,2026-10-01T20:00:00Z,2026-10-01T21:00:00Z,USE1-BoxUsage:p5.48xlarge,"
+            "i-c,1,99,other",
+            "Usage,2026-10-01T20:00:00Z,2026-10-01T21:00:00Z,USE1-BoxUsage:g6e.12xlarge,"
+            "i-d,1,10,eks"]
+    bill = bills.parse_bill("\n".join([head, *rows]), "cur")
+    nodes = [bills.CloudNode("eks", "by-id", "p5.48xlarge", "aws:///us-east-1a/i-b", None),
+             bills.CloudNode("eks", "no-id", "p5.48xlarge", None, None),
+             bills.CloudNode("eks", "gone", "P5.48XLARGE", "aws:///us-east-1a/i-z", None),
+             bills.CloudNode("west", "untagged", "p5.48xlarge", None, None)]
+    prices = bills.node_prices(nodes, None, bill, T0, T0 + dt.timedelta(hours=1))
+    assert prices[("eks", "by-id")] == pytest.approx((20 + 9) / 0.5 / 8)  # its own lines
+    assert prices[("eks", "no-id")] == pytest.approx((60 + 20) / 1.5 / 8)  # eks's p5 rate
+    assert prices[("eks", "gone")] == prices[("eks", "no-id")]
+    assert ("west", "untagged") not in prices  # the price file's model price, or none

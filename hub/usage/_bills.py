@@ -19,10 +19,15 @@ exports, told apart by their header:
 
 Lines are joined to nodes through the node's ``spec.providerID`` as the latest reconcile
 (``--source kube`` or ``file``) stored it: AWS instance id, Google Cloud project/zone/name,
-Azure resource id (a VM, or a scale-set VM's scale set). A node's price per GPU-hour is
-(Σ cost of its lines) / (Σ node-hours) / (its GPUs: the instance type's count from the
-catalog, else what reconcile expected), over the lines whose interval meets the period asked
-(an Azure line is a day: the day's cost per node-hour prices each of its hours).
+Azure resource id (a VM, or a scale-set VM's scale set). A node the bill does not name (no
+provider id stored, or a bill that does not have the instance) is priced through the
+cluster's tag where the AWS report carries one (``resourceTags/aws:eks:cluster-name``,
+``resourceTags/user:eks:cluster-name`` or ``resourceTags/user:cluster``, equal to
+gpufleet's cluster name): the cluster's cost per node-hour of instances of its type.
+A node's price per GPU-hour is (Σ cost of its lines) / (Σ node-hours) / (its GPUs: the
+instance type's count from the catalog, else what reconcile expected), over the lines whose
+interval meets the period asked (an Azure line is a day: the day's cost per node-hour prices
+each of its hours).
 A node without a bill line keeps the price file's price, or stays unpriced: null, never 0.
 """
 
@@ -63,6 +68,9 @@ COLUMNS: dict[str, dict[str, tuple[str, ...]]] = {
         "sp_cost?": ("savingsPlan/SavingsPlanEffectiveCost",
                      "savings_plan_savings_plan_effective_cost"),
         "ri_cost?": ("reservation/EffectiveCost", "reservation_effective_cost"),
+        # the cluster's tag, where activated as a cost allocation tag
+        "cluster?": ("resourceTags/aws:eks:cluster-name", "resourceTags/user:eks:cluster-name",
+                     "resourceTags/user:cluster"),
     },
     GCP: {
         "resource": ("resource.name", "resource_name"),
@@ -100,6 +108,10 @@ class BillLine:
     #: node-hours the line bills; None: the line's interval is the node's time (GCP)
     hours: float | None = None
     instance_time: bool = True  # whether ``hours`` counts (AWS: instance-time lines)
+    #: the cluster's tag and the instance type the line bills (AWS instance-time lines):
+    #: a node the bill does not name by id is priced at its cluster's rate for its type
+    cluster: str | None = None
+    instance_type: str | None = None
 
 
 @dataclass(frozen=True)
@@ -220,8 +232,10 @@ def _aws_line(row: Sequence[str], col: Mapping[str, int], where: str) -> BillLin
         raise InputError(f"{where}: usage amount {amount:g} is negative")
     usage_type = get("usage_type")
     timed = bool(AWS_INSTANCE_TIME.search(usage_type)) if "usage_type" in col else True
+    itype = usage_type.rsplit(":", 1)[-1].strip() if timed and ":" in usage_type else None
     return BillLine(aws_key(resource), _time(get("start"), f"{where} start"),
-                    _time(get("end"), f"{where} end"), cost, amount, timed)
+                    _time(get("end"), f"{where} end"), cost, amount, timed,
+                    get("cluster").strip() or None, itype or None)
 
 
 def _gcp_line(row: Sequence[str], col: Mapping[str, int], where: str) -> BillLine | None:
@@ -309,6 +323,20 @@ def resource_costs(lines: Iterable[BillLine], start: dt.datetime,
     return {k: (cost[k], hours[k]) for k in cost}
 
 
+def tagged_costs(lines: Iterable[BillLine], start: dt.datetime,
+                 end: dt.datetime) -> dict[tuple[str, str], tuple[float, float]]:
+    """Per (cluster tag, instance type, lower-cased): (Σ cost, Σ node-hours) of the
+    instance-time lines that carry both, whose interval meets [start, end)."""
+    out: dict[tuple[str, str], tuple[float, float]] = {}
+    for line in lines:
+        if (line.cluster and line.instance_type and line.instance_time
+                and line.hours is not None and line.start < end and line.end > start):
+            key = (line.cluster, line.instance_type.lower())
+            cost, hours = out.get(key, (0.0, 0.0))
+            out[key] = (cost + line.cost, hours + line.hours)
+    return out
+
+
 @dataclass(frozen=True)
 class CloudNode:
     """What the latest reconcile stored about a node of the usage ledger."""
@@ -348,10 +376,12 @@ def node_prices(nodes: Iterable[CloudNode], prices: Prices | None, bill: Bill | 
                 start: dt.datetime, end: dt.datetime,
                 catalog: Catalog | None = None) -> dict[tuple[str, str], float]:
     """Price per GPU-hour per (cluster, node): from the bill's cost per node-hour where the
-    bill has the node, else from the price file's price of its instance type. Nodes neither
-    prices are left out (the price file's model prices then apply)."""
+    bill names the node (its provider id), else where it tags lines with the node's cluster
+    and instance type (that type's rate in the cluster), else from the price file's price of
+    its instance type. Nodes none prices are left out (the model prices then apply)."""
     catalog = catalog or shipped_catalog()
     per_key = resource_costs(bill.lines, start, end) if bill is not None else {}
+    per_tag = tagged_costs(bill.lines, start, end) if bill is not None else {}
     by_type = {k.lower(): v for k, v in (prices.instance_types if prices else {}).items()}
     out: dict[tuple[str, str], float] = {}
     for node in nodes:
@@ -364,7 +394,9 @@ def node_prices(nodes: Iterable[CloudNode], prices: Prices | None, bill: Bill | 
                 out[(node.cluster, node.node)] = cost / hours / gpus
                 break
         else:
-            hourly = by_type.get((node.instance_type or "").lower())
+            itype = (node.instance_type or "").lower()
+            cost, hours = per_tag.get((node.cluster, itype), (0.0, 0.0))
+            hourly = cost / hours if hours > 0 else by_type.get(itype)
             if hourly is not None:
                 out[(node.cluster, node.node)] = hourly / gpus
     return out
