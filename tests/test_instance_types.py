@@ -23,7 +23,8 @@ from hub.validate import _reconcile as rc
 from hub.validate._reconcile import NodeView, ObservedNode
 from tests.support.clirun import gpufleet
 from tests.support.kubeapi import kube_api as kube_api
-from tests.support.nodes import node_object, nvidia_labels
+from tests.support.nodes import ksm_text, node_object, nvidia_labels
+from tests.support.promql import wait_for
 
 T0 = dt.datetime(2026, 11, 28, 12, 0, 0)
 CATALOG = shipped_catalog()
@@ -289,3 +290,27 @@ def test_reconcile_from_a_file_with_a_user_catalog_and_bad_catalogs(tmp_path):
     missing = gpufleet("reconcile", "--nodes-json", f"east={nodes}", "--instance-types",
                        str(Path(tmp_path / "none.yaml")), "--db", db)
     assert missing.exit_code == 2 and "cannot read instance-type file" in missing.output
+
+
+def test_reconcile_through_the_hub_reads_instance_types_and_provider_ids(hub, fleet, tmp_path):
+    """kube-state-metrics pushed by a real agent into a real Prometheus: the node labels'
+    instance type and kube_node_info's provider id reach the rows (still two queries)."""
+    aws = "aws:///us-east-1a/i-0a1b2c3d4e5f60001"
+    fleet("east", [ksm_text(
+        {"p5-dead": {}, "a3-half": {"nvidia_com_gpu": 4}, "cpu-1": {}},
+        {"p5-dead": {"node.kubernetes.io/instance-type": "p5.48xlarge"},
+         "a3-half": {"beta.kubernetes.io/instance-type": "a3-highgpu-8g"},
+         "cpu-1": {"node.kubernetes.io/instance-type": "m7i.48xlarge"}},
+        providers={"p5-dead": aws, "cpu-1": "aws:///us-east-1a/i-0cpu"})])
+    wait_for(hub.url, "count(kube_node_info)", lambda r: bool(r) and r[0]["value"][1] == "2")
+    env = {"GPUFLEET_HUB_URL": hub.url, "GPUFLEET_DB": f"sqlite:///{tmp_path / 'inv.db'}"}
+    _seed(env["GPUFLEET_DB"], {})
+    result = gpufleet("reconcile", "-o", "json", env=env)
+    assert result.exit_code == 1, result.output
+    rows = {r["node"]: r for r in json.loads(result.stdout) if r["scope"] == "node"}
+    assert {n: (r["status"], r["instance_type"], r["provider_id"], r["expected_gpus"])
+            for n, r in rows.items()} == {
+        "p5-dead": (LOST, "p5.48xlarge", aws, 8),
+        "a3-half": (LOST, "a3-highgpu-8g", None, 8)}
+    assert "kube-state-metrics cannot show GPUs published through DRA" in \
+        rows["p5-dead"]["reason"]

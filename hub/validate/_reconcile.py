@@ -391,7 +391,8 @@ def ksm_queries(window: str, cluster_label: str, keep: Collection[str] = ()) -> 
 
     Query 1 returns capacity (GPU resources and cpu, so that a node without GPUs is known to
     exist) and allocatable (GPU resources), tagged by a ``kind`` label. Query 2 returns the
-    labels the compare reads, where kube-state-metrics' label allowlist exposes them. Both
+    labels the compare reads, where kube-state-metrics' label allowlist exposes them, and
+    (from ``kube_node_info``, a row of its own) the node's provider id. Both
     group by the cluster label, node and resource: one row per node and resource, however
     many clusters there are.
     """
@@ -405,8 +406,9 @@ def ksm_queries(window: str, cluster_label: str, keep: Collection[str] = ()) -> 
     resources = (part(capacity, KSM_GPU_RESOURCES + "|cpu", "capacity") + " or "
                  + part(allocatable, KSM_GPU_RESOURCES, "allocatable"))
     label_names = ", ".join(ksm_label(label) for label in _ksm_wanted(keep))
-    labels = (f"max by ({cluster_label}, node, {label_names}) "
-              f"(last_over_time({store.KUBE_NODE_LABELS}[{window}]))")
+    labels = (f"max by ({cluster_label}, node, {label_names}, {store.KUBE_PROVIDER_ID}) "
+              f"(last_over_time({store.KUBE_NODE_LABELS}[{window}]) or "
+              f"last_over_time({store.KUBE_NODE_INFO}[{window}]))")
     return [resources, labels]
 
 
@@ -432,17 +434,22 @@ def nodes_from_ksm(resource_rows: Iterable[Mapping[str, Any]],
             continue
         target[key][name] = _count(row["value"][1], f"node {node} {name}")
     labels: dict[tuple[str, str], dict[str, str]] = {}
+    providers: dict[tuple[str, str], str] = {}
     wanted = {ksm_label(label): label for label in _ksm_wanted(keep)}
     for row in label_rows:
         metric = row.get("metric") or {}
         key = (metric.get(cluster_label, ""), metric.get("node", ""))
-        labels[key] = {wanted[k]: v for k, v in metric.items() if k in wanted and v}
+        labels.setdefault(key, {}).update(
+            {wanted[k]: v for k, v in metric.items() if k in wanted and v})
+        if metric.get(store.KUBE_PROVIDER_ID):
+            providers[key] = metric[store.KUBE_PROVIDER_ID]
     views = []
     for (c, n), caps in sorted(capacity.items()):
         found = labels.get((c, n), {})
         views.append(NodeView(c, n, caps, allocatable.get((c, n), {}),
                               {k: v for k, v in found.items() if k not in INSTANCE_TYPE_LABELS},
-                              instance_type=instance_type_of(found)))
+                              instance_type=instance_type_of(found),
+                              provider_id=providers.get((c, n))))
     return views, covered
 
 

@@ -92,8 +92,10 @@ def time_sliced(labels: dict[str, str], replicas: int) -> dict[str, str]:
 
 
 def ksm_text(capacity: dict[str, dict[str, int]], labels: dict[str, dict[str, str]],
-             allocatable: dict[str, dict[str, int]] | None = None) -> str:
-    """kube-state-metrics output: node capacity, allocatable and (allowlisted) labels."""
+             allocatable: dict[str, dict[str, int]] | None = None,
+             providers: dict[str, str] | None = None) -> str:
+    """kube-state-metrics output: node capacity, allocatable, (allowlisted) labels and, for
+    the nodes of ``providers``, kube_node_info with their spec.providerID."""
     lines = ["# TYPE kube_node_status_capacity gauge"]
     for node, resources in capacity.items():
         for resource, value in {"cpu": 96, **resources}.items():
@@ -109,4 +111,9 @@ def ksm_text(capacity: dict[str, dict[str, int]], labels: dict[str, dict[str, st
     for node, values in labels.items():
         extra = "".join(f',{rc.ksm_label(k)}="{v}"' for k, v in values.items())
         lines.append(f'kube_node_labels{{node="{node}"{extra}}} 1')
+    if providers:
+        lines.append("# TYPE kube_node_info gauge")
+        for node, provider in providers.items():
+            lines.append(f'kube_node_info{{node="{node}",kernel_version="6.1.112",'
+                         f'provider_id="{provider}",internal_ip="10.0.1.1"}} 1')
     return "\n".join(lines) + "\n"
