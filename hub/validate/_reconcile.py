@@ -732,11 +732,13 @@ def _by_instance_type(result: NodeResult | None, cluster: str, view: NodeView | 
     extra = {"instance_type": named, "provider_id": view.provider_id}
     if entry is None or entry.gpus == 0:
         return replace(result, **extra) if result is not None else None
+    extra["expected_gpus"] = entry.gpus
+    metrics = obs.gpus if obs is not None and obs.state == ACTIVE else 0
+    if metrics >= entry.gpus:  # the exporter shows them all: nothing to count on this side
+        return replace(result, **extra) if result is not None else None
     k8s = _k8s_physical(view)
     k8s_shown = entry.gpus if k8s is None else k8s  # cannot tell: take Kubernetes' word
-    metrics = obs.gpus if obs is not None and obs.state == ACTIVE else 0
     lost = entry.gpus - max(k8s_shown, metrics)
-    extra["expected_gpus"] = entry.gpus
     if lost <= 0:
         return replace(result, **extra) if result is not None else None
     where = "instance type" if view.instance_type else "server model (label selector)"
