@@ -188,6 +188,11 @@ def test_an_on_premises_server_is_matched_by_its_label():
     r = results([node], [seen("dgx-01", 7)], catalog=catalog)["dgx-01"]
     assert (r.status, r.instance_type, r.expected_gpus) == (LOST, "DGX H100", 8)
     assert r.reason.startswith("server model (label selector) DGX H100 has 8 GPUs")
+    typed = rc.node_from_object("c1", node_object("dgx-02", None, {
+        "example.com/server-model": "dgx-h100"}, instance="p4d.24xlarge"), catalog.label_keys)
+    r = results([typed], [], catalog=catalog)["dgx-02"]  # the selector wins over the type
+    assert (r.instance_type, r.reason.split(" has")[0]) == (
+        "DGX H100", "server model (label selector) DGX H100")
 
 
 def test_the_cluster_and_the_run_fail_on_lost_gpus():

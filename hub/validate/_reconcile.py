@@ -727,8 +727,8 @@ def _by_instance_type(result: NodeResult | None, cluster: str, view: NodeView | 
     if view is None:
         return result
     entry = catalog.lookup(view.instance_type, view.labels) if catalog is not None else None
-    named = entry.name if entry is not None and view.instance_type is None else \
-        view.instance_type
+    by_type = catalog is None or entry is None or catalog.get(view.instance_type) is entry
+    named = view.instance_type if by_type or entry is None else entry.name
     extra = {"instance_type": named, "provider_id": view.provider_id}
     if entry is None or entry.gpus == 0:
         return replace(result, **extra) if result is not None else None
@@ -741,7 +741,7 @@ def _by_instance_type(result: NodeResult | None, cluster: str, view: NodeView | 
     lost = entry.gpus - max(k8s_shown, metrics)
     if lost <= 0:
         return replace(result, **extra) if result is not None else None
-    where = "instance type" if view.instance_type else "server model (label selector)"
+    where = "instance type" if by_type else "server model (label selector)"
     source = f"; per {entry.source}" if entry.source else ""
     shown = "none" if k8s_shown == 0 else str(k8s_shown)
     reason = (f"{where} {named} has {entry.describe()}{source}: Kubernetes shows {shown}, "
