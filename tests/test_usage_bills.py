@@ -100,6 +100,8 @@ def test_provider_ids_name_the_bill_keys(provider_id, keys):
     ("", "empty file"),
     ("lineItem/ResourceId,lineItem/UsageEndDate,lineItem/UnblendedCost,lineItem/UsageAmount\n",
      "AWS Cost and Usage Report without column lineItem/UsageStartDate"),
+    ("lineItem/UsageStartDate,lineItem/UsageEndDate,lineItem/UnblendedCost\n",
+     "AWS Cost and Usage Report without column lineItem/ResourceId"),
     ("usage_start_time,usage_end_time,cost\n", "Google Cloud billing export without column "
      "resource.name"),
     ("Date,ResourceId,CostInBillingCurrency\n", "Azure cost details without column Quantity"),

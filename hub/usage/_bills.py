@@ -91,7 +91,7 @@ COLUMNS: dict[str, dict[str, tuple[str, ...]]] = {
     },
 }
 #: the columns whose presence says which export a header is
-SIGNATURES = {AWS: ("resource",), GCP: ("start", "cost"), AZURE: ("resource", "cost")}
+SIGNATURES = {AWS: ("cost",), GCP: ("start", "cost"), AZURE: ("resource", "cost")}
 AWS_INSTANCE_TIME = re.compile(r"(^|[-:])(BoxUsage|SpotUsage|DedicatedUsage|HostUsage)(:|$)")
 AWS_SKIPPED = {"SavingsPlanNegation"}  # cancels the covered usage's on-demand cost
 AZURE_HOURS = re.compile(r"^\s*(\d+)?\s*hours?\s*$", re.IGNORECASE)
@@ -145,7 +145,7 @@ def detect(header: Sequence[str], source: str) -> tuple[str, dict[str, int]]:
                     found[role.rstrip("?")] = index
             return fmt, found
     raise InputError(f"{source}: unknown bill format (expected an AWS Cost and Usage Report "
-                     "with lineItem/ResourceId, a Google Cloud billing export with "
+                     "with lineItem/UnblendedCost, a Google Cloud billing export with "
                      "usage_start_time and cost, or Azure cost details with ResourceId and "
                      "CostInBillingCurrency)")
 
