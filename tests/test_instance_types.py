@@ -21,6 +21,7 @@ from hub.kube import INSTANCE_TYPE_LABELS, load_catalog, parse_catalog, shipped_
 from hub.validate import _checks as checks
 from hub.validate import _reconcile as rc
 from hub.validate._reconcile import NodeView, ObservedNode
+from tests.support import dra
 from tests.support.clirun import gpufleet
 from tests.support.kubeapi import kube_api as kube_api
 from tests.support.nodes import ksm_text, node_object, nvidia_labels
@@ -164,6 +165,23 @@ def test_time_sliced_and_mig_single_nodes_count_physical_gpus():
     assert out["ts"].status == "missing_in_metrics"  # 80 = 8 × 10: all 8 advertised
     assert out["ts4"].status == LOST and "4 GPUs lost" in out["ts4"].reason  # 40 = 4 × 10
     assert out["mig"].status == "missing_in_metrics"  # MIG devices: physical unknown, quiet
+
+
+def test_a_dra_node_publishing_six_of_a_p5s_eight_gpus_loses_two():
+    node = "dra-p5"
+    slices = [dra.resource_slice(f"{name}-gpu", "gpu.nvidia.com", name,
+                                 [dra.nvidia_gpu(name, i) for i in range(count)])
+              for name, count in ((node, 6), ("dra-ok", 8))]
+    views = rc.with_dra([view(node, "p5.48xlarge"), view("dra-ok", "p5.48xlarge")], "c1",
+                        slices)
+    obs = ObservedNode("c1", node, "active", 6, uuids=frozenset(
+        dra.gpu_uuid(node, i) for i in range(6)))
+    ok = ObservedNode("c1", "dra-ok", "active", 8, uuids=frozenset(
+        dra.gpu_uuid("dra-ok", i) for i in range(8)))
+    out = results(views, [obs, ok])
+    assert (out[node].status, out[node].mode, out[node].expected_gpus) == (LOST, "dra", 8)
+    assert "Kubernetes shows 6, the exporter 6: 2 GPUs lost" in out[node].reason
+    assert out["dra-ok"].status == "match"
 
 
 def test_the_beta_label_and_types_without_gpus():
