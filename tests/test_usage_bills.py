@@ -179,6 +179,7 @@ def test_each_clouds_bill_prices_its_nodes_gpu_hours(tmp_path):
     assert cost[("eks", p5_unbilled)] is None  # no bill line, no price file: never 0
     assert cost[("gke", FLEET["gke"][0][0])] is None
     assert "no price for NVIDIA H100 80GB HBM3" in note
+    assert "AWS Cost and Usage Report with 7 VM lines; 2 node(s) priced" in note
     cost, _ = _costs(url, "--bill", str(EXAMPLES / "bills" / "gcp-billing-export.csv"))
     assert cost[("gke", FLEET["gke"][0][0])] == pytest.approx(204.0 / 3 / 8 * 3)
     cost, _ = _costs(url, "--bill", str(EXAMPLES / "bills" / "azure-cost-details.csv"))
@@ -214,6 +215,11 @@ def test_bad_bills_and_instance_type_prices_exit_2_in_one_line(tmp_path, name, t
     out = gpufleet("usage", *PERIOD, flag, str(path), env={"GPUFLEET_DB": url})
     assert out.exit_code == 2 and message in out.stderr, out.output
     assert len(out.stderr.strip().splitlines()) == 1
+    nobody = gpufleet("usage", "--from", "2026-11-01T00:00:00Z", "--bill",
+                      str(EXAMPLES / "bills" / "aws-cur.csv"), env={"GPUFLEET_DB": url})
+    assert nobody.exit_code == 0
+    assert "0 node(s) priced per node-hour or instance type: no node's provider id" in \
+        nobody.stderr
     missing = gpufleet("usage", "--bill", str(tmp_path / "none.csv"), env={"GPUFLEET_DB": url})
     assert missing.exit_code == 2 and "cannot read bill" in missing.stderr
 

@@ -131,15 +131,18 @@ def usage(ctx: click.Context, since: float | None, from_: str | None, until: str
     prices = answers.load_prices(prices_file) if prices_file else None
     bill = answers.load_bill(bill_file) if bill_file else None
     missing: dict = {}
+    priced: dict = {}
     with database(db) as engine:
         require_schema(engine)
         with engine.connect() as conn:
             rows = answers.usage_summary(conn, start, end, by, idle_threshold,
                                          idle_for=idle_for, prices=prices,
-                                         missing=missing, bill=bill)
+                                         missing=missing, bill=bill, node_priced=priced)
     figures = [*answers.USAGE_FIGURES,
                *(answers.COST_FIGURES if prices or bill else [])]
     emit(rows, [*answers.group_columns(by), *figures], output)
+    if bill is not None:
+        click.echo(f"note: {answers.describe_bill(bill, priced)}", err=True)
     if note := answers.missing_note(missing):
         click.echo(f"note: {note}", err=True)
 

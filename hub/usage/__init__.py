@@ -18,7 +18,7 @@ from hub.usage._answers import (
     usage_frame,
     usage_summary,
 )
-from hub.usage._bills import Bill, load_bill, parse_bill
+from hub.usage._bills import Bill, describe_bill, load_bill, parse_bill
 from hub.usage._fold import fold_bucket
 from hub.usage._history import HISTORY_COLUMNS, gpu_history
 from hub.usage._idle import (
@@ -70,6 +70,7 @@ __all__ = [
     "daily_by_namespace",
     "day_starts",
     "describe",
+    "describe_bill",
     "fold_bucket",
     "gpu_history",
     "group_columns",

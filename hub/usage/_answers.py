@@ -143,8 +143,8 @@ def usage_summary(conn: Connection, start: dt.datetime, end: dt.datetime,
                   clusters: Collection[str] | None = None,
                   namespaces: Collection[str] | None = None,
                   rollup: bool = True, prices: Prices | None = None,
-                  missing: dict | None = None, bill: Bill | None = None
-                  ) -> list[dict[str, Any]]:
+                  missing: dict | None = None, bill: Bill | None = None,
+                  node_priced: dict | None = None) -> list[dict[str, Any]]:
     """One row per group over the buckets starting in [start, end), summed in the database
     (summary_select says from where). ``clusters`` and ``namespaces`` restrict the rows
     counted (a scoped API caller sees only its own). With ``prices`` each row also has
@@ -153,7 +153,8 @@ def usage_summary(conn: Connection, start: dt.datetime, end: dt.datetime,
     ``missing`` (a dict) receives the unpriced GPU-hours per (cluster, model).
     idle_allocated_gpu_hours comes from idle_runs with ``idle_threshold`` and ``idle_for``,
     so it is exactly what `idle` lists (hub/usage/_idle.py). ``bill`` (and instance-type
-    prices) price a node's GPU-hours at what its node-hour cost (hub/usage/_bills.py)."""
+    prices) price a node's GPU-hours at what its node-hour cost (hub/usage/_bills.py);
+    ``node_priced`` (a dict) receives those prices per GPU-hour per (cluster, node)."""
     cols = group_columns(by)
     if bill is not None and prices is None:
         prices = Prices({})
@@ -176,8 +177,11 @@ def usage_summary(conn: Connection, start: dt.datetime, end: dt.datetime,
             group[f] += float(r[f] or 0.0)
         parts.append((key, r))
     if prices is not None:
-        found = add_costs(groups, parts, prices, node_prices(
-            cloud_nodes(conn), prices, bill, start, end) if per_node else None)
+        per_gpu_hour = node_prices(cloud_nodes(conn), prices, bill, start, end) \
+            if per_node else None
+        if node_priced is not None and per_gpu_hour:
+            node_priced.update(per_gpu_hour)
+        found = add_costs(groups, parts, prices, per_gpu_hour)
         if missing is not None:
             missing.update(found)
     out = []

@@ -406,7 +406,12 @@ def needs_nodes(prices: Prices | None, bill: Bill | None) -> bool:
     return bill is not None or bool(prices is not None and prices.instance_types)
 
 
-def describe_bill(bill: Bill, priced: Mapping[Any, float], nodes: int) -> str:
-    """One line for stderr: what the bill priced."""
-    return (f"{FORMAT_NAMES[bill.format]}: {len(bill.lines)} VM lines; "
-            f"{len(priced)} of {nodes} known nodes priced per node-hour or instance type")
+def describe_bill(bill: Bill, priced: Mapping[Any, float]) -> str:
+    """One line for stderr: what the bill was read as and how many nodes got a price (none:
+    no reconcile stored provider ids that its lines name)."""
+    text = (f"{FORMAT_NAMES[bill.format]} with {len(bill.lines)} VM lines; "
+            f"{len(priced)} node(s) priced per node-hour or instance type")
+    if not priced:
+        text += (": no node's provider id (stored by `gpufleet reconcile`) matches a line "
+                 "of the period")
+    return text
