@@ -243,16 +243,22 @@ usage_strategy = st.fixed_dictionaries({
 
 
 def oracle(lines: list[dict], used: list[dict], model_price: float | None,
-           hours: int) -> dict[str, tuple[float | None, float]]:
+           hours: int, type_prices: dict[str, float]) -> dict[str, tuple[float | None, float]]:
     """Per namespace: (cost, unpriced GPU-hours), each ledger row priced on its own at its
-    node's billed cost per node-hour / GPUs, from the lines whose hour meets the period."""
+    node's billed cost per node-hour / GPUs, from the lines whose hour meets the period;
+    else at its instance type's hourly price / GPUs; else at its model's price."""
     out: dict[str, list[float]] = {}
     for u in used:
         _, _, itype = NODES[u["node"]]
         inside = [x for x in lines if x["node"] == u["node"] and 0 <= x["hour"] < hours]
         paid = sum(x["cost"] for x in inside)
         node_hours = sum(x["amount"] for x in inside if "Usage:" in x["kind"])
-        price = paid / node_hours / GPUS[itype] if node_hours > 0 else model_price
+        if node_hours > 0:
+            price: float | None = paid / node_hours / GPUS[itype]
+        elif itype in type_prices:
+            price = type_prices[itype] / GPUS[itype]
+        else:
+            price = model_price
         group = out.setdefault(u["namespace"], [0.0, 0.0])
         gpu_hours = u["share"] * u["coverage"]
         if price is None:
@@ -279,8 +285,12 @@ def _cur(lines: list[dict]) -> str:
 @given(lines=st.lists(line_strategy, max_size=25),
        used=st.lists(usage_strategy, min_size=1, max_size=20),
        model_price=st.none() | st.floats(0, 10, allow_nan=False).map(lambda p: round(p, 3)),
-       hours=st.integers(1, 4))
-def test_bill_pricing_equals_the_oracle(tmp_path_factory, lines, used, model_price, hours):
+       hours=st.integers(1, 4),
+       type_prices=st.dictionaries(st.sampled_from(sorted(GPUS)),
+                                   st.floats(0, 100, allow_nan=False).map(lambda p: round(p, 2)),
+                                   max_size=2))
+def test_bill_pricing_equals_the_oracle(tmp_path_factory, lines, used, model_price, hours,
+                                        type_prices):
     engine = inv.make_engine(f"sqlite:///{tmp_path_factory.mktemp('b') / 'inv.db'}",
                              create=True)
     inv.ensure_schema(engine)
@@ -302,12 +312,14 @@ def test_bill_pricing_equals_the_oracle(tmp_path_factory, lines, used, model_pri
         store.save_run(conn, rc.Reconciliation(results, []), source="file", started_at=T0,
                        managed_clusters=False)
     bill = bills.parse_bill(_cur(lines), "cur")
-    prices = usage.Prices({H100: model_price} if model_price is not None else {})
+    prices = usage.Prices({H100: model_price} if model_price is not None else {},
+                          instance_types=type_prices)
     with engine.connect() as conn:
         got = usage.usage_summary(conn, T0, T0 + dt.timedelta(hours=hours), ("namespace",),
                                   prices=prices, bill=bill)
     engine.dispose()
-    want = oracle(lines, [u for u in kept if u["hour"] < hours], model_price, hours)
+    want = oracle(lines, [u for u in kept if u["hour"] < hours], model_price, hours,
+                  type_prices)
     assert {r["namespace"] or "" for r in got} == set(want)
     for r in got:
         cost, unpriced = want[r["namespace"] or ""]
