@@ -131,10 +131,10 @@ def _row(bucket: dt.datetime, cluster: str, node: str, gpu: str, model: str | No
             "energy_wh": None, "coverage": hours}
 
 
-def _fleet_db(tmp_path: Path) -> tuple[str, Path]:
+def _fleet_db(tmp_path: Path, url: str | None = None) -> tuple[str, Path]:
     """A ledger of 3 hours: one whole GPU per node and hour (the p5 in eks also a 3/7 MIG
     slice of another), and the reconcile run that stored the nodes' provider ids."""
-    url = f"sqlite:///{tmp_path / 'inv.db'}"
+    url = url or f"sqlite:///{tmp_path / 'inv.db'}"
     engine = inv.make_engine(url, create=True)
     inv.ensure_schema(engine)
     for b in range(3):
@@ -168,8 +168,8 @@ def _costs(url: str, *args: str) -> tuple[dict[tuple[str, str], Any], str]:
     return {(r["cluster"], r["node"]): r["cost"] for r in json.loads(out.stdout)}, out.stderr
 
 
-def test_each_clouds_bill_prices_its_nodes_gpu_hours(tmp_path):
-    url, _ = _fleet_db(tmp_path)
+def test_each_clouds_bill_prices_its_nodes_gpu_hours(tmp_path, db_url):
+    url, _ = _fleet_db(tmp_path, db_url)
     p5, g6e, p5_unbilled = (n for n, *_ in FLEET["eks"])
     cost, note = _costs(url, "--bill", str(EXAMPLES / "bills" / "aws-cur.csv"))
     # 138.50 paid for 2.5 node-hours of a p5.48xlarge (8 GPUs): 6.925 per GPU-hour, for
