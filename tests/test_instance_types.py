@@ -13,13 +13,16 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
+from hub.commands.service import service_jobs
 from hub.common import InputError
 from hub.inventory import _db as inventory
 from hub.inventory import _migrate as migrate
 from hub.inventory._normalize import Observation
 from hub.kube import INSTANCE_TYPE_LABELS, load_catalog, parse_catalog, shipped_catalog
+from hub.store import HubClient
 from hub.validate import _checks as checks
 from hub.validate import _reconcile as rc
+from hub.validate import _reconcile_store as store
 from hub.validate._reconcile import NodeView, ObservedNode
 from tests.support import dra
 from tests.support.clirun import gpufleet
@@ -337,3 +340,17 @@ def test_reconcile_through_the_hub_reads_instance_types_and_provider_ids(hub, fl
         "a3-half": (LOST, "a3-highgpu-8g", None, 8)}
     assert "kube-state-metrics cannot show GPUs published through DRA" in \
         rows["p5-dead"]["reason"]
+    # `serve --reconcile --instance-types FILE` runs the same reconcile with the user's entries
+    types = tmp_path / "types.yaml"
+    types.write_text("instance_types:\n  m7i.48xlarge: {gpus: 2, source: a test}\n")
+    engine = inventory.make_engine(env["GPUFLEET_DB"])
+    try:
+        with HubClient(hub.url) as client:
+            jobs = service_jobs(engine, client, stale_after=600, cluster_label="cluster",
+                                lock_timeout=0, reconcile=True, catalog=load_catalog(types))
+            jobs.after_sync[0]()
+        with engine.connect() as conn:
+            stored = {r["node"]: r["status"] for r in store.latest_run(conn).nodes}
+    finally:
+        engine.dispose()
+    assert stored == {"p5-dead": LOST, "a3-half": LOST, "cpu-1": LOST}
