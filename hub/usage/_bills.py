@@ -38,7 +38,7 @@ import datetime as dt
 import io
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -213,11 +213,18 @@ def provider_keys(provider_id: str | None) -> list[str]:
     return []
 
 
-def _aws_line(row: Sequence[str], col: Mapping[str, int], where: str) -> BillLine | None:
+def _cells(row: Sequence[str], col: Mapping[str, int]) -> Callable[[str], str]:
+    """The cell of a role in this row ("" where the export lacks the column or the row is
+    short)."""
     def get(role: str) -> str:
         i = col.get(role)
         return row[i] if i is not None and i < len(row) else ""
 
+    return get
+
+
+def _aws_line(row: Sequence[str], col: Mapping[str, int], where: str) -> BillLine | None:
+    get = _cells(row, col)
     resource = get("resource").strip()
     kind = get("type").strip()
     if not resource.startswith("i-") or kind in AWS_SKIPPED:
@@ -239,10 +246,7 @@ def _aws_line(row: Sequence[str], col: Mapping[str, int], where: str) -> BillLin
 
 
 def _gcp_line(row: Sequence[str], col: Mapping[str, int], where: str) -> BillLine | None:
-    def get(role: str) -> str:
-        i = col.get(role)
-        return row[i] if i is not None and i < len(row) else ""
-
+    get = _cells(row, col)
     name = get("resource").strip()
     if not name:
         return None
@@ -257,10 +261,7 @@ def _gcp_line(row: Sequence[str], col: Mapping[str, int], where: str) -> BillLin
 
 
 def _azure_line(row: Sequence[str], col: Mapping[str, int], where: str) -> BillLine | None:
-    def get(role: str) -> str:
-        i = col.get(role)
-        return row[i] if i is not None and i < len(row) else ""
-
+    get = _cells(row, col)
     resource = get("resource").strip()
     if "/providers/microsoft.compute/" not in resource.lower():
         return None
