@@ -714,8 +714,7 @@ def test_the_reconcile_reader_option_reaches_the_files(tmp_path):
 def test_agent_scrapes_kube_state_metrics_for_gpu_pods_and_passes_promtool(tmp_path):
     files = render.render_spoke(values(kube_state_metrics="kube-state-metrics.kube-system"
                                                           ".svc:8080"))
-    config_map = one(files, "ConfigMap")
-    promtool_check(config_map["data"]["prometheus.yml"], tmp_path)
+    promtool_check(agent_config_map(files)["data"]["prometheus.yml"], tmp_path)
     jobs = {j["job_name"]: j for j in agent_config(files)["scrape_configs"]}
     ksm = jobs["kube-state-metrics"]
     assert ksm["dns_sd_configs"][0]["names"] == ["kube-state-metrics.kube-system.svc"]
