@@ -235,6 +235,9 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
         raise InputError("--stale-after must be greater than 0")
     if session_ttl <= 0:
         raise InputError("--session-ttl must be greater than 0")
+    if not oidc_scope_claim.strip() or not oidc_scope_claim.isprintable():
+        raise InputError(f"--oidc-scope-claim {oidc_scope_claim!r} is not a claim name (every "
+                         "OIDC caller would have no group and get 403)")
     if prune_stale_after is not None and prune_stale_after <= stale_after:
         raise InputError("--prune-stale-after must be longer than --stale-after")
     usage.check_settings(bucket=usage_bucket, push_interval=push_interval,

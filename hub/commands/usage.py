@@ -13,6 +13,7 @@ from hub import usage as answers
 from hub.commands.core import database, hub_client, require_schema
 from hub.common import (
     DURATION,
+    PERCENT,
     ConfiguredCommand,
     ConfiguredGroup,
     InputError,
@@ -68,7 +69,7 @@ def idle_options(func):
         help="Allocated time counts as idle only in runs under --idle-threshold at least "
              "this long (what `gpufleet idle --for` lists).")(func)
     return click.option(
-        "--idle-threshold", type=click.FloatRange(0, 100),
+        "--idle-threshold", type=PERCENT,
         default=answers.IDLE_THRESHOLD_PCT, show_default=True,
         envvar="GPUFLEET_IDLE_THRESHOLD",
         help="Average utilisation % under which an allocated bucket is idle.")(func)
@@ -82,7 +83,11 @@ def period_options(func):
                         help="The last DURATION (default 24h).")(func)
 
 
-@click.group(cls=ConfiguredGroup, invoke_without_command=True)
+class _UsageGroup(ConfiguredCommand, ConfiguredGroup):
+    """``usage`` answers by itself and has subcommands: it takes ``--config`` like both."""
+
+
+@click.group(cls=_UsageGroup, invoke_without_command=True)
 @period_options
 @click.option("--by", "by", multiple=True, type=click.Choice(list(answers.GROUPS)),
               help="Group by (repeatable; default namespace).")
@@ -205,7 +210,7 @@ def collect(since: float | None, from_: str | None, until: str | None, bucket: f
 
 
 @click.command(cls=ConfiguredCommand)
-@click.option("--threshold", type=click.FloatRange(0, 100),
+@click.option("--threshold", type=PERCENT,
               default=answers.IDLE_THRESHOLD_PCT, show_default=True,
               envvar="GPUFLEET_IDLE_THRESHOLD",
               help="Average utilisation % under which an allocated bucket is idle.")

@@ -33,6 +33,7 @@ from hub.common._errors import (
     shorten,
 )
 from hub.common._options import (
+    PERCENT,
     QUERY_CONCURRENCY,
     cluster_label_option,
     db_option,
@@ -65,12 +66,22 @@ from hub.common._signals import (
     on_sigterm,
 )
 from hub.common._templates import html_environment, template_roots
+from hub.common._textfiles import (
+    brief_repr,
+    check_document,
+    load_yaml,
+    parse_json,
+    parse_yaml,
+    read_text,
+    refuse_nul,
+)
 
 __all__ = [
     "CONFIG_ENV",
     "DURATION",
     "EXIT_FINDINGS",
     "NO_WRAP",
+    "PERCENT",
     "QUERY_CONCURRENCY",
     "REDACTED",
     "BackgroundHTTPServer",
@@ -80,7 +91,9 @@ __all__ = [
     "InputError",
     "RedactingFilter",
     "UnavailableError",
+    "brief_repr",
     "capacity_chart",
+    "check_document",
     "cluster_label_option",
     "console",
     "db_option",
@@ -94,16 +107,21 @@ __all__ = [
     "idle_gpu_hours_chart",
     "iso",
     "load_config",
+    "load_yaml",
     "lock_timeout_option",
     "max_age_option",
     "on_sigterm",
     "output_option",
     "parse_duration",
+    "parse_json",
     "parse_listen",
+    "parse_yaml",
     "push_interval_option",
     "query_concurrency_option",
+    "read_text",
     "redact",
     "redact_urls",
+    "refuse_nul",
     "register_secret",
     "shorten",
     "stacked_bars",

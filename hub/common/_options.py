@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +25,22 @@ def _stack(*decorators: Callable[[F], F]) -> Callable[[F], F]:
         return func
 
     return apply
+
+
+class FiniteFloatRange(click.FloatRange):
+    """click's FloatRange, which lets ``nan`` through (every comparison with it is false):
+    an idle threshold of nan silently made every hour busy."""
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if isinstance(number, float) and math.isnan(number):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        return number
+
+
+#: a percentage, 0 to 100, nan refused
+PERCENT = FiniteFloatRange(0, 100)
 
 
 def env(name: str) -> str:

@@ -108,6 +108,11 @@ def _image(value: str | None, what: str) -> str:
     text = value or ""
     if not text.strip():
         raise InputError(f"{what} must not be empty")
+    if any(ch.isspace() or not ch.isprintable() for ch in text):
+        # a newline in an image reference renders as two YAML lines in kustomize patches
+        # and policies: no image name has one
+        raise InputError(f"{what} {text!r} is not an image reference (spaces or control "
+                         "characters)")
     return _no_templates(text, what)
 
 

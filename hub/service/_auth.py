@@ -30,9 +30,8 @@ from typing import Any
 
 import jwt
 import requests
-import yaml
 
-from hub.common import InputError
+from hub.common import InputError, brief_repr, load_yaml
 
 log = logging.getLogger("gpufleet.auth")
 
@@ -135,18 +134,18 @@ def parse_scope(name: str, data: Any, source: str) -> Scope:
     if unknown:
         raise InputError(f"{source}: unknown key(s) in the scope of {name!r}: "
                          f"{', '.join(sorted(unknown))}")
+    fleet_counts = data.get("fleet_counts", True)
+    if not isinstance(fleet_counts, bool):  # "no" in quotes is a true string
+        raise InputError(f"{source}: fleet_counts of {name!r} must be true or false, not "
+                         f"{brief_repr(fleet_counts)}")
     return Scope(name, _names(data.get("clusters"), "clusters", source),
-                 _names(data.get("namespaces"), "namespaces", source),
-                 bool(data.get("fleet_counts", True)))
+                 _names(data.get("namespaces"), "namespaces", source), fleet_counts)
 
 
 def _load_yaml(path: str | Path, key: str) -> list[dict[str, Any]]:
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except OSError as exc:
-        raise InputError(f"cannot read {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise InputError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    # bounded and decoded here: a binary or alias-bomb file is an InputError, which a
+    # running service's reload logs while it keeps the last good file
+    data = load_yaml(path, str(path))
     entries = (data or {}).get(key, []) if isinstance(data, dict) else None
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         raise InputError(f"{path}: expected a mapping with a list '{key}:'")
