@@ -17,6 +17,7 @@ import ipaddress
 import json
 import logging
 import os
+import secrets
 import signal
 import socket
 import ssl
@@ -309,12 +310,15 @@ class Issuer:
         return {**out, "kid": kid, "use": "sig"}
 
     def token(self, kid: str, groups: list[str], *, audience: str = AUDIENCE,
-              issuer: str | None = None, expires_in: float = 300) -> str:
+              issuer: str | None = None, expires_in: float = 300,
+              subject: str = "someone") -> str:
+        """A fresh JWT (its own jti: two tokens of one second still differ)."""
         key = self.keys[kid]
         alg = "RS256" if isinstance(key, rsa.RSAPrivateKey) else "ES256"
         now = int(time.time())
-        claims = {"iss": issuer or self.url, "aud": audience, "sub": "someone",
-                  "iat": now, "exp": now + int(expires_in), "groups": groups}
+        claims = {"iss": issuer or self.url, "aud": audience, "sub": subject,
+                  "iat": now, "exp": now + int(expires_in), "groups": groups,
+                  "jti": secrets.token_hex(8)}
         return jwt.encode(claims, key, algorithm=alg, headers={"kid": kid})
 
 

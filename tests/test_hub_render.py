@@ -240,13 +240,17 @@ def test_rendering_twice_is_byte_identical(tmp_path):
 
 
 def test_hostile_image_is_quoted_and_cannot_add_keys(tmp_path):
-    result = render(tmp_path, "--hub-url", HUB, "--image", HOSTILE, *ACCESS)
+    refused = render(tmp_path, "--hub-url", HUB, "--image", HOSTILE, *ACCESS, out="refused")
+    assert refused.exit_code == 2 and "is not an image reference" in refused.output
+    assert not (tmp_path / "refused").exists()  # a newline: no image name has one
+    hostile = HOSTILE.replace("\n ", "").replace(" ", "")  # quotes and colons stay
+    result = render(tmp_path, "--hub-url", HUB, "--image", hostile, *ACCESS)
     assert result.exit_code == 0, result.output
 
     for path in (tmp_path / "out").glob("*.yaml"):
         assert "evil" not in all_keys(yaml.safe_load(path.read_text())), path.name
     deployment = yaml.safe_load((tmp_path / "out" / "deployment.yaml").read_text())
-    assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == HOSTILE
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == hostile
 
 
 def test_retention_is_off_unless_asked():

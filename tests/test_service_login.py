@@ -282,10 +282,12 @@ def _scopes(path: Path) -> Any:
     return load_group_scopes(path)
 
 
-def test_sessions_are_capped_per_token_and_a_full_store_signs_nobody_else_out(db_url, tokens):
-    """Many sign-ins with one token replace that token's own oldest sessions; when the store
-    is full a new sign-in is refused (503) and the sessions already there live on."""
-    sessions = Sessions(limit=3, per_token=2)
+def test_sessions_are_capped_per_person_and_a_full_store_makes_room_from_the_heaviest(
+        db_url, tokens):
+    """Many sign-ins of one person replace their own oldest sessions; a full store makes
+    room with the oldest session of the person signing in, or of whoever holds the most,
+    so nobody is refused while someone holds two."""
+    sessions = Sessions(limit=3, per_person=2)
     service = serve(db_url, Authenticator(tokens=TokenFile(tokens[0])), sessions=sessions)
     try:
         admin = [set_cookie(post_login(service, tokens[1]["admin"])).value for _ in range(3)]
@@ -293,10 +295,70 @@ def test_sessions_are_capped_per_token_and_a_full_store_signs_nobody_else_out(db
         assert [with_cookie(service, "/api/v1/clusters", sid).status_code
                 for sid in admin] == [401, 200, 200]
         team = set_cookie(post_login(service, tokens[1]["team"])).value
-        full = post_login(service, tokens[1]["team"])
-        assert full.status_code == 503 and "Set-Cookie" not in full.headers
+        assert len(sessions) == 3  # full
+        more = [set_cookie(post_login(service, tokens[1]["team"])).value for _ in range(2)]
+        # full: each further team sign-in replaced team's own oldest; admin kept theirs
+        assert len(sessions) == 3
         assert [with_cookie(service, "/api/v1/clusters", sid).status_code
-                for sid in [*admin[1:], team]] == [200, 200, 200]
+                for sid in [*admin[1:], team, *more]] == [200, 200, 401, 401, 200]
+        sessions.limit = 2  # and someone new, in a store full of admin's two and team's one:
+        assert sessions.create(Caller(Scope("x"), "x", person="token:x")) is not None
+        assert [with_cookie(service, "/api/v1/clusters", sid).status_code
+                for sid in [*admin[1:], more[-1]]] == [401, 200, 200]  # the heaviest's oldest
+    finally:
+        service.stop()
+
+
+@pytest.mark.parametrize("store", ["memory", "sqlite", "postgresql"])
+def test_a_full_store_of_different_people_refuses_the_next_one(db_url, store, request):
+    from hub.inventory import _db, ensure_schema
+    from hub.service import DbSessions
+
+    url = request.getfixturevalue("pg_url") if store == "postgresql" else db_url
+    writer = _db.make_engine(url)
+    try:
+        ensure_schema(writer)
+        sessions: Any = (Sessions(per_person=2) if store == "memory"
+                         else DbSessions(writer, per_person=2))
+        sessions.limit = len(sessions) + 2  # the module's database holds other sessions
+        made = {p: sessions.create(Caller(Scope(p), p, person=f"token:{p}"))
+                for p in ("a", "b")}
+        with pytest.raises(session.SessionsFull):
+            sessions.create(Caller(Scope("c"), "c", person="token:c"))
+        again = sessions.create(Caller(Scope("a"), "a", person="token:a"))  # a's own goes
+        assert sessions.get(made["a"][0]) is None and sessions.get(again[0]) is not None
+        assert sessions.get(made["b"][0]) is not None and len(sessions) == sessions.limit
+    finally:
+        writer.dispose()
+
+
+def test_fresh_jwts_of_one_subject_are_one_person_and_cannot_fill_the_store(db_url, tokens,
+                                                                            issuer, tmp_path):
+    """The probe: 500 fresh JWTs of one OIDC subject filled all 10,000 sessions in a minute
+    and every other sign-in got 503. Now they are one person's 20 sessions."""
+    from hub.service import SignInLimit
+
+    scopes = tmp_path / "scopes.yaml"
+    scopes.write_text(yaml.safe_dump({"scopes": [{"group": "team", "clusters": "*"}]}))
+    auth = Authenticator(tokens=TokenFile(tokens[0]),
+                         oidc=OidcVerifier(issuer.url, AUDIENCE, _scopes(scopes)))
+    sessions = Sessions(limit=100)
+    service = serve(db_url, auth, sessions=sessions)
+    service.app.state.gate.login.limit = SignInLimit(burst=10_000)
+    try:
+        with requests.Session() as http:
+            for _ in range(500):
+                r = http.post(service.url + "/login", timeout=10, allow_redirects=False,
+                              data={"token": issuer.token("ec-1", ["team"],
+                                                          subject="mallory")})
+                assert r.status_code == 303
+                http.cookies.clear()  # a fresh browser each time, as the probe
+        assert len(sessions) == session.MAX_PER_PERSON
+        other = post_login(service, issuer.token("ec-1", ["team"], subject="alice"))
+        assert other.status_code == 303
+        assert with_cookie(service, "/api/v1/clusters", set_cookie(other).value
+                           ).status_code == 200
+        assert post_login(service, tokens[1]["team"]).status_code == 303
     finally:
         service.stop()
 
@@ -335,21 +397,24 @@ def test_sessions_in_the_database_are_shared_by_replicas_and_survive_a_restart(d
         writer.dispose()
 
 
-def test_database_sessions_are_capped_per_token_and_in_all(db_url, tokens):
+def test_database_sessions_are_capped_per_person_and_in_all(db_url, tokens):
     from hub.inventory import _db
     from hub.service import DbSessions
 
     writer = _db.make_engine(db_url)
-    store = DbSessions(writer, per_token=2)
-    store.limit = len(store) + 3  # the module's database holds other tests' sessions
+    store = DbSessions(writer, per_person=3)
+    store.limit = len(store) + 4  # the module's database holds other tests' sessions
     try:
-        admin = Caller(Scope("admin"), "admin")
-        made = [store.create(admin, "a" * 64) for _ in range(3)]
-        assert store.get(made[0][0]) is None and store.get(made[2][0]) is not None
-        store.create(Caller(Scope("team"), "team"), "b" * 64)
-        with pytest.raises(session.SessionsFull):
-            store.create(Caller(Scope("team"), "team"), "b" * 64)
-        assert store.get(made[1][0]) is not None  # nobody was signed out to make room
+        admin = Caller(Scope("admin"), "admin", person="token:admin-db")
+        made = [store.create(admin) for _ in range(4)]
+        assert store.get(made[0][0]) is None and store.get(made[1][0]) is not None
+        team = Caller(Scope("team"), "team", person="token:team-db")
+        first_team = store.create(team)  # now full
+        second_team = store.create(team)  # full: team's own oldest makes room
+        assert store.get(first_team[0]) is None and store.get(second_team[0]) is not None
+        store.create(Caller(Scope("x"), "x", person="token:x-db"))  # new: the heaviest's
+        assert store.get(made[1][0]) is None and store.get(made[2][0]) is not None
+        assert store.get(second_team[0]) is not None
     finally:
         writer.dispose()
 

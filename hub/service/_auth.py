@@ -109,6 +109,10 @@ class Caller:
     name: str
     expires_at: float | None = None
     token_sha256: str | None = None
+    #: who this is, whatever token they came with: ``token:NAME`` for a static token,
+    #: ``oidc:SUBJECT`` for an OIDC one; sessions are capped per person (a fresh JWT of
+    #: the same subject is the same person), sign-in failures counted per guessed name
+    person: str = ""
 
 
 #: the caller of a service without access control (loopback, or --allow-unauthenticated)
@@ -349,7 +353,9 @@ class OidcVerifier:
             scope = Scope(f"oidc:{claims.get('sub', '?')}", frozenset(), frozenset(), False)
         name = next((str(claims[k]) for k in ("preferred_username", "email", "sub")
                      if isinstance(claims.get(k), str) and claims[k]), scope.name)
-        return Caller(scope, name, float(claims["exp"]))
+        subject = claims.get("sub")
+        person = f"oidc:{subject}" if isinstance(subject, str) and subject else f"oidc:{name}"
+        return Caller(scope, name, float(claims["exp"]), person=person)
 
 
 # -- the door -------------------------------------------------------------------------------------
@@ -390,7 +396,8 @@ class Authenticator:
             digest = hash_token(token)
             scope = self.tokens.lookup_sha256(digest)
             if scope is not None:
-                return Caller(scope, scope.name, token_sha256=digest)
+                return Caller(scope, scope.name, token_sha256=digest,
+                              person=f"token:{scope.name}")
         if self.oidc is not None and token.count(".") == 2:
             return self.oidc.identify(token)
         raise Unauthorized("unknown token")

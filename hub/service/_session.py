@@ -14,9 +14,14 @@ there is no signing key to manage. `serve` keeps them in the inventory database
 (:class:`DbSessions`, under the sha256 of the id), so replicas share them and a restart
 signs nobody out; :class:`Sessions` is the same in one process's memory.
 
-A token holds at most ``MAX_PER_TOKEN`` sessions (its own oldest goes first) and the service
-at most ``MAX_SESSIONS``; when full a new sign-in is refused rather than signing another
-person out. Sign-in attempts are limited per client address (:class:`SignInLimit`). Tokens
+A person (the OIDC subject, or the static token's name: not the raw token, since an OIDC
+user can fetch fresh JWTs at will) holds at most ``MAX_PER_PERSON`` sessions, their own
+oldest going first, and the service at most ``MAX_SESSIONS``. When that is full, the oldest
+session of whoever holds the most makes room (the new person's own oldest if it is them):
+one person, or a few, cannot keep everyone else out; only ``MAX_SESSIONS`` different people
+signed in at once make a new sign-in wait (503). Failed sign-ins are limited per guessed
+name and in all, with backoff (:class:`SignInLimit`), not per client address alone: behind
+an ingress every browser shares one. Tokens
 and session ids are never logged, never put in a URL, and never echoed in an answer.
 Sign-in and sign-out are form posts checked for a same-origin request (``Sec-Fetch-Site`` and
 ``Origin``), so another site cannot sign a visitor in with its own token nor sign them out.
@@ -32,7 +37,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from http.cookies import CookieError, SimpleCookie
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -44,15 +49,16 @@ from starlette.responses import HTMLResponse, Response
 
 from hub import inventory as inv
 from hub.common import html_environment
-from hub.service._auth import Authenticator, Caller, Scope, Unauthorized, hash_token
+from hub.service._auth import Authenticator, Caller, Scope, Unauthorized
 
 log = logging.getLogger("gpufleet.auth")
 
 COOKIE = "gpufleet-session"
 DEFAULT_TTL = 8 * 3600.0
 MAX_SESSIONS = 10_000
-#: sessions one token may hold at once (browsers, devices); its oldest goes first beyond
-MAX_PER_TOKEN = 20
+#: sessions one person may hold at once (browsers, devices); their oldest goes first beyond
+MAX_PER_PERSON = 20
+MAX_PER_TOKEN = MAX_PER_PERSON  # the older name
 #: sign-in attempts a client may make in SIGN_IN_WINDOW seconds
 SIGN_IN_BURST = 10
 SIGN_IN_WINDOW = 60.0
@@ -77,24 +83,30 @@ def _key(session_id: str) -> str:
     return hashlib.sha256(session_id.encode()).hexdigest()
 
 
+def owner_of(caller: Caller) -> str:
+    """The sha256 sessions are counted under: the person, not the token they came with."""
+    return _key(caller.person or f"name:{caller.name}")
+
+
 class SessionsFull(Exception):
-    """Every session slot is taken by live sessions of other tokens: a new sign-in waits
-    for one to end rather than signing someone else out."""
+    """Every session slot is taken, each by a different person: a new sign-in waits for
+    one to end rather than signing someone out who holds only one."""
 
 
 class Sessions:
     """Session id -> caller, in memory (one process; tests, a single replica without a
-    database of its own). At most ``per_token`` sessions per token (its oldest goes first)
-    and ``limit`` in all (then a new sign-in is refused: no one evicts another's session)."""
+    database of its own). At most ``per_person`` sessions per person (their oldest goes
+    first) and ``limit`` in all (then their own oldest session goes, or else the oldest of
+    whoever holds the most; a new person is refused only when everyone holds one)."""
 
     def __init__(self, *, ttl: float = DEFAULT_TTL, limit: int = MAX_SESSIONS,
-                 per_token: int = MAX_PER_TOKEN, clock: Callable[[], float] = time.time
+                 per_person: int = MAX_PER_PERSON, clock: Callable[[], float] = time.time
                  ) -> None:
-        if ttl <= 0 or limit < 1 or per_token < 1:
+        if ttl <= 0 or limit < 1 or per_person < 1:
             raise ValueError("a session needs a positive TTL and room for one")
         self.ttl = ttl
         self.limit = limit
-        self.per_token = per_token
+        self.per_person = per_person
         self.clock = clock
         self._items: OrderedDict[str, tuple[Session, str]] = OrderedDict()
         self._lock = threading.Lock()
@@ -102,22 +114,30 @@ class Sessions:
     def __len__(self) -> int:
         return len(self._items)
 
-    def create(self, caller: Caller, owner: str = "") -> tuple[str, Session] | None:
-        """A new session for ``caller`` signed in with the token whose sha256 is ``owner``
-        (None when its token expires at once; SessionsFull when there is no room)."""
+    def create(self, caller: Caller, owner: str | None = None) -> tuple[str, Session] | None:
+        """A new session for ``caller``, counted under ``owner`` (default: the person,
+        :func:`owner_of`); None when its token expires at once; SessionsFull when every
+        slot is taken by a different person."""
         made = _new_session(caller, self.ttl, self.clock())
         if made is None:
             return None
         session_id, session = made
+        owner = owner or owner_of(caller)
         now = self.clock()
         with self._lock:
             for key in [k for k, (s, _) in self._items.items() if s.expires_at <= now]:
                 del self._items[key]
             mine = [k for k, (_, o) in self._items.items() if o == owner]
-            for key in mine[:max(0, len(mine) - self.per_token + 1)]:
+            for key in mine[:max(0, len(mine) - self.per_person + 1)]:
                 del self._items[key]
             if len(self._items) >= self.limit:
-                raise SessionsFull(f"{len(self._items)} sessions live")
+                held: dict[str, list[str]] = {}
+                for key, (_, other) in self._items.items():  # oldest first
+                    held.setdefault(other, []).append(key)
+                heaviest = held.get(owner) or max(held.values(), key=len)
+                if owner not in held and len(heaviest) < 2:
+                    raise SessionsFull(f"{len(self._items)} people signed in")
+                del self._items[heaviest[0]]
             self._items[_key(session_id)] = (session, owner)
         return session_id, session
 
@@ -141,14 +161,14 @@ class DbSessions:
     :class:`Sessions`. ``engine`` must be able to write (the API's own engine cannot)."""
 
     def __init__(self, engine: Engine, *, ttl: float = DEFAULT_TTL,
-                 limit: int = MAX_SESSIONS, per_token: int = MAX_PER_TOKEN,
+                 limit: int = MAX_SESSIONS, per_person: int = MAX_PER_PERSON,
                  clock: Callable[[], float] = time.time) -> None:
-        if ttl <= 0 or limit < 1 or per_token < 1:
+        if ttl <= 0 or limit < 1 or per_person < 1:
             raise ValueError("a session needs a positive TTL and room for one")
         self.engine = engine
         self.ttl = ttl
         self.limit = limit
-        self.per_token = per_token
+        self.per_person = per_person
         self.clock = clock
 
     def __len__(self) -> int:
@@ -156,13 +176,13 @@ class DbSessions:
             return int(conn.execute(sa.select(sa.func.count()).select_from(
                 inv.sessions).where(inv.sessions.c.expires_at > self.clock())).scalar_one())
 
-    def create(self, caller: Caller, owner: str = "") -> tuple[str, Session] | None:
+    def create(self, caller: Caller, owner: str | None = None) -> tuple[str, Session] | None:
         made = _new_session(caller, self.ttl, self.clock())
         if made is None:
             return None
         session_id, session = made
         scope = caller.scope
-        row = {"id_sha256": _key(session_id), "owner_sha256": owner or _key(caller.name),
+        row = {"id_sha256": _key(session_id), "owner_sha256": owner or owner_of(caller),
                "token_sha256": caller.token_sha256, "caller": caller.name[:253],
                "scope": json.dumps({
                    "name": scope.name, "fleet_counts": scope.fleet_counts,
@@ -172,10 +192,10 @@ class DbSessions:
                "token_expires_at": caller.expires_at, "created_at": self.clock(),
                "expires_at": session.expires_at}
         with self.engine.begin() as conn:
-            added = inv.add_session(conn, row, now=self.clock(), per_owner=self.per_token,
+            added = inv.add_session(conn, row, now=self.clock(), per_owner=self.per_person,
                                     total=self.limit)
         if not added:
-            raise SessionsFull(f"{self.limit} sessions live")
+            raise SessionsFull(f"{self.limit} people signed in")
         return session_id, session
 
     def get(self, session_id: str) -> Session | None:
@@ -302,7 +322,7 @@ class Login:
             raise Unauthorized(f"the token of {session.caller.name!r}'s session is gone")
         caller = session.caller
         if scope != caller.scope:  # the tokens file changed the scope: follow it
-            caller = Caller(scope, caller.name, caller.expires_at, caller.token_sha256)
+            caller = replace(caller, scope=scope)
         return caller, sid
 
     # -- the endpoints ----------------------------------------------------------------------
@@ -348,7 +368,7 @@ class Login:
             return self._form(403, "Sign-in failed: your token maps to no part of the fleet "
                                    "(ask for your group to be added to the scopes file).")
         try:
-            made = self.sessions.create(caller, hash_token(token.strip()))
+            made = self.sessions.create(caller)
         except SessionsFull as exc:
             log.warning("sign-in refused for %s: no room for a session (%s)", caller.name,
                         exc)
