@@ -598,6 +598,75 @@ def test_300_slow_clients_never_delay_the_readiness_probe(db_url, kind):
         service.stop()
 
 
+def _flood(service: Service, count: int, seconds: float) -> Any:
+    import subprocess
+    import sys
+
+    flood = subprocess.Popen([sys.executable, "-m", "tests.support.flood",
+                              str(service.server.port), str(count), str(seconds)],
+                             stdout=subprocess.PIPE, text=True)
+    assert flood.stdout is not None and flood.stdout.readline().strip() == "ready"
+    return flood
+
+
+def _flood_counts(flood: Any) -> dict[str, int]:
+    return json.loads(flood.communicate(timeout=60)[0].strip().splitlines()[-1])
+
+
+def test_2500_reopening_idle_connections_never_turn_away_healthz_or_a_token(db_url, tokens):
+    """The probe: 2,100 idle connections, each opened again when the server closed it, made
+    uvicorn's limit_concurrency (2,000) answer 503 to every request, /healthz included.
+    While another process holds 2,500 such connections from one address for 25 s,
+    /healthz answers within a second and a token's API request with its 200 each time."""
+    service = serve(db_url, Authenticator(tokens=TokenFile(tokens[0])))
+    flood = _flood(service, 2500, 25)
+    try:
+        for _ in range(10):
+            assert _healthz_seconds(service) < 1.0
+            r = requests.get(service.url + "/api/v1/clusters", timeout=5,
+                             headers={"Authorization": f"Bearer {tokens[1]['admin']}"})
+            assert r.status_code == 200  # (not timed: a database read on a shared machine)
+            time.sleep(0.5)
+        assert flood.poll() is None  # all of it under the flood
+        assert len(service.server.guard.open) >= 2000  # held, not refused
+        counts = _flood_counts(flood)
+        assert counts["opened"] >= 2500 and counts["closed_by_server"] > 0  # head deadline
+    finally:
+        if flood.poll() is None:
+            flood.kill()
+            flood.wait()
+        service.stop()
+
+
+def test_past_its_bounds_a_flood_loses_its_own_oldest_idle_connections(db_url):
+    """Bounds lowered to 64 idle per address and 200 in all: 300 re-opening connections
+    from 127.0.0.1 are trimmed to 64, oldest first, while another address's (127.0.0.2)
+    idle connections stay open and /healthz answers within a second."""
+    service = serve(db_url, Authenticator())
+    guard = service.server.guard
+    guard.per_client, guard.total = 64, 200
+    other = [socket.create_connection(("127.0.0.1", service.server.port), timeout=5,
+                                      source_address=("127.0.0.2", 0)) for _ in range(20)]
+    flood = _flood(service, 300, 6)
+    try:
+        for _ in range(4):
+            assert _healthz_seconds(service) < 1.0
+            assert len(guard.idle_of.get("127.0.0.1", ())) <= 64 and len(guard.open) <= 200
+            time.sleep(0.5)
+        for s in other:  # not one of them closed: the flood paid for its own
+            s.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                s.recv(1)
+        assert guard.shed > 0 and _flood_counts(flood)["closed_by_server"] > 0
+    finally:
+        for s in other:
+            s.close()
+        if flood.poll() is None:
+            flood.kill()
+            flood.wait()
+        service.stop()
+
+
 def test_stopping_lets_an_answer_in_flight_finish_and_ignores_idle_connections(db_url):
     service = serve(db_url, Authenticator())
     idle = socket.create_connection(("127.0.0.1", service.server.port), timeout=5)

@@ -432,10 +432,12 @@ def build_service(jobs: Jobs, *, every: float, engine: Engine, host: str = "127.
                   auth: Authenticator | None = None, metrics_open: bool = True,
                   tls: TlsFiles | None = None,
                   sessions: Sessions | DbSessions | None = None,
-                  prices: Any = None) -> Service:
+                  prices: Any = None, forwarded_allow_ips: Sequence[str] = ()) -> Service:
     """Wire jobs, metrics and the API over a read-only ``engine``; binds the port now
     (OSError when it cannot) but starts nothing. ``sessions``: where browser sign-ins live
-    (a default store when None; used only with ``auth`` configured)."""
+    (a default store when None; used only with ``auth`` configured).
+    ``forwarded_allow_ips``: the proxies whose X-Forwarded-For is believed (none: the
+    connection's own address is the client's)."""
     metrics = ServiceMetrics(process=process_metrics)
     scheduler = Scheduler(jobs, every, clock=clock, backoff=backoff, metrics=metrics)
 
@@ -449,4 +451,5 @@ def build_service(jobs: Jobs, *, every: float, engine: Engine, host: str = "127.
                     page_sections=page_sections, auth=auth, metrics_open=metrics_open,
                     on_refused=lambda reason: metrics.refused.labels(reason).inc(),
                     sessions=sessions, secure_cookies=tls is not None, prices=prices)
-    return Service(scheduler, Server(app, host, port, tls=tls), engine)
+    return Service(scheduler, Server(app, host, port, tls=tls,
+                                     forwarded_allow_ips=forwarded_allow_ips), engine)
