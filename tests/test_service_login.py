@@ -49,7 +49,7 @@ def service(db_url: str, tokens: tuple[Path, dict[str, str]]) -> Iterator[Any]:
 
     started = serve(db_url, Authenticator(tokens=TokenFile(tokens[0])), metrics_open=False)
     # every test of the module signs in from 127.0.0.1, many on purpose with bad forms
-    started.app.state.gate.login.limit = SignInLimit(burst=10_000)
+    started.app.state.gate.login.limit = SignInLimit(burst=10_000, global_burst=10_000)
     yield started
     started.stop()
 
@@ -344,7 +344,7 @@ def test_fresh_jwts_of_one_subject_are_one_person_and_cannot_fill_the_store(db_u
                          oidc=OidcVerifier(issuer.url, AUDIENCE, _scopes(scopes)))
     sessions = Sessions(limit=100)
     service = serve(db_url, auth, sessions=sessions)
-    service.app.state.gate.login.limit = SignInLimit(burst=10_000)
+    service.app.state.gate.login.limit = SignInLimit(burst=10_000, global_burst=10_000)
     try:
         with requests.Session() as http:
             for _ in range(500):
@@ -419,22 +419,102 @@ def test_database_sessions_are_capped_per_person_and_in_all(db_url, tokens):
         writer.dispose()
 
 
-def test_sign_in_attempts_are_limited_per_client(db_url, tokens):
-    from hub.service import SignInLimit
+def _guess() -> str:
+    import secrets
 
-    limit = SignInLimit(burst=3, window=3600)
+    return "gpf_" + secrets.token_urlsafe(32)  # a fresh prefix each time
+
+
+def test_ten_wrong_tokens_from_one_address_keep_nobody_else_out(db_url, tokens):
+    """The probe: behind an ingress every browser shares one address, and 10 wrong tokens
+    a minute from it kept everyone out of /login (a valid administrator got 429)."""
     service = serve(db_url, Authenticator(tokens=TokenFile(tokens[0])))
-    service.app.state.gate.login.limit = limit
     try:
-        assert post_login(service, tokens[1]["team"]).status_code == 303  # does not count
-        answers = [post_login(service, "gpf_guess-" + str(i)).status_code for i in range(3)]
-        assert answers == [401, 401, 401]
-        blocked = post_login(service, tokens[1]["team"])  # even the right one, for a while
-        assert blocked.status_code == 429 and "Set-Cookie" not in blocked.headers
-        assert blocked.headers["Retry-After"] == "3600"
-        assert limit.allow("192.0.2.7") and not limit.allow("127.0.0.1")
+        assert [post_login(service, _guess()).status_code for _ in range(10)] == [401] * 10
+        assert post_login(service, tokens[1]["admin"]).status_code == 303
+        assert post_login(service, tokens[1]["team"]).status_code == 303
     finally:
         service.stop()
+
+
+def test_guesses_at_one_token_lock_only_it_and_the_lock_grows(db_url, tokens):
+    """Five failures aimed at one key (a token's first characters, an OIDC subject) lock
+    that key a minute, then twice as long while it goes on; other people sign in."""
+    service = serve(db_url, Authenticator(tokens=TokenFile(tokens[0])))
+    team = tokens[1]["team"]
+    try:
+        near = [team[:session.GUESS_PREFIX] + _guess()[4:] for _ in range(5)]
+        assert [post_login(service, t).status_code for t in near] == [401] * 5
+        blocked = post_login(service, team)  # its key: even the right token, for a while
+        assert blocked.status_code == 429 and "Set-Cookie" not in blocked.headers
+        assert 55 <= int(blocked.headers["Retry-After"]) <= 60
+        assert post_login(service, tokens[1]["admin"]).status_code == 303
+    finally:
+        service.stop()
+    clock = Clock()
+    limit = session.SignInLimit(burst=5, window=60, max_backoff=600, clock=clock)
+    waits = []
+    for _ in range(5):  # lockouts in a row: 60, 120, 240, 480, then the cap
+        for _ in range(5):
+            limit.failed("prefix:gpf_abcd")
+        waits.append(limit.wait("prefix:gpf_abcd"))
+        clock.now += waits[-1]
+    assert waits == [60, 120, 240, 480, 600] and limit.allow("sub:alice")
+    clock.now += 60  # a clean window: back to a minute
+    for _ in range(5):
+        limit.failed("prefix:gpf_abcd")
+    assert limit.wait("prefix:gpf_abcd") == 60
+
+
+def test_guesses_sprayed_at_many_keys_stop_new_sign_ins_not_known_people(db_url, tokens):
+    from hub.service import SignInLimit
+
+    service = serve(db_url, Authenticator(tokens=TokenFile(tokens[0])))
+    service.app.state.gate.login.limit = SignInLimit(global_burst=10, window=3600)
+    try:
+        assert post_login(service, tokens[1]["admin"]).status_code == 303  # known now
+        assert [post_login(service, _guess()).status_code for _ in range(10)] == [401] * 10
+        assert post_login(service, _guess()).status_code == 429
+        assert post_login(service, tokens[1]["team"]).status_code == 429  # new: waits
+        assert post_login(service, tokens[1]["admin"]).status_code == 303
+    finally:
+        service.stop()
+
+
+def test_forwarded_for_is_believed_only_from_forwarded_allow_ips(db_url, tokens, caplog):
+    """The probe: from loopback, X-Forwarded-For picked the address the limit counted (50
+    guesses, no 429). Now the header is ignored unless the peer is a listed proxy, and
+    the limit counts what is guessed whatever the address says."""
+    caplog.set_level(logging.INFO, logger="gpufleet.auth")
+    auth = Authenticator(tokens=TokenFile(tokens[0]))
+    service = serve(db_url, auth)
+    prefix = tokens[1]["admin"][:session.GUESS_PREFIX]
+    try:
+        answers = [post_login(service, prefix + _guess()[4:],
+                              headers={"X-Forwarded-For": f"198.51.100.{i}"}).status_code
+                   for i in range(50)]
+        assert answers == [401] * 5 + [429] * 45
+        assert "198.51.100." not in caplog.text and "sign-in from 127.0.0.1 failed" in caplog.text
+    finally:
+        service.stop()
+    caplog.clear()
+    proxied = serve(db_url, auth, forwarded_allow_ips=["127.0.0.1"])
+    try:
+        post_login(proxied, _guess(), headers={"X-Forwarded-For": "203.0.113.7"})
+        assert "sign-in from 203.0.113.7 failed" in caplog.text
+    finally:
+        proxied.stop()
+
+
+def test_serve_checks_forwarded_allow_ips():
+    from click.testing import CliRunner
+
+    from hub.cli import cli
+
+    result = CliRunner().invoke(cli, ["serve", "--hub-url", "http://127.0.0.1:1",
+                                      "--forwarded-allow-ips", "10.0.0.0/8,ingress"])
+    assert result.exit_code == 2
+    assert "--forwarded-allow-ips: 'ingress' is not an IP address or network" in result.output
 
 
 def test_a_session_cookie_is_dead_after_sign_out_or_when_its_token_is_removed(db_url,

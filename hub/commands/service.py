@@ -166,6 +166,12 @@ class _ServeGroup(ConfiguredCommand, click.Group):
               help="How long a browser stays signed in at /login (at most until its token "
                    "expires); sessions live in the inventory database, shared by replicas "
                    "and kept across a restart.")
+@click.option("--forwarded-allow-ips", envvar=env("forwarded-allow-ips"), default="",
+              metavar="IP[,CIDR...]",
+              help="Proxies (an ingress controller, the OpenShift router) whose "
+                   "X-Forwarded-For and X-Forwarded-Proto are believed: addresses or networks, "
+                   "comma-separated, or '*' for any peer. Default: none, not even loopback, "
+                   "so no client can pick the address the log and limits see.")
 @_file_option("--tls-cert-file",
               help="Serve HTTPS with this certificate (PEM, chain allowed); re-read when it "
                    "changes, as cert-manager rotates it.")
@@ -195,7 +201,8 @@ class _ServeGroup(ConfiguredCommand, click.Group):
 def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
           tokens_file: str | None, oidc_issuer: str | None, oidc_audience: str | None,
           oidc_scope_claim: str, scopes_file: str | None, allow_unauthenticated: bool,
-          metrics_open: bool, session_ttl: float, tls_cert_file: str | None,
+          metrics_open: bool, session_ttl: float, forwarded_allow_ips: str,
+          tls_cert_file: str | None,
           tls_key_file: str | None, usage_bucket: float, usage_retention: float,
           usage_max_backfill: float, prices: str | None, prune_stale_after: float | None,
           max_age: float, push_interval: float, window: float, stale_after: float,
@@ -242,6 +249,7 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
         raise InputError("--prune-stale-after must be longer than --stale-after")
     usage.check_settings(bucket=usage_bucket, push_interval=push_interval,
                          retention=usage_retention, max_backfill=usage_max_backfill)
+    proxies = proxy_addresses(forwarded_allow_ips)
     price_table = usage.load_prices(prices) if prices else None
     try:
         host, port = parse_listen(listen)
@@ -279,7 +287,8 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
                                             port=port, page_sections=svc.USAGE_SECTIONS,
                                             auth=auth, metrics_open=metrics_open, tls=tls,
                                             sessions=svc.DbSessions(engine, ttl=session_ttl),
-                                            prices=price_table)
+                                            prices=price_table,
+                                            forwarded_allow_ips=proxies)
             except OSError as exc:
                 reason = exc.strerror or str(exc)
                 raise InputError(f"cannot listen on {listen}: {reason}") from None
@@ -291,6 +300,22 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
             _run(service, client, engine, every)
         finally:
             readonly.dispose()
+
+
+def proxy_addresses(text: str) -> list[str]:
+    """``--forwarded-allow-ips``: addresses and networks (``10.128.0.0/14``), or ``*``."""
+    import ipaddress
+
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    for name in names:
+        if name == "*":
+            continue
+        try:
+            ipaddress.ip_network(name, strict=False)
+        except ValueError:
+            raise InputError(f"--forwarded-allow-ips: {name!r} is not an IP address or "
+                             "network (e.g. 10.128.0.0/14), nor '*'") from None
+    return names
 
 
 def access(*, tokens_file: str | None, oidc_issuer: str | None, oidc_audience: str | None,

@@ -29,9 +29,12 @@ Sign-in and sign-out are form posts checked for a same-origin request (``Sec-Fet
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import json
 import logging
+import math
 import secrets
 import threading
 import time
@@ -59,9 +62,15 @@ MAX_SESSIONS = 10_000
 #: sessions one person may hold at once (browsers, devices); their oldest goes first beyond
 MAX_PER_PERSON = 20
 MAX_PER_TOKEN = MAX_PER_PERSON  # the older name
-#: sign-in attempts a client may make in SIGN_IN_WINDOW seconds
-SIGN_IN_BURST = 10
+#: failed sign-ins aimed at one key (subject, token prefix) in SIGN_IN_WINDOW seconds
+SIGN_IN_BURST = 5
 SIGN_IN_WINDOW = 60.0
+#: failed sign-ins in all in SIGN_IN_WINDOW seconds before new keys wait too
+SIGN_IN_GLOBAL_BURST = 30
+#: the longest a lockout grows to (it doubles while failures go on)
+SIGN_IN_MAX_BACKOFF = 3600.0
+#: characters of a static token that name what is guessed ("gpf_" and four more)
+GUESS_PREFIX = 8
 #: the largest sign-in form read: a JWT with many groups is a few KiB
 MAX_FORM = 16 * 1024
 MAX_TOKEN = 8192
@@ -230,38 +239,102 @@ def _new_session(caller: Caller, ttl: float, now: float) -> tuple[str, Session] 
     return secrets.token_urlsafe(32), Session(caller, expires)
 
 
+def guessed(token: str | None) -> str:
+    """What a sign-in attempt tries to be: the subject an OIDC token claims (read without
+    checking its signature: only to count failures), else the token's first characters
+    (a static token's name-free prefix). A person mistyping their own token, or someone
+    guessing at one, keeps hitting the same key; other people do not."""
+    text = (token or "").strip()
+    if text.count(".") == 2:
+        part = text.split(".")[1]
+        try:
+            claims = json.loads(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4)))
+        except (ValueError, binascii.Error, RecursionError):
+            claims = None
+        subject = claims.get("sub") if isinstance(claims, dict) else None
+        if isinstance(subject, str) and subject:
+            return "sub:" + subject[:128]
+    return "prefix:" + text[:GUESS_PREFIX]
+
+
+@dataclass
+class _Strikes:
+    failures: list[float]
+    locked_until: float = 0.0
+    lockouts: int = 0
+
+
 class SignInLimit:
-    """At most ``burst`` failed sign-ins per client address in any ``window`` seconds; past
-    that, every sign-in from it is refused until the window has moved on. A person mistypes
-    a token a few times; a script guessing hundreds a second is stopped. Successful sign-ins
-    do not count, so an office behind one address is not locked out by its own people. The
-    least recently seen clients beyond ``clients`` are forgotten (bounded memory)."""
+    """Failed sign-ins, counted where a guess is aimed rather than where it comes from
+    (behind an ingress or router every browser shares one address, and 10 mistakes of
+    one person kept everyone out):
+
+    * per guessed key (:func:`guessed`): ``burst`` failures within ``window`` seconds lock
+      that key for ``window``, doubling on each lockout that follows (at most
+      ``max_backoff``) until a window passes clean;
+    * in all: ``global_burst`` failures within ``window`` lock every sign-in the same way
+      (someone spraying guesses at many keys), except for keys that signed in successfully
+      within ``remember`` seconds: people who got in before keep getting in.
+
+    A successful sign-in does not count. Keys beyond ``clients`` are forgotten, least
+    recently seen first (bounded memory)."""
 
     def __init__(self, *, burst: int = SIGN_IN_BURST, window: float = SIGN_IN_WINDOW,
+                 global_burst: int = SIGN_IN_GLOBAL_BURST,
+                 max_backoff: float = SIGN_IN_MAX_BACKOFF, remember: float = DEFAULT_TTL,
                  clients: int = 10_000, clock: Callable[[], float] = time.monotonic) -> None:
         self.burst = burst
         self.window = window
+        self.global_burst = global_burst
+        self.max_backoff = max_backoff
+        self.remember = remember
         self.clients = clients
         self.clock = clock
-        self._failed: OrderedDict[str, list[float]] = OrderedDict()
+        self._keys: OrderedDict[str, _Strikes] = OrderedDict()
+        self._all = _Strikes([])
+        self._good: OrderedDict[str, float] = OrderedDict()
         self._lock = threading.Lock()
 
-    def _recent(self, client: str, now: float) -> list[float]:
-        times = [t for t in self._failed.pop(client, []) if now - t < self.window]
-        if times:
-            self._failed[client] = times
-        return times
+    def _strike(self, strikes: _Strikes, limit: int, now: float) -> None:
+        strikes.failures = [t for t in strikes.failures if now - t < self.window] + [now]
+        if len(strikes.failures) >= limit and strikes.locked_until <= now:
+            clean = now - strikes.locked_until >= self.window and strikes.lockouts
+            strikes.lockouts = 1 if clean else strikes.lockouts + 1
+            strikes.locked_until = now + min(self.max_backoff,
+                                             self.window * 2 ** (strikes.lockouts - 1))
+            strikes.failures = []
 
-    def allow(self, client: str) -> bool:
-        with self._lock:
-            return len(self._recent(client, self.clock())) < self.burst
-
-    def failed(self, client: str) -> None:
+    def wait(self, key: str) -> float:
+        """Seconds until a sign-in aimed at ``key`` is heard again (0: now)."""
         now = self.clock()
         with self._lock:
-            self._failed[client] = [*self._recent(client, now), now]
-            while len(self._failed) > self.clients:
-                self._failed.popitem(last=False)
+            strikes = self._keys.get(key)
+            waits = [strikes.locked_until - now if strikes is not None else 0.0]
+            good = self._good.get(key)
+            if good is None or now - good >= self.remember:
+                waits.append(self._all.locked_until - now)
+        return max(0.0, *waits)
+
+    def allow(self, key: str) -> bool:
+        return self.wait(key) <= 0
+
+    def failed(self, key: str) -> None:
+        now = self.clock()
+        with self._lock:
+            strikes = self._keys.pop(key, None) or _Strikes([])
+            self._keys[key] = strikes
+            self._strike(strikes, self.burst, now)
+            self._strike(self._all, self.global_burst, now)
+            while len(self._keys) > self.clients:
+                self._keys.popitem(last=False)
+
+    def succeeded(self, key: str) -> None:
+        with self._lock:
+            self._good.pop(key, None)
+            self._good[key] = self.clock()
+            self._keys.pop(key, None)
+            while len(self._good) > self.clients:
+                self._good.popitem(last=False)
 
 
 def session_id(cookie_header: str | None) -> str | None:
@@ -337,16 +410,22 @@ class Login:
                client: str = "") -> Response:
         """POST /login: check the token, start a session, send the browser to the page.
         ``body`` is None when it was missing or too large (not read); ``client`` is the
-        address sign-in attempts are counted by."""
-        if not self.limit.allow(client):
-            log.info("sign-in refused for %s: too many failed attempts", client)
-            response = self._form(429, "Too many failed sign-in attempts: wait a minute and "
+        caller's address (the log names it; limits count what is guessed, :func:`guessed`)."""
+        key = guessed(_token_field(body, headers.get("content-type", "")))
+        wait = self.limit.wait(key)
+        if wait > 0:
+            log.info("sign-in refused for %s: too many failed attempts at %s", client,
+                     key.split(":")[0])
+            response = self._form(429, "Too many failed sign-in attempts: wait a little and "
                                        "try again.")
-            response.headers["Retry-After"] = str(int(self.limit.window))
+            response.headers["Retry-After"] = str(max(1, math.ceil(wait)))
             return response
         response = self._submit(body, headers)
-        if response.status_code != 303:
-            self.limit.failed(client)
+        if response.status_code == 303:
+            self.limit.succeeded(key)
+        else:
+            log.info("sign-in from %s failed", client)
+            self.limit.failed(key)
         return response
 
     def _submit(self, body: bytes | None, headers: Mapping[str, str]) -> Response:
