@@ -23,7 +23,6 @@ from hub.common import (
     emit,
     format_duration,
     hub_options,
-    lock_timeout_option,
     output_option,
     push_interval_option,
     to_json,
@@ -153,10 +152,16 @@ def usage(ctx: click.Context, since: float | None, from_: str | None, until: str
               metavar="DURATION", help="Ledger rows older than this are removed (at least "
               "1d and --max-backfill).")
 @click.option("--replace-grid", is_flag=True,
-              help="Start the ledger over on --bucket's grid: removes every row (with --yes).")
+              help="Start the ledger over on --bucket's grid: removes every row (with --yes), "
+                   "in one transaction with the new grid's first bucket, once collected; "
+                   "refused, the ledger unchanged, while the hub does not answer.")
 @click.option("--yes", is_flag=True, help=f"Confirm --replace-grid, or a period of more "
               f"than {answers.CONFIRM_BUCKETS:,} buckets.")
-@lock_timeout_option
+@click.option("--lock-timeout", type=DURATION, default="5m", show_default=True,
+              envvar="GPUFLEET_LOCK_TIMEOUT", metavar="DURATION",
+              help="How long to wait for another ledger writer (`serve`, a second collect) "
+                   "to finish a bucket: a cron next to `serve` waits its turn rather than "
+                   "leaving its hours for the next run.")
 @hub_options
 @cluster_label_option
 @db_option
@@ -191,14 +196,16 @@ def collect(since: float | None, from_: str | None, until: str | None, bucket: f
                              f"{answers.CONFIRM_BUCKETS:,}); add --yes to collect them all")
     with hub_client(opts) as client, database(db, create=True) as engine:
         ensure_schema(engine)
+        settings: dict[str, Any] = dict(
+            bucket=bucket, push_interval=push_interval, resolution=step, starts=starts,
+            max_backfill=max_backfill, retention=usage_retention,
+            cluster_label=cluster_label, lock_timeout=lock_timeout)
         if replace_grid:
-            removed = answers.replace_grid(engine, bucket, lock_timeout)
+            removed, result = answers.collect_on_new_grid(engine, client, **settings)
             click.echo(f"usage ledger started over on buckets of {format_duration(bucket)} "
                        f"({removed} rows removed)", err=True)
-        result = answers.collect_usage(
-            engine, client, bucket=bucket, push_interval=push_interval, resolution=step,
-            starts=starts, max_backfill=max_backfill, retention=usage_retention,
-            cluster_label=cluster_label, lock_timeout=lock_timeout)
+        else:
+            result = answers.collect_usage(engine, client, **settings)
     if output == "json":
         click.echo(to_json(result.as_dict()))
     else:
