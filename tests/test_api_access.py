@@ -658,6 +658,9 @@ def test_past_its_bounds_a_flood_loses_its_own_oldest_idle_connections(db_url):
             with pytest.raises(BlockingIOError):
                 s.recv(1)
         assert guard.shed > 0 and _flood_counts(flood)["closed_by_server"] > 0
+        shed = next(line for line in requests.get(service.url + "/metrics", timeout=5)
+                    .text.splitlines() if line.startswith("gpufleet_api_connections_shed_total"))
+        assert float(shed.split()[-1]) >= guard.shed // 2 > 0
     finally:
         for s in other:
             s.close()
@@ -730,8 +733,9 @@ def test_serve_process_with_tokens_and_tls_on_a_pod_address(tokens, tmp_path):
         assert health.status_code == 503  # open, and honest: the hub is unreachable
         admin = {"Authorization": f"Bearer {tokens[1]['admin']}"}
         assert requests.get(url + "/metrics", verify=str(ca), timeout=5).status_code == 401
-        assert requests.get(url + "/metrics", headers=admin, verify=str(ca),
-                            timeout=5).status_code == 200
+        metrics = requests.get(url + "/metrics", headers=admin, verify=str(ca), timeout=5)
+        assert metrics.status_code == 200
+        assert "gpufleet_tls_certificate_expiry_timestamp_seconds " in metrics.text
         r = requests.get(url + "/api/v1/clusters", headers=admin, verify=str(ca), timeout=5)
         assert r.status_code in (200, 503)
     finally:

@@ -40,7 +40,7 @@ from hub.service._app import build_app, database_error
 from hub.service._auth import Authenticator
 from hub.service._models import SEVERITIES
 from hub.service._page import SectionSource
-from hub.service._serve import Server
+from hub.service._serve import Server, ServerCollector
 from hub.service._session import DbSessions, Sessions
 from hub.service._tls import TlsFiles
 
@@ -451,5 +451,6 @@ def build_service(jobs: Jobs, *, every: float, engine: Engine, host: str = "127.
                     page_sections=page_sections, auth=auth, metrics_open=metrics_open,
                     on_refused=lambda reason: metrics.refused.labels(reason).inc(),
                     sessions=sessions, secure_cookies=tls is not None, prices=prices)
-    return Service(scheduler, Server(app, host, port, tls=tls,
-                                     forwarded_allow_ips=forwarded_allow_ips), engine)
+    server = Server(app, host, port, tls=tls, forwarded_allow_ips=forwarded_allow_ips)
+    metrics.registry.register(ServerCollector(server.guard, tls))
+    return Service(scheduler, server, engine)

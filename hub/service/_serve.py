@@ -44,12 +44,14 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import anyio
 import h11
 import uvicorn
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from hub.service._app import MAX_HEADER_BYTES
@@ -167,6 +169,35 @@ class ConnectionGuard:
         transport = getattr(conn, "transport", None)
         if transport is not None and not transport.is_closing():
             transport.close()
+
+
+class ServerCollector(Collector):
+    """The server's side of /metrics, read at scrape time: connections open and closed to
+    make room (a flood shows here before anywhere else), and when the served certificate
+    expires (an alert a week ahead beats a refused start after a missed rotation)."""
+
+    def __init__(self, guard: ConnectionGuard, tls: TlsFiles | None) -> None:
+        self.guard = guard
+        self.tls = tls
+
+    def describe(self) -> Iterator[Any]:
+        return iter(())
+
+    def collect(self) -> Iterator[Any]:
+        opened = GaugeMetricFamily("gpufleet_api_connections_open",
+                                   "HTTP connections open now (idle ones included).")
+        opened.add_metric([], len(self.guard.open))
+        yield opened
+        shed = CounterMetricFamily(
+            "gpufleet_api_connections_shed", "Idle connections closed to make room for new "
+            "ones (past the per-address or overall bound).")
+        shed.add_metric([], self.guard.shed)
+        yield shed
+        if self.tls is not None and self.tls.not_after is not None:
+            expiry = GaugeMetricFamily("gpufleet_tls_certificate_expiry_timestamp_seconds",
+                                       "Unix time the served TLS certificate expires.")
+            expiry.add_metric([], self.tls.not_after)
+            yield expiry
 
 
 class GuardedH11(H11Protocol):

@@ -236,6 +236,12 @@ class _LabelCheck:
                           "nothing written")
 
 
+def _known(conn: Connection) -> dict[tuple[str, str], tuple[str | None, float | None]]:
+    """Model and memory of every GPU the inventory knows, for rows the hub labels less."""
+    return {(r.uuid, r.slice_key): (r.model, r.memory_total_mib) for r in conn.execute(
+        sa.select(gpus.c.uuid, gpus.c.slice_key, gpus.c.model, gpus.c.memory_total_mib))}
+
+
 def _fold(client: HubClient, queries: list[store.Query], start: float, bucket: float,
           resolution: float, cluster_label: str, known: Mapping[tuple[str, str], Any],
           labels: _LabelCheck) -> list[dict[str, Any]]:
@@ -281,8 +287,7 @@ def collect_usage(engine: Engine, client: HubClient, *, bucket: float = 3600.0,
         if starts is None:
             starts = pending_buckets(conn, now=now, bucket=bucket, max_backfill=max_backfill,
                                      delay=delay)
-        known = {(r.uuid, r.slice_key): (r.model, r.memory_total_mib) for r in conn.execute(
-            sa.select(gpus.c.uuid, gpus.c.slice_key, gpus.c.model, gpus.c.memory_total_mib))}
+        known = _known(conn)
     ended = [s for s in starts if s + bucket + delay <= now]
     result.clipped = len(starts) - len(ended)
     if result.clipped:
@@ -340,8 +345,7 @@ def collect_on_new_grid(engine: Engine, client: HubClient, *, bucket: float = 36
                                "usage ledger is unchanged (--replace-grid swaps grids "
                                "only once the new one's first bucket is collected)") from None
     with engine.connect() as conn:
-        known = {(r.uuid, r.slice_key): (r.model, r.memory_total_mib) for r in conn.execute(
-            sa.select(gpus.c.uuid, gpus.c.slice_key, gpus.c.model, gpus.c.memory_total_mib))}
+        known = _known(conn)
     first = ended[0] if ended else None
     rows: list[dict[str, Any]] = []
     requests = 0
