@@ -411,3 +411,19 @@ def test_the_deployments_arguments_are_options_serve_has(variant):
     for param, option in expected.items():
         assert bool(ctx.params.get(param)) == bool(
             {"tokens_secret": "api-tokens", **variant}.get(option)), param
+
+
+def test_forwarded_allow_ips_reaches_serve_and_a_bad_one_writes_nothing(tmp_path):
+    result = render(tmp_path, "--hub-url", HUB, *ACCESS, "--forwarded-allow-ips",
+                    "10.128.0.0/14, fd01::/48")
+    assert result.exit_code == 0, result.output
+    deployment = yaml.safe_load((tmp_path / "out" / "deployment.yaml").read_text())
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--forwarded-allow-ips") + 1] == "10.128.0.0/14,fd01::/48"
+    plain = render(tmp_path, "--hub-url", HUB, *ACCESS, out="plain")
+    assert "--forwarded-allow-ips" not in (tmp_path / "plain" / "deployment.yaml").read_text()
+    assert plain.exit_code == 0
+    bad = render(tmp_path, "--hub-url", HUB, *ACCESS, "--forwarded-allow-ips", "router",
+                 out="bad")
+    assert bad.exit_code == 2 and "'router' is not an IP address or network" in bad.output
+    assert not (tmp_path / "bad").exists()

@@ -464,6 +464,11 @@ def hub_group() -> None:
               envvar=env("allow-from-namespace"), metavar="NS",
               help="A namespace whose pods may reach the service (repeat: ingress "
                    "controller, monitoring). Default: only the service's own namespace.")
+@click.option("--forwarded-allow-ips", envvar=env("forwarded-allow-ips"), default="",
+              metavar="IP[,CIDR...]",
+              help="Proxies whose X-Forwarded-For the service believes (serve "
+                   "--forwarded-allow-ips): the cluster network's CIDR behind an ingress or "
+                   "an OpenShift route. Default: none.")
 @click.option("--prune-stale-after", type=DURATION, envvar=env("prune-stale-after"),
               metavar="DURATION", help="Let the Deployment delete what has been stale for "
               "longer than this after each sync (serve --prune-stale-after). Default: never.")
@@ -478,8 +483,9 @@ def hub_render(out: str | None, namespace: str, image: str, kind: str, every: st
                tokens_secret: str | None, oidc_issuer: str | None,
                oidc_audience: str | None, oidc_scope_claim: str,
                scopes_configmap: str | None, allow_unauthenticated: bool,
-               allow_from_namespaces: tuple[str, ...], prune_stale_after: float | None,
-               grafana: bool, cluster_label: str, **_: Any) -> None:
+               allow_from_namespaces: tuple[str, ...], forwarded_allow_ips: str,
+               prune_stale_after: float | None, grafana: bool, cluster_label: str,
+               **_: Any) -> None:
     """Write the hub service's manifests into --out (apply with `kubectl apply -k DIR`).
 
     Secrets are referenced by name, never rendered: create the database Secret (and the
@@ -501,7 +507,8 @@ def hub_render(out: str | None, namespace: str, image: str, kind: str, every: st
         oidc_issuer=oidc_issuer, oidc_audience=oidc_audience,
         oidc_scope_claim=oidc_scope_claim, scopes_configmap=scopes_configmap,
         allow_unauthenticated=allow_unauthenticated,
-        allow_from_namespaces=allow_from_namespaces)
+        allow_from_namespaces=allow_from_namespaces,
+        forwarded_allow_ips=proxy_addresses(forwarded_allow_ips))
     files = onboard.render_hub_service(
         values, extra=onboard.render_grafana(cluster_label) if grafana else None)
     onboard.write_tree(files, out)
