@@ -638,6 +638,47 @@ def test_2500_reopening_idle_connections_never_turn_away_healthz_or_a_token(db_u
         service.stop()
 
 
+class _Transport:
+    def __init__(self) -> None:
+        self.closed = False
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class _Conn:
+    def __init__(self, name: str) -> None:
+        self.name, self.transport = name, _Transport()
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+def test_the_connection_guard_closes_the_oldest_idle_never_one_in_flight():
+    from hub.service._serve import ConnectionGuard
+
+    guard = ConnectionGuard(total=3, per_client=2)
+    a1, a2, a3, b1, c1, d1 = (_Conn(n) for n in ("a1", "a2", "a3", "b1", "c1", "d1"))
+    for conn in (a1, a2, a3):
+        guard.opened(conn, "A")
+    assert a1.transport.closed and list(guard.open) == [a2, a3]  # A's oldest idle
+    guard.opened(b1, "B")
+    guard.went_busy(a2)  # a request in flight: never closed here
+    guard.opened(c1, "C")  # one too many in all: the oldest idle, a3, goes
+    assert a3.transport.closed and not a2.transport.closed
+    assert list(guard.open) == [a2, b1, c1]
+    guard.went_busy(b1)
+    guard.went_busy(c1)
+    guard.opened(d1, "D")  # every other one busy: the newcomer itself is refused
+    assert d1.transport.closed and guard.shed == 3
+    guard.went_idle(a2)  # answered: idle again, the newest idle now
+    guard.closed(b1)
+    assert list(guard.idle) == [a2] and set(guard.open) == {a2, c1}
+
+
 def test_past_its_bounds_a_flood_loses_its_own_oldest_idle_connections(db_url):
     """Bounds lowered to 64 idle per address and 200 in all: 300 re-opening connections
     from 127.0.0.1 are trimmed to 64, oldest first, while another address's (127.0.0.2)
