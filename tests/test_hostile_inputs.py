@@ -367,3 +367,17 @@ def test_a_certificate_outside_its_validity_is_refused_at_start(tmp_path, when):
                           "--db", f"sqlite:///{tmp_path / 'i.db'}", "--listen", "127.0.0.1:0",
                           "--session-ttl", "0s")
         assert result.exit_code == 2  # (a valid certificate: the next check speaks)
+
+
+@pytest.mark.parametrize("flag", ["--db-file", "--token-file"])
+def test_a_binary_secret_file_is_one_line_and_shows_nothing_of_it(tmp_path, flag):
+    path = tmp_path / "secret"
+    path.write_bytes(b"\xd0\xff" + bytes(range(256)))
+    args = (["inventory", "clusters", flag, str(path)] if flag == "--db-file" else
+            ["query", "up", "--hub-url", CLOSED, flag, str(path)])
+    result = gpufleet(*args)
+    assert result.exit_code == 2
+    assert last_line(result.stderr) == (f"error: {flag.lstrip('-').replace('-file', '')} "
+                                        f"file {path} is not a text (UTF-8) file"
+                                        if flag == "--token-file" else
+                                        f"error: --db-file {path} is not a text (UTF-8) file")
