@@ -115,7 +115,7 @@ def test_a_nul_from_a_config_file_is_refused_on_either_database(db_url, tmp_path
 
 
 @pytest.mark.parametrize(("name", "content", "needle"), [
-    ("tokens", bytes(range(256)), "is not a text (UTF-8) file"),
+    ("tokens", bytes(range(256)), ".yaml is not a text (UTF-8) file"),
     ("prices", bytes(range(256)), "is not a text (UTF-8) file"),
     ("prices", b'"NVIDIA H100 80GB HBM3": 2.5\n"NVIDIA H100 80GB HBM3": 1.0\n',
      "(duplicate key 'NVIDIA H100 80GB HBM3')"),
@@ -134,6 +134,7 @@ def test_binary_or_ambiguous_files_for_serve_and_usage_are_one_line_errors(tmp_p
         result = gpufleet(*args)
         assert result.exit_code == 2, result.output
         assert needle in last_line(result.stderr)
+        assert f"{name if name == 'tokens' else 'price'} file {path}" in last_line(result.stderr)
 
 
 def _alias_bomb(levels: int = 9) -> str:

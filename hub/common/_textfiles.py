@@ -175,8 +175,8 @@ def check_document(doc: Any, what: str, *, max_depth: int = MAX_JSON_DEPTH) -> N
         value, depth = stack.pop()
         if isinstance(value, str):
             if "\x00" in value:
-                shown = brief_repr(value.replace("\x00", "\\0"))
-                raise InputError(f"{what}: a string holds a NUL character ({shown})")
+                raise InputError(f"{what}: a string holds a NUL character "
+                                 f"({brief_repr(value)})")
         elif isinstance(value, bool) or value is None:
             continue
         elif isinstance(value, int):

@@ -149,7 +149,7 @@ def parse_scope(name: str, data: Any, source: str) -> Scope:
 def _load_yaml(path: str | Path, key: str) -> list[dict[str, Any]]:
     # bounded and decoded here: a binary or alias-bomb file is an InputError, which a
     # running service's reload logs while it keeps the last good file
-    data = load_yaml(path, str(path))
+    data = load_yaml(path, f"{key} file {path}")
     entries = (data or {}).get(key, []) if isinstance(data, dict) else None
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         raise InputError(f"{path}: expected a mapping with a list '{key}:'")
