@@ -692,7 +692,9 @@ def test_past_its_bounds_a_flood_loses_its_own_oldest_idle_connections(db_url):
     try:
         for _ in range(4):
             assert _healthz_seconds(service) < 1.0
-            assert len(guard.idle_of.get("127.0.0.1", ())) <= 64 and len(guard.open) <= 200
+            # read from another thread than the loop's: one connection may be in transit
+            assert len(guard.idle_of.get("127.0.0.1", ())) <= 64 + 1
+            assert len(guard.open) <= 200 + 1
             time.sleep(0.5)
         for s in other:  # not one of them closed: the flood paid for its own
             s.setblocking(False)

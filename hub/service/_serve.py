@@ -122,9 +122,6 @@ class ConnectionGuard:
         self.opened_total += 1
         self.open[conn] = client
         self.went_idle(conn)
-        mine = self.idle_of[client]
-        while len(mine) > self.per_client:
-            self._shed(next(iter(mine)))
         while len(self.open) > self.total:
             victim = next((c for c in self.idle if c is not conn), None)
             if victim is None:
@@ -138,8 +135,11 @@ class ConnectionGuard:
             return
         self.idle.pop(conn, None)
         self.idle[conn] = None
-        self.idle_of.setdefault(client, {}).pop(conn, None)
-        self.idle_of[client][conn] = None
+        mine = self.idle_of.setdefault(client, {})
+        mine.pop(conn, None)
+        mine[conn] = None
+        while len(mine) > self.per_client:  # on opening, or an answer done: oldest go
+            self._shed(next(iter(mine)))
 
     def went_busy(self, conn: Any) -> None:
         client = self.open.get(conn)
