@@ -19,6 +19,7 @@ from hub.commands.usage import idle_options
 from hub.common import (
     DURATION,
     EXIT_FINDINGS,
+    MAX_JSON_BYTES,
     ConfiguredCommand,
     ConfiguredGroup,
     InputError,
@@ -35,7 +36,6 @@ from hub.common import (
     read_text,
     window_option,
 )
-from hub.common._textfiles import MAX_JSON_BYTES
 
 SOURCES = ("hub", "kube", "file")
 #: cluster -> the GPUs pods hold through ResourceClaims, as read this run

@@ -67,6 +67,7 @@ from hub.common._signals import (
 )
 from hub.common._templates import html_environment, template_roots
 from hub.common._textfiles import (
+    MAX_JSON_BYTES,
     brief_repr,
     check_document,
     load_yaml,
@@ -80,6 +81,7 @@ __all__ = [
     "CONFIG_ENV",
     "DURATION",
     "EXIT_FINDINGS",
+    "MAX_JSON_BYTES",
     "NO_WRAP",
     "PERCENT",
     "QUERY_CONCURRENCY",
