@@ -30,6 +30,7 @@ from hub.common._errors import (
     GpufleetError,
     InputError,
     UnavailableError,
+    read_input_file,
     shorten,
 )
 from hub.common._options import (
@@ -120,6 +121,7 @@ __all__ = [
     "parse_yaml",
     "push_interval_option",
     "query_concurrency_option",
+    "read_input_file",
     "read_text",
     "redact",
     "redact_urls",
