@@ -78,8 +78,13 @@ def metric_names(tmp_path: Path) -> set[str]:
     with engine.begin() as conn:
         _db.apply_observations(conn, [Observation("east", "a", "GPU-1", "nvidia")],
                                inv.now_utc())
+    from hub.service import TlsFiles
+    from tests.test_api_access import make_cert
+
+    make_cert(tmp_path, "metrics")  # with TLS: the certificate's expiry is a metric too
     service = build_service(Jobs(sync=lambda: None), every=3600.0,  # type: ignore[arg-type]
-                            engine=engine, process_metrics=False)
+                            engine=engine, process_metrics=False,
+                            tls=TlsFiles(tmp_path / "tls.crt", tmp_path / "tls.key"))
     try:
         status, raw = AppClient(service.app).handle("/metrics")
     finally:

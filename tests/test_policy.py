@@ -269,7 +269,12 @@ def test_acm_mode_policy_carries_the_acm_spoke_objects(tmp_path):
 
 
 def test_policy_render_is_byte_identical_and_quotes_hostile_values(tmp_path):
-    args = ["--remote-write-url", URL, "--exporter", "builtin", "--exporter-image", HOSTILE]
+    refused = run("policy", "render", "--out", str(tmp_path / "refused"), "--remote-write-url",
+                  URL, "--exporter", "builtin", "--exporter-image", HOSTILE)
+    assert refused.exit_code == 2 and "is not an image reference" in refused.output
+    assert not (tmp_path / "refused").exists()  # a newline: no image name has one
+    hostile = HOSTILE.replace("\n ", "").replace(" ", "")  # quotes and colons stay
+    args = ["--remote-write-url", URL, "--exporter", "builtin", "--exporter-image", hostile]
     one = render_policy(tmp_path, *args, out="one")
     two = render_policy(tmp_path, *args, out="two")
     for path in one.iterdir():
@@ -277,7 +282,7 @@ def test_policy_render_is_byte_identical_and_quotes_hostile_values(tmp_path):
     templates = object_templates(load(one)["policy.yaml"])
     [daemonset] = [t["objectDefinition"] for t in templates
                    if t["objectDefinition"]["kind"] == "DaemonSet"]
-    assert daemonset["spec"]["template"]["spec"]["containers"][0]["image"] == HOSTILE
+    assert daemonset["spec"]["template"]["spec"]["containers"][0]["image"] == hostile
     assert "evil" not in json.dumps([list(t["objectDefinition"]) for t in templates])
 
 

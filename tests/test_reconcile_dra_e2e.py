@@ -210,3 +210,23 @@ def test_a_cluster_without_dra_is_read_as_before(kube_api: KubeAPI, tmp_path: Pa
 
 def statuses_any(rows: list[dict]) -> dict[str | None, str]:
     return {r["node"]: r["status"] for r in rows if r["scope"] == "node"}
+
+
+def test_a_nul_from_the_kubernetes_api_is_refused_before_the_database(kube_api: KubeAPI,
+                                                                      db_url: str):
+    """The probe: on PostgreSQL a NUL in a ResourceSlice's nodeName (or a ResourceClaim's
+    namespace) ended in a DataError printing the SQL. What a cluster's API serves is now
+    checked like a file: one line, exit 2, nothing written, on either database."""
+    assert gpufleet("db", "upgrade", "--db", db_url).exit_code == 0
+    kube_api.put_object(node_object(fx.DRA_H100))
+    kube_api.serve_dra("v1")
+    bad = next(s for s in fx.dra_slices() if s["spec"].get("nodeName") == fx.DRA_H100)
+    bad = {**bad, "spec": {**bad["spec"], "nodeName": fx.DRA_H100 + "\x00x"}}
+    kube_api.put_object(bad, plural="resourceslices")
+    config = kube_api.kubeconfig_path("ctx")
+    result = gpufleet("reconcile", "--kubeconfig", str(config), "--context", "ctx=c",
+                      "--db", db_url)
+    assert result.exit_code == 2, result.output
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: context ctx: a string holds a NUL character")
+    assert "SELECT" not in result.output and "INSERT" not in result.output

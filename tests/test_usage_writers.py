@@ -188,3 +188,65 @@ def test_a_cluster_label_no_series_carries_is_refused_and_nothing_is_written(bac
     assert "no GPU series carries the cluster label 'clustr'" in typo.stderr
     after = ledger(db)
     assert after == before and all(r[1] for r in after[0])  # no row under cluster ''
+
+
+def test_replace_grid_while_the_hub_is_down_leaves_the_ledger_whole(backfilled, db_url):
+    """The probe: `--replace-grid --yes` with the hub unreachable emptied the ledger, then
+    exited 3; rows came back only within the hub's retention. Now the hub is asked first."""
+    hub, t0 = backfilled
+    fresh(db_url)
+    env = {"GPUFLEET_HUB_URL": hub.url, "GPUFLEET_DB": db_url}
+    period = ["--from", iso(t0), "--until", iso(t0 + 2 * HOUR), "--push-interval", "30s"]
+    assert gpufleet("usage", "collect", *period, env=env).exit_code == 0
+    before = ledger(db_url)
+    assert before[0]
+    down = gpufleet("usage", "collect", *period, "--bucket", "5m", "--replace-grid", "--yes",
+                    env={**env, "GPUFLEET_HUB_URL": "http://127.0.0.1:1"})
+    assert down.exit_code == 3
+    line = down.stderr.strip().splitlines()[-1]
+    assert "the hub does not answer" in line and "the usage ledger is unchanged" in line
+    assert ledger(db_url) == before
+    # and with the hub up: one swap, the new grid's buckets in place of the old
+    swapped = gpufleet("usage", "collect", *period, "--bucket", "5m", "--replace-grid",
+                       "--yes", env=env)
+    assert swapped.exit_code == 0, swapped.output
+    rows, _ = ledger(db_url)
+    assert {(r[7] - r[0]).total_seconds() for r in rows} == {300.0}
+    assert len({r[0] for r in rows}) == 24  # every 5m bucket of the two hours
+
+
+@pytest.mark.parametrize("wait", ["default", "0s"])
+def test_a_second_collector_waits_for_the_ledger_lock_by_default(backfilled, db_url, wait):
+    """The probe: with --lock-timeout 0s a collect of other hours beside a writer exited 3
+    and its hours waited for the next run. By default it now waits (a bounded time) and
+    collects; 0s still means do not wait."""
+    import threading
+
+    hub, t0 = backfilled
+    fresh(db_url)
+    env = {"GPUFLEET_HUB_URL": hub.url, "GPUFLEET_DB": db_url}
+    period = ["--from", iso(t0 + HOUR), "--until", iso(t0 + 2 * HOUR), "--push-interval", "30s"]
+    held, release = threading.Event(), threading.Event()
+    engine = inv.make_engine(db_url)
+
+    def writer() -> None:  # another ledger writer, mid-bucket for a few seconds
+        with inv.locked_transaction(engine, 5, key=inv.LEDGER_LOCK_KEY):
+            held.set()
+            release.wait(3)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        assert held.wait(10)
+        extra = [] if wait == "default" else ["--lock-timeout", wait]
+        result = gpufleet("usage", "collect", *period, *extra, env=env)
+    finally:
+        release.set()
+        thread.join(10)
+        engine.dispose()
+    if wait == "default":
+        assert result.exit_code == 0, result.output
+        assert len({r[0] for r in ledger(db_url)[0]}) == 1  # its hour is in
+    else:
+        assert result.exit_code == 3
+        assert "holds the inventory lock" in result.stderr.strip().splitlines()[-1]

@@ -321,7 +321,8 @@ def _since(value: float | None) -> dt.datetime | None:
 @click.option("--cluster", metavar="NAME", help="Only events in this cluster.")
 @click.option("--uuid", metavar="UUID", help="Only events of this GPU (and its MIG slices).")
 @click.option("--type", "type_", type=click.Choice(inv.EVENT_TYPES), help="Only this type.")
-@click.option("--limit", type=click.IntRange(1), help="At most this many (newest first).")
+@click.option("--limit", type=click.IntRange(1, 1_000_000),
+              help="At most this many (newest first), 1,000,000 at most.")
 @db_option
 @output_option()
 def events(since: float | None, cluster: str | None, uuid: str | None, type_: str | None,

@@ -169,6 +169,12 @@ class _ServeGroup(ConfiguredCommand, click.Group):
               help="How long a browser stays signed in at /login (at most until its token "
                    "expires); sessions live in the inventory database, shared by replicas "
                    "and kept across a restart.")
+@click.option("--forwarded-allow-ips", envvar=env("forwarded-allow-ips"), default="",
+              metavar="IP[,CIDR...]",
+              help="Proxies (an ingress controller, the OpenShift router) whose "
+                   "X-Forwarded-For and X-Forwarded-Proto are believed: addresses or networks, "
+                   "comma-separated, or '*' for any peer. Default: none, not even loopback, "
+                   "so no client can pick the address the log and limits see.")
 @_file_option("--tls-cert-file",
               help="Serve HTTPS with this certificate (PEM, chain allowed); re-read when it "
                    "changes, as cert-manager rotates it.")
@@ -198,7 +204,8 @@ class _ServeGroup(ConfiguredCommand, click.Group):
 def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
           tokens_file: str | None, oidc_issuer: str | None, oidc_audience: str | None,
           oidc_scope_claim: str, scopes_file: str | None, allow_unauthenticated: bool,
-          metrics_open: bool, session_ttl: float, tls_cert_file: str | None,
+          metrics_open: bool, session_ttl: float, forwarded_allow_ips: str,
+          tls_cert_file: str | None,
           tls_key_file: str | None, usage_bucket: float, usage_retention: float,
           usage_max_backfill: float, prices: str | None, prune_stale_after: float | None,
           instance_types: str | None,
@@ -239,10 +246,14 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
         raise InputError("--stale-after must be greater than 0")
     if session_ttl <= 0:
         raise InputError("--session-ttl must be greater than 0")
+    if not oidc_scope_claim.strip() or not oidc_scope_claim.isprintable():
+        raise InputError(f"--oidc-scope-claim {oidc_scope_claim!r} is not a claim name (every "
+                         "OIDC caller would have no group and get 403)")
     if prune_stale_after is not None and prune_stale_after <= stale_after:
         raise InputError("--prune-stale-after must be longer than --stale-after")
     usage.check_settings(bucket=usage_bucket, push_interval=push_interval,
                          retention=usage_retention, max_backfill=usage_max_backfill)
+    proxies = proxy_addresses(forwarded_allow_ips)
     price_table = usage.load_prices(prices) if prices else None
     try:
         host, port = parse_listen(listen)
@@ -281,7 +292,8 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
                                             port=port, page_sections=svc.USAGE_SECTIONS,
                                             auth=auth, metrics_open=metrics_open, tls=tls,
                                             sessions=svc.DbSessions(engine, ttl=session_ttl),
-                                            prices=price_table)
+                                            prices=price_table,
+                                            forwarded_allow_ips=proxies)
             except OSError as exc:
                 reason = exc.strerror or str(exc)
                 raise InputError(f"cannot listen on {listen}: {reason}") from None
@@ -293,6 +305,22 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
             _run(service, client, engine, every)
         finally:
             readonly.dispose()
+
+
+def proxy_addresses(text: str) -> list[str]:
+    """``--forwarded-allow-ips``: addresses and networks (``10.128.0.0/14``), or ``*``."""
+    import ipaddress
+
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    for name in names:
+        if name == "*":
+            continue
+        try:
+            ipaddress.ip_network(name, strict=False)
+        except ValueError:
+            raise InputError(f"--forwarded-allow-ips: {name!r} is not an IP address or "
+                             "network (e.g. 10.128.0.0/14), nor '*'") from None
+    return names
 
 
 def access(*, tokens_file: str | None, oidc_issuer: str | None, oidc_audience: str | None,
@@ -441,6 +469,11 @@ def hub_group() -> None:
               envvar=env("allow-from-namespace"), metavar="NS",
               help="A namespace whose pods may reach the service (repeat: ingress "
                    "controller, monitoring). Default: only the service's own namespace.")
+@click.option("--forwarded-allow-ips", envvar=env("forwarded-allow-ips"), default="",
+              metavar="IP[,CIDR...]",
+              help="Proxies whose X-Forwarded-For the service believes (serve "
+                   "--forwarded-allow-ips): the cluster network's CIDR behind an ingress or "
+                   "an OpenShift route. Default: none.")
 @click.option("--prune-stale-after", type=DURATION, envvar=env("prune-stale-after"),
               metavar="DURATION", help="Let the Deployment delete what has been stale for "
               "longer than this after each sync (serve --prune-stale-after). Default: never.")
@@ -455,8 +488,9 @@ def hub_render(out: str | None, namespace: str, image: str, kind: str, every: st
                tokens_secret: str | None, oidc_issuer: str | None,
                oidc_audience: str | None, oidc_scope_claim: str,
                scopes_configmap: str | None, allow_unauthenticated: bool,
-               allow_from_namespaces: tuple[str, ...], prune_stale_after: float | None,
-               grafana: bool, cluster_label: str, **_: Any) -> None:
+               allow_from_namespaces: tuple[str, ...], forwarded_allow_ips: str,
+               prune_stale_after: float | None, grafana: bool, cluster_label: str,
+               **_: Any) -> None:
     """Write the hub service's manifests into --out (apply with `kubectl apply -k DIR`).
 
     Secrets are referenced by name, never rendered: create the database Secret (and the
@@ -478,7 +512,8 @@ def hub_render(out: str | None, namespace: str, image: str, kind: str, every: st
         oidc_issuer=oidc_issuer, oidc_audience=oidc_audience,
         oidc_scope_claim=oidc_scope_claim, scopes_configmap=scopes_configmap,
         allow_unauthenticated=allow_unauthenticated,
-        allow_from_namespaces=allow_from_namespaces)
+        allow_from_namespaces=allow_from_namespaces,
+        forwarded_allow_ips=proxy_addresses(forwarded_allow_ips))
     files = onboard.render_hub_service(
         values, extra=onboard.render_grafana(cluster_label) if grafana else None)
     onboard.write_tree(files, out)

@@ -13,6 +13,7 @@ from hub import usage as answers
 from hub.commands.core import database, hub_client, require_schema
 from hub.common import (
     DURATION,
+    PERCENT,
     ConfiguredCommand,
     ConfiguredGroup,
     InputError,
@@ -22,7 +23,6 @@ from hub.common import (
     emit,
     format_duration,
     hub_options,
-    lock_timeout_option,
     output_option,
     push_interval_option,
     to_json,
@@ -68,7 +68,7 @@ def idle_options(func):
         help="Allocated time counts as idle only in runs under --idle-threshold at least "
              "this long (what `gpufleet idle --for` lists).")(func)
     return click.option(
-        "--idle-threshold", type=click.FloatRange(0, 100),
+        "--idle-threshold", type=PERCENT,
         default=answers.IDLE_THRESHOLD_PCT, show_default=True,
         envvar="GPUFLEET_IDLE_THRESHOLD",
         help="Average utilisation % under which an allocated bucket is idle.")(func)
@@ -82,7 +82,11 @@ def period_options(func):
                         help="The last DURATION (default 24h).")(func)
 
 
-@click.group(cls=ConfiguredGroup, invoke_without_command=True)
+class _UsageGroup(ConfiguredCommand, ConfiguredGroup):
+    """``usage`` answers by itself and has subcommands: it takes ``--config`` like both."""
+
+
+@click.group(cls=_UsageGroup, invoke_without_command=True)
 @period_options
 @click.option("--by", "by", multiple=True, type=click.Choice(list(answers.GROUPS)),
               help="Group by (repeatable; default namespace).")
@@ -162,10 +166,16 @@ def usage(ctx: click.Context, since: float | None, from_: str | None, until: str
               metavar="DURATION", help="Ledger rows older than this are removed (at least "
               "1d and --max-backfill).")
 @click.option("--replace-grid", is_flag=True,
-              help="Start the ledger over on --bucket's grid: removes every row (with --yes).")
+              help="Start the ledger over on --bucket's grid: removes every row (with --yes), "
+                   "in one transaction with the new grid's first bucket, once collected; "
+                   "refused, the ledger unchanged, while the hub does not answer.")
 @click.option("--yes", is_flag=True, help=f"Confirm --replace-grid, or a period of more "
               f"than {answers.CONFIRM_BUCKETS:,} buckets.")
-@lock_timeout_option
+@click.option("--lock-timeout", type=DURATION, default="5m", show_default=True,
+              envvar="GPUFLEET_LOCK_TIMEOUT", metavar="DURATION",
+              help="How long to wait for another ledger writer (`serve`, a second collect) "
+                   "to finish a bucket: a cron next to `serve` waits its turn rather than "
+                   "leaving its hours for the next run.")
 @hub_options
 @cluster_label_option
 @db_option
@@ -200,14 +210,16 @@ def collect(since: float | None, from_: str | None, until: str | None, bucket: f
                              f"{answers.CONFIRM_BUCKETS:,}); add --yes to collect them all")
     with hub_client(opts) as client, database(db, create=True) as engine:
         ensure_schema(engine)
+        settings: dict[str, Any] = dict(
+            bucket=bucket, push_interval=push_interval, resolution=step, starts=starts,
+            max_backfill=max_backfill, retention=usage_retention,
+            cluster_label=cluster_label, lock_timeout=lock_timeout)
         if replace_grid:
-            removed = answers.replace_grid(engine, bucket, lock_timeout)
+            removed, result = answers.collect_on_new_grid(engine, client, **settings)
             click.echo(f"usage ledger started over on buckets of {format_duration(bucket)} "
                        f"({removed} rows removed)", err=True)
-        result = answers.collect_usage(
-            engine, client, bucket=bucket, push_interval=push_interval, resolution=step,
-            starts=starts, max_backfill=max_backfill, retention=usage_retention,
-            cluster_label=cluster_label, lock_timeout=lock_timeout)
+        else:
+            result = answers.collect_usage(engine, client, **settings)
     if output == "json":
         click.echo(to_json(result.as_dict()))
     else:
@@ -219,7 +231,7 @@ def collect(since: float | None, from_: str | None, until: str | None, bucket: f
 
 
 @click.command(cls=ConfiguredCommand)
-@click.option("--threshold", type=click.FloatRange(0, 100),
+@click.option("--threshold", type=PERCENT,
               default=answers.IDLE_THRESHOLD_PCT, show_default=True,
               envvar="GPUFLEET_IDLE_THRESHOLD",
               help="Average utilisation % under which an allocated bucket is idle.")

@@ -28,6 +28,7 @@ from hub.service._scheduler import (
     describe_error,
 )
 from hub.service._session import (
+    MAX_PER_PERSON,
     MAX_PER_TOKEN,
     MAX_SESSIONS,
     DbSessions,
@@ -39,6 +40,7 @@ from hub.service._tls import TlsFiles
 
 __all__ = [
     "FULL",
+    "MAX_PER_PERSON",
     "MAX_PER_TOKEN",
     "MAX_SESSIONS",
     "USAGE_SECTIONS",

@@ -175,7 +175,8 @@ def decode_token(token: str, kind: str = "g1", size: int = 4) -> tuple[Any, ...]
         except (binascii.Error, ValueError, UnicodeDecodeError, RecursionError):
             data = None
     if (not isinstance(data, list) or len(data) != size + 1 or data[0] != kind
-            or not all(isinstance(v, str) for v in data[1:])):
+            or not all(isinstance(v, str) and "\x00" not in v for v in data[1:])):
+        # a NUL is refused here, not by PostgreSQL (a 503 there, a 200 on SQLite)
         raise ApiError(400, "invalid continue token (pass the 'continue' value of the "
                             "previous page unchanged)")
     return tuple(data[1:])

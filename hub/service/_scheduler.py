@@ -40,7 +40,7 @@ from hub.service._app import build_app, database_error
 from hub.service._auth import Authenticator
 from hub.service._models import SEVERITIES
 from hub.service._page import SectionSource
-from hub.service._serve import Server
+from hub.service._serve import Server, ServerCollector
 from hub.service._session import DbSessions, Sessions
 from hub.service._tls import TlsFiles
 
@@ -432,10 +432,12 @@ def build_service(jobs: Jobs, *, every: float, engine: Engine, host: str = "127.
                   auth: Authenticator | None = None, metrics_open: bool = True,
                   tls: TlsFiles | None = None,
                   sessions: Sessions | DbSessions | None = None,
-                  prices: Any = None) -> Service:
+                  prices: Any = None, forwarded_allow_ips: Sequence[str] = ()) -> Service:
     """Wire jobs, metrics and the API over a read-only ``engine``; binds the port now
     (OSError when it cannot) but starts nothing. ``sessions``: where browser sign-ins live
-    (a default store when None; used only with ``auth`` configured)."""
+    (a default store when None; used only with ``auth`` configured).
+    ``forwarded_allow_ips``: the proxies whose X-Forwarded-For is believed (none: the
+    connection's own address is the client's)."""
     metrics = ServiceMetrics(process=process_metrics)
     scheduler = Scheduler(jobs, every, clock=clock, backoff=backoff, metrics=metrics)
 
@@ -449,4 +451,6 @@ def build_service(jobs: Jobs, *, every: float, engine: Engine, host: str = "127.
                     page_sections=page_sections, auth=auth, metrics_open=metrics_open,
                     on_refused=lambda reason: metrics.refused.labels(reason).inc(),
                     sessions=sessions, secure_cookies=tls is not None, prices=prices)
-    return Service(scheduler, Server(app, host, port, tls=tls), engine)
+    server = Server(app, host, port, tls=tls, forwarded_allow_ips=forwarded_allow_ips)
+    metrics.registry.register(ServerCollector(server.guard, tls))
+    return Service(scheduler, server, engine)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hub.common import InputError
+from hub.common import InputError, brief_repr, load_yaml
 
 CLUSTERS_KEY = "clusters"
 INSTANCE_TYPES_KEY = "instance_types"
@@ -62,10 +62,11 @@ def _price_table(raw: Any, where: str, what: str = "model names to prices per GP
         raise InputError(f"{where} must map {what}")
     out: dict[str, float] = {}
     for model, value in raw.items():
-        if not isinstance(model, str) or not model.strip():
-            raise InputError(f"{where}: {model!r} is not a model name")
+        if not isinstance(model, str) or not model.strip() or not model.isprintable():
+            raise InputError(f"{where}: {brief_repr(model)} is not a model name")
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise InputError(f"{where}: the price of {model!r} is {value!r}, not a number")
+            raise InputError(f"{where}: the price of {model!r} is {brief_repr(value)}, not a "
+                             "number")
         if not math.isfinite(value) or value < 0:
             raise InputError(f"{where}: the price of {model!r} is {value!r}; prices are "
                              "0 or more")
@@ -84,8 +85,9 @@ def parse_prices(raw: Any, source: str = "price file") -> Prices:
         raise InputError(f"{source}: {CLUSTERS_KEY} must map cluster names to price tables")
     clusters = {}
     for name, table in clusters_raw.items():
-        if not isinstance(name, str) or not name:
-            raise InputError(f"{source}: {name!r} under {CLUSTERS_KEY} is not a cluster name")
+        if not isinstance(name, str) or not name or not name.isprintable():
+            raise InputError(f"{source}: {brief_repr(name)} under {CLUSTERS_KEY} is not a "
+                             "cluster name")
         clusters[name] = _price_table(table, f"{source}: {CLUSTERS_KEY}.{name}")
     types = _price_table(raw.get(INSTANCE_TYPES_KEY) or {}, f"{source}: {INSTANCE_TYPES_KEY}",
                          "instance types to hourly prices")
@@ -93,19 +95,10 @@ def parse_prices(raw: Any, source: str = "price file") -> Prices:
 
 
 def load_prices(path: str | Path) -> Prices:
-    import yaml
-
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise InputError(f"cannot read price file {path}: {exc.strerror or exc}") from None
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" (line {mark.line + 1})" if mark is not None else ""
-        raise InputError(f"price file {path} is not valid YAML{at}") from None
-    return parse_prices(raw, f"price file {path}")
+    """The price file; too large, not UTF-8, not YAML, an alias bomb or a model named twice
+    is a one-line InputError (hub.common's bounded reader)."""
+    what = f"price file {path}"
+    return parse_prices(load_yaml(path, what), what)
 
 
 def add_costs(groups: dict[tuple, dict[str, Any]], parts: Iterable[tuple[tuple, Mapping]],
