@@ -32,6 +32,7 @@ from hub.common._errors import (
     UnavailableError,
     shorten,
 )
+from hub.common._numbers import counted, counts_line, for_people, json_number
 from hub.common._options import (
     QUERY_CONCURRENCY,
     cluster_label_option,
@@ -83,9 +84,12 @@ __all__ = [
     "capacity_chart",
     "cluster_label_option",
     "console",
+    "counted",
+    "counts_line",
     "db_option",
     "emit",
     "env",
+    "for_people",
     "format_duration",
     "gpu_hours_by_day_chart",
     "html_environment",
@@ -93,6 +97,7 @@ __all__ = [
     "human_duration",
     "idle_gpu_hours_chart",
     "iso",
+    "json_number",
     "load_config",
     "lock_timeout_option",
     "max_age_option",
