@@ -177,9 +177,20 @@ def _fleet(url: str, now: dt.datetime, hours: int = 60) -> None:
     engine.dispose()
 
 
-def test_days_add_up_to_the_usage_answer_and_utilisation_is_weighted(tmp_path):
+#: hours of the day the tests that read "now" run at: each takes its clock as an argument, so
+#: none passes or fails by the time of day (00:00-02:00 UTC used to fail: an idle run
+#: crossing midnight was judged per day, its short part not idle)
+HOURS_OF_DAY = [0, 1, 13, 23]
+
+
+def _clock(hour: int) -> dt.datetime:
+    return dt.datetime(2026, 11, 20, hour)
+
+
+@pytest.mark.parametrize("hour", HOURS_OF_DAY)
+def test_days_add_up_to_the_usage_answer_and_utilisation_is_weighted(tmp_path, hour):
     url = f"sqlite:///{tmp_path / 'inv.db'}"
-    now = _db.now_utc().replace(minute=0, second=0, microsecond=0)
+    now = _clock(hour)
     _fleet(url, now)
     engine = _db.make_engine(url)
     start = now - 60 * HOUR
@@ -192,7 +203,10 @@ def test_days_add_up_to_the_usage_answer_and_utilisation_is_weighted(tmp_path):
     for row in whole:
         per_day = [d for d in daily if d["namespace"] == row["namespace"]]
         for figure in ("gpu_hours", "busy_gpu_hours", "idle_allocated_gpu_hours"):
-            assert sum(d[figure] for d in per_day) == pytest.approx(row[figure])
+            assert sum(d[figure] for d in per_day) == pytest.approx(row[figure]), figure
+    # team-b's notebook idled all 60 hours: one run, every hour of it on some day
+    assert sum(d["idle_allocated_gpu_hours"] for d in daily if d["namespace"] == "team-b") \
+        == pytest.approx(60.0)
     assert {d["day"] for d in daily} == set(usage_answers.day_starts(start, now))
     assert sum(d["gpu_hours"] for d in daily if d["namespace"] == "team-a") == 120.0
     assert {d["namespace"] for d in scoped} == {"team-b"}

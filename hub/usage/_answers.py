@@ -142,7 +142,8 @@ def usage_summary(conn: Connection, start: dt.datetime, end: dt.datetime,
                   clusters: Collection[str] | None = None,
                   namespaces: Collection[str] | None = None,
                   rollup: bool = True, prices: Prices | None = None,
-                  missing: dict | None = None) -> list[dict[str, Any]]:
+                  missing: dict | None = None,
+                  idle: dict[tuple, float] | None = None) -> list[dict[str, Any]]:
     """One row per group over the buckets starting in [start, end), summed in the database
     (summary_select says from where). ``clusters`` and ``namespaces`` restrict the rows
     counted (a scoped API caller sees only its own). With ``prices`` each row also has
@@ -150,16 +151,18 @@ def usage_summary(conn: Connection, start: dt.datetime, end: dt.datetime,
     cluster and model (a price is per cluster and model), and the groups add those up;
     ``missing`` (a dict) receives the unpriced GPU-hours per (cluster, model).
     idle_allocated_gpu_hours comes from idle_runs with ``idle_threshold`` and ``idle_for``,
-    so it is exactly what `idle` lists (hub/usage/_idle.py)."""
+    so it is exactly what `idle` lists (hub/usage/_idle.py); ``idle``, when given, is that
+    figure per group already judged over a longer period (a day of the daily chart)."""
     cols = group_columns(by)
     read = cols + [c for c in ("cluster", "model") if prices is not None and c not in cols]
     stmt = summary_select(conn, start, end, read, idle_threshold, clusters=clusters,
                           namespaces=namespaces, rollup=rollup, columns=read)
     if stmt is None:
         return []
-    idle = idle_gpu_hours(idle_runs(conn, start, end, threshold=idle_threshold,
-                                    for_seconds=idle_for, clusters=clusters,
-                                    namespaces=namespaces), cols)
+    if idle is None:
+        idle = idle_gpu_hours(idle_runs(conn, start, end, threshold=idle_threshold,
+                                        for_seconds=idle_for, clusters=clusters,
+                                        namespaces=namespaces), cols)
     groups: dict[tuple, dict[str, Any]] = {}
     parts: list[tuple[tuple, Any]] = []
     for r in conn.execute(stmt).mappings():
