@@ -16,6 +16,7 @@ from hub import inventory as inv
 from hub import onboard, usage
 from hub import service as svc
 from hub.commands.core import database, hub_client
+from hub.commands.usage import idle_options
 from hub.common import (
     DURATION,
     ConfiguredCommand,
@@ -183,6 +184,7 @@ class _ServeGroup(ConfiguredCommand, click.Group):
 @click.option("--prune-stale-after", type=DURATION, envvar=env("prune-stale-after"),
               metavar="DURATION", help="After each sync, delete GPUs, nodes and clusters "
               "stale for longer than this (as `gpufleet inventory prune`). Default: never.")
+@idle_options
 @max_age_option
 @push_interval_option
 @window_option
@@ -199,7 +201,8 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
           tls_key_file: str | None, usage_bucket: float, usage_retention: float,
           usage_max_backfill: float, prices: str | None, prune_stale_after: float | None,
           max_age: float, push_interval: float, window: float, stale_after: float,
-          lock_timeout: float, cluster_label: str, db: str | None, **opts: Any) -> None:
+          lock_timeout: float, cluster_label: str, db: str | None, idle_threshold: float,
+          idle_for: float, **opts: Any) -> None:
     """Run the hub service: sync on a schedule and serve the inventory over HTTP.
 
     \b
@@ -226,6 +229,10 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
     kube-state-metrics through the hub. Syncs take the same lock as `gpufleet sync`, so a
     CronJob or a second service on the same database never runs beside it. SIGTERM stops it
     cleanly (exit 0); Ctrl-C exits 130.
+
+    The idle rule (--idle-threshold, --idle-for, GPUFLEET_IDLE_THRESHOLD/_FOR) is the
+    page's and the default of /api/v1/usage and /api/v1/idle: the same answer as `gpufleet
+    usage` and `gpufleet idle` given the same rule.
     """
     if ctx.invoked_subcommand is not None:
         return
@@ -271,12 +278,13 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
                                 usage_bucket=usage_bucket, usage_retention=usage_retention,
                                 usage_max_backfill=usage_max_backfill,
                                 prune_stale_after=prune_stale_after)
+            rule = usage.IdleRule(idle_threshold, idle_for)
             try:  # bind first: a port in use fails before anything touches the database
                 service = svc.build_service(jobs, every=every, engine=readonly, host=host,
-                                            port=port, page_sections=svc.USAGE_SECTIONS,
+                                            port=port, page_sections=svc.usage_sections(rule),
                                             auth=auth, metrics_open=metrics_open, tls=tls,
                                             sessions=svc.DbSessions(engine, ttl=session_ttl),
-                                            prices=price_table)
+                                            prices=price_table, idle_rule=rule)
             except OSError as exc:
                 reason = exc.strerror or str(exc)
                 raise InputError(f"cannot listen on {listen}: {reason}") from None

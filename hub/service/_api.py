@@ -97,6 +97,13 @@ async def scope_of(caller: Annotated[Caller, Depends(identify)]) -> Scope:
     return caller.scope
 
 
+async def idle_rule_of(request: Request) -> Any:
+    """The service's idle rule (hub.usage.IdleRule): `serve --idle-threshold/--idle-for`."""
+    from hub.usage import IdleRule
+
+    return getattr(request.app.state, "idle_rule", None) or IdleRule()
+
+
 async def prices_of(request: Request) -> Any:
     """The service's showback prices (hub.usage.Prices), None without `serve --prices`."""
     return getattr(request.app.state, "prices", None)
@@ -475,8 +482,15 @@ def usage(engine: ReadEngine, scope: CallerScope, since: SinceParam = None,
               "namespace).", max_length=128)] = None,
           idle_threshold: Annotated[float | None, Query(
               ge=0, le=100, allow_inf_nan=False, description="Utilisation % under which an "
-              "allocated bucket is idle (default 5).")] = None,
-          prices: Annotated[Any, Depends(prices_of)] = None) -> dict[str, Any]:
+              "allocated bucket is idle (default: the service's --idle-threshold, 5).")
+          ] = None,
+          idle_for: Annotated[str | None, Query(
+              pattern=TEXT_PATTERN, max_length=64,
+              description="Allocated time counts as idle only in runs at least this long "
+              "(default: the service's --idle-for, 2h); what /api/v1/idle?for= lists.")
+          ] = None,
+          prices: Annotated[Any, Depends(prices_of)] = None,
+          rule: Annotated[Any, Depends(idle_rule_of)] = None) -> dict[str, Any]:
     """GPU-hours per group from the usage ledger (see docs/usage.md for each figure). A
     scoped caller's GPU-hours count only its clusters' and namespaces' ledger rows. With
     `serve --prices`, each group also has cost and unpriced_gpu_hours (showback)."""
@@ -484,10 +498,27 @@ def usage(engine: ReadEngine, scope: CallerScope, since: SinceParam = None,
 
     start, end = _period(since, from_, until)
     groups = _by(by, _usage_groups(), "namespace")
+    for_s = _idle_for("idle_for", idle_for, rule)
     with engine.connect() as conn:
         return _listing(answers.usage_summary(
-            conn, start, end, groups, 5.0 if idle_threshold is None else idle_threshold,
+            conn, start, end, groups,
+            rule.threshold if idle_threshold is None else idle_threshold, idle_for=for_s,
             clusters=scope.clusters, namespaces=scope.namespaces, prices=prices))
+
+
+def _idle_for(name: str, text: str | None, rule: Any) -> float:
+    """An idle run's least length from the query (a DURATION), else the service's rule."""
+    from hub.common import parse_duration
+
+    if text is None:
+        return float(rule.for_seconds)
+    try:
+        seconds = parse_duration(text)
+    except ValueError as exc:
+        raise ApiError(400, f"{name}: {exc}") from None
+    if seconds > MAX_SINCE:
+        raise ApiError(400, f"{name}: {text[:32]!r} is longer than {MAX_SINCE / 86400:.0f}d")
+    return seconds
 
 
 def idle(engine: ReadEngine, scope: CallerScope, since: SinceParam = None,
@@ -497,23 +528,18 @@ def idle(engine: ReadEngine, scope: CallerScope, since: SinceParam = None,
          ] = None,
          for_: Annotated[str | None, Query(
              alias="for", pattern=TEXT_PATTERN, max_length=64,
-             description="Idle at least this long in a row (default 2h).")] = None
-         ) -> dict[str, Any]:
+             description="Idle at least this long in a row (default: the service's "
+             "--idle-for, 2h).")] = None,
+         rule: Annotated[Any, Depends(idle_rule_of)] = None) -> dict[str, Any]:
     """Allocated GPUs and slices idle for at least 'for' in a row, most GPU-hours wasted
     first."""
     from hub import usage as answers
-    from hub.common import parse_duration
 
     start, end = _period(since, from_, until)
-    try:
-        for_s = parse_duration(for_ or "2h")
-    except ValueError as exc:
-        raise ApiError(400, f"for: {exc}") from None
-    if for_s > MAX_SINCE:
-        raise ApiError(400, f"for: {for_[:32]!r} is longer than {MAX_SINCE / 86400:.0f}d")
+    for_s = _idle_for("for", for_, rule)
     with engine.connect() as conn:
         return _listing(answers.idle_allocated(
-            conn, start, end, threshold=5.0 if threshold is None else threshold,
+            conn, start, end, threshold=rule.threshold if threshold is None else threshold,
             for_seconds=for_s, clusters=scope.clusters, namespaces=scope.namespaces))
 
 

@@ -342,7 +342,8 @@ def build_app(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, Any]
               auth: Authenticator | None = None, metrics_open: bool = True,
               on_refused: Callable[[str], None] = lambda reason: None,
               sessions: Sessions | DbSessions | None = None,
-              secure_cookies: bool = False, prices: Any = None) -> FastAPI:
+              secure_cookies: bool = False, prices: Any = None,
+              idle_rule: Any = None) -> FastAPI:
     """The whole API over a read-only ``engine`` and the service's state, passed in.
 
     ``health`` answers (ok, details); ``findings`` the latest findings and when they were
@@ -351,7 +352,9 @@ def build_app(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, Any]
     ``check_failure`` when and why the latest checks could not run (None if they did). With
     authentication configured a browser signs in at /login into ``sessions``;
     ``secure_cookies`` marks the cookie Secure (the service speaks TLS); ``prices``
-    (hub.usage.Prices) adds showback cost to /api/v1/usage.
+    (hub.usage.Prices) adds showback cost to /api/v1/usage; ``idle_rule``
+    (hub.usage.IdleRule, `serve --idle-threshold/--idle-for`) is the default of /api/v1/usage
+    and /api/v1/idle, as it is of the page's sections.
     """
     auth = auth or Authenticator()
     if sessions is None:  # not `or`: an empty store is falsy (it has a length)
@@ -364,6 +367,7 @@ def build_app(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, Any]
                               "posts to sign a browser in and out.")
     app.state.engine = engine
     app.state.prices = prices
+    app.state.idle_rule = idle_rule
     app.state.gate = Gate(auth, login, on_refused)
     app.state.memo = memo = Memo()
     page_sections = [_kept(source, memo) for source in page_sections]

@@ -76,12 +76,7 @@ SectionSource = Callable[..., Section | None]
 
 
 def _takes_scope(source: SectionSource) -> bool:
-    import inspect
-
-    try:
-        return "scope" in inspect.signature(source).parameters
-    except (TypeError, ValueError):
-        return False
+    return "scope" in inspect_parameters(source)
 
 
 def scoped_section(section: Section, scope: Scope) -> Section:
@@ -297,12 +292,24 @@ def _window(now: dt.datetime | None = None) -> tuple[dt.datetime, dt.datetime]:
     return end - USAGE_WINDOW, end
 
 
-def usage_section(conn: Connection, *, scope: Scope = FULL) -> Section | None:
+def _idle_query(rule: Any, prefix: str = "") -> str:
+    """The idle rule as the API's query parameters, so a section's JSON link answers with
+    the rule the section used (usage: idle_threshold/idle_for; idle: threshold/for)."""
+    from hub.common import format_duration
+
+    return (f"&{prefix}threshold={rule.threshold:g}"
+            f"&{prefix}for={format_duration(rule.for_seconds)}")
+
+
+def usage_section(conn: Connection, *, scope: Scope = FULL,
+                  rule: Any = None) -> Section | None:
     """GPU-hours by namespace over the last 24 h (None before any usage was collected)."""
     from hub import usage
 
+    rule = rule or usage.IdleRule()
     rows = usage.usage_summary(conn, *_window(), by=("namespace",), clusters=scope.clusters,
-                               namespaces=scope.namespaces)
+                               namespaces=scope.namespaces, idle_threshold=rule.threshold,
+                               idle_for=rule.for_seconds)
     if not rows:
         return None
     shown = [{**r, "namespace": r.get("namespace") or "(unallocated)",
@@ -313,29 +320,32 @@ def usage_section(conn: Connection, *, scope: Scope = FULL) -> Section | None:
         ("namespace", "Namespace"), ("gpu_hours", "GPU-hours"),
         ("busy_gpu_hours", "Busy GPU-hours"),
         ("idle_allocated_gpu_hours", "Idle allocated GPU-hours")],
-        shown[:PAGE_ROWS], "No usage collected.", "/api/v1/usage?by=namespace&since=24h",
-        len(shown))
+        shown[:PAGE_ROWS], "No usage collected.",
+        "/api/v1/usage?by=namespace&since=24h" + _idle_query(rule, "idle_"), len(shown))
 
 
-def idle_section(conn: Connection, *, scope: Scope = FULL) -> Section | None:
-    """Allocated GPUs idle for 2 h in a row within the last 24 h: the list to reclaim.
-    Read by the same function and rule as the usage section's idle GPU-hours, which its
-    title repeats, so the two sections cannot disagree."""
+def idle_section(conn: Connection, *, scope: Scope = FULL,
+                 rule: Any = None) -> Section | None:
+    """Allocated GPUs idle for the rule's time in a row (2 h unless `serve --idle-for`)
+    within the last 24 h: the list to reclaim. Read by the same function and rule as the
+    usage section's idle GPU-hours, which its title repeats, so the two cannot disagree."""
     from hub import usage
 
-    rows = usage.idle_allocated(conn, *_window(), threshold=usage.IDLE_THRESHOLD_PCT,
-                                for_seconds=usage.IDLE_FOR_S, clusters=scope.clusters,
+    rule = rule or usage.IdleRule()
+    rows = usage.idle_allocated(conn, *_window(), threshold=rule.threshold,
+                                for_seconds=rule.for_seconds, clusters=scope.clusters,
                                 namespaces=scope.namespaces)
     shown = [{**r, "idle_since": iso(r.get("idle_since")), "_href": _gpu_href(r["uuid"])}
              for r in rows]
     wasted = round(sum(r["wasted_gpu_hours"] for r in rows), 2)
-    return Section("idle", f"Idle allocated GPUs (under {usage.IDLE_THRESHOLD_PCT:g}% for "
-                   f"{human_duration(usage.IDLE_FOR_S)} or more), last 24 h: {wasted:g} "
+    return Section("idle", f"Idle allocated GPUs (under {rule.threshold:g}% for "
+                   f"{human_duration(rule.for_seconds)} or more), last 24 h: {wasted:g} "
                    "idle GPU-hours", [
         ("cluster", "Cluster"), ("node", "Node"), ("uuid", "GPU"), ("slice", "Slice"),
         ("namespace", "Namespace"), ("pod", "Pod"), ("idle_since", "Idle since"),
         ("wasted_gpu_hours", "GPU-hours wasted")],
-        shown[:PAGE_ROWS], "No idle allocated GPU.", "/api/v1/idle?since=24h", len(shown))
+        shown[:PAGE_ROWS], "No idle allocated GPU.",
+        "/api/v1/idle?since=24h" + _idle_query(rule), len(shown))
 
 
 def capacity_section(conn: Connection, *, scope: Scope = FULL) -> Section | None:
@@ -365,14 +375,17 @@ def _figure(html: str) -> str:
     return Markup(html)  # built by hub.common's chart functions, which escape every text
 
 
-def usage_by_day_chart(conn: Connection, *, scope: Scope = FULL) -> Section | None:
+def usage_by_day_chart(conn: Connection, *, scope: Scope = FULL,
+                       rule: Any = None) -> Section | None:
     """Chart: GPU-hours per day by namespace (stacked), the last CHART_DAYS days."""
     from hub import usage
 
+    rule = rule or usage.IdleRule()
     now = inv.now_utc()
     first = inv.day_of(now) - (CHART_DAYS - 1) * inv.DAY
     rows = usage.daily_by_namespace(conn, first, now, clusters=scope.clusters,
-                                    namespaces=scope.namespaces)
+                                    namespaces=scope.namespaces,
+                                    idle_threshold=rule.threshold, idle_for=rule.for_seconds)
     if not rows:
         return None
     return Section("usage-by-day", f"GPU-hours per day by namespace, last {CHART_DAYS} days",
@@ -396,18 +409,20 @@ def utilisation_chart(conn: Connection, *, scope: Scope = FULL) -> Section | Non
                                                     chart_id="utilisation-chart")))
 
 
-def idle_chart(conn: Connection, *, scope: Scope = FULL) -> Section | None:
+def idle_chart(conn: Connection, *, scope: Scope = FULL, rule: Any = None) -> Section | None:
     """Chart: idle allocated GPU-hours by namespace over the last 24 h, the figure of the
     usage table (`usage --by namespace`), an aggregate the database sums."""
     from hub import usage
 
+    rule = rule or usage.IdleRule()
     rows = usage.usage_summary(conn, *_window(), by=("namespace",), clusters=scope.clusters,
-                               namespaces=scope.namespaces)
+                               namespaces=scope.namespaces, idle_threshold=rule.threshold,
+                               idle_for=rule.for_seconds)
     if not any(r.get("idle_allocated_gpu_hours") for r in rows):
         return None
     return Section("idle-chart", "Idle allocated GPU-hours by namespace, last 24 h", [], [],
-                   "", "/api/v1/usage?by=namespace&since=24h", None,
-                   _figure(common.idle_gpu_hours_chart(rows, chart_id="idle-chart-figure",
+                   "", "/api/v1/usage?by=namespace&since=24h" + _idle_query(rule, "idle_"),
+                   None, _figure(common.idle_gpu_hours_chart(rows, chart_id="idle-chart-figure",
                                                        table=True)))
 
 
@@ -432,3 +447,24 @@ USAGE_SECTIONS: tuple[SectionSource, ...] = (
     idle_chart, idle_section,
     capacity_chart, capacity_section,
 )
+
+
+def usage_sections(rule: Any = None) -> tuple[SectionSource, ...]:
+    """USAGE_SECTIONS answering with ``rule`` (hub.usage.IdleRule: `serve --idle-threshold
+    /--idle-for`), so the page's idle figures are the CLI's and the API's."""
+    import functools
+
+    if rule is None:
+        return USAGE_SECTIONS
+    return tuple(functools.partial(source, rule=rule)
+                 if "rule" in inspect_parameters(source) else source
+                 for source in USAGE_SECTIONS)
+
+
+def inspect_parameters(source: SectionSource) -> Mapping[str, Any]:
+    import inspect
+
+    try:
+        return inspect.signature(source).parameters
+    except (TypeError, ValueError):
+        return {}

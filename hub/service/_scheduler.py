@@ -432,7 +432,7 @@ def build_service(jobs: Jobs, *, every: float, engine: Engine, host: str = "127.
                   auth: Authenticator | None = None, metrics_open: bool = True,
                   tls: TlsFiles | None = None,
                   sessions: Sessions | DbSessions | None = None,
-                  prices: Any = None) -> Service:
+                  prices: Any = None, idle_rule: Any = None) -> Service:
     """Wire jobs, metrics and the API over a read-only ``engine``; binds the port now
     (OSError when it cannot) but starts nothing. ``sessions``: where browser sign-ins live
     (a default store when None; used only with ``auth`` configured)."""
@@ -448,5 +448,6 @@ def build_service(jobs: Jobs, *, every: float, engine: Engine, host: str = "127.
                     metrics=metrics.negotiate, check_failure=scheduler.check_failure,
                     page_sections=page_sections, auth=auth, metrics_open=metrics_open,
                     on_refused=lambda reason: metrics.refused.labels(reason).inc(),
-                    sessions=sessions, secure_cookies=tls is not None, prices=prices)
+                    sessions=sessions, secure_cookies=tls is not None, prices=prices,
+                     idle_rule=idle_rule)
     return Service(scheduler, Server(app, host, port, tls=tls), engine)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Collection, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -27,6 +27,16 @@ U = inv.usage
 #: /--idle-for`, the report, the live page).
 IDLE_THRESHOLD_PCT = 5.0
 IDLE_FOR_S = 2 * 3600.0
+
+
+
+class IdleRule(NamedTuple):
+    """The idle rule one surface answers with: `serve --idle-threshold/--idle-for` hands the
+    same one to its page and its API defaults as the CLI's flags do to `usage` and `idle`."""
+
+    threshold: float = IDLE_THRESHOLD_PCT
+    for_seconds: float = IDLE_FOR_S
+
 
 IDLE_COLUMNS = ["cluster", "node", "uuid", "slice", "namespace", "pod", "idle_since",
                 "idle_until", "idle_hours", "wasted_gpu_hours", "avg_utilisation_pct"]
