@@ -415,6 +415,21 @@ def public_error(text: str | None) -> str | None:
 
 
 
+def visible_findings(items: Sequence[Mapping[str, Any]], scope: Scope, *,
+                     severity: str | None = None,
+                     cluster: str | None = None) -> list[Mapping[str, Any]]:
+    """The findings ``scope`` may read: /api/v1/findings and the live page (its count badge,
+    its "GPUs with findings", its list) all go through here, so they cannot disagree.
+
+    A finding without a cluster is about the whole fleet: only for whole-fleet callers. A
+    finding about another team's pod names it in words: not for this caller at all."""
+    return [f for f in items
+            if (severity is None or f.get("severity") == severity)
+            and (cluster is None or f.get("cluster") == cluster)
+            and (scope.clusters is None or scope.allows_cluster(f.get("cluster")))
+            and (f.get("namespace") is None or scope.allows_namespace(f.get("namespace")))]
+
+
 # -- usage, idle, capacity, events, history (issue 12) ---------------------------------------
 def look_back(since: str, now: dt.datetime) -> dt.datetime:
     """``now - since`` for a DURATION; a 400 for one that is not, or longer than a century

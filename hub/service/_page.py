@@ -31,7 +31,7 @@ from starlette.responses import HTMLResponse
 from hub import common
 from hub import inventory as inv
 from hub.common import html_environment, human_duration, iso
-from hub.service._api import ApiError, page_gpus
+from hub.service._api import ApiError, page_gpus, visible_findings
 from hub.service._auth import FULL, Scope
 
 #: rows per section; the section links to the API for the rest
@@ -193,12 +193,16 @@ def findings_gpus_section(findings: Sequence[Finding]) -> Section:
         "/api/v1/findings", len(rows))
 
 
-def search_sections(conn: Connection, text: str) -> list[Section]:
+def search_sections(conn: Connection, text: str, *, scope: Scope = FULL) -> list[Section]:
     """GPUs whose UUID starts with ``text`` or whose node is ``text``, and the allocations of
-    namespace ``text``: the three things an operator pastes into a search box."""
+    namespace ``text``: the three things an operator pastes into a search box. Read within
+    ``scope`` in SQL, as /api/v1/gpus and /api/v1/allocations read: another team's namespace
+    finds nothing (not even which GPU it uses, nor since when)."""
     table = inv.gpus
     pattern = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
     cond = sa.or_(table.c.uuid.like(pattern, escape="\\"), table.c.node == text)
+    if scope.clusters is not None:
+        cond = sa.and_(cond, table.c.cluster.in_(sorted(scope.clusters)))
     gpu_rows = conn.execute(
         sa.select(table).where(cond)
         .order_by(table.c.cluster, table.c.node, table.c.uuid, table.c.slice_key)
@@ -210,7 +214,10 @@ def search_sections(conn: Connection, text: str) -> list[Section]:
                   for r in conn.execute(
                       sa.select(alloc.c.uuid, alloc.c.cluster, alloc.c.node, alloc.c.namespace,
                                 alloc.c.pod, alloc.c.container, alloc.c.last_seen)
-                      .where(alloc.c.namespace == text)
+                      .where(alloc.c.namespace == text,
+                             sa.true() if scope.allows_namespace(text) else sa.false(),
+                             sa.true() if scope.clusters is None
+                             else alloc.c.cluster.in_(sorted(scope.clusters)))
                       .order_by(alloc.c.cluster, alloc.c.node, alloc.c.pod)
                       .limit(PAGE_ROWS)).mappings()]
     return [
@@ -245,9 +252,9 @@ def page_data(engine: Engine, *, search: str | None, findings: Sequence[Finding]
     """Everything the page shows, as plain data (one read-only connection), for ``scope``:
     a team's token sees its clusters and its pods, as in the API."""
     now = now or inv.now_utc()
-    if not scope.unrestricted:
-        findings = [f for f in findings
-                    if scope.clusters is None or scope.allows_cluster(f.get("cluster"))]
+    # the findings /api/v1/findings gives this caller: the badge, "GPUs with findings" and
+    # the list are all counted from these, never from the fleet's
+    findings = visible_findings(findings, scope)
     with engine.connect() as conn:
         sections = [clusters_section(conn, now),
                     *(health_section(conn, level) for level in UNHEALTHY),
@@ -257,7 +264,7 @@ def page_data(engine: Engine, *, search: str | None, findings: Sequence[Finding]
             section = source(conn, scope=scope) if _takes_scope(source) else source(conn)
             if section is not None:
                 sections.append(section)
-        found = search_sections(conn, search) if search else []
+        found = search_sections(conn, search, scope=scope) if search else []
     sections = [scoped_section(s, scope) for s in sections]
     found = [scoped_section(s, scope) for s in found]
     counts = {s: sum(1 for f in findings if f.get("severity") == s) for s in SEVERITY_RANK}
@@ -349,12 +356,12 @@ def idle_section(conn: Connection, *, scope: Scope = FULL,
 
 
 def capacity_section(conn: Connection, *, scope: Scope = FULL) -> Section | None:
-    """GPU-equivalents by model now: total, active, stale, allocated, free (fleet-wide
-    counts, no names, unless the scope hides fleet counts)."""
+    """GPU-equivalents by model now: total, active, stale, allocated, free, over the caller's
+    clusters: the items of /api/v1/capacity, which it links to (the fleet's totals are that
+    answer's ``fleet``, for a caller whose scope allows them)."""
     from hub import usage
 
-    rows = usage.capacity(conn, ("model",),
-                          clusters=None if scope.fleet_counts else scope.clusters)
+    rows = usage.capacity(conn, ("model",), clusters=scope.clusters)  # /api/v1/capacity's items
     if not rows:
         return None
     return Section("capacity", "Capacity by model (GPU-equivalents)", [
@@ -431,8 +438,7 @@ def capacity_chart(conn: Connection, *, scope: Scope = FULL) -> Section | None:
     figures, scoped the same way)."""
     from hub import usage
 
-    rows = usage.capacity(conn, ("model",),
-                          clusters=None if scope.fleet_counts else scope.clusters)
+    rows = usage.capacity(conn, ("model",), clusters=scope.clusters)  # as the table's
     if not rows:
         return None
     return Section("capacity-chart", "Capacity by model: allocated, free, stale", [], [], "",
