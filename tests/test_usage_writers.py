@@ -21,7 +21,7 @@ import sqlalchemy as sa
 
 from hub import inventory as inv
 from tests.support.backfill import backfilled_hub
-from tests.support.clirun import gpufleet, gpufleet_json
+from tests.support.clirun import gpufleet, gpufleet_json, on_terminal
 from tests.test_usage_e2e import HOUR, fleet_text, iso
 
 REPO = Path(__file__).resolve().parents[1]
@@ -188,3 +188,45 @@ def test_a_cluster_label_no_series_carries_is_refused_and_nothing_is_written(bac
     assert "no GPU series carries the cluster label 'clustr'" in typo.stderr
     after = ledger(db)
     assert after == before and all(r[1] for r in after[0])  # no row under cluster ''
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    # 48h of 12s buckets: the 18-minute silent catch-up of the first hour with gpufleet
+    (["--bucket", "12s", "--push-interval", "1s"],
+     r"catching up --max-backfill 48h means 14,[34]\d\d buckets of 12s not collected yet "
+     r"\(more than 1,000\); add --yes"),
+    (["--bucket", "1s", "--push-interval", "1s"],
+     r"--max-backfill 48h holds 172,800 buckets of 1s \(at most 100,000\); shorten "
+     r"--max-backfill"),
+])
+def test_a_catch_up_has_the_guard_of_an_explicit_period(tmp_path, args, message):
+    """No --from/--until: the buckets --max-backfill would catch up are counted before the
+    hub is asked (here a closed port: asking it would exit 3, not 2); over 1,000 need --yes,
+    over 100,000 are refused; nothing is written."""
+    import re
+
+    from hub.devstack import free_port
+
+    db = f"sqlite:///{tmp_path / 'inv.db'}"
+    env = {"GPUFLEET_HUB_URL": f"http://127.0.0.1:{free_port()}", "GPUFLEET_DB": db}
+    result = gpufleet("usage", "collect", *args, env=env)
+    assert result.exit_code == 2, result.output
+    assert re.search(message, result.stderr.strip().splitlines()[-1]), result.stderr
+    if Path(tmp_path / "inv.db").exists():
+        assert ledger(db) == ([], [])
+
+
+def test_collect_shows_progress_on_a_terminal_and_nothing_when_piped(backfilled, tmp_path):
+    """A bar on a terminal (stderr a pty), nothing but the result when piped."""
+
+    hub, t0 = backfilled
+    period = ["--from", iso(t0), "--until", iso(t0 + 3 * HOUR), "--push-interval", "30s",
+              "--hub-url", hub.url]
+    piped = gpufleet("usage", "collect", *period, "--db", f"sqlite:///{tmp_path / 'a.db'}")
+    assert piped.exit_code == 0, piped.output
+    assert "usage buckets of" not in piped.stderr and "━" not in piped.stderr
+    code, seen, out = on_terminal("usage", "collect", *period,
+                                  "--db", f"sqlite:///{tmp_path / 'b.db'}")
+    assert code == 0, seen
+    assert b"usage buckets of 1h" in seen
+    assert "3 buckets" in out  # the result itself on stdout, as when piped

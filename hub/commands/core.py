@@ -32,6 +32,7 @@ from hub.common import (
     lock_timeout_option,
     output_option,
     parse_duration,
+    progress,
     query_concurrency_option,
     stale_after_option,
     to_json,
@@ -239,10 +240,11 @@ def sync(once: bool, every: float | None, stale_after: float, lock_timeout: floa
         raise InputError("--every must be greater than 0 (leave it out to sync once)")
     with hub_client(opts) as client, database(db, create=True) as engine:
         while True:
-            try:
-                result = run_sync(engine, client, stale_after=stale_after,
-                                  cluster_label=cluster_label, lock_timeout=lock_timeout,
-                                  query_concurrency=query_concurrency)
+            try:  # at scale a sync takes a while: a bar on a terminal, silent when piped
+                with progress("sync: reading the hub, writing the inventory"):
+                    result = run_sync(engine, client, stale_after=stale_after,
+                                      cluster_label=cluster_label, lock_timeout=lock_timeout,
+                                      query_concurrency=query_concurrency)
             except UnavailableError as exc:
                 if not every:
                     raise

@@ -56,7 +56,8 @@ def demo(clusters: int, nodes: int, gpus_per_node: int, workdir: Path, keep_runn
     console = make_console(stderr=True)
     bars: dict[str, Any] = {}
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        console=console, transient=True)
+                        console=console, transient=True,
+                        disable=not sys.stderr.isatty())  # silent when piped
 
     def say(text: str) -> None:
         console.print(f"[bold]>[/bold] {text}")

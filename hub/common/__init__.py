@@ -52,6 +52,7 @@ from hub.common._output import (
     emit,
     iso,
     output_option,
+    progress,
     to_json,
     to_table,
 )
@@ -105,6 +106,7 @@ __all__ = [
     "output_option",
     "parse_duration",
     "parse_listen",
+    "progress",
     "push_interval_option",
     "query_concurrency_option",
     "redact",

@@ -290,16 +290,29 @@ def resource_slices(p: Plan, cluster: str) -> dict[str, Any]:
 
 
 def start_fleet(p: Plan, workdir: Path, fleet: Fleet, say: Say,
-                acm_profile: bool = False, hub_port: int = 0) -> PrometheusProcess:
-    """Start the hub (on ``hub_port``; 0: a free one), the exporters and the agents."""
+                acm_profile: bool = False, hub_port: int = 0,
+                progress: Callable[[str, int, int], None] = lambda what, done, total: None
+                ) -> PrometheusProcess:
+    """Start the hub (on ``hub_port``; 0: a free one), the exporters and the agents, with
+    a progress step for each (the set-up is the slow part on a small machine)."""
     from spoke import Exporter, MetricsServer, SimBackend
     from spoke._sim import parse_fault
+
+    total, started = 1 + len(p.nodes) + len(p.clusters), 0
+
+    def one_more() -> None:
+        nonlocal started
+        started += 1
+        progress("starting the fleet (hub, exporters, agents)", started, total)
+
+    progress("starting the fleet (hub, exporters, agents)", 0, total)
 
     hub = PrometheusProcess(workdir / "hub", hub_config(),
                             extra_args=hub_args(ACM_LOOKBACK) if acm_profile else None,
                             port=hub_port or None)
     fleet.procs.append(hub)
     hub.start()
+    one_more()
     say(f"hub Prometheus (remote-write receiver) on {hub.url}"
         + (f", look-back {ACM_LOOKBACK:g}s like ACM's Thanos" if acm_profile else ""))
     attributed = next((n for n in p.nodes if n.cluster != p.silent and not n.mig
@@ -317,6 +330,7 @@ def start_fleet(p: Plan, workdir: Path, fleet: Fleet, say: Say,
         server = MetricsServer(exporter, "127.0.0.1", 0).start()
         fleet.servers.append(server)
         node.target = server.url.removeprefix("http://")
+        one_more()
     for cluster in p.clusters:
         targets = [n.target for n in p.nodes if n.cluster == cluster]
         vendors = sorted({n.vendor for n in p.nodes if n.cluster == cluster})
@@ -324,6 +338,7 @@ def start_fleet(p: Plan, workdir: Path, fleet: Fleet, say: Say,
             fleet.agents[cluster] = MetricsCollector(
                 hub.url, cluster, [f"http://{t}/metrics" for t in targets],
                 interval=ACM_PUSH).start()
+            one_more()
             say(f"cluster {cluster}: {len(targets)} nodes ({', '.join(vendors)}), ACM-like "
                 f"collector pushing every {ACM_PUSH:g}s with cluster and clusterID, "
                 "no staleness markers")
@@ -331,6 +346,7 @@ def start_fleet(p: Plan, workdir: Path, fleet: Fleet, say: Say,
         agent = start_agent(workdir / f"agent-{cluster}", cluster, targets, hub.url)
         fleet.procs.append(agent)
         fleet.agents[cluster] = agent
+        one_more()
         say(f"cluster {cluster}: {len(targets)} nodes ({', '.join(vendors)}), agent pushing "
             f"with cluster={cluster}")
     return hub
@@ -414,7 +430,7 @@ def run(*, clusters: int, nodes: int, gpus_per_node: int, workdir: Path, say: Sa
             if hub_port and not port_free(hub_port):
                 raise UnavailableError(f"demo: port {hub_port} is taken (another demo still "
                                        "running?); --hub-port 0 picks a free one")
-            hub = start_fleet(p, workdir, fleet, say, acm_profile, hub_port)
+            hub = start_fleet(p, workdir, fleet, say, acm_profile, hub_port, progress)
             client = HubClient(hub.url)
             engine = inv.make_engine(db_url, create=True)
             first = wait_for_data(engine, client, p, lambda seen, want: progress(
