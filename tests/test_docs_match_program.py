@@ -124,7 +124,7 @@ OPTION = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
 SPAN = re.compile(r"`([^`]+)`")
 FOREIGN = ("promtool", "metric-labels", "-n ", "prometheus", "kubectl", "oc ", "helm", "pip",
            "chromium", "make ", "python", "dcgm", "alembic", "curl", "pg_ctl", "initdb", "ruff",
-           "pytest", "checkov")
+           "pytest", "checkov", "apt-get")
 
 
 def resolve(words: list[str], tree: dict[tuple[str, ...], click.Command]
