@@ -125,7 +125,8 @@ def test_charts_escape_names_and_say_in_words_what_they_show():
     descs = [e["text"] for e in dom.find("desc")]
     assert "2026-11-01: 12.5 GPU-hours (" + HOSTILE + " 12.5)" in descs[0]
     assert descs[1] == f"{HOSTILE}: 3 GPU-hours"
-    assert descs[2] == f"{HOSTILE}: 6 GPUs, 2 free (allocated 1, free 2, stale 3)"
+    assert descs[2] == (f"{HOSTILE}: 6 GPU-equivalents, 2 free (allocated 1, free 2, "
+                        "stale 3)")
     assert descs[3] == f"{HOSTILE}: 4 stale GPUs, last sample never"
     assert dom.find("table", id="gpu-hours-by-day-table")  # the figures, folded
 

@@ -44,9 +44,12 @@ def _x(text: Any) -> str:
 
 
 def _num(value: float) -> str:
-    """A figure as people read it: 12.5, 0.25, 1,234."""
+    """A figure as people read it: 12.5, 0.25, 1,234; a tiny one as <0.01, never 0 above a
+    table that holds 0.002 (the tables round with the same rule: hub.common.for_people)."""
     if value == 0:
         return "0"
+    if abs(value) < 0.01:
+        return "<0.01" if value > 0 else ">-0.01"
     if abs(value) >= 100:
         return f"{value:,.0f}"
     if abs(value) >= 10:
@@ -447,11 +450,12 @@ def capacity_chart(rows: Sequence[Mapping[str, Any]], *, chart_id: str = "capaci
     allocated = sum(v["allocated"] for _, v in data)
     stale = sum(v["stale"] for _, v in data)
     return _bar_chart(chart_id, "Capacity by model: allocated, free, stale", data,
-                      CAPACITY_PARTS, PART_COLOURS, "GPUs", "No GPUs in the inventory.",
+                      CAPACITY_PARTS, PART_COLOURS, "GPU-equivalents",
+                      "No GPUs in the inventory.",
                       f"{_num(allocated)} allocated, {_num(free)} free, {_num(stale)} stale "
                       "GPU-equivalents",
                       ["Model", "Allocated", "Free", "Stale"] if table else None, "model",
-                      value_text=lambda b: (f"{_num(b['total'])} GPUs, "
+                      value_text=lambda b: (f"{_num(b['total'])} GPU-equivalents, "
                                             f"{_num(_part(b, 'free'))} free"))
 
 

@@ -41,6 +41,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
 from hub import inventory as inv
+from hub.common import json_number
 from hub.service._auth import FULL, Caller, Scope
 from hub.service._models import HEALTH_LEVELS, STATES, VENDORS
 
@@ -577,8 +578,8 @@ def capacity(request: Request, engine: ReadEngine, scope: CallerScope,
         fleet_rows = (items if scope.clusters is None else memo.get(
             conn, ("capacity", ("model",), None), lambda: answers.capacity(conn, ["model"]))
             if scope.fleet_counts else None)
-    fleet = None if fleet_rows is None or not scope.fleet_counts else {
-        k: sum(r[k] or 0 for r in fleet_rows) for k in answers.CAPACITY_FIGURES}
+    fleet = None if fleet_rows is None or not scope.fleet_counts else {  # no float noise
+        k: json_number(sum(r[k] or 0 for r in fleet_rows)) for k in answers.CAPACITY_FIGURES}
     return {**_listing(items), "fleet": fleet}
 
 

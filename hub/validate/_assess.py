@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy.engine import Engine
 
 from hub import inventory as inv
-from hub.common import UnavailableError, format_duration, human_duration
+from hub.common import UnavailableError, for_people, format_duration, human_duration
 from hub.store import HubClient, PartialResponse
 from hub.validate import _checks as checks
 from hub.validate import _reconcile as rc
@@ -126,8 +126,7 @@ def idle_allocated_findings(idle: list[dict[str, Any]],
         checks.WARNING, "idle_allocated_gpu",
         f"allocated to {r['namespace']}/{r['pod']} but under {threshold:g}% "
         f"utilisation for {human_duration(r['idle_hours'] * 3600)} in a row "
-        f"({r['wasted_gpu_hours']:g} "
-        "GPU-hours wasted)",
+        f"({for_people(r['wasted_gpu_hours'])} GPU-hours wasted)",
         r["cluster"], r["node"], r["uuid"] + (f" {r['slice']}" if r["slice"] else ""),
         r["namespace"])
         for r in idle]
