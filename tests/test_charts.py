@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 
 import pytest
 from hypothesis import given, settings
@@ -106,6 +107,21 @@ def test_a_bucket_without_data_breaks_the_line():
     assert runs[1][1][1] == pytest.approx(geo["top"])  # 100 % at the top
     assert runs[0][0][1] == pytest.approx(bottom - geo["plot_h"] * 0.1)
     assert runs[0][0][0] == pytest.approx(geo["left"])
+
+
+def test_a_young_fleets_utilisation_spans_the_chart():
+    """Ten minutes of buckets in a 24-hour window: the line runs across the plot (the axis
+    starts at the fleet's first bucket), not a few pixels at its right edge."""
+    end = dt.datetime(2026, 11, 2, 12)
+    points = [{"at": end - dt.timedelta(minutes=10) + dt.timedelta(minutes=m),
+               "utilisation_pct": 40.0 + m, "sm_active_pct": None} for m in range(10)]
+    dom = Dom(common.utilisation_chart(points, start=end - dt.timedelta(hours=24), end=end))
+    [line] = dom.find("polyline")
+    xs = [float(p.split(",")[0]) for p in line["attrs"]["points"].split()]
+    width = float(dom.find("svg")[0]["attrs"]["width"])
+    assert xs[-1] - xs[0] > 0.6 * width, (xs[0], xs[-1], width)
+    ticks = [t["text"] for t in dom.find("text") if re.fullmatch(r"\d\d:\d\d:\d\d", t["text"])]
+    assert ticks[0] == "11:50:00" and len(set(ticks)) == len(ticks)  # labels that differ
 
 
 def test_charts_escape_names_and_say_in_words_what_they_show():

@@ -205,7 +205,7 @@ def test_sync_shows_progress_on_a_terminal_and_nothing_when_piped(tmp_path, hub)
     from tests.support.clirun import on_terminal
 
     db = f"sqlite:///{tmp_path / 'inv.db'}"
-    code, seen, out = on_terminal("sync", "--hub-url", hub.url, "--db", db)
+    code, seen, _ = on_terminal("sync", "--hub-url", hub.url, "--db", db)
     assert code == 0, seen
     assert b"sync: reading the hub" in seen
     piped = gpufleet("sync", "--hub-url", hub.url, "--db", db)

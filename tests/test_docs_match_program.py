@@ -272,7 +272,7 @@ def test_shell_steps_create_a_namespace_before_they_put_anything_in_it():
                     made.add(m.group(1))
                 elif re.search(r"kubectl apply -f \S*namespace\.yaml", line):
                     made.add("gpufleet")
-                elif m := re.search(r"kubectl -n (\S+) create (?:secret|configmap)", line):
-                    if m.group(1) == "gpufleet" and m.group(1) not in made:
-                        problems.append(f"{path.name}: {line.strip()[:80]}")
+                elif ((m := re.search(r"kubectl -n (\S+) create (?:secret|configmap)", line))
+                      and m.group(1) not in made):
+                    problems.append(f"{path.name}: {line.strip()[:80]}")
     assert problems == [], problems

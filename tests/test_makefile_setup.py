@@ -65,7 +65,11 @@ FAKE_APT = r"""#!/usr/bin/env bash
 echo "$*" >> "$RECORD/apt-args"
 for i in $(seq 1 200); do echo "Selecting previously unselected package lib$i."; done
 if [[ " $* " == *" install "* ]]; then
-  if [ -x "$POLICY_RC_D" ]; then "$POLICY_RC_D" prometheus.service start; echo "policy=$?" >> "$RECORD/policy"; else echo "policy=none" >> "$RECORD/policy"; fi
+  if [ -x "$POLICY_RC_D" ]; then
+    "$POLICY_RC_D" prometheus.service start; echo "policy=$?" >> "$RECORD/policy"
+  else
+    echo "policy=none" >> "$RECORD/policy"
+  fi
   echo prometheus.service >> "$RECORD/enabled"
   echo prometheus-node-exporter.service >> "$RECORD/enabled"
 fi
@@ -75,7 +79,8 @@ FAKE_SYSTEMCTL = r"""#!/usr/bin/env bash
 case "$1" in
   list-unit-files) touch "$RECORD/enabled"; sed 's/$/ enabled enabled/' "$RECORD/enabled" ;;
   disable) unit="${@: -1}"; echo "disable $*" >> "$RECORD/systemctl"
-           grep -vx "$unit" "$RECORD/enabled" > "$RECORD/e2" || true; mv "$RECORD/e2" "$RECORD/enabled" ;;
+           grep -vx "$unit" "$RECORD/enabled" > "$RECORD/e2" || true
+           mv "$RECORD/e2" "$RECORD/enabled" ;;
 esac
 """
 

@@ -283,7 +283,13 @@ def utilisation_chart(points: Sequence[Mapping[str, Any]], *, start: dt.datetime
     ``points``: ``{"at", "utilisation_pct", "sm_active_pct"}``; ``sm_active_pct`` None
     everywhere (the exporters do not send the profiling field, or the ledger does not keep
     it) draws no line and says "not exported" in the legend, rather than a flat zero.
+
+    The time axis starts at the first point when that is later than ``start``: a fleet
+    younger than the window spans its whole life across the chart, not a few pixels at its
+    right edge.
     """
+    if points:
+        start = max(start, min(p["at"] for p in points))
     util = [(p["at"], p.get("utilisation_pct")) for p in points]
     sm = [(p["at"], p.get("sm_active_pct")) for p in points]
     has_sm = any(v is not None for _, v in sm)
@@ -301,7 +307,7 @@ def utilisation_chart(points: Sequence[Mapping[str, Any]], *, start: dt.datetime
                 body.append(f'<polyline class="line {name}" points="{pts}" fill="none" '
                             f'stroke="{SERIES_COLOURS[name]}" stroke-width="2"/>')
     span = (end - start).total_seconds()
-    fmt = "%H:%M" if span <= 2 * 86400 else "%m-%d"
+    fmt = "%H:%M:%S" if span < 3600 else "%H:%M" if span <= 2 * 86400 else "%m-%d"
     for i in range(5):
         at = start + (end - start) * i / 4
         x = geo["left"] + geo["plot_w"] * i / 4
