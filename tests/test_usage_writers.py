@@ -11,6 +11,7 @@ Prometheus backfilled with the fleet of tests/test_usage_e2e.py (samples every 3
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -230,3 +231,66 @@ def test_collect_shows_progress_on_a_terminal_and_nothing_when_piped(backfilled,
     assert code == 0, seen
     assert b"usage buckets of 1h" in seen
     assert "3 buckets" in out  # the result itself on stdout, as when piped
+
+
+def _buckets(url: str) -> dict:
+    if not Path(url.removeprefix("sqlite:///")).exists():
+        return {}
+    engine = inv.make_engine(url)
+    try:
+        with engine.connect() as conn:
+            return {r.bucket_start: r.collected_at for r in conn.execute(
+                sa.select(inv.usage_buckets))}
+    except sa.exc.OperationalError:  # no schema yet
+        return {}
+    finally:
+        engine.dispose()
+
+
+def test_sigterm_stops_a_serve_backfill_between_buckets_and_the_next_start_resumes(
+        backfilled, tmp_path):
+    """`serve` catching up 2 h of 1-minute buckets: SIGTERM ends the catch-up between two
+    buckets (each written whole), the service exits 0 and says how many are left; the next
+    start collects only those, not again the ones written."""
+    from hub.devstack import free_port
+
+    hub, _ = backfilled
+    db = f"sqlite:///{tmp_path / 'inv.db'}"
+
+    def serve() -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "hub", "serve", "--hub-url", hub.url, "--db", db,
+             "--every", "1h", "--listen", f"127.0.0.1:{free_port()}", "--usage-bucket", "1m",
+             "--push-interval", "30s", "--usage-max-backfill", "2h"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO)})
+
+    first = serve()
+    deadline = time.monotonic() + 120
+    while len(_buckets(db)) < 3:
+        assert first.poll() is None, first.communicate()
+        assert time.monotonic() < deadline, "the catch-up never started"
+        time.sleep(0.1)
+    signalled = time.monotonic()
+    first.send_signal(signal.SIGTERM)
+    _, err = first.communicate(timeout=60)
+    took = time.monotonic() - signalled
+    print(f"serve stopped {took:.1f}s after SIGTERM mid-backfill (this machine)")
+    assert first.returncode == 0, err
+    [line] = [ln for ln in err.splitlines() if "usage: stopped between buckets" in ln]
+    left = int(line.split(", ")[-1].split()[0])
+    written = _buckets(db)
+    assert left > 0 and len(written) < 125
+    second = serve()
+    try:
+        deadline = time.monotonic() + 240
+        while len(_buckets(db)) < len(written) + left:
+            assert second.poll() is None, second.communicate()
+            assert time.monotonic() < deadline, "the next start did not resume"
+            time.sleep(0.2)
+    finally:
+        second.send_signal(signal.SIGTERM)
+        second.communicate(timeout=60)
+    after = _buckets(db)
+    # the buckets of the first start kept their collection time: resumed, not redone
+    assert {b: after[b] for b in written} == written

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -51,10 +52,12 @@ def service_jobs(engine: Engine, client: HubClient, *, stale_after: float, clust
                  push_interval: float = 300.0, window: float = 3600.0,
                  usage_bucket: float = 3600.0, usage_retention: float = 400 * 86400.0,
                  usage_max_backfill: float = 48 * 3600.0,
-                 prune_stale_after: float | None = None) -> svc.Jobs:
+                 prune_stale_after: float | None = None,
+                 stopping: Callable[[], bool] = lambda: False) -> svc.Jobs:
     """The scheduled work: sync; then, when asked, a hub-side reconcile and a prune of what
     has been stale for longer than ``prune_stale_after``; then every completed usage bucket
-    not collected yet (a push interval after its end); then the findings.
+    not collected yet (a push interval after its end); then the findings. ``stopping``
+    (SIGTERM) ends a usage catch-up between two buckets; the next start resumes it.
 
     The findings are exactly `gpufleet report`'s (hub.validate.assess with this client), so
     /api/v1/findings and `gpufleet_findings` agree with what an operator prints.
@@ -81,10 +84,13 @@ def service_jobs(engine: Engine, client: HubClient, *, stale_after: float, clust
                                      push_interval=push_interval, retention=usage_retention,
                                      max_backfill=usage_max_backfill,
                                      cluster_label=cluster_label,
-                                     lock_timeout=max(lock_timeout, 60.0))
+                                     lock_timeout=max(lock_timeout, 60.0), stop=stopping)
         if result.collected:
             log.info("usage: collected %d bucket(s), %d rows", len(result.collected),
                      result.rows)
+        if result.stopped:
+            log.info("usage: stopped between buckets, %d left for the next start",
+                     result.stopped)
         if result.failed:
             raise UnavailableError(f"usage: {len(result.failed)} bucket(s) not collected "
                                    f"({result.failed[0][1]}); retried after the next sync")
@@ -268,6 +274,7 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
     if auth.oidc is not None:
         auth.oidc.jwks.warm()
     logging.getLogger("alembic").setLevel(logging.WARNING)
+    stopping = threading.Event()  # SIGTERM: set at once, so long work ends between steps
     with hub_client(opts) as client, database(db, create=True) as engine:
         readonly = svc.read_only_engine(db)
         try:
@@ -277,7 +284,8 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
                                 push_interval=push_interval, window=window,
                                 usage_bucket=usage_bucket, usage_retention=usage_retention,
                                 usage_max_backfill=usage_max_backfill,
-                                prune_stale_after=prune_stale_after)
+                                prune_stale_after=prune_stale_after,
+                                stopping=stopping.is_set)
             rule = usage.IdleRule(idle_threshold, idle_for)
             try:  # bind first: a port in use fails before anything touches the database
                 service = svc.build_service(jobs, every=every, engine=readonly, host=host,
@@ -293,7 +301,7 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
             except BaseException:
                 service.server.close()
                 raise
-            _run(service, client, engine, every)
+            _run(service, client, engine, every, stopping)
         finally:
             readonly.dispose()
 
@@ -372,8 +380,9 @@ def token_create(name: str, clusters: tuple[str, ...], namespaces: tuple[str, ..
                f"add under 'tokens:' in the --tokens-file:\n  {line}")
 
 
-def _run(service: svc.Service, client: HubClient, engine: Engine, every: float) -> None:
-    stop = threading.Event()  # set by SIGTERM; Ctrl-C stays a KeyboardInterrupt (exit 130)
+def _run(service: svc.Service, client: HubClient, engine: Engine, every: float,
+         stop: threading.Event | None = None) -> None:
+    stop = stop or threading.Event()  # set by SIGTERM; Ctrl-C stays a KeyboardInterrupt (130)
     with on_sigterm(lambda signum, frame: stop.set()):
         service.start()
         click.echo(f"gpufleet serve: {service.url} (sync every {format_duration(every)} from "

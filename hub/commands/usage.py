@@ -4,6 +4,7 @@ the inventory's usage ledger."""
 from __future__ import annotations
 
 import datetime as dt
+import threading
 import time
 from typing import Any
 
@@ -24,6 +25,7 @@ from hub.common import (
     format_duration,
     hub_options,
     lock_timeout_option,
+    on_sigterm,
     output_option,
     progress,
     push_interval_option,
@@ -199,12 +201,14 @@ def collect(since: float | None, from_: str | None, until: str | None, bucket: f
         if starts is None:  # a catch-up: as many buckets as were missed, asked the same way
             starts = pending_plan(engine, now=now, bucket=bucket, max_backfill=max_backfill,
                                   push_interval=push_interval, yes=yes)
-        with progress(f"usage buckets of {format_duration(bucket)}", len(starts)) as advance:
+        stop = threading.Event()  # SIGTERM: end between two buckets; the next collect resumes
+        with on_sigterm(lambda signum, frame: stop.set()), \
+                progress(f"usage buckets of {format_duration(bucket)}", len(starts)) as advance:
             result = answers.collect_usage(
                 engine, client, bucket=bucket, push_interval=push_interval, resolution=step,
                 starts=starts, max_backfill=max_backfill, retention=usage_retention,
                 cluster_label=cluster_label, lock_timeout=lock_timeout, now=now,
-                on_bucket=lambda _start, _rows: advance(1))
+                on_bucket=lambda _start, _rows: advance(1), stop=stop.is_set)
     if output == "json":
         click.echo(to_json(result.as_dict()))
     else:

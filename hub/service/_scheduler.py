@@ -346,8 +346,10 @@ class Scheduler:
 
     def _after_sync(self) -> None:
         for job in self.jobs.after_sync:
+            if self._stop.is_set():
+                return  # stopping: the next start runs them (a SIGTERM answers in seconds)
             self._guarded(_job_name(job), job)
-        if self.jobs.findings is not None:
+        if self.jobs.findings is not None and not self._stop.is_set():
             provider = self.jobs.findings
             found = self._guarded("findings", lambda: list(provider()))
             if found is not None:
