@@ -7,15 +7,13 @@ from __future__ import annotations
 
 import json
 import re
-import warnings
 from typing import Any
 
 import pytest
 
 from hub.common import counted, counts_line, for_people, json_number
 from hub.inventory import _db
-from hub.service import USAGE_SECTIONS, build_app, read_only_engine
-from tests.support.asgi import no_metrics
+from tests.support.asgi import page_client
 from tests.support.browser import Dom
 from tests.support.clirun import gpufleet
 from tests.test_idle_agreement import _ledger
@@ -47,14 +45,7 @@ def client(tmp_path) -> Any:
     url = f"sqlite:///{tmp_path / 'inv.db'}"
     now = _db.now_utc().replace(minute=0, second=0, microsecond=0)
     _ledger(url, now)  # a MIG slice at 3/7 of a GPU: 0.428571... GPU-hours an hour
-    engine = read_only_engine(url)
-    app = build_app(engine, health=lambda: (True, {}), findings=lambda: ([], None),
-                    metrics=no_metrics, page_sections=USAGE_SECTIONS)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        from starlette.testclient import TestClient
-    yield TestClient(app), url
-    engine.dispose()
+    return page_client(url), url
 
 
 def test_pages_round_for_people_and_json_has_no_float_noise(client):

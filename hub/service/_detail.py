@@ -26,7 +26,8 @@ from hub.service._confine import confine
 from hub.service._page import GPU_COLUMNS, PAGE_CSP, PAGE_ROWS, Section
 
 NODE_COLUMNS = [("node", "Node"), ("state", "State"), ("gpus", "Active GPUs"),
-                ("stale_gpus", "Stale GPUs"), ("last_sample_at", "Newest sample")]
+                ("stale_gpus", "Stale GPUs"), ("gpus_via", "GPUs published through"),
+                ("last_sample_at", "Newest sample")]
 ALLOCATION_COLUMNS = [("uuid", "GPU"), ("mig_profile", "MIG slice"), ("namespace", "Namespace"),
                       ("pod", "Pod"), ("container", "Container"), ("last_seen", "Last seen")]
 EVENT_COLUMNS = [("at", "When"), ("type", "Event"), ("cluster", "Cluster"), ("node", "Node"),
