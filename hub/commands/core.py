@@ -144,15 +144,21 @@ def metric_names(expr: str) -> list[str]:
 
 
 def unknown_metrics(client: HubClient, expr: str) -> list[str]:
-    """Names in ``expr`` of which the hub holds no series at all (at most three asked)."""
-    unknown = []
-    for name in metric_names(expr)[:3]:
+    """Names in ``expr`` of which the hub holds no series at all (at most three asked).
+
+    An expression with ``or`` names alternatives (the dashboard's vendor alternatives,
+    NVIDIA's metric or AMD's): one the hub lacks is expected there, so only when it lacks
+    every name is that worth a warning."""
+    unknown, names = [], metric_names(expr)[:3]
+    for name in names:
         try:
             found = client.query(f'count({{__name__="{name}"}})').result
         except GpufleetError:
             return []
         if not found:
             unknown.append(name)
+    if re.search(r"\bor\b", _GROUPING.sub(" ", expr)) and len(unknown) < len(names):
+        return []
     return unknown
 
 
