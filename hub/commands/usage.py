@@ -132,7 +132,16 @@ def usage(ctx: click.Context, since: float | None, from_: str | None, until: str
                                          idle_for=idle_for, prices=prices,
                                          missing=missing)
     figures = [*answers.USAGE_FIGURES, *(answers.COST_FIGURES if prices else [])]
-    emit(rows, [*answers.group_columns(by), *figures], output)
+    columns = [*answers.group_columns(by), *figures]
+    if prices is not None:  # a showback export says which period and which currency
+        stamp = {"period_start": start, "period_end": end, "currency": prices.currency}
+        rows = [{**row, **stamp} for row in rows]
+        columns += list(stamp)
+        with database(db) as engine, engine.connect() as conn:
+            seen = answers.models_used(conn, start, end)
+        if note := answers.unused_note(prices, seen):
+            click.echo(f"note: {note}", err=True)
+    emit(rows, columns, output)
     if note := answers.missing_note(missing):
         click.echo(f"note: {note}", err=True)
 

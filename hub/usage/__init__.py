@@ -13,6 +13,7 @@ from hub.usage._answers import (
     USAGE_FIGURES,
     capacity,
     group_columns,
+    models_used,
     rollup_days,
     summary_select,
     usage_frame,
@@ -45,7 +46,14 @@ from hub.usage._ledger import (
     rollup_sums,
     write_bucket,
 )
-from hub.usage._prices import COST_FIGURES, Prices, load_prices, missing_note, parse_prices
+from hub.usage._prices import (
+    COST_FIGURES,
+    Prices,
+    load_prices,
+    missing_note,
+    parse_prices,
+    unused_note,
+)
 from hub.usage._series import daily_by_namespace, day_starts, utilisation_over_time
 
 __all__ = [
@@ -80,6 +88,7 @@ __all__ = [
     "ledger_bucket",
     "load_prices",
     "missing_note",
+    "models_used",
     "parse_prices",
     "pending_buckets",
     "rebuild_days",
@@ -87,6 +96,7 @@ __all__ = [
     "rollup_days",
     "rollup_sums",
     "summary_select",
+    "unused_note",
     "usage_frame",
     "usage_summary",
     "utilisation_over_time",

@@ -269,3 +269,13 @@ def usage_frame(conn: Connection, start: dt.datetime, end: dt.datetime):  # -> p
             .where(U.c.bucket_start >= start, U.c.bucket_start < end)
             .order_by(U.c.bucket_start, U.c.cluster, U.c.node, U.c.uuid, U.c.slice))
     return pd.read_sql(stmt, conn)
+
+
+def models_used(conn: Connection, start: dt.datetime, end: dt.datetime
+                ) -> set[tuple[str | None, str | None]]:
+    """The (cluster, model) pairs with GPU-hours in the buckets starting in [start, end):
+    what a price file must name to bill them (hub.usage.unused_note)."""
+    return {(r.cluster, r.model) for r in conn.execute(
+        sa.select(U.c.cluster, U.c.model).where(U.c.bucket_start >= start,
+                                                U.c.bucket_start < end,
+                                                U.c.gpu_hours > 0).distinct())}
