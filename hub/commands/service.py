@@ -271,6 +271,7 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for handler in logging.getLogger().handlers:  # no URL password in any line, whoever logs
         handler.addFilter(RedactingFilter())
+        handler.addFilter(_UvicornNames())
     if auth.oidc is not None:
         auth.oidc.jwks.warm()
     logging.getLogger("alembic").setLevel(logging.WARNING)
@@ -304,6 +305,16 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
             _run(service, client, engine, every, stopping)
         finally:
             readonly.dispose()
+
+
+class _UvicornNames(logging.Filter):
+    """uvicorn logs its normal lines (started, waiting, shutting down) under "uvicorn.error";
+    someone grepping the log for errors should not find them: they read as "uvicorn"."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name == "uvicorn.error" and record.levelno < logging.WARNING:
+            record.name = "uvicorn"
+        return True
 
 
 def access(*, tokens_file: str | None, oidc_issuer: str | None, oidc_audience: str | None,

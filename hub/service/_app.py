@@ -70,6 +70,7 @@ from hub.service._page import (
     unavailable_data,
 )
 from hub.service._session import (
+    COOKIE,
     MAX_FORM,
     MAX_TOKEN,
     DbSessions,
@@ -247,8 +248,15 @@ class Gate:
                 caller = self.login.caller(request.headers.get("cookie"))[0]
                 request.state.by_session = True
         except Unauthorized as exc:
-            self.on_refused("unauthenticated")
-            log.info("refused %s: %s", request.url.path[:200], exc)
+            if (self.login is not None and not authorization
+                    and COOKIE not in (request.headers.get("cookie") or "")
+                    and wants_html(request.headers.get("accept"))):
+                # a browser's first visit: it shows no credentials yet and goes to the
+                # sign-in form; not a refusal (the refused counter and log are for those)
+                log.debug("no credentials yet for %s: to /login", request.url.path[:200])
+            else:
+                self.on_refused("unauthenticated")
+                log.info("refused %s: %s", request.url.path[:200], exc)
             raise ApiError(401, "authentication required: send a valid bearer token") from None
         if caller.scope.empty:
             raise ApiError(403, "your token maps to no scope (ask for your group to be added "
