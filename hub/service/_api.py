@@ -435,15 +435,21 @@ def visible_findings(items: Sequence[Mapping[str, Any]], scope: Scope, *,
 def look_back(since: str, now: dt.datetime) -> dt.datetime:
     """``now - since`` for a DURATION; a 400 for one that is not, or longer than a century
     (before the year 1 a datetime overflows, and no ledger is that old)."""
+    return now - dt.timedelta(seconds=_duration("since", since))
+
+
+def _duration(name: str, text: str) -> float:
+    """A DURATION query parameter in seconds; a 400 naming it for one that is not, or one
+    longer than a century."""
     from hub.common import parse_duration
 
     try:
-        seconds = parse_duration(since)
+        seconds = parse_duration(text)
     except ValueError as exc:
-        raise ApiError(400, f"since: {exc}") from None
+        raise ApiError(400, f"{name}: {exc}") from None
     if seconds > MAX_SINCE:
-        raise ApiError(400, f"since: {since[:32]!r} is longer than {MAX_SINCE / 86400:.0f}d")
-    return now - dt.timedelta(seconds=seconds)
+        raise ApiError(400, f"{name}: {text[:32]!r} is longer than {MAX_SINCE / 86400:.0f}d")
+    return seconds
 
 
 def _period(since: str | None, from_: str | None, until: str | None
@@ -524,17 +530,7 @@ def usage(engine: ReadEngine, scope: CallerScope, since: SinceParam = None,
 
 def _idle_for(name: str, text: str | None, rule: Any) -> float:
     """An idle run's least length from the query (a DURATION), else the service's rule."""
-    from hub.common import parse_duration
-
-    if text is None:
-        return float(rule.for_seconds)
-    try:
-        seconds = parse_duration(text)
-    except ValueError as exc:
-        raise ApiError(400, f"{name}: {exc}") from None
-    if seconds > MAX_SINCE:
-        raise ApiError(400, f"{name}: {text[:32]!r} is longer than {MAX_SINCE / 86400:.0f}d")
-    return seconds
+    return float(rule.for_seconds) if text is None else _duration(name, text)
 
 
 def idle(engine: ReadEngine, scope: CallerScope, since: SinceParam = None,
