@@ -30,6 +30,7 @@ from hub.common._errors import (
     GpufleetError,
     InputError,
     UnavailableError,
+    read_input_file,
     shorten,
 )
 from hub.common._numbers import counted, counts_line, for_people, json_number
@@ -109,6 +110,7 @@ __all__ = [
     "progress",
     "push_interval_option",
     "query_concurrency_option",
+    "read_input_file",
     "redact",
     "redact_urls",
     "register_secret",
