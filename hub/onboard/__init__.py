@@ -41,6 +41,7 @@ from hub.onboard._render import (
     yaml_quote,
 )
 from hub.onboard._spoke import (
+    DCGM_CONFIGMAP,
     DEFAULT_AGENT_IMAGE,
     DEFAULT_SECRET,
     SpokeValues,
@@ -71,6 +72,7 @@ def __getattr__(name: str) -> object:
 __all__ = [
     "APPLY_COLUMNS",
     "DB_SECRET_KEY",
+    "DCGM_CONFIGMAP",
     "DEFAULT_AGENT_IMAGE",
     "DEFAULT_CA_KEY",
     "DEFAULT_DB_SECRET",
