@@ -51,6 +51,6 @@ def test_a_clusters_page_is_short_and_its_ids_do_not_wrap(tmp_path):
             "[...r.getClientRects()].map(b => Math.round(b.top))).size; })")
         assert len(lines) >= len(rows) and set(lines) == {1}, lines[:6]
         total = browser.evaluate("document.body.getBoundingClientRect().height")
-        assert total < 2000, total  # one row per GPU of the cluster made it 3,000 px here
+        assert total < 2500, total  # one row per GPU of the cluster made it ~3,400 px here
     finally:
         browser.close()
