@@ -10,7 +10,8 @@ import json
 from pathlib import Path
 
 from tests.support import dra as fx
-from tests.support.clirun import gpufleet
+from tests.support.asgi import page_client
+from tests.support.clirun import gpufleet, gpufleet_json
 from tests.support.kubeapi import KubeAPI
 from tests.support.kubeapi import kube_api as kube_api
 from tests.support.nodes import ksm_text, node_object, nvidia_labels
@@ -125,6 +126,12 @@ def test_a_mixed_dra_cluster_reconciles_exactly_from_every_source(hub, fleet, ku
     assert by[fx.DRA_SILENT]["resources"] == {"gpu.nvidia.com": 4}
     assert kube_api.requests_to("GET", "/apis/resource.k8s.io/v1/resourceslices")
     assert kube_api.requests_to("GET", "/apis/resource.k8s.io/v1/resourceclaims")
+    # a DRA node is visible as one: `inventory nodes` and the node page say so
+    via = {n["node"]: n["gpus_via"] for n in gpufleet_json("inventory", "nodes", env=env)}
+    assert via[fx.DRA_H100] == "dra" and via[fx.PLUGIN] == "device-plugin"
+    assert via[fx.BOTH] == "dra+device-plugin"
+    page = page_client(db_url).get(f"/nodes/{CLUSTER}/{fx.DRA_H100}").text
+    assert "<td data-col=\"value\">dra</td>" in page.replace("\n", "")
 
     # capacity now counts the claims' GPUs as allocated where the exporter labelled no pod
     after = capacity_by_node(env)

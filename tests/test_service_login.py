@@ -538,16 +538,21 @@ def test_a_session_cookie_is_dead_after_sign_out_or_when_its_token_is_removed(db
         service.stop()
 
 
+def refused_count(service: Any, admin: str) -> float:
+    """gpufleet_api_refused_requests_total{reason="unauthenticated"} as /metrics says now."""
+    text = get(service, "/metrics", admin).text
+    line = next(x for x in text.splitlines() if x.startswith(
+        'gpufleet_api_refused_requests_total{reason="unauthenticated"}'))
+    return float(line.split()[-1])
+
+
 def test_failed_sign_ins_are_counted_and_no_token_or_session_id_reaches_the_log(
         service, tokens, caplog):
     caplog.set_level(logging.DEBUG)
     admin = tokens[1]["admin"]
 
     def refused() -> float:
-        text = get(service, "/metrics", admin).text
-        line = next(x for x in text.splitlines() if x.startswith(
-            'gpufleet_api_refused_requests_total{reason="unauthenticated"}'))
-        return float(line.split()[-1])
+        return refused_count(service, admin)
 
     before = refused()
     bad = post_login(service, "gpf_wrong-sign-in-token")
@@ -561,6 +566,24 @@ def test_failed_sign_ins_are_counted_and_no_token_or_session_id_reaches_the_log(
     assert "signed in: team" in caplog.text  # the name is logged, nothing secret
     for secret in ("gpf_wrong-sign-in-token", tokens[1]["team"], admin, sid):
         assert secret not in caplog.text
+
+
+def test_a_browsers_first_visit_is_sent_to_sign_in_not_counted_as_refused(service, tokens,
+                                                                        caplog):
+    caplog.set_level(logging.INFO)
+    admin = tokens[1]["admin"]
+
+    def refused() -> float:
+        return refused_count(service, admin)
+
+    before = refused()
+    first = requests.get(service.url + "/", timeout=10, allow_redirects=False,
+                         headers={"Accept": "text/html,application/xhtml+xml"})
+    assert first.status_code == 303 and first.headers["Location"] == "/login"
+    assert refused() == before and "refused /" not in caplog.text
+    # a script without a token is still refused, and counted
+    script = requests.get(service.url + "/api/v1/gpus", timeout=10)
+    assert script.status_code == 401 and refused() == before + 1
 
 
 def test_sign_in_refuses_other_sites_urls_and_unreadable_forms(service, tokens):

@@ -11,6 +11,7 @@ Prometheus backfilled with the fleet of tests/test_usage_e2e.py (samples every 3
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -21,7 +22,7 @@ import sqlalchemy as sa
 
 from hub import inventory as inv
 from tests.support.backfill import backfilled_hub
-from tests.support.clirun import gpufleet, gpufleet_json
+from tests.support.clirun import gpufleet, gpufleet_json, on_terminal
 from tests.test_usage_e2e import HOUR, fleet_text, iso
 
 REPO = Path(__file__).resolve().parents[1]
@@ -250,3 +251,108 @@ def test_a_second_collector_waits_for_the_ledger_lock_by_default(backfilled, db_
     else:
         assert result.exit_code == 3
         assert "holds the inventory lock" in result.stderr.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    # 48h of 12s buckets: the 18-minute silent catch-up of the first hour with gpufleet
+    (["--bucket", "12s", "--push-interval", "1s"],
+     r"catching up --max-backfill 48h means 14,[34]\d\d buckets of 12s not collected yet "
+     r"\(more than 1,000\); add --yes"),
+    (["--bucket", "1s", "--push-interval", "1s"],
+     r"--max-backfill 48h holds 172,800 buckets of 1s \(at most 100,000\); shorten "
+     r"--max-backfill"),
+])
+def test_a_catch_up_has_the_guard_of_an_explicit_period(tmp_path, args, message):
+    """No --from/--until: the buckets --max-backfill would catch up are counted before the
+    hub is asked (here a closed port: asking it would exit 3, not 2); over 1,000 need --yes,
+    over 100,000 are refused; nothing is written."""
+    import re
+
+    from hub.devstack import free_port
+
+    db = f"sqlite:///{tmp_path / 'inv.db'}"
+    env = {"GPUFLEET_HUB_URL": f"http://127.0.0.1:{free_port()}", "GPUFLEET_DB": db}
+    result = gpufleet("usage", "collect", *args, env=env)
+    assert result.exit_code == 2, result.output
+    assert re.search(message, result.stderr.strip().splitlines()[-1]), result.stderr
+    if Path(tmp_path / "inv.db").exists():
+        assert ledger(db) == ([], [])
+
+
+def test_collect_shows_progress_on_a_terminal_and_nothing_when_piped(backfilled, tmp_path):
+    """A bar on a terminal (stderr a pty), nothing but the result when piped."""
+
+    hub, t0 = backfilled
+    period = ["--from", iso(t0), "--until", iso(t0 + 3 * HOUR), "--push-interval", "30s",
+              "--hub-url", hub.url]
+    piped = gpufleet("usage", "collect", *period, "--db", f"sqlite:///{tmp_path / 'a.db'}")
+    assert piped.exit_code == 0, piped.output
+    assert "usage buckets of" not in piped.stderr and "━" not in piped.stderr
+    code, seen, out = on_terminal("usage", "collect", *period,
+                                  "--db", f"sqlite:///{tmp_path / 'b.db'}")
+    assert code == 0, seen
+    assert b"usage buckets of 1h" in seen
+    assert "3 buckets" in out  # the result itself on stdout, as when piped
+
+
+def _buckets(url: str) -> dict:
+    if not Path(url.removeprefix("sqlite:///")).exists():
+        return {}
+    engine = inv.make_engine(url)
+    try:
+        with engine.connect() as conn:
+            return {r.bucket_start: r.collected_at for r in conn.execute(
+                sa.select(inv.usage_buckets))}
+    except sa.exc.OperationalError:  # no schema yet
+        return {}
+    finally:
+        engine.dispose()
+
+
+def test_sigterm_stops_a_serve_backfill_between_buckets_and_the_next_start_resumes(
+        backfilled, tmp_path):
+    """`serve` catching up 2 h of 1-minute buckets: SIGTERM ends the catch-up between two
+    buckets (each written whole), the service exits 0 and says how many are left; the next
+    start collects only those, not again the ones written."""
+    from hub.devstack import free_port
+
+    hub, _ = backfilled
+    db = f"sqlite:///{tmp_path / 'inv.db'}"
+
+    def serve() -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "hub", "serve", "--hub-url", hub.url, "--db", db,
+             "--every", "1h", "--listen", f"127.0.0.1:{free_port()}", "--usage-bucket", "1m",
+             "--push-interval", "30s", "--usage-max-backfill", "2h"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "PYTHONPATH": str(REPO)})
+
+    first = serve()
+    deadline = time.monotonic() + 120
+    while len(_buckets(db)) < 3:
+        assert first.poll() is None, first.communicate()
+        assert time.monotonic() < deadline, "the catch-up never started"
+        time.sleep(0.1)
+    signalled = time.monotonic()
+    first.send_signal(signal.SIGTERM)
+    _, err = first.communicate(timeout=60)
+    took = time.monotonic() - signalled
+    print(f"serve stopped {took:.1f}s after SIGTERM mid-backfill (this machine)")
+    assert first.returncode == 0, err
+    [line] = [ln for ln in err.splitlines() if "usage: stopped between buckets" in ln]
+    left = int(line.split(", ")[-1].split()[0])
+    written = _buckets(db)
+    assert left > 0 and len(written) < 125
+    second = serve()
+    try:
+        deadline = time.monotonic() + 240
+        while len(_buckets(db)) < len(written) + left:
+            assert second.poll() is None, second.communicate()
+            assert time.monotonic() < deadline, "the next start did not resume"
+            time.sleep(0.2)
+    finally:
+        second.send_signal(signal.SIGTERM)
+        second.communicate(timeout=60)
+    after = _buckets(db)
+    # the buckets of the first start kept their collection time: resumed, not redone
+    assert {b: after[b] for b in written} == written

@@ -4,6 +4,8 @@ the inventory's usage ledger."""
 from __future__ import annotations
 
 import datetime as dt
+import threading
+import time
 from typing import Any
 
 import click
@@ -23,7 +25,9 @@ from hub.common import (
     emit,
     format_duration,
     hub_options,
+    on_sigterm,
     output_option,
+    progress,
     push_interval_option,
     to_json,
 )
@@ -144,7 +148,18 @@ def usage(ctx: click.Context, since: float | None, from_: str | None, until: str
                                          missing=missing, bill=bill, node_priced=priced)
     figures = [*answers.USAGE_FIGURES,
                *(answers.COST_FIGURES if prices or bill else [])]
-    emit(rows, [*answers.group_columns(by), *figures], output)
+    columns = [*answers.group_columns(by), *figures]
+    if prices is not None or bill is not None:  # a showback says its period and currency
+        stamp = {"period_start": start, "period_end": end,
+                 "currency": prices.currency if prices is not None else None}
+        rows = [{**row, **stamp} for row in rows]
+        columns += list(stamp)
+    if prices is not None:
+        with database(db) as engine, engine.connect() as conn:
+            seen = answers.models_used(conn, start, end)
+        if note := answers.unused_note(prices, seen):
+            click.echo(f"note: {note}", err=True)
+    emit(rows, columns, output)
     if bill is not None:
         click.echo(f"note: {answers.describe_bill(bill, priced)}", err=True)
     if note := answers.missing_note(missing):
@@ -169,8 +184,8 @@ def usage(ctx: click.Context, since: float | None, from_: str | None, until: str
               help="Start the ledger over on --bucket's grid: removes every row (with --yes), "
                    "in one transaction with the new grid's first bucket, once collected; "
                    "refused, the ledger unchanged, while the hub does not answer.")
-@click.option("--yes", is_flag=True, help=f"Confirm --replace-grid, or a period of more "
-              f"than {answers.CONFIRM_BUCKETS:,} buckets.")
+@click.option("--yes", is_flag=True, help=f"Confirm --replace-grid, or a period (or a "
+              f"catch-up of --max-backfill) of more than {answers.CONFIRM_BUCKETS:,} buckets.")
 @click.option("--lock-timeout", type=DURATION, default="5m", show_default=True,
               envvar="GPUFLEET_LOCK_TIMEOUT", metavar="DURATION",
               help="How long to wait for another ledger writer (`serve`, a second collect) "
@@ -201,6 +216,7 @@ def collect(since: float | None, from_: str | None, until: str | None, bucket: f
         raise InputError("--replace-grid removes every row of the usage ledger; add --yes")
     chosen = period(since, from_, until, default_since=None)
     starts = None
+    now = time.time()
     if chosen is not None:
         start, end = (t.replace(tzinfo=dt.UTC).timestamp() for t in chosen)
         starts = answers.buckets_between(start, end, bucket)
@@ -208,6 +224,8 @@ def collect(since: float | None, from_: str | None, until: str | None, bucket: f
             raise InputError(f"the period holds {len(starts):,} buckets of "
                              f"{format_duration(bucket)} (more than "
                              f"{answers.CONFIRM_BUCKETS:,}); add --yes to collect them all")
+    elif not replace_grid:
+        backfill_guard(max_backfill, bucket)
     with hub_client(opts) as client, database(db, create=True) as engine:
         ensure_schema(engine)
         settings: dict[str, Any] = dict(
@@ -219,7 +237,17 @@ def collect(since: float | None, from_: str | None, until: str | None, bucket: f
             click.echo(f"usage ledger started over on buckets of {format_duration(bucket)} "
                        f"({removed} rows removed)", err=True)
         else:
-            result = answers.collect_usage(engine, client, **settings)
+            if starts is None:  # a catch-up: as many buckets as were missed, asked the same way
+                starts = pending_plan(engine, now=now, bucket=bucket,
+                                      max_backfill=max_backfill,
+                                      push_interval=push_interval, yes=yes)
+            stop = threading.Event()  # SIGTERM: end between two buckets; the next resumes
+            with on_sigterm(lambda signum, frame: stop.set()), \
+                    progress(f"usage buckets of {format_duration(bucket)}",
+                             len(starts)) as advance:
+                result = answers.collect_usage(
+                    engine, client, **{**settings, "starts": starts}, now=now,
+                    on_bucket=lambda _start, _rows: advance(1), stop=stop.is_set)
     if output == "json":
         click.echo(to_json(result.as_dict()))
     else:
@@ -228,6 +256,32 @@ def collect(since: float | None, from_: str | None, until: str | None, bucket: f
         first, error = result.failed[0]
         raise UnavailableError(f"{len(result.failed)} bucket(s) not collected, first "
                                f"{first.isoformat()}Z: {error}; the next collect retries them")
+
+
+def backfill_guard(max_backfill: float, bucket: float) -> None:
+    """A catch-up can never hold more than MAX_BUCKETS buckets (refused before anything is
+    asked, with the count): the limit of an explicit period, said about --max-backfill."""
+    most = int(max_backfill // bucket)
+    if most > answers.MAX_BUCKETS:
+        raise InputError(f"--max-backfill {format_duration(max_backfill)} holds {most:,} "
+                         f"buckets of {format_duration(bucket)} (at most "
+                         f"{answers.MAX_BUCKETS:,}); shorten --max-backfill or use a larger "
+                         "--bucket")
+
+
+def pending_plan(engine: Any, *, now: float, bucket: float, max_backfill: float,
+                 push_interval: float, yes: bool) -> list[float]:
+    """The buckets a catch-up would collect; more than CONFIRM_BUCKETS need --yes, as an
+    explicit period's do (14,077 buckets of 12s once ran 18 minutes unasked)."""
+    with engine.connect() as conn:
+        starts = answers.pending_buckets(conn, now=now, bucket=bucket,
+                                         max_backfill=max_backfill, delay=push_interval)
+    if len(starts) > answers.CONFIRM_BUCKETS and not yes:
+        raise InputError(f"catching up --max-backfill {format_duration(max_backfill)} means "
+                         f"{len(starts):,} buckets of {format_duration(bucket)} not collected "
+                         f"yet (more than {answers.CONFIRM_BUCKETS:,}); add --yes to collect "
+                         "them all, or shorten --max-backfill")
+    return starts
 
 
 @click.command(cls=ConfiguredCommand)

@@ -25,6 +25,7 @@ from hub.common import (
     InputError,
     check_document,
     cluster_label_option,
+    counts_line,
     db_option,
     emit,
     env,
@@ -372,9 +373,7 @@ def report(ctx: click.Context, max_age: float, push_interval: float, window: flo
     text = validation.render_report(result, output, max_findings=max_findings)
     if out:
         validation.write_atomic(out, text)
-        c = result.counts
-        click.echo(f"wrote {out}: {c['error']} errors, {c['warning']} warnings, "
-                   f"{c['info']} info", err=True)
+        click.echo(f"wrote {out}: {counts_line(result.counts)}", err=True)
     else:
         click.echo(text, nl=False)
     if hub_failure is not None:

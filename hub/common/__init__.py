@@ -33,6 +33,7 @@ from hub.common._errors import (
     read_input_file,
     shorten,
 )
+from hub.common._numbers import counted, counts_line, for_people, json_number
 from hub.common._options import (
     PERCENT,
     QUERY_CONCURRENCY,
@@ -53,6 +54,7 @@ from hub.common._output import (
     emit,
     iso,
     output_option,
+    progress,
     to_json,
     to_table,
 )
@@ -99,9 +101,12 @@ __all__ = [
     "check_document",
     "cluster_label_option",
     "console",
+    "counted",
+    "counts_line",
     "db_option",
     "emit",
     "env",
+    "for_people",
     "format_duration",
     "gpu_hours_by_day_chart",
     "html_environment",
@@ -109,6 +114,7 @@ __all__ = [
     "human_duration",
     "idle_gpu_hours_chart",
     "iso",
+    "json_number",
     "load_config",
     "load_yaml",
     "lock_timeout_option",
@@ -119,6 +125,7 @@ __all__ = [
     "parse_json",
     "parse_listen",
     "parse_yaml",
+    "progress",
     "push_interval_option",
     "query_concurrency_option",
     "read_input_file",

@@ -20,7 +20,7 @@ from hub.service._auth import (
     token_entry,
 )
 from hub.service._confine import confine
-from hub.service._page import USAGE_SECTIONS
+from hub.service._page import USAGE_SECTIONS, usage_sections
 from hub.service._scheduler import (
     Jobs,
     Service,
@@ -64,4 +64,5 @@ __all__ = [
     "new_token",
     "read_only_engine",
     "token_entry",
+    "usage_sections",
 ]

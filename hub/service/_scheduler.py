@@ -346,8 +346,10 @@ class Scheduler:
 
     def _after_sync(self) -> None:
         for job in self.jobs.after_sync:
+            if self._stop.is_set():
+                return  # stopping: the next start runs them (a SIGTERM answers in seconds)
             self._guarded(_job_name(job), job)
-        if self.jobs.findings is not None:
+        if self.jobs.findings is not None and not self._stop.is_set():
             provider = self.jobs.findings
             found = self._guarded("findings", lambda: list(provider()))
             if found is not None:
@@ -432,7 +434,8 @@ def build_service(jobs: Jobs, *, every: float, engine: Engine, host: str = "127.
                   auth: Authenticator | None = None, metrics_open: bool = True,
                   tls: TlsFiles | None = None,
                   sessions: Sessions | DbSessions | None = None,
-                  prices: Any = None, forwarded_allow_ips: Sequence[str] = ()) -> Service:
+                  prices: Any = None, forwarded_allow_ips: Sequence[str] = (),
+                  idle_rule: Any = None) -> Service:
     """Wire jobs, metrics and the API over a read-only ``engine``; binds the port now
     (OSError when it cannot) but starts nothing. ``sessions``: where browser sign-ins live
     (a default store when None; used only with ``auth`` configured).
@@ -450,7 +453,8 @@ def build_service(jobs: Jobs, *, every: float, engine: Engine, host: str = "127.
                     metrics=metrics.negotiate, check_failure=scheduler.check_failure,
                     page_sections=page_sections, auth=auth, metrics_open=metrics_open,
                     on_refused=lambda reason: metrics.refused.labels(reason).inc(),
-                    sessions=sessions, secure_cookies=tls is not None, prices=prices)
+                    sessions=sessions, secure_cookies=tls is not None, prices=prices,
+                    idle_rule=idle_rule)
     server = Server(app, host, port, tls=tls, forwarded_allow_ips=forwarded_allow_ips)
     metrics.registry.register(ServerCollector(server.guard, tls))
     return Service(scheduler, server, engine)

@@ -13,6 +13,7 @@ from hub.usage._answers import (
     USAGE_FIGURES,
     capacity,
     group_columns,
+    models_used,
     rollup_days,
     summary_select,
     usage_frame,
@@ -25,6 +26,7 @@ from hub.usage._idle import (
     IDLE_COLUMNS,
     IDLE_FOR_S,
     IDLE_THRESHOLD_PCT,
+    IdleRule,
     idle_allocated,
     idle_gpu_hours,
     idle_runs,
@@ -40,12 +42,20 @@ from hub.usage._ledger import (
     collect_usage,
     describe,
     ledger_bucket,
+    pending_buckets,
     rebuild_days,
     replace_grid,
     rollup_sums,
     write_bucket,
 )
-from hub.usage._prices import COST_FIGURES, Prices, load_prices, missing_note, parse_prices
+from hub.usage._prices import (
+    COST_FIGURES,
+    Prices,
+    load_prices,
+    missing_note,
+    parse_prices,
+    unused_note,
+)
 from hub.usage._series import daily_by_namespace, day_starts, utilisation_over_time
 
 __all__ = [
@@ -62,6 +72,7 @@ __all__ = [
     "USAGE_FIGURES",
     "Bill",
     "CollectResult",
+    "IdleRule",
     "Prices",
     "apply_retention",
     "buckets_between",
@@ -83,13 +94,16 @@ __all__ = [
     "load_bill",
     "load_prices",
     "missing_note",
+    "models_used",
     "parse_bill",
     "parse_prices",
+    "pending_buckets",
     "rebuild_days",
     "replace_grid",
     "rollup_days",
     "rollup_sums",
     "summary_select",
+    "unused_note",
     "usage_frame",
     "usage_summary",
     "utilisation_over_time",

@@ -80,11 +80,14 @@ class CollectResult:
     #: buckets of the period asked for that had not ended a push interval ago
     clipped: int = 0
     not_before: dt.datetime | None = None  # the first bucket a later collect will write
+    #: buckets left for the next collect because this one was asked to stop (SIGTERM)
+    stopped: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {"collected": self.collected, "rows": self.rows, "requests": self.requests,
                 "removed_by_retention": self.removed,
                 "clipped_not_ended": self.clipped, "next_bucket": self.not_before,
+                "left_by_stop": self.stopped,
                 "failed": [{"bucket_start": b, "error": e} for b, e in self.failed]}
 
 
@@ -266,9 +269,13 @@ def collect_usage(engine: Engine, client: HubClient, *, bucket: float = 3600.0,
                   starts: list[float] | None = None, max_backfill: float = 48 * 3600.0,
                   retention: float = 400 * 86400.0, cluster_label: str = "cluster",
                   now: float | None = None, lock_timeout: float = 60.0,
-                  on_bucket: Callable[[dt.datetime, int], None] | None = None
-                  ) -> CollectResult:
+                  on_bucket: Callable[[dt.datetime, int], None] | None = None,
+                  stop: Callable[[], bool] = lambda: False) -> CollectResult:
     """Collect the given buckets (or every pending one), one locked transaction per bucket.
+
+    ``stop`` is asked before each bucket: once it says yes (SIGTERM) the collect ends
+    between two buckets, every written bucket whole, and the next collect resumes with the
+    ones left (they are still pending); ``stopped`` in the result says so.
 
     ``push_interval`` is the cadence samples reach the hub at (ACM: 300 s): the coverage
     resolution and the delay after a bucket's end before it is complete. ``resolution``
@@ -295,6 +302,9 @@ def collect_usage(engine: Engine, client: HubClient, *, bucket: float = 3600.0,
         result.not_before = utc(first_open)
     labels = _LabelCheck(client, cluster_label, now)
     for start in ended:
+        if stop():
+            result.stopped = len(ended) - len(result.collected) - len(result.failed)
+            break
         before = client.requests
         try:
             rows = _fold(client, queries, start, bucket, resolution, cluster_label, known,
@@ -314,8 +324,9 @@ def collect_usage(engine: Engine, client: HubClient, *, bucket: float = 3600.0,
         result.requests += requests
         if on_bucket:
             on_bucket(utc(start), len(rows))
-    with _ledger_transaction(engine, lock_timeout) as conn:
-        result.removed = apply_retention(conn, now - retention)
+    if not result.stopped:  # stopping: out within the promised time, retention next time
+        with _ledger_transaction(engine, lock_timeout) as conn:
+            result.removed = apply_retention(conn, now - retention)
     return result
 
 
@@ -480,4 +491,7 @@ def describe(result: CollectResult, push_interval: float) -> str:
         text += (f"; {result.clipped} bucket(s) not ended a push interval "
                  f"({human_duration(push_interval)}) ago were left for a later collect, "
                  f"from {result.not_before.isoformat()}Z" if result.not_before else "")
+    if result.stopped:
+        text += (f"; stopped: {result.stopped} bucket(s) left, the next collect resumes "
+                 "with them")
     return text

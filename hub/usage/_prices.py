@@ -35,6 +35,8 @@ from hub.common import InputError, brief_repr, load_yaml
 
 CLUSTERS_KEY = "clusters"
 INSTANCE_TYPES_KEY = "instance_types"
+#: optional: the currency of every price (ISO 4217, e.g. EUR), carried into the showback
+CURRENCY_KEY = "currency"
 COST_FIGURES = ["cost", "unpriced_gpu_hours"]
 
 
@@ -46,6 +48,7 @@ class Prices:
     clusters: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     #: hourly price of a whole node per instance type (hub.usage._bills divides by its GPUs)
     instance_types: Mapping[str, float] = field(default_factory=dict)
+    currency: str | None = None
 
     def price(self, cluster: str | None, model: str | None) -> float | None:
         if model is None:
@@ -79,7 +82,13 @@ def parse_prices(raw: Any, source: str = "price file") -> Prices:
     if not isinstance(raw, Mapping) or not raw:
         raise InputError(f"{source}: expected a mapping of model names to prices per "
                          'GPU-hour, e.g. "NVIDIA H100 80GB HBM3": 2.5')
-    models = {k: v for k, v in raw.items() if k not in (CLUSTERS_KEY, INSTANCE_TYPES_KEY)}
+    currency = raw.get(CURRENCY_KEY)
+    if currency is not None and not (isinstance(currency, str) and len(currency) == 3
+                                     and currency.isalpha() and currency.isupper()):
+        raise InputError(f"{source}: {CURRENCY_KEY} {currency!r} is not an ISO 4217 code "
+                         "(e.g. EUR, USD)")
+    models = {k: v for k, v in raw.items()
+              if k not in (CLUSTERS_KEY, INSTANCE_TYPES_KEY, CURRENCY_KEY)}
     clusters_raw = raw.get(CLUSTERS_KEY, {}) or {}
     if not isinstance(clusters_raw, Mapping):
         raise InputError(f"{source}: {CLUSTERS_KEY} must map cluster names to price tables")
@@ -91,7 +100,7 @@ def parse_prices(raw: Any, source: str = "price file") -> Prices:
         clusters[name] = _price_table(table, f"{source}: {CLUSTERS_KEY}.{name}")
     types = _price_table(raw.get(INSTANCE_TYPES_KEY) or {}, f"{source}: {INSTANCE_TYPES_KEY}",
                          "instance types to hourly prices")
-    return Prices(_price_table(models, source), clusters, types)
+    return Prices(_price_table(models, source), clusters, types, currency)
 
 
 def load_prices(path: str | Path) -> Prices:
@@ -145,3 +154,17 @@ def missing_note(missing: Mapping[tuple[str | None, str | None], float]) -> str 
     listed = ", ".join(f"{m} ({h:.2f} GPU-hours)" for m, h in sorted(by_model.items()))
     return (f"no price for {listed}: the cost of the groups they fall in is left empty; "
             "add them to the price file")
+
+
+def unused_note(prices: Prices, seen: Iterable[tuple[str | None, str | None]]) -> str | None:
+    """One line naming the prices no GPU-hour of the period used: a model spelled otherwise
+    than the exporter spells it is billed nowhere, and nobody would notice (None: all used)."""
+    seen = set(seen)
+    models = {m for _, m in seen}
+    unused = [f"{m!r}" for m in sorted(prices.models) if m not in models]
+    unused += [f"{m!r} (clusters.{c})" for c, table in sorted(prices.clusters.items())
+               for m in sorted(table) if (c, m) not in seen]
+    if not unused:
+        return None
+    return (f"the price file prices {', '.join(unused)}, which no GPU-hour of the period has: "
+            "spelled as the exporter spells the model (see `gpufleet capacity`)?")
