@@ -33,6 +33,7 @@ from hub.common import (
     hub_options,
     lock_timeout_option,
     max_age_option,
+    min_charge_option,
     on_sigterm,
     output_option,
     parse_duration,
@@ -52,7 +53,7 @@ def service_jobs(engine: Engine, client: HubClient, *, stale_after: float, clust
                  lock_timeout: float, reconcile: bool = False, max_age: float = 3600.0,
                  push_interval: float = 300.0, window: float = 3600.0,
                  usage_bucket: float = 3600.0, usage_retention: float = 400 * 86400.0,
-                 usage_max_backfill: float = 48 * 3600.0,
+                 usage_max_backfill: float = 48 * 3600.0, min_charge: float = 0.0,
                  prune_stale_after: float | None = None, catalog: Any = None,
                  stopping: Callable[[], bool] = lambda: False) -> svc.Jobs:
     """The scheduled work: sync; then, when asked, a hub-side reconcile and a prune of what
@@ -85,7 +86,7 @@ def service_jobs(engine: Engine, client: HubClient, *, stale_after: float, clust
         result = usage.collect_usage(engine, client, bucket=usage_bucket,
                                      push_interval=push_interval, retention=usage_retention,
                                      max_backfill=usage_max_backfill,
-                                     cluster_label=cluster_label,
+                                     cluster_label=cluster_label, min_charge=min_charge,
                                      lock_timeout=max(lock_timeout, 60.0), stop=stopping)
         if result.collected:
             log.info("usage: collected %d bucket(s), %d rows", len(result.collected),
@@ -202,6 +203,7 @@ class _ServeGroup(ConfiguredCommand, click.Group):
 @idle_options
 @max_age_option
 @push_interval_option
+@min_charge_option
 @window_option
 @stale_after_option
 @lock_timeout_option
@@ -217,7 +219,8 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
           tls_key_file: str | None, usage_bucket: float, usage_retention: float,
           usage_max_backfill: float, prices: str | None, prune_stale_after: float | None,
           instance_types: str | None,
-          max_age: float, push_interval: float, window: float, stale_after: float,
+          max_age: float, push_interval: float, min_charge: float, window: float,
+          stale_after: float,
           lock_timeout: float, cluster_label: str, db: str | None, idle_threshold: float,
           idle_for: float, **opts: Any) -> None:
     """Run the hub service: sync on a schedule and serve the inventory over HTTP.
@@ -300,6 +303,7 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
                                 push_interval=push_interval, window=window,
                                 usage_bucket=usage_bucket, usage_retention=usage_retention,
                                 usage_max_backfill=usage_max_backfill,
+                                min_charge=min_charge,
                                 prune_stale_after=prune_stale_after,
                                 catalog=load_catalog(instance_types) if reconcile else None,
                                 stopping=stopping.is_set)

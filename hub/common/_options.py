@@ -165,6 +165,14 @@ push_interval_option = click.option(
     help="How often spokes push (ACM: 300s); no sample for twice this is a warning.",
 )
 
+min_charge_option = click.option(
+    "--min-charge", type=DURATION, default="0s", show_default=True,
+    envvar=env("min-charge"), metavar="DURATION",
+    help="Charge an ended allocation at least this long, as the clouds bill GPU instances "
+         "(e.g. 60s); 0s: off. Give `usage collect` and `serve` the same value (env "
+         "GPUFLEET_MIN_CHARGE), or the buckets each writes are charged differently.",
+)
+
 window_option = click.option(
     "--window", type=DURATION, default="1h", show_default=True, envvar=env("window"),
     metavar="DURATION",

@@ -86,7 +86,10 @@ def _usage_models() -> tuple[type[BaseModel], type[BaseModel], type[BaseModel]]:
     from hub import usage
 
     keys = {c: (Text, None) for c in ["cluster", "namespace", "model", "node", "uuid", "slice"]}
-    figures = {c: (Number, ...) for c in usage.USAGE_FIGURES}
+    figures: dict[str, Any] = {c: (Number, ...) for c in usage.USAGE_FIGURES
+                               if c != "allocation_basis"}
+    # how exact the allocated hours are: the least exact basis of the group's allocated rows
+    figures["allocation_basis"] = (Literal["interval", "estimated", "sampled"] | None, None)
     # showback, when the service has prices (serve --prices): null cost = a model unpriced
     costs = {c: (Number, None) for c in usage.COST_FIGURES}
     usage_row = create_model("Usage", __config__=ConfigDict(extra="allow"), **keys, **figures,

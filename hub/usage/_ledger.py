@@ -57,6 +57,7 @@ from hub.inventory import (
     usage_ledger,
 )
 from hub.usage._fold import fold_bucket, utc
+from hub.usage._meter import BASES
 
 if TYPE_CHECKING:
     from hub.store import HubClient
@@ -190,8 +191,41 @@ def pending_buckets(conn: Connection, *, now: float, bucket: float, max_backfill
 
 
 # -- asking the hub ---------------------------------------------------------------------------
+def _alloc_step(push_interval: float) -> float:
+    """The step at which the allocations' last samples are found: at most a push interval
+    and the store's 5-minute look-back, so every sample is the newest at one step."""
+    return min(push_interval, 300.0)
+
+
+def bucket_queries(bucket: float, resolution: float, push_interval: float,
+                   cluster_label: str, allocations: bool = True) -> list[store.Query]:
+    """A bucket's fixed request set: the samples' (store.usage_queries) and, where the hub
+    holds allocation series, the allocations' edges (store.allocation_queries), these over
+    the bucket and a push interval each side, plus one step (see _ask)."""
+    step = _alloc_step(push_interval)
+    samples = store.usage_queries(format_duration(bucket), format_duration(resolution),
+                                  cluster_label)
+    if not allocations:
+        return samples
+    return [*samples,
+            *store.allocation_queries(format_duration(bucket + 2 * push_interval + step),
+                                      format_duration(step), cluster_label)]
+
+
+def _has_allocations(client: HubClient, starts: list[float], now: float,
+                     push_interval: float, cluster_label: str) -> bool:
+    """Whether the hub holds any allocation series from the first bucket on (one request
+    per collect; without any, every bucket is sampled and asks 8 requests fewer)."""
+    if not starts:
+        return False
+    window = format_duration(max(push_interval, math.ceil(now - min(starts) + push_interval)))
+    answer = client.query(store.allocation_probe(window, cluster_label), time=now)
+    return any(float(r["value"][1]) > 0 for r in answer.result)
+
+
 def _ask(client: HubClient, queries: list[store.Query], start: float, bucket: float,
-         resolution: float) -> Iterator[tuple[store.Query, Iterable[Mapping[str, Any]]]]:
+         resolution: float, push_interval: float | None = None
+         ) -> Iterator[tuple[store.Query, Iterable[Mapping[str, Any]]]]:
     """Each query's answer in turn, coverage first (fold_bucket weighs averages by it),
     decoded row by row as the fold reads it: one answer's rows exist at a time, not the
     whole bucket's. A partial answer raises once its rows are read (Thanos sends the
@@ -201,6 +235,12 @@ def _ask(client: HubClient, queries: list[store.Query], start: float, bucket: fl
         # avg/max: the samples in [start, end) (1 ms before the end, so a sample exactly on a
         # boundary belongs to one bucket); coverage: one slot later, see usage_queries.
         at = end - 0.001 + (resolution if query.kind == "coverage" else 0.0)
+        if query.kind.startswith(("alloc:", "edge:")):
+            # allocations: a push interval later, so the push after a short pod carries its
+            # edges and a pod held past the end has a sample after it, plus one step, the
+            # subqueries' last point (steps are aligned to multiples of the step)
+            push = push_interval or resolution
+            at = end - 0.001 + push + _alloc_step(push)
         res = client.query(query.promql, time=at, stream=True)
         yield query, res.result
         warnings = getattr(res.result, "warnings", None) or res.warnings
@@ -247,12 +287,14 @@ def _known(conn: Connection) -> dict[tuple[str, str], tuple[str | None, float | 
 
 def _fold(client: HubClient, queries: list[store.Query], start: float, bucket: float,
           resolution: float, cluster_label: str, known: Mapping[tuple[str, str], Any],
-          labels: _LabelCheck) -> list[dict[str, Any]]:
+          labels: _LabelCheck, push_interval: float,
+          min_charge: float) -> list[dict[str, Any]]:
     """One bucket's ledger rows from the hub (nothing written); an empty answer where the
     cluster label is a typo raises it rather than writing an empty bucket."""
-    rows = fold_bucket(_ask(client, queries, start, bucket, resolution), start=start,
-                       bucket=bucket, resolution=resolution, cluster_label=cluster_label,
-                       known=known)
+    rows = fold_bucket(_ask(client, queries, start, bucket, resolution, push_interval),
+                       start=start, bucket=bucket, resolution=resolution,
+                       cluster_label=cluster_label, known=known, push_interval=push_interval,
+                       min_charge=min_charge)
     if not rows and (typo := labels.typo(start, bucket)):
         raise typo
     return rows
@@ -270,7 +312,8 @@ def collect_usage(engine: Engine, client: HubClient, *, bucket: float = 3600.0,
                   retention: float = 400 * 86400.0, cluster_label: str = "cluster",
                   now: float | None = None, lock_timeout: float = 60.0,
                   on_bucket: Callable[[dt.datetime, int], None] | None = None,
-                  stop: Callable[[], bool] = lambda: False) -> CollectResult:
+                  stop: Callable[[], bool] = lambda: False,
+                  min_charge: float = 0.0) -> CollectResult:
     """Collect the given buckets (or every pending one), one locked transaction per bucket.
 
     ``stop`` is asked before each bucket: once it says yes (SIGTERM) the collect ends
@@ -279,7 +322,8 @@ def collect_usage(engine: Engine, client: HubClient, *, bucket: float = 3600.0,
 
     ``push_interval`` is the cadence samples reach the hub at (ACM: 300 s): the coverage
     resolution and the delay after a bucket's end before it is complete. ``resolution``
-    (`--step`) may coarsen coverage, never go below the push interval.
+    (`--step`) may coarsen coverage, never go below the push interval. ``min_charge``
+    (`--min-charge`, off by default) is the least an ended allocation is charged.
     """
     resolution = check_settings(bucket=bucket, push_interval=push_interval,
                                 resolution=resolution, retention=retention,
@@ -287,8 +331,6 @@ def collect_usage(engine: Engine, client: HubClient, *, bucket: float = 3600.0,
     now = time.time() if now is None else now
     delay = push_interval
     result = CollectResult()
-    queries = store.usage_queries(format_duration(bucket), format_duration(resolution),
-                                  cluster_label)
     with _ledger_transaction(engine, lock_timeout) as conn:
         claim_grid(conn, bucket)
         if starts is None:
@@ -301,6 +343,13 @@ def collect_usage(engine: Engine, client: HubClient, *, bucket: float = 3600.0,
         first_open = min(set(starts) - set(ended))
         result.not_before = utc(first_open)
     labels = _LabelCheck(client, cluster_label, now)
+    before = client.requests
+    try:
+        metered = _has_allocations(client, ended, now, push_interval, cluster_label)
+    except GpufleetError:  # the hub did not answer: each bucket's own requests say so
+        metered = True
+    result.requests += client.requests - before
+    queries = bucket_queries(bucket, resolution, push_interval, cluster_label, metered)
     for start in ended:
         if stop():
             result.stopped = len(ended) - len(result.collected) - len(result.failed)
@@ -308,7 +357,7 @@ def collect_usage(engine: Engine, client: HubClient, *, bucket: float = 3600.0,
         before = client.requests
         try:
             rows = _fold(client, queries, start, bucket, resolution, cluster_label, known,
-                         labels)
+                         labels, push_interval, min_charge)
         except InputError:
             raise
         except GpufleetError as exc:
@@ -335,8 +384,8 @@ def collect_on_new_grid(engine: Engine, client: HubClient, *, bucket: float = 36
                         starts: list[float] | None = None, max_backfill: float = 48 * 3600.0,
                         retention: float = 400 * 86400.0, cluster_label: str = "cluster",
                         now: float | None = None, lock_timeout: float = 60.0,
-                        on_bucket: Callable[[dt.datetime, int], None] | None = None
-                        ) -> tuple[int, CollectResult]:
+                        on_bucket: Callable[[dt.datetime, int], None] | None = None,
+                        min_charge: float = 0.0) -> tuple[int, CollectResult]:
     """`--replace-grid`: the ledger on ``bucket``'s grid without a moment of it empty for
     nothing. The hub is asked first (down: UnavailableError, the ledger untouched); the new
     grid's first bucket is folded; only then, in one transaction under the ledger's lock,
@@ -362,11 +411,10 @@ def collect_on_new_grid(engine: Engine, client: HubClient, *, bucket: float = 36
     requests = 0
     if first is not None:
         before = client.requests
-        queries = store.usage_queries(format_duration(bucket), format_duration(resolution),
-                                      cluster_label)
+        queries = bucket_queries(bucket, resolution, push_interval, cluster_label)
         try:
             rows = _fold(client, queries, first, bucket, resolution, cluster_label, known,
-                         _LabelCheck(client, cluster_label, now))
+                         _LabelCheck(client, cluster_label, now), push_interval, min_charge)
         except InputError:
             raise
         except GpufleetError as exc:
@@ -384,7 +432,8 @@ def collect_on_new_grid(engine: Engine, client: HubClient, *, bucket: float = 36
     result = collect_usage(engine, client, bucket=bucket, push_interval=push_interval,
                            resolution=resolution, starts=rest, max_backfill=max_backfill,
                            retention=retention, cluster_label=cluster_label, now=now,
-                           lock_timeout=lock_timeout, on_bucket=on_bucket)
+                           lock_timeout=lock_timeout, on_bucket=on_bucket,
+                           min_charge=min_charge)
     if first is not None:
         result.collected.insert(0, utc(first))
         result.rows += len(rows)
@@ -439,7 +488,16 @@ def rollup_sums(table: sa.Table, when: sa.ColumnElement) -> list[sa.ColumnElemen
         .label("sm_active_gpu_hours"),
         sa.func.sum(sa.case((sm.is_not(None), table.c.gpu_hours), else_=zero))
         .label("sm_measured_gpu_hours"),
+        sa.func.max(sa.case((allocated, basis_rank(table.c.allocation_basis)), else_=None))
+        .label("allocation_basis_rank"),
     ]
+
+
+def basis_rank(column: sa.ColumnElement) -> sa.ColumnElement:
+    """A row's allocation_basis as its rank (0 interval, 1 estimated, 2 sampled): the
+    greatest rank of a group's allocated rows says how exact its allocated hours are."""
+    return sa.case(*[(column == b, i) for i, b in enumerate(BASES[:-1])],
+                   else_=len(BASES) - 1)
 
 
 ROLLUP_KEYS = ["cluster", "node", "uuid", "slice", "namespace", "model"]
