@@ -34,6 +34,7 @@ from hub.common._errors import (
 )
 from hub.common._options import (
     QUERY_CONCURRENCY,
+    SHARD_SIZE,
     cluster_label_option,
     db_option,
     env,
@@ -42,6 +43,7 @@ from hub.common._options import (
     max_age_option,
     push_interval_option,
     query_concurrency_option,
+    shard_size_option,
     stale_after_option,
     window_option,
 )
@@ -73,6 +75,7 @@ __all__ = [
     "NO_WRAP",
     "QUERY_CONCURRENCY",
     "REDACTED",
+    "SHARD_SIZE",
     "BackgroundHTTPServer",
     "ConfiguredCommand",
     "ConfiguredGroup",
@@ -105,6 +108,7 @@ __all__ = [
     "redact",
     "redact_urls",
     "register_secret",
+    "shard_size_option",
     "shorten",
     "stacked_bars",
     "stacked_columns",

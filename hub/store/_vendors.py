@@ -13,9 +13,10 @@ in its index and which keeps Thanos from pruning its store fan-out).
 
 from __future__ import annotations
 
+import json
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,7 +100,13 @@ class VendorProfile(ABC):
         ``or``: exact names only, so Thanos can prune its store fan-out."""
         return " or ".join(selector.format(prefix + metric) for prefix in self.name_prefixes)
 
-    def queries(self, window: str, step: str, cluster_label: str) -> list[Query]:
+    def matcher(self, shard: str = "") -> str:
+        """The label matchers every device-level selector of a query carries: the device
+        matcher, and a sync shard's cluster matcher (see shard_matcher) when given."""
+        return f"{self.device_matcher}, {shard}" if shard else self.device_matcher
+
+    def queries(self, window: str, step: str, cluster_label: str,
+                shard: str = "") -> list[Query]:
         """One request per neutral field plus one for sample times, all series unaggregated.
 
         Every query keeps each series' full label set: aggregating (``max by``) would mix a
@@ -108,8 +115,9 @@ class VendorProfile(ABC):
         set and keeps, per GPU, the value of the newest series (FleetBuilder). Identity,
         attributes and allocations come from the same rows, so no ``__name__`` regex is
         needed. ``or`` picks the preferred metric where an exporter offers several.
+        ``shard`` (a cluster matcher) is added to every selector, each ``or`` arm included.
         """
-        match = self.device_matcher
+        match = self.matcher(shard)
         out = []
         # the field read from the clock family itself comes with the sample times (below)
         clock_field = next((f for f, ms in self.value_fields.items()
@@ -132,10 +140,11 @@ class VendorProfile(ABC):
         stamps = (f"{self.clock_metric}{{{match}}}[{window}]" if len(self.name_prefixes) == 1
                   else f'{{__name__=~"{names}", {match}}}[{window}]')
         out.append(Query(self.vendor, "timestamp", stamps, clock_field))
-        out.append(self.presence_query(window, step, cluster_label))
+        out.append(self.presence_query(window, step, cluster_label, shard))
         return out
 
-    def presence_query(self, window: str, step: str, cluster_label: str) -> Query:
+    def presence_query(self, window: str, step: str, cluster_label: str,
+                       shard: str = "") -> Query:
         """GPUs that send none of the metrics the other queries read, with their newest
         sample's time: one request over an explicit list of exact names (no ``__name__``
         regex), ``max``-ed per GPU, attributes and allocation (the names' extra labels such
@@ -149,7 +158,7 @@ class VendorProfile(ABC):
         (``unless``): they are in the sync already, so at any fleet size the answer holds
         only the GPUs with a trimmed field set. The value is a time, never a field.
         """
-        match = self.device_matcher
+        match = self.matcher(shard)
         group = _by([cluster_label, *self.id_labels, *self.attribute_labels, *POD_LABELS])
         ids = _by([cluster_label, *self.id_labels])
         arms = " or ".join(self._any_name(m, f"timestamp({{}}{{{{{match}}}}})")
@@ -394,9 +403,40 @@ def labelled_matcher(cluster_label: str) -> str:
     return f'{cluster_label}!=""'
 
 
-def sync_queries(window: str, step: str, cluster_label: str) -> list[Query]:
-    """The whole, fixed request set of one sync."""
-    return [q for profile in PROFILES for q in profile.queries(window, step, cluster_label)]
+def sync_queries(window: str, step: str, cluster_label: str, shard: str = "") -> list[Query]:
+    """The whole, fixed request set of one sync (of one shard of clusters: ``shard`` is a
+    shard_matcher, added to every selector)."""
+    return [q for profile in PROFILES
+            for q in profile.queries(window, step, cluster_label, shard)]
+
+
+#: characters RE2 reads as syntax; every other character of a cluster name is itself
+_RE2_SYNTAX = re.compile(r"([\\.+*?()|\[\]{}^$])")
+
+
+def promql_string(text: str) -> str:
+    """``text`` as a PromQL double-quoted string literal (Go's escapes: JSON's are a subset)."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+def shard_matcher(cluster_label: str, clusters: Iterable[str], *, exclude: bool = False
+                  ) -> str:
+    """The exact matcher of a shard of clusters: ``cluster=~"a|b\\.c"``, each name a literal
+    (RE2 syntax escaped; Prometheus anchors the regex whole). ``exclude`` gives the
+    complement, ``cluster!~"..."``: every other cluster, clusters that appeared since the
+    shard plan and series without the label included (the empty value matches no name)."""
+    names = "|".join(_RE2_SYNTAX.sub(r"\\\1", c) for c in clusters)
+    return f"{cluster_label}{'!~' if exclude else '=~'}{promql_string(names)}"
+
+
+def cluster_count_query(window: str, cluster_label: str) -> str:
+    """GPUs (and MIG slices) per cluster over the window, by the sample-time family of each
+    vendor: one cheap request that plans a sharded sync. Series without the cluster label
+    count under ``""``."""
+    arms = " or ".join(p._any_name(p.clock_metric,
+                                   f"last_over_time({{}}{{{{{p.device_matcher}}}}}[{window}])")
+                       for p in PROFILES)
+    return f"count by ({cluster_label}) ({arms})"
 
 
 def profile(vendor: str) -> VendorProfile:
