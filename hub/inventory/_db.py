@@ -340,7 +340,9 @@ def _newest_per_identity(chosen: dict[tuple[str, str], Observation], twins: Twin
 
     others: dict[tuple[str, str], list[list[str]]] = {}
     for key, group in twins.items():
-        newest = max(group, key=t)
+        # ties (both places' newest samples at one time) go by place, never by the order
+        # the answers happened to arrive in (or the shard that held each place)
+        newest = max(group, key=lambda o: (t(o), o.cluster, o.node))
         current = [o for o in group if t(o) >= t(newest) - CONCURRENT_S]
         row = known.get(key)
         pick = next((o for o in current if row is not None

@@ -411,7 +411,14 @@ def sync_queries(window: str, step: str, cluster_label: str, shard: str = "") ->
 
 
 #: characters RE2 reads as syntax; every other character of a cluster name is itself
-_RE2_SYNTAX = re.compile(r"([\\.+*?()|\[\]{}^$])")
+_RE2_SYNTAX = re.compile(r"[\\.+*?()|\[\]{}^$]")
+
+
+def _re2_literal(match: re.Match[str]) -> str:
+    # braces as hex escapes: no brace reaches the query text, where the selector templates
+    # (str.format) would read it
+    char = match.group()
+    return f"\\x{ord(char):02X}" if char in "{}" else "\\" + char
 
 
 def promql_string(text: str) -> str:
@@ -425,7 +432,7 @@ def shard_matcher(cluster_label: str, clusters: Iterable[str], *, exclude: bool 
     (RE2 syntax escaped; Prometheus anchors the regex whole). ``exclude`` gives the
     complement, ``cluster!~"..."``: every other cluster, clusters that appeared since the
     shard plan and series without the label included (the empty value matches no name)."""
-    names = "|".join(_RE2_SYNTAX.sub(r"\\\1", c) for c in clusters)
+    names = "|".join(_RE2_SYNTAX.sub(_re2_literal, c) for c in clusters)
     return f"{cluster_label}{'!~' if exclude else '=~'}{promql_string(names)}"
 
 
