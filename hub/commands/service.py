@@ -183,6 +183,10 @@ class _ServeGroup(ConfiguredCommand, click.Group):
 @click.option("--prune-stale-after", type=DURATION, envvar=env("prune-stale-after"),
               metavar="DURATION", help="After each sync, delete GPUs, nodes and clusters "
               "stale for longer than this (as `gpufleet inventory prune`). Default: never.")
+@click.option("--workers", type=click.IntRange(1, 64), envvar=env("workers"), metavar="N",
+              help="Processes serving the port (default: the CPUs available, a container's "
+                   "CPU limit included). One of them, across workers and replicas, runs the "
+                   "schedule; every one serves.")
 @max_age_option
 @push_interval_option
 @window_option
@@ -192,7 +196,7 @@ class _ServeGroup(ConfiguredCommand, click.Group):
 @cluster_label_option
 @db_option
 @click.pass_context
-def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
+def serve(ctx: click.Context, every: float, listen: str, reconcile: bool, workers: int | None,
           tokens_file: str | None, oidc_issuer: str | None, oidc_audience: str | None,
           oidc_scope_claim: str, scopes_file: str | None, allow_unauthenticated: bool,
           metrics_open: bool, session_ttl: float, tls_cert_file: str | None,
@@ -258,36 +262,52 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for handler in logging.getLogger().handlers:  # no URL password in any line, whoever logs
         handler.addFilter(RedactingFilter())
-    if auth.oidc is not None:
-        auth.oidc.jwks.warm()
     logging.getLogger("alembic").setLevel(logging.WARNING)
-    with hub_client(opts) as client, database(db, create=True) as engine:
-        readonly = svc.read_only_engine(db)
-        try:
-            jobs = service_jobs(engine, client, stale_after=stale_after,
-                                cluster_label=cluster_label, lock_timeout=lock_timeout,
-                                reconcile=reconcile, max_age=max_age,
-                                push_interval=push_interval, window=window,
-                                usage_bucket=usage_bucket, usage_retention=usage_retention,
-                                usage_max_backfill=usage_max_backfill,
-                                prune_stale_after=prune_stale_after)
-            try:  # bind first: a port in use fails before anything touches the database
-                service = svc.build_service(jobs, every=every, engine=readonly, host=host,
-                                            port=port, page_sections=svc.USAGE_SECTIONS,
-                                            auth=auth, metrics_open=metrics_open, tls=tls,
-                                            sessions=svc.DbSessions(engine, ttl=session_ttl),
-                                            prices=price_table)
-            except OSError as exc:
-                reason = exc.strerror or str(exc)
-                raise InputError(f"cannot listen on {listen}: {reason}") from None
+
+    def worker(sock: Any = None) -> None:
+        if auth.oidc is not None:  # in the worker: no HTTP connection shared over a fork
+            auth.oidc.jwks.warm()
+        with hub_client(opts) as client, database(db, create=True) as engine:
+            readonly = svc.read_only_engine(db)
             try:
-                _prepare_schema(engine)
-            except BaseException:
-                service.server.close()
-                raise
-            _run(service, client, engine, every)
-        finally:
-            readonly.dispose()
+                jobs = service_jobs(engine, client, stale_after=stale_after,
+                                    cluster_label=cluster_label, lock_timeout=lock_timeout,
+                                    reconcile=reconcile, max_age=max_age,
+                                    push_interval=push_interval, window=window,
+                                    usage_bucket=usage_bucket,
+                                    usage_retention=usage_retention,
+                                    usage_max_backfill=usage_max_backfill,
+                                    prune_stale_after=prune_stale_after)
+                try:  # bind first: a port in use fails before anything touches the database
+                    service = svc.build_service(
+                        jobs, every=every, engine=readonly, host=host, port=port,
+                        page_sections=svc.USAGE_SECTIONS, auth=auth,
+                        metrics_open=metrics_open, tls=tls,
+                        sessions=svc.DbSessions(engine, ttl=session_ttl),
+                        prices=price_table, leader=svc.leadership(engine), sock=sock)
+                except OSError as exc:
+                    reason = exc.strerror or str(exc)
+                    raise InputError(f"cannot listen on {listen}: {reason}") from None
+                try:
+                    _prepare_schema(engine)
+                except BaseException:
+                    service.server.close()
+                    raise
+                _run(service, client, engine, every)
+            finally:
+                readonly.dispose()
+
+    count = workers or svc.available_cpus()
+    if count == 1:
+        worker()
+        return
+    try:  # one socket, bound here, accepted from by every worker
+        sock = svc.bind(host, port, listen=False)
+    except OSError as exc:
+        raise InputError(f"cannot listen on {listen}: {exc.strerror or exc}") from None
+    with database(db, create=True) as engine:  # once, before the workers race for it
+        _prepare_schema(engine)
+    svc.prefork(count, lambda: worker(sock))
 
 
 def access(*, tokens_file: str | None, oidc_issuer: str | None, oidc_audience: str | None,

@@ -48,6 +48,8 @@ KEEP_ALIVE = 15
 GRACE = 5
 #: threads running synchronous handlers (database reads) at once
 THREADS = 8
+#: connections the kernel queues for accept
+BACKLOG = 1024
 #: open connections at most; beyond, new ones get 503 (far above what a probe meets)
 MAX_CONNECTIONS = 2000
 
@@ -106,8 +108,10 @@ class GuardedH11(H11Protocol):
         self.transport.close()
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """The listening socket, bound now so a port in use fails at once (OSError)."""
+def bind(host: str, port: int, *, listen: bool = True) -> socket.socket:
+    """The listening socket, bound now so a port in use fails at once (OSError). Without
+    ``listen`` it listens from Server.start on: workers forked with it refuse connections
+    until one serves, rather than leaving them queued unanswered while they start."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
@@ -118,7 +122,8 @@ def bind(host: str, port: int) -> socket.socket:
         if family == socket.AF_INET6:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
         sock.bind((host, port))
-        sock.listen(1024)
+        if listen:
+            sock.listen(BACKLOG)
         sock.setblocking(False)
     except BaseException:
         sock.close()
@@ -144,10 +149,11 @@ class Server:
     :meth:`start`, stopped gracefully by :meth:`stop`."""
 
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, *,
-                 tls: TlsFiles | None = None) -> None:
+                 tls: TlsFiles | None = None, sock: socket.socket | None = None) -> None:
         self.app = app
         self.tls = tls
-        self.socket = bind(host, port)
+        # a socket bound by the parent of several workers: each accepts from it
+        self.socket = sock if sock is not None else bind(host, port)
         self.address = self.socket.getsockname()  # still known once the socket is closed
         config = uvicorn.Config(
             app, http=GuardedH11, ws="none", lifespan="off", log_config=None,
@@ -176,6 +182,8 @@ class Server:
     def start(self) -> Server:
         """Serve from a thread; returns once the port answers (or raises why it cannot)."""
         failed: list[BaseException] = []
+
+        self.socket.listen(BACKLOG)  # again, harmless; a worker's first: now it serves
 
         async def serve() -> None:
             # handlers hold the GIL while they fold rows: a few threads keep both cores
