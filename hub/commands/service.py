@@ -459,6 +459,14 @@ def hub_group() -> None:
 @click.option("--prune-stale-after", type=DURATION, envvar=env("prune-stale-after"),
               metavar="DURATION", help="Let the Deployment delete what has been stale for "
               "longer than this after each sync (serve --prune-stale-after). Default: never.")
+@click.option("--replicas", type=click.IntRange(1, 100), default=onboard.DEFAULT_REPLICAS,
+              show_default=True, envvar=env("replicas"), metavar="N",
+              help="Replicas of the Deployment: every one serves, one (across them all) "
+                   "runs the schedule; a PodDisruptionBudget keeps one up in a drain.")
+@click.option("--cpu-limit", type=click.FloatRange(0.1, 64), default=onboard.DEFAULT_CPU_LIMIT,
+              show_default=True, envvar=env("cpu-limit"), metavar="CORES",
+              help="CPU limit of a replica; its `serve --workers` is one per whole core "
+                   "(docs/operations.md says how to size them).")
 @click.option("--grafana", is_flag=True, envvar=env("grafana"),
               help="Also write grafana-dashboard.yaml: a dashboard ConfigMap for ACM "
                    f"Observability's Grafana (namespace {onboard.OBSERVABILITY_NAMESPACE}, "
@@ -471,7 +479,8 @@ def hub_render(out: str | None, namespace: str, image: str, kind: str, every: st
                oidc_audience: str | None, oidc_scope_claim: str,
                scopes_configmap: str | None, allow_unauthenticated: bool,
                allow_from_namespaces: tuple[str, ...], prune_stale_after: float | None,
-               grafana: bool, cluster_label: str, **_: Any) -> None:
+               replicas: int, cpu_limit: float, grafana: bool, cluster_label: str,
+               **_: Any) -> None:
     """Write the hub service's manifests into --out (apply with `kubectl apply -k DIR`).
 
     Secrets are referenced by name, never rendered: create the database Secret (and the
@@ -493,7 +502,7 @@ def hub_render(out: str | None, namespace: str, image: str, kind: str, every: st
         oidc_issuer=oidc_issuer, oidc_audience=oidc_audience,
         oidc_scope_claim=oidc_scope_claim, scopes_configmap=scopes_configmap,
         allow_unauthenticated=allow_unauthenticated,
-        allow_from_namespaces=allow_from_namespaces)
+        allow_from_namespaces=allow_from_namespaces, replicas=replicas, cpu_limit=cpu_limit)
     files = onboard.render_hub_service(
         values, extra=onboard.render_grafana(cluster_label) if grafana else None)
     onboard.write_tree(files, out)
