@@ -116,12 +116,15 @@ def fleet_labels(gpus: int, acm: bool = False) -> tuple[list[str], list[str], li
 
 
 def write_openmetrics(path: Path, gpus: int, end: float, samples: int = SAMPLES,
-                     acm: bool = False) -> int:
-    """Write the fleet, ``samples`` per series evenly over the window up to ``end``; returns
-    the cluster count."""
+                     acm: bool = False, hold: float = 0.0) -> int:
+    """Write the fleet, ``samples`` per series evenly over the window up to ``end``, and on
+    at that pace for ``hold`` seconds after it (in the future when written: a query at any
+    time until then sees ``samples`` in its window, however long measuring takes on a busy
+    machine); returns the cluster count."""
     nv, mig, amd, clusters = fleet_labels(gpus, acm)
     every = STALE_AFTER / samples
     stamps = [f"{end - every * i:.3f}" for i in reversed(range(samples))]
+    stamps += [f"{end + every * i:.3f}" for i in range(1, int(hold // every) + 1)]
     families = ([(n, nv + mig, v) for n, v in NV_FAMILIES] + [(n, mig, v) for n, v in MIG_ONLY]
                 + [(n, amd, v) for n, v in AMD_FAMILIES])
     with path.open("w", buffering=1 << 20) as out:
@@ -213,7 +216,7 @@ def timed(fn, *args) -> float:
 
 
 def measure(gpus: int, workdir: Path | None, samples: int = SAMPLES, acm: bool = False,
-            floor_shards: int = 10, with_naive: bool = False) -> dict:
+            floor_shards: int = 10, with_naive: bool = False, hold: float = 0.0) -> dict:
     promtool = require_binary("promtool")
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         work = Path(tmp)
@@ -221,7 +224,7 @@ def measure(gpus: int, workdir: Path | None, samples: int = SAMPLES, acm: bool =
         lead = 30 + gpus * 0.002
         end = time.time() + lead
         om = work / "fleet.om"
-        clusters = write_openmetrics(om, gpus, end, samples, acm)
+        clusters = write_openmetrics(om, gpus, end, samples, acm, hold)
         data = work / "hub" / "data"
         data.mkdir(parents=True)
         subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(om),
@@ -283,13 +286,16 @@ def main() -> None:
                         help="cluster shards the parallel floor asks at once")
     parser.add_argument("--naive", action="store_true",
                         help="also time prometheus-api-client + pandas (slow at scale)")
+    parser.add_argument("--hold", type=float, default=0.0,
+                        help="seconds the samples go on after measuring starts (a busy "
+                             "machine's run outlasting the window sees no GPU otherwise)")
     parser.add_argument("--workdir", type=Path)
     args = parser.parse_args()
     acm = args.shape == "acm"
     samples = ACM_SAMPLES if acm and args.samples == SAMPLES else args.samples
     for gpus in args.gpus:
         print(json.dumps(measure(gpus, args.workdir, samples, acm, args.floor_shards,
-                                 args.naive)), flush=True)
+                                 args.naive, args.hold)), flush=True)
 
 
 if __name__ == "__main__":
