@@ -274,3 +274,34 @@ def test_a_failed_shard_leaves_the_last_good_inventory_and_names_its_clusters(tm
     engine.dispose()
     assert runs[0]["status"] == "failed" and "c.three" in runs[0]["error"]
     assert runs[1]["status"] == "ok" and runs[1]["shards"] == 2
+
+
+def test_a_sharded_usage_collect_writes_what_an_unsharded_one_writes(tmp_path):
+    """The ledger's per-bucket queries asked per shard of clusters (planned from the
+    inventory), shards at once, rows set aside and written in one transaction."""
+    from hub import usage
+    from hub.inventory import _migrate as migrate
+    from tests.test_usage_e2e import HOUR, fleet_text
+
+    t0 = (time.time() // HOUR) * HOUR - 4 * HOUR
+    hub = backfilled_hub(tmp_path / "hub", fleet_text(t0)).start(timeout=120)
+    ledgers = {}
+    try:
+        for name, size in (("whole", 10**9), ("shards", 1)):
+            engine = inventory.make_engine(f"sqlite:///{tmp_path / name}.db", create=True)
+            migrate.ensure_schema(engine)
+            client = HubClient(hub.url, timeout=30)
+            assert run_sync(engine, client, stale_after=4 * HOUR).clusters == 2
+            result = usage.collect_usage(engine, client, starts=[t0, t0 + HOUR],
+                                         now=t0 + 4 * HOUR, shard_size=size, concurrency=2)
+            assert result.failed == [] and len(result.collected) == 2
+            per_bucket = len(store.usage_queries("1h", "5m", "cluster"))
+            assert result.requests == 2 * per_bucket * (1 if name == "whole" else 2)
+            with engine.connect() as conn:
+                table = inventory.metadata.tables["usage"]
+                ledgers[name] = sorted((tuple(r) for r in conn.execute(sa.select(table))),
+                                       key=repr)
+            engine.dispose()
+    finally:
+        hub.stop()
+    assert ledgers["whole"] and ledgers["shards"] == ledgers["whole"]

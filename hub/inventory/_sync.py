@@ -116,7 +116,7 @@ class Shard:
     matcher: str = ""
     rest: bool = True
 
-    def describe(self, total: int) -> str:
+    def describe(self, total: int = 0) -> str:
         names = ", ".join(self.clusters[:CLUSTERS_SHOWN])
         if len(self.clusters) > CLUSTERS_SHOWN:
             names += f" and {len(self.clusters) - CLUSTERS_SHOWN} more"
@@ -259,14 +259,13 @@ class Fetched:
         self._kept.clear()
 
 
-def _shard_error(exc: GpufleetError, shard: Shard, shards: list[Shard]) -> GpufleetError:
+def shard_error(exc: GpufleetError, shard: Shard, shards: list[Shard]) -> GpufleetError:
     """The same error (so the same exit code), naming the shard's clusters."""
     if len(shards) == 1:
         return exc
-    text = exc.format_message().removesuffix("; inventory left unchanged")
-    failed = type(exc)(f"{text} ({shard.describe(len(shards))}, "
-                       f"{shards.index(shard) + 1} of {len(shards)}); inventory left unchanged")
-    return failed
+    text, sep, tail = exc.format_message().partition("; ")
+    return type(exc)(f"{text} ({shard.describe(len(shards))}, "
+                     f"{shards.index(shard) + 1} of {len(shards)}){sep}{tail}")
 
 
 def collect(client: HubClient, *, stale_after: float, cluster_label: str,
@@ -312,7 +311,7 @@ def collect(client: HubClient, *, stale_after: float, cluster_label: str,
                                                           FleetBuilder(cluster_label))
                             _fold(builder, client, query, res)
                         except GpufleetError as exc:
-                            raise _shard_error(exc, shard, shards) from None
+                            raise shard_error(exc, shard, shards) from None
                         del res
                         left[id(shard)] -= 1
                         if not left[id(shard)]:

@@ -579,7 +579,8 @@ def usage_convert(vendor: str, fld: str, value: float) -> float:
     return profile(vendor).convert(fld, value)
 
 
-def usage_queries(bucket: str, resolution: str, cluster_label: str) -> list[Query]:
+def usage_queries(bucket: str, resolution: str, cluster_label: str,
+                  shard: str = "") -> list[Query]:
     """The fixed request set of one usage bucket, whatever the fleet size.
 
     Per vendor and field: ``avg by (identity, allocation) (avg_over_time(name[bucket]))``
@@ -598,13 +599,14 @@ def usage_queries(bucket: str, resolution: str, cluster_label: str) -> list[Quer
     old series the new one's first slot). Prometheus stamps scrapes on their schedule, so a
     steady push stays in its slot. A Query's ``kind`` is ``usage:<agg>`` or ``coverage``.
 
-    Series without the cluster label never reach the ledger (``{cluster}!=""``).
+    Series without the cluster label never reach the ledger (``{cluster}!=""``). ``shard``
+    (a shard_matcher) is added to every selector: the set of one shard of clusters.
     """
     out: list[Query] = []
     labelled = labelled_matcher(cluster_label)
     for p in PROFILES:
         group = usage_group(p, cluster_label)
-        match = f"{p.device_matcher}, {labelled}"
+        match = f"{p.matcher(shard)}, {labelled}"
         for fld, agg in USAGE_FIELDS:
             names = usage_metrics(p, fld)
             if not names:

@@ -24,8 +24,11 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import pickle
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -33,16 +36,26 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from hub import store
-from hub.common import GpufleetError, InputError, format_duration, human_duration
+from hub.common import (
+    QUERY_CONCURRENCY,
+    SHARD_SIZE,
+    GpufleetError,
+    InputError,
+    format_duration,
+    human_duration,
+)
 from hub.inventory import (
     DAY,
     LEDGER_LOCK_KEY,
     ROLLUP_IDLE_THRESHOLD,
+    Shard,
     batches,
     day_of,
     gpus,
     locked_transaction,
     now_utc,
+    plan_shards,
+    shard_error,
     upsert_statement,
     usage,
     usage_buckets,
@@ -226,6 +239,71 @@ class _LabelCheck:
 
 
 # -- writing ----------------------------------------------------------------------------------
+class _Spilled:
+    """A bucket's rows, one shard's list at a time, set aside on disk as each shard is
+    folded: the write reads them back a shard at a time (memory follows the shard)."""
+
+    def __init__(self) -> None:
+        self._file = tempfile.TemporaryFile(prefix="gpufleet-usage-")  # noqa: SIM115 (close)
+        self._parts = 0
+        self.rows = 0
+
+    def add(self, rows: list[dict[str, Any]]) -> None:
+        pickle.dump(rows, self._file, protocol=pickle.HIGHEST_PROTOCOL)
+        self._parts += 1
+        self.rows += len(rows)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        self._file.seek(0)
+        for _ in range(self._parts):
+            yield from pickle.load(self._file)
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def usage_shards(conn: Connection, shard_size: int, cluster_label: str) -> list[Shard]:
+    """Shards of whole clusters by the inventory's GPUs (and slices) per cluster, as the sync
+    plans its own (no request: the sync has counted them); the last shard has the rest, a
+    cluster the inventory does not know yet included."""
+    counts = {c: n for c, n in conn.execute(
+        sa.select(gpus.c.cluster, sa.func.count()).group_by(gpus.c.cluster))}
+    return plan_shards(counts, shard_size, cluster_label)
+
+
+def _fold_shards(client: HubClient, shards: list[Shard], start: float, bucket: float,
+                 resolution: float, cluster_label: str, known: Mapping[Any, Any],
+                 concurrency: int) -> _Spilled:
+    """Every shard's rows of one bucket, at most ``concurrency`` shards asked at once (each
+    shard's requests one after the other: coverage first); the first failure raises,
+    naming its shard's clusters."""
+    res, step = format_duration(bucket), format_duration(resolution)
+
+    def one(shard: Shard) -> list[dict[str, Any]]:
+        queries = store.usage_queries(res, step, cluster_label, shard.matcher)
+        try:
+            return fold_bucket(_ask(client, queries, start, bucket, resolution), start=start,
+                               bucket=bucket, resolution=resolution,
+                               cluster_label=cluster_label, known=known)
+        except GpufleetError as exc:
+            raise shard_error(exc, shard, shards) from None
+
+    spilled = _Spilled()
+    try:
+        if len(shards) == 1:
+            spilled.add(one(shards[0]))
+            return spilled
+        with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(shards))),
+                                thread_name_prefix="usage-shard") as pool:
+            for rows in pool.map(one, shards):
+                spilled.add(rows)
+                del rows
+    except BaseException:
+        spilled.close()
+        raise
+    return spilled
+
+
 def _ledger_transaction(engine: Engine, lock_timeout: float):
     return locked_transaction(engine, lock_timeout, key=LEDGER_LOCK_KEY,
                               holder="usage ledger writer")
@@ -236,9 +314,14 @@ def collect_usage(engine: Engine, client: HubClient, *, bucket: float = 3600.0,
                   starts: list[float] | None = None, max_backfill: float = 48 * 3600.0,
                   retention: float = 400 * 86400.0, cluster_label: str = "cluster",
                   now: float | None = None, lock_timeout: float = 60.0,
-                  on_bucket: Callable[[dt.datetime, int], None] | None = None
+                  on_bucket: Callable[[dt.datetime, int], None] | None = None,
+                  shard_size: int = SHARD_SIZE, concurrency: int = QUERY_CONCURRENCY
                   ) -> CollectResult:
     """Collect the given buckets (or every pending one), one locked transaction per bucket.
+
+    A bucket's queries are asked per shard of whole clusters of about ``shard_size`` GPUs
+    (planned from the inventory), ``concurrency`` shards at once; each shard's rows are set
+    aside as they are folded and the bucket is written from them in one transaction.
 
     ``push_interval`` is the cadence samples reach the hub at (ACM: 300 s): the coverage
     resolution and the delay after a bucket's end before it is complete. ``resolution``
@@ -250,10 +333,9 @@ def collect_usage(engine: Engine, client: HubClient, *, bucket: float = 3600.0,
     now = time.time() if now is None else now
     delay = push_interval
     result = CollectResult()
-    queries = store.usage_queries(format_duration(bucket), format_duration(resolution),
-                                  cluster_label)
     with _ledger_transaction(engine, lock_timeout) as conn:
         claim_grid(conn, bucket)
+        shards = usage_shards(conn, shard_size, cluster_label)
         if starts is None:
             starts = pending_buckets(conn, now=now, bucket=bucket, max_backfill=max_backfill,
                                      delay=delay)
@@ -268,35 +350,49 @@ def collect_usage(engine: Engine, client: HubClient, *, bucket: float = 3600.0,
     for start in ended:
         before = client.requests
         try:
-            rows = fold_bucket(_ask(client, queries, start, bucket, resolution), start=start,
-                               bucket=bucket, resolution=resolution,
-                               cluster_label=cluster_label, known=known)
-            if not rows and (typo := labels.typo(start, bucket)):
-                raise typo
+            rows = _fold_shards(client, shards, start, bucket, resolution, cluster_label,
+                                known, concurrency)
         except InputError:
             raise
         except GpufleetError as exc:
             result.requests += client.requests - before
             result.failed.append((utc(start), exc.format_message()))
             continue
-        requests = client.requests - before
-        with _ledger_transaction(engine, lock_timeout) as conn:
-            claim_grid(conn, bucket)
-            write_bucket(conn, start, bucket, rows, requests)
+        try:
+            try:
+                if not rows.rows and (typo := labels.typo(start, bucket)):
+                    raise typo
+            except InputError:
+                raise
+            except GpufleetError as exc:
+                result.requests += client.requests - before
+                result.failed.append((utc(start), exc.format_message()))
+                continue
+            requests = client.requests - before
+            with _ledger_transaction(engine, lock_timeout) as conn:
+                claim_grid(conn, bucket)
+                write_bucket(conn, start, bucket, rows, requests, count=rows.rows)
+        finally:
+            rows.close()
         result.collected.append(utc(start))
-        result.rows += len(rows)
+        result.rows += rows.rows
         result.requests += requests
         if on_bucket:
-            on_bucket(utc(start), len(rows))
+            on_bucket(utc(start), rows.rows)
     with _ledger_transaction(engine, lock_timeout) as conn:
         result.removed = apply_retention(conn, now - retention)
     return result
 
 
-def write_bucket(conn: Connection, start: float, bucket: float, rows: list[dict[str, Any]],
-                 requests: int) -> None:
+def write_bucket(conn: Connection, start: float, bucket: float,
+                 rows: Iterable[dict[str, Any]], requests: int,
+                 count: int | None = None) -> None:
     """Replace one bucket's rows, rebuild its day's rollup, mark it collected (the caller
-    holds the ledger's lock and commits all of it at once)."""
+    holds the ledger's lock and commits all of it at once). ``rows`` may be read once (a
+    shard at a time): then ``count`` says how many."""
+    if count is None:
+        rows = list(rows)
+        count = len(rows)
     begin = utc(start)
     conn.execute(usage.delete().where(usage.c.bucket_start == begin))
     for batch in batches(rows):
@@ -304,7 +400,7 @@ def write_bucket(conn: Connection, start: float, bucket: float, rows: list[dict[
     rebuild_days(conn, [day_of(begin)])
     stmt = upsert_statement(conn, usage_buckets).values(
         bucket_start=begin, bucket_end=utc(start + bucket), collected_at=now_utc(),
-        rows=len(rows), requests=requests)
+        rows=count, requests=requests)
     conn.execute(stmt.on_conflict_do_update(
         index_elements=["bucket_start"],
         set_={c: stmt.excluded[c] for c in ("bucket_end", "collected_at", "rows", "requests")}))
