@@ -352,23 +352,20 @@ def collect_usage(engine: Engine, client: HubClient, *, bucket: float = 3600.0,
         try:
             rows = _fold_shards(client, shards, start, bucket, resolution, cluster_label,
                                 known, concurrency)
+            try:
+                if not rows.rows and (typo := labels.typo(start, bucket)):
+                    raise typo
+            except BaseException:
+                rows.close()
+                raise
         except InputError:
             raise
         except GpufleetError as exc:
             result.requests += client.requests - before
             result.failed.append((utc(start), exc.format_message()))
             continue
+        requests = client.requests - before
         try:
-            try:
-                if not rows.rows and (typo := labels.typo(start, bucket)):
-                    raise typo
-            except InputError:
-                raise
-            except GpufleetError as exc:
-                result.requests += client.requests - before
-                result.failed.append((utc(start), exc.format_message()))
-                continue
-            requests = client.requests - before
             with _ledger_transaction(engine, lock_timeout) as conn:
                 claim_grid(conn, bucket)
                 write_bucket(conn, start, bucket, rows, requests, count=rows.rows)
