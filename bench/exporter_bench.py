@@ -2,6 +2,13 @@
 
 * CPU time per collection: ``time.process_time`` over many ``Exporter.collect_once`` passes
   (NVML backend over the fake NVML library, plus building the metric families).
+* CPU per collection at a real H200's NVML call costs (issue 26), 8 GPUs at ``--interval
+  1s``: the fake library charges each call what it cost on the H200
+  (``spoke._fakes.H200_CALL_COSTS``: energy 4.1 ms, GpmMetricsGet 1.9 ms, PCIe replays
+  0.15 ms, GpmSampleGet 0.05 ms, anything else 0.01 ms), accounted on a simulated clock, plus
+  our own Python measured here. "before" reads every field on every pass; "after" uses the
+  exporter's default cadence (``--slow-interval 30s``, ``--prof-interval 10s``). Target:
+  <= 8 ms per collection after.
 * Scrape latency p50/p99: real HTTP scrapes (kept-alive connection, like Prometheus) of an
   exporter running in a child process, its collection thread ticking every second meanwhile.
 * Memory: peak RSS (VmHWM) of that child process, i.e. of an exporter alone.
@@ -28,11 +35,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import pynvml
 import requests
 
 from spoke import Exporter, MetricsServer, NvmlBackend
-from spoke._fakes import MIB, FakeNvml, FakeNvmlGpu
+from spoke._fakes import HOPPER_BF16_GPM, MIB, CostedNvml, FakeNvml, FakeNvmlGpu
+from spoke._model import DEFAULT_CADENCE, EVERY_PASS, Cadence
 from spoke._podresources import KubeletPods, ListPodResourcesResponse
 
 
@@ -41,11 +48,7 @@ def uuid(i: int) -> str:
 
 
 def fake_node(gpus: int) -> FakeNvml:
-    gpm = {pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL: 91.5,
-           pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL: 62.0,
-           pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL: 40.0,
-           pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC: 1490.0,
-           pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC: 557.0}
+    gpm = HOPPER_BF16_GPM  # every PROF metric answering, SM activity and occupancy included
     return FakeNvml([
         FakeNvmlGpu(uuid=uuid(i),
                     pci_bus_id=f"{i // 14:08X}:{0x18 + 0x11 * (i % 14):02X}:00.0",
@@ -83,6 +86,46 @@ def cpu_per_collection(gpus: int, passes: int, socket: str | None) -> float:
     for _ in range(passes):
         exporter.collect_once()
     return (time.process_time() - start) / passes
+
+
+def h200_cost_per_collection(gpus: int, cadence: Cadence, interval: float = 1.0,
+                             passes: int = 600) -> tuple[float, float, dict[str, float]]:
+    """(NVML CPU charged at H200 costs, our Python's CPU, calls per pass) per collection.
+
+    The backend's clock advances ``interval`` per pass (no sleeping), so the cadence plays
+    out exactly; ``passes`` is a whole number of slow periods, so the average is exact.
+    """
+    now = [0.0]
+    nvml = CostedNvml(fake_node(gpus))
+    backend = NvmlBackend(nvml=nvml, cadence=cadence.within(interval), clock=lambda: now[0])
+    backend.open()
+    exporter = Exporter(backend, hostname="bench-node", interval=interval)
+    for _ in range(int(max(cadence.slow, cadence.prof) / interval) + 1):  # into steady state
+        exporter.collect_once()
+        now[0] += interval
+    nvml.charged, nvml.calls = 0.0, {}
+    start = time.process_time()
+    for _ in range(passes):
+        exporter.collect_once()
+        now[0] += interval
+    python = time.process_time() - start
+    calls = {name: count / passes for name, count in nvml.calls.items()}
+    return nvml.charged / passes, python / passes, calls
+
+
+def print_h200_figures(gpus: int = 8) -> None:
+    print(f"CPU per collection at a real H200's NVML call costs, {gpus} GPUs, --interval 1s "
+          "(NVML charged + our Python measured here):")
+    for label, cadence in (("before: every field every pass", EVERY_PASS),
+                           (f"after: --slow-interval {DEFAULT_CADENCE.slow:g}s "
+                            f"--prof-interval {DEFAULT_CADENCE.prof:g}s", DEFAULT_CADENCE)):
+        nvml, python, calls = h200_cost_per_collection(gpus, cadence)
+        slow = ", ".join(f"{name.removeprefix('nvml')} {calls.get(name, 0.0):.2f}"
+                         for name in ("nvmlDeviceGetTotalEnergyConsumption",
+                                      "nvmlGpmMetricsGet"))
+        print(f"  {label:<52} {(nvml + python) * 1000:6.2f} ms  (NVML {nvml * 1000:5.2f} ms, "
+              f"Python {python * 1000:4.2f} ms; calls/pass: {slow})")
+    print("  target: <= 8 ms per collection after")
 
 
 def vm_status(pid: int) -> dict[str, int]:
@@ -153,9 +196,14 @@ def main() -> None:
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--socket", help=argparse.SUPPRESS)
     parser.add_argument("--no-pods", action="store_true", help="pod attribution off")
+    parser.add_argument("--h200-only", action="store_true",
+                        help="only the CPU per collection at H200 call costs")
     args = parser.parse_args()
     if args.serve:
         serve(args.serve, args.port, args.socket)
+        return
+    print_h200_figures()
+    if args.h200_only:
         return
 
     from spoke._fakekubelet import FakeKubelet  # the parent serves the kubelet, not the child

@@ -14,16 +14,26 @@ it loads none of SQLAlchemy, Alembic, the Kubernetes client or Jinja2 (tests/tes
 from spoke._amdsmi import AmdSmiBackend, load_amdsmi
 from spoke._exporter import Exporter, Snapshot
 from spoke._http import MetricsServer, parse_listen
-from spoke._model import Backend, Collection, Failure, GpuReading, LibraryNotFound
+from spoke._model import (
+    DEFAULT_CADENCE,
+    Backend,
+    Cadence,
+    Collection,
+    Failure,
+    GpuReading,
+    LibraryNotFound,
+)
 from spoke._nvml import NvmlBackend, load_nvml
 from spoke._select import LOADERS, NO_LIBRARY, open_backend
 from spoke._sim import SimBackend
 
 __all__ = [
+    "DEFAULT_CADENCE",
     "LOADERS",
     "NO_LIBRARY",
     "AmdSmiBackend",
     "Backend",
+    "Cadence",
     "Collection",
     "Exporter",
     "Failure",

@@ -75,6 +75,7 @@ class Exporter:
     def __init__(self, backend: Backend, *, hostname: str, interval: float = 30.0,
                  version: str = __version__, stall_after: float | None = None,
                  fields: Sequence[Field] | None = None, pods: PodSource | None = None,
+                 naming: str = _naming.LEGACY,
                  clock: Callable[[], float] = time.time,
                  timer: Callable[[], float] = time.perf_counter,
                  monotonic: Callable[[], float] = time.monotonic) -> None:
@@ -89,6 +90,9 @@ class Exporter:
         self._clock, self._timer, self._monotonic = clock, timer, monotonic
         #: the published subset of the vendor's fields (None: the default set)
         self.fields = tuple(fields) if fields is not None else None
+        _naming.check_naming(backend.vendor, naming)
+        #: NVIDIA series under dcgm-exporter's legacy names or DCGM 4.7's (``--sim-naming``)
+        self.naming = naming
         self.pods = pods
         self._pods_ok: bool | None = None
         self._errors_total = 0
@@ -123,7 +127,7 @@ class Exporter:
         duration = self._timer() - started
         families = _naming.gpu_families(
             self.backend.vendor, result.readings, self.hostname, result.device_count,
-            fields=self.fields, pods=self._pod_devices() if ok else None,
+            fields=self.fields, pods=self._pod_devices() if ok else None, naming=self.naming,
         ) if ok else []
         families.extend(self._health(up=ok, duration=duration))
         snapshot = self._build(tuple(families), self._monotonic(), ok,

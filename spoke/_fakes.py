@@ -11,6 +11,8 @@ test or the simulation changes between collections.
 from __future__ import annotations
 
 import enum
+import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -139,6 +141,23 @@ class _GpmMetric:
     value: float = 0.0
 
 
+class _GpmMetrics:
+    """The struct's fixed array of NVML_GPM_METRIC_MAX entries, made on first touch: the C
+    array costs nothing to allocate, a list of 200 Python objects would dominate what a
+    benchmark of the backend measures."""
+
+    def __init__(self) -> None:
+        self._made: dict[int, _GpmMetric] = {}
+
+    def __getitem__(self, i: int) -> _GpmMetric:
+        if not 0 <= i < _pynvml.NVML_GPM_METRIC_MAX:
+            raise IndexError(i)
+        return self._made.setdefault(i, _GpmMetric())
+
+    def __iter__(self) -> Iterator[_GpmMetric]:
+        return (self[i] for i in range(_pynvml.NVML_GPM_METRIC_MAX))
+
+
 class _GpmMetricsGet:
     """Shape of pynvml.c_nvmlGpmMetricsGet_t: the backend fills it in and passes it."""
 
@@ -147,7 +166,7 @@ class _GpmMetricsGet:
         self.numMetrics = 0
         self.sample1: _GpmSample | None = None
         self.sample2: _GpmSample | None = None
-        self.metrics = [_GpmMetric() for _ in range(_pynvml.NVML_GPM_METRIC_MAX)]
+        self.metrics = _GpmMetrics()
 
 
 _PROFILE_IDS = {1: 0, 2: 1, 3: 2, 4: 3, 7: 4}
@@ -454,7 +473,7 @@ class FakeNvml:
         s1, s2 = metricsGet.sample1, metricsGet.sample2
         if s1 is None or s2 is None or s1.freed or s2.freed:
             self._raise(_pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        for m in metricsGet.metrics[: metricsGet.numMetrics]:
+        for m in (metricsGet.metrics[i] for i in range(metricsGet.numMetrics)):
             if s2 is not None and m.metricId in s2.values:
                 m.value, m.nvmlReturn = float(s2.values[m.metricId]), _pynvml.NVML_SUCCESS
             else:
@@ -466,6 +485,70 @@ class FakeNvml:
 for _name in dir(_pynvml):
     if _name.startswith(("NVML_", "NVMLError_", "nvmlEventType")) or _name == "nvmlMemory_v2":
         setattr(FakeNvml, _name, getattr(_pynvml, _name))
+
+
+#: What GPM answered on a real H200 under a bf16 matrix load (shared/FIELD_NOTES.md, "The
+#: NVML exporter on a real H200"; PCIe from shared/samples/nvml-h100-probe.txt), in NVML's
+#: units: percent, MiB/s. The SMs are busy almost all the time the engine is (96.4 of
+#: 99.8 %), yet hold few warps (occupancy 14.3 %): a large-tile matmul.
+HOPPER_BF16_GPM: dict[int, float] = {
+    _pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL: 99.8,
+    _pynvml.NVML_GPM_METRIC_SM_UTIL: 96.4,
+    _pynvml.NVML_GPM_METRIC_SM_OCCUPANCY: 14.3,
+    _pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL: 93.6,
+    _pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL: 17.3,
+    _pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC: 1490.0,
+    _pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC: 557.0,
+}
+
+#: CPU seconds per NVML call measured on a real H200 (16-core host, driver 580.159.04);
+#: every call not named cost at most 0.01 ms there, which is what ``CostedNvml`` charges.
+H200_CALL_COSTS: dict[str, float] = {
+    "nvmlDeviceGetTotalEnergyConsumption": 4.1e-3,
+    "nvmlGpmMetricsGet": 1.9e-3,
+    "nvmlDeviceGetPcieReplayCounter": 0.15e-3,
+    "nvmlGpmSampleGet": 0.05e-3,
+    "nvmlGpmMigSampleGet": 0.05e-3,
+}
+OTHER_CALL_COST = 0.01e-3
+
+
+class CostedNvml:
+    """A ``FakeNvml`` whose calls cost what the real library's do, so a benchmark of the
+    backend shows what the GPU library costs a collection, not only our own Python.
+
+    Every ``nvml*`` function called through it adds its cost to ``charged`` (seconds of
+    CPU): accounted, not burnt, so a figure does not depend on a busy machine. With
+    ``burn=True`` the cost is also spent in a busy loop (the process's CPU time then
+    includes it, as on a GPU host). Constants and error classes pass through unchanged.
+    """
+
+    def __init__(self, inner: FakeNvml, costs: Mapping[str, float] = H200_CALL_COSTS, *,
+                 other: float = OTHER_CALL_COST, burn: bool = False,
+                 cpu: Callable[[], float] = time.process_time) -> None:
+        self.inner = inner
+        self.costs = dict(costs)
+        self.other = other
+        self.burn = burn
+        self._cpu = cpu
+        self.charged = 0.0
+        self.calls: dict[str, int] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self.inner, name)
+        if not (name.startswith("nvml") and callable(value)):
+            return value
+        cost = self.costs.get(name, self.other)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.charged += cost
+            self.calls[name] = self.calls.get(name, 0) + 1
+            if self.burn:
+                until = self._cpu() + cost
+                while self._cpu() < until:
+                    pass
+            return value(*args, **kwargs)
+        return call
 
 
 # ------------------------------------------------------------------------ AMD SMI --------

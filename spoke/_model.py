@@ -85,6 +85,10 @@ class GpuReading:
     remapped_rows_uncorrectable: float | None = None  # counter
     remapped_rows_correctable: float | None = None  # counter
     row_remap_failure: float | None = None  # 1 when a row could not be remapped
+    #: GPM's SM_UTIL and SM_OCCUPANCY as 0-1 ratios (DCGM_FI_PROF_SM_ACTIVE / _SM_OCCUPANCY):
+    #: the share of time an SM had a warp, and how full the SMs were with warps
+    sm_active_ratio: float | None = None
+    sm_occupancy_ratio: float | None = None
     tensor_active_ratio: float | None = None
     dram_active_ratio: float | None = None
     pcie_tx_bytes_per_s: float | None = None
@@ -100,6 +104,36 @@ class GpuReading:
     @property
     def is_slice(self) -> bool:
         return self.mig_instance is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Cadence:
+    """How often the expensive readings are taken, in seconds (0: every collection).
+
+    Measured on a real H200 (shared/FIELD_NOTES.md), one NVML call dominates a collection:
+    nvmlDeviceGetTotalEnergyConsumption takes 4.1 ms of CPU, nvmlGpmMetricsGet 1.9 ms, every
+    other call about 0.01 ms. The energy and PCIe-replay readings are counters, so reading them
+    every ``slow`` seconds loses nothing (the counter holds every joule in between); GPM's
+    profiling ratios are averages over the window between two samples, so sampling every
+    ``prof`` seconds gives the average over that window instead of over one interval. Between
+    reads the last value is published again. A cadence at or below the collection interval
+    means every collection.
+    """
+
+    slow: float = 0.0
+    prof: float = 0.0
+
+    def within(self, interval: float) -> Cadence:
+        """This cadence on a loop of ``interval``: one not longer than a pass is every pass
+        (a pass finishing a hair early must not skip a read for a whole interval)."""
+        return Cadence(slow=self.slow if self.slow > interval else 0.0,
+                       prof=self.prof if self.prof > interval else 0.0)
+
+
+#: every reading on every collection (what a backend does unless told otherwise)
+EVERY_PASS = Cadence()
+#: the exporter's defaults (``--slow-interval`` / ``--prof-interval``)
+DEFAULT_CADENCE = Cadence(slow=30.0, prof=10.0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,7 @@ that NVIDIA calls a GPU ``UUID`` and AMD calls it ``gpu_uuid``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -66,6 +67,14 @@ DCGM_FIELDS: tuple[Field, ...] = (
        "row_remap_failure"),
     _f("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "Ratio of time the graphics engine is active.",
        "engine_active_ratio"),
+    # Commented out in dcgm-exporter's default CSV, on here: GPM answers them in the same
+    # nvmlGpmMetricsGet call as the others, and SM activity is what the hub's efficiency
+    # figures mean (without it they fall back to the graphics engine, 99.8 % where the SMs
+    # were 96.4 % busy on a real H200).
+    _f("DCGM_FI_PROF_SM_ACTIVE", "The ratio of cycles an SM has at least 1 warp assigned.",
+       "sm_active_ratio"),
+    _f("DCGM_FI_PROF_SM_OCCUPANCY", "The ratio of number of warps resident on an SM.",
+       "sm_occupancy_ratio"),
     _f("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
        "Ratio of cycles the tensor (HMMA) pipe is active.", "tensor_active_ratio"),
     _f("DCGM_FI_PROF_DRAM_ACTIVE", "Ratio of cycles the device memory interface is active "
@@ -84,6 +93,100 @@ DCGM_FIELDS: tuple[Field, ...] = (
     _f("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "Current clock throttle reasons.",
        "clocks_event_reasons"),
 )
+
+LEGACY = "legacy"
+DCGM_47 = "dcgm-4.7"
+#: how the NVIDIA series are named: dcgm-exporter up to 4.8 (legacy) or 4.9+ (DCGM 4.7)
+NAMINGS = (LEGACY, DCGM_47)
+_MIB = 1024 * 1024
+
+
+def _renamed(new: str, help: str, *, mul: float = 1.0, div: float = 1.0) -> tuple[str, str,
+                                                                                 float, float]:
+    return new, help, mul, div
+
+
+#: DCGM 4.7 (dcgm-exporter 4.9) names of the legacy fields, with the unit change: the new
+#: value is the legacy one * mul / div (clocks MHz -> Hz, energy mJ -> J, utilisation
+#: % -> 0-1, framebuffer MiB -> bytes). From shared/FIELD_NOTES.md's table; the hub keeps
+#: its own copy of both spellings (hub/store/_vendors.py), spoke never imports it. Fields
+#: not listed (ECC, clock events, PCIe bytes) keep their names.
+DCGM_47_RENAMES: dict[str, tuple[str, str, float, float]] = {
+    "DCGM_FI_DEV_SM_CLOCK": _renamed("DCGM_FI_DEV_SM_CLOCK_HERTZ",
+                                     "SM clock frequency (in Hz).", mul=1e6),
+    "DCGM_FI_DEV_MEM_CLOCK": _renamed("DCGM_FI_DEV_MEMORY_CLOCK_HERTZ",
+                                      "Memory clock frequency (in Hz).", mul=1e6),
+    "DCGM_FI_DEV_MEMORY_TEMP": _renamed("DCGM_FI_DEV_MEMORY_TEMP_CELSIUS",
+                                        "Memory temperature (in C)."),
+    "DCGM_FI_DEV_GPU_TEMP": _renamed("DCGM_FI_DEV_GPU_TEMP_CELSIUS", "GPU temperature (in C)."),
+    "DCGM_FI_DEV_POWER_USAGE": _renamed("DCGM_FI_DEV_BOARD_POWER_WATTS",
+                                        "Board power draw (in W)."),
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": _renamed(
+        "DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL", "Total energy consumption since boot (in J).",
+        div=1000.0),
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": _renamed("DCGM_FI_DEV_PCIE_REPLAY_TOTAL",
+                                                "Total number of PCIe retries."),
+    "DCGM_FI_DEV_GPU_UTIL": _renamed("DCGM_FI_DEV_GPU_UTIL_RATIO",
+                                     "GPU utilization (ratio 0-1).", div=100.0),
+    "DCGM_FI_DEV_MEM_COPY_UTIL": _renamed("DCGM_FI_DEV_MEMORY_UTIL_RATIO",
+                                          "Memory utilization (ratio 0-1).", div=100.0),
+    "DCGM_FI_DEV_ENC_UTIL": _renamed("DCGM_FI_DEV_ENC_UTIL_RATIO",
+                                     "Encoder utilization (ratio 0-1).", div=100.0),
+    "DCGM_FI_DEV_DEC_UTIL": _renamed("DCGM_FI_DEV_DEC_UTIL_RATIO",
+                                     "Decoder utilization (ratio 0-1).", div=100.0),
+    "DCGM_FI_DEV_XID_ERRORS": _renamed("DCGM_FI_DEV_XID_ERROR",
+                                       "Value of the last XID error encountered."),
+    "DCGM_FI_DEV_FB_FREE": _renamed("DCGM_FI_DEV_FB_FREE_BYTES",
+                                    "Framebuffer memory free (in bytes).", mul=_MIB),
+    "DCGM_FI_DEV_FB_USED": _renamed("DCGM_FI_DEV_FB_USED_BYTES",
+                                    "Framebuffer memory used (in bytes).", mul=_MIB),
+    "DCGM_FI_DEV_FB_RESERVED": _renamed("DCGM_FI_DEV_FB_RESERVED_BYTES",
+                                        "Framebuffer memory reserved (in bytes).", mul=_MIB),
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": _renamed(
+        "DCGM_FI_DEV_ROW_REMAP_UNCORRECTABLE_TOTAL",
+        "Number of remapped rows for uncorrectable errors"),
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": _renamed(
+        "DCGM_FI_DEV_ROW_REMAP_CORRECTABLE_TOTAL",
+        "Number of remapped rows for correctable errors"),
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE": _renamed("DCGM_FI_DEV_ROW_REMAP_FAILED",
+                                              "Whether remapping of rows has failed"),
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": _renamed("DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO",
+                                              "Ratio of time the graphics engine is active."),
+    "DCGM_FI_PROF_SM_ACTIVE": _renamed(
+        "DCGM_FI_PROF_SM_UTIL_RATIO", "The ratio of cycles an SM has at least 1 warp assigned."),
+    "DCGM_FI_PROF_SM_OCCUPANCY": _renamed(
+        "DCGM_FI_PROF_SM_OCCUPANCY_RATIO", "The ratio of number of warps resident on an SM."),
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": _renamed(
+        "DCGM_FI_PROF_TENSOR_UTIL_RATIO", "Ratio of cycles the tensor (HMMA) pipe is active."),
+    "DCGM_FI_PROF_DRAM_ACTIVE": _renamed(
+        "DCGM_FI_PROF_DRAM_UTIL_RATIO",
+        "Ratio of cycles the device memory interface is active sending or receiving data."),
+}
+#: collected by default from dcgm-exporter 4.9: total memory without adding used + free
+FB_CAPACITY = Field("DCGM_FI_DEV_FB_CAPACITY_BYTES", "Framebuffer memory total (in bytes).",
+                    lambda r: None if r.mem_total_mib is None else r.mem_total_mib * _MIB)
+#: the driver-version label in each naming
+DRIVER_LABEL = {LEGACY: "DCGM_FI_DRIVER_VERSION", DCGM_47: "DCGM_FI_SYSTEM_DRIVER_VERSION"}
+
+
+def _converted(f: Field, new: str, help: str, mul: float, div: float) -> Field:
+    def value(r: GpuReading) -> float | None:
+        v = f.value(r)
+        return None if v is None else v * mul / div
+    return Field(new, help, value, f.typ)
+
+
+def _dcgm_47_fields() -> tuple[Field, ...]:
+    out: list[Field] = []
+    for f in DCGM_FIELDS:
+        rename = DCGM_47_RENAMES.get(f.name)
+        out.append(_converted(f, *rename) if rename else f)
+        if f.name == "DCGM_FI_DEV_FB_RESERVED":
+            out.append(FB_CAPACITY)
+    return tuple(out)
+
+
+DCGM_47_FIELDS = _dcgm_47_fields()
 
 # device-metrics-exporter's names. Its HELP texts vary between releases; the hub never reads
 # them, so these only need to be truthful.
@@ -118,10 +221,12 @@ PodRef = tuple[str, str, str]
 POD_LABELS = ("container", "namespace", "pod")
 
 
-def nvidia_labels(r: GpuReading, hostname: str, pod: PodRef | None = None) -> dict[str, str]:
+def nvidia_labels(r: GpuReading, hostname: str, pod: PodRef | None = None,
+                  naming: str = LEGACY) -> dict[str, str]:
     """dcgm-exporter's label set and order; MIG labels only on slices, pod labels only on an
     allocated device, as upstream. ``serial`` is ours (dcgm-exporter has no such label): it
-    carries nvmlDeviceGetSerial into the inventory, where the device answers."""
+    carries nvmlDeviceGetSerial into the inventory, where the device answers. The driver
+    label is spelt as the naming's dcgm-exporter spells it."""
     labels = {
         "gpu": str(r.index),
         "UUID": r.uuid,
@@ -133,7 +238,7 @@ def nvidia_labels(r: GpuReading, hostname: str, pod: PodRef | None = None) -> di
         labels["GPU_I_PROFILE"] = r.mig_profile or ""
         labels["GPU_I_ID"] = str(r.mig_instance)
     labels["Hostname"] = hostname
-    labels["DCGM_FI_DRIVER_VERSION"] = r.driver_version
+    labels[DRIVER_LABEL[naming]] = r.driver_version
     if r.serial:
         labels["serial"] = r.serial
     if pod is not None:
@@ -187,24 +292,37 @@ def _families(fields: Sequence[Field], readings: Sequence[GpuReading],
     return out
 
 
-def fields_of(vendor: str) -> tuple[Field, ...]:
-    if vendor == NVIDIA:
-        return DCGM_FIELDS
+def check_naming(vendor: str, naming: str) -> None:
+    """ValueError unless ``naming`` is one this vendor's exporter has."""
+    if naming not in NAMINGS:
+        raise ValueError(f"unknown naming {naming!r} (use {' or '.join(NAMINGS)})")
+    if vendor != NVIDIA and naming != LEGACY:
+        raise ValueError(f"naming {naming!r} exists only for NVIDIA (dcgm-exporter) series")
+
+
+def fields_of(vendor: str, naming: str = LEGACY) -> tuple[Field, ...]:
+    if vendor not in (NVIDIA, AMD):
+        raise ValueError(f"unknown vendor {vendor!r}")
+    check_naming(vendor, naming)
     if vendor == AMD:
         return AMD_FIELDS
-    raise ValueError(f"unknown vendor {vendor!r}")
+    return DCGM_47_FIELDS if naming == DCGM_47 else DCGM_FIELDS
 
 
-def select_fields(vendor: str, names: Iterable[str] | None) -> tuple[Field, ...]:
+def select_fields(vendor: str, names: Iterable[str] | None,
+                  naming: str = LEGACY) -> tuple[Field, ...]:
     """The ``--fields`` subset (in the default order); ValueError naming an unknown field.
 
     dcgm names may be given without their ``DCGM_FI_`` prefix (``DEV_GPU_UTIL``), AMD names
-    with or without ``amd_``.
+    with or without ``amd_``. Under the DCGM 4.7 naming a legacy name selects its renamed
+    field, so one ``--fields`` list serves both.
     """
-    fields = fields_of(vendor)
+    fields = fields_of(vendor, naming)
     if names is None:
         return fields
     by_name = {f.name: f for f in fields}
+    if naming == DCGM_47:
+        by_name.update({old: by_name[new[0]] for old, new in DCGM_47_RENAMES.items()})
     wanted: set[str] = set()
     for raw in names:
         name = raw.strip()
@@ -214,8 +332,8 @@ def select_fields(vendor: str, names: Iterable[str] | None) -> tuple[Field, ...]
                      if c in by_name), None)
         if full is None:
             raise ValueError(f"unknown {vendor} field {name!r} (known: "
-                             f"{', '.join(by_name)})")
-        wanted.add(full)
+                             f"{', '.join(f.name for f in fields)})")
+        wanted.add(by_name[full].name)
     if not wanted:
         raise ValueError("--fields selects no field")
     return tuple(f for f in fields if f.name in wanted)
@@ -223,11 +341,13 @@ def select_fields(vendor: str, names: Iterable[str] | None) -> tuple[Field, ...]
 
 def gpu_families(vendor: str, readings: Sequence[GpuReading], hostname: str,
                  device_count: int, *, fields: Sequence[Field] | None = None,
-                 pods: Pods | None = None) -> list[Metric]:
-    """Metric families of one collection, named the way the vendor's own exporter names them."""
-    chosen = fields_of(vendor) if fields is None else fields
+                 pods: Pods | None = None, naming: str = LEGACY) -> list[Metric]:
+    """Metric families of one collection, named the way the vendor's own exporter names them
+    (for NVIDIA: dcgm-exporter's legacy names or DCGM 4.7's, see ``NAMINGS``)."""
+    chosen = fields_of(vendor, naming) if fields is None else fields
     if vendor == NVIDIA:
-        return _families(chosen, readings, nvidia_labels, hostname, pods)
+        return _families(chosen, readings, functools.partial(nvidia_labels, naming=naming),
+                         hostname, pods)
     if vendor == AMD:
         out = _families(chosen, readings, amd_labels, hostname, pods)
         nodes = Metric(AMD_NODES_TOTAL.name, AMD_NODES_TOTAL.help, "gauge")
@@ -275,13 +395,20 @@ def render(families: Iterable[Metric]) -> bytes:
     family's HELP/TYPE name here is the name its samples carry.
     """
     out: list[str] = []
+    # One GPU's label set is the same dict in every family (``_families``): written once per
+    # collection, not once per sample (that was half of a collection's CPU at 8 GPUs).
+    # Keyed by identity, holding the dict so the key cannot be reused while rendering.
+    written: dict[int, tuple[Mapping[str, str], str]] = {}
     for family in families:
         name = family.samples[0].name if family.samples else family.name
         help_text = family.documentation.replace("\\", r"\\").replace("\n", r"\n")
         out.append(f"# HELP {name} {help_text}\n# TYPE {name} {family.type}\n")
         for sample in family.samples:
-            labels = ",".join(f'{k}="{_escape_label(v)}"'
-                              for k, v in sorted(sample.labels.items()))
-            body = f"{{{labels}}}" if labels else ""
-            out.append(f"{sample.name}{body} {floatToGoString(sample.value)}\n")
+            cached = written.get(id(sample.labels))
+            if cached is None or cached[0] is not sample.labels:
+                labels = ",".join(f'{k}="{_escape_label(v)}"'
+                                  for k, v in sorted(sample.labels.items()))
+                cached = (sample.labels, f"{{{labels}}}" if labels else "")
+                written[id(sample.labels)] = cached
+            out.append(f"{sample.name}{cached[1]} {floatToGoString(sample.value)}\n")
     return "".join(out).encode()

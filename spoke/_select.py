@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from spoke._amdsmi import AmdSmiBackend, load_amdsmi
-from spoke._model import Backend, LibraryNotFound
+from spoke._model import EVERY_PASS, Backend, Cadence, LibraryNotFound
 from spoke._nvml import NvmlBackend, load_nvml
 
 log = logging.getLogger(__name__)
@@ -24,14 +24,16 @@ Loader = Callable[[], Any]
 #: backend name -> function returning its library module (raises LibraryNotFound)
 LOADERS: dict[str, Loader] = {"nvml": load_nvml, "amdsmi": load_amdsmi}
 
-_FACTORIES: dict[str, Callable[[Any], Backend]] = {
-    "nvml": lambda lib: NvmlBackend(nvml=lib),
-    "amdsmi": lambda lib: AmdSmiBackend(amdsmi=lib),
+#: AMD SMI's calls were never measured to be slow, so only NVML takes the cadence
+_FACTORIES: dict[str, Callable[[Any, Cadence], Backend]] = {
+    "nvml": lambda lib, cadence: NvmlBackend(nvml=lib, cadence=cadence),
+    "amdsmi": lambda lib, cadence: AmdSmiBackend(amdsmi=lib),
 }
 AUTO_ORDER = ("nvml", "amdsmi")
 
 
-def open_backend(choice: str, loaders: Mapping[str, Loader] | None = None) -> Backend:
+def open_backend(choice: str, loaders: Mapping[str, Loader] | None = None,
+                 cadence: Cadence = EVERY_PASS) -> Backend:
     """An opened backend for ``auto``, ``nvml`` or ``amdsmi``; LibraryNotFound otherwise."""
     table = {**LOADERS, **(loaders or {})}
     names = AUTO_ORDER if choice == "auto" else (choice,)
@@ -40,7 +42,7 @@ def open_backend(choice: str, loaders: Mapping[str, Loader] | None = None) -> Ba
         if name not in _FACTORIES:
             raise ValueError(f"unknown backend {name!r}")
         try:
-            backend = _FACTORIES[name](table[name]())
+            backend = _FACTORIES[name](table[name](), cadence)
             backend.open()
         except LibraryNotFound as exc:
             log.debug("backend %s unavailable: %s", name, exc)

@@ -19,8 +19,16 @@ from dataclasses import dataclass
 import pynvml as _pynvml  # constants only (pure Python until nvmlInit)
 
 from spoke._amdsmi import AmdSmiBackend
-from spoke._fakes import MIB, FakeAmdGpu, FakeAmdSmi, FakeMigSlice, FakeNvml, FakeNvmlGpu
-from spoke._model import Collection
+from spoke._fakes import (
+    HOPPER_BF16_GPM,
+    MIB,
+    FakeAmdGpu,
+    FakeAmdSmi,
+    FakeMigSlice,
+    FakeNvml,
+    FakeNvmlGpu,
+)
+from spoke._model import EVERY_PASS, Cadence, Collection
 from spoke._nvml import NvmlBackend
 
 _PROFILE = re.compile(r"^([1-8])g\.(\d+)gb(\+me)?$")
@@ -85,6 +93,18 @@ def parse_fault(spec: str) -> Fault:
     return Fault(int(m.group(4)), m.group(5))
 
 
+def parse_indices(spec: str | None) -> list[int]:
+    """``"0,3"`` → [0, 3] (``--sim-idle``); ValueError naming the bad part."""
+    out = []
+    for part in (spec or "").split(","):
+        if part.strip():
+            if not part.strip().isdigit():
+                raise ValueError(f"invalid --sim-idle {part.strip()!r} (use GPU indices, "
+                                 "e.g. 0,3)")
+            out.append(int(part))
+    return out
+
+
 def _profile_gb(profile: str) -> int:
     """Memory of a MIG profile in GB ("3g.40gb" → 40); NVML's slices are a little smaller."""
     return int(profile.split(".", 1)[1].split("gb", 1)[0])
@@ -104,19 +124,23 @@ def _wave(t: float, period: float, phase: float) -> float:
     return 0.5 + 0.5 * math.sin(2 * math.pi * t / period + phase)
 
 
-def _gpm_answers(load: float) -> dict[int, float]:
-    """What a Hopper GPU's GPM answers under this load (units as NVML gives them: percent,
-    MiB/s): the engine busier than its SMs, tensor pipes and DRAM well below, as under a
-    real bf16 matmul (shared/samples/nvml-h100-probe.txt). The demo shows efficiency from
-    these, and the sim's field set is dcgm-exporter's whole default one."""
-    return {
-        _pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL: round(95.0 * load, 1),
-        _pynvml.NVML_GPM_METRIC_SM_UTIL: round(80.0 * load, 1),
-        _pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL: round(55.0 * load, 1),
-        _pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL: round(35.0 * load, 1),
-        _pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC: round(900.0 * load, 1),
-        _pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC: round(1800.0 * load, 1),
-    }
+#: idle and fully loaded GPU temperature (°C): a real H100 idled at 33 °C and ran a bf16
+#: load at 56 °C (shared/samples); air-cooled parts run hotter, so the top is a little higher
+IDLE_C, LOADED_C = 32.0, 68.0
+#: SM clock (MHz) of an idle H100 (the probe read 345) and under load
+IDLE_SM_MHZ, LOADED_SM_MHZ = 345, 1980
+
+
+def _gpm_answers(util_pct: float) -> dict[int, float]:
+    """What a Hopper GPU's GPM answers at this utilisation (NVML's units: percent, MiB/s).
+
+    Scaled from what a real H200 answered under a bf16 matmul (``HOPPER_BF16_GPM``: engine
+    99.8 %, SMs 96.4 % active at 14.3 % occupancy, tensor 93.6 %, DRAM 17.3 %), and derived
+    from the utilisation itself, so no profiling figure ever exceeds what the utilisation
+    allows: SM activity <= engine activity <= utilisation, all 0 on an idle GPU.
+    """
+    share = util_pct / 100.0
+    return {metric: round(value * share, 1) for metric, value in HOPPER_BF16_GPM.items()}
 
 
 class SimBackend:
@@ -126,7 +150,8 @@ class SimBackend:
 
     def __init__(self, *, vendor: str = "nvidia", gpus: int = 8, model: str | None = None,
                  mig: str | None = None, seed: int = 0, node: str = "sim-node",
-                 faults: Sequence[Fault] = (),
+                 faults: Sequence[Fault] = (), idle: Sequence[int] = (),
+                 cadence: Cadence = EVERY_PASS,
                  clock: Callable[[], float] = time.time) -> None:
         if vendor not in DEFAULT_MODEL:
             raise ValueError(f"unknown simulated vendor {vendor!r} (use nvidia or amd)")
@@ -149,12 +174,20 @@ class SimBackend:
                 raise ValueError(f"--sim-fault {f.kind} exists only on NVIDIA GPUs "
                                  "(AMD: ecc_dbe)")
         self.faults = tuple(faults)
+        for i in idle:
+            if not 0 <= i < gpus:
+                raise ValueError(f"--sim-idle names GPU {i}; the node has GPUs 0-{gpus - 1}")
+        #: GPUs that do nothing (an allocated notebook nobody uses): 0 %, idle power
+        self.idle = frozenset(idle)
+        #: the energy counters' clock: the last animated time
+        self._animated_at: float | None = None
         self.nvml: FakeNvml | None = None
         self.amdsmi: FakeAmdSmi | None = None
         if vendor == "nvidia":
             self.nvml = FakeNvml([self._nvidia_gpu(i, profiles) for i in range(gpus)],
                                  driver="580.105.08")
-            self._inner: NvmlBackend | AmdSmiBackend = NvmlBackend(nvml=self.nvml)
+            self._inner: NvmlBackend | AmdSmiBackend = NvmlBackend(nvml=self.nvml,
+                                                                   cadence=cadence)
         else:
             self.amdsmi = FakeAmdSmi([self._amd_gpu(i) for i in range(gpus)])
             self._inner = AmdSmiBackend(amdsmi=self.amdsmi)
@@ -180,31 +213,55 @@ class SimBackend:
             bdf=f"0000:{0x0C + 0x11 * (i % 14):02x}:00.0", vram_total_mb=self._spec.memory_mib,
         )
 
+    def _load(self, i: int, t: float, period: float, phase: float) -> float:
+        return 0.0 if i in self.idle else _wave(t, period, phase)
+
     def _animate(self, t: float) -> None:
+        """Move every GPU to time ``t``; what a GPU engineer would check hangs together.
+
+        Utilisation is the one free variable. Power runs from the model's idle to its
+        maximum draw with it, temperature from ``IDLE_C`` to ``LOADED_C``, the SM clock
+        drops to idle below 5 %, profiling ratios are shares of it (``_gpm_answers``), and
+        the energy counter grows by the power drawn since the previous step. A GPU in MIG
+        mode draws by its slices' loads, each weighted by its share of the GPU.
+        """
         spec = self._spec
+        dt = 0.0 if self._animated_at is None else max(0.0, t - self._animated_at)
+        self._animated_at = t
         for i, phase in enumerate(self._phases):
-            load = _wave(t, 300.0 + 60.0 * (i % 5), phase)
-            util = round(100 * load)
-            power = spec.idle_w + (spec.max_w - spec.idle_w) * load
-            temp = round(30 + 45 * load)
+            util = round(100 * self._load(i, t, 300.0 + 60.0 * (i % 5), phase))
             if self.nvml is not None:
                 gpu = self.nvml.gpus[i]
-                gpu.util, gpu.power_mw, gpu.temp = util, round(power * 1000), temp
-                gpu.sm_clock = 210 if util < 5 else 1980
-                gpu.memory_used = int(gpu.memory_total * 0.9 * load) // MIB * MIB
-                # a MIG-enabled GPU answers GPM per GPU instance only (its slices, below)
-                gpu.gpm_metrics = {} if gpu.mig else _gpm_answers(load)
+                busy = util / 100.0
                 for s in gpu.mig or []:
-                    s_load = _wave(t, 240.0 + 30.0 * s.slot, phase + s.slot)
-                    s.graphics_util = round(100 * s_load, 1)
-                    s.gpm_metrics = {k: v for k, v in _gpm_answers(s_load).items()
+                    s_util = round(100 * self._load(i, t, 240.0 + 30.0 * s.slot,
+                                                    phase + s.slot), 1)
+                    s.graphics_util = s_util
+                    s.gpm_metrics = {k: v for k, v in _gpm_answers(s_util).items()
                                      if k != _pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL}
-                    s.memory_used = int(s.memory_total * 0.9 * s_load) // MIB * MIB
+                    s.memory_used = int(s.memory_total * 0.9 * s_util / 100) // MIB * MIB
+                if gpu.mig:  # NVML has no utilisation in MIG mode; the slices' loads count
+                    busy = sum(s.graphics_util / 100 * int(s.profile.split("g", 1)[0]) / 7
+                               for s in gpu.mig)
+                power = spec.idle_w + (spec.max_w - spec.idle_w) * busy
+                if gpu.energy_mj is not None and gpu.power_mw is not None:
+                    gpu.energy_mj += round(gpu.power_mw * dt)  # mW × s = mJ
+                gpu.util, gpu.power_mw = util, round(power * 1000)
+                gpu.temp = round(IDLE_C + (LOADED_C - IDLE_C) * busy)
+                if gpu.memory_temp is not None:  # HBM runs a few degrees above the die
+                    gpu.memory_temp = gpu.temp + 5  # (the real H100: 33 °C, memory 37 °C)
+                gpu.sm_clock = IDLE_SM_MHZ if busy < 0.05 else LOADED_SM_MHZ
+                gpu.memory_used = (sum(s.memory_used for s in gpu.mig) if gpu.mig else
+                                   int(gpu.memory_total * 0.9 * util / 100) // MIB * MIB)
+                # a MIG-enabled GPU answers GPM per GPU instance only (its slices, above)
+                gpu.gpm_metrics = {} if gpu.mig else _gpm_answers(util)
             elif self.amdsmi is not None:
+                power = spec.idle_w + (spec.max_w - spec.idle_w) * util / 100
+                temp = round(IDLE_C + (LOADED_C - IDLE_C) * util / 100)
                 agpu = self.amdsmi.gpus[i]
                 agpu.gfx_activity, agpu.power_w = util, round(power)
                 agpu.edge_temp, agpu.hotspot_temp = temp, temp + 8
-                agpu.vram_used_mb = int(agpu.vram_total_mb * 0.9 * load)
+                agpu.vram_used_mb = int(agpu.vram_total_mb * 0.9 * util / 100)
 
     def open(self) -> None:
         self._inner.open()

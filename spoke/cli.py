@@ -12,10 +12,10 @@ import click
 from hub.common import DURATION, ConfiguredCommand, InputError, UnavailableError, env, on_sigterm
 from spoke._exporter import Exporter
 from spoke._http import DEFAULT_PORT, MetricsServer, parse_listen
-from spoke._model import KUBELET_SOCKET, Backend, LibraryNotFound
-from spoke._naming import select_fields
+from spoke._model import DEFAULT_CADENCE, KUBELET_SOCKET, Backend, Cadence, LibraryNotFound
+from spoke._naming import LEGACY, NAMINGS, select_fields
 from spoke._select import LOADERS, open_backend
-from spoke._sim import SimBackend, parse_fault
+from spoke._sim import SimBackend, parse_fault, parse_indices
 
 if TYPE_CHECKING:
     from spoke._podresources import KubeletPods
@@ -65,6 +65,14 @@ def _listen_address(listen: str | None, port: int | None) -> tuple[str, int]:
 @click.option("--interval", type=DURATION, default="30s", show_default=True,
               envvar=env("interval"), metavar="DURATION",
               help="How often to read the GPUs (scrapes return the last reading).")
+@click.option("--slow-interval", type=DURATION, default=f"{DEFAULT_CADENCE.slow:g}s",
+              show_default=True, envvar=env("slow-interval"), metavar="DURATION",
+              help="How often to read the costly counters (NVML energy, PCIe replays); "
+                   "between reads the last value is served. Counters lose nothing.")
+@click.option("--prof-interval", type=DURATION, default=f"{DEFAULT_CADENCE.prof:g}s",
+              show_default=True, envvar=env("prof-interval"), metavar="DURATION",
+              help="How often to take a GPM sample for the DCGM_FI_PROF_* ratios (each the "
+                   "average since the previous sample).")
 @click.option("--node-name", "--sim-node", "node_name", envvar=[env("node-name"), "NODE_NAME"],
               help="Hostname label of every series [default: $NODE_NAME, else the host name]; "
                    "with --backend sim it also seeds the simulated UUIDs.")
@@ -83,6 +91,14 @@ def _listen_address(listen: str | None, port: int | None) -> tuple[str, int]:
 @click.option("--sim-fault", "sim_faults", multiple=True, metavar="INDEX:FAULT",
               help="Inject a fault into simulated GPU INDEX: xid=N, ecc_dbe=N or "
                    "remap_failure (repeatable), e.g. --sim-fault 3:xid=79.")
+@click.option("--sim-idle", envvar=env("sim-idle"), metavar="INDEX,...",
+              help="Simulated GPUs that do nothing (0 %, idle power and temperature), "
+                   "e.g. an allocated notebook nobody uses: --sim-idle 0,3.")
+@click.option("--sim-naming", type=click.Choice(NAMINGS), default=LEGACY, show_default=True,
+              envvar=env("sim-naming"),
+              help="Name the simulated NVIDIA series as dcgm-exporter up to 4.8 does (legacy) "
+                   "or as 4.9 does (dcgm-4.7: new names and units, "
+                   "DCGM_FI_SYSTEM_DRIVER_VERSION).")
 @click.option("--fields", envvar=env("fields"), metavar="NAME,...",
               help="Publish only these fields (dcgm names with or without DCGM_FI_, AMD names) "
                    "[default: dcgm-exporter's / device-metrics-exporter's default set plus "
@@ -96,10 +112,12 @@ def _listen_address(listen: str | None, port: int | None) -> tuple[str, int]:
               help="Longest wait for the kubelet per collection (then no pod labels that pass).")
 @click.pass_context
 def exporter(ctx: click.Context, backend: str, listen: str | None, port: int | None,
-             interval: float, node_name: str | None, sim_gpus: int, sim_vendor: str,
+             interval: float, slow_interval: float, prof_interval: float,
+             node_name: str | None, sim_gpus: int, sim_vendor: str,
              sim_model: str | None, sim_mig: str | None, sim_seed: int,
-             sim_faults: tuple[str, ...], fields: str | None, kubelet_socket: str,
-             kubelet_timeout: float, **_: Any) -> None:
+             sim_faults: tuple[str, ...], sim_idle: str | None, sim_naming: str,
+             fields: str | None,
+             kubelet_socket: str, kubelet_timeout: float, **_: Any) -> None:
     """Serve GPU metrics with dcgm-exporter's or AMD device-metrics-exporter's names.
 
     For nodes that cannot run the vendor exporters: the hub reads this output exactly like
@@ -113,6 +131,12 @@ def exporter(ctx: click.Context, backend: str, listen: str | None, port: int | N
         raise InputError("--interval must be greater than 0")
     if kubelet_timeout <= 0:
         raise InputError("--kubelet-timeout must be greater than 0")
+    for option, value in (("--slow-interval", slow_interval), ("--prof-interval", prof_interval)):
+        if value <= 0:
+            raise InputError(f"{option} must be greater than 0")
+    if sim_naming != LEGACY and (backend != "sim" or sim_vendor != "nvidia"):
+        raise InputError("--sim-naming applies to --backend sim --sim-vendor nvidia only")
+    cadence = Cadence(slow=slow_interval, prof=prof_interval).within(interval)
     hostname = node_name or socket.gethostname()
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -121,26 +145,30 @@ def exporter(ctx: click.Context, backend: str, listen: str | None, port: int | N
     if backend == "sim":
         try:
             faults = [parse_fault(f) for f in sim_faults]
+            idle = parse_indices(sim_idle)
             gpu = SimBackend(vendor=sim_vendor, gpus=sim_gpus, model=sim_model, mig=sim_mig,
-                             seed=sim_seed, node=hostname, faults=faults)
+                             seed=sim_seed, node=hostname, faults=faults, idle=idle,
+                             cadence=cadence)
         except ValueError as exc:
             raise InputError(str(exc)) from None
         gpu.open()
     else:
         obj = ctx.obj if isinstance(ctx.obj, dict) else {}
         try:
-            gpu = open_backend(backend, obj.get("loaders", LOADERS))
+            gpu = open_backend(backend, obj.get("loaders", LOADERS), cadence)
         except LibraryNotFound as exc:
             raise UnavailableError(str(exc)) from None
 
     pods: KubeletPods | None = None
     try:
         try:
-            chosen = select_fields(gpu.vendor, fields.split(",") if fields else None)
+            chosen = select_fields(gpu.vendor, fields.split(",") if fields else None,
+                                   sim_naming)
         except ValueError as exc:
             raise InputError(str(exc)) from None
         pods = _pod_source(kubelet_socket, kubelet_timeout)
-        exp = Exporter(gpu, hostname=hostname, interval=interval, fields=chosen, pods=pods)
+        exp = Exporter(gpu, hostname=hostname, interval=interval, fields=chosen, pods=pods,
+                       naming=sim_naming)
         try:
             server = MetricsServer(exp, host, bind_port)
         except OSError as exc:

@@ -185,3 +185,39 @@ def test_keep_running_keeps_syncing(hub, fleet, tmp_path):
     used = gpufleet_json("usage", "--since", "1h", "--by", "cluster", "--db", db)
     assert [r["cluster"] for r in used] == ["east"] and used[0]["gpu_hours"] > 0
     assert any(re.search(r"; usage: [1-9]\d* buckets of 12s collected", s) for s in said), said
+
+
+def test_one_reporting_cluster_sends_dcgm_47_names_beside_legacy_ones():
+    """The mixed fleet of an upgrade in progress: prod-west's NVIDIA exporters speak
+    dcgm-exporter 4.9 (DCGM 4.7 names and units), the rest the legacy names."""
+    p = demo.plan(3, 4, 8, dcgm_47=True)
+    modern = [n for n in p.nodes if n.naming == "dcgm-4.7"]
+    assert {n.cluster for n in modern} == {"prod-west"} and p.silent != "prod-west"
+    assert all(n.vendor == "nvidia" for n in modern)
+    assert any(n.naming == "legacy" and n.vendor == "nvidia" for n in p.nodes)
+    text = demo.node_exporter(modern[0]).collect_once().text.decode()
+    assert text.count("DCGM_FI_DEV_GPU_UTIL_RATIO{") == 8
+    assert "DCGM_FI_DEV_FB_CAPACITY_BYTES{" in text and 'DCGM_FI_SYSTEM_DRIVER_VERSION="' in text
+    assert "DCGM_FI_DEV_GPU_UTIL{" not in text and "DCGM_FI_DRIVER_VERSION" not in text
+    legacy = next(n for n in p.nodes if n.naming == "legacy" and n.vendor == "nvidia")
+    assert "DCGM_FI_DEV_GPU_TEMP{" in demo.node_exporter(legacy).collect_once().text.decode()
+    # by default the demo runs that cluster once the hub reads 4.7 names (issue 26, hub side)
+    assert any(n.naming == "dcgm-4.7" for n in demo.plan(3, 4, 8).nodes) == (
+        demo.hub_reads_dcgm_47())
+
+
+def test_the_idle_notebook_gpu_looks_idle_to_a_gpu_engineer():
+    """Issue 30: the demo's idle notebook drew 627 W at 99 °C with its SMs 47-82 % active."""
+    p = demo.plan(3, 4, 8, dcgm_47=False)
+    assert p.attributed is not None
+    exporter = demo.node_exporter(p.attributed, attributed=True)
+    exporter.collect_once()  # GPM needs two samples
+    for marked in (False, True):  # the freshness probe's mark keeps it plausible
+        if marked:
+            exporter.backend.mark()
+        samples = {s.name: s.value for f in exporter.collect_once().families for s in f.samples
+                   if s.labels.get("gpu") == "0"}
+        assert samples["DCGM_FI_DEV_GPU_UTIL"] == 0
+        assert 60 <= samples["DCGM_FI_DEV_POWER_USAGE"] <= 90
+        assert 30 <= samples["DCGM_FI_DEV_GPU_TEMP"] <= 40
+        assert samples["DCGM_FI_PROF_SM_ACTIVE"] == samples["DCGM_FI_PROF_GR_ENGINE_ACTIVE"] == 0

@@ -80,6 +80,11 @@ def test_auto_falls_through_to_amd_when_nvml_is_missing(tmp_path: Path):
     (["--sim-mig", "9g.1gb"], "invalid MIG profile '9g.1gb'"),
     (["--sim-vendor", "amd", "--sim-mig", "1g.10gb"], "only on NVIDIA"),
     (["--listen", "no-such-host.invalid:0"], "cannot listen on no-such-host.invalid:0"),
+    (["--slow-interval", "0s"], "--slow-interval must be greater than 0"),
+    (["--sim-idle", "0,x"], "invalid --sim-idle 'x'"),
+    (["--sim-gpus", "2", "--sim-idle", "5"], "--sim-idle names GPU 5; the node has GPUs 0-1"),
+    (["--sim-vendor", "amd", "--sim-naming", "dcgm-4.7"],
+     "--sim-naming applies to --backend sim --sim-vendor nvidia only"),
 ])
 def test_bad_input_is_one_line_exit_2(args, words):
     line = one_line_error(run(["--backend", "sim", *args]), 2)
@@ -117,13 +122,19 @@ def test_listed_in_gpufleet_help():
     assert result.exit_code == 0 and "--sim-node" in result.output
 
 
-def test_real_process_serves_and_stops_on_sigterm():
+@pytest.mark.parametrize(("args", "series", "node_label"), [
+    (["--sim-vendor", "amd"], "gpu_gfx_activity{", "hostname"),
+    # dcgm-exporter 4.9's names and units, its driver label, one cadence per costly reading
+    (["--sim-naming", "dcgm-4.7", "--slow-interval", "10s", "--prof-interval", "2s"],
+     "DCGM_FI_DEV_GPU_UTIL_RATIO{", "Hostname"),
+])
+def test_real_process_serves_and_stops_on_sigterm(args, series, node_label):
     port = free_port()
     env = {**os.environ, "NODE_NAME": "node-from-env", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-c", "from hub.cli import main; main()", "exporter",
          "--backend", "sim", "--listen", f"127.0.0.1:{port}", "--interval", "1s",
-         "--sim-gpus", "2", "--sim-vendor", "amd"],
+         "--sim-gpus", "2", *args],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
@@ -138,8 +149,9 @@ def test_real_process_serves_and_stops_on_sigterm():
             assert time.monotonic() < deadline, "exporter did not become healthy"
             time.sleep(0.1)
         text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
-        assert text.count("gpu_gfx_activity{") == 2
-        assert 'hostname="node-from-env"' in text
+        assert text.count(series) == 2
+        assert f'{node_label}="node-from-env"' in text
+        assert "DCGM_FI_DRIVER_VERSION" not in text  # AMD's label; 4.7's SYSTEM_ spelling
         assert 'gpufleet_exporter_build_info{backend="sim",version="0.1.0"} 1.0' in text
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from spoke import AmdSmiBackend, Backend, Exporter, NvmlBackend
 from spoke._fakes import MIB, FakeAmdGpu, FakeAmdSmi, FakeMigSlice, FakeNvml, FakeNvmlGpu
-from spoke._naming import AMD_FIELDS, DCGM_FIELDS
+from spoke._naming import AMD_FIELDS, DCGM_47, DCGM_47_FIELDS, DCGM_FIELDS, LEGACY
 
 GOLDEN = Path(__file__).parent / "fixtures" / "exporter"
 
@@ -39,6 +39,8 @@ def nvidia_state() -> tuple[FakeNvml, Backend]:
                     serial="1652823055404", mem_util=43, dec_util=3, pcie_replays=1,
                     remapped_rows=(2, 1, 0, 0), ecc_sbe=4, clocks_event_reasons=0x4,
                     gpm_metrics={pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL: 91.5,
+                                 pynvml.NVML_GPM_METRIC_SM_UTIL: 88.4,
+                                 pynvml.NVML_GPM_METRIC_SM_OCCUPANCY: 13.1,
                                  pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL: 62.25,
                                  pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL: 40.0,
                                  pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC: 1490.0,
@@ -70,11 +72,11 @@ def amd_state() -> tuple[FakeAmdSmi, Backend]:
     return fake, AmdSmiBackend(amdsmi=fake)
 
 
-def exposition(backend: Backend) -> str:
+def exposition(backend: Backend, naming: str = LEGACY) -> str:
     ticks = itertools.count(0.0, 0.25)  # every pass "takes" exactly 0.25 s
     exporter = Exporter(backend, hostname="ip-10-0-171-111.ec2.internal", interval=30,
                         version="0.1.0", clock=lambda: 1_763_700_000.0,
-                        timer=lambda: next(ticks))
+                        timer=lambda: next(ticks), naming=naming)
     exporter.collect_once()
     text = exporter.exposition().decode()
     # what /metrics sends (rendered once per collection) holds what the registry yields now
@@ -87,12 +89,12 @@ def exposition(backend: Backend) -> str:
     return text
 
 
-def nvidia_text() -> str:
+def nvidia_text(naming: str = LEGACY) -> str:
     fake, backend = nvidia_state()
     backend.open()
     backend.collect()  # registers for XID events, takes the first GPM samples of the slices
     fake.inject_xid(0, 79)
-    return exposition(backend)
+    return exposition(backend, naming)
 
 
 def amd_text() -> str:
@@ -103,8 +105,12 @@ def amd_text() -> str:
 
 CASES = {
     "nvidia.prom": nvidia_text,
+    # the same GPUs as dcgm-exporter 4.9 (DCGM 4.7) names them: --sim-naming dcgm-4.7
+    "nvidia-dcgm-4.7.prom": lambda: nvidia_text(DCGM_47),
     "amd.prom": amd_text,
 }
+FIELDS = {"nvidia.prom": DCGM_FIELDS, "nvidia-dcgm-4.7.prom": DCGM_47_FIELDS,
+          "amd.prom": AMD_FIELDS}
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -125,8 +131,8 @@ def test_golden_is_valid_exposition(name):
     # the TYPE lines are what Prometheus reads.
     types = dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.M))
     assert set(types.values()) <= {"gauge", "counter"}
-    expected = {f.name for f in (DCGM_FIELDS if name == "nvidia.prom" else AMD_FIELDS)
-                if f.typ == "counter"} | {"gpufleet_exporter_collect_errors_total"}
+    expected = ({f.name for f in FIELDS[name] if f.typ == "counter"}
+                | {"gpufleet_exporter_collect_errors_total"})
     assert {n for n, t in types.items() if t == "counter"} == expected
     assert "_created" not in text
     promtool = shutil.which("promtool")

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from hub import inventory as inv
-from hub import usage
+from hub import store, usage
 from hub.common import (
     GpufleetError,
     InputError,
@@ -45,7 +45,7 @@ STALE_AFTER = 8.0  # seconds: short so the demo shows a stale cluster within its
 #: STALE_AFTER kept: ACM's default --stale-after 10m is twice its push interval)
 ACM_PUSH = STALE_AFTER / 2
 ACM_LOOKBACK = STALE_AFTER
-PROBE_TEMPERATURE = 99.0
+PROBE_TEMPERATURE = 36.5
 #: How often the demo's agents scrape and push (hub.devstack._prometheus.agent_config).
 AGENT_PUSH = 1.0
 #: The demo's push interval, said once to every command that measures coverage or
@@ -70,15 +70,15 @@ class ProbeBackend:
     """Wraps a backend; after :meth:`mark`, GPU 0 reports a temperature nothing else does.
 
     That marked value travelling exporter -> agent -> hub -> sync -> inventory is what the
-    demo's freshness figure measures.
+    demo's freshness figure measures. The value is one an idle GPU may show (the simulator's
+    temperatures are whole degrees, this one is not), so the report never shows an idle
+    GPU at a temperature a GPU engineer would call wrong.
     """
 
-    def __init__(self, inner: Any, idle_index: int | None = None) -> None:
+    def __init__(self, inner: Any) -> None:
         self.inner = inner
         self.name, self.vendor = inner.name, inner.vendor
         self.marked = False
-        #: this GPU reports 0 % utilisation: the demo's allocated-but-idle GPU
-        self.idle_index = idle_index
 
     def open(self) -> None:
         self.inner.open()
@@ -91,11 +91,7 @@ class ProbeBackend:
 
     def collect(self):  # -> spoke.Collection
         result = self.inner.collect()
-        readings = tuple(
-            dataclasses.replace(r, util_pct=0.0)
-            if r.index == self.idle_index and r.util_pct is not None else r
-            for r in result.readings
-        )
+        readings = result.readings
         if self.marked:
             readings = tuple(
                 dataclasses.replace(r, temp_c=PROBE_TEMPERATURE) if r.index == 0 else r
@@ -107,7 +103,7 @@ class ProbeBackend:
 class DemoPods:
     """A pod source like the kubelet's: the first GPUs of a node belong to simulated pods.
 
-    GPU 0 is held by a notebook that does nothing (its ProbeBackend reports 0 %), which
+    GPU 0 is held by a notebook that does nothing (simulated idle: 0 %, idle power), which
     `gpufleet idle` and the report then show; GPU 1 (where there is one) runs a training job.
     """
 
@@ -138,6 +134,8 @@ class Node:
     faults: tuple[str, ...] = ()
     #: its GPUs are published through DRA (a ResourceSlice), not the device plugin
     dra: bool = False
+    #: the metric names its exporter sends: dcgm-exporter's legacy ones or 4.9's (DCGM 4.7)
+    naming: str = "legacy"
 
 
 @dataclass
@@ -155,8 +153,24 @@ class Plan:
     def mismatch(self) -> Node:
         return self.nodes[1] if len(self.nodes) > 1 else self.nodes[0]
 
+    @property
+    def attributed(self) -> Node | None:
+        """The node whose GPUs the demo's pods hold (GPU 0: the idle notebook)."""
+        return next((n for n in self.nodes if n.cluster != self.silent and not n.mig
+                     and n.vendor == "nvidia"), None)
 
-def plan(clusters: int, nodes: int, gpus_per_node: int) -> Plan:
+
+def hub_reads_dcgm_47() -> bool:
+    """Whether this hub reads dcgm-exporter 4.9's names (its ACM allowlist names them): only
+    then does the demo run a cluster on them, so a demo never shows GPUs it cannot read."""
+    from spoke._naming import DCGM_47_RENAMES
+
+    return DCGM_47_RENAMES["DCGM_FI_DEV_GPU_UTIL"][0] in store.allowlist_metrics()
+
+
+def plan(clusters: int, nodes: int, gpus_per_node: int, dcgm_47: bool | None = None) -> Plan:
+    """The demo's fleet; ``dcgm_47``: run one cluster on DCGM 4.7 names (None: when this
+    hub reads them)."""
     names = [CLUSTER_NAMES[i] if i < len(CLUSTER_NAMES) else f"cluster-{i + 1}"
              for i in range(clusters)]
     p = Plan(names)
@@ -174,6 +188,15 @@ def plan(clusters: int, nodes: int, gpus_per_node: int) -> Plan:
                    and n.cluster != p.silent), None)
     if faulty is not None:
         faulty.faults = (f"{faulty.gpus - 1}:xid=79",)
+    # One cluster upgraded to dcgm-exporter 4.9: its NVIDIA nodes send DCGM 4.7's names and
+    # units, the others the legacy ones; the hub reads both (a mixed fleet, as mid-upgrade).
+    if hub_reads_dcgm_47() if dcgm_47 is None else dcgm_47:
+        from spoke._naming import DCGM_47
+
+        modern = names[1] if len(names) > 2 else names[0]  # reporting, never the silent one
+        for node in p.nodes:
+            if node.cluster == modern and node.vendor == "nvidia":
+                node.naming = DCGM_47
     # One node whose GPUs Kubernetes publishes through Dynamic Resource Allocation.
     first = names[0]
     p.nodes.append(Node(first, f"{first}-dra-01", "nvidia", gpus_per_node, gpus_per_node,
@@ -280,10 +303,32 @@ def resource_slices(p: Plan, cluster: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "List", "items": items, "metadata": {}}
 
 
+def node_backend(node: Node, idle: bool = False) -> ProbeBackend:
+    """The simulated GPUs of one node; with ``idle`` its GPU 0 does nothing (the notebook
+    that `gpufleet idle` finds): 0 %, idle power and temperature, no SM activity."""
+    from spoke import SimBackend
+    from spoke._sim import parse_fault
+
+    faults = [parse_fault(f) for f in node.faults]
+    return ProbeBackend(SimBackend(vendor=node.vendor, gpus=node.gpus, mig=node.mig,
+                                   node=node.name, seed=7, faults=faults,
+                                   idle=(0,) if idle else ()))
+
+
+def node_exporter(node: Node, attributed: bool = False) -> Any:  # -> spoke.Exporter
+    """gpufleet's exporter of one node, not yet started; the ``attributed`` node's GPUs belong
+    to the demo's pods, its GPU 0 to the idle notebook."""
+    from spoke import Exporter
+
+    backend = node_backend(node, idle=attributed)
+    backend.open()
+    pods = DemoPods(backend) if attributed else None
+    return Exporter(backend, hostname=node.name, interval=1.0, pods=pods, naming=node.naming)
+
+
 def start_fleet(p: Plan, workdir: Path, fleet: Fleet, say: Say,
                 acm_profile: bool = False) -> PrometheusProcess:
-    from spoke import Exporter, MetricsServer, SimBackend
-    from spoke._sim import parse_fault
+    from spoke import MetricsServer
 
     hub = PrometheusProcess(workdir / "hub", hub_config(),
                             extra_args=hub_args(ACM_LOOKBACK) if acm_profile else None)
@@ -291,17 +336,10 @@ def start_fleet(p: Plan, workdir: Path, fleet: Fleet, say: Say,
     hub.start()
     say(f"hub Prometheus (remote-write receiver) on {hub.url}"
         + (f", look-back {ACM_LOOKBACK:g}s like ACM's Thanos" if acm_profile else ""))
-    attributed = next((n for n in p.nodes if n.cluster != p.silent and not n.mig
-                       and n.vendor == "nvidia"), None)
     for node in p.nodes:
-        faults = [parse_fault(f) for f in node.faults]
-        backend = ProbeBackend(SimBackend(vendor=node.vendor, gpus=node.gpus, mig=node.mig,
-                                          node=node.name, seed=7, faults=faults),
-                               idle_index=0 if node is attributed else None)
-        backend.open()
-        fleet.probes.append(backend)
-        pods = DemoPods(backend) if node is attributed else None
-        exporter = Exporter(backend, hostname=node.name, interval=1.0, pods=pods).start()
+        exporter = node_exporter(node, attributed=node is p.attributed)
+        fleet.probes.append(exporter.backend)
+        exporter.start()
         fleet.exporters.append(exporter)
         server = MetricsServer(exporter, "127.0.0.1", 0).start()
         fleet.servers.append(server)
@@ -309,6 +347,8 @@ def start_fleet(p: Plan, workdir: Path, fleet: Fleet, say: Say,
     for cluster in p.clusters:
         targets = [n.target for n in p.nodes if n.cluster == cluster]
         vendors = sorted({n.vendor for n in p.nodes if n.cluster == cluster})
+        if any(n.naming != "legacy" for n in p.nodes if n.cluster == cluster):
+            vendors = [v if v != "nvidia" else "nvidia on dcgm-exporter 4.9 names" for v in vendors]
         if acm_profile:
             fleet.agents[cluster] = MetricsCollector(
                 hub.url, cluster, [f"http://{t}/metrics" for t in targets],
