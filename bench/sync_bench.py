@@ -116,15 +116,12 @@ def fleet_labels(gpus: int, acm: bool = False) -> tuple[list[str], list[str], li
 
 
 def write_openmetrics(path: Path, gpus: int, end: float, samples: int = SAMPLES,
-                     acm: bool = False, hold: float = 0.0) -> int:
-    """Write the fleet, ``samples`` per series evenly over the window up to ``end``, and on
-    at that pace for ``hold`` seconds after it (in the future when written: a query at any
-    time until then sees ``samples`` in its window, however long measuring takes on a busy
-    machine); returns the cluster count."""
+                     acm: bool = False, window: float = STALE_AFTER) -> int:
+    """Write the fleet, ``samples`` per series evenly over the window up to ``end``; returns
+    the cluster count."""
     nv, mig, amd, clusters = fleet_labels(gpus, acm)
-    every = STALE_AFTER / samples
+    every = window / samples
     stamps = [f"{end - every * i:.3f}" for i in reversed(range(samples))]
-    stamps += [f"{end + every * i:.3f}" for i in range(1, int(hold // every) + 1)]
     families = ([(n, nv + mig, v) for n, v in NV_FAMILIES] + [(n, mig, v) for n, v in MIG_ONLY]
                 + [(n, amd, v) for n, v in AMD_FAMILIES])
     with path.open("w", buffering=1 << 20) as out:
@@ -192,14 +189,14 @@ def floor(url: str, queries: list[str], shards: list[list[str]], at: float,
             del done
 
 
-def run_sync(url: str, db: str) -> tuple[dict, float, float]:
+def run_sync(url: str, db: str, window: float = STALE_AFTER) -> tuple[dict, float, float]:
     """`gpufleet sync` in a child: its JSON result, wall seconds and peak RSS in MB (GNU
     time's %M: the child's own high-water mark; a parent's wait4 rusage would start from
     the parent's, which here decoded whole answers)."""
     with tempfile.NamedTemporaryFile() as rss:
         cmd = ["/usr/bin/time", "-f", "%M", "-o", rss.name, sys.executable, "-m", "hub",
                "sync", "--hub-url", url, "--db", db, "--stale-after",
-               format_duration(STALE_AFTER), "--timeout", "600s", "-o", "json"]
+               format_duration(window), "--timeout", "600s", "-o", "json"]
         started = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, cwd=ROOT)
         wall = time.perf_counter() - started
@@ -216,7 +213,8 @@ def timed(fn, *args) -> float:
 
 
 def measure(gpus: int, workdir: Path | None, samples: int = SAMPLES, acm: bool = False,
-            floor_shards: int = 10, with_naive: bool = False, hold: float = 0.0) -> dict:
+            floor_shards: int = 10, with_naive: bool = False,
+            window: float = STALE_AFTER) -> dict:
     promtool = require_binary("promtool")
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         work = Path(tmp)
@@ -224,7 +222,7 @@ def measure(gpus: int, workdir: Path | None, samples: int = SAMPLES, acm: bool =
         lead = 30 + gpus * 0.002
         end = time.time() + lead
         om = work / "fleet.om"
-        clusters = write_openmetrics(om, gpus, end, samples, acm, hold)
+        clusters = write_openmetrics(om, gpus, end, samples, acm, window)
         data = work / "hub" / "data"
         data.mkdir(parents=True)
         subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(om),
@@ -246,9 +244,9 @@ def measure(gpus: int, workdir: Path | None, samples: int = SAMPLES, acm: bool =
             floor_s = timed(floor, hub.url, raw, shards, at)
             naive_s = timed(naive, hub.url, at) if with_naive else None
             db = f"sqlite:///{work / 'inventory.db'}"
-            first, first_s, rss1 = run_sync(hub.url, db)
+            first, first_s, rss1 = run_sync(hub.url, db, window)
             cpu = hub_cpu(pid)
-            steady, steady_s, rss2 = run_sync(hub.url, db)
+            steady, steady_s, rss2 = run_sync(hub.url, db, window)
             sync_cpu = hub_cpu(pid) - cpu
             assert first["gpus"] == steady["gpus"], (first, steady)
             load = (load_before, os.getloadavg()[0])
@@ -256,6 +254,7 @@ def measure(gpus: int, workdir: Path | None, samples: int = SAMPLES, acm: bool =
             hub.stop()
     return {
         "gpus": steady["gpus"], "clusters": clusters, "samples_per_series": samples,
+        "window_s": window,
         "shape": "acm" if acm else "dcgm",
         "requests": steady["requests"], "shards": steady["shards"],
         "raw_s": round(raw_s, 2), "floor_s": round(floor_s, 2),
@@ -286,16 +285,17 @@ def main() -> None:
                         help="cluster shards the parallel floor asks at once")
     parser.add_argument("--naive", action="store_true",
                         help="also time prometheus-api-client + pandas (slow at scale)")
-    parser.add_argument("--hold", type=float, default=0.0,
-                        help="seconds the samples go on after measuring starts (a busy "
-                             "machine's run outlasting the window sees no GPU otherwise)")
+    parser.add_argument("--window", type=float, default=STALE_AFTER,
+                        help="the sync's --stale-after in seconds, the samples spread over "
+                             "it: a busy machine whose run outlasts 10 minutes needs longer "
+                             "(the same samples per series, so the same work)")
     parser.add_argument("--workdir", type=Path)
     args = parser.parse_args()
     acm = args.shape == "acm"
     samples = ACM_SAMPLES if acm and args.samples == SAMPLES else args.samples
     for gpus in args.gpus:
         print(json.dumps(measure(gpus, args.workdir, samples, acm, args.floor_shards,
-                                 args.naive, args.hold)), flush=True)
+                                 args.naive, args.window)), flush=True)
 
 
 if __name__ == "__main__":
