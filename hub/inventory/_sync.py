@@ -116,7 +116,7 @@ class Shard:
     matcher: str = ""
     rest: bool = True
 
-    def describe(self, total: int = 0) -> str:
+    def describe(self) -> str:
         names = ", ".join(self.clusters[:CLUSTERS_SHOWN])
         if len(self.clusters) > CLUSTERS_SHOWN:
             names += f" and {len(self.clusters) - CLUSTERS_SHOWN} more"
@@ -264,7 +264,7 @@ def shard_error(exc: GpufleetError, shard: Shard, shards: list[Shard]) -> Gpufle
     if len(shards) == 1:
         return exc
     text, sep, tail = exc.format_message().partition("; ")
-    return type(exc)(f"{text} ({shard.describe(len(shards))}, "
+    return type(exc)(f"{text} ({shard.describe()}, "
                      f"{shards.index(shard) + 1} of {len(shards)}){sep}{tail}")
 
 
