@@ -267,35 +267,12 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool, worker
     for handler in logging.getLogger().handlers:  # no URL password in any line, whoever logs
         handler.addFilter(RedactingFilter())
     logging.getLogger("alembic").setLevel(logging.WARNING)
-<<<<<<< HEAD
 
     def worker(sock: Any = None) -> None:
         if auth.oidc is not None:  # in the worker: no HTTP connection shared over a fork
             auth.oidc.jwks.warm()
         with hub_client(opts) as client, database(db, create=True) as engine:
             readonly = svc.read_only_engine(db)
-=======
-    with hub_client(opts) as client, database(db, create=True) as engine:
-        readonly = svc.read_only_engine(db)
-        try:
-            jobs = service_jobs(engine, client, stale_after=stale_after,
-                                cluster_label=cluster_label, lock_timeout=lock_timeout,
-                                reconcile=reconcile, max_age=max_age,
-                                push_interval=push_interval, window=window,
-                                usage_bucket=usage_bucket, usage_retention=usage_retention,
-                                usage_max_backfill=usage_max_backfill,
-                                prune_stale_after=prune_stale_after,
-                                catalog=load_catalog(instance_types) if reconcile else None)
-            try:  # bind first: a port in use fails before anything touches the database
-                service = svc.build_service(jobs, every=every, engine=readonly, host=host,
-                                            port=port, page_sections=svc.USAGE_SECTIONS,
-                                            auth=auth, metrics_open=metrics_open, tls=tls,
-                                            sessions=svc.DbSessions(engine, ttl=session_ttl),
-                                            prices=price_table)
-            except OSError as exc:
-                reason = exc.strerror or str(exc)
-                raise InputError(f"cannot listen on {listen}: {reason}") from None
->>>>>>> main
             try:
                 jobs = service_jobs(engine, client, stale_after=stale_after,
                                     cluster_label=cluster_label, lock_timeout=lock_timeout,
@@ -304,7 +281,9 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool, worker
                                     usage_bucket=usage_bucket,
                                     usage_retention=usage_retention,
                                     usage_max_backfill=usage_max_backfill,
-                                    prune_stale_after=prune_stale_after)
+                                    prune_stale_after=prune_stale_after,
+                                    catalog=(load_catalog(instance_types) if reconcile
+                                             else None))
                 try:  # bind first: a port in use fails before anything touches the database
                     service = svc.build_service(
                         jobs, every=every, engine=readonly, host=host, port=port,
