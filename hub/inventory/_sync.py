@@ -259,13 +259,17 @@ class Fetched:
         self._kept.clear()
 
 
-def shard_error(exc: GpufleetError, shard: Shard, shards: list[Shard]) -> GpufleetError:
-    """The same error (so the same exit code), naming the shard's clusters."""
+def shard_error(exc: GpufleetError, shard: Shard, shards: list[Shard],
+                consequence: str = "inventory left unchanged") -> GpufleetError:
+    """The same error (so the same exit code), naming the shard's clusters, then what it
+    means (``consequence``: the sync's; the ledger's says its own)."""
     if len(shards) == 1:
         return exc
-    text, sep, tail = exc.format_message().partition("; ")
+    text = exc.format_message().removesuffix(f"; {consequence}") if consequence \
+        else exc.format_message()
+    tail = f"; {consequence}" if consequence else ""
     return type(exc)(f"{text} ({shard.describe()}, "
-                     f"{shards.index(shard) + 1} of {len(shards)}){sep}{tail}")
+                     f"{shards.index(shard) + 1} of {len(shards)}){tail}")
 
 
 def collect(client: HubClient, *, stale_after: float, cluster_label: str,

@@ -286,7 +286,7 @@ def _fold_shards(client: HubClient, shards: list[Shard], start: float, bucket: f
                                bucket=bucket, resolution=resolution,
                                cluster_label=cluster_label, known=known)
         except GpufleetError as exc:
-            raise shard_error(exc, shard, shards) from None
+            raise shard_error(exc, shard, shards, "bucket left for a later collect") from None
 
     spilled = _Spilled()
     try:
