@@ -272,7 +272,7 @@ class Scheduler:
                  sleep: Callable[[float], Any] | None = None,
                  backoff: float = DEFAULT_BACKOFF, metrics: ServiceMetrics | None = None,
                  leader: Leadership | None = None,
-                 latest_sync: Callable[[], tuple[int, float, SyncResult] | None] | None = None
+                 latest_sync: Callable[[], tuple[Any, float, SyncResult] | None] | None = None
                  ) -> None:
         if every <= 0:
             raise InputError("--every must be greater than 0")
@@ -290,7 +290,7 @@ class Scheduler:
         #: (id, finished at, result) of the latest successful sync in the database: a
         #: follower's view of the leader's work
         self.latest_sync = latest_sync
-        self._followed: int | None = None
+        self._followed: Any = None
         #: how often a follower tries to lead and looks for a new sync: the longest a dead
         #: leader's schedule waits for another process to take it over
         self.follow_every = min(self.every, FOLLOW_EVERY)
@@ -427,7 +427,8 @@ class Scheduler:
 
     def _follow(self) -> None:
         """A follower's turn: the leader's latest successful sync, and the findings once
-        per new one (what the leader serves, from the same database and hub)."""
+        per new sync or reconcile run (what the leader serves, from the same database and
+        hub)."""
         if self.latest_sync is None:
             return
         try:
@@ -513,16 +514,20 @@ def build_service(jobs: Jobs, *, every: float, engine: Engine, host: str = "127.
     the schedule (None: it always does)."""
     metrics = ServiceMetrics(process=process_metrics)
 
-    def latest_sync() -> tuple[int, float, SyncResult] | None:
+    def latest_sync() -> tuple[Any, float, SyncResult] | None:
+        """The leader's latest successful sync, keyed with its latest reconcile run too:
+        the checks read both, and the reconcile follows the sync."""
         runs = inv.sync_runs
         with engine.connect() as conn:
             row = conn.execute(sa.select(runs).where(runs.c.status == "ok")
                                .order_by(runs.c.id.desc()).limit(1)).first()
+            reconciled = conn.execute(sa.select(sa.func.max(inv.reconcile_runs.c.id))).scalar()
         if row is None or row.finished_at is None:
             return None
         result = SyncResult(row.started_at, row.finished_at, row.requests, row.clusters or 0,
                             row.nodes or 0, row.gpus or 0, row.error, row.shards or 1)
-        return row.id, row.finished_at.replace(tzinfo=dt.UTC).timestamp(), result
+        return ((row.id, reconciled), row.finished_at.replace(tzinfo=dt.UTC).timestamp(),
+                result)
 
     scheduler = Scheduler(jobs, every, clock=clock, backoff=backoff, metrics=metrics,
                           leader=leader, latest_sync=latest_sync)
