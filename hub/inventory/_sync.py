@@ -215,6 +215,8 @@ class Fetched:
     contested: set[int] = field(default_factory=set)
     gpus: int = 0
     unlabelled: Unlabelled = field(default_factory=Unlabelled)
+    #: cluster -> the dcgm naming its GPUs sent (clusters are whole in a shard)
+    namings: dict[str, str] = field(default_factory=dict)
     note: str | None = None
     _file: IO[bytes] | None = None
     _kept: list[list[Observation]] = field(default_factory=list)
@@ -226,6 +228,7 @@ class Fetched:
         """A shard's records as observations, set aside; the builder is left empty."""
         self.gpus += builder.gpu_count
         self.unlabelled.merge(builder.unlabelled)
+        self.namings.update(builder.cluster_namings())
         group = list(builder.observations())
         places, contested = self._places, self.contested
         for obs in group:
@@ -360,6 +363,8 @@ def run_sync(engine: Engine, client: HubClient, *, stale_after: float = 600.0,
                     held += writer.add(group, fetched.contested)
                     del group
                 writer.add(held, places=False)  # GPUs seen from several places: together
+                if fetched.namings:
+                    inventory.write_namings(conn, fetched.namings, now)
                 counts = writer.finish()
                 note = NO_GPU_SERIES if counts["gpus"] == 0 else fetched.note
                 inventory.record_run(conn, started_at=started, status="ok",

@@ -43,6 +43,7 @@ from hub.onboard._render import (
     yaml_quote,
 )
 from hub.onboard._spoke import (
+    DCGM_CONFIGMAP,
     DEFAULT_AGENT_IMAGE,
     DEFAULT_SECRET,
     SpokeValues,
@@ -73,6 +74,7 @@ def __getattr__(name: str) -> object:
 __all__ = [
     "APPLY_COLUMNS",
     "DB_SECRET_KEY",
+    "DCGM_CONFIGMAP",
     "DEFAULT_AGENT_IMAGE",
     "DEFAULT_CA_KEY",
     "DEFAULT_CPU_LIMIT",

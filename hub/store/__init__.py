@@ -19,7 +19,10 @@ if TYPE_CHECKING:
         range_frame,
     )
 from hub.store._vendors import (
+    BOTH,
     CLOCKS_EVENT_REASONS,
+    DCGM47,
+    DCGM_RENAMES,
     DEVICE_HEALTH,
     DRAM_ACTIVE,
     ECC_DBE,
@@ -33,6 +36,7 @@ from hub.store._vendors import (
     KUBE_PROVIDER_ID,
     KUBE_STATE_METRICS,
     LAST_XID,
+    LEGACY,
     MEMORY_FREE,
     MEMORY_RESERVED,
     MEMORY_TOTAL,
@@ -54,6 +58,8 @@ from hub.store._vendors import (
     allowlist_metrics,
     cluster_count_query,
     compute_slices,
+    dcgm_collectors,
+    dcgm_names,
     is_exporter_pod,
     labelled_matcher,
     labelled_probe,
@@ -66,7 +72,10 @@ from hub.store._vendors import (
 )
 
 __all__ = [
+    "BOTH",
     "CLOCKS_EVENT_REASONS",
+    "DCGM47",
+    "DCGM_RENAMES",
     "DEVICE_HEALTH",
     "DRAM_ACTIVE",
     "ECC_DBE",
@@ -80,6 +89,7 @@ __all__ = [
     "KUBE_PROVIDER_ID",
     "KUBE_STATE_METRICS",
     "LAST_XID",
+    "LEGACY",
     "MEMORY_FREE",
     "MEMORY_RESERVED",
     "MEMORY_TOTAL",
@@ -107,6 +117,8 @@ __all__ = [
     "allowlist_metrics",
     "cluster_count_query",
     "compute_slices",
+    "dcgm_collectors",
+    "dcgm_names",
     "is_exporter_pod",
     "labelled_matcher",
     "labelled_probe",

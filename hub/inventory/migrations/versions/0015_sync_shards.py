@@ -4,7 +4,7 @@ A sharded sync asks its fixed query set once per shard (plus one count that plan
 the request count of a run is 1 + shards x the set, and sync-runs shows both.
 
 Revision ID: 0015
-Revises: 0012
+Revises: 0011
 Create Date: 2026-11-26
 """
 
@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0015"
-down_revision = "0012"
+down_revision = "0011"
 branch_labels = None
 depends_on = None
 
