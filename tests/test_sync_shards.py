@@ -126,7 +126,7 @@ def seed(db: str) -> None:
 
 
 TABLES = {
-    "clusters": ("first_seen", "last_seen"),
+    "clusters": ("first_seen", "last_seen", "naming_since"),
     "nodes": ("first_seen", "last_seen"),
     "gpus": ("first_seen", "last_seen"),
     "allocations": ("first_seen", "last_seen"),
