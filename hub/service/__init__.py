@@ -21,7 +21,7 @@ from hub.service._auth import (
 )
 from hub.service._confine import confine
 from hub.service._leader import leadership
-from hub.service._page import USAGE_SECTIONS
+from hub.service._page import USAGE_SECTIONS, usage_sections
 from hub.service._scheduler import (
     Jobs,
     Service,
@@ -30,6 +30,7 @@ from hub.service._scheduler import (
 )
 from hub.service._serve import bind
 from hub.service._session import (
+    MAX_PER_PERSON,
     MAX_PER_TOKEN,
     MAX_SESSIONS,
     DbSessions,
@@ -42,6 +43,7 @@ from hub.service._workers import available_cpus, prefork
 
 __all__ = [
     "FULL",
+    "MAX_PER_PERSON",
     "MAX_PER_TOKEN",
     "MAX_SESSIONS",
     "USAGE_SECTIONS",
@@ -69,4 +71,5 @@ __all__ = [
     "prefork",
     "read_only_engine",
     "token_entry",
+    "usage_sections",
 ]
