@@ -37,6 +37,7 @@ from hub.common._numbers import counted, counts_line, for_people, json_number
 from hub.common._options import (
     PERCENT,
     QUERY_CONCURRENCY,
+    SHARD_SIZE,
     cluster_label_option,
     db_option,
     env,
@@ -46,6 +47,7 @@ from hub.common._options import (
     min_charge_option,
     push_interval_option,
     query_concurrency_option,
+    shard_size_option,
     stale_after_option,
     window_option,
 )
@@ -90,6 +92,7 @@ __all__ = [
     "PERCENT",
     "QUERY_CONCURRENCY",
     "REDACTED",
+    "SHARD_SIZE",
     "BackgroundHTTPServer",
     "ConfiguredCommand",
     "ConfiguredGroup",
@@ -136,6 +139,7 @@ __all__ = [
     "redact_urls",
     "refuse_nul",
     "register_secret",
+    "shard_size_option",
     "shorten",
     "stacked_bars",
     "stacked_columns",

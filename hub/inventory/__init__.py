@@ -58,9 +58,12 @@ from hub.inventory._reconcile_runs import (
 from hub.inventory._sessions import add_session, drop_session, session_row, sessions
 from hub.inventory._sync import (
     NO_GPU_SERIES,
+    Shard,
     SyncResult,
     missing_label_error,
+    plan_shards,
     run_sync,
+    shard_error,
     subquery_step,
 )
 from hub.inventory._usage_tables import (
@@ -98,6 +101,7 @@ __all__ = [
     "USAGE_COLUMNS",
     "LockHeld",
     "PruneResult",
+    "Shard",
     "SyncResult",
     "add_session",
     "allocations",
@@ -125,6 +129,7 @@ __all__ = [
     "missing_label_error",
     "nodes",
     "now_utc",
+    "plan_shards",
     "prune",
     "recent_usage",
     "reconcile_claims",
@@ -135,6 +140,7 @@ __all__ = [
     "safe_url",
     "session_row",
     "sessions",
+    "shard_error",
     "subquery_step",
     "sync_runs",
     "upgrade",

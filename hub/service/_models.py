@@ -75,7 +75,8 @@ Allocation = _model("Allocation", inv.ALLOCATION_COLUMNS, {
     "last_seen": Time}, "A pod on a GPU; another team's shows namespace 'other' and no pod.")
 SyncRun = _model("SyncRun", list(inv.sync_runs.c.keys()), {
     "id": int, "started_at": Time, "finished_at": Time, "status": Literal["ok", "failed"],
-    "requests": int, "clusters": int | None, "nodes": int | None, "gpus": int | None},
+    "requests": int, "shards": int | None, "clusters": int | None, "nodes": int | None,
+    "gpus": int | None},
     "One sync attempt (its error without URLs or driver text).")
 Event = _model("Event", inv.EVENT_COLUMNS, {"at": Time, "type": EventType,
                                             "details": dict[str, Any]},

@@ -13,9 +13,10 @@ in its index and which keeps Thanos from pruning its store fan-out).
 
 from __future__ import annotations
 
+import json
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,15 +115,24 @@ class VendorProfile(ABC):
         selectors whose value is not the metric's (``timestamp``, ``count``)."""
         return " or ".join(selector.format(name) for name in self.names(metric))
 
-    def arms(self, metric: str, selector: str, window: str) -> list[str]:
+    def arms(self, metric: str, selector: str, window: str,
+             matcher: str | None = None) -> list[str]:
         """``selector`` (``{}`` for the name) over each spelling, each arm converted into
         the metric's unit by name: the terms a caller joins with ``or`` (first wins per
         label set, so a GPU sending two spellings at once counts once). ``window`` is what
-        a name of two possible units (PERCENT_OR_RATIO) is judged over."""
-        return [convert_arm(name, factor, selector.format(name), self.device_matcher, window)
+        a name of two possible units (PERCENT_OR_RATIO) is judged over, with ``matcher``
+        (the selector's own: a sync shard's too; default the device matcher)."""
+        return [convert_arm(name, factor, selector.format(name),
+                            matcher or self.device_matcher, window)
                 for name, factor in self.spellings(metric)]
 
-    def queries(self, window: str, step: str, cluster_label: str) -> list[Query]:
+    def matcher(self, shard: str = "") -> str:
+        """The label matchers every device-level selector of a query carries: the device
+        matcher, and a sync shard's cluster matcher (see shard_matcher) when given."""
+        return f"{self.device_matcher}, {shard}" if shard else self.device_matcher
+
+    def queries(self, window: str, step: str, cluster_label: str,
+                shard: str = "") -> list[Query]:
         """One request per neutral field plus one for sample times, all series unaggregated.
 
         Every query keeps each series' full label set: aggregating (``max by``) would mix a
@@ -131,8 +141,9 @@ class VendorProfile(ABC):
         set and keeps, per GPU, the value of the newest series (FleetBuilder). Identity,
         attributes and allocations come from the same rows, so no ``__name__`` regex is
         needed. ``or`` picks the preferred metric where an exporter offers several.
+        ``shard`` (a cluster matcher) is added to every selector, each ``or`` arm included.
         """
-        match = self.device_matcher
+        match = self.matcher(shard)
         out = []
         # the field read from the clock family itself comes with the sample times (below)
         clock_field = next((f for f, ms in self.value_fields.items()
@@ -142,7 +153,8 @@ class VendorProfile(ABC):
                 continue
             promql = " or ".join(
                 arm for m in metrics
-                for arm in self.arms(m, f"last_over_time({{}}{{{{{match}}}}}[{window}])", window))
+                for arm in self.arms(m, f"last_over_time({{}}{{{{{match}}}}}[{window}])", window,
+                                     match))
             out.append(Query(self.vendor, "values", promql, fld))
         # Sample times: the raw samples of one family over the window (a range selector
         # returns each sample with its own time, skips staleness markers, and sees series older
@@ -156,26 +168,27 @@ class VendorProfile(ABC):
         stamps = (f"{self.clock_metric}{{{match}}}[{window}]" if len(clocks) == 1
                   else f'{{__name__=~"{"|".join(clocks)}", {match}}}[{window}]')
         out.append(Query(self.vendor, "timestamp", stamps, clock_field))
-        out.append(self.presence_query(window, step, cluster_label))
-        naming = self.naming_query(window, cluster_label)
+        out.append(self.presence_query(window, step, cluster_label, shard))
+        naming = self.naming_query(window, cluster_label, shard)
         if naming is not None:
             out.append(naming)
         return out
 
-    def naming_query(self, window: str, cluster_label: str) -> Query | None:
+    def naming_query(self, window: str, cluster_label: str, shard: str = "") -> Query | None:
         """Which naming each cluster's GPUs send (issue 26: see the move): GPU series per
         cluster under each spelling of the clock family, tagged ``naming``. One request,
         one row per cluster and naming; None for an exporter with one naming."""
         other = self.renames.get(self.clock_metric)
         if other is None:
             return None
-        match = self.device_matcher
+        match = self.matcher(shard)
         arms = [f'label_replace(count by ({cluster_label}) (last_over_time({name}{{{match}}}'
                 f'[{window}])), "naming", "{naming}", "", "")'
                 for name, naming in ((self.clock_metric, LEGACY), (other[0], DCGM47))]
         return Query(self.vendor, "naming", " or ".join(arms))
 
-    def presence_query(self, window: str, step: str, cluster_label: str) -> Query:
+    def presence_query(self, window: str, step: str, cluster_label: str,
+                       shard: str = "") -> Query:
         """GPUs that send none of the metrics the other queries read, with their newest
         sample's time: one request over an explicit list of exact names (no ``__name__``
         regex), ``max``-ed per GPU, attributes and allocation (the names' extra labels such
@@ -189,7 +202,7 @@ class VendorProfile(ABC):
         (``unless``): they are in the sync already, so at any fleet size the answer holds
         only the GPUs with a trimmed field set. The value is a time, never a field.
         """
-        match = self.device_matcher
+        match = self.matcher(shard)
         group = _by([cluster_label, *self.id_labels, *self.attribute_labels, *POD_LABELS])
         ids = _by([cluster_label, *self.id_labels])
         arms = " or ".join(self._any_name(m, f"timestamp({{}}{{{{{match}}}}})")
@@ -555,9 +568,47 @@ def labelled_matcher(cluster_label: str) -> str:
     return f'{cluster_label}!=""'
 
 
-def sync_queries(window: str, step: str, cluster_label: str) -> list[Query]:
-    """The whole, fixed request set of one sync."""
-    return [q for profile in PROFILES for q in profile.queries(window, step, cluster_label)]
+def sync_queries(window: str, step: str, cluster_label: str, shard: str = "") -> list[Query]:
+    """The whole, fixed request set of one sync (of one shard of clusters: ``shard`` is a
+    shard_matcher, added to every selector)."""
+    return [q for profile in PROFILES
+            for q in profile.queries(window, step, cluster_label, shard)]
+
+
+#: characters RE2 reads as syntax; every other character of a cluster name is itself
+_RE2_SYNTAX = re.compile(r"[\\.+*?()|\[\]{}^$]")
+
+
+def _re2_literal(match: re.Match[str]) -> str:
+    # braces as hex escapes: no brace reaches the query text, where the selector templates
+    # (str.format) would read it
+    char = match.group()
+    return f"\\x{ord(char):02X}" if char in "{}" else "\\" + char
+
+
+def promql_string(text: str) -> str:
+    """``text`` as a PromQL double-quoted string literal (Go's escapes: JSON's are a subset)."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+def shard_matcher(cluster_label: str, clusters: Iterable[str], *, exclude: bool = False
+                  ) -> str:
+    """The exact matcher of a shard of clusters: ``cluster=~"a|b\\.c"``, each name a literal
+    (RE2 syntax escaped; Prometheus anchors the regex whole). ``exclude`` gives the
+    complement, ``cluster!~"..."``: every other cluster, clusters that appeared since the
+    shard plan and series without the label included (the empty value matches no name)."""
+    names = "|".join(_RE2_SYNTAX.sub(_re2_literal, c) for c in clusters)
+    return f"{cluster_label}{'!~' if exclude else '=~'}{promql_string(names)}"
+
+
+def cluster_count_query(window: str, cluster_label: str) -> str:
+    """GPUs (and MIG slices) per cluster over the window, by the sample-time family of each
+    vendor: one cheap request that plans a sharded sync. Series without the cluster label
+    count under ``""``."""
+    arms = " or ".join(p._any_name(p.clock_metric,
+                                   f"last_over_time({{}}{{{{{p.device_matcher}}}}}[{window}])")
+                       for p in PROFILES)
+    return f"count by ({cluster_label}) ({arms})"
 
 
 def profile(vendor: str) -> VendorProfile:
@@ -705,7 +756,8 @@ def usage_convert(vendor: str, fld: str, value: float) -> float:
     return profile(vendor).convert(fld, value)
 
 
-def usage_queries(bucket: str, resolution: str, cluster_label: str) -> list[Query]:
+def usage_queries(bucket: str, resolution: str, cluster_label: str,
+                  shard: str = "") -> list[Query]:
     """The fixed request set of one usage bucket, whatever the fleet size.
 
     Per vendor and field: ``avg by (identity, allocation) (avg_over_time(name[bucket]))``
@@ -724,17 +776,18 @@ def usage_queries(bucket: str, resolution: str, cluster_label: str) -> list[Quer
     old series the new one's first slot). Prometheus stamps scrapes on their schedule, so a
     steady push stays in its slot. A Query's ``kind`` is ``usage:<agg>`` or ``coverage``.
 
-    Series without the cluster label never reach the ledger (``{cluster}!=""``).
+    Series without the cluster label never reach the ledger (``{cluster}!=""``). ``shard``
+    (a shard_matcher) is added to every selector: the set of one shard of clusters.
     """
     out: list[Query] = []
     labelled = labelled_matcher(cluster_label)
     for p in PROFILES:
         group = usage_group(p, cluster_label)
-        match = f"{p.device_matcher}, {labelled}"
+        match = f"{p.matcher(shard)}, {labelled}"
         for fld, agg in USAGE_FIELDS:
             arms = [arm for m in _usage_fields(p, fld)
                      for arm in p.arms(m, f"{agg}_over_time({{}}{{{{{match}}}}}[{bucket}])",
-                                       bucket)]
+                                       bucket, match)]
             if not arms:
                 continue
             promql = " or ".join(f"{agg} by ({group}) ({arm})" for arm in arms)
@@ -837,7 +890,8 @@ def gpu_request(resource: str) -> GpuRequest | None:
     return None
 
 
-def allocation_queries(window: str, step: str, cluster_label: str) -> list[Query]:
+def allocation_queries(window: str, step: str, cluster_label: str,
+                       shard: str = "") -> list[Query]:
     """The fixed request set of a bucket's allocation intervals, whatever the fleet size.
 
     Evaluated a push interval and one ``step`` after the bucket's end over ``window`` (the
@@ -852,9 +906,10 @@ def allocation_queries(window: str, step: str, cluster_label: str) -> list[Query
     most the push interval and the store's look-back), ``alloc:replicas`` (time-slicing
     replicas per node), ``edge:start`` / ``edge:end`` / ``edge:seen`` (gpufleet's exporter:
     per GPU and pod; seen = its start gauge's last sample, the end where the end gauge was
-    not pushed).
+    not pushed). ``shard`` (a shard_matcher) is added to every selector, as in
+    usage_queries.
     """
-    labelled = labelled_matcher(cluster_label)
+    labelled = labelled_matcher(cluster_label) + (f", {shard}" if shard else "")
     pod = _by([cluster_label, *KSM_POD_KEY])
     edge_ids = list(dict.fromkeys(label for p in PROFILES for label in p.id_labels))
     edge = _by([cluster_label, *edge_ids, *EDGE_POD_LABELS])

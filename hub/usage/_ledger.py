@@ -24,8 +24,11 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import pickle
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +37,8 @@ from sqlalchemy.engine import Connection, Engine
 
 from hub import store
 from hub.common import (
+    QUERY_CONCURRENCY,
+    SHARD_SIZE,
     GpufleetError,
     InputError,
     UnavailableError,
@@ -44,11 +49,14 @@ from hub.inventory import (
     DAY,
     LEDGER_LOCK_KEY,
     ROLLUP_IDLE_THRESHOLD,
+    Shard,
     batches,
     day_of,
     gpus,
     locked_transaction,
     now_utc,
+    plan_shards,
+    shard_error,
     upsert_statement,
     usage,
     usage_buckets,
@@ -198,18 +206,19 @@ def _alloc_step(push_interval: float) -> float:
 
 
 def bucket_queries(bucket: float, resolution: float, push_interval: float,
-                   cluster_label: str, allocations: bool = True) -> list[store.Query]:
+                   cluster_label: str, allocations: bool = True,
+                   shard: str = "") -> list[store.Query]:
     """A bucket's fixed request set: the samples' (store.usage_queries) and, where the hub
     holds allocation series, the allocations' edges (store.allocation_queries), these over
     the bucket and a push interval each side, plus one step (see _ask)."""
     step = _alloc_step(push_interval)
     samples = store.usage_queries(format_duration(bucket), format_duration(resolution),
-                                  cluster_label)
+                                  cluster_label, shard)
     if not allocations:
         return samples
     return [*samples,
             *store.allocation_queries(format_duration(bucket + 2 * push_interval + step),
-                                      format_duration(step), cluster_label)]
+                                      format_duration(step), cluster_label, shard)]
 
 
 def _has_allocations(client: HubClient, starts: list[float], now: float,
@@ -301,6 +310,74 @@ def _fold(client: HubClient, queries: list[store.Query], start: float, bucket: f
 
 
 # -- writing ----------------------------------------------------------------------------------
+class _Spilled:
+    """A bucket's rows, one shard's list at a time, set aside on disk as each shard is
+    folded: the write reads them back a shard at a time (memory follows the shard)."""
+
+    def __init__(self) -> None:
+        self._file = tempfile.TemporaryFile(prefix="gpufleet-usage-")  # noqa: SIM115 (close)
+        self._parts = 0
+        self.rows = 0
+
+    def add(self, rows: list[dict[str, Any]]) -> None:
+        pickle.dump(rows, self._file, protocol=pickle.HIGHEST_PROTOCOL)
+        self._parts += 1
+        self.rows += len(rows)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        self._file.seek(0)
+        for _ in range(self._parts):
+            yield from pickle.load(self._file)
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def usage_shards(conn: Connection, shard_size: int, cluster_label: str) -> list[Shard]:
+    """Shards of whole clusters by the inventory's GPUs (and slices) per cluster, as the sync
+    plans its own (no request: the sync has counted them); the last shard has the rest, a
+    cluster the inventory does not know yet included."""
+    counts = {c: n for c, n in conn.execute(
+        sa.select(gpus.c.cluster, sa.func.count()).group_by(gpus.c.cluster))}
+    return plan_shards(counts, shard_size, cluster_label)
+
+
+def _fold_shards(client: HubClient, shards: list[Shard], start: float, bucket: float,
+                 resolution: float, cluster_label: str, known: Mapping[Any, Any],
+                 concurrency: int, *, push_interval: float, min_charge: float,
+                 metered: bool) -> _Spilled:
+    """Every shard's rows of one bucket, at most ``concurrency`` shards asked at once (each
+    shard's requests one after the other: coverage first); the first failure raises,
+    naming its shard's clusters. Shards hold whole clusters, so a pod's allocation and
+    the GPUs it holds are always folded together."""
+
+    def one(shard: Shard) -> list[dict[str, Any]]:
+        queries = bucket_queries(bucket, resolution, push_interval, cluster_label, metered,
+                                 shard.matcher)
+        try:
+            return fold_bucket(_ask(client, queries, start, bucket, resolution, push_interval),
+                               start=start, bucket=bucket, resolution=resolution,
+                               cluster_label=cluster_label, known=known,
+                               push_interval=push_interval, min_charge=min_charge)
+        except GpufleetError as exc:
+            raise shard_error(exc, shard, shards, "bucket left for a later collect") from None
+
+    spilled = _Spilled()
+    try:
+        if len(shards) == 1:
+            spilled.add(one(shards[0]))
+            return spilled
+        with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(shards))),
+                                thread_name_prefix="usage-shard") as pool:
+            for rows in pool.map(one, shards):
+                spilled.add(rows)
+                del rows
+    except BaseException:
+        spilled.close()
+        raise
+    return spilled
+
+
 def _ledger_transaction(engine: Engine, lock_timeout: float):
     return locked_transaction(engine, lock_timeout, key=LEDGER_LOCK_KEY,
                               holder="usage ledger writer")
@@ -312,9 +389,14 @@ def collect_usage(engine: Engine, client: HubClient, *, bucket: float = 3600.0,
                   retention: float = 400 * 86400.0, cluster_label: str = "cluster",
                   now: float | None = None, lock_timeout: float = 60.0,
                   on_bucket: Callable[[dt.datetime, int], None] | None = None,
+                  shard_size: int = SHARD_SIZE, concurrency: int = QUERY_CONCURRENCY,
                   stop: Callable[[], bool] = lambda: False,
                   min_charge: float = 0.0) -> CollectResult:
     """Collect the given buckets (or every pending one), one locked transaction per bucket.
+
+    A bucket's queries are asked per shard of whole clusters of about ``shard_size`` GPUs
+    (planned from the inventory), ``concurrency`` shards at once; each shard's rows are set
+    aside as they are folded and the bucket is written from them in one transaction.
 
     ``stop`` is asked before each bucket: once it says yes (SIGTERM) the collect ends
     between two buckets, every written bucket whole, and the next collect resumes with the
@@ -333,6 +415,7 @@ def collect_usage(engine: Engine, client: HubClient, *, bucket: float = 3600.0,
     result = CollectResult()
     with _ledger_transaction(engine, lock_timeout) as conn:
         claim_grid(conn, bucket)
+        shards = usage_shards(conn, shard_size, cluster_label)
         if starts is None:
             starts = pending_buckets(conn, now=now, bucket=bucket, max_backfill=max_backfill,
                                      delay=delay)
@@ -349,15 +432,21 @@ def collect_usage(engine: Engine, client: HubClient, *, bucket: float = 3600.0,
     except GpufleetError:  # the hub did not answer: each bucket's own requests say so
         metered = True
     result.requests += client.requests - before
-    queries = bucket_queries(bucket, resolution, push_interval, cluster_label, metered)
     for start in ended:
         if stop():
             result.stopped = len(ended) - len(result.collected) - len(result.failed)
             break
         before = client.requests
         try:
-            rows = _fold(client, queries, start, bucket, resolution, cluster_label, known,
-                         labels, push_interval, min_charge)
+            rows = _fold_shards(client, shards, start, bucket, resolution, cluster_label,
+                                known, concurrency, push_interval=push_interval,
+                                min_charge=min_charge, metered=metered)
+            try:
+                if not rows.rows and (typo := labels.typo(start, bucket)):
+                    raise typo
+            except BaseException:
+                rows.close()
+                raise
         except InputError:
             raise
         except GpufleetError as exc:
@@ -365,14 +454,17 @@ def collect_usage(engine: Engine, client: HubClient, *, bucket: float = 3600.0,
             result.failed.append((utc(start), exc.format_message()))
             continue
         requests = client.requests - before
-        with _ledger_transaction(engine, lock_timeout) as conn:
-            claim_grid(conn, bucket)
-            write_bucket(conn, start, bucket, rows, requests)
+        try:
+            with _ledger_transaction(engine, lock_timeout) as conn:
+                claim_grid(conn, bucket)
+                write_bucket(conn, start, bucket, rows, requests, count=rows.rows)
+        finally:
+            rows.close()
         result.collected.append(utc(start))
-        result.rows += len(rows)
+        result.rows += rows.rows
         result.requests += requests
         if on_bucket:
-            on_bucket(utc(start), len(rows))
+            on_bucket(utc(start), rows.rows)
     if not result.stopped:  # stopping: out within the promised time, retention next time
         with _ledger_transaction(engine, lock_timeout) as conn:
             result.removed = apply_retention(conn, now - retention)
@@ -441,10 +533,15 @@ def collect_on_new_grid(engine: Engine, client: HubClient, *, bucket: float = 36
     return removed, result
 
 
-def write_bucket(conn: Connection, start: float, bucket: float, rows: list[dict[str, Any]],
-                 requests: int) -> None:
+def write_bucket(conn: Connection, start: float, bucket: float,
+                 rows: Iterable[dict[str, Any]], requests: int,
+                 count: int | None = None) -> None:
     """Replace one bucket's rows, rebuild its day's rollup, mark it collected (the caller
-    holds the ledger's lock and commits all of it at once)."""
+    holds the ledger's lock and commits all of it at once). ``rows`` may be read once (a
+    shard at a time): then ``count`` says how many."""
+    if count is None:
+        rows = list(rows)
+        count = len(rows)
     begin = utc(start)
     conn.execute(usage.delete().where(usage.c.bucket_start == begin))
     for batch in batches(rows):
@@ -452,7 +549,7 @@ def write_bucket(conn: Connection, start: float, bucket: float, rows: list[dict[
     rebuild_days(conn, [day_of(begin)])
     stmt = upsert_statement(conn, usage_buckets).values(
         bucket_start=begin, bucket_end=utc(start + bucket), collected_at=now_utc(),
-        rows=len(rows), requests=requests)
+        rows=count, requests=requests)
     conn.execute(stmt.on_conflict_do_update(
         index_elements=["bucket_start"],
         set_={c: stmt.excluded[c] for c in ("bucket_end", "collected_at", "rows", "requests")}))

@@ -8,7 +8,7 @@
   summary read from the rollup says how exact it is as one read from the ledger does.
 
 Revision ID: 0010
-Revises: 0011 (assigned 0009; relinked after main's 0012 and 0011)
+Revises: 0009
 Create Date: 2026-11-26
 """
 
@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0010"
-down_revision = "0011"  # assigned 0009; relinked after main's 0012, 0011
+down_revision = "0009"
 branch_labels = None
 depends_on = None
 
