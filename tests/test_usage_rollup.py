@@ -158,15 +158,21 @@ def test_rollup_answers_equal_the_hourly_ledger(db_url):
     engine.dispose()
 
 
-def test_migration_0006_fills_the_rollup_from_hourly_rows(db_url):
+def ledger_at_0005(db_url: str, seed: int) -> sa.Engine:
+    """A database at revision 0005 (hourly ledger, no rollup) holding the test's buckets."""
     engine = inv.make_engine(db_url, create=True)
     with engine.begin() as conn:
         command.upgrade(_config(conn), "0005")
-    rng = random.Random(3)
+    rng = random.Random(seed)
     ledger = sa.table("usage", *[sa.column(c) for c in inv.USAGE_COLUMNS])
     with engine.begin() as conn:
         for b in range(BUCKETS):
             conn.execute(ledger.insert(), bucket_rows(T0 + b * HOUR, rng))
+    return engine
+
+
+def test_migration_0006_fills_the_rollup_from_hourly_rows(db_url):
+    engine = ledger_at_0005(db_url, 3)
     before, after = inv.upgrade(engine)
     assert (before, after) == ("0005", HEAD)  # through 0006 (rollup) and on
     with engine.connect() as conn:
@@ -215,14 +221,8 @@ def test_migration_0016_leaves_energy_unknown_where_no_power_was_reported(db_url
     """Days rolled up before 0016 summed a GPU without power as 0 Wh: after it, their energy
     is null (unknown), a day with energy keeps it, and the rollup still answers as the
     hourly rows do."""
-    engine = inv.make_engine(db_url, create=True)
+    engine = ledger_at_0005(db_url, 11)
     with engine.begin() as conn:
-        command.upgrade(_config(conn), "0005")
-    rng = random.Random(11)
-    ledger = sa.table("usage", *[sa.column(c) for c in inv.USAGE_COLUMNS])
-    with engine.begin() as conn:
-        for b in range(BUCKETS):
-            conn.execute(ledger.insert(), bucket_rows(T0 + b * HOUR, rng))
         command.upgrade(_config(conn), "0015")  # 0006 rolls the days up, energy NULL as 0
     daily = sa.table("usage_daily", *[sa.column(c) for c in ("uuid", "energy_wh")])
     with engine.connect() as conn:

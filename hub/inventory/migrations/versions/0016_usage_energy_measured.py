@@ -5,13 +5,13 @@ an AMD GPU whose power series is suppressed after a zero first poll), but the ro
 energy with NULL as 0, so a namespace whose GPUs never reported power showed 0 kWh. With this
 column the answers say null there, as avg_sm_active_pct already does (sm_measured_gpu_hours).
 
-The days written before keep only the sum, not which of their rows had power. A day whose
-energy_wh > 0 had power reported, and its gpu_hours count as measured (rows without power
-inside such a day cannot be told apart any more; at most they dilute nothing, since energy is
-a sum, not an average). A day with energy_wh = 0 almost always summed rows with no power
-(a powered GPU draws more than 0 W), so "measured 0 hours" is the honest reading: its energy
-becomes null, unknown, rather than a claimed 0 kWh. The hourly rows still hold the truth;
-a later collect of a day rebuilds it from them exactly.
+The days rolled up before kept only the sum, not which of their rows had power. A day row
+with energy_wh > 0 had power reported, so its gpu_hours count as measured (a powerless row
+inside it can no longer be told apart, but energy is a sum, not an average: the kWh shown are
+still the ones measured). A day row with energy_wh = 0 summed rows without power (a GPU that
+reports power draws more than 0 W), so "measured 0 hours" is the honest reading: its energy
+becomes null, unknown, instead of a claimed 0 kWh. The hourly rows keep the truth, and a
+re-collect of a day rebuilds its rollup from them exactly.
 
 Revision ID: 0016
 Revises: 0015
