@@ -13,6 +13,8 @@ The fleet (samples every 30 s, at :15 and :45 of each minute, buckets of 1 h):
 - GPU-M  A100 MIG c2/n3: 3g.40gb -> ml/a (60 %), 2g.20gb -> vision/b (10 %), 1g.10gb
          unallocated; 250 W device power on every slice
 - amd-1  MI300X c2/n4, hpc/sim-0, 80 %, 500 W; amd-2 (amd_ prefix) exporter pod only, 200 W
+- amd-3  (``dark``) MI300X c2/n4, dark/sim-9, 30 %, no power series at all (as an MI350X
+         whose power the exporter suppresses): its energy is unknown (null), never 0
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ A100 = 'modelName="NVIDIA A100-SXM4-80GB"'
 OP = 'namespace="gpu-operator",pod="nvidia-dcgm-exporter-7xk2p"'
 
 
-def fleet_text(t0: float) -> str:
+def fleet_text(t0: float, dark: bool = False) -> str:
     def const(v: float):
         return lambda t: v
 
@@ -75,11 +77,12 @@ def fleet_text(t0: float) -> str:
     for prefix, gid, who, act, power in (
             ("", 0, 'namespace="hpc",pod="sim-0"', 80, 500),
             ("amd_", 1, 'namespace="kube-amd-gpu",pod="amd-device-metrics-exporter-q8v2n"',
-             0, 200)):
+             0, 200), *([("", 2, 'namespace="dark",pod="sim-9"', 30, None)] if dark else [])):
         labels = f'{amd},gpu_id="{gid}",gpu_uuid="amd-{gid + 1}",{who}'
         for name, v in (("gpu_gfx_activity", act), ("gpu_power_usage", power),
                         ("gpu_used_vram", 4096), ("gpu_total_vram", 196592)):
-            series.append((prefix + name, labels, const(v)))
+            if v is not None:
+                series.append((prefix + name, labels, const(v)))
     times = [t0 + 15 + 30 * k for k in range(int(3 * HOUR / 30))]
     return openmetrics(series, times)
 
@@ -109,12 +112,15 @@ def expected_by_namespace() -> dict:
         None: dict(gpu_hours=(1 + 2 / 3 + 1) + 3 * s1 + 3, allocated_gpu_hours=0,
                    busy_gpu_hours=0, idle_allocated_gpu_hours=0,
                    energy_kwh=(60 * (8 / 3) + 250 * 3 * s1 + 600) / 1000),
+        # amd-3 sent no power: unknown energy, not 0 kWh
+        "dark": dict(gpu_hours=3, allocated_gpu_hours=3, busy_gpu_hours=0.9,
+                     idle_allocated_gpu_hours=0, energy_kwh=None),
     }
 
 
 def test_usage_collect_usage_idle_capacity_on_a_backfilled_hub(tmp_path, db_url):
     t0 = (time.time() // HOUR) * HOUR - 4 * HOUR
-    hub = backfilled_hub(tmp_path / "hub", fleet_text(t0)).start(timeout=120)
+    hub = backfilled_hub(tmp_path / "hub", fleet_text(t0, dark=True)).start(timeout=120)
     env = {"GPUFLEET_HUB_URL": hub.url, "GPUFLEET_DB": db_url}
     period = ["--from", iso(t0), "--until", iso(t0 + 3 * HOUR)]
     try:
@@ -158,7 +164,8 @@ def test_usage_collect_usage_idle_capacity_on_a_backfilled_hub(tmp_path, db_url)
         assert set(rows) == set(expected)
         for ns, figures in expected.items():
             for name, value in figures.items():
-                assert rows[ns][name] == pytest.approx(value, abs=1e-6), (ns, name)
+                assert rows[ns][name] == (value if value is None else
+                                          pytest.approx(value, abs=1e-6)), (ns, name)
         assert rows["ml"]["avg_utilisation_pct"] == pytest.approx(
             100 * expected["ml"]["busy_gpu_hours"] / expected["ml"]["gpu_hours"], abs=1e-3)
 
@@ -175,7 +182,8 @@ def test_usage_collect_usage_idle_capacity_on_a_backfilled_hub(tmp_path, db_url)
             ("n1", 1.0), ("n1", 0.5), ("n2", 0.5), ("n2", 1.0)]
         assert set(frame[frame.uuid == "GPU-M"].slice) == {"3g.40gb/1", "2g.20gb/5",
                                                            "1g.10gb/13"}  # no parent row
-        assert len(frame) == 3 * 9 + 1  # 9 GPUs/slices per hour, plus GPU-MV's second node
+        assert frame[frame.uuid == "amd-3"].energy_wh.isna().all()
+        assert len(frame) == 3 * 10 + 1  # 10 GPUs/slices per hour, plus GPU-MV's second node
 
         # re-collecting changes nothing
         again = gpufleet_json("usage", "collect", *period, env=env)
@@ -184,7 +192,10 @@ def test_usage_collect_usage_idle_capacity_on_a_backfilled_hub(tmp_path, db_url)
 
         by_model = {r["model"]: r for r in gpufleet_json("usage", *period, "--by", "model",
                                                          env=env)}
-        assert by_model["AMD Instinct MI300X OAM"]["gpu_hours"] == pytest.approx(6)
+        mi300x = by_model["AMD Instinct MI300X OAM"]
+        # amd-1 and amd-2 measured, amd-3 not: the group keeps the energy that was measured
+        assert mi300x["gpu_hours"] == pytest.approx(9)
+        assert mi300x["energy_kwh"] == pytest.approx((500 + 200) * 3 / 1000)
 
         idle = gpufleet_json("idle", *period, "--for", "2h", env=env)
         assert [(i["uuid"], i["namespace"], i["pod"], i["wasted_gpu_hours"], i["idle_hours"])
@@ -207,6 +218,8 @@ def test_usage_collect_usage_idle_capacity_on_a_backfilled_hub(tmp_path, db_url)
                               "avg_sm_active_pct,energy_kwh,allocation_basis")
         # no kube-state-metrics in this hub: every allocated hour is sampled, and says so
         assert {line.rsplit(",", 1)[1] for line in csv_out[1:]} <= {"sampled", ""}
+        [dark_line] = [line for line in csv_out if line.startswith("dark,")]
+        assert dark_line.split(",")[8] == ""  # energy_kwh: empty, not 0
         history = gpufleet_json("inventory", "gpu", "GPU-MV", env=env)
         assert {u["node"] for u in history["usage"]} == {"n1", "n2"}
         check_api(db_url, t0, rows)

@@ -1,7 +1,8 @@
 """The usage ledger's daily rollup gives the same answers as the hourly rows it sums, on
 SQLite and PostgreSQL: over several days with partial first and last days, after a bucket is
 re-collected with other rows, after retention cuts into a day, at another idle threshold,
-for a scoped caller; and migration 0006 fills it from the hourly rows of an older database.
+for a scoped caller; and migration 0006 fills it from the hourly rows of an older database,
+and 0016 says which of its days had energy measured.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import random
 
+import pytest
 import sqlalchemy as sa
 from alembic import command
 
@@ -29,7 +31,8 @@ def utc(ts: float) -> dt.datetime:
 
 def bucket_rows(start: float, rng: random.Random) -> list[dict]:
     """One bucket of ledger rows: whole GPUs and MIG slices, allocated or not, some idle
-    around the 5 % threshold, a model not known, a GPU that changes namespace."""
+    around the 5 % threshold, a model not known, a GPU that changes namespace, a GPU that
+    never reports power (GPU-10: its energy is unknown, not 0)."""
     rows = []
     for g in range(12):
         ns, pod = (f"team-{g % 3}", f"job-{g}") if g % 4 else ("", "")
@@ -39,6 +42,8 @@ def bucket_rows(start: float, rng: random.Random) -> list[dict]:
         coverage = rng.choice([1.0, 1.0, 2 / 3, 0.5])
         util = rng.choice([0.0, 2.0, 4.99, 5.0, 7.5, 40.0, 100.0, None])
         power = rng.choice([None, 90.0, 300.0])
+        if g == 10:
+            power = None
         rows.append({
             "bucket_start": utc(start), "bucket_end": utc(start + HOUR),
             "cluster": f"c{g % 2}", "node": f"n{g // 4}", "uuid": f"GPU-{g}", "slice": piece,
@@ -96,6 +101,17 @@ def test_rollup_answers_equal_the_hourly_ledger(db_url):
                                  DAY0 + dt.timedelta(days=3, hours=13)) == (
             DAY0 + dt.timedelta(days=1), DAY0 + dt.timedelta(days=3))
         assert assert_rollup_matches_hourly(conn) == len(PERIODS) * len(GROUPINGS)
+        # a GPU that never reported power has unknown energy, in the rollup's whole days as
+        # in the hourly rows; its namespace keeps the energy its other GPUs measured
+        for rollup in (True, False):
+            gpus = {r["uuid"]: r for r in usage.usage_summary(
+                conn, DAY0, DAY0 + dt.timedelta(days=4), ["gpu"], rollup=rollup)}
+            assert gpus["GPU-10"]["energy_kwh"] is None and gpus["GPU-10"]["gpu_hours"] > 0
+            team = {r["namespace"]: r for r in usage.usage_summary(
+                conn, DAY0, DAY0 + dt.timedelta(days=4), ["namespace"], rollup=rollup)}
+            assert team["team-1"]["energy_kwh"] == pytest.approx(sum(
+                r["energy_kwh"] or 0.0 for u, r in gpus.items()
+                if u in ("GPU-1", "GPU-7", "GPU-10")), abs=1e-5)  # team-1 (g % 3 == 1)
         # another idle threshold reads the ledger (the rollup's idle is for 5 %)
         other = usage.usage_summary(conn, DAY0, DAY0 + dt.timedelta(days=4), ["namespace"],
                                     idle_threshold=50.0)
@@ -142,15 +158,21 @@ def test_rollup_answers_equal_the_hourly_ledger(db_url):
     engine.dispose()
 
 
-def test_migration_0006_fills_the_rollup_from_hourly_rows(db_url):
+def ledger_at_0005(db_url: str, seed: int) -> sa.Engine:
+    """A database at revision 0005 (hourly ledger, no rollup) holding the test's buckets."""
     engine = inv.make_engine(db_url, create=True)
     with engine.begin() as conn:
         command.upgrade(_config(conn), "0005")
-    rng = random.Random(3)
+    rng = random.Random(seed)
     ledger = sa.table("usage", *[sa.column(c) for c in inv.USAGE_COLUMNS])
     with engine.begin() as conn:
         for b in range(BUCKETS):
             conn.execute(ledger.insert(), bucket_rows(T0 + b * HOUR, rng))
+    return engine
+
+
+def test_migration_0006_fills_the_rollup_from_hourly_rows(db_url):
+    engine = ledger_at_0005(db_url, 3)
     before, after = inv.upgrade(engine)
     assert (before, after) == ("0005", HEAD)  # through 0006 (rollup) and on
     with engine.connect() as conn:
@@ -192,4 +214,31 @@ def test_migration_0010_marks_the_rows_before_it_sampled(db_url):
     assert rows, rows
     assert {r["allocation_basis"] for r in rows if r["namespace"]} == {"sampled"}, rows
     assert {r["allocation_basis"] for r in rows if not r["namespace"]} == {None}
+    engine.dispose()
+
+
+def test_migration_0016_leaves_energy_unknown_where_no_power_was_reported(db_url):
+    """Days rolled up before 0016 summed a GPU without power as 0 Wh: after it, their energy
+    is null (unknown), a day with energy keeps it, and the rollup still answers as the
+    hourly rows do."""
+    engine = ledger_at_0005(db_url, 11)
+    with engine.begin() as conn:
+        command.upgrade(_config(conn), "0015")  # 0006 rolls the days up, energy NULL as 0
+    daily = sa.table("usage_daily", *[sa.column(c) for c in ("uuid", "energy_wh")])
+    with engine.connect() as conn:
+        old = {u: e for u, e in conn.execute(
+            sa.select(daily.c.uuid, sa.func.sum(daily.c.energy_wh)).group_by(daily.c.uuid))}
+    assert old["GPU-10"] == 0.0 and old["GPU-0"] > 0  # the old rollup's claim: 0 Wh
+    assert inv.upgrade(engine) == ("0015", HEAD)
+    D = inv.usage_daily
+    with engine.connect() as conn:
+        for r in conn.execute(sa.select(D)).mappings():
+            assert r["energy_measured_gpu_hours"] == (r["gpu_hours"] if r["energy_wh"] > 0
+                                                      else 0.0), dict(r)
+        whole = usage.usage_summary(conn, DAY0 + dt.timedelta(days=1),
+                                    DAY0 + dt.timedelta(days=3), ["gpu"])
+        assert_rollup_matches_hourly(conn)
+    energy = {r["uuid"]: r["energy_kwh"] for r in whole}
+    assert energy["GPU-10"] is None
+    assert all(e > 0 for u, e in energy.items() if u != "GPU-10")
     engine.dispose()

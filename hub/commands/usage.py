@@ -126,7 +126,7 @@ def usage(ctx: click.Context, since: float | None, from_: str | None, until: str
     avg_utilisation_pct       busy / gpu_hours x 100
     sm_active_gpu_hours       hours x average SM activity / 100 (null: not exported)
     avg_sm_active_pct         SM activity over the hours that exported it
-    energy_kwh                average power x hours reporting
+    energy_kwh                average power x hours reporting (null: no power sent)
     allocation_basis          how the allocated hours were measured, the least exact of
                               the group's: interval (both edges exported), estimated
                               (an edge known to the push interval), sampled

@@ -85,6 +85,8 @@ usage_daily = sa.Table(
     sa.Column("busy_gpu_hours", sa.Float, nullable=False),
     sa.Column("idle_allocated_gpu_hours", sa.Float, nullable=False),
     sa.Column("energy_wh", sa.Float, nullable=False),
+    # the GPU-hours whose energy_wh was known (power reported): energy is null where 0
+    sa.Column("energy_measured_gpu_hours", sa.Float, nullable=False, server_default="0"),
     # GPU-hours x SM activity, and the GPU-hours that had an SM activity figure: the average
     # is their ratio, over GPUs that export the counter only (never diluted by zeros)
     sa.Column("sm_active_gpu_hours", sa.Float, nullable=False, server_default="0"),

@@ -10,7 +10,8 @@ Figures (docs/usage.md says the same to users):
 - sm_active_gpu_hours: sum of hours x average SM activity / 100 (DCGM_FI_PROF_SM_ACTIVE,
   else GR_ENGINE_ACTIVE; AMD's GPU_PROF_SM_ACTIVE), over the rows that export it: null, never
   0, where none does; avg_sm_active_pct is it over those rows' GPU-hours;
-- energy_kwh: average power x hours with samples (a slice's share of its GPU's power).
+- energy_kwh: average power x hours with samples (a slice's share of its GPU's power); null
+  where no GPU of the group reported power.
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ def _within(stmt: sa.Select, clusters: Collection[str] | None,
 
 
 SUMS = ["gpu_hours", "allocated_gpu_hours", "busy_gpu_hours", "idle_allocated_gpu_hours",
-        "energy_wh", "sm_active_gpu_hours", "sm_measured_gpu_hours"]
+        "energy_wh", "energy_measured_gpu_hours", "sm_active_gpu_hours",
+        "sm_measured_gpu_hours"]
 RANK = "allocation_basis_rank"
 
 
@@ -211,7 +213,10 @@ def usage_summary(conn: Connection, start: dt.datetime, end: dt.datetime,
                                       if measured else None)
         row["avg_sm_active_pct"] = (round(100.0 * group["sm_active_gpu_hours"] / measured, 3)
                                     if measured else None)
-        row["energy_kwh"] = round(group["energy_wh"] / 1000.0, 6)
+        # likewise energy: null where no GPU-hour of the group reported power (missing is
+        # not zero); a group with some measured hours keeps the energy they measured
+        row["energy_kwh"] = (round(group["energy_wh"] / 1000.0, 6)
+                             if group["energy_measured_gpu_hours"] else None)
         row["allocation_basis"] = None if group[RANK] is None else BASES[group[RANK]]
         if prices is not None:
             row["cost"] = group["cost"]

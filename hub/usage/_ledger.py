@@ -581,6 +581,10 @@ def rollup_sums(table: sa.Table, when: sa.ColumnElement) -> list[sa.ColumnElemen
         sa.func.sum(sa.case((sa.and_(allocated, when), table.c.gpu_hours), else_=zero))
         .label("idle_allocated_gpu_hours"),
         sa.func.sum(sa.func.coalesce(table.c.energy_wh, 0.0)).label("energy_wh"),
+        # the GPU-hours whose power was reported: a group where none was has unknown
+        # energy (null), not 0 Wh (a GPU whose exporter sends no power series)
+        sa.func.sum(sa.case((table.c.energy_wh.is_not(None), table.c.gpu_hours), else_=zero))
+        .label("energy_measured_gpu_hours"),
         sa.func.sum(sa.func.coalesce(table.c.gpu_hours * sm / 100.0, zero))
         .label("sm_active_gpu_hours"),
         sa.func.sum(sa.case((sm.is_not(None), table.c.gpu_hours), else_=zero))
