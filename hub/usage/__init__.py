@@ -13,7 +13,6 @@ from hub.usage._answers import (
     USAGE_FIGURES,
     capacity,
     group_columns,
-    rollup_days,
     summary_select,
     usage_frame,
     usage_summary,
@@ -40,6 +39,7 @@ from hub.usage._ledger import (
     ledger_bucket,
     rebuild_days,
     replace_grid,
+    rollup_days,
     rollup_sums,
     write_bucket,
 )
