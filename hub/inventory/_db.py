@@ -602,14 +602,6 @@ def list_gpus(conn: Connection, cluster: str | None = None) -> list[dict[str, An
     return [gpu_item(row) for row in conn.execute(stmt).mappings()]
 
 
-def _active_physical_gpus():
-    return sa.and_(gpus.c.slice_key == "", gpus.c.state == ACTIVE)
-
-
-def _stale_physical_gpus():
-    return sa.and_(gpus.c.slice_key == "", gpus.c.state != ACTIVE)
-
-
 def _gpu_counts(*keys: sa.Column, cluster: str | None) -> sa.Subquery:
     """Active and stale physical GPUs per ``keys``, in one grouped pass over gpus (a
     correlated count per row let SQLite pick the state index and scan every active GPU
