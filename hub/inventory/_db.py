@@ -586,7 +586,7 @@ def _where_cluster(stmt: sa.Select, table: sa.Table, cluster: str | None) -> sa.
     return stmt.where(table.c.cluster == cluster) if cluster else stmt
 
 
-def gpu_item(row: Mapping[str, Any]) -> dict[str, Any]:
+def gpu_item(row: Mapping[Any, Any]) -> dict[str, Any]:
     """One gpus row as every consumer shows it (CLI JSON, API): ``index``, not gpu_index."""
     item = {c: (row["gpu_index"] if c == "index" else row[c]) for c in GPU_COLUMNS}
     # one type everywhere (CLI JSON, API): the MIG instance is a number like the index
@@ -648,7 +648,7 @@ def list_clusters(conn: Connection, cluster: str | None = None) -> list[dict[str
     return [dict(r) for r in conn.execute(stmt).mappings()]
 
 
-def _allocation_item(row: Mapping[str, Any]) -> dict[str, Any]:
+def _allocation_item(row: Mapping[Any, Any]) -> dict[str, Any]:
     item = dict(row)
     item["mig_profile"] = row["slice_key"].split("/")[0] if row["slice_key"] else None
     return {c: item[c] for c in ALLOCATION_COLUMNS}
@@ -671,7 +671,7 @@ def list_sync_runs(conn: Connection, limit: int = 20) -> list[dict[str, Any]]:
 EVENT_COLUMNS = ["at", "type", "cluster", "node", "uuid", "slice", "details"]
 
 
-def event_item(row: Mapping[str, Any]) -> dict[str, Any]:
+def event_item(row: Mapping[Any, Any]) -> dict[str, Any]:
     """One events row as consumers show it: details decoded from its JSON text."""
     item = {c: row[c] for c in EVENT_COLUMNS}
     item["details"] = json.loads(row["details"]) if row["details"] else {}
