@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from hub import inventory as inv
+from hub import usage
 from hub.common import (
     DURATION,
     EXIT_FINDINGS,
@@ -360,8 +361,6 @@ def gpu(uuid: str, db: str | None, output: str, **_: Any) -> None:
 
     An unknown UUID prints one line and exits 1.
     """
-    from hub import usage
-
     with database(db) as engine:
         require_schema(engine)
         with engine.connect() as conn:

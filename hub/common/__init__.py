@@ -6,7 +6,7 @@ Nothing here imports another hub package.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hub.common._charts import (
     capacity_chart,
@@ -32,6 +32,7 @@ from hub.common._errors import (
     UnavailableError,
     shorten,
 )
+from hub.common._lazy import lazy_attributes
 from hub.common._options import (
     QUERY_CONCURRENCY,
     cluster_label_option,
@@ -93,6 +94,7 @@ __all__ = [
     "human_duration",
     "idle_gpu_hours_chart",
     "iso",
+    "lazy_attributes",
     "load_config",
     "lock_timeout_option",
     "max_age_option",
@@ -123,11 +125,7 @@ if TYPE_CHECKING:
     from hub.common._httpserve import BackgroundHTTPServer, parse_listen
 
 
-def __getattr__(name: str) -> Any:
-    """The HTTP server base (http.server, socketserver) loads on first use: only `serve`,
-    the exporter and the test stacks need it, not every command's start."""
-    if name in ("BackgroundHTTPServer", "parse_listen"):
-        from hub.common import _httpserve
-
-        return getattr(_httpserve, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+#: The HTTP server base (http.server, socketserver) loads on first use: only `serve`, the
+#: exporter and the test stacks need it, not every command's start.
+__getattr__ = lazy_attributes(__name__, {"BackgroundHTTPServer": "_httpserve",
+                                         "parse_listen": "_httpserve"})
