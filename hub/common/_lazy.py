@@ -3,8 +3,8 @@
 A package whose names pull in something heavy or optional (requests, the kubernetes client,
 http.server) exports them through ``__getattr__ = lazy_attributes(__name__, {...})``: the
 command that never touches them starts without loading them, and ``from hub.store import
-HubClient`` still works. Everything else is imported at the top of a module, never inside a function,
-unless it breaks an import cycle (say so in a comment there).
+HubClient`` still works. Everything else is imported at the top of a module, never inside a
+function, unless it breaks an import cycle (say so in a comment there).
 """
 
 from __future__ import annotations

@@ -569,10 +569,6 @@ GPU_COLUMNS = [
     "memory_used_mib", "power_w", "temperature_c", "driver_version", "pci_bus_id", "serial",
     "health", "health_reasons",
 ]
-GPU_TABLE_COLUMNS = [
-    "cluster", "node", "uuid", "index", "vendor", "model", "memory_total_mib", "mig_profile",
-    "mig_instance", "state", "health", "utilisation_pct", "last_sample_at",
-]
 #: gpus: physical GPUs reporting (active); stale_gpus: known physical GPUs that stopped, so a
 #: silent cluster shows what was last known instead of a bare 0
 NODE_COLUMNS = ["cluster", "node", "gpus", "stale_gpus", "state", "last_seen", "last_sample_at"]

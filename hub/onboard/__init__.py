@@ -52,11 +52,9 @@ from hub.onboard._spoke import (
 
 #: ACM helpers import the kubernetes client: loaded only when asked for
 __getattr__ = lazy_attributes(__name__, dict.fromkeys(
-    ("APPLY_COLUMNS", "STATUS_COLUMNS", "any_noncompliant", "apply_objects", "load_dir",
-     "policy_status"), "_acm"))
+    ("any_noncompliant", "apply_objects", "load_dir", "policy_status"), "_acm"))
 
 __all__ = [
-    "APPLY_COLUMNS",
     "DB_SECRET_KEY",
     "DEFAULT_AGENT_IMAGE",
     "DEFAULT_CA_KEY",
@@ -70,7 +68,6 @@ __all__ = [
     "DNS_LABEL",
     "OBSERVABILITY_NAMESPACE",
     "SCOPES_KEY",
-    "STATUS_COLUMNS",
     "TOKENS_KEY",
     "TOKEN_KEY",
     "VENDOR_LABEL",

@@ -18,7 +18,7 @@ from hub.usage._answers import (
     usage_summary,
 )
 from hub.usage._fold import fold_bucket
-from hub.usage._history import HISTORY_COLUMNS, gpu_history
+from hub.usage._history import gpu_history
 from hub.usage._idle import (
     IDLE_COLUMNS,
     IDLE_FOR_S,
@@ -52,7 +52,6 @@ __all__ = [
     "CONFIRM_BUCKETS",
     "COST_FIGURES",
     "GROUPS",
-    "HISTORY_COLUMNS",
     "IDLE_COLUMNS",
     "IDLE_FOR_S",
     "IDLE_THRESHOLD_PCT",
