@@ -37,7 +37,7 @@ def test_rendered_rules_pass_promtool_check_and_unit_tests(tmp_path):
     files = render(out)
     assert set(files) == {alerts.RULES_FILE, alerts.PROMETHEUS_RULE_FILE}
     check = promtool("check", "rules", str(out / alerts.RULES_FILE))
-    assert check.returncode == 0 and "SUCCESS: 8 rules found" in check.stdout, check.stderr
+    assert check.returncode == 0 and "SUCCESS: 9 rules found" in check.stdout, check.stderr
     shutil.copy(UNIT_TESTS, out / UNIT_TESTS.name)
     test = promtool("test", "rules", str(out / UNIT_TESTS.name))
     assert test.returncode == 0, test.stdout + test.stderr

@@ -60,3 +60,13 @@ def test_installed_wheel_renders_from_bundled_templates(tmp_path):
           "https://receive.example.com/api/v1/receive", "--out", str(tmp_path / "policy")],
          cwd=tmp_path, env=env)
     assert (tmp_path / "policy" / "policy.yaml").is_file()
+    # the instance-type catalog is data in the wheel: reconcile and usage read it installed
+    catalog = _run([str(python), "-c",
+                    "from hub.kube import shipped_catalog as s, _catalog as c; "
+                    "print(c.SHIPPED); print(s().lookup('p5.48xlarge').gpus)"],
+                   cwd=tmp_path, env=env).split()
+    assert catalog == [str(site / "hub" / "kube" / "instance_types.yaml"), "8"]
+    rules = tmp_path / "alerts"
+    _run([str(venv / "bin" / "gpufleet"), "alerts", "render", "--out", str(rules)],
+         cwd=tmp_path, env=env)
+    assert "p5\\\\.48xlarge" in (rules / "gpufleet-alerts.rules.yaml").read_text()

@@ -16,6 +16,7 @@ from hub import inventory as inv
 from hub import onboard, usage
 from hub import service as svc
 from hub.commands.core import database, hub_client
+from hub.commands.validate import instance_types_option, load_catalog
 from hub.common import (
     DURATION,
     ConfiguredCommand,
@@ -50,7 +51,7 @@ def service_jobs(engine: Engine, client: HubClient, *, stale_after: float, clust
                  push_interval: float = 300.0, window: float = 3600.0,
                  usage_bucket: float = 3600.0, usage_retention: float = 400 * 86400.0,
                  usage_max_backfill: float = 48 * 3600.0,
-                 prune_stale_after: float | None = None) -> svc.Jobs:
+                 prune_stale_after: float | None = None, catalog: Any = None) -> svc.Jobs:
     """The scheduled work: sync; then, when asked, a hub-side reconcile and a prune of what
     has been stale for longer than ``prune_stale_after``; then every completed usage bucket
     not collected yet (a push interval after its end); then the findings.
@@ -64,10 +65,11 @@ def service_jobs(engine: Engine, client: HubClient, *, stale_after: float, clust
         return run_sync(engine, client, stale_after=stale_after, cluster_label=cluster_label,
                         lock_timeout=lock_timeout)
 
-    def reconcile_job() -> None:
-        views, covered = validation.nodes_from_hub(client, stale_after=stale_after,
-                                                 cluster_label=cluster_label)
-        validation.reconcile_run(engine, views, covered, source="hub")
+    def reconcile_job() -> None:  # catalog: GPUs per instance type (None: the shipped one)
+        views, covered = validation.nodes_from_hub(
+            client, stale_after=stale_after, cluster_label=cluster_label,
+            keep=catalog.label_keys if catalog is not None else ())
+        validation.reconcile_run(engine, views, covered, source="hub", catalog=catalog)
 
     def findings() -> list[dict[str, Any]]:
         assessed = validation.assess(engine, client, max_age=max_age, push_interval=push_interval,
@@ -140,6 +142,7 @@ class _ServeGroup(ConfiguredCommand, click.Group):
 @click.option("--reconcile", is_flag=True, envvar=env("reconcile"),
               help="After each sync, reconcile GPU counts with kube-state-metrics through the "
                    "hub (no access to the spokes needed).")
+@instance_types_option
 @_file_option("--tokens-file",
               help="YAML of static tokens (name, sha256, scope), re-read when it changes; "
                    "make entries with `gpufleet serve token create`.")
@@ -198,6 +201,7 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
           metrics_open: bool, session_ttl: float, tls_cert_file: str | None,
           tls_key_file: str | None, usage_bucket: float, usage_retention: float,
           usage_max_backfill: float, prices: str | None, prune_stale_after: float | None,
+          instance_types: str | None,
           max_age: float, push_interval: float, window: float, stale_after: float,
           lock_timeout: float, cluster_label: str, db: str | None, **opts: Any) -> None:
     """Run the hub service: sync on a schedule and serve the inventory over HTTP.
@@ -270,7 +274,8 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
                                 push_interval=push_interval, window=window,
                                 usage_bucket=usage_bucket, usage_retention=usage_retention,
                                 usage_max_backfill=usage_max_backfill,
-                                prune_stale_after=prune_stale_after)
+                                prune_stale_after=prune_stale_after,
+                                catalog=load_catalog(instance_types) if reconcile else None)
             try:  # bind first: a port in use fails before anything touches the database
                 service = svc.build_service(jobs, every=every, engine=readonly, host=host,
                                             port=port, page_sections=svc.USAGE_SECTIONS,

@@ -89,13 +89,21 @@ def period_options(func):
 @idle_options
 @click.option("--prices", "prices_file", metavar="FILE", type=click.Path(dir_okay=False),
               help="Showback: YAML of prices per GPU-hour by model (as the exporter spells "
-              "it), with optional per-cluster overrides; adds cost and unpriced_gpu_hours.")
+              "it), with optional per-cluster overrides and hourly prices per instance type "
+              "(instance_types:, divided by the type's GPUs); adds cost and "
+              "unpriced_gpu_hours.")
+@click.option("--bill", "bill_file", metavar="FILE", type=click.Path(dir_okay=False),
+              help="Showback at what was paid: a cloud bill export (AWS Cost and Usage Report, "
+              "Google Cloud billing export or Azure cost details CSV); a node's GPU-hours "
+              "cost its bill lines' cost per node-hour / its GPUs, joined by the providerID "
+              "the latest `reconcile --context/--nodes-json` stored. Nodes without a bill "
+              "line keep --prices, or stay unpriced.")
 @db_option
 @output_option()
 @click.pass_context
 def usage(ctx: click.Context, since: float | None, from_: str | None, until: str | None,
           by: tuple[str, ...], idle_threshold: float, idle_for: float,
-          prices_file: str | None,
+          prices_file: str | None, bill_file: str | None,
           db: str | None, output: str, **_: Any) -> None:
     """GPU-hours per group from the usage ledger (fill it with `gpufleet usage collect`).
 
@@ -109,8 +117,9 @@ def usage(ctx: click.Context, since: float | None, from_: str | None, until: str
     sm_active_gpu_hours       hours x average SM activity / 100 (null: not exported)
     avg_sm_active_pct         SM activity over the hours that exported it
     energy_kwh                average power x hours reporting
-    cost                      with --prices: GPU-hours x price (empty when a model in
-                              the group has no price; unpriced_gpu_hours says how many)
+    cost                      with --prices or --bill: GPU-hours x price (empty when a
+                              model in the group has no price; unpriced_gpu_hours says
+                              how many); a billed node at what its node-hour cost
     Unallocated GPU time has an empty namespace. A monthly showback export:
     `gpufleet usage --since 30d --by namespace --prices prices.yaml -o csv`.
     See docs/usage.md.
@@ -120,15 +129,20 @@ def usage(ctx: click.Context, since: float | None, from_: str | None, until: str
     start, end = period(since, from_, until)  # type: ignore[misc]
     by = by or ("namespace",)
     prices = answers.load_prices(prices_file) if prices_file else None
+    bill = answers.load_bill(bill_file) if bill_file else None
     missing: dict = {}
+    priced: dict = {}
     with database(db) as engine:
         require_schema(engine)
         with engine.connect() as conn:
             rows = answers.usage_summary(conn, start, end, by, idle_threshold,
                                          idle_for=idle_for, prices=prices,
-                                         missing=missing)
-    figures = [*answers.USAGE_FIGURES, *(answers.COST_FIGURES if prices else [])]
+                                         missing=missing, bill=bill, node_priced=priced)
+    figures = [*answers.USAGE_FIGURES,
+               *(answers.COST_FIGURES if prices or bill else [])]
     emit(rows, [*answers.group_columns(by), *figures], output)
+    if bill is not None:
+        click.echo(f"note: {answers.describe_bill(bill, priced)}", err=True)
     if note := answers.missing_note(missing):
         click.echo(f"note: {note}", err=True)
 

@@ -35,12 +35,29 @@ from hub.common import (
 )
 
 SOURCES = ("hub", "kube", "file")
+
+
+def load_catalog(path: str | None):  # -> hub.kube.Catalog
+    from hub.kube import load_catalog as load
+
+    return load(path)
+
+
+def instance_types_option(func):
+    """--instance-types FILE: entries that add to or override the shipped instance-type
+    catalog (reconcile's expected GPUs, usage's GPUs per instance)."""
+    return click.option(
+        "--instance-types", "instance_types", type=click.Path(dir_okay=False),
+        envvar=env("instance-types"), metavar="FILE",
+        help="YAML of instance types (and node-label selectors for on-premises servers) "
+             "with their GPU count, adding to or overriding the catalog shipped in gpufleet "
+             "(docs/operations.md).")(func)
 #: cluster -> the GPUs pods hold through ResourceClaims, as read this run
 DraClaims = dict[str, list[Any]]
 RECONCILE_COLUMNS = ["scope", "cluster", "node", "status", "mode", "k8s_gpus",
                      "k8s_allocatable", "expected_gpus", "observed_gpus", "k8s_slices",
                      "observed_slices", "reason", "metrics_node", "resources", "managed",
-                     "available"]
+                     "available", "instance_type", "provider_id"]
 RECONCILE_TABLE = ["cluster", "node", "status", "mode", "k8s_gpus", "observed_gpus", "reason"]
 #: `--managed-clusters` given without a value: the kubeconfig's current context
 CURRENT_CONTEXT = "-"
@@ -90,8 +107,8 @@ def _per_cluster(pairs: list[tuple[str, str]], flag: str,
 
 
 def _nodes_from_files(pairs: list[tuple[str, str]], slice_pairs: list[tuple[str, str]],
-                      claim_pairs: list[tuple[str, str]]) -> tuple[list[validation.NodeView],
-                                                                    set[str], DraClaims]:
+                      claim_pairs: list[tuple[str, str]], keep: tuple[str, ...] = ()
+                      ) -> tuple[list[validation.NodeView], set[str], DraClaims]:
     views: list[validation.NodeView] = []
     seen: set[str] = set()
     for cluster, path in pairs:
@@ -99,7 +116,8 @@ def _nodes_from_files(pairs: list[tuple[str, str]], slice_pairs: list[tuple[str,
             raise InputError(f"--nodes-json names cluster {cluster!r} twice")
         seen.add(cluster)
         doc = _json_file("--nodes-json", cluster, path)
-        views += validation.nodes_from_document(cluster, doc, f"--nodes-json {cluster}={path}")
+        views += validation.nodes_from_document(cluster, doc, f"--nodes-json {cluster}={path}",
+                                                keep)
     slices = _per_cluster(slice_pairs, "--resourceslices-json", seen)
     for cluster, items in slices.items():
         views = validation.with_dra(views, cluster, items,
@@ -113,7 +131,8 @@ def _nodes_from_files(pairs: list[tuple[str, str]], slice_pairs: list[tuple[str,
     return views, seen, claims
 
 
-def _nodes_from_kube(pairs: list[tuple[str, str]], kubeconfig: str | None
+def _nodes_from_kube(pairs: list[tuple[str, str]], kubeconfig: str | None,
+                     keep: tuple[str, ...] = ()
                      ) -> tuple[list[validation.NodeView], set[str], DraClaims]:
     """Nodes, and where the cluster serves resource.k8s.io, its ResourceSlices and claims."""
     from hub import kube as kube_
@@ -130,7 +149,7 @@ def _nodes_from_kube(pairs: list[tuple[str, str]], kubeconfig: str | None
             found = kube_.read_gpu_objects(api)
         finally:
             api.close()
-        views += [validation.node_from_object(cluster, obj) for obj in found.nodes]
+        views += [validation.node_from_object(cluster, obj, keep) for obj in found.nodes]
         views = validation.with_dra(views, cluster, found.slices)
         if found.claims is not None:
             claims[cluster] = validation.claim_allocations_of(views, cluster, found.claims)
@@ -183,6 +202,7 @@ def _managed(context: str, kubeconfig: str | None,
 @click.option("--stale-after", type=DURATION, default="10m", show_default=True,
               envvar=env("stale-after"), metavar="DURATION",
               help="--source hub: look-back window of the kube-state-metrics queries.")
+@instance_types_option
 @hub_options
 @cluster_label_option
 @db_option
@@ -192,14 +212,16 @@ def reconcile(ctx: click.Context, source: str | None, contexts: tuple[str, ...],
               kubeconfig: str | None, nodes_json: tuple[str, ...],
               resourceslices_json: tuple[str, ...], resourceclaims_json: tuple[str, ...],
               managed_clusters: str | None, managed_cluster_selector: str | None,
-              stale_after: float, cluster_label: str, db: str | None, output: str,
-              **opts: Any) -> None:
+              stale_after: float, instance_types: str | None, cluster_label: str,
+              db: str | None, output: str, **opts: Any) -> None:
     """Compare, per node, the GPUs the hub sees with what Kubernetes advertises.
 
     Reads the inventory database (run `gpufleet sync` first; this command never syncs) and
     the Kubernetes view from one source, then gives every GPU node one status: match,
     missing_in_metrics, missing_in_kubernetes, count_mismatch, node_not_reporting,
-    device_plugin_and_dra or unknown. MIG (mixed and single strategy), time-slicing, AMD
+    device_plugin_and_dra, gpus_missing_by_instance_type (the node's instance type, per
+    the catalog shipped in gpufleet and --instance-types, has GPUs that neither Kubernetes
+    nor the exporter shows) or unknown. MIG (mixed and single strategy), time-slicing, AMD
     partitions and Dynamic Resource Allocation (GPUs in ResourceSlices, read with --context
     or --resourceslices-json; kube-state-metrics cannot show them, so through the hub a DRA
     node is unknown) are understood. The run is stored for `gpufleet report`, and the DRA
@@ -240,21 +262,25 @@ def reconcile(ctx: click.Context, source: str | None, contexts: tuple[str, ...],
     claim_pairs = _pairs(resourceclaims_json, "--resourceclaims-json", value_required=True)
     claims: DraClaims | None = None
     context_pairs = _pairs(contexts, "--context", value_required=False)
+    catalog = load_catalog(instance_types)
+    keep = catalog.label_keys
 
     with database(db) as engine:
         inv.ensure_schema(engine)
         if source == "file":
-            views, covered, claims = _nodes_from_files(file_pairs, slice_pairs, claim_pairs)
+            views, covered, claims = _nodes_from_files(file_pairs, slice_pairs, claim_pairs,
+                                                       keep)
         elif source == "kube":
-            views, covered, claims = _nodes_from_kube(context_pairs, kubeconfig)
+            views, covered, claims = _nodes_from_kube(context_pairs, kubeconfig, keep)
         else:
             with hub_client(opts) as client:
                 views, covered = validation.nodes_from_hub(client, stale_after=stale_after,
-                                                         cluster_label=cluster_label)
+                                                         cluster_label=cluster_label, keep=keep)
         managed = (_managed(managed_clusters, kubeconfig, managed_cluster_selector)
                    if managed_clusters else None)
         run_id, result = validation.reconcile_run(engine, views, covered, source=source,
-                                                managed=managed, claims=claims)
+                                                managed=managed, claims=claims,
+                                                catalog=catalog)
     rows = result.rows()
     where = ", ".join(v for _, v in file_pairs) if source == "file" else \
         ", ".join(k for k, _ in context_pairs)
@@ -366,16 +392,19 @@ def alerts() -> None:
               help="How long a silent cluster stays in the stale alert.")
 @click.option("--namespace", envvar=env("alerts-namespace"), default="gpufleet",
               show_default=True, metavar="NS", help="Namespace of the PrometheusRule.")
+@instance_types_option
 @cluster_label_option
 def alerts_render(out: str | None, max_age: float, push_interval: float, window: float,
-                  lookback: float, namespace: str, cluster_label: str, **_: Any) -> None:
+                  lookback: float, namespace: str, instance_types: str | None,
+                  cluster_label: str, **_: Any) -> None:
     """Write the report's failure modes as alerting rules into --out.
 
     gpufleet-alerts.rules.yaml is a plain rules file (Prometheus, Thanos Ruler; for ACM,
     merge its groups into the thanos-ruler-custom-rules ConfigMap); the same groups as a
     PrometheusRule (monitoring.coreos.com/v1) are in gpufleet-alerts.prometheusrule.yaml.
     Alerts: cluster data late/stale, exporter down, collection errors, GPU count dropped,
-    zero usage with a pod allocated, stuck collector. Both vendors, both AMD name prefixes.
+    zero usage with a pod allocated, stuck collector, GPUs missing by instance type (the
+    catalog shipped in gpufleet and --instance-types). Both vendors, both AMD name prefixes.
     """
     from hub import onboard as onboarding
 
@@ -388,7 +417,8 @@ def alerts_render(out: str | None, max_age: float, push_interval: float, window:
     if not onboarding.DNS_LABEL.match(namespace):
         raise InputError(f"--namespace {namespace!r} is not a valid namespace name")
     settings = validation.AlertSettings(max_age=max_age, push_interval=push_interval, window=window,
-                                lookback=lookback, cluster_label=cluster_label, namespace=namespace)
+                                lookback=lookback, cluster_label=cluster_label, namespace=namespace,
+                                catalog=load_catalog(instance_types))
     files = validation.render_alert_files(settings)
     onboarding.write_tree(files, out)
     click.echo(f"wrote {len(files)} files to {out} ({', '.join(sorted(files))})")

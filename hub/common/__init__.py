@@ -30,6 +30,7 @@ from hub.common._errors import (
     GpufleetError,
     InputError,
     UnavailableError,
+    read_input_file,
     shorten,
 )
 from hub.common._lazy import lazy_attributes
@@ -104,6 +105,7 @@ __all__ = [
     "parse_listen",
     "push_interval_option",
     "query_concurrency_option",
+    "read_input_file",
     "redact",
     "redact_urls",
     "register_secret",

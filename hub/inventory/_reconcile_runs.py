@@ -40,6 +40,10 @@ reconcile_results = sa.Table(
     sa.Column("resources", sa.Text),  # JSON object: resource -> capacity
     sa.Column("metrics_node", sa.String(253)),
     sa.Column("reason", sa.Text, nullable=False),
+    # the node's instance type and spec.providerID as the run read them (revision 0012):
+    # `usage` prices a node by its type, and joins a cloud bill's lines by the provider id
+    sa.Column("instance_type", sa.String(128)),
+    sa.Column("provider_id", sa.String(512)),
 )
 
 reconcile_clusters = sa.Table(

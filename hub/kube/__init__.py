@@ -10,6 +10,15 @@ pay for importing the kubernetes package.
 from __future__ import annotations
 
 from hub.common import lazy_attributes
+from hub.kube._catalog import (
+    INSTANCE_TYPE_LABELS,
+    Catalog,
+    InstanceType,
+    instance_type_of,
+    load_catalog,
+    parse_catalog,
+    shipped_catalog,
+)
 from hub.kube._dra import (
     AMD_DRIVER,
     GPU_DRIVERS,
@@ -34,12 +43,15 @@ __all__ = [
     "AMD_DRIVER",
     "DRA_VERSIONS",
     "GPU_DRIVERS",
+    "INSTANCE_TYPE_LABELS",
     "NVIDIA_DRIVER",
+    "Catalog",
     "ClaimAllocation",
     "ClaimedDevice",
     "DraGpu",
     "DraNode",
     "GpuObjects",
+    "InstanceType",
     "PoolState",
     "SliceError",
     "api_client",
@@ -48,14 +60,18 @@ __all__ = [
     "claimed_devices",
     "dra_nodes",
     "dra_version",
+    "instance_type_of",
     "list_all",
     "list_device_classes",
     "list_managed_clusters",
     "list_nodes",
     "list_resource_claims",
     "list_resource_slices",
+    "load_catalog",
     "normalise_pci",
+    "parse_catalog",
     "read_gpu_objects",
+    "shipped_catalog",
     "translate",
 ]
 

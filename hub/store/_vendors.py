@@ -427,6 +427,9 @@ def allowlist_metrics() -> list[str]:
     # reconcile --source hub reads node labels (MIG strategy, time-slicing replicas) from
     # kube-state-metrics; ACM's default allowlist forwards the capacity series, not these.
     names.add(KUBE_NODE_LABELS)
+    # ... and each node's spec.providerID (kube_node_info's provider_id label), which joins
+    # a cloud bill's lines to the node (`usage --bill`)
+    names.add(KUBE_NODE_INFO)
     return sorted(names)
 
 
@@ -441,6 +444,9 @@ EXPORTER_UP, EXPORTER_COLLECT_ERRORS, EXPORTER_LAST_COLLECT = EXPORTER_HEALTH_ME
 EXPORTER_NODE_LABEL = "hostname"
 #: kube-state-metrics' node labels (label_<sanitised name>; only labels on its allowlist)
 KUBE_NODE_LABELS = "kube_node_labels"
+#: kube-state-metrics' node facts; its ``provider_id`` label is the node's spec.providerID
+KUBE_NODE_INFO = "kube_node_info"
+KUBE_PROVIDER_ID = "provider_id"
 
 
 # -- MIG: how much of a GPU a slice is (issue 12) --------------------------------------------

@@ -17,6 +17,7 @@ from hub.usage._answers import (
     usage_frame,
     usage_summary,
 )
+from hub.usage._bills import Bill, describe_bill, load_bill, parse_bill
 from hub.usage._fold import fold_bucket
 from hub.usage._history import gpu_history
 from hub.usage._idle import (
@@ -57,6 +58,7 @@ __all__ = [
     "IDLE_THRESHOLD_PCT",
     "MAX_BUCKETS",
     "USAGE_FIGURES",
+    "Bill",
     "CollectResult",
     "Prices",
     "apply_retention",
@@ -67,6 +69,7 @@ __all__ = [
     "daily_by_namespace",
     "day_starts",
     "describe",
+    "describe_bill",
     "fold_bucket",
     "gpu_history",
     "group_columns",
@@ -74,8 +77,10 @@ __all__ = [
     "idle_gpu_hours",
     "idle_runs",
     "ledger_bucket",
+    "load_bill",
     "load_prices",
     "missing_note",
+    "parse_bill",
     "parse_prices",
     "rebuild_days",
     "replace_grid",

@@ -24,6 +24,7 @@ from sqlalchemy.engine import Connection
 
 from hub import inventory as inv
 from hub import store
+from hub.usage._bills import Bill, cloud_nodes, needs_nodes, node_prices
 from hub.usage._dra import claim_held
 from hub.usage._idle import IDLE_FOR_S, IDLE_THRESHOLD_PCT, idle_gpu_hours, idle_runs
 from hub.usage._ledger import rollup_days, rollup_sums
@@ -121,7 +122,8 @@ def usage_summary(conn: Connection, start: dt.datetime, end: dt.datetime,
                   clusters: Collection[str] | None = None,
                   namespaces: Collection[str] | None = None,
                   rollup: bool = True, prices: Prices | None = None,
-                  missing: dict | None = None) -> list[dict[str, Any]]:
+                  missing: dict | None = None, bill: Bill | None = None,
+                  node_priced: dict | None = None) -> list[dict[str, Any]]:
     """One row per group over the buckets starting in [start, end), summed in the database
     (summary_select says from where). ``clusters`` and ``namespaces`` restrict the rows
     counted (a scoped API caller sees only its own). With ``prices`` each row also has
@@ -129,9 +131,15 @@ def usage_summary(conn: Connection, start: dt.datetime, end: dt.datetime,
     cluster and model (a price is per cluster and model), and the groups add those up;
     ``missing`` (a dict) receives the unpriced GPU-hours per (cluster, model).
     idle_allocated_gpu_hours comes from idle_runs with ``idle_threshold`` and ``idle_for``,
-    so it is exactly what `idle` lists (hub/usage/_idle.py)."""
+    so it is exactly what `idle` lists (hub/usage/_idle.py). ``bill`` (and instance-type
+    prices) price a node's GPU-hours at what its node-hour cost (hub/usage/_bills.py);
+    ``node_priced`` (a dict) receives those prices per GPU-hour per (cluster, node)."""
     cols = group_columns(by)
-    read = cols + [c for c in ("cluster", "model") if prices is not None and c not in cols]
+    if bill is not None and prices is None:
+        prices = Prices({})
+    per_node = needs_nodes(prices, bill)
+    priced_by = ("cluster", "model", "node") if per_node else ("cluster", "model")
+    read = cols + [c for c in priced_by if prices is not None and c not in cols]
     stmt = summary_select(conn, start, end, read, idle_threshold, clusters=clusters,
                           namespaces=namespaces, rollup=rollup, columns=read)
     if stmt is None:
@@ -148,7 +156,11 @@ def usage_summary(conn: Connection, start: dt.datetime, end: dt.datetime,
             group[f] += float(r[f] or 0.0)
         parts.append((key, r))
     if prices is not None:
-        found = add_costs(groups, parts, prices)
+        per_gpu_hour = node_prices(cloud_nodes(conn), prices, bill, start, end) \
+            if per_node else None
+        if node_priced is not None and per_gpu_hour:
+            node_priced.update(per_gpu_hour)
+        found = add_costs(groups, parts, prices, per_gpu_hour)
         if missing is not None:
             missing.update(found)
     out = []

@@ -9,6 +9,14 @@ A price file is YAML: the model name exactly as the exporter spells it (``modelN
       prod-east:
         "NVIDIA H100 80GB HBM3": 2.1
 
+Prices per instance type (the cloud's hourly price of the whole node) go under
+``instance_types``; a node of that type (as the latest reconcile read it) is priced at the
+price / its GPUs per GPU-hour, before the model prices (hub/usage/_bills.py, which also reads
+what a cloud bill says was paid)::
+
+    instance_types:
+      p5.48xlarge: 55.04
+
 A MIG slice is priced at its share: its GPU-hours are already share x hours. A model without
 a price is never billed as 0: its hours are counted in ``unpriced_gpu_hours`` and the cost of
 every group they fall in is left empty (null), so nobody sends a bill that silently leaves
@@ -26,6 +34,7 @@ from typing import Any
 from hub.common import InputError
 
 CLUSTERS_KEY = "clusters"
+INSTANCE_TYPES_KEY = "instance_types"
 COST_FIGURES = ["cost", "unpriced_gpu_hours"]
 
 
@@ -35,6 +44,8 @@ class Prices:
 
     models: Mapping[str, float]
     clusters: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    #: hourly price of a whole node per instance type (hub.usage._bills divides by its GPUs)
+    instance_types: Mapping[str, float] = field(default_factory=dict)
 
     def price(self, cluster: str | None, model: str | None) -> float | None:
         if model is None:
@@ -45,9 +56,10 @@ class Prices:
         return self.models.get(model)
 
 
-def _price_table(raw: Any, where: str) -> dict[str, float]:
+def _price_table(raw: Any, where: str, what: str = "model names to prices per GPU-hour"
+                 ) -> dict[str, float]:
     if not isinstance(raw, Mapping):
-        raise InputError(f"{where} must map model names to prices per GPU-hour")
+        raise InputError(f"{where} must map {what}")
     out: dict[str, float] = {}
     for model, value in raw.items():
         if not isinstance(model, str) or not model.strip():
@@ -66,7 +78,7 @@ def parse_prices(raw: Any, source: str = "price file") -> Prices:
     if not isinstance(raw, Mapping) or not raw:
         raise InputError(f"{source}: expected a mapping of model names to prices per "
                          'GPU-hour, e.g. "NVIDIA H100 80GB HBM3": 2.5')
-    models = {k: v for k, v in raw.items() if k != CLUSTERS_KEY}
+    models = {k: v for k, v in raw.items() if k not in (CLUSTERS_KEY, INSTANCE_TYPES_KEY)}
     clusters_raw = raw.get(CLUSTERS_KEY, {}) or {}
     if not isinstance(clusters_raw, Mapping):
         raise InputError(f"{source}: {CLUSTERS_KEY} must map cluster names to price tables")
@@ -75,7 +87,9 @@ def parse_prices(raw: Any, source: str = "price file") -> Prices:
         if not isinstance(name, str) or not name:
             raise InputError(f"{source}: {name!r} under {CLUSTERS_KEY} is not a cluster name")
         clusters[name] = _price_table(table, f"{source}: {CLUSTERS_KEY}.{name}")
-    return Prices(_price_table(models, source), clusters)
+    types = _price_table(raw.get(INSTANCE_TYPES_KEY) or {}, f"{source}: {INSTANCE_TYPES_KEY}",
+                         "instance types to hourly prices")
+    return Prices(_price_table(models, source), clusters, types)
 
 
 def load_prices(path: str | Path) -> Prices:
@@ -95,17 +109,23 @@ def load_prices(path: str | Path) -> Prices:
 
 
 def add_costs(groups: dict[tuple, dict[str, Any]], parts: Iterable[tuple[tuple, Mapping]],
-              prices: Prices) -> dict[tuple[str | None, str | None], float]:
+              prices: Prices, node_prices: Mapping[tuple[str, str], float] | None = None
+              ) -> dict[tuple[str | None, str | None], float]:
     """Add ``cost`` and ``unpriced_gpu_hours`` to each group from its parts: (group key,
-    row with cluster, model and gpu_hours). Returns the unpriced GPU-hours per
-    (cluster, model), for the note that says which prices are missing."""
+    row with cluster, model and gpu_hours, and node with ``node_prices``: a price per
+    GPU-hour per (cluster, node) from a bill or an instance-type price, which comes before
+    the model's). Returns the unpriced GPU-hours per (cluster, model), for the note that
+    says which prices are missing."""
     missing: dict[tuple[str | None, str | None], float] = {}
     for key, part in parts:
         group = groups[key]
         hours = float(part["gpu_hours"] or 0.0)
         group.setdefault("_cost", 0.0)
         group.setdefault("unpriced_gpu_hours", 0.0)
-        price = prices.price(part["cluster"], part["model"])
+        price = (node_prices.get((part["cluster"], part["node"]))
+                 if node_prices else None)
+        if price is None:
+            price = prices.price(part["cluster"], part["model"])
         if price is None:
             if hours > 0:
                 group["unpriced_gpu_hours"] += hours

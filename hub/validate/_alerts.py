@@ -15,6 +15,7 @@ would collide across names in one selector, so such parts are chained per metric
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -23,8 +24,10 @@ import yaml
 
 from hub import inventory, store
 from hub.common import format_duration, parse_duration
+from hub.kube import INSTANCE_TYPE_LABELS, Catalog, shipped_catalog
 from hub.store import HubClient, PartialResponse, VendorProfile
 from hub.validate._checks import GpuRef, HubHistory, NodeRef
+from hub.validate._reconcile import ksm_label
 
 RULES_FILE = "gpufleet-alerts.rules.yaml"
 PROMETHEUS_RULE_FILE = "gpufleet-alerts.prometheusrule.yaml"
@@ -173,6 +176,57 @@ def gpu_failed(p: VendorProfile, window: str, cl: str) -> str:
     return _or(parts)
 
 
+def _regex_alternatives(names: list[str]) -> str:
+    """A case-insensitive alternation of names inside a PromQL string (a regex escape's
+    backslash is itself escaped there)."""
+    return "(?i)(" + "|".join(re.escape(n).replace("\\", "\\\\") for n in names) + ")"
+
+
+def expected_by_instance_type(catalog: Catalog, window: str, cl: str) -> str | None:
+    """GPUs per node its instance type (node label, through kube-state-metrics) or a catalog
+    selector says it has: one ``or`` term per distinct count, so the expression stays the
+    size of the catalog's few counts, not its entries. None for a catalog without GPUs."""
+    by_count: dict[int, list[str]] = {}
+    for entry in catalog.types.values():
+        if entry.gpus > 0:
+            by_count.setdefault(entry.gpus, []).append(entry.name)
+    terms = []
+    for count, names in sorted(by_count.items()):
+        regex = _regex_alternatives(sorted(names))
+        sel = " or ".join(
+            f'last_over_time({store.KUBE_NODE_LABELS}{{{ksm_label(label)}=~"{regex}"}}'
+            f"[{window}])" for label in INSTANCE_TYPE_LABELS)
+        terms.append(f"max by ({cl}, node) ({sel}) * {count}")
+    for selector in catalog.selectors:
+        if selector.entry.gpus > 0:
+            matchers = ", ".join(f'{ksm_label(k)}="{v}"' for k, v in
+                                 sorted(selector.labels.items()))
+            terms.append(f"max by ({cl}, node) (last_over_time({store.KUBE_NODE_LABELS}"
+                         f"{{{matchers}}}[{window}])) * {selector.entry.gpus}")
+    return _or(terms) if terms else None
+
+
+def gpus_missing_by_instance_type(catalog: Catalog, window: str, cl: str) -> str | None:
+    """Nodes whose instance type has more GPUs than both Kubernetes' GPU capacity and the
+    exporter's GPU count show; the value is the number lost. The exporter's node label
+    (Hostname/hostname) is taken as the node name, as kube-state-metrics spells it."""
+    expected = expected_by_instance_type(catalog, window, cl)
+    if expected is None:
+        return None
+    capacity = store.KUBE_STATE_METRICS[0]
+    k8s = (f"sum by ({cl}, node) (last_over_time({capacity}"
+           f'{{resource=~"nvidia_com_gpu|nvidia_com_gpu_shared|amd_com_gpu"}}[{window}]))')
+    shown = [f'label_replace({k8s}, "source", "kubernetes", "", "")']
+    for p in store.PROFILES:
+        count = gpu_count(p, window, cl)
+        for label in node_labels(p):
+            count = f'label_replace({count}, "node", "$1", "{label}", "(.+)")'
+        shown.append(f'label_replace(max by ({cl}, node) ({count}), "source", "{p.vendor}", '
+                     '"", "")')
+    visible = f"max by ({cl}, node) ({' or '.join(f'({x})' for x in shown)})"
+    return f"({expected}) - (({visible}) or ({expected}) * 0) > 0"
+
+
 # -- failure modes of gpufleet's own exporter ------------------------------------------------------
 def exporter_down(window: str, cl: str) -> str:
     return (f"max by ({cl}, {store.EXPORTER_NODE_LABEL}) "
@@ -248,6 +302,8 @@ class AlertSettings:
     drop_offset: float = 3600.0  # GPU counts are compared with this long ago
     cluster_label: str = "cluster"
     namespace: str = "gpufleet"
+    #: GPUs per instance type (hub.kube's catalog; None: the one shipped in gpufleet)
+    catalog: Catalog | None = None
 
 
 def _node_ref(cl: str) -> str:
@@ -267,6 +323,20 @@ def rules(s: AlertSettings) -> list[dict[str, Any]]:
 
     where = f"{{{{ $labels.{cl} }}}}"
     node = _node_ref(cl)
+    lost = gpus_missing_by_instance_type(s.catalog or shipped_catalog(), push2, cl)
+    by_type = [{
+        "alert": "GpuFleetGpusMissingByInstanceType",
+        "expr": lost,
+        "for": push2,
+        "labels": {"severity": "critical"},
+        "annotations": {
+            "summary": f"{{{{ $value }}}} GPUs of {where}/{{{{ $labels.node }}}} are missing",
+            "description": "The node's instance type has more GPUs than Kubernetes "
+                           "advertises and the exporter reports: the device plugin or driver "
+                           "is not running, or GPUs fell off the bus. `gpufleet reconcile` "
+                           "says which (gpus_missing_by_instance_type).",
+        },
+    }] if lost else []
     return [
         {
             "alert": "GpuFleetClusterDataDelayed",
@@ -351,6 +421,7 @@ def rules(s: AlertSettings) -> list[dict[str, Any]]:
                 "description": f"Samples keep arriving but no GPU value changed in {window}.",
             },
         },
+        *by_type,
     ]
 
 

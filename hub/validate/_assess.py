@@ -16,37 +16,40 @@ from sqlalchemy.engine import Engine
 from hub import inventory as inv
 from hub import usage
 from hub.common import UnavailableError, format_duration, human_duration
+from hub.kube import Catalog, shipped_catalog
 from hub.store import HubClient, PartialResponse
 from hub.validate import _checks as checks
 from hub.validate import _reconcile as rc
 from hub.validate import _reconcile_store as store
 
 
-def nodes_from_hub(client: HubClient, *, stale_after: float,
-                   cluster_label: str) -> tuple[list[rc.NodeView], set[str]]:
-    """The Kubernetes view through the hub: kube-state-metrics, a fixed pair of queries."""
+def nodes_from_hub(client: HubClient, *, stale_after: float, cluster_label: str,
+                   keep: tuple[str, ...] = ()) -> tuple[list[rc.NodeView], set[str]]:
+    """The Kubernetes view through the hub: kube-state-metrics, a fixed pair of queries
+    (``keep``: node labels an instance-type catalog's selectors read)."""
     results = []
-    for promql in rc.ksm_queries(format_duration(stale_after), cluster_label):
+    for promql in rc.ksm_queries(format_duration(stale_after), cluster_label, keep):
         res = client.query(promql)
         if res.warnings:
             raise PartialResponse(f"hub {client.safe_url} returned a partial response "
                                   f"({res.warnings[0]}): nothing stored")
         results.append(res.result)
-    return rc.nodes_from_ksm(results[0], results[1], cluster_label)
+    return rc.nodes_from_ksm(results[0], results[1], cluster_label, keep)
 
 
 def reconcile_run(engine: Engine, views: list[rc.NodeView], covered: set[str], *, source: str,
                   managed: list[rc.ManagedCluster] | None = None,
-                  claims: dict[str, list[Any]] | None = None
-                  ) -> tuple[int, rc.Reconciliation]:
+                  claims: dict[str, list[Any]] | None = None,
+                  catalog: Catalog | None = None) -> tuple[int, rc.Reconciliation]:
     """Compare the Kubernetes view with the inventory and store the run, with the DRA claims
-    read per cluster (for `capacity`); (run id, result)."""
+    read per cluster (for `capacity`); (run id, result). ``catalog``: GPUs per instance type
+    (default: the one shipped in hub.kube)."""
     inv.ensure_schema(engine)
     started = inv.now_utc()
     with engine.connect() as conn:
         observed = store.observed_nodes(conn)
     result = rc.compare(views, observed, covered=covered, fleet_wide=source == "hub",
-                        managed=managed)
+                        managed=managed, catalog=catalog or shipped_catalog())
     with engine.begin() as conn:
         run_id = store.save_run(conn, result, source=source, started_at=started,
                                 managed_clusters=managed is not None, claims=claims)

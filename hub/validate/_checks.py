@@ -306,6 +306,8 @@ RECONCILE_SEVERITY = {
     "missing_in_kubernetes": WARNING,
     "node_not_reporting": WARNING,
     "device_plugin_and_dra": WARNING,
+    # GPUs the node's instance type has that neither Kubernetes nor the exporter shows
+    "gpus_missing_by_instance_type": ERROR,
     "unknown": INFO,
 }
 

@@ -34,19 +34,22 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from hub import store
 from hub.common import InputError
 from hub.kube import (
+    INSTANCE_TYPE_LABELS,
+    Catalog,
     ClaimAllocation,
     DraNode,
     SliceError,
     claim_allocations,
     claimed_devices,
     dra_nodes,
+    instance_type_of,
 )
 
 # -- Kubernetes resource and label names --------------------------------------------------------
@@ -78,8 +81,12 @@ NODE_NOT_REPORTING = "node_not_reporting"
 UNKNOWN = "unknown"
 #: the node publishes GPUs through a device plugin and through DRA at once
 DEVICE_PLUGIN_AND_DRA = "device_plugin_and_dra"
+#: the node's instance type (hub.kube's catalog) has GPUs that neither Kubernetes nor the
+#: exporter shows: a device plugin or driver that never started, GPUs fallen off the bus
+GPUS_MISSING_BY_INSTANCE_TYPE = "gpus_missing_by_instance_type"
 NODE_STATUSES = (MATCH, MISSING_IN_METRICS, MISSING_IN_KUBERNETES, COUNT_MISMATCH,
-                 NODE_NOT_REPORTING, UNKNOWN, DEVICE_PLUGIN_AND_DRA)
+                 NODE_NOT_REPORTING, UNKNOWN, DEVICE_PLUGIN_AND_DRA,
+                 GPUS_MISSING_BY_INSTANCE_TYPE)
 #: node statuses that do not fail `gpufleet reconcile`
 NODE_PASSING = (MATCH, UNKNOWN)
 
@@ -112,6 +119,11 @@ class NodeView:
     allocatable: Mapping[str, int] = field(default_factory=dict)
     labels: Mapping[str, str] = field(default_factory=dict)
     dra: DraNode | None = None
+    #: node.kubernetes.io/instance-type (or the beta label), where the source has it
+    instance_type: str | None = None
+    #: spec.providerID (aws:///zone/i-..., gce://project/zone/name, azure:///...): the join
+    #: of a cloud bill's lines to the node (`usage --bill`)
+    provider_id: str | None = None
 
     @property
     def plugin_gpus(self) -> int:
@@ -165,6 +177,8 @@ class NodeResult:
     observed_slices: int | None = None
     resources: Mapping[str, int] = field(default_factory=dict)
     metrics_node: str | None = None  # the inventory's spelling, when it differs
+    instance_type: str | None = None
+    provider_id: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -252,13 +266,18 @@ def _gpu_resources(mapping: Mapping[str, Any] | None, what: str) -> dict[str, in
             if is_gpu_resource(k)}
 
 
-def _gpu_labels(labels: Mapping[str, str] | None) -> dict[str, str]:
+def _gpu_labels(labels: Mapping[str, str] | None,
+               keep: Collection[str] = ()) -> dict[str, str]:
+    """GPU-related labels, and the ``keep`` ones (an instance-type catalog's selectors)."""
     return {k: str(v) for k, v in (labels or {}).items()
-            if k.startswith(GPU_RESOURCE_PREFIXES) or k.split("/", 1)[0].endswith(".amd.com")}
+            if k.startswith(GPU_RESOURCE_PREFIXES) or k.split("/", 1)[0].endswith(".amd.com")
+            or k in keep}
 
 
-def node_from_object(cluster: str, obj: Mapping[str, Any]) -> NodeView:
-    """A Node object (API JSON, camelCase) as a NodeView."""
+def node_from_object(cluster: str, obj: Mapping[str, Any],
+                     keep: Collection[str] = ()) -> NodeView:
+    """A Node object (API JSON, camelCase) as a NodeView (``keep``: labels to keep besides
+    the GPU ones, for an instance-type catalog's selectors)."""
     if not isinstance(obj, Mapping) or not isinstance(obj.get("metadata"), Mapping):
         raise InputError(f"cluster {cluster}: a Node without metadata")
     name = str(obj["metadata"].get("name") or "")
@@ -266,15 +285,19 @@ def node_from_object(cluster: str, obj: Mapping[str, Any]) -> NodeView:
         raise InputError(f"cluster {cluster}: a Node without a name")
     status = obj.get("status") or {}
     what = f"node {name}"
+    labels = obj["metadata"].get("labels") or {}
+    spec = obj.get("spec") if isinstance(obj.get("spec"), Mapping) else {}
     return NodeView(cluster, name, _gpu_resources(status.get("capacity"), what),
                     _gpu_resources(status.get("allocatable"), what),
-                    _gpu_labels(obj["metadata"].get("labels")))
+                    _gpu_labels(labels, keep), instance_type=instance_type_of(labels),
+                    provider_id=str(spec.get("providerID") or "") or None)
 
 
-def nodes_from_document(cluster: str, doc: Any, source: str) -> list[NodeView]:
+def nodes_from_document(cluster: str, doc: Any, source: str,
+                        keep: Collection[str] = ()) -> list[NodeView]:
     """``kubectl get nodes -o json`` (a List or NodeList), or a single Node, as NodeViews."""
     if isinstance(doc, Mapping) and doc.get("kind") == "Node":
-        return [node_from_object(cluster, doc)]
+        return [node_from_object(cluster, doc, keep)]
     if not isinstance(doc, Mapping) or not isinstance(doc.get("items"), list):
         raise InputError(f"{source} is not the output of `kubectl get nodes -o json` "
                          "(expected an object with 'items')")
@@ -282,7 +305,7 @@ def nodes_from_document(cluster: str, doc: Any, source: str) -> list[NodeView]:
     for item in items:
         if isinstance(item, Mapping) and item.get("kind") not in (None, "Node"):
             raise InputError(f"{source} holds a {item.get('kind')}, not Nodes")
-    return [node_from_object(cluster, item) for item in items]
+    return [node_from_object(cluster, item, keep) for item in items]
 
 
 def slices_from_document(doc: Any, source: str) -> list[Mapping[str, Any]]:
@@ -357,12 +380,19 @@ def ksm_label(label: str) -> str:
 KSM_GPU_RESOURCES = "nvidia_com_.+|amd_com_.+"
 
 
-def ksm_queries(window: str, cluster_label: str) -> list[str]:
+def _ksm_wanted(keep: Collection[str]) -> list[str]:
+    """Node labels asked of kube-state-metrics: the compare's, the instance type's and a
+    catalog's selector labels (each only where its label allowlist exposes it)."""
+    return list(dict.fromkeys([*LABELS, *INSTANCE_TYPE_LABELS, *keep]))
+
+
+def ksm_queries(window: str, cluster_label: str, keep: Collection[str] = ()) -> list[str]:
     """The fixed request set of ``--source hub``: resources, then labels, of every node.
 
     Query 1 returns capacity (GPU resources and cpu, so that a node without GPUs is known to
     exist) and allocatable (GPU resources), tagged by a ``kind`` label. Query 2 returns the
-    labels the compare reads, where kube-state-metrics' label allowlist exposes them. Both
+    labels the compare reads, where kube-state-metrics' label allowlist exposes them, and
+    (from ``kube_node_info``, a row of its own) the node's provider id. Both
     group by the cluster label, node and resource: one row per node and resource, however
     many clusters there are.
     """
@@ -375,15 +405,17 @@ def ksm_queries(window: str, cluster_label: str) -> list[str]:
 
     resources = (part(capacity, KSM_GPU_RESOURCES + "|cpu", "capacity") + " or "
                  + part(allocatable, KSM_GPU_RESOURCES, "allocatable"))
-    label_names = ", ".join(ksm_label(label) for label in LABELS)
-    labels = (f"max by ({cluster_label}, node, {label_names}) "
-              f"(last_over_time({store.KUBE_NODE_LABELS}[{window}]))")
+    label_names = ", ".join(ksm_label(label) for label in _ksm_wanted(keep))
+    labels = (f"max by ({cluster_label}, node, {label_names}, {store.KUBE_PROVIDER_ID}) "
+              f"(last_over_time({store.KUBE_NODE_LABELS}[{window}]) or "
+              f"last_over_time({store.KUBE_NODE_INFO}[{window}]))")
     return [resources, labels]
 
 
 def nodes_from_ksm(resource_rows: Iterable[Mapping[str, Any]],
                    label_rows: Iterable[Mapping[str, Any]],
-                   cluster_label: str) -> tuple[list[NodeView], set[str]]:
+                   cluster_label: str, keep: Collection[str] = ()
+                   ) -> tuple[list[NodeView], set[str]]:
     """NodeViews from the two ``ksm_queries`` results, and the clusters they cover."""
     capacity: dict[tuple[str, str], dict[str, int]] = {}
     allocatable: dict[tuple[str, str], dict[str, int]] = {}
@@ -402,13 +434,22 @@ def nodes_from_ksm(resource_rows: Iterable[Mapping[str, Any]],
             continue
         target[key][name] = _count(row["value"][1], f"node {node} {name}")
     labels: dict[tuple[str, str], dict[str, str]] = {}
-    wanted = {ksm_label(label): label for label in LABELS}
+    providers: dict[tuple[str, str], str] = {}
+    wanted = {ksm_label(label): label for label in _ksm_wanted(keep)}
     for row in label_rows:
         metric = row.get("metric") or {}
         key = (metric.get(cluster_label, ""), metric.get("node", ""))
-        labels[key] = {wanted[k]: v for k, v in metric.items() if k in wanted and v}
-    views = [NodeView(c, n, caps, allocatable.get((c, n), {}), labels.get((c, n), {}))
-             for (c, n), caps in sorted(capacity.items())]
+        labels.setdefault(key, {}).update(
+            {wanted[k]: v for k, v in metric.items() if k in wanted and v})
+        if metric.get(store.KUBE_PROVIDER_ID):
+            providers[key] = metric[store.KUBE_PROVIDER_ID]
+    views = []
+    for (c, n), caps in sorted(capacity.items()):
+        found = labels.get((c, n), {})
+        views.append(NodeView(c, n, caps, allocatable.get((c, n), {}),
+                              {k: v for k, v in found.items() if k not in INSTANCE_TYPE_LABELS},
+                              instance_type=instance_type_of(found),
+                              provider_id=providers.get((c, n))))
     return views, covered
 
 
@@ -667,6 +708,60 @@ def _node_result(cluster: str, view: NodeView | None, obs: ObservedNode | None,
                       k8s_slices=verdict.k8s_slices, observed_slices=verdict.observed_slices)
 
 
+def _k8s_physical(view: NodeView) -> int | None:
+    """Physical GPUs Kubernetes shows on the node, under the rule that applies (None: it
+    advertises something whose physical count cannot be told, e.g. MIG single strategy)."""
+    if _dra_published(view):
+        assert view.dra is not None
+        return len(view.dra.gpus) if view.dra.complete else None
+    if not view.gpus:
+        return 0
+    return _judge(view, ObservedNode(view.cluster, view.node, ACTIVE, 0)).expected_gpus
+
+
+def _by_instance_type(result: NodeResult | None, cluster: str, view: NodeView | None,
+                      obs: ObservedNode | None, catalog: Catalog | None,
+                      dra_visible: bool) -> NodeResult | None:
+    """The node's row with what its instance type says: ``instance_type``, ``expected_gpus``
+    (the type's count) and, when GPUs of the type show neither in Kubernetes nor in the
+    metrics, its own status. Unknown types and types without GPUs change nothing."""
+    if view is None:
+        return result
+    entry = catalog.lookup(view.instance_type, view.labels) if catalog is not None else None
+    by_type = catalog is None or entry is None or catalog.get(view.instance_type) is entry
+    named = view.instance_type if by_type or entry is None else entry.name
+    extra = {"instance_type": named, "provider_id": view.provider_id}
+    if entry is None or entry.gpus == 0:
+        return replace(result, **extra) if result is not None else None
+    extra["expected_gpus"] = entry.gpus
+    metrics = obs.gpus if obs is not None and obs.state == ACTIVE else 0
+    if metrics >= entry.gpus:  # the exporter shows them all: nothing to count on this side
+        return replace(result, **extra) if result is not None else None
+    k8s = _k8s_physical(view)
+    k8s_shown = entry.gpus if k8s is None else k8s  # cannot tell: take Kubernetes' word
+    lost = entry.gpus - max(k8s_shown, metrics)
+    if lost <= 0:
+        return replace(result, **extra) if result is not None else None
+    where = "instance type" if by_type else "server model (label selector)"
+    source = f"; per {entry.source}" if entry.source else ""
+    shown = "none" if k8s_shown == 0 else str(k8s_shown)
+    reason = (f"{where} {named} has {entry.describe()}{source}: Kubernetes shows {shown}, "
+              f"the exporter {metrics or 'none'}: {_plural(lost, 'GPU')} lost (device plugin "
+              "or driver not running, or GPUs fallen off the bus)")
+    if k8s_shown == 0 and not dra_visible:
+        reason += ("; kube-state-metrics cannot show GPUs published through DRA, yet no "
+                   "exporter reports them either")
+    if result is not None:
+        reason += f"; {result.reason}"
+        return replace(result, status=GPUS_MISSING_BY_INSTANCE_TYPE, reason=reason, **extra)
+    resources = dict(sorted(view.capacity.items()))
+    return NodeResult(cluster, view.node, GPUS_MISSING_BY_INSTANCE_TYPE, "none",
+                      k8s_gpus=view.gpus, observed_gpus=obs.gpus if obs else None,
+                      reason=reason, resources=resources,
+                      metrics_node=obs.node if obs and obs.node != view.node else None,
+                      **extra)
+
+
 def _managed(mc: ManagedCluster | None) -> str:
     if mc is None:
         return "ACM ManagedCluster"
@@ -704,7 +799,8 @@ def _pair(views: Sequence[NodeView], observed: Sequence[ObservedNode]
 def compare(views: Iterable[NodeView], observed: Iterable[ObservedNode], *,
             covered: Iterable[str], fleet_wide: bool = False,
             managed: Sequence[ManagedCluster] | None = None,
-            dra_visible: bool | None = None) -> Reconciliation:
+            dra_visible: bool | None = None,
+            catalog: Catalog | None = None) -> Reconciliation:
     """Every node's status, and every cluster's, from the two views.
 
     ``covered`` are the clusters the Kubernetes source speaks for (a cluster it lists with no
@@ -713,7 +809,8 @@ def compare(views: Iterable[NodeView], observed: Iterable[ObservedNode], *,
     ``--context`` or ``--nodes-json`` source simply did not look at it. ``managed`` is the ACM
     ManagedCluster list when it was read: the clusters that should be reporting.
     ``dra_visible`` says the source can see ResourceSlices (default: every source but the
-    fleet-wide kube-state-metrics one).
+    fleet-wide kube-state-metrics one). ``catalog`` says how many GPUs each instance type
+    has (hub.kube's catalog; None: instance types are not read).
     """
     if dra_visible is None:
         dra_visible = not fleet_wide
@@ -727,7 +824,8 @@ def compare(views: Iterable[NodeView], observed: Iterable[ObservedNode], *,
     nodes: list[NodeResult] = []
     for cluster in sorted(covered):
         for view, obs in _pair(by_cluster.get(cluster, []), seen.get(cluster, [])):
-            result = _node_result(cluster, view, obs, dra_visible)
+            result = _by_instance_type(_node_result(cluster, view, obs, dra_visible), cluster,
+                                       view, obs, catalog, dra_visible)
             if result is not None:
                 nodes.append(result)
     nodes.sort(key=lambda r: (r.cluster, r.node))
@@ -749,7 +847,7 @@ def compare(views: Iterable[NodeView], observed: Iterable[ObservedNode], *,
             k8s: dict[str, Any] = {"k8s_gpu_nodes": len(gpu_views),
                                    "k8s_gpus": sum(v.gpus for v in gpu_views)}
             bad = [r for r in nodes if r.cluster == cluster and r.status not in NODE_PASSING]
-            if not gpu_views and not active:
+            if not gpu_views and not active and not bad:
                 status, reason = CLUSTER_NO_GPUS, "no GPU nodes in Kubernetes, no GPU metrics"
             elif gpu_views and not obs_here:
                 status = CLUSTER_NO_GPU_METRICS

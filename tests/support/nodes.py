@@ -29,7 +29,7 @@ def vks_label_sets() -> list[dict[str, str]]:
 
 
 def node_object(name: str, gpu: dict[str, str] | None = None, labels: dict[str, str] | None = None,
-                allocatable: dict[str, str] | None = None, instance: str = "p4d.24xlarge"
+                allocatable: dict[str, str] | None = None, instance: str = "m7i.48xlarge"
                 ) -> dict[str, Any]:
     """A Node as the API server returns it: capacity and allocatable with cpu, memory, pods and
     extended resources; labels; conditions; node info."""
@@ -92,8 +92,10 @@ def time_sliced(labels: dict[str, str], replicas: int) -> dict[str, str]:
 
 
 def ksm_text(capacity: dict[str, dict[str, int]], labels: dict[str, dict[str, str]],
-             allocatable: dict[str, dict[str, int]] | None = None) -> str:
-    """kube-state-metrics output: node capacity, allocatable and (allowlisted) labels."""
+             allocatable: dict[str, dict[str, int]] | None = None,
+             providers: dict[str, str] | None = None) -> str:
+    """kube-state-metrics output: node capacity, allocatable, (allowlisted) labels and, for
+    the nodes of ``providers``, kube_node_info with their spec.providerID."""
     lines = ["# TYPE kube_node_status_capacity gauge"]
     for node, resources in capacity.items():
         for resource, value in {"cpu": 96, **resources}.items():
@@ -109,4 +111,9 @@ def ksm_text(capacity: dict[str, dict[str, int]], labels: dict[str, dict[str, st
     for node, values in labels.items():
         extra = "".join(f',{rc.ksm_label(k)}="{v}"' for k, v in values.items())
         lines.append(f'kube_node_labels{{node="{node}"{extra}}} 1')
+    if providers:
+        lines.append("# TYPE kube_node_info gauge")
+        for node, provider in providers.items():
+            lines.append(f'kube_node_info{{node="{node}",kernel_version="6.1.112",'
+                         f'provider_id="{provider}",internal_ip="10.0.1.1"}} 1')
     return "\n".join(lines) + "\n"
