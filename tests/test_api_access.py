@@ -679,7 +679,7 @@ def test_the_oidc_options_build_a_verifier_that_accepts_the_issuers_tokens(issue
     token = jwt.encode({"iss": issuer.url, "aud": AUDIENCE, "exp": int(time.time()) + 60,
                         "roles": "team"}, issuer.keys["ec-1"], algorithm="ES256",
                        headers={"kid": "ec-1"})
-    scope = auth.authenticate(f"Bearer {token}")
+    scope = auth.bearer(f"Bearer {token}").scope
     assert scope.clusters == frozenset({"east"}) and scope.namespaces is None
 
 

@@ -126,15 +126,6 @@ def _gpu_row(gpu: Mapping[str, Any]) -> dict[str, Any]:
     return {**gpu, "last_sample_at": iso(gpu["last_sample_at"]), "_href": _gpu_href(gpu["uuid"])}
 
 
-def stale_gpus_section(conn: Connection) -> Section:
-    """GPUs (and MIG slices) that stopped reporting, as /api/v1/gpus?state=stale pages them."""
-    items, _ = page_gpus(conn, state=inv.STALE, limit=PAGE_ROWS)
-    total = conn.execute(sa.select(sa.func.count()).select_from(inv.gpus)
-                         .where(inv.gpus.c.state == inv.STALE)).scalar_one()
-    return Section("stale-gpus", "Stale GPUs", GPU_COLUMNS, [_gpu_row(g) for g in items],
-                   "No stale GPU.", "/api/v1/gpus?state=stale", total)
-
-
 def stale_clusters_section(conn: Connection, *, scope: Scope = FULL) -> Section:
     """Stale GPUs collapsed to one line per cluster with how many, newest first by count:
     a switched-off cluster is one line (with a bar), not a page of GPU rows. The rows link
