@@ -712,20 +712,27 @@ def test_a_bad_scopes_file_is_a_one_line_error(text, needle, tmp_path):
 
 
 def test_an_endpoint_that_applies_no_scope_is_closed_to_scoped_callers(db_url, tokens):
-    """The contract for new endpoints: a handler without a ``scope`` keyword answers only
-    callers who may see everything, so it cannot leak before it learns to filter."""
-    from hub.service._app import route
+    """The contract for new endpoints: a route answers scoped callers only when it is
+    declared ``scoped`` where it is added; otherwise only callers who may see everything,
+    so it cannot leak before it learns to filter. Taking a ``scope`` opens nothing."""
+    from hub.service._api import CallerScope
+    from hub.service._routing import route
 
     service = serve(db_url, Authenticator(tokens=TokenFile(tokens[0])))
 
     def everything() -> dict[str, Any]:
         return {"items": ["every team's pods"]}
 
+    def asks_its_scope(scope: CallerScope) -> dict[str, Any]:
+        return {"items": ["every team's pods"]}
+
     route(service.app, "/api/v1/new", everything, dict[str, Any])
+    route(service.app, "/api/v1/newer", asks_its_scope, dict[str, Any])
     try:
-        assert get(service, "/api/v1/new", tokens[1]["admin"]).status_code == 200
-        r = get(service, "/api/v1/new", tokens[1]["team"])
-        assert r.status_code == 403 and "pods" not in r.text
+        for path in ("/api/v1/new", "/api/v1/newer"):
+            assert get(service, path, tokens[1]["admin"]).status_code == 200
+            r = get(service, path, tokens[1]["team"])
+            assert r.status_code == 403 and "pods" not in r.text
     finally:
         service.stop()
 
