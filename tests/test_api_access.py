@@ -715,7 +715,6 @@ def test_an_endpoint_that_applies_no_scope_is_closed_to_scoped_callers(db_url, t
     """The contract for new endpoints: a route answers scoped callers only when it is
     declared ``scoped`` where it is added; otherwise only callers who may see everything,
     so it cannot leak before it learns to filter. Taking a ``scope`` opens nothing."""
-    from hub.service._api import CallerScope
     from hub.service._routing import route
 
     service = serve(db_url, Authenticator(tokens=TokenFile(tokens[0])))
@@ -723,7 +722,7 @@ def test_an_endpoint_that_applies_no_scope_is_closed_to_scoped_callers(db_url, t
     def everything() -> dict[str, Any]:
         return {"items": ["every team's pods"]}
 
-    def asks_its_scope(scope: CallerScope) -> dict[str, Any]:
+    def asks_its_scope(scope: api.CallerScope) -> dict[str, Any]:
         return {"items": ["every team's pods"]}
 
     route(service.app, "/api/v1/new", everything, dict[str, Any])
