@@ -16,6 +16,8 @@ from tests.support.clirun import gpufleet
 from tests.support.samples import FIXTURES
 
 UNIT_TESTS = FIXTURES / "alerts" / "gpufleet-alerts.test.yaml"
+#: the same rules for dcgm-exporter 4.9's names, both namings at once, and a switch
+UNIT_TESTS_DCGM47 = FIXTURES / "alerts" / "gpufleet-alerts-dcgm47.test.yaml"
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess[str]:
@@ -38,9 +40,10 @@ def test_rendered_rules_pass_promtool_check_and_unit_tests(tmp_path):
     assert set(files) == {alerts.RULES_FILE, alerts.PROMETHEUS_RULE_FILE}
     check = promtool("check", "rules", str(out / alerts.RULES_FILE))
     assert check.returncode == 0 and "SUCCESS: 9 rules found" in check.stdout, check.stderr
-    shutil.copy(UNIT_TESTS, out / UNIT_TESTS.name)
-    test = promtool("test", "rules", str(out / UNIT_TESTS.name))
-    assert test.returncode == 0, test.stdout + test.stderr
+    for unit_tests in (UNIT_TESTS, UNIT_TESTS_DCGM47):
+        shutil.copy(unit_tests, out / unit_tests.name)
+        test = promtool("test", "rules", str(out / unit_tests.name))
+        assert test.returncode == 0, test.stdout + test.stderr
     # every alert has unit tests
     rules = yaml.safe_load(files[alerts.RULES_FILE])["groups"][0]["rules"]
     tested = {case["alertname"] for t in yaml.safe_load(UNIT_TESTS.read_text())["tests"]
@@ -61,14 +64,12 @@ def test_prometheus_rule_holds_the_same_groups(tmp_path):
     assert promtool("check", "rules", str(spec)).returncode == 0
 
 
-def test_expressions_name_both_vendors_and_both_amd_prefixes():
+def test_expressions_name_both_vendors_both_amd_prefixes_and_both_dcgm_namings():
     text = yaml.safe_dump(alerts.rule_groups(alerts.AlertSettings()))
     for profile in vendors.PROFILES:
-        for prefix in profile.name_prefixes:
-            for name in profile.value_fields[vendors.UTILISATION]:
-                assert prefix + name in text
-            for name in profile.timestamp_metrics:
-                assert prefix + name in text
+        for metric in [*profile.value_fields[vendors.UTILISATION], *profile.timestamp_metrics]:
+            for name in profile.names(metric):  # every AMD prefix, both dcgm namings
+                assert name in text
     for name in vendors.EXPORTER_HEALTH_METRICS[:2]:
         assert name in text
 

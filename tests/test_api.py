@@ -348,7 +348,7 @@ def test_unknown_path_and_other_methods(served):
 def test_sync_runs_latest_first(served):
     runs = served.json("/api/v1/sync-runs")["items"]
     assert runs and runs[0]["status"] == "ok" and runs[0]["gpus"] == 26
-    assert runs[0]["requests"] == 22 and runs[0]["finished_at"].endswith("Z")
+    assert runs[0]["requests"] == 24 and runs[0]["finished_at"].endswith("Z")
     assert [r["id"] for r in runs] == sorted((r["id"] for r in runs), reverse=True)
     assert len(served.json("/api/v1/sync-runs", limit=1)["items"]) == 1
 

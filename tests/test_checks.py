@@ -189,12 +189,14 @@ def test_all_checks_together_sorted_by_severity_and_the_summary():
     assert rows["east"] == {
         "cluster": "east", "status": "warning", "state": "active", "last_sample_at": ago(20),
         "age_seconds": 20.0, "age": "20s", "nodes_reporting": 2, "nodes_expected": 3,
-        "gpus": 15, "stale_gpus": 0, "gpus_reporting": "15", "expected": True, "findings": 1}
+        "gpus": 15, "stale_gpus": 0, "gpus_reporting": "15", "expected": True, "naming": None,
+        "findings": 1}
     assert (rows["west"]["status"], rows["west"]["age"]) == ("error", "1h23m20s")
     assert rows["ghost"] == {
         "cluster": "ghost", "status": "error", "state": "absent", "last_sample_at": None,
         "age_seconds": None, "age": "never", "nodes_reporting": 0, "nodes_expected": 0,
-        "gpus": 0, "stale_gpus": 0, "gpus_reporting": "0", "expected": True, "findings": 1}
+        "gpus": 0, "stale_gpus": 0, "gpus_reporting": "0", "expected": True, "naming": None,
+        "findings": 1}
 
 
 def test_hub_history_replaces_the_skip_notice_and_checks_visibility():

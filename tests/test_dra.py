@@ -88,6 +88,12 @@ def test_bad_quantities_and_missing_capacity_are_none():
     assert dra.quantity("lots") is None and dra.quantity("") is None
     assert dra.quantity("1e3") == Decimal(1000)
     assert dra.capacity_mib({"capacity": {}}) is None
+    # AMD's DRA driver says memory 0 when it does not know: unknown, never 0 MiB
+    assert dra.capacity_mib({"capacity": {"memory": {"value": "0"}}}) is None
+    amd = fx.amd_gpu(0, 128, "0000:c1:00.0")
+    amd["capacity"] = {"memory": {"value": "0"}}
+    [node] = dra.dra_nodes([fx.resource_slice("s", AMD, "amd-node", [amd])]).values()
+    assert [g.memory_mib for g in node.gpus] == [None] and node.memory_mib() == []
 
 
 @pytest.mark.parametrize(("raw", "norm"), [("00000000:C1:00.0", "0000:c1:00.0"),

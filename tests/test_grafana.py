@@ -8,6 +8,7 @@ import json
 import time
 from pathlib import Path
 
+import pytest
 import requests
 import yaml
 
@@ -15,6 +16,7 @@ from hub.onboard import OBSERVABILITY_NAMESPACE, dashboard_panels
 from tests.support.backfill import backfilled_hub, openmetrics
 from tests.support.clirun import gpufleet
 from tests.support.manifests import assert_core_objects_valid, objects
+from tests.support.samples import dcgm47
 
 HUB = "https://rbac-query-proxy-open-cluster-management-observability.apps.hub.example.com"
 H100 = 'modelName="NVIDIA H100 80GB HBM3"'
@@ -97,12 +99,24 @@ def test_the_dashboard_is_a_configmap_acm_grafana_loads(tmp_path):
     assert plain.exit_code == 0 and not (tmp_path / "plain" / "grafana-dashboard.yaml").exists()
 
 
-def test_every_panel_answers_on_a_real_hub_what_the_inventory_would(tmp_path):
+def _named(text: str, naming: str) -> str:
+    """The fleet's NVIDIA series in one dcgm naming, or in both at once (two exporters)."""
+    if naming == "legacy":
+        return text
+    if naming == "dcgm-4.7":
+        return dcgm47(text)
+    return text.replace("# EOF\n", "") + dcgm47(text, only_renamed=True) + "# EOF\n"
+
+
+@pytest.mark.parametrize("naming", ["legacy", "dcgm-4.7", "both"])
+def test_every_panel_answers_on_a_real_hub_what_the_inventory_would(tmp_path, naming):
+    """The same answers whichever dcgm naming the GPUs send (4.9's in its units), and a GPU
+    sending both counts once."""
     board = json.loads(next(iter(objects(
         {"g.yaml": _rendered(tmp_path)["grafana-dashboard.yaml"]}).values()))["data"][
         "gpufleet-gpus.json"])
     t_end = (time.time() // 60) * 60 - 3600
-    hub = backfilled_hub(tmp_path / "prom", _fleet(t_end)).start(timeout=120)
+    hub = backfilled_hub(tmp_path / "prom", _named(_fleet(t_end), naming)).start(timeout=120)
     try:
         answers = {}
         for panel in board["panels"]:

@@ -127,10 +127,11 @@ def test_cluster_label_is_configurable():
 
 def test_request_set_is_fixed_and_names_every_vendor():
     queries = vendors.sync_queries("10m", "1m", "cluster")
-    # NVIDIA 6 values + 4 health + sample times + presence; AMD 6 + 2 + 1 + 1
-    assert len(queries) == 22
+    # NVIDIA 7 values + 4 health + sample times + presence + naming; AMD 6 + 2 + 1 + 1
+    assert len(queries) == 24
     assert {(q.vendor, q.kind) for q in queries} == {
-        (v, k) for v in ("nvidia", "amd") for k in ("timestamp", "values", "presence")}
+        (v, k) for v in ("nvidia", "amd") for k in ("timestamp", "values", "presence")
+    } | {("nvidia", "naming")}
     power = next(q for q in queries if q.vendor == "amd" and q.field == "power_w")
     assert power.promql.index("gpu_power_usage") < power.promql.index("gpu_package_power")
 

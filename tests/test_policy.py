@@ -106,7 +106,8 @@ def test_per_cluster_values_are_literal_acm_hub_templates(tmp_path):
     for match in re.finditer(r"\{\{.*?\}\}", text):
         assert match.group().startswith("{{hub ") and match.group().endswith(" hub}}"), match
     templates = {t["objectDefinition"]["kind"]: t["objectDefinition"]
-                 for t in object_templates(load(out)["policy.yaml"])}
+                 for t in object_templates(load(out)["policy.yaml"])
+                 if t["objectDefinition"]["metadata"]["name"] != render.DCGM_CONFIGMAP}
     config = yaml.safe_load(templates["ConfigMap"]["data"]["prometheus.yml"])
     assert config["global"]["external_labels"] == {"cluster": CLUSTER_NAME}
     assert templates["Secret"]["data"] == {"ca.crt": CA, "token": TOKEN}

@@ -81,8 +81,7 @@ def test_strict_validation_would_catch_a_misspelt_field():
 @pytest.mark.parametrize("exporter", ["upstream", "builtin"])
 def test_agent_config_in_the_configmap_passes_promtool(vendor, exporter, tmp_path):
     files = render.render_spoke(values(vendor=vendor, exporter=exporter))
-    config_map = one(files, "ConfigMap")
-    promtool_check(config_map["data"]["prometheus.yml"], tmp_path)
+    promtool_check(agent_config_map(files)["data"]["prometheus.yml"], tmp_path)
 
 
 def test_promtool_rejects_a_broken_agent_config(tmp_path):
@@ -95,8 +94,14 @@ def test_promtool_rejects_a_broken_agent_config(tmp_path):
 # -- remote-write mode -----------------------------------------------------------------------------
 
 
+def agent_config_map(files: dict[str, str]) -> dict[str, Any]:
+    """The agent's ConfigMap (an upstream dcgm-exporter also gets its pinned CSV's)."""
+    [config_map] = [c for c in by_kind(files, "ConfigMap") if "prometheus.yml" in c["data"]]
+    return config_map
+
+
 def agent_config(files: dict[str, str]) -> dict[str, Any]:
-    return yaml.safe_load(one(files, "ConfigMap")["data"]["prometheus.yml"])
+    return yaml.safe_load(agent_config_map(files)["data"]["prometheus.yml"])
 
 
 def test_agent_scrapes_through_dns_and_pushes_with_the_cluster_label():
@@ -403,6 +408,8 @@ def test_openshift_platform_lets_the_scc_choose_the_uid():
 def test_every_object_carries_the_recommended_labels(vendor, exporter, mode):
     files = render.render_spoke(values(vendor=vendor, exporter=exporter, mode=mode))
     for path, obj in objects(files).items():
+        if obj["kind"] == "ClusterPolicy":
+            continue  # the GPU Operator's object: we merge one field into it, never labels
         labels = obj["metadata"]["labels"]
         for key in ("name", "instance", "component", "part-of", "managed-by", "version"):
             assert labels.get(f"app.kubernetes.io/{key}"), f"{path} lacks {key}"
@@ -461,6 +468,15 @@ def test_acm_allowlist_is_the_hub_list_for_both_vendors():
     assert not set(KUBE_STATE_METRICS) & set(names)  # ACM's default allowlist has them
     assert any(n.startswith("DCGM_") for n in names) and any(n.startswith("gpu_") for n in names)
     assert nvidia["hub/metrics-allowlist.yaml"] == amd["hub/metrics-allowlist.yaml"]
+    # both dcgm namings of what the hub reads (a 4.9 spoke's series must reach the hub too)
+    for legacy, new in (("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_GPU_UTIL_RATIO"),
+                        ("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_GPU_TEMP_CELSIUS"),
+                        ("DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_XID_ERROR"),
+                        ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "DCGM_FI_DEV_ROW_REMAP_FAILED"),
+                        ("DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_SM_UTIL_RATIO"),
+                        ("DCGM_FI_PROF_DRAM_ACTIVE", "DCGM_FI_PROF_DRAM_UTIL_RATIO")):
+        assert legacy in names and new in names
+    assert "DCGM_FI_DEV_FB_CAPACITY_BYTES" in names
 
 
 def test_acm_user_workload_uses_the_uwl_key_and_no_cluster_monitoring_label():
@@ -482,6 +498,8 @@ def test_acm_spoke_has_a_labelled_namespace_and_a_servicemonitor_only(exporter):
     expected = ["Namespace", "Service", "ServiceMonitor"]
     if exporter == "builtin":
         expected += ["DaemonSet", "NetworkPolicy", "ServiceAccount"]
+    else:  # dcgm-exporter's pinned collectors CSV and the ClusterPolicy field mounting it
+        expected += ["ClusterPolicy", "ConfigMap"]
     assert kinds == sorted(expected)  # no agent, no remote-write: ACM's collector does that
     namespace = yaml.safe_load(files["spoke/namespace.yaml"])
     assert namespace["metadata"]["labels"]["openshift.io/cluster-monitoring"] == "true"

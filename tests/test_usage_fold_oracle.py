@@ -3,10 +3,11 @@
 hypothesis draws fleets of sample patterns: push intervals from 1 s to 300 s, gaps, pods that
 change mid-bucket (plain and ``exported_*`` labels, the exporter's own pod = unallocated),
 dcgm's ``Hostname`` renamed ``hostname`` mid-run, both AMD spellings (one, the other, or both
-at once), MIG slices (their share of the GPU), and a spoke without the cluster label. The
-samples are written into a real Prometheus (promtool backfill), two buckets are collected
-with the ledger's real queries, and every ledger row is compared with what the oracle
-computes straight from the samples:
+at once), both dcgm namings (legacy, dcgm-exporter 4.9's with its units, or both at once, and
+a GPU switching between them mid-bucket), MIG slices (their share of the GPU), and a spoke
+without the cluster label. The samples are written into a real Prometheus (promtool
+backfill), two buckets are collected with the ledger's real queries, and every ledger row is
+compared with what the oracle computes straight from the samples:
 
 - coverage = the push-interval slots of the bucket holding a sample of that row's key / slots;
 - gpu_hours = share x coverage x bucket hours; energy = avg power x the same;
@@ -43,7 +44,9 @@ class Slot:
     pod: int  # PODS key
     util: int
     renamed: bool  # nvidia: hostname instead of Hostname; amd: see spelling
-    spelling: str  # amd: "plain" | "prefixed" | "both"
+    #: amd: "plain" | "prefixed" (amd_) | "both"; nvidia: "plain" (legacy names) |
+    #: "prefixed" (dcgm-4.7 names, ratios 0-1) | "both" (two exporters at once)
+    spelling: str
 
 
 @dataclass(frozen=True)
@@ -100,10 +103,17 @@ def _samples(g: Gpu, s: Slot) -> list[tuple[str, float]]:
     """(metric name, value) of one push."""
     power = 100.0 + s.util
     if g.vendor == "nvidia":
-        if g.mig:  # slices: GPU_UTIL is absent, the engine-activity ratio stands for it
-            return [("DCGM_FI_PROF_GR_ENGINE_ACTIVE", s.util / 100.0),
-                    ("DCGM_FI_DEV_POWER_USAGE", power)]
-        return [("DCGM_FI_DEV_GPU_UTIL", float(s.util)), ("DCGM_FI_DEV_POWER_USAGE", power)]
+        out = []
+        if s.spelling in ("plain", "both"):
+            out.append(("DCGM_FI_DEV_POWER_USAGE", power))
+            # slices: GPU_UTIL is absent, the engine-activity ratio stands for it
+            out.append(("DCGM_FI_PROF_GR_ENGINE_ACTIVE", s.util / 100.0) if g.mig
+                       else ("DCGM_FI_DEV_GPU_UTIL", float(s.util)))
+        if s.spelling in ("prefixed", "both"):  # dcgm-exporter 4.9: utilisation 0-1
+            out.append(("DCGM_FI_DEV_BOARD_POWER_WATTS", power))
+            out.append(("DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO", s.util / 100.0) if g.mig
+                       else ("DCGM_FI_DEV_GPU_UTIL_RATIO", s.util / 100.0))
+        return out
     names = {"plain": [""], "prefixed": ["amd_"], "both": ["", "amd_"]}[s.spelling]
     return [(p + m, v) for p in names
             for m, v in (("gpu_gfx_activity", float(s.util)), ("gpu_power_usage", power))]
@@ -144,14 +154,15 @@ def oracle(fleet: list[Gpu], t0: float, push: float, per_bucket: int) -> dict:
                 labels, key = _labels(g, s)
                 entry = series.setdefault((key, labels), [0, {}, {}, g])
                 entry[0] += 1
-                spellings = ({"plain": [""], "prefixed": ["amd_"], "both": ["", "amd_"]}
-                             [s.spelling] if g.vendor == "amd" else [""])
+                # "" is the preferred spelling (the legacy / unprefixed name)
+                spellings = {"plain": [""], "prefixed": ["other"], "both": ["", "other"]
+                             }[s.spelling]
                 for p in spellings:
                     entry[1].setdefault(p, []).append(float(s.util))
                     entry[2].setdefault(p, []).append(100.0 + s.util)
         rows: dict = {}
         for (key, _), (slots, utils, powers, g) in series.items():
-            preferred = "" if "" in utils else "amd_"  # the exporter's own name first
+            preferred = "" if "" in utils else "other"  # the first name of each pair
             u = sum(utils[preferred]) / len(utils[preferred])
             p = sum(powers[preferred]) / len(powers[preferred])
             row = rows.setdefault(key, {"slots": 0, "u": 0.0, "p": 0.0, "share": share[g.mig]})

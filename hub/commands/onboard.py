@@ -89,6 +89,12 @@ def _spoke_options(func: F) -> F:
                           "`gpufleet reconcile --context`: get/list nodes, and the DRA "
                           "objects resourceslices, resourceclaims and deviceclasses "
                           "(resource.k8s.io)."),
+        click.option("--dcgm-names", envvar=env("dcgm-names"), default="legacy",
+                     show_default=True, metavar="legacy|dcgm-4.7",
+                     help="Upstream NVIDIA exporter: pin dcgm-exporter's collectors CSV (a "
+                          "ConfigMap the GPU Operator's ClusterPolicy mounts) to the fields "
+                          "gpufleet reads in this naming, so an operator upgrade (4.9 renames "
+                          "them) cannot change the series. dcgm-4.7 needs DCGM >= 4.7."),
         click.option("--out", envvar=env("out"), metavar="DIR",
                      help="Directory to write (replaced as a whole on re-render)."),
     ]
@@ -113,7 +119,8 @@ def _require_out(out: str | None) -> str:
 def _spoke_kwargs(params: dict[str, Any]) -> dict[str, Any]:
     keys = ("vendor", "mode", "exporter", "remote_write_url", "remote_write_secret",
             "monitoring", "platform", "exporter_namespace", "exporter_selector",
-            "agent_image", "exporter_image", "restrict_exporter_ingress", "reconcile_reader")
+            "agent_image", "exporter_image", "restrict_exporter_ingress", "reconcile_reader",
+            "dcgm_names")
     return {key: params[key] for key in keys}
 
 

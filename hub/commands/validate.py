@@ -311,6 +311,10 @@ def reconcile(ctx: click.Context, source: str | None, contexts: tuple[str, ...],
 @push_interval_option
 @window_option
 @idle_options
+@click.option("--naming-mix-for", type=DURATION, default="24h", show_default=True,
+              metavar="DURATION", envvar=env("naming-mix-for"),
+              help="A cluster whose GPUs send both dcgm namings (legacy and dcgm-4.7) for "
+                   "longer than this is a finding: an exporter upgrade should take less.")
 @click.option("--max-findings", type=click.IntRange(1), default=50, show_default=True,
               help="Findings listed in -o markdown (the rest are counted).")
 @click.option("--out", metavar="FILE",
@@ -321,7 +325,8 @@ def reconcile(ctx: click.Context, source: str | None, contexts: tuple[str, ...],
 @output_option("table", "json", "markdown", "html")
 @click.pass_context
 def report(ctx: click.Context, max_age: float, push_interval: float, window: float,
-           idle_threshold: float, idle_for: float, max_findings: int, out: str | None,
+           idle_threshold: float, idle_for: float, naming_mix_for: float, max_findings: int,
+           out: str | None,
            cluster_label: str, db: str | None, output: str, **opts: Any) -> None:
     """Check the latest data and print findings with a per-cluster summary.
 
@@ -347,12 +352,14 @@ def report(ctx: click.Context, max_age: float, push_interval: float, window: flo
                 assessed = validation.assess(engine, client, max_age=max_age,
                                            push_interval=push_interval, window=window,
                                            cluster_label=cluster_label,
-                                           idle_threshold=idle_threshold, idle_for=idle_for)
+                                           idle_threshold=idle_threshold, idle_for=idle_for,
+                                           naming_mix_for=naming_mix_for)
         else:
             assessed = validation.assess(engine, None, max_age=max_age,
                                        push_interval=push_interval, window=window,
                                        cluster_label=cluster_label,
-                                       idle_threshold=idle_threshold, idle_for=idle_for)
+                                       idle_threshold=idle_threshold, idle_for=idle_for,
+                                       naming_mix_for=naming_mix_for)
     facts, findings, now = assessed.facts, assessed.findings, assessed.now
     hub_url, hub_failure = assessed.hub_url, assessed.hub_failure
     run = facts.reconcile

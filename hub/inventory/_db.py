@@ -48,6 +48,9 @@ clusters = sa.Table(
     sa.Column("cluster", sa.String(253), primary_key=True),
     sa.Column("state", sa.String(16), nullable=False),
     *_seen(),
+    # which dcgm naming its NVIDIA GPUs send (legacy | dcgm-4.7 | both), since when (0011)
+    sa.Column("naming", sa.String(16)),
+    sa.Column("naming_since", sa.DateTime),
 )
 
 nodes = sa.Table(
@@ -356,7 +359,35 @@ def _event(at: dt.datetime, type_: str, cluster: str, node: str, uuid: str, slic
             "details": json.dumps(details, sort_keys=True, default=str) if details else None}
 
 
-def _same(old: Any, new: Any) -> bool:
+#: Total memory is a property of the GPU, not a reading: where the exporter does not say it
+#: (FB_CAPACITY / FB_TOTAL), used + free (+ reserved) of the newest samples jitters by up to
+#: ~1.5 % between syncs (the fields' samples are not all of one instant). Within this share
+#: of the stored size the inventory keeps the stored size, so no sync writes a `changed`
+#: event for it (issue 30); a real change (another model or MIG profile) differs by > 8 %.
+MEMORY_TOLERANCE = 0.05
+
+
+def same_memory(old: float | None, new: float | None) -> bool:
+    """Two totals of one GPU that are the same size (see MEMORY_TOLERANCE)."""
+    if old is None or new is None:
+        return old is new
+    return abs(float(old) - float(new)) <= MEMORY_TOLERANCE * max(abs(float(old)), 1.0)
+
+
+def _stable_memory(seen: Mapping[tuple[str, str], Observation],
+                   known: Mapping[tuple[str, str], HeldGpu]) -> None:
+    """Keep each GPU's stored total where the new one is the same size (see same_memory)."""
+    for key, obs in seen.items():
+        row = known.get(key)
+        if (row is not None and row.memory_total_mib is not None
+                and obs.memory_total_mib is not None
+                and same_memory(row.memory_total_mib, obs.memory_total_mib)):
+            obs.memory_total_mib = row.memory_total_mib
+
+
+def _same(old: Any, new: Any, fld: str = "") -> bool:
+    if fld == "memory_total_mib":
+        return same_memory(old, new)
     if isinstance(old, float) or isinstance(new, float):
         return old is not None and new is not None and abs(float(old) - float(new)) < 0.5
     return old == new
@@ -396,7 +427,7 @@ def diff_events(known: Mapping[tuple[str, str], HeldGpu],
                             "to": {"cluster": obs.cluster, "node": obs.node}})
         for fld in CHANGE_FIELDS:
             new, old = getattr(obs, fld), getattr(row, fld)
-            if new is not None and old is not None and not _same(old, new):
+            if new is not None and old is not None and not _same(old, new, fld):
                 yield _event(now, "changed", *where, field=fld, old=old, new=new)
         if not key:
             before = sorted(layout_old.get(uuid, []))
@@ -410,7 +441,8 @@ def diff_events(known: Mapping[tuple[str, str], HeldGpu],
 
 
 def apply_observations(conn: Connection, observations: Iterable[Observation],
-                       now: dt.datetime) -> dict[str, int]:
+                       now: dt.datetime,
+                       namings: Mapping[str, str] | None = None) -> dict[str, int]:
     """Upsert what this sync saw as active, mark everything it did not see stale, and write
     the events that this implies (all in the caller's transaction).
 
@@ -421,6 +453,7 @@ def apply_observations(conn: Connection, observations: Iterable[Observation],
     seen, twins, every = _gather(observations)
     known = held_gpus(conn)
     beside = _newest_per_identity(seen, twins, known)
+    _stable_memory(seen, known)
     node_last: dict[tuple[str, str], dt.datetime | None] = {}
     cluster_last: dict[str, dt.datetime | None] = {}
     for obs in every:
@@ -453,6 +486,8 @@ def apply_observations(conn: Connection, observations: Iterable[Observation],
          "last_sample_at": utc(obs.sample_at)}
         for obs in every for namespace, pod, container in obs.allocations
     ), ["last_seen", "last_sample_at"], keep_if_null=["last_sample_at"])
+    if namings:
+        write_namings(conn, namings, now)
     for table in (clusters, nodes):
         conn.execute(
             table.update()
@@ -465,6 +500,16 @@ def apply_observations(conn: Connection, observations: Iterable[Observation],
         written += len(batch)
     return {"clusters": len(cluster_last), "nodes": len(node_last), "gpus": physical,
             "events": written}
+
+
+def write_namings(conn: Connection, namings: Mapping[str, str], now: dt.datetime) -> None:
+    """Each cluster's naming (legacy | dcgm-4.7 | both); naming_since moves only when the
+    naming changes, so "both for longer than a day" can be read from the row."""
+    held = dict(conn.execute(sa.select(clusters.c.cluster, clusters.c.naming)).all())
+    for cluster, naming in namings.items():
+        if cluster in held and held[cluster] != naming:
+            conn.execute(clusters.update().where(clusters.c.cluster == cluster)
+                         .values(naming=naming, naming_since=now))
 
 
 def _gpu_row(obs: Observation, also: list[list[str]] | None,
@@ -572,8 +617,9 @@ GPU_COLUMNS = [
 #: gpus: physical GPUs reporting (active); stale_gpus: known physical GPUs that stopped, so a
 #: silent cluster shows what was last known instead of a bare 0
 NODE_COLUMNS = ["cluster", "node", "gpus", "stale_gpus", "state", "last_seen", "last_sample_at"]
+#: naming: which dcgm naming its NVIDIA GPUs send (legacy | dcgm-4.7 | both), since when
 CLUSTER_COLUMNS = ["cluster", "nodes", "gpus", "stale_gpus", "state", "last_seen",
-                   "last_sample_at"]
+                   "last_sample_at", "naming", "naming_since"]
 ALLOCATION_COLUMNS = ["cluster", "node", "uuid", "mig_profile", "namespace", "pod", "container",
                       "first_seen", "last_seen"]
 
@@ -638,7 +684,8 @@ def list_clusters(conn: Connection, cluster: str | None = None) -> list[dict[str
         sa.select(clusters.c.cluster, sa.func.coalesce(active_nodes.c.nodes, 0).label("nodes"),
                   sa.func.coalesce(counts.c.gpus, 0).label("gpus"),
                   sa.func.coalesce(counts.c.stale_gpus, 0).label("stale_gpus"),
-                  clusters.c.state, clusters.c.last_seen, clusters.c.last_sample_at
+                  clusters.c.state, clusters.c.last_seen, clusters.c.last_sample_at,
+                  clusters.c.naming, clusters.c.naming_since,
                   ).select_from(joined), clusters, cluster,
     ).order_by(clusters.c.cluster)
     return [dict(r) for r in conn.execute(stmt).mappings()]

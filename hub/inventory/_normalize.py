@@ -202,6 +202,8 @@ class FleetBuilder:
         self._left_out: set[int] = set()  # their series keys
         #: set by the sync once every answer is in: Unlabelled.describe, or None
         self.labelled_note: str | None = None
+        #: cluster -> the namings its GPUs send (the "naming" query; store.naming_of names it)
+        self.namings: dict[str, set[str]] = {}
 
     # -- feeding ----------------------------------------------------------------------------
     def add(self, query: Query, rows: Iterable[Row]) -> tuple[int, int]:
@@ -221,8 +223,25 @@ class FleetBuilder:
         """Rows of a streamed answer as (labels JSON, time, value) (StreamedRows.keyed): the
         labels text is the series key, decoded only for a series not seen before. Returns
         how many rows came and how many lacked the cluster label (left out)."""
+        if query.kind == "naming":
+            return self._naming(rows)
         return self._fold(store.profile(query.vendor), query.field, query.kind == "timestamp",
                           rows, presence=query.kind == "presence")
+
+    def _naming(self, rows: Iterable[tuple[str, str, str]]) -> tuple[int, int]:
+        count = 0
+        for text, _, raw in rows:
+            count += 1
+            labels = json.loads(text)
+            cluster = labels.get(self.cluster_label)
+            if cluster and labels.get("naming") and _float(raw) > 0:
+                self.namings.setdefault(cluster, set()).add(labels["naming"])
+        return count, 0
+
+    def cluster_namings(self) -> dict[str, str]:
+        """cluster -> legacy | dcgm-4.7 | both, for the clusters whose GPUs sent either."""
+        return {c: store.BOTH if len(n) > 1 else next(iter(n))
+                for c, n in self.namings.items()}
 
     def _fold(self, profile: VendorProfile, fld: str | None, stamps: bool,
               rows: Iterable[tuple[str, str, str]], presence: bool = False) -> tuple[int, int]:

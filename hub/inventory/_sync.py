@@ -161,7 +161,8 @@ def run_sync(engine: Engine, client: HubClient, *, stale_after: float = 600.0,
         requests = client.requests - requests_before
         with inventory.locked_transaction(engine, lock_timeout) as conn:
             now = inventory.now_utc()
-            counts = inventory.apply_observations(conn, builder.observations(), now)
+            counts = inventory.apply_observations(conn, builder.observations(), now,
+                                                  builder.cluster_namings())
             note = NO_GPU_SERIES if counts["gpus"] == 0 else builder.labelled_note
             inventory.record_run(conn, started_at=started, status="ok", requests=requests,
                                  counts=counts, error=note)

@@ -91,11 +91,14 @@ def quantity(text: Any) -> Decimal | None:
 
 
 def capacity_mib(device: Mapping[str, Any], name: str = "memory") -> float | None:
-    """A device capacity in MiB (``{"memory": {"value": "80Gi"}}``), None when absent."""
+    """A device capacity in MiB (``{"memory": {"value": "80Gi"}}``), None when absent.
+
+    0 is None too: AMD's DRA driver publishes ``memory: 0`` when it does not know the size
+    (FIELD_NOTES, fourth round), and no GPU has no memory: unknown, never 0 MiB."""
     cap = (_basic(device).get("capacity") or {}).get(name)
     raw = cap.get("value") if isinstance(cap, Mapping) else cap
     number = quantity(raw) if raw is not None else None
-    return float(number / 2**20) if number is not None else None
+    return float(number / 2**20) if number else None
 
 
 def normalise_pci(bus_id: Any) -> str:

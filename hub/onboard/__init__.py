@@ -41,6 +41,7 @@ from hub.onboard._render import (
     yaml_quote,
 )
 from hub.onboard._spoke import (
+    DCGM_CONFIGMAP,
     DEFAULT_AGENT_IMAGE,
     DEFAULT_SECRET,
     SpokeValues,
@@ -56,6 +57,7 @@ __getattr__ = lazy_attributes(__name__, dict.fromkeys(
 
 __all__ = [
     "DB_SECRET_KEY",
+    "DCGM_CONFIGMAP",
     "DEFAULT_AGENT_IMAGE",
     "DEFAULT_CA_KEY",
     "DEFAULT_DB_SECRET",

@@ -54,9 +54,12 @@ def _physical(p: store.VendorProfile) -> list[str]:
 
 def _latest(p: store.VendorProfile, metrics: list[str], window: str) -> str:
     """The newest value within ``window`` of the first of ``metrics`` a series has, over
-    every name prefix, device series only; parenthesised for use in larger expressions."""
-    return "(" + " or ".join(f"last_over_time({prefix}{m}{{{p.device_matcher}}}[{window}])"
-                             for m in metrics for prefix in p.name_prefixes) + ")"
+    every spelling (AMD's prefix, dcgm's two namings, each converted into the metric's
+    unit by name), device series only; parenthesised for use in larger expressions."""
+    return "(" + " or ".join(
+        arm for m in metrics
+        for arm in p.arms(m, f"last_over_time({{}}{{{{{p.device_matcher}}}}}[{window}])", window)
+    ) + ")"
 
 
 def _by(*labels: str) -> str:

@@ -27,7 +27,7 @@ from hub.onboard._render import (
     dns_label,
     label_pair,
 )
-from hub.store import allowlist_metrics
+from hub.store import DCGM47, LEGACY, allowlist_metrics, dcgm_collectors
 
 VENDORS = ("nvidia", "amd")
 MODES = ("remote-write", "acm")
@@ -40,6 +40,14 @@ BUILTIN_PORT = 9400
 ACM_OBSERVABILITY_NAMESPACE = "open-cluster-management-observability"
 ALLOWLIST_CONFIGMAP = "observability-metrics-custom-allowlist"
 CREDENTIALS_DIR = "/etc/gpufleet/remote-write"
+#: `--dcgm-names`: the naming the pinned collectors CSV asks dcgm-exporter for
+DCGM_NAMINGS = (LEGACY, DCGM47)
+#: the ConfigMap the GPU Operator mounts into dcgm-exporter (ClusterPolicy
+#: spec.dcgmExporter.config.name; the key must be dcgm-metrics.csv), and the ClusterPolicy's
+#: default name
+DCGM_CONFIGMAP = "gpufleet-dcgm-metrics"
+DCGM_CSV_KEY = "dcgm-metrics.csv"
+CLUSTER_POLICY = "gpu-cluster-policy"
 
 
 
@@ -111,6 +119,8 @@ class SpokeValues:
     restrict_exporter_ingress: bool = False
     #: Render the read-only identity `reconcile --context` uses (nodes, DRA objects).
     reconcile_reader: bool = False
+    #: The naming the upstream dcgm-exporter is pinned to (its collectors CSV).
+    dcgm_names: str = LEGACY
 
     @property
     def vendor(self) -> str:
@@ -150,6 +160,7 @@ def spoke_values(
     exporter_image: str | None = DEFAULT_EXPORTER_IMAGE,
     restrict_exporter_ingress: bool = False,
     reconcile_reader: bool = False,
+    dcgm_names: str | None = LEGACY,
     cluster_is_template: bool = False,
 ) -> SpokeValues:
     """Check raw option values and build :class:`SpokeValues`; InputError names the bad one."""
@@ -200,6 +211,7 @@ def spoke_values(
         exporter_image=_image(exporter_image, "--exporter-image"),
         restrict_exporter_ingress=bool(restrict_exporter_ingress),
         reconcile_reader=bool(reconcile_reader),
+        dcgm_names=_choice(dcgm_names or LEGACY, DCGM_NAMINGS, "dcgm naming"),
     )
 
 
@@ -256,6 +268,8 @@ _SPOKE_ORDER = [
     "exporter-service.yaml",
     "exporter-networkpolicy.yaml",
     "exporter-daemonset.yaml",
+    "dcgm-metrics-configmap.yaml",
+    "clusterpolicy-dcgm-exporter.yaml",
     "servicemonitor.yaml",
     "agent-networkpolicy.yaml",
     "agent-deployment.yaml",
@@ -344,7 +358,18 @@ def _spoke_context(values: SpokeValues) -> dict[str, Any]:
         "keep_regex": metrics_keep_regex(),
         "credentials_dir": CREDENTIALS_DIR,
         "secret_data": dict(values.secret_data),
+        "dcgm": _dcgm_context(values),
     }
+
+
+def _dcgm_context(values: SpokeValues) -> dict[str, Any] | None:
+    """The pinned collectors CSV of an upstream dcgm-exporter (None: no NVIDIA upstream)."""
+    if "nvidia" not in values.vendors or values.exporter != "upstream":
+        return None
+    nvidia = next(t for t in exporter_targets(values) if t.vendor == "nvidia")
+    return {"configmap": DCGM_CONFIGMAP, "key": DCGM_CSV_KEY, "namespace": nvidia.namespace,
+            "naming": values.dcgm_names, "rows": dcgm_collectors(values.dcgm_names),
+            "cluster_policy": CLUSTER_POLICY}
 
 
 def _spoke_names(values: SpokeValues) -> list[str]:
@@ -361,6 +386,8 @@ def _spoke_names(values: SpokeValues) -> list[str]:
         names.add("exporter-networkpolicy.yaml")
     if builtin:
         names |= {"exporter-serviceaccount.yaml", "exporter-daemonset.yaml"}
+    elif "nvidia" in values.vendors:  # pin dcgm-exporter's series (--dcgm-names)
+        names |= {"dcgm-metrics-configmap.yaml", "clusterpolicy-dcgm-exporter.yaml"}
     if values.mode == "remote-write":
         names |= {"agent-serviceaccount.yaml", "agent-role.yaml", "agent-rolebinding.yaml",
                   "agent-config.yaml", "agent-networkpolicy.yaml", "agent-deployment.yaml"}

@@ -53,7 +53,10 @@ def _model(name: str, columns: Sequence[str], types: Mapping[str, Any],
 
 
 _COUNTED = {"nodes": int, "gpus": int, "stale_gpus": int, "state": State,
-            "last_seen": Time, "last_sample_at": Time, "cluster": str, "node": str}
+            "last_seen": Time, "last_sample_at": Time, "cluster": str, "node": str,
+            # which dcgm naming a cluster's NVIDIA GPUs send (None: no NVIDIA GPU synced)
+            "naming": Literal["legacy", "dcgm-4.7", "both"] | None,
+            "naming_since": Time}
 _GPU_TYPES: dict[str, Any] = {
     "cluster": str, "node": str, "uuid": str, "index": int | None, "vendor": Vendor,
     "state": State, "first_seen": Time, "last_seen": Time, "last_sample_at": Time,

@@ -113,7 +113,8 @@ def clusters_section(conn: Connection, now: dt.datetime) -> Section:
             for c in inv.list_clusters(conn)]
     return Section("clusters", "Clusters", [
         ("cluster", "Cluster"), ("state", "State"), ("nodes", "Active nodes"),
-        ("gpus", "Active GPUs"), ("last_sample_at", "Newest sample"), ("age", "Age")],
+        ("gpus", "Active GPUs"), ("last_sample_at", "Newest sample"), ("age", "Age"),
+        ("naming", "dcgm naming")],
         rows, "No clusters in the inventory yet.", "/api/v1/clusters", len(rows))
 
 

@@ -20,7 +20,10 @@ if TYPE_CHECKING:
     )
 from hub.common import lazy_attributes
 from hub.store._vendors import (
+    BOTH,
     CLOCKS_EVENT_REASONS,
+    DCGM47,
+    DCGM_RENAMES,
     DEVICE_HEALTH,
     DRAM_ACTIVE,
     ECC_DBE,
@@ -34,6 +37,7 @@ from hub.store._vendors import (
     KUBE_PROVIDER_ID,
     KUBE_STATE_METRICS,
     LAST_XID,
+    LEGACY,
     MEMORY_FREE,
     MEMORY_RESERVED,
     MEMORY_TOTAL,
@@ -54,6 +58,8 @@ from hub.store._vendors import (
     allocation,
     allowlist_metrics,
     compute_slices,
+    dcgm_collectors,
+    dcgm_names,
     is_exporter_pod,
     labelled_matcher,
     labelled_probe,
@@ -65,7 +71,10 @@ from hub.store._vendors import (
 )
 
 __all__ = [
+    "BOTH",
     "CLOCKS_EVENT_REASONS",
+    "DCGM47",
+    "DCGM_RENAMES",
     "DEVICE_HEALTH",
     "DRAM_ACTIVE",
     "ECC_DBE",
@@ -79,6 +88,7 @@ __all__ = [
     "KUBE_PROVIDER_ID",
     "KUBE_STATE_METRICS",
     "LAST_XID",
+    "LEGACY",
     "MEMORY_FREE",
     "MEMORY_RESERVED",
     "MEMORY_TOTAL",
@@ -105,6 +115,8 @@ __all__ = [
     "allocation",
     "allowlist_metrics",
     "compute_slices",
+    "dcgm_collectors",
+    "dcgm_names",
     "is_exporter_pod",
     "labelled_matcher",
     "labelled_probe",

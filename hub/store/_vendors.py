@@ -54,7 +54,7 @@ class Query:
     """One PromQL request of a sync, and which parser reads its result."""
 
     vendor: str
-    kind: str  # "timestamp" | "values" | "presence"
+    kind: str  # "timestamp" | "values" | "presence" | "naming"
     promql: str
     #: the neutral field a "values" query fills; for "timestamp", the field its newest
     #: samples' values fill too (when the clock family is that field's only metric)
@@ -90,14 +90,37 @@ class VendorProfile(ABC):
     #: query beside the id labels so a GPU found only there still has them
     attribute_labels: list[str] = []
 
-    def _names(self, metric: str) -> str:
-        """The metric's names over every prefix, as an explicit ``a|b`` list (usage queries)."""
-        return "|".join(prefix + metric for prefix in self.name_prefixes)
+    #: metric -> (its other exact name, factor into the metric's own unit): NVIDIA's
+    #: dcgm-4.7 names (DCGM_RENAMES); a name that arrives in another unit than its field's
+    #: (``units``) is converted in the PromQL of every query that reads its value
+    renames: dict[str, tuple[str, float]] = {}
+    units: dict[str, float] = {}
+
+    def spellings(self, metric: str) -> list[tuple[str, float]]:
+        """Every exact name ``metric`` arrives under, in order of preference (the exporter's
+        own spelling first), with the factor that turns its value into ``metric``'s unit."""
+        out = [(prefix + metric, self.units.get(metric, 1.0)) for prefix in self.name_prefixes]
+        other = self.renames.get(metric)
+        if other is not None:
+            out += [(prefix + other[0], other[1]) for prefix in self.name_prefixes]
+        return out
+
+    def names(self, metric: str) -> list[str]:
+        return [name for name, _ in self.spellings(metric)]
 
     def _any_name(self, metric: str, selector: str) -> str:
-        """``selector`` (with ``{}`` for the metric name) over each prefix, chained with
-        ``or``: exact names only, so Thanos can prune its store fan-out."""
-        return " or ".join(selector.format(prefix + metric) for prefix in self.name_prefixes)
+        """``selector`` (with ``{}`` for the metric name) over each spelling, chained with
+        ``or``: exact names only, so Thanos can prune its store fan-out. No conversion: for
+        selectors whose value is not the metric's (``timestamp``, ``count``)."""
+        return " or ".join(selector.format(name) for name in self.names(metric))
+
+    def arms(self, metric: str, selector: str, window: str) -> list[str]:
+        """``selector`` (``{}`` for the name) over each spelling, each arm converted into
+        the metric's unit by name: the terms a caller joins with ``or`` (first wins per
+        label set, so a GPU sending two spellings at once counts once). ``window`` is what
+        a name of two possible units (PERCENT_OR_RATIO) is judged over."""
+        return [convert_arm(name, factor, selector.format(name), self.device_matcher, window)
+                for name, factor in self.spellings(metric)]
 
     def queries(self, window: str, step: str, cluster_label: str) -> list[Query]:
         """One request per neutral field plus one for sample times, all series unaggregated.
@@ -118,9 +141,8 @@ class VendorProfile(ABC):
             if fld == clock_field:
                 continue
             promql = " or ".join(
-                self._any_name(m, f"last_over_time({{}}{{{{{match}}}}}[{window}])")
-                for m in metrics
-            )
+                arm for m in metrics
+                for arm in self.arms(m, f"last_over_time({{}}{{{{{match}}}}}[{window}])", window))
             out.append(Query(self.vendor, "values", promql, fld))
         # Sample times: the raw samples of one family over the window (a range selector
         # returns each sample with its own time, skips staleness markers, and sees series older
@@ -128,12 +150,30 @@ class VendorProfile(ABC):
         # series' newest (HubClient.query_newest). Prometheus 2.42 answers
         # `max_over_time(timestamp(x)[w:s])` with nothing, so no subquery can do this. One
         # family stands for the whole scrape: a GPU's series all carry the same labels.
-        names = "|".join(prefix + self.clock_metric for prefix in self.name_prefixes)
-        stamps = (f"{self.clock_metric}{{{match}}}[{window}]" if len(self.name_prefixes) == 1
-                  else f'{{__name__=~"{names}", {match}}}[{window}]')
+        # Both spellings in one range selector: an exact ``a|b`` list (its values are the
+        # clock field's, whose spellings share a unit: CLOCK_UNITS_AGREE below).
+        clocks = self.names(self.clock_metric)
+        stamps = (f"{self.clock_metric}{{{match}}}[{window}]" if len(clocks) == 1
+                  else f'{{__name__=~"{"|".join(clocks)}", {match}}}[{window}]')
         out.append(Query(self.vendor, "timestamp", stamps, clock_field))
         out.append(self.presence_query(window, step, cluster_label))
+        naming = self.naming_query(window, cluster_label)
+        if naming is not None:
+            out.append(naming)
         return out
+
+    def naming_query(self, window: str, cluster_label: str) -> Query | None:
+        """Which naming each cluster's GPUs send (issue 26: see the move): GPU series per
+        cluster under each spelling of the clock family, tagged ``naming``. One request,
+        one row per cluster and naming; None for an exporter with one naming."""
+        other = self.renames.get(self.clock_metric)
+        if other is None:
+            return None
+        match = self.device_matcher
+        arms = [f'label_replace(count by ({cluster_label}) (last_over_time({name}{{{match}}}'
+                f'[{window}])), "naming", "{naming}", "", "")'
+                for name, naming in ((self.clock_metric, LEGACY), (other[0], DCGM47))]
+        return Query(self.vendor, "naming", " or ".join(arms))
 
     def presence_query(self, window: str, step: str, cluster_label: str) -> Query:
         """GPUs that send none of the metrics the other queries read, with their newest
@@ -177,6 +217,121 @@ class VendorProfile(ABC):
     def convert(self, field: str, value: float) -> float:
         """Unit conversion into the neutral units (MiB, W, °C, percent)."""
         return value
+
+
+# -- dcgm-exporter's two namings (issue 26) --------------------------------------------------
+MIB = 2.0 ** 20
+
+
+@dataclass(frozen=True)
+class Rename:
+    """One field dcgm-exporter 4.9 (DCGM 4.7) renamed: both spellings and their units.
+
+    ``factor`` turns a value under the new name into the legacy name's unit (the one the
+    rest of the hub was written for); ``unit`` is gpufleet's own unit of the field, which the
+    legacy value reaches by ``VendorProfile.convert`` / ``usage_convert``.
+    """
+
+    legacy: str
+    dcgm47: str
+    legacy_unit: str
+    dcgm47_unit: str
+    factor: float
+    unit: str
+
+
+#: Old name -> new name with units (FIELD_NOTES, fourth round). Legacy names stay resolvable
+#: in DCGM 4.7, so a spoke pinning a collectors CSV (``spoke render --dcgm-names``) keeps
+#: either naming across an upgrade; the hub reads both everywhere.
+DCGM_RENAMES: tuple[Rename, ...] = (
+    Rename("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_GPU_UTIL_RATIO", "%", "0-1", 100.0, "%"),
+    Rename("DCGM_FI_DEV_MEM_COPY_UTIL", "DCGM_FI_DEV_MEMORY_UTIL_RATIO", "%", "0-1", 100.0, "%"),
+    Rename("DCGM_FI_DEV_ENC_UTIL", "DCGM_FI_DEV_ENC_UTIL_RATIO", "%", "0-1", 100.0, "%"),
+    Rename("DCGM_FI_DEV_DEC_UTIL", "DCGM_FI_DEV_DEC_UTIL_RATIO", "%", "0-1", 100.0, "%"),
+    Rename("DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_FREE_BYTES", "MiB", "bytes", 1 / MIB, "MiB"),
+    Rename("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_USED_BYTES", "MiB", "bytes", 1 / MIB, "MiB"),
+    Rename("DCGM_FI_DEV_FB_RESERVED", "DCGM_FI_DEV_FB_RESERVED_BYTES", "MiB", "bytes", 1 / MIB,
+           "MiB"),
+    Rename("DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_SM_CLOCK_HERTZ", "MHz", "Hz", 1e-6, "MHz"),
+    Rename("DCGM_FI_DEV_MEM_CLOCK", "DCGM_FI_DEV_MEMORY_CLOCK_HERTZ", "MHz", "Hz", 1e-6, "MHz"),
+    Rename("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL", "mJ",
+           "J", 1000.0, "J"),
+    Rename("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+           "DCGM_FI_DEV_NVLINK_THROUGHPUT_BYTES_PER_SECOND", "MB/s", "B/s", 1e-6, "MB/s"),
+    Rename("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_GPU_TEMP_CELSIUS", "°C", "°C", 1.0, "°C"),
+    Rename("DCGM_FI_DEV_MEMORY_TEMP", "DCGM_FI_DEV_MEMORY_TEMP_CELSIUS", "°C", "°C", 1.0, "°C"),
+    Rename("DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_BOARD_POWER_WATTS", "W", "W", 1.0, "W"),
+    Rename("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "DCGM_FI_DEV_PCIE_REPLAY_TOTAL", "count", "count",
+           1.0, "count"),
+    Rename("DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_XID_ERROR", "XID", "XID", 1.0, "XID"),
+    Rename("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_ROW_REMAP_UNCORRECTABLE_TOTAL",
+           "rows", "rows", 1.0, "rows"),
+    Rename("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_ROW_REMAP_CORRECTABLE_TOTAL",
+           "rows", "rows", 1.0, "rows"),
+    Rename("DCGM_FI_DEV_ROW_REMAP_FAILURE", "DCGM_FI_DEV_ROW_REMAP_FAILED", "0/1", "0/1", 1.0,
+           "0/1"),
+    Rename("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO", "0-1", "0-1",
+           1.0, "%"),
+    Rename("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_PROF_TENSOR_UTIL_RATIO", "0-1", "0-1",
+           1.0, "%"),
+    Rename("DCGM_FI_PROF_DRAM_ACTIVE", "DCGM_FI_PROF_DRAM_UTIL_RATIO", "0-1", "0-1", 1.0, "%"),
+    Rename("DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_SM_UTIL_RATIO", "0-1", "0-1", 1.0, "%"),
+    Rename("DCGM_FI_PROF_SM_OCCUPANCY", "DCGM_FI_PROF_SM_OCCUPANCY_RATIO", "0-1", "0-1", 1.0,
+           "%"),
+)
+#: the driver label, legacy and dcgm-4.7 spellings
+DCGM_DRIVER_LABELS = ("DCGM_FI_DRIVER_VERSION", "DCGM_FI_SYSTEM_DRIVER_VERSION")
+#: total framebuffer, collected by default from dcgm-exporter 4.9 (bytes)
+FB_CAPACITY = "DCGM_FI_DEV_FB_CAPACITY_BYTES"
+
+#: One name, two units: DCGM 4.6 maps ``DCGM_FI_DEV_GPU_UTIL_RATIO`` to the old integer
+#: field (0-100), so a custom CSV sends percent under it; DCGM 4.7's own field is 0-1. The
+#: rule, per series and per query window: a value above 1 in the window proves percent (read
+#: as it is); otherwise it is read as a ratio (x 100). What it cannot tell: a percent series
+#: that stayed at 0 or 1 % for the whole window reads as 0 or 100 % (an idle GPU at 1 % would
+#: look busy until it sends a value above 1). docs/adoption-contract.md says so.
+PERCENT_OR_RATIO = frozenset({"DCGM_FI_DEV_GPU_UTIL_RATIO"})
+
+
+def convert_arm(name: str, factor: float, expr: str, matcher: str, window: str) -> str:
+    """``expr`` (a per-series PromQL term reading ``name``) in the unit of its field.
+
+    A name of two possible units (PERCENT_OR_RATIO) is decided per series over ``window``:
+    ``max_over_time`` above 1 proves percent; ``and`` keeps those series as they are,
+    ``or`` scales the rest. The decision needs no subquery and no second request.
+    """
+    if name in PERCENT_OR_RATIO:
+        proof = f"max_over_time({name}{{{matcher}}}[{window}]) > 1"
+        return f"({expr} and {proof}) or ({expr}) * {factor:g}"
+    if factor == 1.0:
+        return expr
+    if factor < 1.0:  # bytes -> MiB, Hz -> MHz: dividing by the exact integer loses nothing
+        return f"({expr}) / {round(1 / factor)}"
+    return f"({expr}) * {factor:g}"
+
+
+#: which naming each exact NVIDIA name belongs to (the sync and the report say per cluster
+#: which naming its GPUs send)
+LEGACY, DCGM47, BOTH = "legacy", "dcgm-4.7", "both"
+NAMING_OF: dict[str, str] = {
+    **{r.legacy: LEGACY for r in DCGM_RENAMES}, **{r.dcgm47: DCGM47 for r in DCGM_RENAMES},
+    FB_CAPACITY: DCGM47,
+}
+
+
+def naming_of(names: set[str]) -> str | None:
+    """legacy, dcgm-4.7 or both, from the set of NVIDIA names seen; None when neither."""
+    kinds = {NAMING_OF[n] for n in names if n in NAMING_OF}
+    if not kinds:
+        return None
+    return BOTH if len(kinds) > 1 else kinds.pop()
+
+
+def dcgm_names(naming: str) -> dict[str, str]:
+    """legacy name -> its spelling in ``naming`` (legacy or dcgm-4.7)."""
+    if naming not in (LEGACY, DCGM47):
+        raise ValueError(f"unknown dcgm naming {naming!r} (legacy or {DCGM47})")
+    return {r.legacy: r.legacy if naming == LEGACY else r.dcgm47 for r in DCGM_RENAMES}
 
 
 POD_LABELS = [
@@ -229,12 +384,17 @@ class Nvidia(VendorProfile):
     node_labels = ["Hostname", "hostname"]  # released images / master since 2026-05
     slice_labels = ["GPU_I_PROFILE", "GPU_I_ID"]
     device_matcher = 'UUID!=""'
+    renames = {r.legacy: (r.dcgm47, r.factor) for r in DCGM_RENAMES}
+    units = {FB_CAPACITY: 1 / MIB}
     value_fields = {
         UTILISATION: ["DCGM_FI_DEV_GPU_UTIL"],
         ENGINE_ACTIVE: ["DCGM_FI_PROF_GR_ENGINE_ACTIVE"],
         MEMORY_USED: ["DCGM_FI_DEV_FB_USED"],
         MEMORY_FREE: ["DCGM_FI_DEV_FB_FREE"],
         MEMORY_RESERVED: ["DCGM_FI_DEV_FB_RESERVED"],
+        # the GPU's size from one source where the exporter says it (4.9 by default, or
+        # FB_TOTAL where a CSV asks): a property, not used + free of two samples
+        MEMORY_TOTAL: [FB_CAPACITY, "DCGM_FI_DEV_FB_TOTAL"],
         POWER: ["DCGM_FI_DEV_POWER_USAGE"],
         TEMPERATURE: ["DCGM_FI_DEV_GPU_TEMP"],
     }
@@ -253,7 +413,7 @@ class Nvidia(VendorProfile):
                                "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"],
     }
 
-    attribute_labels = ["gpu", "modelName", "DCGM_FI_DRIVER_VERSION", "pci_bus_id", "serial"]
+    attribute_labels = ["gpu", "modelName", *DCGM_DRIVER_LABELS, "pci_bus_id", "serial"]
     #: dcgm-exporter's default field set (default-counters.csv, 25 fields), its opt-in health
     #: and profiling fields, less those the value and health queries read
     presence_metrics = [
@@ -277,7 +437,7 @@ class Nvidia(VendorProfile):
         "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
         "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
         "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
-        "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL", "DCGM_FI_DEV_FB_TOTAL",
+        "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
     ]
 
     def identity(self, labels: Mapping[str, str], cluster_label: str) -> Identity | None:
@@ -296,7 +456,8 @@ class Nvidia(VendorProfile):
         return {
             "index": int(index) if index and index.isdigit() else None,
             "model": labels.get("modelName") or None,
-            "driver_version": labels.get("DCGM_FI_DRIVER_VERSION") or None,
+            "driver_version": next((labels[n] for n in DCGM_DRIVER_LABELS if labels.get(n)),
+                                   None),
             "pci_bus_id": labels.get("pci_bus_id") or None,
             # gpufleet's exporter only (nvmlDeviceGetSerial); dcgm-exporter has no such label
             "serial": labels.get("serial") or None,
@@ -419,10 +580,10 @@ KUBE_STATE_METRICS = ["kube_node_status_capacity", "kube_node_status_allocatable
 def allowlist_metrics() -> list[str]:
     names: set[str] = set()
     for p in PROFILES:
-        for prefix in p.name_prefixes:
-            names.update(prefix + m for ms in p.value_fields.values() for m in ms)
-            names.update(prefix + m for m in p.timestamp_metrics)
-            names.update(prefix + m for ms in p.health_fields.values() for m in ms)
+        metrics = [*(m for ms in p.value_fields.values() for m in ms), *p.timestamp_metrics,
+                   *(m for ms in p.health_fields.values() for m in ms),
+                   *(m for ms in USAGE_PROFILING_FIELDS.get(p.vendor, {}).values() for m in ms)]
+        names.update(name for m in metrics for name in p.names(m))
     names.update(EXPORTER_HEALTH_METRICS)
     # reconcile --source hub reads node labels (MIG strategy, time-slicing replicas) from
     # kube-state-metrics; ACM's default allowlist forwards the capacity series, not these.
@@ -525,10 +686,14 @@ def usage_group(p: VendorProfile, cluster_label: str) -> str:
 
 def usage_metrics(p: VendorProfile, fld: str) -> list[str]:
     """Every exact name a usage field may arrive under, in order of preference: each
-    metric of the field over each name prefix (``amd_gpu_gfx_activity`` is the same series
-    as ``gpu_gfx_activity`` during an exporter upgrade)."""
-    metrics = p.value_fields.get(fld) or USAGE_PROFILING_FIELDS.get(p.vendor, {}).get(fld, [])
-    return [prefix + m for m in metrics for prefix in p.name_prefixes]
+    metric of the field over each spelling (``amd_gpu_gfx_activity`` is the same series
+    as ``gpu_gfx_activity`` during an exporter upgrade, ``DCGM_FI_DEV_BOARD_POWER_WATTS``
+    the same as ``DCGM_FI_DEV_POWER_USAGE``)."""
+    return [name for m in _usage_fields(p, fld) for name in p.names(m)]
+
+
+def _usage_fields(p: VendorProfile, fld: str) -> list[str]:
+    return p.value_fields.get(fld) or USAGE_PROFILING_FIELDS.get(p.vendor, {}).get(fld, [])
 
 
 def usage_convert(vendor: str, fld: str, value: float) -> float:
@@ -565,19 +730,46 @@ def usage_queries(bucket: str, resolution: str, cluster_label: str) -> list[Quer
         group = usage_group(p, cluster_label)
         match = f"{p.device_matcher}, {labelled}"
         for fld, agg in USAGE_FIELDS:
-            names = usage_metrics(p, fld)
-            if not names:
+            arms = [arm for m in _usage_fields(p, fld)
+                     for arm in p.arms(m, f"{agg}_over_time({{}}{{{{{match}}}}}[{bucket}])",
+                                       bucket)]
+            if not arms:
                 continue
-            promql = " or ".join(
-                f"{agg} by ({group}) ({agg}_over_time({name}{{{match}}}[{bucket}]))"
-                for name in names)
+            promql = " or ".join(f"{agg} by ({group}) ({arm})" for arm in arms)
             out.append(Query(p.vendor, f"usage:{agg}", promql, fld))
         presence = " or ".join(
-            f"max by ({group}) (last_over_time({prefix}{m}{{{match}}}[{resolution}] offset 1ms))"
-            for m in p.timestamp_metrics for prefix in p.name_prefixes)
+            f"max by ({group}) (last_over_time({name}{{{match}}}[{resolution}] offset 1ms))"
+            for m in p.timestamp_metrics for name in p.names(m))
         out.append(Query(p.vendor, "coverage",
                          f"count_over_time(({presence})[{bucket}:{resolution}])"))
     return out
+
+
+def dcgm_collectors(naming: str) -> list[tuple[str, str, str]]:
+    """dcgm-exporter's collectors CSV rows (field, Prometheus type, help) for the fields the
+    hub reads, in one naming: what ``spoke render --dcgm-names`` pins, so that an operator
+    upgrade (4.9 renames the defaults) cannot change the series under the hub. DCGM 4.7
+    still resolves the legacy names; a 4.6 host engine does not know the new ones."""
+    nvidia = profile("nvidia")
+    spelled = dcgm_names(naming)
+    units = {r.legacy: r.dcgm47_unit if naming == DCGM47 else r.legacy_unit
+             for r in DCGM_RENAMES}
+    read = [*(m for ms in nvidia.value_fields.values() for m in ms),
+            *nvidia.timestamp_metrics,
+            # CLOCK_THROTTLE_REASONS is CLOCKS_EVENT_REASONS from DCGM 3.2 on
+            *(ms[-1] if naming == DCGM47 else ms[0] for ms in nvidia.health_fields.values()),
+            *(m for ms in USAGE_PROFILING_FIELDS["nvidia"].values() for m in ms)]
+    rows: dict[str, tuple[str, str, str]] = {}
+    for legacy in read:
+        if legacy in (FB_CAPACITY, "DCGM_FI_DEV_FB_TOTAL"):
+            continue  # the size: 4.7's own field, added below; FB_TOTAL is not needed
+        name = spelled.get(legacy, legacy)
+        kind = "counter" if name.endswith("_TOTAL") and "REMAP" not in name else "gauge"
+        unit = units.get(legacy)
+        rows[name] = (name, kind, f"read by gpufleet ({unit})" if unit else "read by gpufleet")
+    if naming == DCGM47:
+        rows[FB_CAPACITY] = (FB_CAPACITY, "gauge", "read by gpufleet (bytes)")
+    return list(rows.values())
 
 
 def labelled_probe(window: str, cluster_label: str | None = None) -> str:
@@ -586,5 +778,5 @@ def labelled_probe(window: str, cluster_label: str | None = None) -> str:
     --cluster-label (GPU series exist, none carries it) from a quiet fleet."""
     extra = f", {labelled_matcher(cluster_label)}" if cluster_label else ""
     return " or ".join(
-        f"count(last_over_time({prefix}{m}{{{p.device_matcher}{extra}}}[{window}]))"
-        for p in PROFILES for m in p.timestamp_metrics for prefix in p.name_prefixes)
+        f"count(last_over_time({name}{{{p.device_matcher}{extra}}}[{window}]))"
+        for p in PROFILES for m in p.timestamp_metrics for name in p.names(m))

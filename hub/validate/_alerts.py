@@ -48,7 +48,16 @@ def gpu_labels(p: VendorProfile) -> list[str]:
 
 
 def _names(p: VendorProfile, metrics: list[str]) -> list[str]:
-    return [prefix + m for m in metrics for prefix in p.name_prefixes]
+    """Every exact name of ``metrics`` (each spelling: AMD's prefix, dcgm's two namings)."""
+    return [name for m in metrics for name in p.names(m)]
+
+
+def _seen(p: VendorProfile, window: str, off: str = "") -> str:
+    """Device series with a sample in the window under any clock name, one ``or`` term per
+    exact name: a ``__name__`` regex inside the range function would make Prometheus refuse
+    the query for a GPU sending two spellings at once (two series, one label set)."""
+    return " or ".join(f"last_over_time({n}{{{p.device_matcher}}}[{window}]{off})"
+                       for n in _names(p, p.timestamp_metrics))
 
 
 def _field_names(p: VendorProfile, fld: str) -> list[str]:
@@ -73,18 +82,15 @@ def _or(parts: list[str]) -> str:
 # -- failure modes, per vendor ---------------------------------------------------------------------
 def presence(p: VendorProfile, window: str, cl: str) -> str:
     """Clusters with any GPU sample of this vendor in the window."""
-    names = "|".join(_names(p, p.timestamp_metrics))
-    return (f'group by ({cl}) (last_over_time({{__name__=~"{names}", '
-            f"{p.device_matcher}}}[{window}]))")
+    return f"group by ({cl}) ({_seen(p, window)})"
 
 
 def gpu_count(p: VendorProfile, window: str, cl: str, offset: str = "") -> str:
     """Physical GPUs per node seen in the window (MIG slices count as their GPU)."""
-    names = "|".join(_names(p, p.timestamp_metrics))
     off = f" offset {offset}" if offset else ""
     node = _by(cl, node_labels(p))
     return (f"count by ({node}) (group by ({_by(node, gpu_labels(p))}) "
-            f'(last_over_time({{__name__=~"{names}", {p.device_matcher}}}[{window}]{off})))')
+            f"({_seen(p, window, off)}))")
 
 
 def gpu_count_dropped(p: VendorProfile, window: str, offset: str, cl: str) -> str:
@@ -152,9 +158,8 @@ def stuck_exporter(p: VendorProfile, window: str, cl: str) -> str:
 
 def visible_gpus(p: VendorProfile, window: str, cl: str) -> str:
     """GPUs per cluster the hub returns to this token (tagged with the vendor)."""
-    names = "|".join(_names(p, p.timestamp_metrics))
     count = (f"count by ({cl}) (group by ({_by(cl, node_labels(p), gpu_labels(p))}) "
-             f'(last_over_time({{__name__=~"{names}", {p.device_matcher}}}[{window}])))')
+             f"({_seen(p, window)}))")
     return f'label_replace({count}, "vendor", "{p.vendor}", "", "")'
 
 

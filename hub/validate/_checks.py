@@ -58,6 +58,20 @@ class ClusterFacts:
     nodes_known: int = 0
     gpus_active: int = 0
     gpus_stale: int = 0
+    #: which dcgm naming its NVIDIA GPUs send (legacy | dcgm-4.7 | both), since when
+    naming: str | None = None
+    naming_since: dt.datetime | None = None
+
+
+@dataclass(frozen=True)
+class DriverVanished:
+    """GPUs of a cluster that stopped reporting soon after their driver changed."""
+
+    cluster: str
+    gpus: int
+    old: str
+    new: str
+    changed_at: dt.datetime
 
 
 @dataclass(frozen=True)
@@ -415,12 +429,49 @@ class Facts:
     expected: ExpectedFacts | None = None
     history: HubHistory | None = None
     hub_skipped: str | None = None  # why the hub checks did not run
+    driver_vanished: list[DriverVanished] = field(default_factory=list)
 
 
-def run_checks(facts: Facts, *, max_age: float = 3600.0,
-               push_interval: float = 300.0) -> list[Finding]:
+#: How long a cluster may send both dcgm namings (a rolling exporter upgrade) before the
+#: report says so (`report --naming-mix-for`).
+NAMING_MIX_FOR = 24 * 3600.0
+
+
+def check_naming(clusters: Sequence[ClusterFacts], now: dt.datetime,
+                 mix_for: float = NAMING_MIX_FOR) -> list[Finding]:
+    """A cluster whose GPUs send both dcgm namings for longer than an upgrade takes: two
+    exporters, or nodes left behind. The hub counts each GPU once, but the spoke doubles
+    its series and the operator's upgrade has stalled."""
+    out = []
+    for c in clusters:
+        if c.naming != "both" or c.naming_since is None or c.state != "active":
+            continue
+        since = (now - c.naming_since).total_seconds()
+        if since > mix_for:
+            out.append(Finding(
+                WARNING, "naming_mixed",
+                f"GPUs of this cluster have sent both dcgm namings (legacy and dcgm-4.7) for "
+                f"{human(since)} (more than {human(mix_for)}): an exporter upgrade stalled or "
+                "two exporters run; pin one naming with `gpufleet spoke render --dcgm-names`",
+                c.cluster))
+    return out
+
+
+def check_driver_vanished(rows: Sequence[DriverVanished]) -> list[Finding]:
+    return [Finding(
+        WARNING, "vanished_after_driver_change",
+        f"{r.gpus} GPU(s) stopped reporting right after their driver changed from {r.old} to "
+        f"{r.new}: a driver upgrade often brings a new dcgm-exporter (4.9 needs a DCGM 4.7 "
+        "host engine and renames its fields); check the exporter pods, and pin the naming "
+        "with `gpufleet spoke render --dcgm-names`", r.cluster) for r in rows]
+
+
+def run_checks(facts: Facts, *, max_age: float = 3600.0, push_interval: float = 300.0,
+               naming_mix_for: float = NAMING_MIX_FOR) -> list[Finding]:
     now = facts.now
     out = check_inventory(facts.clusters, facts.last_sync, facts.last_ok_sync, now, max_age)
+    out += check_naming(facts.clusters, now, naming_mix_for)
+    out += check_driver_vanished(facts.driver_vanished)
     out += check_freshness(facts.clusters, now, max_age, push_interval)
     out += check_missing_clusters(facts.clusters, facts.expected)
     out += check_partial_data(facts.nodes, facts.gpus)
@@ -478,6 +529,7 @@ def summarize(facts: Facts, findings: Sequence[Finding]) -> list[dict[str, Any]]
             "gpus_reporting": f"{active} of {active + stale} reporting" if stale else
             str(active),
             "expected": (name in expected) if facts.expected else None,
+            "naming": c.naming if c else None,
             "findings": len(mine),
         })
     return rows

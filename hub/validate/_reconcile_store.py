@@ -29,6 +29,7 @@ from hub.inventory import (
 from hub.kube import ClaimAllocation, normalise_pci
 from hub.validate._checks import (
     ClusterFacts,
+    DriverVanished,
     ExpectedFacts,
     Facts,
     GpuFacts,
@@ -219,6 +220,43 @@ def expected_clusters(run: StoredRun | None) -> dict[str, str | None]:
 
 
 # -- what `report` checks ------------------------------------------------------------------------
+#: "Right after": a GPU whose stale event follows its driver change within this long.
+VANISHED_WITHIN = dt.timedelta(hours=1)
+#: how far back the report looks for driver changes
+DRIVER_LOOKBACK = dt.timedelta(days=7)
+
+
+def driver_vanished(conn: Connection, now: dt.datetime) -> list[DriverVanished]:
+    """Per cluster and driver change, the GPUs that went stale within VANISHED_WITHIN after
+    their driver changed and are still stale: the sign of an exporter that did not survive
+    a driver upgrade (or sends names the hub does not read)."""
+    ev = inv.events
+    changes = conn.execute(
+        sa.select(ev.c.at, ev.c.cluster, ev.c.uuid, ev.c.details)
+        .where(ev.c.type == "changed", ev.c.at >= now - DRIVER_LOOKBACK,
+               ev.c.details.like('%"field": "driver_version"%'))).all()
+    if not changes:
+        return []
+    uuids = {c.uuid for c in changes}
+    stale_at: dict[str, list[dt.datetime]] = {}
+    for row in conn.execute(sa.select(ev.c.uuid, ev.c.at)
+                            .where(ev.c.type == "stale", ev.c.uuid.in_(uuids))):
+        stale_at.setdefault(row.uuid, []).append(row.at)
+    still = set(conn.execute(sa.select(gpus.c.uuid).where(
+        gpus.c.uuid.in_(uuids), gpus.c.slice_key == "", gpus.c.state != inv.ACTIVE)).scalars())
+    groups: dict[tuple[str, str, str], tuple[int, dt.datetime]] = {}
+    for c in changes:
+        details = json.loads(c.details)
+        if c.uuid not in still or not any(
+                c.at <= t <= c.at + VANISHED_WITHIN for t in stale_at.get(c.uuid, [])):
+            continue
+        key = (c.cluster, str(details.get("old")), str(details.get("new")))
+        count, first = groups.get(key, (0, c.at))
+        groups[key] = (count + 1, min(first, c.at))
+    return [DriverVanished(cluster, n, old, new, at)
+            for (cluster, old, new), (n, at) in sorted(groups.items())]
+
+
 def report_facts(conn: Connection, now: dt.datetime) -> Facts:
     """Everything the report's database checks need, read in a handful of queries."""
     clusters = inv.list_clusters(conn)
@@ -259,8 +297,10 @@ def report_facts(conn: Connection, now: dt.datetime) -> Facts:
     return Facts(
         now=now,
         clusters=[ClusterFacts(c["cluster"], c["state"], c["last_sample_at"], c["nodes"],
-                               known_nodes.get(c["cluster"], 0), c["gpus"], c["stale_gpus"])
+                               known_nodes.get(c["cluster"], 0), c["gpus"], c["stale_gpus"],
+                               c["naming"], c["naming_since"])
                   for c in clusters],
+        driver_vanished=driver_vanished(conn, now),
         nodes=[NodeFacts(n["cluster"], n["node"], n["state"], n["last_sample_at"], n["gpus"],
                          stale_per_node.get((n["cluster"], n["node"]), 0)) for n in node_rows],
         gpus=gpu_facts,

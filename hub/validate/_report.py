@@ -26,7 +26,7 @@ FORMATS = ("table", "json", "markdown", "html")
 #: GitHub's limit for one comment; the Markdown stays below it
 MARKDOWN_LIMIT = 65536
 SUMMARY_COLUMNS = ["cluster", "status", "state", "last_sample_at", "age", "nodes_reporting",
-                   "nodes_expected", "gpus", "stale_gpus", "expected", "findings"]
+                   "nodes_expected", "gpus", "stale_gpus", "expected", "naming", "findings"]
 FINDING_COLUMNS = ["severity", "check", "cluster", "node", "gpu", "message"]
 _STATUS_RANK = {ERROR: 0, WARNING: 1, "ok": 2}
 
@@ -99,7 +99,8 @@ def render_table(report: Report) -> str:
              "gpus": r.get("gpus_reporting", r["gpus"])}
             for r in _sorted_summary(report.summary)]
     parts = [_settings_line(report) + "\n"]
-    cols = ["cluster", "status", "state", "last_sample_at", "age", "nodes_reporting", "gpus"]
+    cols = ["cluster", "status", "state", "last_sample_at", "age", "nodes_reporting", "gpus",
+            "naming"]
     parts.append(to_table(rows, cols, title="clusters") if rows else "(no clusters)\n")
     findings = [f.as_dict() for f in report.findings]
     parts.append(to_table(findings, FINDING_COLUMNS, title="findings") if findings

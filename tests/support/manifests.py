@@ -20,7 +20,7 @@ def all_keys(node: Any) -> set[str]:
 
 
 #: Kinds from CRDs: no Kubernetes schema, checked structurally by the tests instead.
-CRD_KINDS = {"ServiceMonitor", "Policy", "Placement", "PlacementBinding",
+CRD_KINDS = {"ServiceMonitor", "Policy", "Placement", "PlacementBinding", "ClusterPolicy",
              "ManagedClusterSetBinding"}
 
 HOSTILE = 'x"\n  evil: true'  # a value that would add a key if it were not quoted
