@@ -41,7 +41,7 @@ from hub.cli import cli
 from hub.common import BackgroundHTTPServer, InputError
 from hub.devstack import free_port
 from hub.inventory import _db as inventory
-from hub.inventory import run_sync
+from hub.inventory import read_only_engine, run_sync
 from hub.service import (
     Authenticator,
     Jobs,
@@ -76,7 +76,7 @@ def serve(db_url: str, auth: Authenticator, **kwargs: Any) -> Service:
     def sync() -> Any:
         raise RuntimeError("not syncing in this test")
 
-    return build_service(Jobs(sync=sync), every=3600, engine=api.read_only_engine(db_url),
+    return build_service(Jobs(sync=sync), every=3600, engine=read_only_engine(db_url),
                          auth=auth, process_metrics=False, **kwargs).start()
 
 

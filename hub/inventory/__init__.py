@@ -48,6 +48,13 @@ from hub.inventory._migrate import (
 )
 from hub.inventory._normalize import UNLABELLED_SERIES
 from hub.inventory._prune import PruneResult, prune
+from hub.inventory._reads import (
+    gpu_counts,
+    gpu_detail,
+    page_events,
+    page_gpus,
+    read_only_engine,
+)
 from hub.inventory._reconcile_runs import (
     reconcile_claims,
     reconcile_clusters,
@@ -106,6 +113,8 @@ __all__ = [
     "event_item",
     "events",
     "gpu_allocations",
+    "gpu_counts",
+    "gpu_detail",
     "gpu_item",
     "gpu_rows",
     "gpus",
@@ -122,7 +131,10 @@ __all__ = [
     "missing_label_error",
     "nodes",
     "now_utc",
+    "page_events",
+    "page_gpus",
     "prune",
+    "read_only_engine",
     "recent_usage",
     "reconcile_claims",
     "reconcile_clusters",

@@ -7,7 +7,7 @@ and a search by GPU UUID, node or namespace.
 Read-only and server-rendered from the report's templates (templates/report: one layout, one
 set of tables), with no script and no external asset, so it works offline and behind the
 strictest Content-Security-Policy. Every number on it comes from the same functions the JSON
-API answers with (``hub.inventory``'s lists, :func:`~hub.service._api.page_gpus`, the
+API answers with (``hub.inventory``'s lists, :func:`~hub.inventory.page_gpus`, the
 scheduler's findings), so the page and the API cannot disagree, and whatever limits what a
 caller may see in the API limits the page too.
 
@@ -28,10 +28,11 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 from starlette.responses import HTMLResponse
 
-from hub import common
+from hub import common, usage
 from hub import inventory as inv
 from hub.common import html_environment, human_duration, iso
-from hub.service._api import ApiError, page_gpus
+from hub.inventory import page_gpus
+from hub.service._api import ApiError
 from hub.service._auth import FULL, Scope
 
 #: rows per section; the section links to the API for the rest
@@ -291,8 +292,6 @@ def _window(now: dt.datetime | None = None) -> tuple[dt.datetime, dt.datetime]:
 
 def usage_section(conn: Connection, *, scope: Scope = FULL) -> Section | None:
     """GPU-hours by namespace over the last 24 h (None before any usage was collected)."""
-    from hub import usage
-
     rows = usage.usage_summary(conn, *_window(), by=("namespace",), clusters=scope.clusters,
                                namespaces=scope.namespaces)
     if not rows:
@@ -313,8 +312,6 @@ def idle_section(conn: Connection, *, scope: Scope = FULL) -> Section | None:
     """Allocated GPUs idle for 2 h in a row within the last 24 h: the list to reclaim.
     Read by the same function and rule as the usage section's idle GPU-hours, which its
     title repeats, so the two sections cannot disagree."""
-    from hub import usage
-
     rows = usage.idle_allocated(conn, *_window(), threshold=usage.IDLE_THRESHOLD_PCT,
                                 for_seconds=usage.IDLE_FOR_S, clusters=scope.clusters,
                                 namespaces=scope.namespaces)
@@ -333,8 +330,6 @@ def idle_section(conn: Connection, *, scope: Scope = FULL) -> Section | None:
 def capacity_section(conn: Connection, *, scope: Scope = FULL) -> Section | None:
     """GPU-equivalents by model now: total, active, stale, allocated, free (fleet-wide
     counts, no names, unless the scope hides fleet counts)."""
-    from hub import usage
-
     rows = usage.capacity(conn, ("model",),
                           clusters=None if scope.fleet_counts else scope.clusters)
     if not rows:
@@ -359,8 +354,6 @@ def _figure(html: str) -> str:
 
 def usage_by_day_chart(conn: Connection, *, scope: Scope = FULL) -> Section | None:
     """Chart: GPU-hours per day by namespace (stacked), the last CHART_DAYS days."""
-    from hub import usage
-
     now = inv.now_utc()
     first = inv.day_of(now) - (CHART_DAYS - 1) * inv.DAY
     rows = usage.daily_by_namespace(conn, first, now, clusters=scope.clusters,
@@ -375,8 +368,6 @@ def usage_by_day_chart(conn: Connection, *, scope: Scope = FULL) -> Section | No
 
 def utilisation_chart(conn: Connection, *, scope: Scope = FULL) -> Section | None:
     """Chart: fleet utilisation and SM activity per bucket over the last 24 h."""
-    from hub import usage
-
     start, end = _window()
     points = usage.utilisation_over_time(conn, start, end, clusters=scope.clusters,
                                          namespaces=scope.namespaces)
@@ -391,8 +382,6 @@ def utilisation_chart(conn: Connection, *, scope: Scope = FULL) -> Section | Non
 def idle_chart(conn: Connection, *, scope: Scope = FULL) -> Section | None:
     """Chart: idle allocated GPU-hours by namespace over the last 24 h, the figure of the
     usage table (`usage --by namespace`), an aggregate the database sums."""
-    from hub import usage
-
     rows = usage.usage_summary(conn, *_window(), by=("namespace",), clusters=scope.clusters,
                                namespaces=scope.namespaces)
     if not any(r.get("idle_allocated_gpu_hours") for r in rows):
@@ -406,8 +395,6 @@ def idle_chart(conn: Connection, *, scope: Scope = FULL) -> Section | None:
 def capacity_chart(conn: Connection, *, scope: Scope = FULL) -> Section | None:
     """Chart: GPU-equivalents by model, allocated / free / stale (the capacity table's
     figures, scoped the same way)."""
-    from hub import usage
-
     rows = usage.capacity(conn, ("model",),
                           clusters=None if scope.fleet_counts else scope.clusters)
     if not rows:

@@ -33,6 +33,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy.engine import Engine
 
 from hub import __version__
+from hub import inventory as inv
 from hub.common import InputError, redact
 from hub.inventory import LockHeld, SyncResult
 from hub.service import _api as api
@@ -441,7 +442,7 @@ def build_service(jobs: Jobs, *, every: float, engine: Engine, host: str = "127.
 
     def counts() -> list[tuple[str, str, int]]:
         with engine.connect() as conn:
-            return api.gpu_counts(conn)
+            return inv.gpu_counts(conn)
 
     metrics.watch(counts, lambda: scheduler.state.findings)
     app = build_app(engine, health=scheduler.health, findings=scheduler.findings,
