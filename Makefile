@@ -33,18 +33,21 @@ apt-wait:
 	  sleep 2; waited=$$((waited + 2)); \
 	done
 
-# Debian packages the real-component tests need; installed only when missing.
+# Debian packages the real-component tests need; installed only when missing (MISSING_DEBS
+# names them instead of looking), through scripts/install-debs.sh: no recommended packages,
+# no service enabled or started, one line of output.
+MISSING_DEBS ?=
 debs:
-	@missing=""; \
-	command -v prometheus >/dev/null || missing="$$missing prometheus"; \
-	command -v promtool >/dev/null || missing="$$missing prometheus"; \
-	command -v chromium >/dev/null || missing="$$missing chromium"; \
-	command -v initdb >/dev/null || test -x /usr/lib/postgresql/15/bin/initdb || missing="$$missing postgresql-15"; \
+	@missing="$(MISSING_DEBS)"; \
+	if [ -z "$$missing" ]; then \
+	  command -v prometheus >/dev/null || missing="$$missing prometheus"; \
+	  command -v promtool >/dev/null || missing="$$missing prometheus"; \
+	  command -v chromium >/dev/null || missing="$$missing chromium"; \
+	  command -v initdb >/dev/null || test -x /usr/lib/postgresql/15/bin/initdb || missing="$$missing postgresql-15"; \
+	fi; \
 	if [ -n "$$missing" ]; then \
 	  $(MAKE) --no-print-directory apt-wait || exit $$?; \
-	  if [ "$$(id -u)" = 0 ]; then SUDO=""; else SUDO=sudo; fi; \
-	  $$SUDO apt-get -o DPkg::Lock::Timeout=$(APT_LOCK_WAIT) update -qq && \
-	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get -o DPkg::Lock::Timeout=$(APT_LOCK_WAIT) install -y -qq $$missing; \
+	  APT_LOCK_WAIT=$(APT_LOCK_WAIT) ./scripts/install-debs.sh $$(echo $$missing | tr ' ' '\n' | sort -u); \
 	fi
 
 lint: setup

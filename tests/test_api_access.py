@@ -17,6 +17,7 @@ import ipaddress
 import json
 import logging
 import os
+import secrets
 import signal
 import socket
 import ssl
@@ -309,12 +310,15 @@ class Issuer:
         return {**out, "kid": kid, "use": "sig"}
 
     def token(self, kid: str, groups: list[str], *, audience: str = AUDIENCE,
-              issuer: str | None = None, expires_in: float = 300) -> str:
+              issuer: str | None = None, expires_in: float = 300,
+              subject: str = "someone") -> str:
+        """A fresh JWT (its own jti: two tokens of one second still differ)."""
         key = self.keys[kid]
         alg = "RS256" if isinstance(key, rsa.RSAPrivateKey) else "ES256"
         now = int(time.time())
-        claims = {"iss": issuer or self.url, "aud": audience, "sub": "someone",
-                  "iat": now, "exp": now + int(expires_in), "groups": groups}
+        claims = {"iss": issuer or self.url, "aud": audience, "sub": subject,
+                  "iat": now, "exp": now + int(expires_in), "groups": groups,
+                  "jti": secrets.token_hex(8)}
         return jwt.encode(claims, key, algorithm=alg, headers={"kid": kid})
 
 
@@ -594,6 +598,121 @@ def test_300_slow_clients_never_delay_the_readiness_probe(db_url, kind):
         service.stop()
 
 
+def _flood(service: Service, count: int, seconds: float) -> Any:
+    import subprocess
+    import sys
+
+    flood = subprocess.Popen([sys.executable, "-m", "tests.support.flood",
+                              str(service.server.port), str(count), str(seconds)],
+                             stdout=subprocess.PIPE, text=True)
+    assert flood.stdout is not None and flood.stdout.readline().strip() == "ready"
+    return flood
+
+
+def _flood_counts(flood: Any) -> dict[str, int]:
+    return json.loads(flood.communicate(timeout=60)[0].strip().splitlines()[-1])
+
+
+def test_2500_reopening_idle_connections_never_turn_away_healthz_or_a_token(db_url, tokens):
+    """The probe: 2,100 idle connections, each opened again when the server closed it, made
+    uvicorn's limit_concurrency (2,000) answer 503 to every request, /healthz included.
+    While another process holds 2,500 such connections from one address for 25 s,
+    /healthz answers within a second and a token's API request with its 200 each time."""
+    service = serve(db_url, Authenticator(tokens=TokenFile(tokens[0])))
+    flood = _flood(service, 2500, 25)
+    try:
+        for _ in range(10):
+            assert _healthz_seconds(service) < 1.0
+            r = requests.get(service.url + "/api/v1/clusters", timeout=5,
+                             headers={"Authorization": f"Bearer {tokens[1]['admin']}"})
+            assert r.status_code == 200  # (not timed: a database read on a shared machine)
+            time.sleep(0.5)
+        assert flood.poll() is None  # all of it under the flood
+        assert len(service.server.guard.open) >= 2000  # held, not refused
+        counts = _flood_counts(flood)
+        assert counts["opened"] >= 2500 and counts["closed_by_server"] > 0  # head deadline
+    finally:
+        if flood.poll() is None:
+            flood.kill()
+            flood.wait()
+        service.stop()
+
+
+class _Transport:
+    def __init__(self) -> None:
+        self.closed = False
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class _Conn:
+    def __init__(self, name: str) -> None:
+        self.name, self.transport = name, _Transport()
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+def test_the_connection_guard_closes_the_oldest_idle_never_one_in_flight():
+    from hub.service._serve import ConnectionGuard
+
+    guard = ConnectionGuard(total=3, per_client=2)
+    a1, a2, a3, b1, c1, d1 = (_Conn(n) for n in ("a1", "a2", "a3", "b1", "c1", "d1"))
+    for conn in (a1, a2, a3):
+        guard.opened(conn, "A")
+    assert a1.transport.closed and list(guard.open) == [a2, a3]  # A's oldest idle
+    guard.opened(b1, "B")
+    guard.went_busy(a2)  # a request in flight: never closed here
+    guard.opened(c1, "C")  # one too many in all: the oldest idle, a3, goes
+    assert a3.transport.closed and not a2.transport.closed
+    assert list(guard.open) == [a2, b1, c1]
+    guard.went_busy(b1)
+    guard.went_busy(c1)
+    guard.opened(d1, "D")  # every other one busy: the newcomer itself is refused
+    assert d1.transport.closed and guard.shed == 3
+    guard.went_idle(a2)  # answered: idle again, the newest idle now
+    guard.closed(b1)
+    assert list(guard.idle) == [a2] and set(guard.open) == {a2, c1}
+
+
+def test_past_its_bounds_a_flood_loses_its_own_oldest_idle_connections(db_url):
+    """Bounds lowered to 64 idle per address and 200 in all: 300 re-opening connections
+    from 127.0.0.1 are trimmed to 64, oldest first, while another address's (127.0.0.2)
+    idle connections stay open and /healthz answers within a second."""
+    service = serve(db_url, Authenticator())
+    guard = service.server.guard
+    guard.per_client, guard.total = 64, 200
+    other = [socket.create_connection(("127.0.0.1", service.server.port), timeout=5,
+                                      source_address=("127.0.0.2", 0)) for _ in range(20)]
+    flood = _flood(service, 300, 6)
+    try:
+        for _ in range(4):
+            assert _healthz_seconds(service) < 1.0
+            # read from another thread than the loop's: one connection may be in transit
+            assert len(guard.idle_of.get("127.0.0.1", ())) <= 64 + 1
+            assert len(guard.open) <= 200 + 1
+            time.sleep(0.5)
+        for s in other:  # not one of them closed: the flood paid for its own
+            s.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                s.recv(1)
+        assert guard.shed > 0 and _flood_counts(flood)["closed_by_server"] > 0
+        shed = next(line for line in requests.get(service.url + "/metrics", timeout=5)
+                    .text.splitlines() if line.startswith("gpufleet_api_connections_shed_total"))
+        assert float(shed.split()[-1]) >= guard.shed // 2 > 0
+    finally:
+        for s in other:
+            s.close()
+        if flood.poll() is None:
+            flood.kill()
+            flood.wait()
+        service.stop()
+
+
 def test_stopping_lets_an_answer_in_flight_finish_and_ignores_idle_connections(db_url):
     service = serve(db_url, Authenticator())
     idle = socket.create_connection(("127.0.0.1", service.server.port), timeout=5)
@@ -657,8 +776,9 @@ def test_serve_process_with_tokens_and_tls_on_a_pod_address(tokens, tmp_path):
         assert health.status_code == 503  # open, and honest: the hub is unreachable
         admin = {"Authorization": f"Bearer {tokens[1]['admin']}"}
         assert requests.get(url + "/metrics", verify=str(ca), timeout=5).status_code == 401
-        assert requests.get(url + "/metrics", headers=admin, verify=str(ca),
-                            timeout=5).status_code == 200
+        metrics = requests.get(url + "/metrics", headers=admin, verify=str(ca), timeout=5)
+        assert metrics.status_code == 200
+        assert "gpufleet_tls_certificate_expiry_timestamp_seconds " in metrics.text
         r = requests.get(url + "/api/v1/clusters", headers=admin, verify=str(ca), timeout=5)
         assert r.status_code in (200, 503)
     finally:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 
 import pytest
 from hypothesis import given, settings
@@ -108,6 +109,21 @@ def test_a_bucket_without_data_breaks_the_line():
     assert runs[0][0][0] == pytest.approx(geo["left"])
 
 
+def test_a_young_fleets_utilisation_spans_the_chart():
+    """Ten minutes of buckets in a 24-hour window: the line runs across the plot (the axis
+    starts at the fleet's first bucket), not a few pixels at its right edge."""
+    end = dt.datetime(2026, 11, 2, 12)
+    points = [{"at": end - dt.timedelta(minutes=10) + dt.timedelta(minutes=m),
+               "utilisation_pct": 40.0 + m, "sm_active_pct": None} for m in range(10)]
+    dom = Dom(common.utilisation_chart(points, start=end - dt.timedelta(hours=24), end=end))
+    [line] = dom.find("polyline")
+    xs = [float(p.split(",")[0]) for p in line["attrs"]["points"].split()]
+    width = float(dom.find("svg")[0]["attrs"]["width"])
+    assert xs[-1] - xs[0] > 0.6 * width, (xs[0], xs[-1], width)
+    ticks = [t["text"] for t in dom.find("text") if re.fullmatch(r"\d\d:\d\d:\d\d", t["text"])]
+    assert ticks[0] == "11:50:00" and len(set(ticks)) == len(ticks)  # labels that differ
+
+
 def test_charts_escape_names_and_say_in_words_what_they_show():
     html = "".join([
         common.gpu_hours_by_day_chart([{"day": dt.date(2026, 11, 1), "namespace": HOSTILE,
@@ -125,7 +141,8 @@ def test_charts_escape_names_and_say_in_words_what_they_show():
     descs = [e["text"] for e in dom.find("desc")]
     assert "2026-11-01: 12.5 GPU-hours (" + HOSTILE + " 12.5)" in descs[0]
     assert descs[1] == f"{HOSTILE}: 3 GPU-hours"
-    assert descs[2] == f"{HOSTILE}: 6 GPUs, 2 free (allocated 1, free 2, stale 3)"
+    assert descs[2] == (f"{HOSTILE}: 6 GPU-equivalents, 2 free (allocated 1, free 2, "
+                        "stale 3)")
     assert descs[3] == f"{HOSTILE}: 4 stale GPUs, last sample never"
     assert dom.find("table", id="gpu-hours-by-day-table")  # the figures, folded
 
@@ -177,9 +194,20 @@ def _fleet(url: str, now: dt.datetime, hours: int = 60) -> None:
     engine.dispose()
 
 
-def test_days_add_up_to_the_usage_answer_and_utilisation_is_weighted(tmp_path):
+#: hours of the day the tests that read "now" run at: each takes its clock as an argument, so
+#: none passes or fails by the time of day (00:00-02:00 UTC used to fail: an idle run
+#: crossing midnight was judged per day, its short part not idle)
+HOURS_OF_DAY = [0, 1, 13, 23]
+
+
+def _clock(hour: int) -> dt.datetime:
+    return dt.datetime(2026, 11, 20, hour)
+
+
+@pytest.mark.parametrize("hour", HOURS_OF_DAY)
+def test_days_add_up_to_the_usage_answer_and_utilisation_is_weighted(tmp_path, hour):
     url = f"sqlite:///{tmp_path / 'inv.db'}"
-    now = _db.now_utc().replace(minute=0, second=0, microsecond=0)
+    now = _clock(hour)
     _fleet(url, now)
     engine = _db.make_engine(url)
     start = now - 60 * HOUR
@@ -192,7 +220,10 @@ def test_days_add_up_to_the_usage_answer_and_utilisation_is_weighted(tmp_path):
     for row in whole:
         per_day = [d for d in daily if d["namespace"] == row["namespace"]]
         for figure in ("gpu_hours", "busy_gpu_hours", "idle_allocated_gpu_hours"):
-            assert sum(d[figure] for d in per_day) == pytest.approx(row[figure])
+            assert sum(d[figure] for d in per_day) == pytest.approx(row[figure]), figure
+    # team-b's notebook idled all 60 hours: one run, every hour of it on some day
+    assert sum(d["idle_allocated_gpu_hours"] for d in daily if d["namespace"] == "team-b") \
+        == pytest.approx(60.0)
     assert {d["day"] for d in daily} == set(usage_answers.day_starts(start, now))
     assert sum(d["gpu_hours"] for d in daily if d["namespace"] == "team-a") == 120.0
     assert {d["namespace"] for d in scoped} == {"team-b"}

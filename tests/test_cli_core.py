@@ -199,3 +199,14 @@ def test_db_file_reads_the_url_and_keeps_its_password_out_of_errors(tmp_path):
     bad = gpufleet("inventory", "clusters", "--db-file", str(url_file))
     assert bad.exit_code == 2 and "one line" in bad.stderr
     assert "second-line-secret" not in bad.output
+
+
+def test_sync_shows_progress_on_a_terminal_and_nothing_when_piped(tmp_path, hub):
+    from tests.support.clirun import on_terminal
+
+    db = f"sqlite:///{tmp_path / 'inv.db'}"
+    code, seen, _ = on_terminal("sync", "--hub-url", hub.url, "--db", db)
+    assert code == 0, seen
+    assert b"sync: reading the hub" in seen
+    piped = gpufleet("sync", "--hub-url", hub.url, "--db", db)
+    assert piped.exit_code == 0 and "reading the hub" not in piped.stderr

@@ -65,6 +65,8 @@ def leftovers(workdir: Path) -> list[str]:
 
 
 def run_demo(workdir: Path, *args: str, **kwargs) -> subprocess.Popen[str]:
+    if "--hub-port" not in args:  # tests run side by side: never the fixed default port
+        args = (*args, "--hub-port", "0")
     return subprocess.Popen(
         [sys.executable, "-m", "hub", "demo", "--clusters", "2", "--nodes", "2",
          "--gpus-per-node", "2", "--workdir", str(workdir), *args],
@@ -73,19 +75,38 @@ def run_demo(workdir: Path, *args: str, **kwargs) -> subprocess.Popen[str]:
 
 
 def test_demo_runs_end_to_end_twice_and_leaves_nothing_running(tmp_path):
+    from hub.devstack import free_port
+
     workdir = tmp_path / "demo"
-    for _ in range(2):  # a second run in the same workdir works
-        proc = run_demo(workdir)
-        out, err = proc.communicate(timeout=120)
+    port = free_port()
+    for _ in range(2):  # a second run in the same workdir works, on the same hub port
+        proc = run_demo(workdir, "--hub-port", str(port))
+        out, err = proc.communicate(timeout=150)
         assert proc.returncode == 0, err
         assert leftovers(workdir) == []
+    # the report tells the demo's story: only the silenced cluster is past its max age (the
+    # report runs right after a sync, with a max age that fits the demo's cadence)
+    html = (workdir / "report.html").read_text()
+    red = re.findall(r'<g class="row" data-cluster="([^"]+)">\s*<text[^>]*>[^<]*<title>[^<]*'
+                     r'</title></text>\s*<rect class="bar error"', html)
+    assert red == ["prod-west"], html
+    # one count line: the console's is the page's, pluralised alike
+    [said] = re.findall(r"> report: (.*)", err)
+    assert re.fullmatch(r"\d+ errors?, \d+ warnings?, \d+ info", said), said
+    assert f"<span>{said}</span>" in html
+    # "try next" names the hub that `demo --keep-running --hub-port` serves next, and says
+    # this run's hub stopped
+    assert f"http://127.0.0.1:{port}) stopped with it" in out
+    assert f"demo --keep-running --hub-port {port}" in out
+    assert f"--hub-url http://127.0.0.1:{port}" in out
+    # progress bars are for terminals: piped, the output holds the story only
+    assert "starting the fleet" not in err and "━" not in err and not err.startswith("\n")
     assert f"HTML report         {workdir / 'report.html'}" in out
     assert "End-to-end freshness" in out
     assert "prod-west goes silent" in err
     assert "count_mismatch" in err  # the deliberate mismatch is found
     assert "prod-east/prod-east-dra-01: DRA node matched (k8s publishes 2 GPUs through DRA" \
         in err
-    html = (workdir / "report.html").read_text()
     assert "<html" in html.lower() and "prod-west" in html
     db = f"sqlite:///{workdir / 'inventory.db'}"
     clusters = {c["cluster"]: c for c in gpufleet_json("inventory", "clusters", "--db", db)}
@@ -133,12 +154,18 @@ def test_demo_with_the_acm_hub_profile(tmp_path):
 
 
 def test_ctrl_c_stops_every_process(tmp_path):
+    from hub.devstack import free_port
+
     workdir = tmp_path / "demo"
-    proc = run_demo(workdir)
+    port = free_port()
+    proc = run_demo(workdir, "--keep-running", "--hub-port", str(port))
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and len(leftovers(workdir)) < 3:
         time.sleep(0.2)  # hub + two agents are up
     assert len(leftovers(workdir)) >= 3
+    # --keep-running serves its hub on the port the previous run's "try next" named
+    assert any(f"--web.listen-address=127.0.0.1:{port}" in line
+               for line in leftovers(workdir))
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err

@@ -78,8 +78,13 @@ def metric_names(tmp_path: Path) -> set[str]:
     with engine.begin() as conn:
         _db.apply_observations(conn, [Observation("east", "a", "GPU-1", "nvidia")],
                                inv.now_utc())
+    from hub.service import TlsFiles
+    from tests.test_api_access import make_cert
+
+    make_cert(tmp_path, "metrics")  # with TLS: the certificate's expiry is a metric too
     service = build_service(Jobs(sync=lambda: None), every=3600.0,  # type: ignore[arg-type]
-                            engine=engine, process_metrics=False)
+                            engine=engine, process_metrics=False,
+                            tls=TlsFiles(tmp_path / "tls.crt", tmp_path / "tls.key"))
     try:
         status, raw = AppClient(service.app).handle("/metrics")
     finally:
@@ -124,7 +129,7 @@ OPTION = re.compile(r"(?<![\w-])(--[a-z][a-z0-9-]*)")
 SPAN = re.compile(r"`([^`]+)`")
 FOREIGN = ("promtool", "metric-labels", "-n ", "prometheus", "kubectl", "oc ", "helm", "pip",
            "chromium", "make ", "python", "dcgm", "alembic", "curl", "pg_ctl", "initdb", "ruff",
-           "pytest", "checkov")
+           "pytest", "checkov", "apt-get")
 
 
 def resolve(words: list[str], tree: dict[tuple[str, ...], click.Command]
@@ -243,3 +248,36 @@ def test_the_file_trees_the_docs_show_are_what_render_writes(tmp_path):
             assert listed == written, f"{path.name}: `{command}` writes {sorted(written)}"
             checked += 1
     assert checked  # the onboarding guide's policy tree at least
+
+
+def test_the_readme_leads_to_every_question_a_user_brings():
+    """Usage, idle, capacity, a GPU's history, events and showback: each one example command
+    in the README, and the README links the page that explains them."""
+    readme = (ROOT / "README.md").read_text()
+    assert "(docs/usage.md)" in readme
+    examples = [line for block in re.findall(r"```sh\n(.*?)```", readme, re.S)
+                for line in block.splitlines()]
+    for question in ("gpufleet usage --since", "gpufleet idle", "gpufleet capacity",
+                     "gpufleet inventory gpu ", "gpufleet inventory events",
+                     "gpufleet usage collect", "--prices"):
+        assert any(question in line for line in examples), question
+
+
+def test_shell_steps_create_a_namespace_before_they_put_anything_in_it():
+    """A reader pastes the blocks in order: `kubectl -n NS create ...` fails before NS exists
+    (created by `kubectl create namespace NS` or a rendered namespace.yaml, whose namespace
+    is gpufleet unless --namespace says otherwise)."""
+    problems = []
+    for path in DOCS:
+        text = re.sub(r"\\\n\s*", " ", path.read_text())
+        for block in re.findall(r"```sh\n(.*?)```", text, re.S):
+            made: set[str] = set()
+            for line in block.splitlines():
+                if m := re.search(r"kubectl (?:create namespace|create ns) (\S+)", line):
+                    made.add(m.group(1))
+                elif re.search(r"kubectl apply -f \S*namespace\.yaml", line):
+                    made.add("gpufleet")
+                elif ((m := re.search(r"kubectl -n (\S+) create (?:secret|configmap)", line))
+                      and m.group(1) not in made):
+                    problems.append(f"{path.name}: {line.strip()[:80]}")
+    assert problems == [], problems

@@ -240,13 +240,17 @@ def test_rendering_twice_is_byte_identical(tmp_path):
 
 
 def test_hostile_image_is_quoted_and_cannot_add_keys(tmp_path):
-    result = render(tmp_path, "--hub-url", HUB, "--image", HOSTILE, *ACCESS)
+    refused = render(tmp_path, "--hub-url", HUB, "--image", HOSTILE, *ACCESS, out="refused")
+    assert refused.exit_code == 2 and "is not an image reference" in refused.output
+    assert not (tmp_path / "refused").exists()  # a newline: no image name has one
+    hostile = HOSTILE.replace("\n ", "").replace(" ", "")  # quotes and colons stay
+    result = render(tmp_path, "--hub-url", HUB, "--image", hostile, *ACCESS)
     assert result.exit_code == 0, result.output
 
     for path in (tmp_path / "out").glob("*.yaml"):
         assert "evil" not in all_keys(yaml.safe_load(path.read_text())), path.name
     deployment = yaml.safe_load((tmp_path / "out" / "deployment.yaml").read_text())
-    assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == HOSTILE
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == hostile
 
 
 def test_retention_is_off_unless_asked():
@@ -407,3 +411,19 @@ def test_the_deployments_arguments_are_options_serve_has(variant):
     for param, option in expected.items():
         assert bool(ctx.params.get(param)) == bool(
             {"tokens_secret": "api-tokens", **variant}.get(option)), param
+
+
+def test_forwarded_allow_ips_reaches_serve_and_a_bad_one_writes_nothing(tmp_path):
+    result = render(tmp_path, "--hub-url", HUB, *ACCESS, "--forwarded-allow-ips",
+                    "10.128.0.0/14, fd01::/48")
+    assert result.exit_code == 0, result.output
+    deployment = yaml.safe_load((tmp_path / "out" / "deployment.yaml").read_text())
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--forwarded-allow-ips") + 1] == "10.128.0.0/14,fd01::/48"
+    plain = render(tmp_path, "--hub-url", HUB, *ACCESS, out="plain")
+    assert "--forwarded-allow-ips" not in (tmp_path / "plain" / "deployment.yaml").read_text()
+    assert plain.exit_code == 0
+    bad = render(tmp_path, "--hub-url", HUB, *ACCESS, "--forwarded-allow-ips", "router",
+                 out="bad")
+    assert bad.exit_code == 2 and "'router' is not an IP address or network" in bad.output
+    assert not (tmp_path / "bad").exists()

@@ -148,3 +148,64 @@ def test_every_idle_answer_is_the_same(tmp_path):
         assert _by_namespace(api, "idle_allocated_gpu_hours") == expected
     finally:
         service.stop()
+
+
+def test_serve_takes_the_idle_rule_and_every_surface_answers_with_it(tmp_path):
+    """GPUFLEET_IDLE_FOR reaches `serve` as it reaches the CLI: its page, /api/v1/usage and
+    /api/v1/idle answer with the rule `usage` and `idle` use, and /api/v1/usage takes
+    idle_for as /api/v1/idle takes for (a 1 h rule lists the 1 h blip the 2 h default
+    does not)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from hub.devstack import free_port
+
+    url = f"sqlite:///{tmp_path / 'inv.db'}"
+    now = _db.now_utc().replace(minute=0, second=0, microsecond=0)
+    _ledger(url, now)
+    env = {**os.environ, "GPUFLEET_IDLE_FOR": "1h", "GPUFLEET_IDLE_THRESHOLD": "5"}
+    listed = gpufleet_json("idle", "--since", "24h", "--db", url, env=env)
+    assert "blip" in {r["pod"] for r in listed}  # the rule changed the answer
+    used = _by_namespace(gpufleet_json("usage", "--since", "24h", "--db", url, env=env),
+                         "idle_allocated_gpu_hours")
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hub", "serve", "--db", url, "--every", "1h",
+         "--hub-url", f"http://127.0.0.1:{free_port()}", "--listen", f"127.0.0.1:{port}"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert proc.poll() is None, proc.communicate()
+            try:
+                page = requests.get(base + "/", timeout=5)
+                break
+            except requests.ConnectionError:
+                assert time.monotonic() < deadline
+                time.sleep(0.2)
+        assert page.status_code == 200
+        assert sorted(r["pod"] for r in _page_rows(page.text, "idle")) == sorted(
+            r["pod"] for r in listed)
+        assert "for 1h or more" in page.text
+        api_usage = requests.get(base + "/api/v1/usage?since=24h", timeout=10).json()["items"]
+        assert _by_namespace(api_usage, "idle_allocated_gpu_hours") == used
+        api_idle = requests.get(base + "/api/v1/idle?since=24h", timeout=10).json()["items"]
+        assert sorted(r["pod"] for r in api_idle) == sorted(r["pod"] for r in listed)
+        # the same parameters on both: usage?idle_for= agrees with idle?for=
+        two_h_usage = requests.get(base + "/api/v1/usage?since=24h&idle_for=2h&"
+                                   "idle_threshold=5", timeout=10)
+        assert two_h_usage.status_code == 200, two_h_usage.text
+        two_h_idle = requests.get(base + "/api/v1/idle?since=24h&for=2h&threshold=5",
+                                  timeout=10).json()["items"]
+        assert _by_namespace(two_h_usage.json()["items"], "idle_allocated_gpu_hours") == \
+            _by_namespace(two_h_idle, "wasted_gpu_hours") == {
+                ns: round(v, 6) for ns, v in EXPECTED.items()}
+        assert requests.get(base + "/api/v1/usage?idle_for=soon", timeout=10
+                            ).status_code == 400
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)

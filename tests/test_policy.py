@@ -269,7 +269,12 @@ def test_acm_mode_policy_carries_the_acm_spoke_objects(tmp_path):
 
 
 def test_policy_render_is_byte_identical_and_quotes_hostile_values(tmp_path):
-    args = ["--remote-write-url", URL, "--exporter", "builtin", "--exporter-image", HOSTILE]
+    refused = run("policy", "render", "--out", str(tmp_path / "refused"), "--remote-write-url",
+                  URL, "--exporter", "builtin", "--exporter-image", HOSTILE)
+    assert refused.exit_code == 2 and "is not an image reference" in refused.output
+    assert not (tmp_path / "refused").exists()  # a newline: no image name has one
+    hostile = HOSTILE.replace("\n ", "").replace(" ", "")  # quotes and colons stay
+    args = ["--remote-write-url", URL, "--exporter", "builtin", "--exporter-image", hostile]
     one = render_policy(tmp_path, *args, out="one")
     two = render_policy(tmp_path, *args, out="two")
     for path in one.iterdir():
@@ -277,7 +282,7 @@ def test_policy_render_is_byte_identical_and_quotes_hostile_values(tmp_path):
     templates = object_templates(load(one)["policy.yaml"])
     [daemonset] = [t["objectDefinition"] for t in templates
                    if t["objectDefinition"]["kind"] == "DaemonSet"]
-    assert daemonset["spec"]["template"]["spec"]["containers"][0]["image"] == HOSTILE
+    assert daemonset["spec"]["template"]["spec"]["containers"][0]["image"] == hostile
     assert "evil" not in json.dumps([list(t["objectDefinition"]) for t in templates])
 
 
@@ -327,59 +332,91 @@ def test_apply_creates_every_object_namespace_first(kube_api, tmp_path):
     assert [(r["kind"], r["action"]) for r in rows] == [
         ("Namespace", "created"), ("ManagedClusterSetBinding", "created"),
         ("Placement", "created"), ("Policy", "created"), ("PlacementBinding", "created")]
-    assert [str(r) for r in kube_api.requests] == [
-        "POST /api/v1/namespaces",
-        "POST /apis/cluster.open-cluster-management.io/v1beta2/namespaces/gpufleet-policies/"
-        "managedclustersetbindings",
-        "POST /apis/cluster.open-cluster-management.io/v1beta1/namespaces/gpufleet-policies/"
-        "placements",
-        f"POST {POLICIES}",
-        "POST /apis/policy.open-cluster-management.io/v1/namespaces/gpufleet-policies/"
-        "placementbindings",
+    # server-side apply: one PATCH with the apply content type per object, in order
+    patches = [r.path for r in kube_api.requests if r.method == "PATCH"]
+    assert patches == [
+        f"/api/v1/namespaces/{NS}",
+        f"/apis/cluster.open-cluster-management.io/v1beta2/namespaces/{NS}/"
+        "managedclustersetbindings/default",
+        f"/apis/cluster.open-cluster-management.io/v1beta1/namespaces/{NS}/placements/"
+        "gpufleet-onboard-nvidia",
+        f"{POLICIES}/gpufleet-onboard-nvidia",
+        f"/apis/policy.open-cluster-management.io/v1/namespaces/{NS}/placementbindings/"
+        "gpufleet-onboard-nvidia",
     ]
+    assert all(r.query == {"fieldManager": "gpufleet"}
+               for r in kube_api.requests if r.method == "PATCH")
+    assert not kube_api.requests_to("PUT") and not kube_api.requests_to("POST")
     stored = kube_api.get_object("policy.open-cluster-management.io/v1", "Policy",
                                  "gpufleet-onboard-nvidia", NS)
     assert stored["spec"] == load(out)["policy.yaml"]["spec"]
     assert json.dumps(TOKEN)[1:-1] in json.dumps(stored)  # reaches the hub unresolved
+    assert [m["manager"] for m in stored["metadata"]["managedFields"]] == ["gpufleet"]
 
 
-def test_apply_again_replaces_with_the_current_resource_version(kube_api, tmp_path):
+def test_apply_again_owns_only_its_fields(kube_api, tmp_path):
+    """Labels and annotations another tool set stay; a field gpufleet applied before and
+    renders no more goes; an unchanged object is left alone."""
     kube_api.put_object({"apiVersion": "v1", "kind": "Namespace", "metadata": {
         "name": NS, "labels": {"owner": "platform"},
-        "annotations": {"openshift.io/sa.scc.uid-range": "1000/10000"}}})
+        "annotations": {"openshift.io/sa.scc.uid-range": "1000/10000"}}}, manager="openshift")
     out = render_policy(tmp_path, "--remote-write-url", URL, "--placement-label", "a=1")
     assert apply(kube_api, out).exit_code == 0
-    # Render with another label and apply again: the Placement is replaced, not merged.
-    out = render_policy(tmp_path, "--remote-write-url", URL, "--placement-label", "b=2")
-    kube_api.requests.clear()
+    # ACM (or a person) labels and annotates the Policy: not gpufleet's to wipe
+    policy = kube_api.get_object("policy.open-cluster-management.io/v1", "Policy",
+                                 "gpufleet-onboard-nvidia", NS)
+    policy["metadata"].setdefault("labels", {})["policy.open-cluster-management.io/root"] = "x"
+    policy["metadata"].setdefault("annotations", {})["acm.example/reviewed-by"] = "sre"
+    kube_api.put_object(policy, manager="acm-ui")
     result = apply(kube_api, out, "-o", "json")
     assert result.exit_code == 0, result.output
-    assert {r["action"] for r in json.loads(result.output)} == {"configured"}
+    assert {r["action"] for r in json.loads(result.output)} == {"unchanged"}, result.output
+    # Render with another label and apply again: the Placement's old label is gpufleet's
+    # own field no longer rendered, so it goes
+    out = render_policy(tmp_path, "--remote-write-url", URL, "--placement-label", "b=2")
+    result = apply(kube_api, out, "-o", "json")
+    assert result.exit_code == 0, result.output
+    assert {(r["kind"], r["action"]) for r in json.loads(result.output)} >= {
+        ("Placement", "configured")}
     placement = kube_api.get_object("cluster.open-cluster-management.io/v1beta1", "Placement",
                                     "gpufleet-onboard-nvidia", NS)
     selector = placement["spec"]["predicates"][0]["requiredClusterSelector"]["labelSelector"]
     assert selector == {"matchLabels": {"b": "2", "gpufleet.io/gpu-vendor": "nvidia"}}
-    policy_calls = [(r.method, r.path) for r in kube_api.requests if r.path.startswith(POLICIES)]
-    assert policy_calls == [("POST", POLICIES),
-                            ("GET", f"{POLICIES}/gpufleet-onboard-nvidia"),
-                            ("PUT", f"{POLICIES}/gpufleet-onboard-nvidia")]
+    after = kube_api.get_object("policy.open-cluster-management.io/v1", "Policy",
+                                "gpufleet-onboard-nvidia", NS)
+    assert after["metadata"]["labels"]["policy.open-cluster-management.io/root"] == "x"
+    assert after["metadata"]["annotations"]["acm.example/reviewed-by"] == "sre"
     namespace = kube_api.get_object("v1", "Namespace", NS)
-    assert namespace["metadata"]["labels"]["owner"] == "platform"  # merged, not replaced
+    assert namespace["metadata"]["labels"]["owner"] == "platform"
     assert namespace["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "gpufleet"
     assert namespace["metadata"]["annotations"] == {"openshift.io/sa.scc.uid-range": "1000/10000"}
-    assert ("PATCH", f"/api/v1/namespaces/{NS}") in [(r.method, r.path) for r in kube_api.requests]
 
 
-def test_apply_retries_when_someone_else_wrote_in_between(kube_api, tmp_path):
+def test_a_field_another_manager_owns_is_one_line_and_taken_only_when_forced(kube_api,
+                                                                           tmp_path):
     out = render_policy(tmp_path, "--remote-write-url", URL)
     assert apply(kube_api, out).exit_code == 0
-    kube_api.requests.clear()
-    kube_api.fail("PUT", f"{POLICIES}/gpufleet-onboard-nvidia", 409, "Conflict")
+    policy = kube_api.get_object("policy.open-cluster-management.io/v1", "Policy",
+                                 "gpufleet-onboard-nvidia", NS)
+    rendered = policy["spec"]["remediationAction"]
+    policy["spec"]["remediationAction"] = "inform" if rendered == "enforce" else "enforce"
+    kube_api.put_object(policy, manager="acm-console")  # someone switched it by hand
     result = apply(kube_api, out)
+    assert result.exit_code == 1, result.output
+    assert result.output.count("\n") == 1 and result.output.startswith("error: ")
+    assert (f"Policy {NS}/gpufleet-onboard-nvidia: .spec.remediationAction set by "
+            "acm-console; not applied") in result.output
+    assert "--force-conflicts" in result.output
+    kept = kube_api.get_object("policy.open-cluster-management.io/v1", "Policy",
+                               "gpufleet-onboard-nvidia", NS)
+    assert kept["spec"]["remediationAction"] != rendered  # the other manager's value stays
+    result = apply(kube_api, out, "--force-conflicts", "-o", "json")
     assert result.exit_code == 0, result.output
-    puts = kube_api.requests_to("PUT", POLICIES)
-    gets = kube_api.requests_to("GET", POLICIES)
-    assert len(puts) == 2 and len(gets) == 2
+    forced = kube_api.get_object("policy.open-cluster-management.io/v1", "Policy",
+                                 "gpufleet-onboard-nvidia", NS)
+    assert forced["spec"]["remediationAction"] == rendered
+    assert [r.query.get("force") for r in kube_api.requests_to("PATCH", POLICIES)][-1] == \
+        "true"
 
 
 def test_apply_keeps_status_written_by_acm(kube_api, tmp_path):
@@ -397,10 +434,10 @@ def test_apply_keeps_status_written_by_acm(kube_api, tmp_path):
 
 def test_apply_errors_are_one_line_with_exit_codes(kube_api, tmp_path):
     out = render_policy(tmp_path, "--remote-write-url", URL)
-    kube_api.fail("POST", POLICIES, 403, "Forbidden")
+    kube_api.fail("PATCH", f"{POLICIES}/gpufleet-onboard-nvidia", 403, "Forbidden")
     result = apply(kube_api, out)
     assert result.exit_code == 2 and "HTTP 403" in result.output
-    kube_api.fail("POST", POLICIES, 500, "InternalError")
+    kube_api.fail("PATCH", f"{POLICIES}/gpufleet-onboard-nvidia", 500, "InternalError")
     result = apply(kube_api, out)
     assert result.exit_code == 3 and "HTTP 500" in result.output
     result = run("policy", "apply", "--dir", str(out), "--kubeconfig",

@@ -127,8 +127,11 @@ def test_without_slices_a_dra_node_was_a_false_missing_in_kubernetes():
     plain = [v for v in views() if v.node == fx.DRA_H100]
     bare = [rc.NodeView(v.cluster, v.node, v.capacity, v.allocatable, v.labels) for v in plain]
     obs = [seen(fx.DRA_H100, 8, uuids(fx.DRA_H100, 8))]
-    assert by_node(rc.compare(bare, obs, covered={C}))[fx.DRA_H100].status == \
-        "missing_in_kubernetes"
+    missing = by_node(rc.compare(bare, obs, covered={C}))[fx.DRA_H100]
+    assert missing.status == "missing_in_kubernetes"
+    # and now it says where to look: the node may publish its GPUs through DRA
+    assert "if it publishes its GPUs through DRA, reconcile with its ResourceSlices" in \
+        missing.reason and "--resourceslices-json" in missing.reason
     assert by_node(rc.compare(plain, obs, covered={C}))[fx.DRA_H100].status == "match"
 
 

@@ -10,7 +10,8 @@ import json
 from pathlib import Path
 
 from tests.support import dra as fx
-from tests.support.clirun import gpufleet
+from tests.support.asgi import page_client
+from tests.support.clirun import gpufleet, gpufleet_json
 from tests.support.kubeapi import KubeAPI
 from tests.support.kubeapi import kube_api as kube_api
 from tests.support.nodes import ksm_text, node_object, nvidia_labels
@@ -125,6 +126,12 @@ def test_a_mixed_dra_cluster_reconciles_exactly_from_every_source(hub, fleet, ku
     assert by[fx.DRA_SILENT]["resources"] == {"gpu.nvidia.com": 4}
     assert kube_api.requests_to("GET", "/apis/resource.k8s.io/v1/resourceslices")
     assert kube_api.requests_to("GET", "/apis/resource.k8s.io/v1/resourceclaims")
+    # a DRA node is visible as one: `inventory nodes` and the node page say so
+    via = {n["node"]: n["gpus_via"] for n in gpufleet_json("inventory", "nodes", env=env)}
+    assert via[fx.DRA_H100] == "dra" and via[fx.PLUGIN] == "device-plugin"
+    assert via[fx.BOTH] == "dra+device-plugin"
+    page = page_client(db_url).get(f"/nodes/{CLUSTER}/{fx.DRA_H100}").text
+    assert "<td data-col=\"value\">dra</td>" in page.replace("\n", "")
 
     # capacity now counts the claims' GPUs as allocated where the exporter labelled no pod
     after = capacity_by_node(env)
@@ -210,3 +217,23 @@ def test_a_cluster_without_dra_is_read_as_before(kube_api: KubeAPI, tmp_path: Pa
 
 def statuses_any(rows: list[dict]) -> dict[str | None, str]:
     return {r["node"]: r["status"] for r in rows if r["scope"] == "node"}
+
+
+def test_a_nul_from_the_kubernetes_api_is_refused_before_the_database(kube_api: KubeAPI,
+                                                                      db_url: str):
+    """The probe: on PostgreSQL a NUL in a ResourceSlice's nodeName (or a ResourceClaim's
+    namespace) ended in a DataError printing the SQL. What a cluster's API serves is now
+    checked like a file: one line, exit 2, nothing written, on either database."""
+    assert gpufleet("db", "upgrade", "--db", db_url).exit_code == 0
+    kube_api.put_object(node_object(fx.DRA_H100))
+    kube_api.serve_dra("v1")
+    bad = next(s for s in fx.dra_slices() if s["spec"].get("nodeName") == fx.DRA_H100)
+    bad = {**bad, "spec": {**bad["spec"], "nodeName": fx.DRA_H100 + "\x00x"}}
+    kube_api.put_object(bad, plural="resourceslices")
+    config = kube_api.kubeconfig_path("ctx")
+    result = gpufleet("reconcile", "--kubeconfig", str(config), "--context", "ctx=c",
+                      "--db", db_url)
+    assert result.exit_code == 2, result.output
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: context ctx: a string holds a NUL character")
+    assert "SELECT" not in result.output and "INSERT" not in result.output

@@ -538,15 +538,20 @@ def test_quoted_scalars_always_parse_back_to_themselves(text):
 
 
 def test_hostile_image_cannot_inject_keys(tmp_path):
+    refused = spoke(tmp_path, "--cluster", "east", "--vendor", "nvidia", "--remote-write-url",
+                    URL, "--agent-image", HOSTILE, out="refused")
+    assert refused.exit_code == 2 and "is not an image reference" in refused.output
+    assert not (tmp_path / "refused").exists()  # a newline: no image name has one
+    hostile = HOSTILE.replace("\n ", "").replace(" ", "")  # quotes and colons stay
     result = spoke(tmp_path, "--cluster", "east", "--vendor", "nvidia", "--remote-write-url", URL,
-                   "--exporter", "builtin", "--exporter-image", HOSTILE, "--agent-image", HOSTILE)
+                   "--exporter", "builtin", "--exporter-image", hostile, "--agent-image", hostile)
     assert result.exit_code == 0, result.output
 
     for path in (tmp_path / "out").glob("*.yaml"):
         obj = yaml.safe_load(path.read_text())
         assert "evil" not in all_keys(obj), path.name
     pod = yaml.safe_load((tmp_path / "out" / "exporter-daemonset.yaml").read_text())
-    assert pod["spec"]["template"]["spec"]["containers"][0]["image"] == HOSTILE
+    assert pod["spec"]["template"]["spec"]["containers"][0]["image"] == hostile
 
 
 def test_hostile_url_is_refused_with_one_line_and_nothing_written(tmp_path):

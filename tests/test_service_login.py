@@ -49,7 +49,7 @@ def service(db_url: str, tokens: tuple[Path, dict[str, str]]) -> Iterator[Any]:
 
     started = serve(db_url, Authenticator(tokens=TokenFile(tokens[0])), metrics_open=False)
     # every test of the module signs in from 127.0.0.1, many on purpose with bad forms
-    started.app.state.gate.login.limit = SignInLimit(burst=10_000)
+    started.app.state.gate.login.limit = SignInLimit(burst=10_000, global_burst=10_000)
     yield started
     started.stop()
 
@@ -282,10 +282,12 @@ def _scopes(path: Path) -> Any:
     return load_group_scopes(path)
 
 
-def test_sessions_are_capped_per_token_and_a_full_store_signs_nobody_else_out(db_url, tokens):
-    """Many sign-ins with one token replace that token's own oldest sessions; when the store
-    is full a new sign-in is refused (503) and the sessions already there live on."""
-    sessions = Sessions(limit=3, per_token=2)
+def test_sessions_are_capped_per_person_and_a_full_store_makes_room_from_the_heaviest(
+        db_url, tokens):
+    """Many sign-ins of one person replace their own oldest sessions; a full store makes
+    room with the oldest session of the person signing in, or of whoever holds the most,
+    so nobody is refused while someone holds two."""
+    sessions = Sessions(limit=3, per_person=2)
     service = serve(db_url, Authenticator(tokens=TokenFile(tokens[0])), sessions=sessions)
     try:
         admin = [set_cookie(post_login(service, tokens[1]["admin"])).value for _ in range(3)]
@@ -293,10 +295,70 @@ def test_sessions_are_capped_per_token_and_a_full_store_signs_nobody_else_out(db
         assert [with_cookie(service, "/api/v1/clusters", sid).status_code
                 for sid in admin] == [401, 200, 200]
         team = set_cookie(post_login(service, tokens[1]["team"])).value
-        full = post_login(service, tokens[1]["team"])
-        assert full.status_code == 503 and "Set-Cookie" not in full.headers
+        assert len(sessions) == 3  # full
+        more = [set_cookie(post_login(service, tokens[1]["team"])).value for _ in range(2)]
+        # full: each further team sign-in replaced team's own oldest; admin kept theirs
+        assert len(sessions) == 3
         assert [with_cookie(service, "/api/v1/clusters", sid).status_code
-                for sid in [*admin[1:], team]] == [200, 200, 200]
+                for sid in [*admin[1:], team, *more]] == [200, 200, 401, 401, 200]
+        sessions.limit = 2  # and someone new, in a store full of admin's two and team's one:
+        assert sessions.create(Caller(Scope("x"), "x", person="token:x")) is not None
+        assert [with_cookie(service, "/api/v1/clusters", sid).status_code
+                for sid in [*admin[1:], more[-1]]] == [401, 200, 200]  # the heaviest's oldest
+    finally:
+        service.stop()
+
+
+@pytest.mark.parametrize("store", ["memory", "sqlite", "postgresql"])
+def test_a_full_store_of_different_people_refuses_the_next_one(db_url, store, request):
+    from hub.inventory import _db, ensure_schema
+    from hub.service import DbSessions
+
+    url = request.getfixturevalue("pg_url") if store == "postgresql" else db_url
+    writer = _db.make_engine(url)
+    try:
+        ensure_schema(writer)
+        sessions: Any = (Sessions(per_person=2) if store == "memory"
+                         else DbSessions(writer, per_person=2))
+        sessions.limit = len(sessions) + 2  # the module's database holds other sessions
+        made = {p: sessions.create(Caller(Scope(p), p, person=f"token:{p}"))
+                for p in ("a", "b")}
+        with pytest.raises(session.SessionsFull):
+            sessions.create(Caller(Scope("c"), "c", person="token:c"))
+        again = sessions.create(Caller(Scope("a"), "a", person="token:a"))  # a's own goes
+        assert sessions.get(made["a"][0]) is None and sessions.get(again[0]) is not None
+        assert sessions.get(made["b"][0]) is not None and len(sessions) == sessions.limit
+    finally:
+        writer.dispose()
+
+
+def test_fresh_jwts_of_one_subject_are_one_person_and_cannot_fill_the_store(db_url, tokens,
+                                                                            issuer, tmp_path):
+    """The probe: 500 fresh JWTs of one OIDC subject filled all 10,000 sessions in a minute
+    and every other sign-in got 503. Now they are one person's 20 sessions."""
+    from hub.service import SignInLimit
+
+    scopes = tmp_path / "scopes.yaml"
+    scopes.write_text(yaml.safe_dump({"scopes": [{"group": "team", "clusters": "*"}]}))
+    auth = Authenticator(tokens=TokenFile(tokens[0]),
+                         oidc=OidcVerifier(issuer.url, AUDIENCE, _scopes(scopes)))
+    sessions = Sessions(limit=100)
+    service = serve(db_url, auth, sessions=sessions)
+    service.app.state.gate.login.limit = SignInLimit(burst=10_000, global_burst=10_000)
+    try:
+        with requests.Session() as http:
+            for _ in range(500):
+                r = http.post(service.url + "/login", timeout=10, allow_redirects=False,
+                              data={"token": issuer.token("ec-1", ["team"],
+                                                          subject="mallory")})
+                assert r.status_code == 303
+                http.cookies.clear()  # a fresh browser each time, as the probe
+        assert len(sessions) == session.MAX_PER_PERSON
+        other = post_login(service, issuer.token("ec-1", ["team"], subject="alice"))
+        assert other.status_code == 303
+        assert with_cookie(service, "/api/v1/clusters", set_cookie(other).value
+                           ).status_code == 200
+        assert post_login(service, tokens[1]["team"]).status_code == 303
     finally:
         service.stop()
 
@@ -335,41 +397,124 @@ def test_sessions_in_the_database_are_shared_by_replicas_and_survive_a_restart(d
         writer.dispose()
 
 
-def test_database_sessions_are_capped_per_token_and_in_all(db_url, tokens):
+def test_database_sessions_are_capped_per_person_and_in_all(db_url, tokens):
     from hub.inventory import _db
     from hub.service import DbSessions
 
     writer = _db.make_engine(db_url)
-    store = DbSessions(writer, per_token=2)
-    store.limit = len(store) + 3  # the module's database holds other tests' sessions
+    store = DbSessions(writer, per_person=3)
+    store.limit = len(store) + 4  # the module's database holds other tests' sessions
     try:
-        admin = Caller(Scope("admin"), "admin")
-        made = [store.create(admin, "a" * 64) for _ in range(3)]
-        assert store.get(made[0][0]) is None and store.get(made[2][0]) is not None
-        store.create(Caller(Scope("team"), "team"), "b" * 64)
-        with pytest.raises(session.SessionsFull):
-            store.create(Caller(Scope("team"), "team"), "b" * 64)
-        assert store.get(made[1][0]) is not None  # nobody was signed out to make room
+        admin = Caller(Scope("admin"), "admin", person="token:admin-db")
+        made = [store.create(admin) for _ in range(4)]
+        assert store.get(made[0][0]) is None and store.get(made[1][0]) is not None
+        team = Caller(Scope("team"), "team", person="token:team-db")
+        first_team = store.create(team)  # now full
+        second_team = store.create(team)  # full: team's own oldest makes room
+        assert store.get(first_team[0]) is None and store.get(second_team[0]) is not None
+        store.create(Caller(Scope("x"), "x", person="token:x-db"))  # new: the heaviest's
+        assert store.get(made[1][0]) is None and store.get(made[2][0]) is not None
+        assert store.get(second_team[0]) is not None
     finally:
         writer.dispose()
 
 
-def test_sign_in_attempts_are_limited_per_client(db_url, tokens):
-    from hub.service import SignInLimit
+def _guess() -> str:
+    import secrets
 
-    limit = SignInLimit(burst=3, window=3600)
+    return "gpf_" + secrets.token_urlsafe(32)  # a fresh prefix each time
+
+
+def test_ten_wrong_tokens_from_one_address_keep_nobody_else_out(db_url, tokens):
+    """The probe: behind an ingress every browser shares one address, and 10 wrong tokens
+    a minute from it kept everyone out of /login (a valid administrator got 429)."""
     service = serve(db_url, Authenticator(tokens=TokenFile(tokens[0])))
-    service.app.state.gate.login.limit = limit
     try:
-        assert post_login(service, tokens[1]["team"]).status_code == 303  # does not count
-        answers = [post_login(service, "gpf_guess-" + str(i)).status_code for i in range(3)]
-        assert answers == [401, 401, 401]
-        blocked = post_login(service, tokens[1]["team"])  # even the right one, for a while
-        assert blocked.status_code == 429 and "Set-Cookie" not in blocked.headers
-        assert blocked.headers["Retry-After"] == "3600"
-        assert limit.allow("192.0.2.7") and not limit.allow("127.0.0.1")
+        assert [post_login(service, _guess()).status_code for _ in range(10)] == [401] * 10
+        assert post_login(service, tokens[1]["admin"]).status_code == 303
+        assert post_login(service, tokens[1]["team"]).status_code == 303
     finally:
         service.stop()
+
+
+def test_guesses_at_one_token_lock_only_it_and_the_lock_grows(db_url, tokens):
+    """Five failures aimed at one key (a token's first characters, an OIDC subject) lock
+    that key a minute, then twice as long while it goes on; other people sign in."""
+    service = serve(db_url, Authenticator(tokens=TokenFile(tokens[0])))
+    team = tokens[1]["team"]
+    try:
+        near = [team[:session.GUESS_PREFIX] + _guess()[4:] for _ in range(5)]
+        assert [post_login(service, t).status_code for t in near] == [401] * 5
+        blocked = post_login(service, team)  # its key: even the right token, for a while
+        assert blocked.status_code == 429 and "Set-Cookie" not in blocked.headers
+        assert 55 <= int(blocked.headers["Retry-After"]) <= 60
+        assert post_login(service, tokens[1]["admin"]).status_code == 303
+    finally:
+        service.stop()
+    clock = Clock()
+    limit = session.SignInLimit(burst=5, window=60, max_backoff=600, clock=clock)
+    waits = []
+    for _ in range(5):  # lockouts in a row: 60, 120, 240, 480, then the cap
+        for _ in range(5):
+            limit.failed("prefix:gpf_abcd")
+        waits.append(limit.wait("prefix:gpf_abcd"))
+        clock.now += waits[-1]
+    assert waits == [60, 120, 240, 480, 600] and limit.allow("sub:alice")
+    clock.now += 60  # a clean window: back to a minute
+    for _ in range(5):
+        limit.failed("prefix:gpf_abcd")
+    assert limit.wait("prefix:gpf_abcd") == 60
+
+
+def test_guesses_sprayed_at_many_keys_stop_new_sign_ins_not_known_people(db_url, tokens):
+    from hub.service import SignInLimit
+
+    service = serve(db_url, Authenticator(tokens=TokenFile(tokens[0])))
+    service.app.state.gate.login.limit = SignInLimit(global_burst=10, window=3600)
+    try:
+        assert post_login(service, tokens[1]["admin"]).status_code == 303  # known now
+        assert [post_login(service, _guess()).status_code for _ in range(10)] == [401] * 10
+        assert post_login(service, _guess()).status_code == 429
+        assert post_login(service, tokens[1]["team"]).status_code == 429  # new: waits
+        assert post_login(service, tokens[1]["admin"]).status_code == 303
+    finally:
+        service.stop()
+
+
+def test_forwarded_for_is_believed_only_from_forwarded_allow_ips(db_url, tokens, caplog):
+    """The probe: from loopback, X-Forwarded-For picked the address the limit counted (50
+    guesses, no 429). Now the header is ignored unless the peer is a listed proxy, and
+    the limit counts what is guessed whatever the address says."""
+    caplog.set_level(logging.INFO, logger="gpufleet.auth")
+    auth = Authenticator(tokens=TokenFile(tokens[0]))
+    service = serve(db_url, auth)
+    prefix = tokens[1]["admin"][:session.GUESS_PREFIX]
+    try:
+        answers = [post_login(service, prefix + _guess()[4:],
+                              headers={"X-Forwarded-For": f"198.51.100.{i}"}).status_code
+                   for i in range(50)]
+        assert answers == [401] * 5 + [429] * 45
+        assert "198.51.100." not in caplog.text and "sign-in from 127.0.0.1 failed" in caplog.text
+    finally:
+        service.stop()
+    caplog.clear()
+    proxied = serve(db_url, auth, forwarded_allow_ips=["127.0.0.1"])
+    try:
+        post_login(proxied, _guess(), headers={"X-Forwarded-For": "203.0.113.7"})
+        assert "sign-in from 203.0.113.7 failed" in caplog.text
+    finally:
+        proxied.stop()
+
+
+def test_serve_checks_forwarded_allow_ips():
+    from click.testing import CliRunner
+
+    from hub.cli import cli
+
+    result = CliRunner().invoke(cli, ["serve", "--hub-url", "http://127.0.0.1:1",
+                                      "--forwarded-allow-ips", "10.0.0.0/8,ingress"])
+    assert result.exit_code == 2
+    assert "--forwarded-allow-ips: 'ingress' is not an IP address or network" in result.output
 
 
 def test_a_session_cookie_is_dead_after_sign_out_or_when_its_token_is_removed(db_url,
@@ -393,16 +538,21 @@ def test_a_session_cookie_is_dead_after_sign_out_or_when_its_token_is_removed(db
         service.stop()
 
 
+def refused_count(service: Any, admin: str) -> float:
+    """gpufleet_api_refused_requests_total{reason="unauthenticated"} as /metrics says now."""
+    text = get(service, "/metrics", admin).text
+    line = next(x for x in text.splitlines() if x.startswith(
+        'gpufleet_api_refused_requests_total{reason="unauthenticated"}'))
+    return float(line.split()[-1])
+
+
 def test_failed_sign_ins_are_counted_and_no_token_or_session_id_reaches_the_log(
         service, tokens, caplog):
     caplog.set_level(logging.DEBUG)
     admin = tokens[1]["admin"]
 
     def refused() -> float:
-        text = get(service, "/metrics", admin).text
-        line = next(x for x in text.splitlines() if x.startswith(
-            'gpufleet_api_refused_requests_total{reason="unauthenticated"}'))
-        return float(line.split()[-1])
+        return refused_count(service, admin)
 
     before = refused()
     bad = post_login(service, "gpf_wrong-sign-in-token")
@@ -416,6 +566,24 @@ def test_failed_sign_ins_are_counted_and_no_token_or_session_id_reaches_the_log(
     assert "signed in: team" in caplog.text  # the name is logged, nothing secret
     for secret in ("gpf_wrong-sign-in-token", tokens[1]["team"], admin, sid):
         assert secret not in caplog.text
+
+
+def test_a_browsers_first_visit_is_sent_to_sign_in_not_counted_as_refused(service, tokens,
+                                                                        caplog):
+    caplog.set_level(logging.INFO)
+    admin = tokens[1]["admin"]
+
+    def refused() -> float:
+        return refused_count(service, admin)
+
+    before = refused()
+    first = requests.get(service.url + "/", timeout=10, allow_redirects=False,
+                         headers={"Accept": "text/html,application/xhtml+xml"})
+    assert first.status_code == 303 and first.headers["Location"] == "/login"
+    assert refused() == before and "refused /" not in caplog.text
+    # a script without a token is still refused, and counted
+    script = requests.get(service.url + "/api/v1/gpus", timeout=10)
+    assert script.status_code == 401 and refused() == before + 1
 
 
 def test_sign_in_refuses_other_sites_urls_and_unreadable_forms(service, tokens):

@@ -144,6 +144,12 @@ def test_query_of_a_metric_the_hub_does_not_know_warns_on_stderr(synced):
     empty = gpufleet("query", 'DCGM_FI_DEV_GPU_UTIL{cluster="nowhere"}', env=env)
     assert empty.exit_code == 0 and empty.stderr == ""
     assert gpufleet("query", "sum by (cluster) (DCGM_FI_DEV_GPU_UTIL)", env=env).stderr == ""
+    # the dashboard's vendor alternatives: an NVIDIA hub lacks AMD's name, and that is fine
+    either = gpufleet("query", 'DCGM_FI_DEV_GPU_UTIL{cluster="nowhere"} or '
+                               'amd_gpu_gfx_activity{cluster="nowhere"}', env=env)
+    assert either.exit_code == 0 and either.stderr == ""
+    neither = gpufleet("query", "DCGM_FI_DEV_GPU_UTL or amd_gpu_gfx_activty", env=env)
+    assert "no series named 'DCGM_FI_DEV_GPU_UTL'" in neither.stderr
 
 
 def test_a_reconcile_that_compared_nothing_says_so_and_exits_1(synced, tmp_path):

@@ -134,27 +134,36 @@ def test_showback_csv_export_with_cluster_override_and_mig_share(tmp_path):
                    env={"GPUFLEET_DB": url})
     assert out.exit_code == 0, out.output
     lines = out.stdout.splitlines()
-    assert lines[0].endswith(",energy_kwh,cost,unpriced_gpu_hours")
+    assert lines[0].endswith(",energy_kwh,cost,unpriced_gpu_hours,period_start,period_end,"
+                             "currency")
     rows = {line.split(",")[0]: line.split(",") for line in lines[1:]}
     # ml: 3 h of a whole H100 in east at 2.5 + 3 h of a 3/7 slice of one in west at 2.1
-    assert float(rows["ml"][-2]) == pytest.approx(3 * 2.5 + 3 * 3 / 7 * 2.1)
-    assert float(rows["vision"][-2]) == pytest.approx(3 * 0.5 * 1.2)
+    assert float(rows["ml"][-5]) == pytest.approx(3 * 2.5 + 3 * 3 / 7 * 2.1)
+    assert float(rows["vision"][-5]) == pytest.approx(3 * 0.5 * 1.2)
+    # the export says which period it bills (no currency named in this price file)
+    assert rows["ml"][-3:] == ["2026-10-01T20:00:00.000Z", "2026-10-01T23:00:00.000Z", ""]
     assert out.stderr == ""
 
 
-def test_a_model_without_a_price_is_never_billed_as_zero(tmp_path):
+def test_showback_names_its_currency_and_flags_prices_nothing_used(tmp_path):
     url = _ledger(tmp_path)
     prices = tmp_path / "prices.yaml"
-    prices.write_text('"NVIDIA H100 80GB HBM3": 2.5\n')
+    prices.write_text('currency: EUR\n"NVIDIA H100 80GB HBM3": 2.5\n'
+                      '"NVIDIA A100-SXM4-80GB": 1.2\n"NVIDIA H100 80GB  HBM3": 9\n'
+                      'clusters:\n  north:\n    "NVIDIA H100 80GB HBM3": 2.1\n')
     out = gpufleet("usage", *PERIOD, "--prices", str(prices), "-o", "json",
                    env={"GPUFLEET_DB": url})
-    assert out.exit_code == 0
+    assert out.exit_code == 0, out.output
     import json
 
-    rows = {r["namespace"]: r for r in json.loads(out.stdout)}
-    assert rows["vision"]["cost"] is None and rows["vision"]["unpriced_gpu_hours"] == 1.5
-    assert rows["ml"]["cost"] == pytest.approx(3 * 2.5 + 3 * 3 / 7 * 2.5)
-    assert "no price for NVIDIA A100-SXM4-80GB (1.50 GPU-hours)" in out.stderr
+    assert {r["currency"] for r in json.loads(out.stdout)} == {"EUR"}
+    [note] = [line for line in out.stderr.splitlines() if line.startswith("note: ")]
+    assert "'NVIDIA H100 80GB  HBM3'" in note and "'NVIDIA H100 80GB HBM3' (clusters.north)" \
+        in note and "no GPU-hour of the period has" in note
+    bad = tmp_path / "bad.yaml"
+    bad.write_text('currency: euros\n"NVIDIA H100 80GB HBM3": 2.5\n')
+    out = gpufleet("usage", *PERIOD, "--prices", str(bad), env={"GPUFLEET_DB": url})
+    assert out.exit_code == 2 and "currency 'euros' is not an ISO 4217 code" in out.stderr
 
 
 @pytest.mark.parametrize("text, message", [

@@ -8,7 +8,11 @@ from typing import Any
 
 import click
 
-from hub.common import ConfiguredCommand, UnavailableError, format_duration
+from hub.common import ConfiguredCommand, UnavailableError
+
+#: the demo hub's default port (hub.devstack.DEMO_HUB_PORT; spelled here so --help loads
+#: nothing heavy)
+DEMO_HUB_PORT = 19090
 
 
 @click.command(cls=ConfiguredCommand)
@@ -25,11 +29,15 @@ from hub.common import ConfiguredCommand, UnavailableError, format_duration
               help="Make the hub behave like ACM Observability's (scaled down): sparse pushes "
                    "without staleness markers, a look-back of twice the push interval, "
                    "clusterID on every series.")
+@click.option("--hub-port", type=click.IntRange(0, 65535), default=DEMO_HUB_PORT, show_default=True,
+              help="Loopback port of the demo's hub Prometheus, the same on every run so the "
+                   "commands it suggests reach the next `demo --keep-running`; 0 picks a "
+                   "free one.")
 @click.option("--keep-running", is_flag=True,
               help="Leave the fleet running at the end so you can try the PromQL; it keeps "
                    "syncing and collecting usage as `serve` does. Ctrl-C stops.")
 def demo(clusters: int, nodes: int, gpus_per_node: int, workdir: Path, keep_running: bool,
-         acm_profile: bool, **_: Any) -> None:
+         acm_profile: bool, hub_port: int, **_: Any) -> None:
     """Run a local multi-cluster GPU fleet end to end, on loopback.
 
     Starts a hub Prometheus with the remote-write receiver, one Prometheus agent per cluster
@@ -44,10 +52,12 @@ def demo(clusters: int, nodes: int, gpus_per_node: int, workdir: Path, keep_runn
     from hub import devstack
     from hub.common import console as make_console
 
+    g = devstack.gpufleet_command()
     console = make_console(stderr=True)
     bars: dict[str, Any] = {}
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        console=console, transient=True)
+                        console=console, transient=True,
+                        disable=not sys.stderr.isatty())  # silent when piped
 
     def say(text: str) -> None:
         console.print(f"[bold]>[/bold] {text}")
@@ -61,7 +71,8 @@ def demo(clusters: int, nodes: int, gpus_per_node: int, workdir: Path, keep_runn
         with progress:
             result = devstack.run(clusters=clusters, nodes=nodes, gpus_per_node=gpus_per_node,
                               workdir=workdir, say=say, progress=step, keep_running=keep_running,
-                              acm_profile=acm_profile)
+                              acm_profile=acm_profile, hub_port=hub_port,
+                              try_next=lambda url: query_lines(g, url))
     except TimeoutError as exc:
         raise UnavailableError(f"demo: {exc}") from None
     except FileNotFoundError as exc:
@@ -75,7 +86,6 @@ def demo(clusters: int, nodes: int, gpus_per_node: int, workdir: Path, keep_runn
                    "the inventory shows it)")
     click.echo(f"Whole run           {result.elapsed_s:.0f}s")
     click.echo("")
-    g = devstack.gpufleet_command()
     click.echo("Try next (in any shell):")
     if g != "gpufleet" and (Path(g).parent / "activate").is_file():
         click.echo(f"  . {Path(g).parent / 'activate'}   # puts gpufleet on PATH; or type it "
@@ -84,11 +94,22 @@ def demo(clusters: int, nodes: int, gpus_per_node: int, workdir: Path, keep_runn
     click.echo(f"  {g} inventory gpus --db {db} --cluster {result.clusters[0]['cluster']}")
     for title, args in devstack.demo_usage_commands(db)[:2]:
         click.echo(f"  {g} {' '.join(args)}   # {title}")
-    click.echo(f"  {g} report --db {db} --idle-for "
-               f"{format_duration(devstack.DEMO_IDLE_FOR)} -o markdown   # the demo's idle rule")
-    click.echo(f"  {g} demo --keep-running   # then, while it runs:")
-    click.echo(f"  {g} query 'count by (cluster) (DCGM_FI_DEV_GPU_TEMP)' "
-               f"--hub-url {result.hub_url}")
-    click.echo(f"  {g} query 'avg by (cluster) (DCGM_FI_DEV_GPU_UTIL)' --range 5m --step 30s "
-               f"--hub-url {result.hub_url}")
+    click.echo(f"  {g} {' '.join(devstack.report_args(db))} -o markdown   # the demo's "
+               "report rules")
+    again = "" if hub_port == DEMO_HUB_PORT else f" --hub-port {hub_port}"
+    if hub_port:
+        click.echo(f"The demo's hub ({result.hub_url}) stopped with it; "
+                   f"`{g} demo --keep-running{again}` serves it at the same address, then:")
+    else:
+        click.echo(f"The demo's hub stopped with it; `{g} demo --keep-running` serves a new "
+                   "one and prints its address (--hub-port keeps one address), then:")
+    for line in query_lines(g, result.hub_url if hub_port else "<the hub it prints>"):
+        click.echo(f"  {line}")
     sys.stdout.flush()
+
+
+def query_lines(g: str, hub_url: str) -> list[str]:
+    """PromQL to try against a running demo hub."""
+    return [f"{g} query 'count by (cluster) (DCGM_FI_DEV_GPU_TEMP)' --hub-url {hub_url}",
+            f"{g} query 'avg by (cluster) (DCGM_FI_DEV_GPU_UTIL)' --range 5m --step 30s "
+            f"--hub-url {hub_url}"]

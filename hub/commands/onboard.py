@@ -202,11 +202,20 @@ def policy_render(namespace: str, placement_label: tuple[str, ...], remediation:
 @policy.command("apply", cls=ConfiguredCommand)
 @click.option("--dir", "directory", envvar=env("dir"), metavar="DIR",
               help="Directory written by `gpufleet policy render`.")
+@click.option("--force-conflicts", is_flag=True,
+              help="Take over fields another field manager (ACM, kubectl) set on an object; "
+                   "without it such a conflict stops the apply with one line (exit 1).")
 @_kube_options
 @output_option("table", "json")
 def policy_apply(directory: str | None, kubeconfig: str | None, context: str | None,
-                 output: str, config: str | None = None) -> None:
-    """Create or update the rendered policy objects on the ACM hub."""
+                 output: str, force_conflicts: bool, config: str | None = None) -> None:
+    """Create or update the rendered policy objects on the ACM hub by server-side apply.
+
+    As `kubectl apply --server-side --field-manager gpufleet`: gpufleet owns the fields it
+    sets and no others, so labels, annotations and fields ACM or another tool set on the
+    objects stay. A field another manager owns is reported (exit 1) and taken over only with
+    --force-conflicts. action: created, configured or unchanged.
+    """
     from hub import kube  # the kubernetes client loads only for commands that need it
 
     if not directory:
@@ -214,7 +223,7 @@ def policy_apply(directory: str | None, kubeconfig: str | None, context: str | N
     objects = onboarding.load_dir(directory)
     api = kube.api_client(kubeconfig, context)
     with api:
-        rows = onboarding.apply_objects(api, objects)
+        rows = onboarding.apply_objects(api, objects, force_conflicts=force_conflicts)
     emit(rows, APPLY_COLUMNS, output)
 
 

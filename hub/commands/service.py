@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -16,6 +17,7 @@ from hub import inventory as inv
 from hub import onboard, usage
 from hub import service as svc
 from hub.commands.core import database, hub_client
+from hub.commands.usage import idle_options
 from hub.commands.validate import instance_types_option, load_catalog
 from hub.common import (
     DURATION,
@@ -51,10 +53,12 @@ def service_jobs(engine: Engine, client: HubClient, *, stale_after: float, clust
                  push_interval: float = 300.0, window: float = 3600.0,
                  usage_bucket: float = 3600.0, usage_retention: float = 400 * 86400.0,
                  usage_max_backfill: float = 48 * 3600.0,
-                 prune_stale_after: float | None = None, catalog: Any = None) -> svc.Jobs:
+                 prune_stale_after: float | None = None, catalog: Any = None,
+                 stopping: Callable[[], bool] = lambda: False) -> svc.Jobs:
     """The scheduled work: sync; then, when asked, a hub-side reconcile and a prune of what
     has been stale for longer than ``prune_stale_after``; then every completed usage bucket
-    not collected yet (a push interval after its end); then the findings.
+    not collected yet (a push interval after its end); then the findings. ``stopping``
+    (SIGTERM) ends a usage catch-up between two buckets; the next start resumes it.
 
     The findings are exactly `gpufleet report`'s (hub.validate.assess with this client), so
     /api/v1/findings and `gpufleet_findings` agree with what an operator prints.
@@ -82,10 +86,13 @@ def service_jobs(engine: Engine, client: HubClient, *, stale_after: float, clust
                                      push_interval=push_interval, retention=usage_retention,
                                      max_backfill=usage_max_backfill,
                                      cluster_label=cluster_label,
-                                     lock_timeout=max(lock_timeout, 60.0))
+                                     lock_timeout=max(lock_timeout, 60.0), stop=stopping)
         if result.collected:
             log.info("usage: collected %d bucket(s), %d rows", len(result.collected),
                      result.rows)
+        if result.stopped:
+            log.info("usage: stopped between buckets, %d left for the next start",
+                     result.stopped)
         if result.failed:
             raise UnavailableError(f"usage: {len(result.failed)} bucket(s) not collected "
                                    f"({result.failed[0][1]}); retried after the next sync")
@@ -169,6 +176,12 @@ class _ServeGroup(ConfiguredCommand, click.Group):
               help="How long a browser stays signed in at /login (at most until its token "
                    "expires); sessions live in the inventory database, shared by replicas "
                    "and kept across a restart.")
+@click.option("--forwarded-allow-ips", envvar=env("forwarded-allow-ips"), default="",
+              metavar="IP[,CIDR...]",
+              help="Proxies (an ingress controller, the OpenShift router) whose "
+                   "X-Forwarded-For and X-Forwarded-Proto are believed: addresses or networks, "
+                   "comma-separated, or '*' for any peer. Default: none, not even loopback, "
+                   "so no client can pick the address the log and limits see.")
 @_file_option("--tls-cert-file",
               help="Serve HTTPS with this certificate (PEM, chain allowed); re-read when it "
                    "changes, as cert-manager rotates it.")
@@ -186,6 +199,7 @@ class _ServeGroup(ConfiguredCommand, click.Group):
 @click.option("--prune-stale-after", type=DURATION, envvar=env("prune-stale-after"),
               metavar="DURATION", help="After each sync, delete GPUs, nodes and clusters "
               "stale for longer than this (as `gpufleet inventory prune`). Default: never.")
+@idle_options
 @max_age_option
 @push_interval_option
 @window_option
@@ -198,12 +212,14 @@ class _ServeGroup(ConfiguredCommand, click.Group):
 def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
           tokens_file: str | None, oidc_issuer: str | None, oidc_audience: str | None,
           oidc_scope_claim: str, scopes_file: str | None, allow_unauthenticated: bool,
-          metrics_open: bool, session_ttl: float, tls_cert_file: str | None,
+          metrics_open: bool, session_ttl: float, forwarded_allow_ips: str,
+          tls_cert_file: str | None,
           tls_key_file: str | None, usage_bucket: float, usage_retention: float,
           usage_max_backfill: float, prices: str | None, prune_stale_after: float | None,
           instance_types: str | None,
           max_age: float, push_interval: float, window: float, stale_after: float,
-          lock_timeout: float, cluster_label: str, db: str | None, **opts: Any) -> None:
+          lock_timeout: float, cluster_label: str, db: str | None, idle_threshold: float,
+          idle_for: float, **opts: Any) -> None:
     """Run the hub service: sync on a schedule and serve the inventory over HTTP.
 
     \b
@@ -230,6 +246,10 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
     kube-state-metrics through the hub. Syncs take the same lock as `gpufleet sync`, so a
     CronJob or a second service on the same database never runs beside it. SIGTERM stops it
     cleanly (exit 0); Ctrl-C exits 130.
+
+    The idle rule (--idle-threshold, --idle-for, GPUFLEET_IDLE_THRESHOLD/_FOR) is the
+    page's and the default of /api/v1/usage and /api/v1/idle: the same answer as `gpufleet
+    usage` and `gpufleet idle` given the same rule.
     """
     if ctx.invoked_subcommand is not None:
         return
@@ -239,10 +259,14 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
         raise InputError("--stale-after must be greater than 0")
     if session_ttl <= 0:
         raise InputError("--session-ttl must be greater than 0")
+    if not oidc_scope_claim.strip() or not oidc_scope_claim.isprintable():
+        raise InputError(f"--oidc-scope-claim {oidc_scope_claim!r} is not a claim name (every "
+                         "OIDC caller would have no group and get 403)")
     if prune_stale_after is not None and prune_stale_after <= stale_after:
         raise InputError("--prune-stale-after must be longer than --stale-after")
     usage.check_settings(bucket=usage_bucket, push_interval=push_interval,
                          retention=usage_retention, max_backfill=usage_max_backfill)
+    proxies = proxy_addresses(forwarded_allow_ips)
     price_table = usage.load_prices(prices) if prices else None
     try:
         host, port = parse_listen(listen)
@@ -262,9 +286,11 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for handler in logging.getLogger().handlers:  # no URL password in any line, whoever logs
         handler.addFilter(RedactingFilter())
+        handler.addFilter(_UvicornNames())
     if auth.oidc is not None:
         auth.oidc.jwks.warm()
     logging.getLogger("alembic").setLevel(logging.WARNING)
+    stopping = threading.Event()  # SIGTERM: set at once, so long work ends between steps
     with hub_client(opts) as client, database(db, create=True) as engine:
         readonly = svc.read_only_engine(db)
         try:
@@ -275,13 +301,16 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
                                 usage_bucket=usage_bucket, usage_retention=usage_retention,
                                 usage_max_backfill=usage_max_backfill,
                                 prune_stale_after=prune_stale_after,
-                                catalog=load_catalog(instance_types) if reconcile else None)
+                                catalog=load_catalog(instance_types) if reconcile else None,
+                                stopping=stopping.is_set)
+            rule = usage.IdleRule(idle_threshold, idle_for)
             try:  # bind first: a port in use fails before anything touches the database
                 service = svc.build_service(jobs, every=every, engine=readonly, host=host,
-                                            port=port, page_sections=svc.USAGE_SECTIONS,
+                                            port=port, page_sections=svc.usage_sections(rule),
                                             auth=auth, metrics_open=metrics_open, tls=tls,
                                             sessions=svc.DbSessions(engine, ttl=session_ttl),
-                                            prices=price_table)
+                                            prices=price_table, idle_rule=rule,
+                                            forwarded_allow_ips=proxies)
             except OSError as exc:
                 reason = exc.strerror or str(exc)
                 raise InputError(f"cannot listen on {listen}: {reason}") from None
@@ -290,9 +319,35 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
             except BaseException:
                 service.server.close()
                 raise
-            _run(service, client, engine, every)
+            _run(service, client, engine, every, stopping)
         finally:
             readonly.dispose()
+
+
+def proxy_addresses(text: str) -> list[str]:
+    """``--forwarded-allow-ips``: addresses and networks (``10.128.0.0/14``), or ``*``."""
+    import ipaddress
+
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    for name in names:
+        if name == "*":
+            continue
+        try:
+            ipaddress.ip_network(name, strict=False)
+        except ValueError:
+            raise InputError(f"--forwarded-allow-ips: {name!r} is not an IP address or "
+                             "network (e.g. 10.128.0.0/14), nor '*'") from None
+    return names
+
+
+class _UvicornNames(logging.Filter):
+    """uvicorn logs its normal lines (started, waiting, shutting down) under "uvicorn.error";
+    someone grepping the log for errors should not find them: they read as "uvicorn"."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name == "uvicorn.error" and record.levelno < logging.WARNING:
+            record.name = "uvicorn"
+        return True
 
 
 def access(*, tokens_file: str | None, oidc_issuer: str | None, oidc_audience: str | None,
@@ -369,8 +424,9 @@ def token_create(name: str, clusters: tuple[str, ...], namespaces: tuple[str, ..
                f"add under 'tokens:' in the --tokens-file:\n  {line}")
 
 
-def _run(service: svc.Service, client: HubClient, engine: Engine, every: float) -> None:
-    stop = threading.Event()  # set by SIGTERM; Ctrl-C stays a KeyboardInterrupt (exit 130)
+def _run(service: svc.Service, client: HubClient, engine: Engine, every: float,
+         stop: threading.Event | None = None) -> None:
+    stop = stop or threading.Event()  # set by SIGTERM; Ctrl-C stays a KeyboardInterrupt (130)
     with on_sigterm(lambda signum, frame: stop.set()):
         service.start()
         click.echo(f"gpufleet serve: {service.url} (sync every {format_duration(every)} from "
@@ -441,6 +497,11 @@ def hub_group() -> None:
               envvar=env("allow-from-namespace"), metavar="NS",
               help="A namespace whose pods may reach the service (repeat: ingress "
                    "controller, monitoring). Default: only the service's own namespace.")
+@click.option("--forwarded-allow-ips", envvar=env("forwarded-allow-ips"), default="",
+              metavar="IP[,CIDR...]",
+              help="Proxies whose X-Forwarded-For the service believes (serve "
+                   "--forwarded-allow-ips): the cluster network's CIDR behind an ingress or "
+                   "an OpenShift route. Default: none.")
 @click.option("--prune-stale-after", type=DURATION, envvar=env("prune-stale-after"),
               metavar="DURATION", help="Let the Deployment delete what has been stale for "
               "longer than this after each sync (serve --prune-stale-after). Default: never.")
@@ -455,8 +516,9 @@ def hub_render(out: str | None, namespace: str, image: str, kind: str, every: st
                tokens_secret: str | None, oidc_issuer: str | None,
                oidc_audience: str | None, oidc_scope_claim: str,
                scopes_configmap: str | None, allow_unauthenticated: bool,
-               allow_from_namespaces: tuple[str, ...], prune_stale_after: float | None,
-               grafana: bool, cluster_label: str, **_: Any) -> None:
+               allow_from_namespaces: tuple[str, ...], forwarded_allow_ips: str,
+               prune_stale_after: float | None, grafana: bool, cluster_label: str,
+               **_: Any) -> None:
     """Write the hub service's manifests into --out (apply with `kubectl apply -k DIR`).
 
     Secrets are referenced by name, never rendered: create the database Secret (and the
@@ -478,7 +540,8 @@ def hub_render(out: str | None, namespace: str, image: str, kind: str, every: st
         oidc_issuer=oidc_issuer, oidc_audience=oidc_audience,
         oidc_scope_claim=oidc_scope_claim, scopes_configmap=scopes_configmap,
         allow_unauthenticated=allow_unauthenticated,
-        allow_from_namespaces=allow_from_namespaces)
+        allow_from_namespaces=allow_from_namespaces,
+        forwarded_allow_ips=proxy_addresses(forwarded_allow_ips))
     files = onboard.render_hub_service(
         values, extra=onboard.render_grafana(cluster_label) if grafana else None)
     onboard.write_tree(files, out)

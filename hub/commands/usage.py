@@ -4,6 +4,8 @@ the inventory's usage ledger."""
 from __future__ import annotations
 
 import datetime as dt
+import threading
+import time
 from typing import Any
 
 import click
@@ -13,6 +15,7 @@ from hub import usage as answers
 from hub.commands.core import database, hub_client, require_schema
 from hub.common import (
     DURATION,
+    PERCENT,
     ConfiguredCommand,
     ConfiguredGroup,
     InputError,
@@ -22,8 +25,9 @@ from hub.common import (
     emit,
     format_duration,
     hub_options,
-    lock_timeout_option,
+    on_sigterm,
     output_option,
+    progress,
     push_interval_option,
     to_json,
 )
@@ -68,7 +72,7 @@ def idle_options(func):
         help="Allocated time counts as idle only in runs under --idle-threshold at least "
              "this long (what `gpufleet idle --for` lists).")(func)
     return click.option(
-        "--idle-threshold", type=click.FloatRange(0, 100),
+        "--idle-threshold", type=PERCENT,
         default=answers.IDLE_THRESHOLD_PCT, show_default=True,
         envvar="GPUFLEET_IDLE_THRESHOLD",
         help="Average utilisation % under which an allocated bucket is idle.")(func)
@@ -82,7 +86,11 @@ def period_options(func):
                         help="The last DURATION (default 24h).")(func)
 
 
-@click.group(cls=ConfiguredGroup, invoke_without_command=True)
+class _UsageGroup(ConfiguredCommand, ConfiguredGroup):
+    """``usage`` answers by itself and has subcommands: it takes ``--config`` like both."""
+
+
+@click.group(cls=_UsageGroup, invoke_without_command=True)
 @period_options
 @click.option("--by", "by", multiple=True, type=click.Choice(list(answers.GROUPS)),
               help="Group by (repeatable; default namespace).")
@@ -140,7 +148,18 @@ def usage(ctx: click.Context, since: float | None, from_: str | None, until: str
                                          missing=missing, bill=bill, node_priced=priced)
     figures = [*answers.USAGE_FIGURES,
                *(answers.COST_FIGURES if prices or bill else [])]
-    emit(rows, [*answers.group_columns(by), *figures], output)
+    columns = [*answers.group_columns(by), *figures]
+    if prices is not None or bill is not None:  # a showback says its period and currency
+        stamp = {"period_start": start, "period_end": end,
+                 "currency": prices.currency if prices is not None else None}
+        rows = [{**row, **stamp} for row in rows]
+        columns += list(stamp)
+    if prices is not None:
+        with database(db) as engine, engine.connect() as conn:
+            seen = answers.models_used(conn, start, end)
+        if note := answers.unused_note(prices, seen):
+            click.echo(f"note: {note}", err=True)
+    emit(rows, columns, output)
     if bill is not None:
         click.echo(f"note: {answers.describe_bill(bill, priced)}", err=True)
     if note := answers.missing_note(missing):
@@ -162,10 +181,16 @@ def usage(ctx: click.Context, since: float | None, from_: str | None, until: str
               metavar="DURATION", help="Ledger rows older than this are removed (at least "
               "1d and --max-backfill).")
 @click.option("--replace-grid", is_flag=True,
-              help="Start the ledger over on --bucket's grid: removes every row (with --yes).")
-@click.option("--yes", is_flag=True, help=f"Confirm --replace-grid, or a period of more "
-              f"than {answers.CONFIRM_BUCKETS:,} buckets.")
-@lock_timeout_option
+              help="Start the ledger over on --bucket's grid: removes every row (with --yes), "
+                   "in one transaction with the new grid's first bucket, once collected; "
+                   "refused, the ledger unchanged, while the hub does not answer.")
+@click.option("--yes", is_flag=True, help=f"Confirm --replace-grid, or a period (or a "
+              f"catch-up of --max-backfill) of more than {answers.CONFIRM_BUCKETS:,} buckets.")
+@click.option("--lock-timeout", type=DURATION, default="5m", show_default=True,
+              envvar="GPUFLEET_LOCK_TIMEOUT", metavar="DURATION",
+              help="How long to wait for another ledger writer (`serve`, a second collect) "
+                   "to finish a bucket: a cron next to `serve` waits its turn rather than "
+                   "leaving its hours for the next run.")
 @hub_options
 @cluster_label_option
 @db_option
@@ -191,6 +216,7 @@ def collect(since: float | None, from_: str | None, until: str | None, bucket: f
         raise InputError("--replace-grid removes every row of the usage ledger; add --yes")
     chosen = period(since, from_, until, default_since=None)
     starts = None
+    now = time.time()
     if chosen is not None:
         start, end = (t.replace(tzinfo=dt.UTC).timestamp() for t in chosen)
         starts = answers.buckets_between(start, end, bucket)
@@ -198,16 +224,30 @@ def collect(since: float | None, from_: str | None, until: str | None, bucket: f
             raise InputError(f"the period holds {len(starts):,} buckets of "
                              f"{format_duration(bucket)} (more than "
                              f"{answers.CONFIRM_BUCKETS:,}); add --yes to collect them all")
+    elif not replace_grid:
+        backfill_guard(max_backfill, bucket)
     with hub_client(opts) as client, database(db, create=True) as engine:
         ensure_schema(engine)
+        settings: dict[str, Any] = dict(
+            bucket=bucket, push_interval=push_interval, resolution=step, starts=starts,
+            max_backfill=max_backfill, retention=usage_retention,
+            cluster_label=cluster_label, lock_timeout=lock_timeout)
         if replace_grid:
-            removed = answers.replace_grid(engine, bucket, lock_timeout)
+            removed, result = answers.collect_on_new_grid(engine, client, **settings)
             click.echo(f"usage ledger started over on buckets of {format_duration(bucket)} "
                        f"({removed} rows removed)", err=True)
-        result = answers.collect_usage(
-            engine, client, bucket=bucket, push_interval=push_interval, resolution=step,
-            starts=starts, max_backfill=max_backfill, retention=usage_retention,
-            cluster_label=cluster_label, lock_timeout=lock_timeout)
+        else:
+            if starts is None:  # a catch-up: as many buckets as were missed, asked the same way
+                starts = pending_plan(engine, now=now, bucket=bucket,
+                                      max_backfill=max_backfill,
+                                      push_interval=push_interval, yes=yes)
+            stop = threading.Event()  # SIGTERM: end between two buckets; the next resumes
+            with on_sigterm(lambda signum, frame: stop.set()), \
+                    progress(f"usage buckets of {format_duration(bucket)}",
+                             len(starts)) as advance:
+                result = answers.collect_usage(
+                    engine, client, **{**settings, "starts": starts}, now=now,
+                    on_bucket=lambda _start, _rows: advance(1), stop=stop.is_set)
     if output == "json":
         click.echo(to_json(result.as_dict()))
     else:
@@ -218,8 +258,34 @@ def collect(since: float | None, from_: str | None, until: str | None, bucket: f
                                f"{first.isoformat()}Z: {error}; the next collect retries them")
 
 
+def backfill_guard(max_backfill: float, bucket: float) -> None:
+    """A catch-up can never hold more than MAX_BUCKETS buckets (refused before anything is
+    asked, with the count): the limit of an explicit period, said about --max-backfill."""
+    most = int(max_backfill // bucket)
+    if most > answers.MAX_BUCKETS:
+        raise InputError(f"--max-backfill {format_duration(max_backfill)} holds {most:,} "
+                         f"buckets of {format_duration(bucket)} (at most "
+                         f"{answers.MAX_BUCKETS:,}); shorten --max-backfill or use a larger "
+                         "--bucket")
+
+
+def pending_plan(engine: Any, *, now: float, bucket: float, max_backfill: float,
+                 push_interval: float, yes: bool) -> list[float]:
+    """The buckets a catch-up would collect; more than CONFIRM_BUCKETS need --yes, as an
+    explicit period's do (14,077 buckets of 12s once ran 18 minutes unasked)."""
+    with engine.connect() as conn:
+        starts = answers.pending_buckets(conn, now=now, bucket=bucket,
+                                         max_backfill=max_backfill, delay=push_interval)
+    if len(starts) > answers.CONFIRM_BUCKETS and not yes:
+        raise InputError(f"catching up --max-backfill {format_duration(max_backfill)} means "
+                         f"{len(starts):,} buckets of {format_duration(bucket)} not collected "
+                         f"yet (more than {answers.CONFIRM_BUCKETS:,}); add --yes to collect "
+                         "them all, or shorten --max-backfill")
+    return starts
+
+
 @click.command(cls=ConfiguredCommand)
-@click.option("--threshold", type=click.FloatRange(0, 100),
+@click.option("--threshold", type=PERCENT,
               default=answers.IDLE_THRESHOLD_PCT, show_default=True,
               envvar="GPUFLEET_IDLE_THRESHOLD",
               help="Average utilisation % under which an allocated bucket is idle.")

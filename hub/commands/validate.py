@@ -9,7 +9,6 @@ problems", so cron jobs and CI can gate on it.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import click
@@ -20,17 +19,22 @@ from hub.commands.usage import idle_options
 from hub.common import (
     DURATION,
     EXIT_FINDINGS,
+    MAX_JSON_BYTES,
     ConfiguredCommand,
     ConfiguredGroup,
     InputError,
+    check_document,
     cluster_label_option,
+    counts_line,
     db_option,
     emit,
     env,
     hub_options,
     max_age_option,
     output_option,
+    parse_json,
     push_interval_option,
+    read_text,
     window_option,
 )
 
@@ -78,17 +82,11 @@ def _pairs(values: tuple[str, ...], flag: str, *, value_required: bool) -> list[
 
 
 def _json_file(flag: str, cluster: str, path: str) -> Any:
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise InputError(f"{flag} {cluster}={path}: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise InputError(f"{flag} {cluster}={path}: not UTF-8 text") from None
-    try:
-        return json.loads(text)
-    except ValueError as exc:
-        raise InputError(f"{flag} {cluster}={path}: not valid JSON "
-                         f"(line {getattr(exc, 'lineno', '?')})") from None
+    """The file's JSON, bounded (hub.common.parse_json): nesting, numbers beyond 64 bits or
+    infinite, and a NUL in any string are one-line input errors, never a RecursionError,
+    an OverflowError or a database error far from here."""
+    what = f"{flag} {cluster}={path}"
+    return parse_json(read_text(path, what, max_bytes=MAX_JSON_BYTES), what)
 
 
 def _per_cluster(pairs: list[tuple[str, str]], flag: str,
@@ -149,6 +147,9 @@ def _nodes_from_kube(pairs: list[tuple[str, str]], kubeconfig: str | None,
             found = kube_.read_gpu_objects(api)
         finally:
             api.close()
+        # what a cluster's API serves is checked as a file would be: a NUL in a nodeName or
+        # a namespace must not reach the database
+        check_document([found.nodes, found.slices, found.claims], f"context {context}")
         views += [validation.node_from_object(cluster, obj, keep) for obj in found.nodes]
         views = validation.with_dra(views, cluster, found.slices)
         if found.claims is not None:
@@ -372,9 +373,7 @@ def report(ctx: click.Context, max_age: float, push_interval: float, window: flo
     text = validation.render_report(result, output, max_findings=max_findings)
     if out:
         validation.write_atomic(out, text)
-        c = result.counts
-        click.echo(f"wrote {out}: {c['error']} errors, {c['warning']} warnings, "
-                   f"{c['info']} info", err=True)
+        click.echo(f"wrote {out}: {counts_line(result.counts)}", err=True)
     else:
         click.echo(text, nl=False)
     if hub_failure is not None:

@@ -44,9 +44,12 @@ def _x(text: Any) -> str:
 
 
 def _num(value: float) -> str:
-    """A figure as people read it: 12.5, 0.25, 1,234."""
+    """A figure as people read it: 12.5, 0.25, 1,234; a tiny one as <0.01, never 0 above a
+    table that holds 0.002 (the tables round with the same rule: hub.common.for_people)."""
     if value == 0:
         return "0"
+    if abs(value) < 0.01:
+        return "<0.01" if value > 0 else ">-0.01"
     if abs(value) >= 100:
         return f"{value:,.0f}"
     if abs(value) >= 10:
@@ -280,7 +283,13 @@ def utilisation_chart(points: Sequence[Mapping[str, Any]], *, start: dt.datetime
     ``points``: ``{"at", "utilisation_pct", "sm_active_pct"}``; ``sm_active_pct`` None
     everywhere (the exporters do not send the profiling field, or the ledger does not keep
     it) draws no line and says "not exported" in the legend, rather than a flat zero.
+
+    The time axis starts at the first point when that is later than ``start``: a fleet
+    younger than the window spans its whole life across the chart, not a few pixels at its
+    right edge.
     """
+    if points:
+        start = max(start, min(p["at"] for p in points))
     util = [(p["at"], p.get("utilisation_pct")) for p in points]
     sm = [(p["at"], p.get("sm_active_pct")) for p in points]
     has_sm = any(v is not None for _, v in sm)
@@ -298,7 +307,7 @@ def utilisation_chart(points: Sequence[Mapping[str, Any]], *, start: dt.datetime
                 body.append(f'<polyline class="line {name}" points="{pts}" fill="none" '
                             f'stroke="{SERIES_COLOURS[name]}" stroke-width="2"/>')
     span = (end - start).total_seconds()
-    fmt = "%H:%M" if span <= 2 * 86400 else "%m-%d"
+    fmt = "%H:%M:%S" if span < 3600 else "%H:%M" if span <= 2 * 86400 else "%m-%d"
     for i in range(5):
         at = start + (end - start) * i / 4
         x = geo["left"] + geo["plot_w"] * i / 4
@@ -447,11 +456,12 @@ def capacity_chart(rows: Sequence[Mapping[str, Any]], *, chart_id: str = "capaci
     allocated = sum(v["allocated"] for _, v in data)
     stale = sum(v["stale"] for _, v in data)
     return _bar_chart(chart_id, "Capacity by model: allocated, free, stale", data,
-                      CAPACITY_PARTS, PART_COLOURS, "GPUs", "No GPUs in the inventory.",
+                      CAPACITY_PARTS, PART_COLOURS, "GPU-equivalents",
+                      "No GPUs in the inventory.",
                       f"{_num(allocated)} allocated, {_num(free)} free, {_num(stale)} stale "
                       "GPU-equivalents",
                       ["Model", "Allocated", "Free", "Stale"] if table else None, "model",
-                      value_text=lambda b: (f"{_num(b['total'])} GPUs, "
+                      value_text=lambda b: (f"{_num(b['total'])} GPU-equivalents, "
                                             f"{_num(_part(b, 'free'))} free"))
 
 

@@ -9,12 +9,12 @@ uses it too, so it lives with the shared helpers.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 import click
 
 from hub.common._errors import InputError
+from hub.common._textfiles import parse_yaml, read_text, refuse_nul
 
 CONFIG_ENV = "GPUFLEET_CONFIG"
 
@@ -67,20 +67,8 @@ def load_config(path: str, root: click.Command,
     load every command to look further, so ``gpufleet exporter --config`` with exporter keys
     never imports the hub's machinery (SQLAlchemy, Alembic, Kubernetes, Jinja2).
     """
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise InputError(f"cannot read config file {path}: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise InputError(f"config file {path} is not a text (UTF-8) file") from None
-    import yaml  # only when a --config file is given: not on every command's start
-
-    try:
-        data = yaml.safe_load(text) or {}
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise InputError(f"config file {path} is not valid YAML{where}") from None
+    what = f"config file {path}"
+    data = parse_yaml(read_text(path, what), what) or {}
     if not isinstance(data, dict):
         raise InputError(f"config file {path} must be a mapping of option names to values")
     own = _long_names(command) if command is not None else {}
@@ -92,6 +80,7 @@ def load_config(path: str, root: click.Command,
             known = _all_option_names(root)
         if name == "config" or (name not in own and name not in (known or {})):
             raise InputError(f"config file {path}: unknown option {key!r}")
+        refuse_nul(value, f"{what}: {key}")
         values[own.get(name) or (known or {}).get(name) or name] = value
     return values
 

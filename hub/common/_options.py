@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -13,6 +13,7 @@ import click
 from hub.common._durations import DURATION
 from hub.common._errors import InputError
 from hub.common._redact import register_secret
+from hub.common._textfiles import read_text
 
 F = Callable[..., Any]
 
@@ -24,6 +25,22 @@ def _stack(*decorators: Callable[[F], F]) -> Callable[[F], F]:
         return func
 
     return apply
+
+
+class FiniteFloatRange(click.FloatRange):
+    """click's FloatRange, which lets ``nan`` through (every comparison with it is false):
+    an idle threshold of nan silently made every hour busy."""
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:
+        number = super().convert(value, param, ctx)
+        if isinstance(number, float) and math.isnan(number):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        return number
+
+
+#: a percentage, 0 to 100, nan refused
+PERCENT = FiniteFloatRange(0, 100)
 
 
 def env(name: str) -> str:
@@ -89,10 +106,7 @@ def _db_url(ctx: click.Context, param: click.Parameter, value: str | None) -> st
     if path and value:
         raise InputError("--db and --db-file exclude each other")
     if path:
-        try:
-            value = Path(path).read_text().strip()
-        except OSError as exc:
-            raise InputError(f"cannot read --db-file {path}: {exc.strerror}") from None
+        value = read_text(path, f"--db-file {path}", max_bytes=64 * 1024).strip()
         if not value or "\n" in value:
             raise InputError(f"--db-file {path} must hold one database URL on one line "
                              "(the content is not shown)")

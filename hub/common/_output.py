@@ -5,11 +5,12 @@ Commands build plain data; this module is the only place that knows about termin
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import datetime as dt
 import io
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import click
@@ -107,6 +108,37 @@ def console(*, stderr: bool = False):  # -> rich.console.Console
     stream = sys.stderr if stderr else sys.stdout
     return Console(stderr=stderr, highlight=False, soft_wrap=True,
                    width=min(terminal_width(stream), NO_WRAP))
+
+
+@contextlib.contextmanager
+def progress(description: str, total: int | None = None, *,
+             stream: Any = None) -> Iterator[Callable[[int], None]]:
+    """A progress bar on standard error while long work runs (collect, sync, the demo's
+    set-up): yields ``advance(n=1)``. Only on a terminal: piped or in a log it is silent, so
+    a cron job's output holds results, not bars; the bar goes away when the work is done."""
+    import sys
+
+    stream = sys.stderr if stream is None else stream
+    if not (hasattr(stream, "isatty") and stream.isatty()):
+        yield lambda n=1: None
+        return
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn()] + ([TimeRemainingColumn()] if total else [])
+    bar = Progress(*columns, console=Console(file=stream, highlight=False),
+                   transient=True)
+    with bar:
+        task = bar.add_task(description, total=total)
+        yield lambda n=1: bar.advance(task, n)
 
 
 def to_table(rows: Sequence[dict[str, Any]], columns: Sequence[str],

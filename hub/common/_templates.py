@@ -22,17 +22,21 @@ def template_roots() -> tuple[Path, Path]:
     raise UnavailableError(f"gpufleet templates not found next to {package} (broken installation?)")
 
 
-
 def html_environment() -> Any:  # -> jinja2.Environment (Jinja2 imported here: spoke never is)
     """The Jinja2 environment of gpufleet's HTML (templates/report): the report file and the
     service's live page share its layout and tables. Autoescaped, so a hostile cluster or pod
     name is text, never markup; strict, so a missing value fails a test, not a user."""
     import jinja2
 
-    return jinja2.Environment(
+    from hub.common._numbers import counted, counts_line, for_people
+
+    env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(template_roots()[0] / "report")),
         autoescape=True,
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
     )
+    # one rounding and one pluralisation on every page (report file and live page alike)
+    env.filters.update(people=for_people, counted=counted, counts_line=counts_line)
+    return env

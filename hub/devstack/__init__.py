@@ -14,11 +14,14 @@ from hub.devstack._acm import (
 )
 from hub.devstack._demo import (
     DEMO_BUCKET,
+    DEMO_HUB_PORT,
     DEMO_IDLE_FOR,
+    REPORT_MAX_AGE,
     collect_usage,
     demo_usage_commands,
     gpufleet_command,
     keep_syncing,
+    report_args,
     run,
 )
 from hub.devstack._prometheus import (
@@ -30,7 +33,9 @@ from hub.devstack._prometheus import (
 
 __all__ = [
     "DEMO_BUCKET",
+    "DEMO_HUB_PORT",
     "DEMO_IDLE_FOR",
+    "REPORT_MAX_AGE",
     "MetricsCollector",
     "PrometheusProcess",
     "RbacQueryProxy",
@@ -43,6 +48,7 @@ __all__ = [
     "hub_config",
     "inject_matchers",
     "keep_syncing",
+    "report_args",
     "require_binary",
     "run",
 ]

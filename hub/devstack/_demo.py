@@ -60,8 +60,17 @@ DEMO_BUCKET = 12.0
 #: The idle rule at the demo's scale (`gpufleet idle` defaults to 2h): under 5 % for one
 #: whole bucket. The console, the HTML report and the suggested commands all use it.
 DEMO_IDLE_FOR = DEMO_BUCKET
+#: The demo hub's port, the same on every run, so the "try next" lines of one run name the
+#: hub that `demo --keep-running` serves next (not a system Prometheus's 9090).
+DEMO_HUB_PORT = 19090
 #: How far back the demo's collect catches up (the demo's whole life, with room).
 DEMO_BACKFILL = 3600.0
+#: The report's --max-age at the demo's cadence. The demo syncs right before it reports (as
+#: `serve` syncs on its interval), so a reporting cluster's newest sample is a push plus the
+#: sync and the report's own start old: a few seconds, more on a loaded 2-core machine.
+#: Twice --stale-after leaves that room; the silent cluster is made older than it before the
+#: report runs (see :func:`wait_until_older`), so it, and only it, is past the max age.
+REPORT_MAX_AGE = 2 * STALE_AFTER
 
 Say = Callable[[str], None]
 
@@ -327,13 +336,28 @@ def node_exporter(node: Node, attributed: bool = False) -> Any:  # -> spoke.Expo
 
 
 def start_fleet(p: Plan, workdir: Path, fleet: Fleet, say: Say,
-                acm_profile: bool = False) -> PrometheusProcess:
+                acm_profile: bool = False, hub_port: int = 0,
+                progress: Callable[[str, int, int], None] = lambda what, done, total: None
+                ) -> PrometheusProcess:
+    """Start the hub (on ``hub_port``; 0: a free one), the exporters and the agents, with
+    a progress step for each (the set-up is the slow part on a small machine)."""
     from spoke import MetricsServer
 
+    total, started = 1 + len(p.nodes) + len(p.clusters), 0
+
+    def one_more() -> None:
+        nonlocal started
+        started += 1
+        progress("starting the fleet (hub, exporters, agents)", started, total)
+
+    progress("starting the fleet (hub, exporters, agents)", 0, total)
+
     hub = PrometheusProcess(workdir / "hub", hub_config(),
-                            extra_args=hub_args(ACM_LOOKBACK) if acm_profile else None)
+                            extra_args=hub_args(ACM_LOOKBACK) if acm_profile else None,
+                            port=hub_port or None)
     fleet.procs.append(hub)
     hub.start()
+    one_more()
     say(f"hub Prometheus (remote-write receiver) on {hub.url}"
         + (f", look-back {ACM_LOOKBACK:g}s like ACM's Thanos" if acm_profile else ""))
     for node in p.nodes:
@@ -344,6 +368,7 @@ def start_fleet(p: Plan, workdir: Path, fleet: Fleet, say: Say,
         server = MetricsServer(exporter, "127.0.0.1", 0).start()
         fleet.servers.append(server)
         node.target = server.url.removeprefix("http://")
+        one_more()
     for cluster in p.clusters:
         targets = [n.target for n in p.nodes if n.cluster == cluster]
         vendors = sorted({n.vendor for n in p.nodes if n.cluster == cluster})
@@ -353,6 +378,7 @@ def start_fleet(p: Plan, workdir: Path, fleet: Fleet, say: Say,
             fleet.agents[cluster] = MetricsCollector(
                 hub.url, cluster, [f"http://{t}/metrics" for t in targets],
                 interval=ACM_PUSH).start()
+            one_more()
             say(f"cluster {cluster}: {len(targets)} nodes ({', '.join(vendors)}), ACM-like "
                 f"collector pushing every {ACM_PUSH:g}s with cluster and clusterID, "
                 "no staleness markers")
@@ -360,6 +386,7 @@ def start_fleet(p: Plan, workdir: Path, fleet: Fleet, say: Say,
         agent = start_agent(workdir / f"agent-{cluster}", cluster, targets, hub.url)
         fleet.procs.append(agent)
         fleet.agents[cluster] = agent
+        one_more()
         say(f"cluster {cluster}: {len(targets)} nodes ({', '.join(vendors)}), agent pushing "
             f"with cluster={cluster}")
     return hub
@@ -411,9 +438,24 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def port_free(port: int) -> bool:
+    """Whether a loopback listener could bind ``port`` now (a port in TIME_WAIT can: the
+    previous demo's hub just closed it, and Prometheus binds with SO_REUSEADDR too)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def run(*, clusters: int, nodes: int, gpus_per_node: int, workdir: Path, say: Say,
         progress: Callable[[str, int, int], None], keep_running: bool = False,
-        acm_profile: bool = False) -> Result:
+        acm_profile: bool = False, hub_port: int = DEMO_HUB_PORT,
+        try_next: Callable[[str], list[str]] = lambda hub_url: []) -> Result:
     started = time.monotonic()
     if clusters < 2 or nodes < 1 or gpus_per_node < 1:
         raise InputError("the demo needs at least 2 clusters, 1 node and 1 GPU per node")
@@ -425,7 +467,10 @@ def run(*, clusters: int, nodes: int, gpus_per_node: int, workdir: Path, say: Sa
     fleet = Fleet()
     with on_sigterm(_interrupt):
         try:
-            hub = start_fleet(p, workdir, fleet, say, acm_profile)
+            if hub_port and not port_free(hub_port):
+                raise UnavailableError(f"demo: port {hub_port} is taken (another demo still "
+                                       "running?); --hub-port 0 picks a free one")
+            hub = start_fleet(p, workdir, fleet, say, acm_profile, hub_port, progress)
             client = HubClient(hub.url)
             engine = inv.make_engine(db_url, create=True)
             first = wait_for_data(engine, client, p, lambda seen, want: progress(
@@ -442,12 +487,8 @@ def run(*, clusters: int, nodes: int, gpus_per_node: int, workdir: Path, say: Sa
             say(f"cluster {p.silent} goes silent (its "
                 + ("collector" if acm_profile else "agent") + " stopped)")
             quiet_since = time.monotonic()
-            while (waited := time.monotonic() - quiet_since) < STALE_AFTER + 1:
-                progress(f"waiting for {p.silent} to pass --stale-after", int(waited),
-                         int(STALE_AFTER + 1))
-                time.sleep(0.5)
-            progress(f"waiting for {p.silent} to pass --stale-after", int(STALE_AFTER + 1),
-                     int(STALE_AFTER + 1))
+            wait_until_older(p.silent, quiet_since, STALE_AFTER + 1, progress,
+                             what="--stale-after")
             second = run_sync(engine, client, stale_after=STALE_AFTER)
             say(f"sync: {second.clusters} clusters reporting, {second.gpus} GPUs active")
             with engine.connect() as conn:
@@ -459,16 +500,36 @@ def run(*, clusters: int, nodes: int, gpus_per_node: int, workdir: Path, say: Sa
                         progress=lambda done, want: progress("usage buckets ending", done,
                                                              want))
             reconcile_counts = reconcile(p, workdir, db_url, say)
+            wait_until_older(p.silent, quiet_since, REPORT_MAX_AGE + STALE_AFTER, progress)
+            engine = inv.make_engine(db_url)
+            try:  # the report reads the inventory as of now, as serve's cadence keeps it
+                run_sync(engine, client, stale_after=STALE_AFTER)
+            finally:
+                engine.dispose()
             report_exit = make_report(db_url, hub.url, report, say, push)
             if keep_running:
                 say(f"fleet still running, syncing and collecting usage every "
                     f"{KEEP_SYNC_EVERY:g}s; hub at {hub.url}; inventory database {db_url}; "
-                    f"HTML report {report}. Ctrl-C to stop.")
+                    f"HTML report {report}. Ctrl-C to stop. Try, in another shell:")
+                for line in try_next(hub.url):
+                    say("  " + line)
                 keep_syncing(db_url, client, say, every=KEEP_SYNC_EVERY, push=push)
         finally:
             fleet.close()
     return Result(db_url, report, hub.url, freshness, reconcile_counts, report_exit,
                   cluster_rows, time.monotonic() - started)
+
+
+def wait_until_older(cluster: str, quiet_since: float, seconds: float,
+                     progress: Callable[[str, int, int], None], what: str = "the report's "
+                     "--max-age", sleep: Callable[[float], None] = time.sleep) -> None:
+    """Wait (with a progress bar) until ``cluster``, silent since ``quiet_since`` (monotonic),
+    has been silent ``seconds``; returns at once when it already has."""
+    label = f"waiting for {cluster} to pass {what}"
+    while (waited := time.monotonic() - quiet_since) < seconds:
+        progress(label, int(waited), int(seconds))
+        sleep(0.5)
+    progress(label, int(seconds), int(seconds))
 
 
 def collect_usage(engine, client: HubClient, *, push: float) -> usage.CollectResult:
@@ -593,21 +654,21 @@ def reconcile(p: Plan, workdir: Path, db_url: str, say: Say) -> dict[str, int]:
     return counts
 
 
+def report_args(db_url: str, push: float = DEMO_PUSH) -> list[str]:
+    """The demo's report flags: its max age, push interval and idle rule (the console's)."""
+    return ["report", "--db", db_url, "--max-age", format_duration(REPORT_MAX_AGE),
+            "--push-interval", format_duration(push),
+            "--idle-for", format_duration(DEMO_IDLE_FOR)]
+
+
 def make_report(db_url: str, hub_url: str, out: Path, say: Say,
                 push: float = DEMO_PUSH) -> int:
-    idle = ["--idle-for", format_duration(DEMO_IDLE_FOR)]  # the console's idle rule
-    warn = f"{push:g}s"
-    proc = _gpufleet("report", "--db", db_url, "--hub-url", hub_url,
-                     "--max-age", f"{STALE_AFTER:g}s", "--push-interval", warn, *idle,
+    """One report run writes the HTML; its own count line (the page's) is what the console
+    says, so the two never disagree."""
+    proc = _gpufleet(*report_args(db_url, push), "--hub-url", hub_url,
                      "-o", "html", "--out", str(out))
     if proc.returncode not in (0, 1) or not out.exists():
         raise UnavailableError(f"demo: report failed: {_last_line(proc.stderr)}")
-    summary = _gpufleet("report", "--db", db_url, "--max-age", f"{STALE_AFTER:g}s",
-                        "--push-interval", warn, *idle, "-o", "json")
-    findings = json.loads(summary.stdout).get("findings", []) if summary.stdout else []
-    by_severity: dict[str, int] = {}
-    for f in findings:
-        by_severity[f["severity"]] = by_severity.get(f["severity"], 0) + 1
-    say("report: " + (", ".join(f"{n} {s}" for s, n in sorted(by_severity.items()))
-                      or "no findings"))
+    wrote = _last_line(proc.stderr)
+    say("report: " + (wrote.rsplit(": ", 1)[1] if wrote.startswith("wrote ") else wrote))
     return proc.returncode

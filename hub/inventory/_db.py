@@ -616,7 +616,9 @@ GPU_COLUMNS = [
 ]
 #: gpus: physical GPUs reporting (active); stale_gpus: known physical GPUs that stopped, so a
 #: silent cluster shows what was last known instead of a bare 0
-NODE_COLUMNS = ["cluster", "node", "gpus", "stale_gpus", "state", "last_seen", "last_sample_at"]
+#: gpus_via: how Kubernetes publishes the node's GPUs (dra | device-plugin | dra+device-plugin)
+NODE_COLUMNS = ["cluster", "node", "gpus", "stale_gpus", "state", "last_seen", "last_sample_at",
+                "gpus_via"]
 #: naming: which dcgm naming its NVIDIA GPUs send (legacy | dcgm-4.7 | both), since when
 CLUSTER_COLUMNS = ["cluster", "nodes", "gpus", "stale_gpus", "state", "last_seen",
                    "last_sample_at", "naming", "naming_since"]
@@ -660,14 +662,32 @@ def _gpu_counts(*keys: sa.Column, cluster: str | None) -> sa.Subquery:
 
 
 def list_nodes(conn: Connection, cluster: str | None = None) -> list[dict[str, Any]]:
+    """One row per node; ``gpus_via`` says how Kubernetes publishes its GPUs as the latest
+    reconcile that judged the node read it: ``dra`` (ResourceSlices), ``device-plugin``,
+    ``dra+device-plugin``; None before any reconcile saw the node or when it saw none."""
+    from hub.inventory._reconcile_runs import reconcile_results as results
+
     counts = _gpu_counts(gpus.c.cluster, gpus.c.node, cluster=cluster)
+    latest = (sa.select(results.c.cluster, results.c.node,
+                        sa.func.max(results.c.run_id).label("run_id"))
+              .group_by(results.c.cluster, results.c.node).subquery())
+    mode = (sa.select(results.c.cluster, results.c.node, results.c.mode)
+            .join(latest, sa.and_(latest.c.cluster == results.c.cluster,
+                                  latest.c.node == results.c.node,
+                                  latest.c.run_id == results.c.run_id)).subquery())
     joined = nodes.outerjoin(counts, sa.and_(counts.c.cluster == nodes.c.cluster,
-                                             counts.c.node == nodes.c.node))
+                                             counts.c.node == nodes.c.node)
+                             ).outerjoin(mode, sa.and_(mode.c.cluster == nodes.c.cluster,
+                                                       mode.c.node == nodes.c.node))
+    via = sa.case((mode.c.mode.in_(("dra", "dra+device-plugin")), mode.c.mode),
+                  (sa.or_(mode.c.mode.is_(None), mode.c.mode == "none"), None),
+                  else_="device-plugin")
     stmt = _where_cluster(
         sa.select(nodes.c.cluster, nodes.c.node,
                   sa.func.coalesce(counts.c.gpus, 0).label("gpus"),
                   sa.func.coalesce(counts.c.stale_gpus, 0).label("stale_gpus"),
-                  nodes.c.state, nodes.c.last_seen, nodes.c.last_sample_at
+                  nodes.c.state, nodes.c.last_seen, nodes.c.last_sample_at,
+                  via.label("gpus_via")
                   ).select_from(joined), nodes, cluster,
     ).order_by(nodes.c.cluster, nodes.c.node)
     return [dict(r) for r in conn.execute(stmt).mappings()]

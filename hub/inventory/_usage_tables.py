@@ -16,6 +16,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from hub.common import json_number
 from hub.inventory._db import metadata
 
 usage = sa.Table(
@@ -129,4 +130,6 @@ def recent_usage(conn: Connection, uuid: str, limit: int = 48) -> list[dict[str,
     stmt = (sa.select(usage).where(usage.c.uuid == uuid)
             .order_by(usage.c.bucket_start.desc(), usage.c.slice, usage.c.namespace,
                       usage.c.pod).limit(limit))
-    return [dict(r) for r in conn.execute(stmt).mappings()]
+    # sane JSON precision: a 5-minute bucket is 0.083333 GPU-hours, not 0.08333333333333333
+    return [{k: json_number(v) if isinstance(v, float) else v for k, v in r.items()}
+            for r in conn.execute(stmt).mappings()]

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hub.common import InputError, read_input_file
+from hub.common import InputError, load_yaml
 
 SHIPPED = Path(__file__).resolve().parent / "instance_types.yaml"
 #: the node labels that name a node's instance type, preferred first (the beta one is what
@@ -185,15 +185,9 @@ def parse_catalog(raw: Any, source: str = "instance-type file") -> Catalog:
 
 
 def _read_yaml(path: Path, what: str) -> Any:
-    import yaml
-
-    text = read_input_file(path, what)
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" (line {mark.line + 1})" if mark is not None else ""
-        raise InputError(f"{what} {path} is not valid YAML{at}") from None
+    """Bounded like every YAML file a user hands us (hub.common.load_yaml): size, UTF-8,
+    alias expansion, a type named twice."""
+    return load_yaml(path, f"{what} {path}")
 
 
 _shipped: Catalog | None = None

@@ -117,7 +117,9 @@ def translate(exc: BaseException, api: client.ApiClient, doing: str) -> Gpufleet
             refused.http_status = code  # type: ignore[attr-defined]
             return refused
         if code == 404:
-            return UnavailableError(f"{doing}: not found at {host}: {message}")
+            missing = UnavailableError(f"{doing}: not found at {host}: {message}")
+            missing.http_status = 404  # type: ignore[attr-defined]  (absent, not unreachable)
+            return missing
         if code >= 500 or code == 429:
             return UnavailableError(f"Kubernetes API at {host} failed {doing} (HTTP {code}): "
                                     f"{message}")

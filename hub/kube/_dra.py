@@ -211,7 +211,7 @@ def _slice(obj: Mapping[str, Any]) -> _Slice:
     try:
         generation = int(pool.get("generation") or 0)
         count = int(pool.get("resourceSliceCount") or 1)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # 1e400 is a float: int() overflows
         raise SliceError(f"ResourceSlice {name}: spec.pool generation and resourceSliceCount "
                          "must be integers") from None
     devices = spec.get("devices") or []

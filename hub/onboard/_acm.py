@@ -1,10 +1,11 @@
 """Put rendered ACM governance objects on the hub, and read their compliance back.
 
-``apply`` is what ``kubectl apply -k`` would do for these few kinds, without kubectl on the
-operator's machine: create, and when the object exists (409), replace it carrying the current
-``resourceVersion`` so a concurrent edit is detected instead of overwritten. Namespaces are the
-exception: they are shared with other tools (OpenShift annotates them), so only our labels are
-merged into an existing one. ``policy_status`` reads ``Policy.status``: the overall
+``apply`` is what ``kubectl apply --server-side --field-manager gpufleet`` does for these few
+kinds, without kubectl on the operator's machine: one PATCH with the apply content type per
+object. gpufleet owns the fields it sets and no others, so the labels, annotations and fields
+ACM or another tool set (OpenShift annotates namespaces, ACM writes status and may label a
+Policy) stay; a field another manager owns is a conflict, reported in one line and taken over
+only with ``--force-conflicts``. ``policy_status`` reads ``Policy.status``: the overall
 ``compliant`` and the per-cluster ``status[]`` entries ACM's policy propagator fills in.
 
 All API access goes through :mod:`hub.kube`.
@@ -21,13 +22,11 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from hub.common import InputError, UnavailableError
+from hub.common import EXIT_FINDINGS, GpufleetError, InputError, UnavailableError
 from hub.kube import call, list_all, translate
 
 POLICY_GROUP = "policy.open-cluster-management.io"
 CLUSTER_GROUP = "cluster.open-cluster-management.io"
-#: Conflicts tolerated in a row while replacing one object (someone else keeps writing it).
-MAX_CONFLICTS = 3
 
 
 @dataclass(frozen=True)
@@ -95,64 +94,90 @@ def _describe(obj: dict[str, Any]) -> str:
     return f"{obj['kind']} {where}{meta['name']}"
 
 
-def _apply_namespace(api: client.ApiClient, obj: dict[str, Any]) -> str:
-    core = client.CoreV1Api(api)
-    name = obj["metadata"]["name"]
-    doing = f"creating {_describe(obj)}"
-    try:
-        call(api, doing, core.create_namespace, obj)
-        return "created"
-    except ApiException as exc:
-        if exc.status != 409:
-            raise translate(exc, api, doing) from None
-    patch = {"metadata": {"labels": obj["metadata"].get("labels") or {}}}
-    try:
-        call(api, f"labelling {_describe(obj)}", core.patch_namespace, name, patch,
-             _content_type="application/merge-patch+json")
-    except ApiException as exc:
-        raise translate(exc, api, f"labelling {_describe(obj)}") from None
-    return "configured"
+#: The field manager gpufleet applies as: it owns the fields it sets, no others.
+FIELD_MANAGER = "gpufleet"
+APPLY_PATCH = "application/apply-patch+yaml"
 
 
-def _apply_custom(api: client.ApiClient, res: Resource, obj: dict[str, Any]) -> str:
-    custom = client.CustomObjectsApi(api)
+class ApplyConflict(GpufleetError):
+    """Another field manager (ACM, a person with kubectl) owns a field gpufleet would set:
+    a problem found, not an input error; --force-conflicts takes the fields over."""
+
+    exit_code = EXIT_FINDINGS
+
+
+def _conflict(exc: ApiException, obj: dict[str, Any]) -> ApplyConflict:
+    """One line from the API's Status: which fields, set by which managers."""
+    import json
+    import re
+
+    try:
+        status = json.loads(exc.body or "{}")
+    except ValueError:
+        status = {}
+    causes = [c for c in (status.get("details") or {}).get("causes") or []
+              if isinstance(c, dict)]
+    fields = sorted({str(c.get("field")) for c in causes if c.get("field")})
+    managers = sorted({m for c in causes
+                       for m in re.findall(r'conflict with "([^"]+)"', str(c.get("message")))})
+    what = (f"{', '.join(fields)} set by {', '.join(managers) or 'another field manager'}"
+            if fields else str(status.get("message") or exc.reason))
+    return ApplyConflict(f"{_describe(obj)}: {what}; not applied (`gpufleet policy apply "
+                         "--force-conflicts` takes those fields over)")
+
+
+def _version(found: Any) -> str | None:
+    meta = found.get("metadata") if isinstance(found, dict) else getattr(found, "metadata",
+                                                                          None)
+    if isinstance(meta, dict):
+        return meta.get("resourceVersion")
+    return getattr(meta, "resource_version", None)
+
+
+def _apply_one(api: client.ApiClient, res: Resource, obj: dict[str, Any],
+               force: bool) -> str:
+    """Server-side apply (`kubectl apply --server-side`): one PATCH with the apply content
+    type as field manager "gpufleet", so labels, annotations and fields that ACM or another
+    tool set stay theirs. created / configured / unchanged, from the resourceVersion."""
     meta = obj["metadata"]
-    scope = (res.group, res.version, meta["namespace"]) if res.namespaced else (
-        res.group, res.version)
-    create = (custom.create_namespaced_custom_object if res.namespaced
-              else custom.create_cluster_custom_object)
-    get = (custom.get_namespaced_custom_object if res.namespaced
-           else custom.get_cluster_custom_object)
-    put = (custom.replace_namespaced_custom_object if res.namespaced
-           else custom.replace_cluster_custom_object)
-    doing = f"creating {_describe(obj)}"
+    if res.plural == "namespaces" and not res.group:
+        core = client.CoreV1Api(api)
+        get, patch, where = core.read_namespace, core.patch_namespace, (meta["name"],)
+    else:
+        custom = client.CustomObjectsApi(api)
+        where = ((res.group, res.version, meta["namespace"], res.plural, meta["name"])
+                 if res.namespaced else (res.group, res.version, res.plural, meta["name"]))
+        get = (custom.get_namespaced_custom_object if res.namespaced
+               else custom.get_cluster_custom_object)
+        patch = (custom.patch_namespaced_custom_object if res.namespaced
+                 else custom.patch_cluster_custom_object)
+    body = {k: v for k, v in obj.items() if k != "status"}
     try:
-        call(api, doing, create, *scope, res.plural, obj)
-        return "created"
+        before = _version(call(api, f"reading {_describe(obj)}", get, *where))
+    except UnavailableError as exc:
+        if getattr(exc, "http_status", None) != 404:
+            raise
+        before = None  # not there yet: the apply creates it
+    doing = f"applying {_describe(obj)}"
+    try:
+        after = _version(call(api, doing, patch, *where, body, field_manager=FIELD_MANAGER,
+                              force=force or None, _content_type=APPLY_PATCH))
     except ApiException as exc:
-        if exc.status != 409:
-            raise translate(exc, api, doing) from None
-    doing = f"replacing {_describe(obj)}"
-    for _ in range(MAX_CONFLICTS):
-        current = call(api, f"reading {_describe(obj)}", get, *scope, res.plural, meta["name"])
-        body = {**obj, "metadata": {**meta,
-                                    "resourceVersion": current["metadata"]["resourceVersion"]}}
-        try:
-            call(api, doing, put, *scope, res.plural, meta["name"], body)
-            return "configured"
-        except ApiException as exc:
-            if exc.status != 409:
-                raise translate(exc, api, doing) from None
-    raise UnavailableError(f"{doing}: the object kept changing on the hub; try again")
+        if exc.status == 409:
+            raise _conflict(exc, obj) from None
+        raise translate(exc, api, doing) from None
+    return "created" if before is None else "unchanged" if after == before else "configured"
 
 
-def apply_objects(api: client.ApiClient, objects: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Create or update each object; one row per object with what happened."""
+def apply_objects(api: client.ApiClient, objects: Iterable[dict[str, Any]], *,
+                  force_conflicts: bool = False) -> list[dict[str, Any]]:
+    """Server-side apply each object in order; one row per object with what happened. A
+    field another manager owns stops the apply with one line (ApplyConflict, exit 1) unless
+    ``force_conflicts``."""
     rows = []
     for obj in objects:
         res = KINDS[(obj["apiVersion"], obj["kind"])]
-        action = _apply_namespace(api, obj) if res.plural == "namespaces" and not res.group \
-            else _apply_custom(api, res, obj)
+        action = _apply_one(api, res, obj, force_conflicts)
         meta = obj["metadata"]
         rows.append({"kind": obj["kind"], "namespace": meta.get("namespace"),
                      "name": meta["name"], "action": action})

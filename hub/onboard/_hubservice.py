@@ -73,6 +73,8 @@ class HubServiceValues:
     allow_unauthenticated: bool = False
     #: namespaces whose pods the NetworkPolicy admits (ingress controller, monitoring, ...)
     allow_from_namespaces: tuple[str, ...] = ()
+    #: proxies whose X-Forwarded-For serve believes (serve --forwarded-allow-ips)
+    forwarded_allow_ips: tuple[str, ...] = ()
 
     @property
     def authenticated(self) -> bool:
@@ -163,6 +165,7 @@ def hub_service_values(*, hub_url: str | None, namespace: str | None = DEFAULT_N
                        scopes_configmap: str | None = None,
                        allow_unauthenticated: bool = False,
                        allow_from_namespaces: tuple[str, ...] | list[str] = (),
+                       forwarded_allow_ips: tuple[str, ...] | list[str] = (),
                        ) -> HubServiceValues:
     """Check raw option values; InputError names the bad one. Empty secret names mean none.
 
@@ -207,6 +210,7 @@ def hub_service_values(*, hub_url: str | None, namespace: str | None = DEFAULT_N
         scopes_configmap=scopes,
         allow_unauthenticated=bool(allow_unauthenticated),
         allow_from_namespaces=admitted,
+        forwarded_allow_ips=tuple(forwarded_allow_ips),
     )
     if kind_ == "deployment":  # last: a misspelt name is the more useful message
         if allow_unauthenticated and values.authenticated:
@@ -257,6 +261,8 @@ def render_hub_service(values: HubServiceValues,
                 *_hub_args(values), *_access_args(values)]
         if values.prune_stale_after:
             args += ["--prune-stale-after", format_duration(values.prune_stale_after)]
+        if values.forwarded_allow_ips:
+            args += ["--forwarded-allow-ips", ",".join(values.forwarded_allow_ips)]
     else:
         args = ["sync", *_hub_args(values)]
     context = {

@@ -108,7 +108,13 @@ def _image(value: str | None, what: str) -> str:
     text = value or ""
     if not text.strip():
         raise InputError(f"{what} must not be empty")
-    return _no_templates(text, what)
+    text = _no_templates(text, what)
+    if any(ch.isspace() or not ch.isprintable() for ch in text):
+        # quoted, a newline could add no key, but no image name has one: it is a pasted
+        # mistake (or a probe) that would fail only when the pod pulls
+        raise InputError(f"{what} {text!r} is not an image reference (spaces or control "
+                         "characters)")
+    return text
 
 
 

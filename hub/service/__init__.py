@@ -18,7 +18,7 @@ from hub.service._auth import (
     token_entry,
 )
 from hub.service._confine import confine
-from hub.service._page import USAGE_SECTIONS
+from hub.service._page import USAGE_SECTIONS, usage_sections
 from hub.service._scheduler import (
     Jobs,
     Service,
@@ -26,6 +26,7 @@ from hub.service._scheduler import (
     describe_error,
 )
 from hub.service._session import (
+    MAX_PER_PERSON,
     MAX_PER_TOKEN,
     MAX_SESSIONS,
     DbSessions,
@@ -37,6 +38,7 @@ from hub.service._tls import TlsFiles
 
 __all__ = [
     "FULL",
+    "MAX_PER_PERSON",
     "MAX_PER_TOKEN",
     "MAX_SESSIONS",
     "USAGE_SECTIONS",
@@ -60,4 +62,5 @@ __all__ = [
     "new_token",
     "read_only_engine",
     "token_entry",
+    "usage_sections",
 ]

@@ -40,6 +40,7 @@ from sqlalchemy.engine import Engine
 
 from hub import inventory as inv
 from hub import usage as answers
+from hub.common import json_number
 from hub.inventory import gpu_detail, page_gpus
 from hub.service._auth import Caller, Scope
 from hub.service._models import HEALTH_LEVELS, STATES, VENDORS
@@ -96,6 +97,11 @@ async def scope_of(caller: Annotated[Caller, Depends(identify)]) -> Scope:
     return caller.scope
 
 
+async def idle_rule_of(request: Request) -> Any:
+    """The service's idle rule (hub.usage.IdleRule): `serve --idle-threshold/--idle-for`."""
+    return getattr(request.app.state, "idle_rule", None) or answers.IdleRule()
+
+
 async def prices_of(request: Request) -> Any:
     """The service's showback prices (hub.usage.Prices), None without `serve --prices`."""
     return getattr(request.app.state, "prices", None)
@@ -145,7 +151,8 @@ def decode_token(token: str, kind: str = "g1", size: int = 4) -> tuple[Any, ...]
         except (binascii.Error, ValueError, UnicodeDecodeError, RecursionError):
             data = None
     if (not isinstance(data, list) or len(data) != size + 1 or data[0] != kind
-            or not all(isinstance(v, str) for v in data[1:])):
+            or not all(isinstance(v, str) and "\x00" not in v for v in data[1:])):
+        # a NUL is refused here, not by PostgreSQL (a 503 there, a 200 on SQLite)
         raise ApiError(400, "invalid continue token (pass the 'continue' value of the "
                             "previous page unchanged)")
     return tuple(data[1:])
@@ -293,19 +300,40 @@ def public_error(text: str | None) -> str | None:
 
 
 
+def visible_findings(items: Sequence[Mapping[str, Any]], scope: Scope, *,
+                     severity: str | None = None,
+                     cluster: str | None = None) -> list[Mapping[str, Any]]:
+    """The findings ``scope`` may read: /api/v1/findings and the live page (its count badge,
+    its "GPUs with findings", its list) all go through here, so they cannot disagree.
+
+    A finding without a cluster is about the whole fleet: only for whole-fleet callers. A
+    finding about another team's pod names it in words: not for this caller at all."""
+    return [f for f in items
+            if (severity is None or f.get("severity") == severity)
+            and (cluster is None or f.get("cluster") == cluster)
+            and (scope.clusters is None or scope.allows_cluster(f.get("cluster")))
+            and (f.get("namespace") is None or scope.allows_namespace(f.get("namespace")))]
+
+
 # -- usage, idle, capacity, events, history (issue 12) ---------------------------------------
 def look_back(since: str, now: dt.datetime) -> dt.datetime:
     """``now - since`` for a DURATION; a 400 for one that is not, or longer than a century
     (before the year 1 a datetime overflows, and no ledger is that old)."""
+    return now - dt.timedelta(seconds=_duration("since", since))
+
+
+def _duration(name: str, text: str) -> float:
+    """A DURATION query parameter in seconds; a 400 naming it for one that is not, or one
+    longer than a century."""
     from hub.common import parse_duration
 
     try:
-        seconds = parse_duration(since)
+        seconds = parse_duration(text)
     except ValueError as exc:
-        raise ApiError(400, f"since: {exc}") from None
+        raise ApiError(400, f"{name}: {exc}") from None
     if seconds > MAX_SINCE:
-        raise ApiError(400, f"since: {since[:32]!r} is longer than {MAX_SINCE / 86400:.0f}d")
-    return now - dt.timedelta(seconds=seconds)
+        raise ApiError(400, f"{name}: {text[:32]!r} is longer than {MAX_SINCE / 86400:.0f}d")
+    return seconds
 
 
 def _period(since: str | None, from_: str | None, until: str | None
@@ -356,17 +384,31 @@ def usage(engine: ReadEngine, scope: CallerScope, since: SinceParam = None,
               "namespace).", max_length=128)] = None,
           idle_threshold: Annotated[float | None, Query(
               ge=0, le=100, allow_inf_nan=False, description="Utilisation % under which an "
-              "allocated bucket is idle (default 5).")] = None,
-          prices: Annotated[Any, Depends(prices_of)] = None) -> dict[str, Any]:
+              "allocated bucket is idle (default: the service's --idle-threshold, 5).")
+          ] = None,
+          idle_for: Annotated[str | None, Query(
+              pattern=TEXT_PATTERN, max_length=64,
+              description="Allocated time counts as idle only in runs at least this long "
+              "(default: the service's --idle-for, 2h); what /api/v1/idle?for= lists.")
+          ] = None,
+          prices: Annotated[Any, Depends(prices_of)] = None,
+          rule: Annotated[Any, Depends(idle_rule_of)] = None) -> dict[str, Any]:
     """GPU-hours per group from the usage ledger (see docs/usage.md for each figure). A
     scoped caller's GPU-hours count only its clusters' and namespaces' ledger rows. With
     `serve --prices`, each group also has cost and unpriced_gpu_hours (showback)."""
     start, end = _period(since, from_, until)
     groups = _by(by, _usage_groups(), "namespace")
+    for_s = _idle_for("idle_for", idle_for, rule)
     with engine.connect() as conn:
         return _listing(answers.usage_summary(
-            conn, start, end, groups, 5.0 if idle_threshold is None else idle_threshold,
+            conn, start, end, groups,
+            rule.threshold if idle_threshold is None else idle_threshold, idle_for=for_s,
             clusters=scope.clusters, namespaces=scope.namespaces, prices=prices))
+
+
+def _idle_for(name: str, text: str | None, rule: Any) -> float:
+    """An idle run's least length from the query (a DURATION), else the service's rule."""
+    return float(rule.for_seconds) if text is None else _duration(name, text)
 
 
 def idle(engine: ReadEngine, scope: CallerScope, since: SinceParam = None,
@@ -376,22 +418,16 @@ def idle(engine: ReadEngine, scope: CallerScope, since: SinceParam = None,
          ] = None,
          for_: Annotated[str | None, Query(
              alias="for", pattern=TEXT_PATTERN, max_length=64,
-             description="Idle at least this long in a row (default 2h).")] = None
-         ) -> dict[str, Any]:
+             description="Idle at least this long in a row (default: the service's "
+             "--idle-for, 2h).")] = None,
+         rule: Annotated[Any, Depends(idle_rule_of)] = None) -> dict[str, Any]:
     """Allocated GPUs and slices idle for at least 'for' in a row, most GPU-hours wasted
     first."""
-    from hub.common import parse_duration
-
     start, end = _period(since, from_, until)
-    try:
-        for_s = parse_duration(for_ or "2h")
-    except ValueError as exc:
-        raise ApiError(400, f"for: {exc}") from None
-    if for_s > MAX_SINCE:
-        raise ApiError(400, f"for: {for_[:32]!r} is longer than {MAX_SINCE / 86400:.0f}d")
+    for_s = _idle_for("for", for_, rule)
     with engine.connect() as conn:
         return _listing(answers.idle_allocated(
-            conn, start, end, threshold=5.0 if threshold is None else threshold,
+            conn, start, end, threshold=rule.threshold if threshold is None else threshold,
             for_seconds=for_s, clusters=scope.clusters, namespaces=scope.namespaces))
 
 
@@ -412,8 +448,8 @@ def capacity(request: Request, engine: ReadEngine, scope: CallerScope,
         fleet_rows = (items if scope.clusters is None else memo.get(
             conn, ("capacity", ("model",), None), lambda: answers.capacity(conn, ["model"]))
             if scope.fleet_counts else None)
-    fleet = None if fleet_rows is None or not scope.fleet_counts else {
-        k: sum(r[k] or 0 for r in fleet_rows) for k in answers.CAPACITY_FIGURES}
+    fleet = None if fleet_rows is None or not scope.fleet_counts else {  # no float noise
+        k: json_number(sum(r[k] or 0 for r in fleet_rows)) for k in answers.CAPACITY_FIGURES}
     return {**_listing(items), "fleet": fleet}
 
 

@@ -57,6 +57,7 @@ from hub.service._page import (
 from hub.service._routers import database_error
 from hub.service._routing import RouteInfo, include
 from hub.service._session import (
+    COOKIE,
     MAX_FORM,
     DbSessions,
     Login,
@@ -221,8 +222,15 @@ class Gate:
                 caller = self.login.caller(request.headers.get("cookie"))[0]
                 request.state.by_session = True
         except Unauthorized as exc:
-            self.on_refused("unauthenticated")
-            log.info("refused %s: %s", request.url.path[:200], exc)
+            if (self.login is not None and not authorization
+                    and COOKIE not in (request.headers.get("cookie") or "")
+                    and wants_html(request.headers.get("accept"))):
+                # a browser's first visit: it shows no credentials yet and goes to the
+                # sign-in form; not a refusal (the refused counter and log are for those)
+                log.debug("no credentials yet for %s: to /login", request.url.path[:200])
+            else:
+                self.on_refused("unauthenticated")
+                log.info("refused %s: %s", request.url.path[:200], exc)
             raise ApiError(401, "authentication required: send a valid bearer token") from None
         if caller.scope.empty:
             raise ApiError(403, "your token maps to no scope (ask for your group to be added "
@@ -239,7 +247,8 @@ def build_app(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, Any]
               auth: Authenticator | None = None, metrics_open: bool = True,
               on_refused: Callable[[str], None] = lambda reason: None,
               sessions: Sessions | DbSessions | None = None,
-              secure_cookies: bool = False, prices: Any = None) -> FastAPI:
+              secure_cookies: bool = False, prices: Any = None,
+              idle_rule: Any = None) -> FastAPI:
     """The whole API over a read-only ``engine`` and the service's state, passed in.
 
     ``health`` answers (ok, details); ``findings`` the latest findings and when they were
@@ -248,7 +257,9 @@ def build_app(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, Any]
     ``check_failure`` when and why the latest checks could not run (None if they did). With
     authentication configured a browser signs in at /login into ``sessions``;
     ``secure_cookies`` marks the cookie Secure (the service speaks TLS); ``prices``
-    (hub.usage.Prices) adds showback cost to /api/v1/usage.
+    (hub.usage.Prices) adds showback cost to /api/v1/usage; ``idle_rule``
+    (hub.usage.IdleRule, `serve --idle-threshold/--idle-for`) is the default of /api/v1/usage
+    and /api/v1/idle, as it is of the page's sections.
     """
     auth = auth or Authenticator()
     if sessions is None:  # not `or`: an empty store is falsy (it has a length)
@@ -261,6 +272,7 @@ def build_app(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, Any]
                               "posts to sign a browser in and out.")
     app.state.engine = engine
     app.state.prices = prices
+    app.state.idle_rule = idle_rule
     app.state.gate = Gate(auth, login, on_refused)
     app.state.memo = memo = Memo()
     app.state.routes = {}

@@ -30,9 +30,8 @@ from typing import Any
 
 import jwt
 import requests
-import yaml
 
-from hub.common import InputError
+from hub.common import InputError, brief_repr, load_yaml
 
 log = logging.getLogger("gpufleet.auth")
 
@@ -112,6 +111,10 @@ class Caller:
     name: str
     expires_at: float | None = None
     token_sha256: str | None = None
+    #: who this is, whatever token they came with: ``token:NAME`` for a static token,
+    #: ``oidc:SUBJECT`` for an OIDC one; sessions are capped per person (a fresh JWT of
+    #: the same subject is the same person), sign-in failures counted per guessed name
+    person: str = ""
 
 
 #: the caller of a service without access control (loopback, or --allow-unauthenticated)
@@ -137,18 +140,18 @@ def parse_scope(name: str, data: Any, source: str) -> Scope:
     if unknown:
         raise InputError(f"{source}: unknown key(s) in the scope of {name!r}: "
                          f"{', '.join(sorted(unknown))}")
+    fleet_counts = data.get("fleet_counts", True)
+    if not isinstance(fleet_counts, bool):  # "no" in quotes is a true string
+        raise InputError(f"{source}: fleet_counts of {name!r} must be true or false, not "
+                         f"{brief_repr(fleet_counts)}")
     return Scope(name, _names(data.get("clusters"), "clusters", source),
-                 _names(data.get("namespaces"), "namespaces", source),
-                 bool(data.get("fleet_counts", True)))
+                 _names(data.get("namespaces"), "namespaces", source), fleet_counts)
 
 
 def _load_yaml(path: str | Path, key: str) -> list[dict[str, Any]]:
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except OSError as exc:
-        raise InputError(f"cannot read {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise InputError(f"{path}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    # bounded and decoded here: a binary or alias-bomb file is an InputError, which a
+    # running service's reload logs while it keeps the last good file
+    data = load_yaml(path, f"{key} file {path}")
     entries = (data or {}).get(key, []) if isinstance(data, dict) else None
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         raise InputError(f"{path}: expected a mapping with a list '{key}:'")
@@ -349,7 +352,9 @@ class OidcVerifier:
             scope = Scope(f"oidc:{claims.get('sub', '?')}", frozenset(), frozenset(), False)
         name = next((str(claims[k]) for k in ("preferred_username", "email", "sub")
                      if isinstance(claims.get(k), str) and claims[k]), scope.name)
-        return Caller(scope, name, float(claims["exp"]))
+        subject = claims.get("sub")
+        person = f"oidc:{subject}" if isinstance(subject, str) and subject else f"oidc:{name}"
+        return Caller(scope, name, float(claims["exp"]), person=person)
 
 
 # -- the door -------------------------------------------------------------------------------------
@@ -387,7 +392,8 @@ class Authenticator:
             digest = hash_token(token)
             scope = self.tokens.lookup_sha256(digest)
             if scope is not None:
-                return Caller(scope, scope.name, token_sha256=digest)
+                return Caller(scope, scope.name, token_sha256=digest,
+                              person=f"token:{scope.name}")
         if self.oidc is not None and token.count(".") == 2:
             return self.oidc.identify(token)
         raise Unauthorized("unknown token")

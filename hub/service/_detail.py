@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, urlencode
 
+import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from starlette.responses import HTMLResponse, Response
 
@@ -27,7 +28,8 @@ from hub.service._confine import confine
 from hub.service._page import GPU_COLUMNS, PAGE_CSP, PAGE_ROWS, Section
 
 NODE_COLUMNS = [("node", "Node"), ("state", "State"), ("gpus", "Active GPUs"),
-                ("stale_gpus", "Stale GPUs"), ("last_sample_at", "Newest sample")]
+                ("stale_gpus", "Stale GPUs"), ("gpus_via", "GPUs published through"),
+                ("last_sample_at", "Newest sample")]
 ALLOCATION_COLUMNS = [("uuid", "GPU"), ("mig_profile", "MIG slice"), ("namespace", "Namespace"),
                       ("pod", "Pod"), ("container", "Container"), ("last_seen", "Last seen")]
 EVENT_COLUMNS = [("at", "When"), ("type", "Event"), ("cluster", "Cluster"), ("node", "Node"),
@@ -36,6 +38,8 @@ USAGE_COLUMNS = [("bucket_start", "Hour"), ("slice", "Slice"), ("namespace", "Na
                  ("pod", "Pod"), ("gpu_hours", "GPU-hours"),
                  ("avg_utilisation_pct", "Utilisation %"), ("energy_wh", "Energy Wh")]
 FACT_COLUMNS = [("field", "Field"), ("value", "Value")]
+#: GPU rows on a cluster's page; its nodes' pages list the rest
+CLUSTER_GPU_ROWS = 32
 
 
 def cluster_href(cluster: str) -> str:
@@ -93,13 +97,19 @@ def cluster_page(conn: Connection, cluster: str, scope: Scope) -> DetailPage:
     facts = found[0]
     nodes = [{**_shown(n), "_href": node_href(cluster, n["node"])}
              for n in inv.list_nodes(conn, cluster)]
-    gpus, more = page_gpus(conn, cluster=cluster, limit=PAGE_ROWS)
+    gpus, more = page_gpus(conn, cluster=cluster, limit=CLUSTER_GPU_ROWS)
+    total = conn.execute(sa.select(sa.func.count()).select_from(inv.gpus).where(
+        inv.gpus.c.cluster == cluster)).scalar_one()  # GPUs and MIG slices: the JSON's rows
     return DetailPage(f"Cluster {cluster}", [(cluster, cluster_href(cluster))], json, [
         Section("facts", "Cluster", FACT_COLUMNS, _facts(facts), "", json[0]),
-        Section("nodes", "Nodes", [("node", "Node"), *NODE_COLUMNS[1:]], nodes,
-                "No nodes.", json[1], len(nodes)),
-        Section("gpus", "GPUs" + (f" (first {PAGE_ROWS})" if more else ""), GPU_COLUMNS,
-                _gpu_rows(gpus), "No GPUs.", json[2], None)])
+        Section("nodes", "Nodes (each node's page lists its GPUs)",
+                [("node", "Node"), *NODE_COLUMNS[1:]], nodes, "No nodes.", json[1],
+                len(nodes)),
+        # the cluster is the page's: no Cluster column; the first rows only, the rest on
+        # the nodes' pages and in the JSON (a fleet's cluster was one 3,700-pixel table)
+        Section("gpus", "GPUs" + (f" (first {CLUSTER_GPU_ROWS})" if more else ""),
+                [c for c in GPU_COLUMNS if c[0] != "cluster"], _gpu_rows(gpus), "No GPUs.",
+                json[2], total if more else None)])
 
 
 def node_page(conn: Connection, cluster: str, node: str, scope: Scope) -> DetailPage:

@@ -32,7 +32,7 @@ from hub import common, usage
 from hub import inventory as inv
 from hub.common import html_environment, human_duration, iso
 from hub.inventory import page_gpus
-from hub.service._api import ApiError
+from hub.service._api import ApiError, visible_findings
 from hub.service._auth import FULL, Scope
 
 #: rows per section; the section links to the API for the rest
@@ -77,12 +77,7 @@ SectionSource = Callable[..., Section | None]
 
 
 def _takes_scope(source: SectionSource) -> bool:
-    import inspect
-
-    try:
-        return "scope" in inspect.signature(source).parameters
-    except (TypeError, ValueError):
-        return False
+    return "scope" in inspect_parameters(source)
 
 
 def scoped_section(section: Section, scope: Scope) -> Section:
@@ -191,12 +186,16 @@ def findings_gpus_section(findings: Sequence[Finding]) -> Section:
         "/api/v1/findings", len(rows))
 
 
-def search_sections(conn: Connection, text: str) -> list[Section]:
+def search_sections(conn: Connection, text: str, *, scope: Scope = FULL) -> list[Section]:
     """GPUs whose UUID starts with ``text`` or whose node is ``text``, and the allocations of
-    namespace ``text``: the three things an operator pastes into a search box."""
+    namespace ``text``: the three things an operator pastes into a search box. Read within
+    ``scope`` in SQL, as /api/v1/gpus and /api/v1/allocations read: another team's namespace
+    finds nothing (not even which GPU it uses, nor since when)."""
     table = inv.gpus
     pattern = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
     cond = sa.or_(table.c.uuid.like(pattern, escape="\\"), table.c.node == text)
+    if scope.clusters is not None:
+        cond = sa.and_(cond, table.c.cluster.in_(sorted(scope.clusters)))
     gpu_rows = conn.execute(
         sa.select(table).where(cond)
         .order_by(table.c.cluster, table.c.node, table.c.uuid, table.c.slice_key)
@@ -208,7 +207,10 @@ def search_sections(conn: Connection, text: str) -> list[Section]:
                   for r in conn.execute(
                       sa.select(alloc.c.uuid, alloc.c.cluster, alloc.c.node, alloc.c.namespace,
                                 alloc.c.pod, alloc.c.container, alloc.c.last_seen)
-                      .where(alloc.c.namespace == text)
+                      .where(alloc.c.namespace == text,
+                             sa.true() if scope.allows_namespace(text) else sa.false(),
+                             sa.true() if scope.clusters is None
+                             else alloc.c.cluster.in_(sorted(scope.clusters)))
                       .order_by(alloc.c.cluster, alloc.c.node, alloc.c.pod)
                       .limit(PAGE_ROWS)).mappings()]
     return [
@@ -243,9 +245,9 @@ def page_data(engine: Engine, *, search: str | None, findings: Sequence[Finding]
     """Everything the page shows, as plain data (one read-only connection), for ``scope``:
     a team's token sees its clusters and its pods, as in the API."""
     now = now or inv.now_utc()
-    if not scope.unrestricted:
-        findings = [f for f in findings
-                    if scope.clusters is None or scope.allows_cluster(f.get("cluster"))]
+    # the findings /api/v1/findings gives this caller: the badge, "GPUs with findings" and
+    # the list are all counted from these, never from the fleet's
+    findings = visible_findings(findings, scope)
     with engine.connect() as conn:
         sections = [clusters_section(conn, now),
                     *(health_section(conn, level) for level in UNHEALTHY),
@@ -255,7 +257,7 @@ def page_data(engine: Engine, *, search: str | None, findings: Sequence[Finding]
             section = source(conn, scope=scope) if _takes_scope(source) else source(conn)
             if section is not None:
                 sections.append(section)
-        found = search_sections(conn, search) if search else []
+        found = search_sections(conn, search, scope=scope) if search else []
     sections = [scoped_section(s, scope) for s in sections]
     found = [scoped_section(s, scope) for s in found]
     counts = {s: sum(1 for f in findings if f.get("severity") == s) for s in SEVERITY_RANK}
@@ -290,10 +292,22 @@ def _window(now: dt.datetime | None = None) -> tuple[dt.datetime, dt.datetime]:
     return end - USAGE_WINDOW, end
 
 
-def usage_section(conn: Connection, *, scope: Scope = FULL) -> Section | None:
+def _idle_query(rule: Any, prefix: str = "") -> str:
+    """The idle rule as the API's query parameters, so a section's JSON link answers with
+    the rule the section used (usage: idle_threshold/idle_for; idle: threshold/for)."""
+    from hub.common import format_duration
+
+    return (f"&{prefix}threshold={rule.threshold:g}"
+            f"&{prefix}for={format_duration(rule.for_seconds)}")
+
+
+def usage_section(conn: Connection, *, scope: Scope = FULL,
+                  rule: Any = None) -> Section | None:
     """GPU-hours by namespace over the last 24 h (None before any usage was collected)."""
+    rule = rule or usage.IdleRule()
     rows = usage.usage_summary(conn, *_window(), by=("namespace",), clusters=scope.clusters,
-                               namespaces=scope.namespaces)
+                               namespaces=scope.namespaces, idle_threshold=rule.threshold,
+                               idle_for=rule.for_seconds)
     if not rows:
         return None
     shown = [{**r, "namespace": r.get("namespace") or "(unallocated)",
@@ -304,34 +318,37 @@ def usage_section(conn: Connection, *, scope: Scope = FULL) -> Section | None:
         ("namespace", "Namespace"), ("gpu_hours", "GPU-hours"),
         ("busy_gpu_hours", "Busy GPU-hours"),
         ("idle_allocated_gpu_hours", "Idle allocated GPU-hours")],
-        shown[:PAGE_ROWS], "No usage collected.", "/api/v1/usage?by=namespace&since=24h",
-        len(shown))
+        shown[:PAGE_ROWS], "No usage collected.",
+        "/api/v1/usage?by=namespace&since=24h" + _idle_query(rule, "idle_"), len(shown))
 
 
-def idle_section(conn: Connection, *, scope: Scope = FULL) -> Section | None:
-    """Allocated GPUs idle for 2 h in a row within the last 24 h: the list to reclaim.
-    Read by the same function and rule as the usage section's idle GPU-hours, which its
-    title repeats, so the two sections cannot disagree."""
-    rows = usage.idle_allocated(conn, *_window(), threshold=usage.IDLE_THRESHOLD_PCT,
-                                for_seconds=usage.IDLE_FOR_S, clusters=scope.clusters,
+def idle_section(conn: Connection, *, scope: Scope = FULL,
+                 rule: Any = None) -> Section | None:
+    """Allocated GPUs idle for the rule's time in a row (2 h unless `serve --idle-for`)
+    within the last 24 h: the list to reclaim. Read by the same function and rule as the
+    usage section's idle GPU-hours, which its title repeats, so the two cannot disagree."""
+    rule = rule or usage.IdleRule()
+    rows = usage.idle_allocated(conn, *_window(), threshold=rule.threshold,
+                                for_seconds=rule.for_seconds, clusters=scope.clusters,
                                 namespaces=scope.namespaces)
     shown = [{**r, "idle_since": iso(r.get("idle_since")), "_href": _gpu_href(r["uuid"])}
              for r in rows]
     wasted = round(sum(r["wasted_gpu_hours"] for r in rows), 2)
-    return Section("idle", f"Idle allocated GPUs (under {usage.IDLE_THRESHOLD_PCT:g}% for "
-                   f"{human_duration(usage.IDLE_FOR_S)} or more), last 24 h: {wasted:g} "
+    return Section("idle", f"Idle allocated GPUs (under {rule.threshold:g}% for "
+                   f"{human_duration(rule.for_seconds)} or more), last 24 h: {wasted:g} "
                    "idle GPU-hours", [
         ("cluster", "Cluster"), ("node", "Node"), ("uuid", "GPU"), ("slice", "Slice"),
         ("namespace", "Namespace"), ("pod", "Pod"), ("idle_since", "Idle since"),
         ("wasted_gpu_hours", "GPU-hours wasted")],
-        shown[:PAGE_ROWS], "No idle allocated GPU.", "/api/v1/idle?since=24h", len(shown))
+        shown[:PAGE_ROWS], "No idle allocated GPU.",
+        "/api/v1/idle?since=24h" + _idle_query(rule), len(shown))
 
 
 def capacity_section(conn: Connection, *, scope: Scope = FULL) -> Section | None:
-    """GPU-equivalents by model now: total, active, stale, allocated, free (fleet-wide
-    counts, no names, unless the scope hides fleet counts)."""
-    rows = usage.capacity(conn, ("model",),
-                          clusters=None if scope.fleet_counts else scope.clusters)
+    """GPU-equivalents by model now: total, active, stale, allocated, free, over the caller's
+    clusters: the items of /api/v1/capacity, which it links to (the fleet's totals are that
+    answer's ``fleet``, for a caller whose scope allows them)."""
+    rows = usage.capacity(conn, ("model",), clusters=scope.clusters)  # /api/v1/capacity's items
     if not rows:
         return None
     return Section("capacity", "Capacity by model (GPU-equivalents)", [
@@ -352,12 +369,15 @@ def _figure(html: str) -> str:
     return Markup(html)  # built by hub.common's chart functions, which escape every text
 
 
-def usage_by_day_chart(conn: Connection, *, scope: Scope = FULL) -> Section | None:
+def usage_by_day_chart(conn: Connection, *, scope: Scope = FULL,
+                       rule: Any = None) -> Section | None:
     """Chart: GPU-hours per day by namespace (stacked), the last CHART_DAYS days."""
+    rule = rule or usage.IdleRule()
     now = inv.now_utc()
     first = inv.day_of(now) - (CHART_DAYS - 1) * inv.DAY
     rows = usage.daily_by_namespace(conn, first, now, clusters=scope.clusters,
-                                    namespaces=scope.namespaces)
+                                    namespaces=scope.namespaces,
+                                    idle_threshold=rule.threshold, idle_for=rule.for_seconds)
     if not rows:
         return None
     return Section("usage-by-day", f"GPU-hours per day by namespace, last {CHART_DAYS} days",
@@ -379,24 +399,25 @@ def utilisation_chart(conn: Connection, *, scope: Scope = FULL) -> Section | Non
                                                     chart_id="utilisation-chart")))
 
 
-def idle_chart(conn: Connection, *, scope: Scope = FULL) -> Section | None:
+def idle_chart(conn: Connection, *, scope: Scope = FULL, rule: Any = None) -> Section | None:
     """Chart: idle allocated GPU-hours by namespace over the last 24 h, the figure of the
     usage table (`usage --by namespace`), an aggregate the database sums."""
+    rule = rule or usage.IdleRule()
     rows = usage.usage_summary(conn, *_window(), by=("namespace",), clusters=scope.clusters,
-                               namespaces=scope.namespaces)
+                               namespaces=scope.namespaces, idle_threshold=rule.threshold,
+                               idle_for=rule.for_seconds)
     if not any(r.get("idle_allocated_gpu_hours") for r in rows):
         return None
     return Section("idle-chart", "Idle allocated GPU-hours by namespace, last 24 h", [], [],
-                   "", "/api/v1/usage?by=namespace&since=24h", None,
-                   _figure(common.idle_gpu_hours_chart(rows, chart_id="idle-chart-figure",
+                   "", "/api/v1/usage?by=namespace&since=24h" + _idle_query(rule, "idle_"),
+                   None, _figure(common.idle_gpu_hours_chart(rows, chart_id="idle-chart-figure",
                                                        table=True)))
 
 
 def capacity_chart(conn: Connection, *, scope: Scope = FULL) -> Section | None:
     """Chart: GPU-equivalents by model, allocated / free / stale (the capacity table's
     figures, scoped the same way)."""
-    rows = usage.capacity(conn, ("model",),
-                          clusters=None if scope.fleet_counts else scope.clusters)
+    rows = usage.capacity(conn, ("model",), clusters=scope.clusters)  # as the table's
     if not rows:
         return None
     return Section("capacity-chart", "Capacity by model: allocated, free, stale", [], [], "",
@@ -411,3 +432,24 @@ USAGE_SECTIONS: tuple[SectionSource, ...] = (
     idle_chart, idle_section,
     capacity_chart, capacity_section,
 )
+
+
+def usage_sections(rule: Any = None) -> tuple[SectionSource, ...]:
+    """USAGE_SECTIONS answering with ``rule`` (hub.usage.IdleRule: `serve --idle-threshold
+    /--idle-for`), so the page's idle figures are the CLI's and the API's."""
+    import functools
+
+    if rule is None:
+        return USAGE_SECTIONS
+    return tuple(functools.partial(source, rule=rule)
+                 if "rule" in inspect_parameters(source) else source
+                 for source in USAGE_SECTIONS)
+
+
+def inspect_parameters(source: SectionSource) -> Mapping[str, Any]:
+    import inspect
+
+    try:
+        return inspect.signature(source).parameters
+    except (TypeError, ValueError):
+        return {}

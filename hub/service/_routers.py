@@ -133,14 +133,7 @@ def findings_router(findings: Findings,
         """Findings of the latest checks (empty until checks are configured); paged."""
         cluster = api.scoped_cluster(cluster, scope)
         items, generated = findings()
-        # A finding without a cluster is about the whole fleet: only for whole-fleet callers.
-        # A finding about another team's pod names it in words: not for this caller at all.
-        selected = [f for f in items
-                    if (severity is None or f.get("severity") == severity)
-                    and (cluster is None or f.get("cluster") == cluster)
-                    and (scope.clusters is None or scope.allows_cluster(f.get("cluster")))
-                    and (f.get("namespace") is None
-                         or scope.allows_namespace(f.get("namespace")))]
+        selected = api.visible_findings(items, scope, severity=severity, cluster=cluster)
         when = dt.datetime.fromtimestamp(generated, dt.UTC) if generated is not None else None
         failed = check_failure()
         last_failure = None if failed is None else {  # no hub URL or driver text to callers

@@ -41,7 +41,7 @@ from hub.service._app import build_app, database_error
 from hub.service._auth import Authenticator
 from hub.service._models import SEVERITIES
 from hub.service._page import SectionSource
-from hub.service._serve import Server
+from hub.service._serve import Server, ServerCollector
 from hub.service._session import DbSessions, Sessions
 from hub.service._tls import TlsFiles
 
@@ -347,8 +347,10 @@ class Scheduler:
 
     def _after_sync(self) -> None:
         for job in self.jobs.after_sync:
+            if self._stop.is_set():
+                return  # stopping: the next start runs them (a SIGTERM answers in seconds)
             self._guarded(_job_name(job), job)
-        if self.jobs.findings is not None:
+        if self.jobs.findings is not None and not self._stop.is_set():
             provider = self.jobs.findings
             found = self._guarded("findings", lambda: list(provider()))
             if found is not None:
@@ -433,10 +435,13 @@ def build_service(jobs: Jobs, *, every: float, engine: Engine, host: str = "127.
                   auth: Authenticator | None = None, metrics_open: bool = True,
                   tls: TlsFiles | None = None,
                   sessions: Sessions | DbSessions | None = None,
-                  prices: Any = None) -> Service:
+                  prices: Any = None, forwarded_allow_ips: Sequence[str] = (),
+                  idle_rule: Any = None) -> Service:
     """Wire jobs, metrics and the API over a read-only ``engine``; binds the port now
     (OSError when it cannot) but starts nothing. ``sessions``: where browser sign-ins live
-    (a default store when None; used only with ``auth`` configured)."""
+    (a default store when None; used only with ``auth`` configured).
+    ``forwarded_allow_ips``: the proxies whose X-Forwarded-For is believed (none: the
+    connection's own address is the client's)."""
     metrics = ServiceMetrics(process=process_metrics)
     scheduler = Scheduler(jobs, every, clock=clock, backoff=backoff, metrics=metrics)
 
@@ -449,5 +454,8 @@ def build_service(jobs: Jobs, *, every: float, engine: Engine, host: str = "127.
                     metrics=metrics.negotiate, check_failure=scheduler.check_failure,
                     page_sections=page_sections, auth=auth, metrics_open=metrics_open,
                     on_refused=lambda reason: metrics.refused.labels(reason).inc(),
-                    sessions=sessions, secure_cookies=tls is not None, prices=prices)
-    return Service(scheduler, Server(app, host, port, tls=tls), engine)
+                    sessions=sessions, secure_cookies=tls is not None, prices=prices,
+                    idle_rule=idle_rule)
+    server = Server(app, host, port, tls=tls, forwarded_allow_ips=forwarded_allow_ips)
+    metrics.registry.register(ServerCollector(server.guard, tls))
+    return Service(scheduler, server, engine)

@@ -14,9 +14,14 @@ there is no signing key to manage. `serve` keeps them in the inventory database
 (:class:`DbSessions`, under the sha256 of the id), so replicas share them and a restart
 signs nobody out; :class:`Sessions` is the same in one process's memory.
 
-A token holds at most ``MAX_PER_TOKEN`` sessions (its own oldest goes first) and the service
-at most ``MAX_SESSIONS``; when full a new sign-in is refused rather than signing another
-person out. Sign-in attempts are limited per client address (:class:`SignInLimit`). Tokens
+A person (the OIDC subject, or the static token's name: not the raw token, since an OIDC
+user can fetch fresh JWTs at will) holds at most ``MAX_PER_PERSON`` sessions, their own
+oldest going first, and the service at most ``MAX_SESSIONS``. When that is full, the oldest
+session of whoever holds the most makes room (the new person's own oldest if it is them):
+one person, or a few, cannot keep everyone else out; only ``MAX_SESSIONS`` different people
+signed in at once make a new sign-in wait (503). Failed sign-ins are limited per guessed
+name and in all, with backoff (:class:`SignInLimit`), not per client address alone: behind
+an ingress every browser shares one. Tokens
 and session ids are never logged, never put in a URL, and never echoed in an answer.
 Sign-in and sign-out are form posts checked for a same-origin request (``Sec-Fetch-Site`` and
 ``Origin``), so another site cannot sign a visitor in with its own token nor sign them out.
@@ -24,15 +29,18 @@ Sign-in and sign-out are form posts checked for a same-origin request (``Sec-Fet
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import json
 import logging
+import math
 import secrets
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from http.cookies import CookieError, SimpleCookie
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -44,18 +52,25 @@ from starlette.responses import HTMLResponse, Response
 
 from hub import inventory as inv
 from hub.common import html_environment
-from hub.service._auth import Authenticator, Caller, Scope, Unauthorized, hash_token
+from hub.service._auth import Authenticator, Caller, Scope, Unauthorized
 
 log = logging.getLogger("gpufleet.auth")
 
 COOKIE = "gpufleet-session"
 DEFAULT_TTL = 8 * 3600.0
 MAX_SESSIONS = 10_000
-#: sessions one token may hold at once (browsers, devices); its oldest goes first beyond
-MAX_PER_TOKEN = 20
-#: sign-in attempts a client may make in SIGN_IN_WINDOW seconds
-SIGN_IN_BURST = 10
+#: sessions one person may hold at once (browsers, devices); their oldest goes first beyond
+MAX_PER_PERSON = 20
+MAX_PER_TOKEN = MAX_PER_PERSON  # the older name
+#: failed sign-ins aimed at one key (subject, token prefix) in SIGN_IN_WINDOW seconds
+SIGN_IN_BURST = 5
 SIGN_IN_WINDOW = 60.0
+#: failed sign-ins in all in SIGN_IN_WINDOW seconds before new keys wait too
+SIGN_IN_GLOBAL_BURST = 30
+#: the longest a lockout grows to (it doubles while failures go on)
+SIGN_IN_MAX_BACKOFF = 3600.0
+#: characters of a static token that name what is guessed ("gpf_" and four more)
+GUESS_PREFIX = 8
 #: the largest sign-in form read: a JWT with many groups is a few KiB
 MAX_FORM = 16 * 1024
 MAX_TOKEN = 8192
@@ -77,24 +92,30 @@ def _key(session_id: str) -> str:
     return hashlib.sha256(session_id.encode()).hexdigest()
 
 
+def owner_of(caller: Caller) -> str:
+    """The sha256 sessions are counted under: the person, not the token they came with."""
+    return _key(caller.person or f"name:{caller.name}")
+
+
 class SessionsFull(Exception):
-    """Every session slot is taken by live sessions of other tokens: a new sign-in waits
-    for one to end rather than signing someone else out."""
+    """Every session slot is taken, each by a different person: a new sign-in waits for
+    one to end rather than signing someone out who holds only one."""
 
 
 class Sessions:
     """Session id -> caller, in memory (one process; tests, a single replica without a
-    database of its own). At most ``per_token`` sessions per token (its oldest goes first)
-    and ``limit`` in all (then a new sign-in is refused: no one evicts another's session)."""
+    database of its own). At most ``per_person`` sessions per person (their oldest goes
+    first) and ``limit`` in all (then their own oldest session goes, or else the oldest of
+    whoever holds the most; a new person is refused only when everyone holds one)."""
 
     def __init__(self, *, ttl: float = DEFAULT_TTL, limit: int = MAX_SESSIONS,
-                 per_token: int = MAX_PER_TOKEN, clock: Callable[[], float] = time.time
+                 per_person: int = MAX_PER_PERSON, clock: Callable[[], float] = time.time
                  ) -> None:
-        if ttl <= 0 or limit < 1 or per_token < 1:
+        if ttl <= 0 or limit < 1 or per_person < 1:
             raise ValueError("a session needs a positive TTL and room for one")
         self.ttl = ttl
         self.limit = limit
-        self.per_token = per_token
+        self.per_person = per_person
         self.clock = clock
         self._items: OrderedDict[str, tuple[Session, str]] = OrderedDict()
         self._lock = threading.Lock()
@@ -102,22 +123,30 @@ class Sessions:
     def __len__(self) -> int:
         return len(self._items)
 
-    def create(self, caller: Caller, owner: str = "") -> tuple[str, Session] | None:
-        """A new session for ``caller`` signed in with the token whose sha256 is ``owner``
-        (None when its token expires at once; SessionsFull when there is no room)."""
+    def create(self, caller: Caller, owner: str | None = None) -> tuple[str, Session] | None:
+        """A new session for ``caller``, counted under ``owner`` (default: the person,
+        :func:`owner_of`); None when its token expires at once; SessionsFull when every
+        slot is taken by a different person."""
         made = _new_session(caller, self.ttl, self.clock())
         if made is None:
             return None
         session_id, session = made
+        owner = owner or owner_of(caller)
         now = self.clock()
         with self._lock:
             for key in [k for k, (s, _) in self._items.items() if s.expires_at <= now]:
                 del self._items[key]
             mine = [k for k, (_, o) in self._items.items() if o == owner]
-            for key in mine[:max(0, len(mine) - self.per_token + 1)]:
+            for key in mine[:max(0, len(mine) - self.per_person + 1)]:
                 del self._items[key]
             if len(self._items) >= self.limit:
-                raise SessionsFull(f"{len(self._items)} sessions live")
+                held: dict[str, list[str]] = {}
+                for key, (_, other) in self._items.items():  # oldest first
+                    held.setdefault(other, []).append(key)
+                heaviest = held.get(owner) or max(held.values(), key=len)
+                if owner not in held and len(heaviest) < 2:
+                    raise SessionsFull(f"{len(self._items)} people signed in")
+                del self._items[heaviest[0]]
             self._items[_key(session_id)] = (session, owner)
         return session_id, session
 
@@ -141,14 +170,14 @@ class DbSessions:
     :class:`Sessions`. ``engine`` must be able to write (the API's own engine cannot)."""
 
     def __init__(self, engine: Engine, *, ttl: float = DEFAULT_TTL,
-                 limit: int = MAX_SESSIONS, per_token: int = MAX_PER_TOKEN,
+                 limit: int = MAX_SESSIONS, per_person: int = MAX_PER_PERSON,
                  clock: Callable[[], float] = time.time) -> None:
-        if ttl <= 0 or limit < 1 or per_token < 1:
+        if ttl <= 0 or limit < 1 or per_person < 1:
             raise ValueError("a session needs a positive TTL and room for one")
         self.engine = engine
         self.ttl = ttl
         self.limit = limit
-        self.per_token = per_token
+        self.per_person = per_person
         self.clock = clock
 
     def __len__(self) -> int:
@@ -156,13 +185,13 @@ class DbSessions:
             return int(conn.execute(sa.select(sa.func.count()).select_from(
                 inv.sessions).where(inv.sessions.c.expires_at > self.clock())).scalar_one())
 
-    def create(self, caller: Caller, owner: str = "") -> tuple[str, Session] | None:
+    def create(self, caller: Caller, owner: str | None = None) -> tuple[str, Session] | None:
         made = _new_session(caller, self.ttl, self.clock())
         if made is None:
             return None
         session_id, session = made
         scope = caller.scope
-        row = {"id_sha256": _key(session_id), "owner_sha256": owner or _key(caller.name),
+        row = {"id_sha256": _key(session_id), "owner_sha256": owner or owner_of(caller),
                "token_sha256": caller.token_sha256, "caller": caller.name[:253],
                "scope": json.dumps({
                    "name": scope.name, "fleet_counts": scope.fleet_counts,
@@ -172,10 +201,10 @@ class DbSessions:
                "token_expires_at": caller.expires_at, "created_at": self.clock(),
                "expires_at": session.expires_at}
         with self.engine.begin() as conn:
-            added = inv.add_session(conn, row, now=self.clock(), per_owner=self.per_token,
+            added = inv.add_session(conn, row, now=self.clock(), per_owner=self.per_person,
                                     total=self.limit)
         if not added:
-            raise SessionsFull(f"{self.limit} sessions live")
+            raise SessionsFull(f"{self.limit} people signed in")
         return session_id, session
 
     def get(self, session_id: str) -> Session | None:
@@ -210,38 +239,102 @@ def _new_session(caller: Caller, ttl: float, now: float) -> tuple[str, Session] 
     return secrets.token_urlsafe(32), Session(caller, expires)
 
 
+def guessed(token: str | None) -> str:
+    """What a sign-in attempt tries to be: the subject an OIDC token claims (read without
+    checking its signature: only to count failures), else the token's first characters
+    (a static token's name-free prefix). A person mistyping their own token, or someone
+    guessing at one, keeps hitting the same key; other people do not."""
+    text = (token or "").strip()
+    if text.count(".") == 2:
+        part = text.split(".")[1]
+        try:
+            claims = json.loads(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4)))
+        except (ValueError, binascii.Error, RecursionError):
+            claims = None
+        subject = claims.get("sub") if isinstance(claims, dict) else None
+        if isinstance(subject, str) and subject:
+            return "sub:" + subject[:128]
+    return "prefix:" + text[:GUESS_PREFIX]
+
+
+@dataclass
+class _Strikes:
+    failures: list[float]
+    locked_until: float = 0.0
+    lockouts: int = 0
+
+
 class SignInLimit:
-    """At most ``burst`` failed sign-ins per client address in any ``window`` seconds; past
-    that, every sign-in from it is refused until the window has moved on. A person mistypes
-    a token a few times; a script guessing hundreds a second is stopped. Successful sign-ins
-    do not count, so an office behind one address is not locked out by its own people. The
-    least recently seen clients beyond ``clients`` are forgotten (bounded memory)."""
+    """Failed sign-ins, counted where a guess is aimed rather than where it comes from
+    (behind an ingress or router every browser shares one address, and 10 mistakes of
+    one person kept everyone out):
+
+    * per guessed key (:func:`guessed`): ``burst`` failures within ``window`` seconds lock
+      that key for ``window``, doubling on each lockout that follows (at most
+      ``max_backoff``) until a window passes clean;
+    * in all: ``global_burst`` failures within ``window`` lock every sign-in the same way
+      (someone spraying guesses at many keys), except for keys that signed in successfully
+      within ``remember`` seconds: people who got in before keep getting in.
+
+    A successful sign-in does not count. Keys beyond ``clients`` are forgotten, least
+    recently seen first (bounded memory)."""
 
     def __init__(self, *, burst: int = SIGN_IN_BURST, window: float = SIGN_IN_WINDOW,
+                 global_burst: int = SIGN_IN_GLOBAL_BURST,
+                 max_backoff: float = SIGN_IN_MAX_BACKOFF, remember: float = DEFAULT_TTL,
                  clients: int = 10_000, clock: Callable[[], float] = time.monotonic) -> None:
         self.burst = burst
         self.window = window
+        self.global_burst = global_burst
+        self.max_backoff = max_backoff
+        self.remember = remember
         self.clients = clients
         self.clock = clock
-        self._failed: OrderedDict[str, list[float]] = OrderedDict()
+        self._keys: OrderedDict[str, _Strikes] = OrderedDict()
+        self._all = _Strikes([])
+        self._good: OrderedDict[str, float] = OrderedDict()
         self._lock = threading.Lock()
 
-    def _recent(self, client: str, now: float) -> list[float]:
-        times = [t for t in self._failed.pop(client, []) if now - t < self.window]
-        if times:
-            self._failed[client] = times
-        return times
+    def _strike(self, strikes: _Strikes, limit: int, now: float) -> None:
+        strikes.failures = [t for t in strikes.failures if now - t < self.window] + [now]
+        if len(strikes.failures) >= limit and strikes.locked_until <= now:
+            clean = now - strikes.locked_until >= self.window and strikes.lockouts
+            strikes.lockouts = 1 if clean else strikes.lockouts + 1
+            strikes.locked_until = now + min(self.max_backoff,
+                                             self.window * 2 ** (strikes.lockouts - 1))
+            strikes.failures = []
 
-    def allow(self, client: str) -> bool:
-        with self._lock:
-            return len(self._recent(client, self.clock())) < self.burst
-
-    def failed(self, client: str) -> None:
+    def wait(self, key: str) -> float:
+        """Seconds until a sign-in aimed at ``key`` is heard again (0: now)."""
         now = self.clock()
         with self._lock:
-            self._failed[client] = [*self._recent(client, now), now]
-            while len(self._failed) > self.clients:
-                self._failed.popitem(last=False)
+            strikes = self._keys.get(key)
+            waits = [strikes.locked_until - now if strikes is not None else 0.0]
+            good = self._good.get(key)
+            if good is None or now - good >= self.remember:
+                waits.append(self._all.locked_until - now)
+        return max(0.0, *waits)
+
+    def allow(self, key: str) -> bool:
+        return self.wait(key) <= 0
+
+    def failed(self, key: str) -> None:
+        now = self.clock()
+        with self._lock:
+            strikes = self._keys.pop(key, None) or _Strikes([])
+            self._keys[key] = strikes
+            self._strike(strikes, self.burst, now)
+            self._strike(self._all, self.global_burst, now)
+            while len(self._keys) > self.clients:
+                self._keys.popitem(last=False)
+
+    def succeeded(self, key: str) -> None:
+        with self._lock:
+            self._good.pop(key, None)
+            self._good[key] = self.clock()
+            self._keys.pop(key, None)
+            while len(self._good) > self.clients:
+                self._good.popitem(last=False)
 
 
 def session_id(cookie_header: str | None) -> str | None:
@@ -302,7 +395,7 @@ class Login:
             raise Unauthorized(f"the token of {session.caller.name!r}'s session is gone")
         caller = session.caller
         if scope != caller.scope:  # the tokens file changed the scope: follow it
-            caller = Caller(scope, caller.name, caller.expires_at, caller.token_sha256)
+            caller = replace(caller, scope=scope)
         return caller, sid
 
     # -- the endpoints ----------------------------------------------------------------------
@@ -317,16 +410,22 @@ class Login:
                client: str = "") -> Response:
         """POST /login: check the token, start a session, send the browser to the page.
         ``body`` is None when it was missing or too large (not read); ``client`` is the
-        address sign-in attempts are counted by."""
-        if not self.limit.allow(client):
-            log.info("sign-in refused for %s: too many failed attempts", client)
-            response = self._form(429, "Too many failed sign-in attempts: wait a minute and "
+        caller's address (the log names it; limits count what is guessed, :func:`guessed`)."""
+        key = guessed(_token_field(body, headers.get("content-type", "")))
+        wait = self.limit.wait(key)
+        if wait > 0:
+            log.info("sign-in refused for %s: too many failed attempts at %s", client,
+                     key.split(":")[0])
+            response = self._form(429, "Too many failed sign-in attempts: wait a little and "
                                        "try again.")
-            response.headers["Retry-After"] = str(int(self.limit.window))
+            response.headers["Retry-After"] = str(max(1, math.ceil(wait)))
             return response
         response = self._submit(body, headers)
-        if response.status_code != 303:
-            self.limit.failed(client)
+        if response.status_code == 303:
+            self.limit.succeeded(key)
+        else:
+            log.info("sign-in from %s failed", client)
+            self.limit.failed(key)
         return response
 
     def _submit(self, body: bytes | None, headers: Mapping[str, str]) -> Response:
@@ -348,7 +447,7 @@ class Login:
             return self._form(403, "Sign-in failed: your token maps to no part of the fleet "
                                    "(ask for your group to be added to the scopes file).")
         try:
-            made = self.sessions.create(caller, hash_token(token.strip()))
+            made = self.sessions.create(caller)
         except SessionsFull as exc:
             log.warning("sign-in refused for %s: no room for a session (%s)", caller.name,
                         exc)

@@ -27,9 +27,18 @@ from urllib.parse import urlsplit, urlunsplit
 import requests
 import urllib3
 
-from hub.common import InputError, UnavailableError, redact, register_secret, shorten
+from hub.common import (
+    InputError,
+    UnavailableError,
+    read_text,
+    redact,
+    register_secret,
+    shorten,
+)
 
 TOKEN_ENV = "GPUFLEET_TOKEN"
+#: the largest token file read (a JWT with many groups is a few KiB)
+SECRET_FILE_BYTES = 64 * 1024
 #: how much of a hub's non-JSON answer (an HTML error page, a proxy's text) an error quotes
 MAX_DETAIL = 200
 #: how much of the store's own JSON "error" field (a PromQL parse error names the position)
@@ -74,10 +83,8 @@ def redact_url(url: str) -> str:
 
 
 def _read_secret_file(path: str, what: str) -> str:
-    try:
-        return Path(path).read_text().strip()
-    except OSError as exc:
-        raise InputError(f"cannot read {what} file {path}: {exc.strerror}") from None
+    # bounded and decoded: a binary or huge file is one line (its content never shown)
+    return read_text(path, f"{what} file {path}", max_bytes=SECRET_FILE_BYTES).strip()
 
 
 def check_token(token: str, source: str) -> str:

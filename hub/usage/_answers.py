@@ -123,7 +123,8 @@ def usage_summary(conn: Connection, start: dt.datetime, end: dt.datetime,
                   namespaces: Collection[str] | None = None,
                   rollup: bool = True, prices: Prices | None = None,
                   missing: dict | None = None, bill: Bill | None = None,
-                  node_priced: dict | None = None) -> list[dict[str, Any]]:
+                  node_priced: dict | None = None,
+                  idle: dict[tuple, float] | None = None) -> list[dict[str, Any]]:
     """One row per group over the buckets starting in [start, end), summed in the database
     (summary_select says from where). ``clusters`` and ``namespaces`` restrict the rows
     counted (a scoped API caller sees only its own). With ``prices`` each row also has
@@ -131,9 +132,11 @@ def usage_summary(conn: Connection, start: dt.datetime, end: dt.datetime,
     cluster and model (a price is per cluster and model), and the groups add those up;
     ``missing`` (a dict) receives the unpriced GPU-hours per (cluster, model).
     idle_allocated_gpu_hours comes from idle_runs with ``idle_threshold`` and ``idle_for``,
-    so it is exactly what `idle` lists (hub/usage/_idle.py). ``bill`` (and instance-type
-    prices) price a node's GPU-hours at what its node-hour cost (hub/usage/_bills.py);
-    ``node_priced`` (a dict) receives those prices per GPU-hour per (cluster, node)."""
+    so it is exactly what `idle` lists (hub/usage/_idle.py); ``idle``, when given, is that
+    figure per group already judged over a longer period (a day of the daily chart).
+    ``bill`` (and instance-type prices) price a node's GPU-hours at what its node-hour cost
+    (hub/usage/_bills.py); ``node_priced`` (a dict) receives those prices per GPU-hour per
+    (cluster, node)."""
     cols = group_columns(by)
     if bill is not None and prices is None:
         prices = Prices({})
@@ -144,9 +147,10 @@ def usage_summary(conn: Connection, start: dt.datetime, end: dt.datetime,
                           namespaces=namespaces, rollup=rollup, columns=read)
     if stmt is None:
         return []
-    idle = idle_gpu_hours(idle_runs(conn, start, end, threshold=idle_threshold,
-                                    for_seconds=idle_for, clusters=clusters,
-                                    namespaces=namespaces), cols)
+    if idle is None:
+        idle = idle_gpu_hours(idle_runs(conn, start, end, threshold=idle_threshold,
+                                        for_seconds=idle_for, clusters=clusters,
+                                        namespaces=namespaces), cols)
     groups: dict[tuple, dict[str, Any]] = {}
     parts: list[tuple[tuple, Any]] = []
     for r in conn.execute(stmt).mappings():
@@ -257,3 +261,13 @@ def usage_frame(conn: Connection, start: dt.datetime, end: dt.datetime):  # -> p
             .where(U.c.bucket_start >= start, U.c.bucket_start < end)
             .order_by(U.c.bucket_start, U.c.cluster, U.c.node, U.c.uuid, U.c.slice))
     return pd.read_sql(stmt, conn)
+
+
+def models_used(conn: Connection, start: dt.datetime, end: dt.datetime
+                ) -> set[tuple[str | None, str | None]]:
+    """The (cluster, model) pairs with GPU-hours in the buckets starting in [start, end):
+    what a price file must name to bill them (hub.usage.unused_note)."""
+    return {(r.cluster, r.model) for r in conn.execute(
+        sa.select(U.c.cluster, U.c.model).where(U.c.bucket_start >= start,
+                                                U.c.bucket_start < end,
+                                                U.c.gpu_hours > 0).distinct())}

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Collection, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -29,9 +29,21 @@ U = inv.usage
 IDLE_THRESHOLD_PCT = 5.0
 IDLE_FOR_S = 2 * 3600.0
 
+
+
+class IdleRule(NamedTuple):
+    """The idle rule one surface answers with: `serve --idle-threshold/--idle-for` hands the
+    same one to its page and its API defaults as the CLI's flags do to `usage` and `idle`."""
+
+    threshold: float = IDLE_THRESHOLD_PCT
+    for_seconds: float = IDLE_FOR_S
+
+
 IDLE_COLUMNS = ["cluster", "node", "uuid", "slice", "namespace", "pod", "idle_since",
                 "idle_until", "idle_hours", "wasted_gpu_hours", "avg_utilisation_pct"]
 _KEY = ["cluster", "node", "uuid", "slice", "namespace", "pod"]
+#: one idle stretch: (since, until, wasted GPU-hours, busy GPU-hours x pct, model)
+Segment = tuple[dt.datetime, dt.datetime, float, float, "str | None"]
 
 
 def _blank(value: Any) -> Any:
@@ -46,78 +58,21 @@ def idle_runs(conn: Connection, start: dt.datetime, end: dt.datetime, *,
     first: one entry per GPU or slice and pod, summing its runs of consecutive idle buckets
     that lasted at least ``for_seconds``. Each entry also carries ``model`` (for grouping by
     model); the IDLE_COLUMNS are what a user is shown."""
-    key = [U.c[c] for c in _KEY]
-    where = [U.c.bucket_start >= start, U.c.bucket_start < end, U.c.pod != "",
-             U.c.gpu_hours > 0, U.c.avg_utilisation_pct.is_not(None),
-             U.c.avg_utilisation_pct < threshold]
-    if clusters is not None:
-        where.append(U.c.cluster.in_(sorted(clusters)))
-    if namespaces is not None:
-        where.append(U.c.namespace.in_(sorted(namespaces)))
-    candidates = _candidates(conn, start, end, threshold)
-    if candidates is not None:
-        where.append(U.c.uuid.in_(candidates))
     found: dict[tuple, dict[str, Any]] = {}
-
-    def add(k: tuple, model: str | None, since: dt.datetime, until: dt.datetime,
-            wasted: float, busy: float) -> None:
-        seconds = (until - since).total_seconds()
-        if seconds < for_seconds:
-            return
-        item = found.setdefault(k, {
-            **{c: _blank(v) for c, v in zip(_KEY, k, strict=True)}, "model": model,
-            "idle_since": since, "idle_until": until,
-            "idle_hours": 0.0, "wasted_gpu_hours": 0.0, "_busy": 0.0})
-        item["idle_until"] = until
-        item["idle_hours"] += seconds / 3600.0
-        item["wasted_gpu_hours"] += wasted
-        item["_busy"] += busy
-
-    segments = _day_segments(conn, start, end, threshold, clusters, namespaces)
-    if segments is not None:
-        for k, parts in segments.items():
-            for since, until, wasted, busy, model in _merged(parts):
-                add(k, model, since, until, wasted, busy)
-    else:
-        # First the idle buckets summed per GPU and pod in the database: where they are one
-        # unbroken run (as many buckets as fit between the first start and the last end, on
-        # the ledger's one grid) that sum is the run. Only the others are walked row by row.
-        busy_sum = sa.func.sum(U.c.gpu_hours * U.c.avg_utilisation_pct)
-        summed = (sa.select(*key, sa.func.min(U.c.model), sa.func.count(),
-                            sa.func.min(U.c.bucket_start), sa.func.max(U.c.bucket_start),
-                            sa.func.max(U.c.bucket_end), sa.func.sum(U.c.gpu_hours), busy_sum)
-                  .where(*where).group_by(*key))
-        broken: set[tuple] = set()
-        for r in conn.execute(summed):
-            k, (model, n, first, last, until, wasted, busy) = tuple(r[:6]), tuple(r[6:])
-            if (until - first) == n * (until - last):
-                add(k, model, first, until, wasted or 0.0, busy or 0.0)
-            else:
-                broken.add(k)
-        if broken:
-            rows = conn.execute(
-                sa.select(*key, U.c.model, U.c.bucket_start, U.c.bucket_end, U.c.gpu_hours,
-                          U.c.avg_utilisation_pct)
-                .where(*where, U.c.uuid.in_(sorted({k[2] for k in broken})))
-                .order_by(*key, U.c.bucket_start))
-            run: list[Any] = []
-
-            def close() -> None:
-                if run:
-                    add(tuple(run[0][:6]), run[0].model, run[0].bucket_start,
-                        run[-1].bucket_end, sum(r.gpu_hours for r in run),
-                        sum(r.gpu_hours * r.avg_utilisation_pct for r in run))
-
-            for r in rows:
-                if tuple(r[:6]) not in broken:
-                    continue
-                # only idle buckets are read: a busy or missing bucket between two is a gap
-                if not (run and tuple(r[:6]) == tuple(run[-1][:6])
-                        and run[-1].bucket_end == r.bucket_start):
-                    close()
-                    run = []
-                run.append(r)
-            close()
+    for k, runs in maximal_runs(conn, start, end, threshold=threshold, clusters=clusters,
+                                namespaces=namespaces).items():
+        for since, until, wasted, busy, model in runs:
+            seconds = (until - since).total_seconds()
+            if seconds < for_seconds:
+                continue
+            item = found.setdefault(k, {
+                **{c: _blank(v) for c, v in zip(_KEY, k, strict=True)}, "model": model,
+                "idle_since": since, "idle_until": until,
+                "idle_hours": 0.0, "wasted_gpu_hours": 0.0, "_busy": 0.0})
+            item["idle_until"] = until
+            item["idle_hours"] += seconds / 3600.0
+            item["wasted_gpu_hours"] += wasted
+            item["_busy"] += busy
     out = []
     for item in found.values():
         busy = item.pop("_busy")
@@ -130,7 +85,91 @@ def idle_runs(conn: Connection, start: dt.datetime, end: dt.datetime, *,
                                       i["uuid"], i["slice"] or "", i["pod"] or ""))
 
 
-Segment = tuple[dt.datetime, dt.datetime, float, float, "str | None"]
+def maximal_runs(conn: Connection, start: dt.datetime, end: dt.datetime, *,
+                 threshold: float = IDLE_THRESHOLD_PCT,
+                 clusters: Collection[str] | None = None,
+                 namespaces: Collection[str] | None = None) -> dict[tuple, list[Segment]]:
+    """Every run of consecutive idle buckets starting in [start, end), however short, per
+    GPU or slice and pod (the _KEY columns), in time order: idle_runs keeps those that
+    lasted long enough, idle_by_day splits them into days."""
+    segments = _day_segments(conn, start, end, threshold, clusters, namespaces)
+    if segments is not None:
+        return {k: _merged(parts) for k, parts in segments.items()}
+    key = [U.c[c] for c in _KEY]
+    where = [U.c.bucket_start >= start, U.c.bucket_start < end, U.c.pod != "",
+             U.c.gpu_hours > 0, U.c.avg_utilisation_pct.is_not(None),
+             U.c.avg_utilisation_pct < threshold]
+    if clusters is not None:
+        where.append(U.c.cluster.in_(sorted(clusters)))
+    if namespaces is not None:
+        where.append(U.c.namespace.in_(sorted(namespaces)))
+    candidates = _candidates(conn, start, end, threshold)
+    if candidates is not None:
+        where.append(U.c.uuid.in_(candidates))
+    out: dict[tuple, list[Segment]] = {}
+    # First the idle buckets summed per GPU and pod in the database: where they are one
+    # unbroken run (as many buckets as fit between the first start and the last end, on
+    # the ledger's one grid) that sum is the run. Only the others are walked row by row.
+    busy_sum = sa.func.sum(U.c.gpu_hours * U.c.avg_utilisation_pct)
+    summed = (sa.select(*key, sa.func.min(U.c.model), sa.func.count(),
+                        sa.func.min(U.c.bucket_start), sa.func.max(U.c.bucket_start),
+                        sa.func.max(U.c.bucket_end), sa.func.sum(U.c.gpu_hours), busy_sum)
+              .where(*where).group_by(*key))
+    broken: set[tuple] = set()
+    for r in conn.execute(summed):
+        k, (model, n, first, last, until, wasted, busy) = tuple(r[:6]), tuple(r[6:])
+        if (until - first) == n * (until - last):
+            out[k] = [(first, until, wasted or 0.0, busy or 0.0, model)]
+        else:
+            broken.add(k)
+    if broken:
+        rows = conn.execute(
+            sa.select(*key, U.c.model, U.c.bucket_start, U.c.bucket_end, U.c.gpu_hours,
+                      U.c.avg_utilisation_pct)
+            .where(*where, U.c.uuid.in_(sorted({k[2] for k in broken})))
+            .order_by(*key, U.c.bucket_start))
+        for r in rows:
+            k = tuple(r[:6])
+            if k in broken:
+                # only idle buckets are read: a busy or missing bucket between two is a gap
+                out.setdefault(k, []).append((r.bucket_start, r.bucket_end, r.gpu_hours,
+                                              r.gpu_hours * r.avg_utilisation_pct, r.model))
+        for k in broken:
+            out[k] = _merged(out.get(k, []))
+    return out
+
+
+def idle_by_day(conn: Connection, start: dt.datetime, end: dt.datetime,
+                days: Sequence[dt.datetime], columns: Sequence[str], *,
+                threshold: float = IDLE_THRESHOLD_PCT, for_seconds: float = IDLE_FOR_S,
+                clusters: Collection[str] | None = None,
+                namespaces: Collection[str] | None = None) -> dict[dt.datetime, dict]:
+    """Idle GPU-hours per day (of ``days``, 00:00 UTC) and group (``columns``): the runs are
+    judged over the whole period [start, end), then each run's buckets are counted on the
+    day they start. A run crossing midnight counts on both days whatever its part on each,
+    so the days add up to the period's idle answer at any hour of the day."""
+    qualifying = {k: [(a, b) for a, b, *_ in runs if (b - a).total_seconds() >= for_seconds]
+                  for k, runs in maximal_runs(conn, start, end, threshold=threshold,
+                                              clusters=clusters,
+                                              namespaces=namespaces).items()}
+    out: dict[dt.datetime, dict] = {}
+    for day in days:
+        lo, hi = max(day, start), min(day + inv.DAY, end)
+        sums = out.setdefault(day, {})
+        if lo >= hi:
+            continue
+        for k, parts in maximal_runs(conn, lo, hi, threshold=threshold, clusters=clusters,
+                                     namespaces=namespaces).items():
+            runs = qualifying.get(k, [])
+            values = dict(zip(_KEY, (_blank(v) for v in k), strict=True))
+            group = tuple(values[c] for c in columns)
+            for since, until, wasted, _, _ in parts:
+                # a day's part of a run lies inside exactly one run of the whole period
+                if any(a <= since and until <= b for a, b in runs):
+                    sums[group] = sums.get(group, 0.0) + wasted
+    return out
+
+
 
 
 def _merged(parts: list[Segment]) -> list[Segment]:

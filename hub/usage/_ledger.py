@@ -33,7 +33,13 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from hub import store
-from hub.common import GpufleetError, InputError, format_duration, human_duration
+from hub.common import (
+    GpufleetError,
+    InputError,
+    UnavailableError,
+    format_duration,
+    human_duration,
+)
 from hub.inventory import (
     DAY,
     LEDGER_LOCK_KEY,
@@ -74,11 +80,14 @@ class CollectResult:
     #: buckets of the period asked for that had not ended a push interval ago
     clipped: int = 0
     not_before: dt.datetime | None = None  # the first bucket a later collect will write
+    #: buckets left for the next collect because this one was asked to stop (SIGTERM)
+    stopped: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {"collected": self.collected, "rows": self.rows, "requests": self.requests,
                 "removed_by_retention": self.removed,
                 "clipped_not_ended": self.clipped, "next_bucket": self.not_before,
+                "left_by_stop": self.stopped,
                 "failed": [{"bucket_start": b, "error": e} for b, e in self.failed]}
 
 
@@ -152,15 +161,20 @@ def claim_grid(conn: Connection, bucket: float) -> None:
 
 
 def replace_grid(engine: Engine, bucket: float, lock_timeout: float = 60.0) -> int:
-    """Start the ledger over on a new grid: every row, mark and rollup day goes (the hub
-    still holds its retention's worth of samples to collect again). Returns rows removed."""
+    """Start the ledger over on a new grid, empty: every row, mark and rollup day goes.
+    Returns rows removed. `usage collect --replace-grid` uses :func:`collect_on_new_grid`,
+    which swaps only once the new grid's first bucket is in hand."""
     with _ledger_transaction(engine, lock_timeout) as conn:
-        removed = conn.execute(usage.delete()).rowcount or 0
-        conn.execute(usage_buckets.delete())
-        conn.execute(usage_daily.delete())
-        conn.execute(usage_idle_daily.delete())
-        conn.execute(usage_ledger.delete().where(usage_ledger.c.key == BUCKET_KEY))
-        conn.execute(usage_ledger.insert().values(key=BUCKET_KEY, value=f"{bucket:g}"))
+        return _start_over(conn, bucket)
+
+
+def _start_over(conn: Connection, bucket: float) -> int:
+    removed = conn.execute(usage.delete()).rowcount or 0
+    conn.execute(usage_buckets.delete())
+    conn.execute(usage_daily.delete())
+    conn.execute(usage_idle_daily.delete())
+    conn.execute(usage_ledger.delete().where(usage_ledger.c.key == BUCKET_KEY))
+    conn.execute(usage_ledger.insert().values(key=BUCKET_KEY, value=f"{bucket:g}"))
     return removed
 
 
@@ -225,6 +239,25 @@ class _LabelCheck:
                           "nothing written")
 
 
+def _known(conn: Connection) -> dict[tuple[str, str], tuple[str | None, float | None]]:
+    """Model and memory of every GPU the inventory knows, for rows the hub labels less."""
+    return {(r.uuid, r.slice_key): (r.model, r.memory_total_mib) for r in conn.execute(
+        sa.select(gpus.c.uuid, gpus.c.slice_key, gpus.c.model, gpus.c.memory_total_mib))}
+
+
+def _fold(client: HubClient, queries: list[store.Query], start: float, bucket: float,
+          resolution: float, cluster_label: str, known: Mapping[tuple[str, str], Any],
+          labels: _LabelCheck) -> list[dict[str, Any]]:
+    """One bucket's ledger rows from the hub (nothing written); an empty answer where the
+    cluster label is a typo raises it rather than writing an empty bucket."""
+    rows = fold_bucket(_ask(client, queries, start, bucket, resolution), start=start,
+                       bucket=bucket, resolution=resolution, cluster_label=cluster_label,
+                       known=known)
+    if not rows and (typo := labels.typo(start, bucket)):
+        raise typo
+    return rows
+
+
 # -- writing ----------------------------------------------------------------------------------
 def _ledger_transaction(engine: Engine, lock_timeout: float):
     return locked_transaction(engine, lock_timeout, key=LEDGER_LOCK_KEY,
@@ -236,9 +269,13 @@ def collect_usage(engine: Engine, client: HubClient, *, bucket: float = 3600.0,
                   starts: list[float] | None = None, max_backfill: float = 48 * 3600.0,
                   retention: float = 400 * 86400.0, cluster_label: str = "cluster",
                   now: float | None = None, lock_timeout: float = 60.0,
-                  on_bucket: Callable[[dt.datetime, int], None] | None = None
-                  ) -> CollectResult:
+                  on_bucket: Callable[[dt.datetime, int], None] | None = None,
+                  stop: Callable[[], bool] = lambda: False) -> CollectResult:
     """Collect the given buckets (or every pending one), one locked transaction per bucket.
+
+    ``stop`` is asked before each bucket: once it says yes (SIGTERM) the collect ends
+    between two buckets, every written bucket whole, and the next collect resumes with the
+    ones left (they are still pending); ``stopped`` in the result says so.
 
     ``push_interval`` is the cadence samples reach the hub at (ACM: 300 s): the coverage
     resolution and the delay after a bucket's end before it is complete. ``resolution``
@@ -257,8 +294,7 @@ def collect_usage(engine: Engine, client: HubClient, *, bucket: float = 3600.0,
         if starts is None:
             starts = pending_buckets(conn, now=now, bucket=bucket, max_backfill=max_backfill,
                                      delay=delay)
-        known = {(r.uuid, r.slice_key): (r.model, r.memory_total_mib) for r in conn.execute(
-            sa.select(gpus.c.uuid, gpus.c.slice_key, gpus.c.model, gpus.c.memory_total_mib))}
+        known = _known(conn)
     ended = [s for s in starts if s + bucket + delay <= now]
     result.clipped = len(starts) - len(ended)
     if result.clipped:
@@ -266,13 +302,13 @@ def collect_usage(engine: Engine, client: HubClient, *, bucket: float = 3600.0,
         result.not_before = utc(first_open)
     labels = _LabelCheck(client, cluster_label, now)
     for start in ended:
+        if stop():
+            result.stopped = len(ended) - len(result.collected) - len(result.failed)
+            break
         before = client.requests
         try:
-            rows = fold_bucket(_ask(client, queries, start, bucket, resolution), start=start,
-                               bucket=bucket, resolution=resolution,
-                               cluster_label=cluster_label, known=known)
-            if not rows and (typo := labels.typo(start, bucket)):
-                raise typo
+            rows = _fold(client, queries, start, bucket, resolution, cluster_label, known,
+                         labels)
         except InputError:
             raise
         except GpufleetError as exc:
@@ -288,9 +324,72 @@ def collect_usage(engine: Engine, client: HubClient, *, bucket: float = 3600.0,
         result.requests += requests
         if on_bucket:
             on_bucket(utc(start), len(rows))
-    with _ledger_transaction(engine, lock_timeout) as conn:
-        result.removed = apply_retention(conn, now - retention)
+    if not result.stopped:  # stopping: out within the promised time, retention next time
+        with _ledger_transaction(engine, lock_timeout) as conn:
+            result.removed = apply_retention(conn, now - retention)
     return result
+
+
+def collect_on_new_grid(engine: Engine, client: HubClient, *, bucket: float = 3600.0,
+                        push_interval: float = 300.0, resolution: float | None = None,
+                        starts: list[float] | None = None, max_backfill: float = 48 * 3600.0,
+                        retention: float = 400 * 86400.0, cluster_label: str = "cluster",
+                        now: float | None = None, lock_timeout: float = 60.0,
+                        on_bucket: Callable[[dt.datetime, int], None] | None = None
+                        ) -> tuple[int, CollectResult]:
+    """`--replace-grid`: the ledger on ``bucket``'s grid without a moment of it empty for
+    nothing. The hub is asked first (down: UnavailableError, the ledger untouched); the new
+    grid's first bucket is folded; only then, in one transaction under the ledger's lock,
+    the old rows go and that bucket is written. The rest is an ordinary collect on the new
+    grid. Returns (rows removed, the collect's result)."""
+    resolution = check_settings(bucket=bucket, push_interval=push_interval,
+                                resolution=resolution, retention=retention,
+                                max_backfill=max_backfill)
+    now = time.time() if now is None else now
+    planned = (starts if starts is not None else
+               buckets_between(now - max_backfill, now - push_interval, bucket))
+    ended = [s for s in planned if s + bucket + push_interval <= now]
+    try:
+        client.query("vector(1)", time=now)
+    except GpufleetError as exc:
+        raise UnavailableError(f"the hub does not answer ({exc.format_message()}); the "
+                               "usage ledger is unchanged (--replace-grid swaps grids "
+                               "only once the new one's first bucket is collected)") from None
+    with engine.connect() as conn:
+        known = _known(conn)
+    first = ended[0] if ended else None
+    rows: list[dict[str, Any]] = []
+    requests = 0
+    if first is not None:
+        before = client.requests
+        queries = store.usage_queries(format_duration(bucket), format_duration(resolution),
+                                      cluster_label)
+        try:
+            rows = _fold(client, queries, first, bucket, resolution, cluster_label, known,
+                         _LabelCheck(client, cluster_label, now))
+        except InputError:
+            raise
+        except GpufleetError as exc:
+            raise UnavailableError(f"the new grid's first bucket {utc(first).isoformat()}Z "
+                                   f"could not be collected ({exc.format_message()}); the "
+                                   "usage ledger is unchanged") from None
+        requests = client.requests - before
+    with _ledger_transaction(engine, lock_timeout) as conn:
+        removed = _start_over(conn, bucket)
+        if first is not None:
+            write_bucket(conn, first, bucket, rows, requests)
+    if first is not None and on_bucket:
+        on_bucket(utc(first), len(rows))
+    rest = None if starts is None else [s for s in starts if s != first]
+    result = collect_usage(engine, client, bucket=bucket, push_interval=push_interval,
+                           resolution=resolution, starts=rest, max_backfill=max_backfill,
+                           retention=retention, cluster_label=cluster_label, now=now,
+                           lock_timeout=lock_timeout, on_bucket=on_bucket)
+    if first is not None:
+        result.collected.insert(0, utc(first))
+        result.rows += len(rows)
+        result.requests += requests
+    return removed, result
 
 
 def write_bucket(conn: Connection, start: float, bucket: float, rows: list[dict[str, Any]],
@@ -392,6 +491,9 @@ def describe(result: CollectResult, push_interval: float) -> str:
         text += (f"; {result.clipped} bucket(s) not ended a push interval "
                  f"({human_duration(push_interval)}) ago were left for a later collect, "
                  f"from {result.not_before.isoformat()}Z" if result.not_before else "")
+    if result.stopped:
+        text += (f"; stopped: {result.stopped} bucket(s) left, the next collect resumes "
+                 "with them")
     return text
 
 

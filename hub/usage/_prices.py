@@ -31,10 +31,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hub.common import InputError
+from hub.common import InputError, brief_repr, load_yaml
 
 CLUSTERS_KEY = "clusters"
 INSTANCE_TYPES_KEY = "instance_types"
+#: optional: the currency of every price (ISO 4217, e.g. EUR), carried into the showback
+CURRENCY_KEY = "currency"
 COST_FIGURES = ["cost", "unpriced_gpu_hours"]
 
 
@@ -46,6 +48,7 @@ class Prices:
     clusters: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     #: hourly price of a whole node per instance type (hub.usage._bills divides by its GPUs)
     instance_types: Mapping[str, float] = field(default_factory=dict)
+    currency: str | None = None
 
     def price(self, cluster: str | None, model: str | None) -> float | None:
         if model is None:
@@ -62,10 +65,11 @@ def _price_table(raw: Any, where: str, what: str = "model names to prices per GP
         raise InputError(f"{where} must map {what}")
     out: dict[str, float] = {}
     for model, value in raw.items():
-        if not isinstance(model, str) or not model.strip():
-            raise InputError(f"{where}: {model!r} is not a model name")
+        if not isinstance(model, str) or not model.strip() or not model.isprintable():
+            raise InputError(f"{where}: {brief_repr(model)} is not a model name")
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise InputError(f"{where}: the price of {model!r} is {value!r}, not a number")
+            raise InputError(f"{where}: the price of {model!r} is {brief_repr(value)}, not a "
+                             "number")
         if not math.isfinite(value) or value < 0:
             raise InputError(f"{where}: the price of {model!r} is {value!r}; prices are "
                              "0 or more")
@@ -78,34 +82,32 @@ def parse_prices(raw: Any, source: str = "price file") -> Prices:
     if not isinstance(raw, Mapping) or not raw:
         raise InputError(f"{source}: expected a mapping of model names to prices per "
                          'GPU-hour, e.g. "NVIDIA H100 80GB HBM3": 2.5')
-    models = {k: v for k, v in raw.items() if k not in (CLUSTERS_KEY, INSTANCE_TYPES_KEY)}
+    currency = raw.get(CURRENCY_KEY)
+    if currency is not None and not (isinstance(currency, str) and len(currency) == 3
+                                     and currency.isalpha() and currency.isupper()):
+        raise InputError(f"{source}: {CURRENCY_KEY} {currency!r} is not an ISO 4217 code "
+                         "(e.g. EUR, USD)")
+    models = {k: v for k, v in raw.items()
+              if k not in (CLUSTERS_KEY, INSTANCE_TYPES_KEY, CURRENCY_KEY)}
     clusters_raw = raw.get(CLUSTERS_KEY, {}) or {}
     if not isinstance(clusters_raw, Mapping):
         raise InputError(f"{source}: {CLUSTERS_KEY} must map cluster names to price tables")
     clusters = {}
     for name, table in clusters_raw.items():
-        if not isinstance(name, str) or not name:
-            raise InputError(f"{source}: {name!r} under {CLUSTERS_KEY} is not a cluster name")
+        if not isinstance(name, str) or not name or not name.isprintable():
+            raise InputError(f"{source}: {brief_repr(name)} under {CLUSTERS_KEY} is not a "
+                             "cluster name")
         clusters[name] = _price_table(table, f"{source}: {CLUSTERS_KEY}.{name}")
     types = _price_table(raw.get(INSTANCE_TYPES_KEY) or {}, f"{source}: {INSTANCE_TYPES_KEY}",
                          "instance types to hourly prices")
-    return Prices(_price_table(models, source), clusters, types)
+    return Prices(_price_table(models, source), clusters, types, currency)
 
 
 def load_prices(path: str | Path) -> Prices:
-    import yaml
-
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise InputError(f"cannot read price file {path}: {exc.strerror or exc}") from None
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" (line {mark.line + 1})" if mark is not None else ""
-        raise InputError(f"price file {path} is not valid YAML{at}") from None
-    return parse_prices(raw, f"price file {path}")
+    """The price file; too large, not UTF-8, not YAML, an alias bomb or a model named twice
+    is a one-line InputError (hub.common's bounded reader)."""
+    what = f"price file {path}"
+    return parse_prices(load_yaml(path, what), what)
 
 
 def add_costs(groups: dict[tuple, dict[str, Any]], parts: Iterable[tuple[tuple, Mapping]],
@@ -152,3 +154,17 @@ def missing_note(missing: Mapping[tuple[str | None, str | None], float]) -> str 
     listed = ", ".join(f"{m} ({h:.2f} GPU-hours)" for m, h in sorted(by_model.items()))
     return (f"no price for {listed}: the cost of the groups they fall in is left empty; "
             "add them to the price file")
+
+
+def unused_note(prices: Prices, seen: Iterable[tuple[str | None, str | None]]) -> str | None:
+    """One line naming the prices no GPU-hour of the period used: a model spelled otherwise
+    than the exporter spells it is billed nowhere, and nobody would notice (None: all used)."""
+    seen = set(seen)
+    models = {m for _, m in seen}
+    unused = [f"{m!r}" for m in sorted(prices.models) if m not in models]
+    unused += [f"{m!r} (clusters.{c})" for c, table in sorted(prices.clusters.items())
+               for m in sorted(table) if (c, m) not in seen]
+    if not unused:
+        return None
+    return (f"the price file prices {', '.join(unused)}, which no GPU-hour of the period has: "
+            "spelled as the exporter spells the model (see `gpufleet capacity`)?")

@@ -18,6 +18,7 @@ from sqlalchemy.engine import Connection
 
 from hub import inventory as inv
 from hub.usage._answers import U, _within, usage_summary
+from hub.usage._idle import IDLE_FOR_S, IDLE_THRESHOLD_PCT, idle_by_day
 
 #: the ledger column of SM activity, when the ledger records it (a later schema adds it)
 SM_ACTIVE_COLUMN = "avg_sm_active_pct"
@@ -33,18 +34,23 @@ def day_starts(start: dt.datetime, end: dt.datetime) -> list[dt.datetime]:
 
 
 def daily_by_namespace(conn: Connection, start: dt.datetime, end: dt.datetime, *,
-                       idle_threshold: float = 5.0,
+                       idle_threshold: float = IDLE_THRESHOLD_PCT,
+                       idle_for: float = IDLE_FOR_S,
                        clusters: Collection[str] | None = None,
                        namespaces: Collection[str] | None = None) -> list[dict[str, Any]]:
     """One row per day and namespace with usage in [start, end): ``day`` plus the figures of
     ``usage_summary`` (gpu_hours, allocated, busy, idle allocated). The edge days count only
     their part inside the period. Whole days come from the daily rollup, one small query a
-    day (a chart shows a few weeks)."""
+    day (a chart shows a few weeks). Idle runs are judged over the whole period and split
+    into days (idle_by_day), so the days add up to `usage` over the period at any hour."""
+    days = day_starts(start, end)
+    idle = idle_by_day(conn, start, end, days, ("namespace",), threshold=idle_threshold,
+                       for_seconds=idle_for, clusters=clusters, namespaces=namespaces)
     out = []
-    for day in day_starts(start, end):
+    for day in days:
         lo, hi = max(day, start), min(day + inv.DAY, end)
         for row in usage_summary(conn, lo, hi, ("namespace",), idle_threshold,
-                                 clusters=clusters, namespaces=namespaces):
+                                 clusters=clusters, namespaces=namespaces, idle=idle[day]):
             out.append({"day": day, **row})
     return out
 

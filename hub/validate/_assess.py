@@ -15,7 +15,7 @@ from sqlalchemy.engine import Engine
 
 from hub import inventory as inv
 from hub import usage
-from hub.common import UnavailableError, format_duration, human_duration
+from hub.common import UnavailableError, for_people, format_duration, human_duration
 from hub.kube import Catalog, shipped_catalog
 from hub.store import HubClient, PartialResponse
 from hub.validate import _checks as checks
@@ -130,8 +130,7 @@ def idle_allocated_findings(idle: list[dict[str, Any]],
         checks.WARNING, "idle_allocated_gpu",
         f"allocated to {r['namespace']}/{r['pod']} but under {threshold:g}% "
         f"utilisation for {human_duration(r['idle_hours'] * 3600)} in a row "
-        f"({r['wasted_gpu_hours']:g} "
-        "GPU-hours wasted)",
+        f"({for_people(r['wasted_gpu_hours'])} GPU-hours wasted)",
         r["cluster"], r["node"], r["uuid"] + (f" {r['slice']}" if r["slice"] else ""),
         r["namespace"])
         for r in idle]
@@ -148,7 +147,8 @@ def usage_summary(conn: Any, now: dt.datetime, threshold: float | None = None,
     return {"since": since,
             "days_since": days_since,
             "by_day": usage.daily_by_namespace(conn, days_since, now,
-                                               idle_threshold=threshold),
+                                               idle_threshold=threshold,
+                                               idle_for=for_seconds),
             "utilisation": usage.utilisation_over_time(conn, since, now),
             "by_namespace": usage.usage_summary(conn, since, now, ["namespace"], threshold,
                                                 idle_for=for_seconds),

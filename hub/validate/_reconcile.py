@@ -687,8 +687,11 @@ def _node_result(cluster: str, view: NodeView | None, obs: ObservedNode | None,
                                      "export) or a device plugin that is not running; the hub "
                                      "cannot tell which: check with --source kube or "
                                      "--resourceslices-json")
+        hint = ("; if it publishes its GPUs through DRA, reconcile with its ResourceSlices "
+                "(--source kube, or --resourceslices-json CLUSTER=FILE), else its device "
+                "plugin is not advertising them" if view is not None else "")
         return NodeResult(status=MISSING_IN_KUBERNETES, mode="none", **base,
-                          reason=f"hub sees {_plural(obs.gpus, 'GPU')}; {where}")
+                          reason=f"hub sees {_plural(obs.gpus, 'GPU')}; {where}{hint}")
     listing = ", ".join(f"{n} {k}" for k, n in resources.items() if n)
     if obs is None:
         return NodeResult(status=MISSING_IN_METRICS, mode="none", **base,

@@ -78,9 +78,7 @@ def _plain_usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def _counts_line(report: Report) -> str:
-    c = report.counts
-    return (f"{c[ERROR]} error{'s' * (c[ERROR] != 1)}, {c[WARNING]} "
-            f"warning{'s' * (c[WARNING] != 1)}, {c[INFO]} info")
+    return common.counts_line(report.counts)
 
 
 def _settings_line(report: Report) -> str:

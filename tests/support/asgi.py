@@ -37,3 +37,14 @@ def _body(r: httpx.Response) -> Any:
 def no_metrics(accept: str | None = None, encoding: str | None = None
                ) -> tuple[bytes, dict[str, str]]:
     return b"", {"Content-Type": "text/plain"}
+
+
+def page_client(db_url: str, **kwargs: Any) -> TestClient:
+    """The service's app over a read-only engine of ``db_url`` (no scheduler, no findings,
+    every usage section), for tests that read its pages and JSON."""
+    from hub.service import USAGE_SECTIONS, build_app, read_only_engine
+
+    app = build_app(read_only_engine(db_url), health=lambda: (True, {}),
+                    findings=lambda: ([], None), metrics=no_metrics,
+                    page_sections=USAGE_SECTIONS, **kwargs)
+    return TestClient(app, raise_server_exceptions=False)

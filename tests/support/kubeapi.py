@@ -12,7 +12,14 @@ the real REST paths with realistic JSON and real ``Status`` objects for errors, 
   ``remainingItemCount``, ``labelSelector`` and ``fieldSelector`` on metadata.name/namespace),
   POST (create; 409 AlreadyExists; 404 when the namespace does not exist), PUT (replace; 409
   Conflict on a stale ``resourceVersion``), PATCH (merge-patch and strategic-merge as merge for
-  built-in kinds, 415 for strategic-merge on custom resources, JSON patch), DELETE;
+  built-in kinds, 415 for strategic-merge on custom resources, JSON patch, and server-side
+  apply: ``application/apply-patch+yaml`` with ``fieldManager`` and ``force``), DELETE;
+* managed fields, lite: which manager set which field (maps walked to their leaves, a list
+  is one field), shown as ``metadata.managedFields``; an apply that would change a field
+  another manager owns is a 409 Conflict naming the fields and managers (as kube-apiserver's
+  Status does) unless forced; fields a manager applied before and applies no more are
+  removed; other writes (create, replace, merge patch) make their manager (``fieldManager``,
+  else "unknown") own what they changed;
   ``/status`` subresources; ``/version``, ``/api``, ``/apis`` and per-group discovery;
 * bearer-token authentication (401 without the token the kubeconfig carries).
 
@@ -167,6 +174,66 @@ def _merge_patch(target: Any, patch: Any) -> Any:
     return result
 
 
+#: fields no manager owns (identity and bookkeeping), as in kube-apiserver's managedFields
+_UNOWNED_META = {"name", "namespace", "uid", "resourceVersion", "generation",
+                 "creationTimestamp", "managedFields"}
+
+
+def _leaves(obj: Any, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
+    """The fields of an object a manager can own: maps walked to their leaves, a list or a
+    scalar one field; apiVersion, kind, status and identity metadata left out."""
+    out: dict[tuple[str, ...], Any] = {}
+    if not isinstance(obj, dict):
+        return out
+    for key, value in obj.items():
+        path = (*prefix, key)
+        if not prefix and key in ("apiVersion", "kind", "status"):
+            continue
+        if prefix == ("metadata",) and key in _UNOWNED_META:
+            continue
+        if isinstance(value, dict) and value:
+            out.update(_leaves(value, path))
+        else:
+            out[path] = value
+    return out
+
+
+def _set_path(obj: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    for key in path[:-1]:
+        if not isinstance(obj.get(key), dict):
+            obj[key] = {}
+        obj = obj[key]
+    obj[path[-1]] = copy.deepcopy(value)
+
+
+def _remove_path(obj: dict[str, Any], path: tuple[str, ...]) -> None:
+    """Remove a field and the maps it leaves empty."""
+    parents = [obj]
+    for key in path[:-1]:
+        child = parents[-1].get(key)
+        if not isinstance(child, dict):
+            return
+        parents.append(child)
+    parents[-1].pop(path[-1], None)
+    for depth in range(len(path) - 1, 0, -1):
+        if parents[depth]:
+            break
+        parents[depth - 1].pop(path[depth - 1], None)
+
+
+def _fields_v1(paths: set[tuple[str, ...]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for path in sorted(paths):
+        node = out
+        for key in path:
+            node = node.setdefault(f"f:{key}", {})
+    return out
+
+
+def _dotted(path: tuple[str, ...]) -> str:
+    return "".join(f".{p}" for p in path)
+
+
 def _pointer(path: str) -> list[str]:
     if path == "":
         return []
@@ -284,6 +351,8 @@ class KubeAPI:
         self.token = token
         self.version = version
         self.objects: dict[Key, dict[str, Any]] = {}
+        #: per object: manager -> (operation "Apply" | "Update", the fields it owns)
+        self.owners: dict[Key, dict[str, tuple[str, set[tuple[str, ...]]]]] = {}
         self.kinds: dict[tuple[str, str, str], tuple[str, bool]] = dict(KNOWN)
         self.requests: list[LoggedRequest] = []
         self._failures: list[tuple[str, str, int, str]] = []
@@ -360,8 +429,10 @@ class KubeAPI:
 
     # -- test helpers --------------------------------------------------------------------
     def put_object(self, obj: dict[str, Any], plural: str | None = None,
-                   namespaced: bool | None = None) -> dict[str, Any]:
-        """Store an object directly (no admission checks), as if another client created it.
+                   namespaced: bool | None = None,
+                   manager: str = "another-client") -> dict[str, Any]:
+        """Store an object directly (no admission checks), as if another client (field
+        manager ``manager``) created or updated it.
 
         The plural defaults to the kind's usual plural and is remembered with the kind, so
         lists of that resource know their kind even when empty.
@@ -374,7 +445,9 @@ class KubeAPI:
             self.kinds[(group, version, plural)] = (obj["kind"], is_namespaced)
             key = (group, version, plural, meta.get("namespace", "") if is_namespaced else "",
                    meta["name"])
-            stored = self._stamp(copy.deepcopy(obj), self.objects.get(key))
+            previous = self.objects.get(key)
+            stored = self._stamp(copy.deepcopy(obj), previous)
+            self._record_update(key, previous, stored, manager)
             self.objects[key] = stored
             return copy.deepcopy(stored)
 
@@ -441,6 +514,85 @@ class KubeAPI:
         meta["resourceVersion"] = self._next_rv()
         return obj
 
+    def _record_update(self, key: Key, before: dict[str, Any] | None,
+                       after: dict[str, Any], manager: str) -> None:
+        """A write that is not an apply: its manager owns the fields it changed (taken from
+        whoever owned them), and fields gone from the object are nobody's."""
+        old, new = _leaves(before or {}), _leaves(after)
+        changed = {p for p, v in new.items() if p not in old or old[p] != v}
+        owners = self.owners.setdefault(key, {})
+        for name, (op, paths) in list(owners.items()):
+            owners[name] = (op, {p for p in paths if p in new and p not in changed})
+        op, mine = owners.get(manager, ("Update", set()))
+        owners[manager] = (op, mine | changed)
+        self._show_managed(key, after)
+
+    def _show_managed(self, key: Key, obj: dict[str, Any]) -> None:
+        owners = self.owners.get(key, {})
+        obj.setdefault("metadata", {})["managedFields"] = [
+            {"manager": name, "operation": op, "apiVersion": obj.get("apiVersion"),
+             "fieldsType": "FieldsV1", "fieldsV1": _fields_v1(paths)}
+            for name, (op, paths) in sorted(owners.items()) if paths]
+
+    def _apply(self, route: Route, kind: str, namespaced: bool,
+               current: dict[str, Any] | None, body: Any,
+               query: dict[str, str]) -> tuple[int, dict[str, Any]]:
+        """Server-side apply: the manager owns exactly the fields of its body."""
+        manager = query.get("fieldManager") or ""
+        if not manager:
+            raise ApiError(422, "Invalid", "PatchOptions.meta.k8s.io \"\" is invalid: "
+                                           "fieldManager: Required value: is required for "
+                                           "apply patch")
+        if not isinstance(body, dict):
+            raise ApiError(400, "BadRequest", "an apply patch must be an object")
+        force = query.get("force") == "true"
+        key = self._key(route)
+        owners = self.owners.setdefault(key, {})
+        applied = _leaves(body)
+        now = _leaves(current or {})
+        conflicts = sorted((name, p) for p, v in applied.items()
+                           for name, (_, paths) in owners.items()
+                           if name != manager and p in paths and now.get(p) != v)
+        group_version = f"{route.group}/{route.version}" if route.group else route.version
+        if conflicts and not force:
+            raise ApiError(409, "Conflict", f"Apply failed with {len(conflicts)} conflict"
+                           f"{'s' * (len(conflicts) != 1)}: " + "; ".join(
+                               f'conflict with "{n}" using {group_version}: {_dotted(p)}'
+                               for n, p in conflicts),
+                           {"name": route.name, "group": route.group, "kind": route.plural,
+                            "causes": [{"reason": "FieldManagerConflict",
+                                        "message": f'conflict with "{n}" using '
+                                                   f"{group_version}",
+                                        "field": _dotted(p)} for n, p in conflicts]})
+        if current is None:
+            if namespaced:
+                self._check_namespace(route)
+            new: dict[str, Any] = {"apiVersion": group_version, "kind": kind,
+                                   "metadata": {"name": route.name}}
+            if namespaced:
+                new["metadata"]["namespace"] = route.namespace
+        else:
+            new = copy.deepcopy(current)
+        _, before = owners.get(manager, ("Apply", set()))
+        others = set().union(*(paths for name, (_, paths) in owners.items()
+                               if name != manager)) if owners else set()
+        for path in before - set(applied) - others:
+            _remove_path(new, path)
+        for path, value in applied.items():
+            _set_path(new, path, value)
+        taken = {p for _, p in conflicts} if force else set()
+        for name, (op, paths) in list(owners.items()):
+            if name != manager:
+                owners[name] = (op, paths - taken)
+        owners[manager] = ("Apply", set(applied))
+        if current is not None and _leaves(new) == now:  # a no-op keeps its version
+            self._show_managed(key, current)
+            return 200, copy.deepcopy(current)
+        stored = self._stamp(new, current)
+        self._show_managed(key, stored)
+        self.objects[key] = stored
+        return (201 if current is None else 200), copy.deepcopy(stored)
+
     def _kind(self, route: Route) -> tuple[str, bool]:
         known = self.kinds.get((route.group, route.version, route.plural))
         if known is None:
@@ -477,7 +629,11 @@ class KubeAPI:
             if method == "GET" and not route.name:
                 return 200, self._list(route, kind, query)
             if method == "POST" and not route.name:
-                return 201, self._create(route, kind, namespaced, body)
+                created = self._create(route, kind, namespaced, body)
+                key = self._key(route, created["metadata"]["name"])
+                self._record_update(key, None, self.objects[key],
+                                    query.get("fieldManager") or "unknown")
+                return 201, self._for_output(route, self.objects[key], False)
             if not route.name:
                 raise ApiError(405, "MethodNotAllowed",
                                f"the server does not allow this method on {route.resource()}")
@@ -492,16 +648,25 @@ class KubeAPI:
                 if current is None:
                     raise self._not_found(route, route.name)
                 del self.objects[self._key(route)]
+                self.owners.pop(self._key(route), None)
                 if route.group in BUILTIN_GROUPS:
                     return 200, {"kind": "Status", "apiVersion": "v1", "metadata": {},
                                  "status": "Success",
                                  "details": {"name": route.name, "kind": route.plural,
                                              "uid": current["metadata"]["uid"]}}
                 return 200, current
-            if method == "PUT":
-                return 200, self._replace(route, kind, current, body)
-            if method == "PATCH":
-                return 200, self._patch(route, current, body, content_type)
+            if method == "PATCH" and content_type.split(";")[0].strip().lower() == \
+                    "application/apply-patch+yaml" and route.subresource != "status":
+                return self._apply(route, kind, namespaced, current, body, query)
+            if method in ("PUT", "PATCH"):
+                if method == "PUT":
+                    self._replace(route, kind, current, body)
+                else:
+                    self._patch(route, current, body, content_type)
+                assert current is not None
+                self._record_update(self._key(route), current, self.objects[self._key(route)],
+                                    query.get("fieldManager") or "unknown")
+                return 200, self._for_output(route, self.objects[self._key(route)], False)
             raise ApiError(405, "MethodNotAllowed", f"method {method} not allowed")
 
     def _list(self, route: Route, kind: str, query: dict[str, str]) -> dict[str, Any]:
@@ -772,12 +937,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             route = parse_route(parts.path)
             if route is None:
                 raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            content_type = self.headers.get("Content-Type") or ""
             try:
-                body = json.loads(raw) if raw else None
-            except ValueError:
+                if raw and "yaml" in content_type:  # an apply patch: YAML (JSON is YAML)
+                    body = yaml.safe_load(raw)
+                else:
+                    body = json.loads(raw) if raw else None
+            except (ValueError, yaml.YAMLError):
                 raise ApiError(400, "BadRequest", "the body of the request is not JSON") from None
-            code, payload = api.handle(method, route, query, body,
-                                       self.headers.get("Content-Type") or "")
+            code, payload = api.handle(method, route, query, body, content_type)
             self._send(code, payload)
         except ApiError as exc:
             self._send(exc.code, exc.status())
