@@ -15,7 +15,11 @@ connection), p50/p99/max latency overall and p99 per endpoint, the service's CPU
 request (the figure a shared machine disturbs least), its RSS before and after, and the
 1-minute load average before and after (the machine may be shared).
 
+With ``--workers N`` the service runs N worker processes (`serve --workers`); CPU time and
+RSS are then the sum over the parent and its workers.
+
     python bench/serve_load.py [--gpus 10000] [--clients 50] [--seconds 60] [--pg auto|URL]
+                               [--workers N]
 """
 
 from __future__ import annotations
@@ -73,29 +77,44 @@ def fill(url: str, gpus: int) -> list[str]:
     return [o.uuid for o in observations]
 
 
+def tree(pid: int) -> list[int]:
+    """The process and its children (the workers of `serve --workers`)."""
+    children: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            children += [int(c) for c in (task / "children").read_text().split()]
+    return [pid, *children]
+
+
 def cpu_s(pid: int) -> float:
-    """The process's CPU time (user + system), all threads: the service's own work, which a
-    shared machine's other load slows down but does not add to."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """The service's CPU time (user + system), all threads and workers: its own work,
+    which a shared machine's other load slows down but does not add to."""
+    total = 0.0
+    for one in tree(pid):
+        fields = Path(f"/proc/{one}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
+    total = 0.0
+    for one in tree(pid):
+        for line in Path(f"/proc/{one}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                total += int(line.split()[1]) / 1024
+    return total
 
 
 @contextlib.contextmanager
-def service(db_url: str, workdir: Path) -> Iterator[tuple[int, int]]:
+def service(db_url: str, workdir: Path, workers: int = 1) -> Iterator[tuple[int, int]]:
     tokens = workdir / "tokens.yaml"
     tokens.write_text(yaml.safe_dump({"tokens": [token_entry("bench", TOKEN)]}))
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "hub", "serve", "--hub-url", f"http://127.0.0.1:{free_port()}",
          "--db", db_url, "--listen", f"127.0.0.1:{port}", "--tokens-file", str(tokens),
-         "--every", "1h"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+         "--every", "1h", "--workers", str(workers)], cwd=ROOT, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -105,6 +124,7 @@ def service(db_url: str, workdir: Path) -> Iterator[tuple[int, int]]:
                 conn.getresponse().read()
                 break
             time.sleep(0.2)
+        time.sleep(2)  # every worker up, not only the first to answer
         yield port, proc.pid
     finally:
         proc.terminate()
@@ -157,13 +177,15 @@ def p(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
 
 
-def measure(db_url: str, gpus: int, clients: int, seconds: float) -> dict[str, Any]:
+def measure(db_url: str, gpus: int, clients: int, seconds: float,
+            workers: int = 1) -> dict[str, Any]:
     started = time.monotonic()
     uuids = fill(db_url, gpus)
     filled = time.monotonic() - started
     clusters = sorted({f"cluster-{(i // GPUS_PER_NODE) // NODES_PER_CLUSTER:03d}"
                        for i in range(gpus)})
-    with tempfile.TemporaryDirectory() as tmp, service(db_url, Path(tmp)) as (port, pid):
+    with tempfile.TemporaryDirectory() as tmp, \
+            service(db_url, Path(tmp), workers) as (port, pid):
         rss_before = rss_mb(pid)
         cpu_before = cpu_s(pid)
         load_before = os.getloadavg()[0]
@@ -185,6 +207,7 @@ def measure(db_url: str, gpus: int, clients: int, seconds: float) -> dict[str, A
         by_endpoint.setdefault(name, []).append(s)
     return {
         "database": db_url.split(":")[0].split("+")[0], "gpus": gpus, "clients": clients,
+        "workers": workers,
         "seconds": seconds, "fill_s": round(filled, 1), "requests": len(results),
         "requests_per_s": round(len(results) / seconds, 1),
         "errors": sum(1 for *_, ok in results if not ok),
@@ -207,13 +230,14 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=10_000)
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--workers", type=int, default=1, help="serve --workers")
     parser.add_argument("--pg", default="auto",
                         help="PostgreSQL server URL (no database), 'auto' for a throwaway "
                              "PostgreSQL 15 as the tests start, or 'none'")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         print(json.dumps(measure(f"sqlite:///{tmp}/bench.db", args.gpus, args.clients,
-                                 args.seconds)), flush=True)
+                                 args.seconds, args.workers)), flush=True)
     if args.pg == "none":
         return
     from tests.support.pg import create_database, throwaway_server
@@ -221,10 +245,10 @@ def main() -> None:
     if args.pg == "auto":
         with throwaway_server() as server:
             print(json.dumps(measure(create_database(server, "bench_"), args.gpus,
-                                     args.clients, args.seconds)), flush=True)
+                                     args.clients, args.seconds, args.workers)), flush=True)
     else:
         print(json.dumps(measure(create_database(args.pg, "bench_"), args.gpus,
-                                 args.clients, args.seconds)), flush=True)
+                                 args.clients, args.seconds, args.workers)), flush=True)
 
 
 if __name__ == "__main__":

@@ -4,14 +4,18 @@ Prints one JSON line per fleet size (``--gpus 10000 100000 200000``), all measur
 on one store:
 
 - raw_s / raw_hub_cpu_s: one instant selector per family the inventory reads, all labels,
-  JSON-decoded; the floor any client pays, and the hub CPU it costs.
-- naive_s: what a user would write: prometheus-api-client ``custom_query`` and
+  JSON-decoded, one after the other; what any client pays asking serially, and the hub CPU
+  it costs.
+- floor_s: the parallel floor: the same selectors in ``--floor-shards`` (10) cluster shards
+  (``cluster=~"..."``), every shard's selectors asked at once (one thread a shard).
+- naive_s (``--naive``): what a user would write: prometheus-api-client ``custom_query`` and
   ``MetricSnapshotDataFrame`` per family, merged per vendor with pandas.
-- fetch_s: gpufleet's sync queries (``requests`` of them), plain HTTP and JSON decode.
 - sync_first_s / sync_steady_s: ``gpufleet sync`` as a whole process (start-up included) on a
-  fresh database, then again on the filled one (the service's steady state); peak_rss_mb is
-  the larger peak RSS (VmHWM) of the two, hub_cpu_s the store's CPU time during the steady
-  one (utime + stime from /proc/PID/stat of the Prometheus process).
+  fresh database, then again on the filled one (the service's steady state), with its
+  default shard size and query concurrency (``requests`` and ``shards`` of the steady one);
+  first_rss_mb / steady_rss_mb their peak RSS (GNU time's %M of the child alone, never a
+  fat parent's rusage), hub_cpu_s the store's CPU time during the steady one (utime + stime
+  from /proc/PID/stat of the Prometheus process); steady_vs_floor the goal's ratio.
 
 The fleet: 8-GPU nodes, 50 nodes a cluster (100,000 GPUs are 250 clusters), a quarter of the
 nodes AMD, GPU 0 of every 10th NVIDIA node in MIG mode with two slices, a sample every 30 s
@@ -25,6 +29,7 @@ a real Prometheus with default limits.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import subprocess
@@ -41,7 +46,6 @@ sys.path.insert(0, str(ROOT))
 from hub import store  # noqa: E402
 from hub.common import format_duration  # noqa: E402
 from hub.devstack import PrometheusProcess, hub_config, require_binary  # noqa: E402
-from hub.inventory import subquery_step  # noqa: E402
 
 GPUS_PER_NODE = 8
 NODES_PER_CLUSTER = 50
@@ -112,11 +116,11 @@ def fleet_labels(gpus: int, acm: bool = False) -> tuple[list[str], list[str], li
 
 
 def write_openmetrics(path: Path, gpus: int, end: float, samples: int = SAMPLES,
-                     acm: bool = False) -> int:
+                     acm: bool = False, window: float = STALE_AFTER) -> int:
     """Write the fleet, ``samples`` per series evenly over the window up to ``end``; returns
     the cluster count."""
     nv, mig, amd, clusters = fleet_labels(gpus, acm)
-    every = STALE_AFTER / samples
+    every = window / samples
     stamps = [f"{end - every * i:.3f}" for i in reversed(range(samples))]
     families = ([(n, nv + mig, v) for n, v in NV_FAMILIES] + [(n, mig, v) for n, v in MIG_ONLY]
                 + [(n, amd, v) for n, v in AMD_FAMILIES])
@@ -175,32 +179,31 @@ def naive(url: str, at: float) -> int:
     return sum(len(f) for f in frames.values())
 
 
-#: runs `gpufleet sync` and writes its own peak RSS (VmHWM) at exit: the rusage of a child
-#: (wait4) starts from the parent's high-water mark at fork, which here holds pandas frames
-_SYNC_CHILD = (
-    "import atexit, runpy, sys\n"
-    "path = sys.argv.pop(1)\n"
-    "def hwm():\n"
-    "    line = next(x for x in open('/proc/self/status') if x.startswith('VmHWM:'))\n"
-    "    open(path, 'w').write(line.split()[1])\n"
-    "atexit.register(hwm)\n"
-    "sys.argv[0] = 'gpufleet'\n"
-    "runpy.run_module('hub', run_name='__main__')\n"
-)
+def floor(url: str, queries: list[str], shards: list[list[str]], at: float,
+          label: str = "cluster") -> None:
+    """Every selector once per shard of clusters, all shards at once (a thread each)."""
+    jobs = [[f'{q}{{{store.shard_matcher(label, names)}}}' for q in queries]
+            for names in shards]
+    with concurrent.futures.ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        for done in pool.map(lambda qs: plain(url, qs, at), jobs):
+            del done
 
 
-def run_sync(url: str, db: str) -> tuple[dict, float, float]:
-    """`gpufleet sync` in a child: its JSON result, wall seconds and peak RSS in MB."""
-    with tempfile.NamedTemporaryFile() as hwm:
-        cmd = [sys.executable, "-c", _SYNC_CHILD, hwm.name, "sync", "--hub-url", url,
-               "--db", db, "--stale-after", format_duration(STALE_AFTER), "--timeout", "600s",
-               "-o", "json"]
+def run_sync(url: str, db: str, window: float = STALE_AFTER) -> tuple[dict, float, float]:
+    """`gpufleet sync` in a child: its JSON result, wall seconds and peak RSS in MB (GNU
+    time's %M: the child's own high-water mark; a parent's wait4 rusage would start from
+    the parent's, which here decoded whole answers)."""
+    with tempfile.NamedTemporaryFile() as rss:
+        cmd = ["/usr/bin/time", "-f", "%M", "-o", rss.name, sys.executable, "-m", "hub",
+               "sync", "--hub-url", url, "--db", db, "--stale-after",
+               format_duration(window), "--timeout", "600s", "-o", "json"]
         started = time.perf_counter()
         proc = subprocess.run(cmd, capture_output=True, cwd=ROOT)
         wall = time.perf_counter() - started
         if proc.returncode != 0:
             raise SystemExit(f"sync failed: {proc.stderr.decode()}")
-        return json.loads(proc.stdout), wall, int(Path(hwm.name).read_text()) / 1024
+        kb = int(Path(rss.name).read_text().split()[-1])
+        return json.loads(proc.stdout), wall, kb / 1024
 
 
 def timed(fn, *args) -> float:
@@ -209,7 +212,9 @@ def timed(fn, *args) -> float:
     return time.perf_counter() - started
 
 
-def measure(gpus: int, workdir: Path | None, samples: int = SAMPLES, acm: bool = False) -> dict:
+def measure(gpus: int, workdir: Path | None, samples: int = SAMPLES, acm: bool = False,
+            floor_shards: int = 10, with_naive: bool = False,
+            window: float = STALE_AFTER) -> dict:
     promtool = require_binary("promtool")
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         work = Path(tmp)
@@ -217,7 +222,7 @@ def measure(gpus: int, workdir: Path | None, samples: int = SAMPLES, acm: bool =
         lead = 30 + gpus * 0.002
         end = time.time() + lead
         om = work / "fleet.om"
-        clusters = write_openmetrics(om, gpus, end, samples, acm)
+        clusters = write_openmetrics(om, gpus, end, samples, acm, window)
         data = work / "hub" / "data"
         data.mkdir(parents=True)
         subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(om),
@@ -227,22 +232,21 @@ def measure(gpus: int, workdir: Path | None, samples: int = SAMPLES, acm: bool =
         try:
             pid = hub.proc.pid if hub.proc else 0
             time.sleep(max(0.0, end - time.time()))
-            window = format_duration(STALE_AFTER)
-            step = format_duration(subquery_step(STALE_AFTER))
-            ours = [q.promql for q in store.sync_queries(window, step, "cluster")]
             raw = [name for _, name in read_families()]
+            names = [f"cluster-{c:04d}" for c in range(clusters)]
+            shards = [names[i::floor_shards] for i in range(min(floor_shards, clusters))]
             at = time.time()
             load_before = os.getloadavg()[0]
             plain(hub.url, raw, at)  # warm the store's caches for every side
             cpu = hub_cpu(pid)
             raw_s = timed(plain, hub.url, raw, at)
             raw_cpu = hub_cpu(pid) - cpu
-            naive_s = timed(naive, hub.url, at)
-            fetch_s = timed(plain, hub.url, ours, at)
+            floor_s = timed(floor, hub.url, raw, shards, at)
+            naive_s = timed(naive, hub.url, at) if with_naive else None
             db = f"sqlite:///{work / 'inventory.db'}"
-            first, first_s, rss1 = run_sync(hub.url, db)
+            first, first_s, rss1 = run_sync(hub.url, db, window)
             cpu = hub_cpu(pid)
-            steady, steady_s, rss2 = run_sync(hub.url, db)
+            steady, steady_s, rss2 = run_sync(hub.url, db, window)
             sync_cpu = hub_cpu(pid) - cpu
             assert first["gpus"] == steady["gpus"], (first, steady)
             load = (load_before, os.getloadavg()[0])
@@ -250,13 +254,15 @@ def measure(gpus: int, workdir: Path | None, samples: int = SAMPLES, acm: bool =
             hub.stop()
     return {
         "gpus": steady["gpus"], "clusters": clusters, "samples_per_series": samples,
+        "window_s": window,
         "shape": "acm" if acm else "dcgm",
-        "requests": steady["requests"],
-        "raw_s": round(raw_s, 2), "naive_s": round(naive_s, 2), "fetch_s": round(fetch_s, 2),
+        "requests": steady["requests"], "shards": steady["shards"],
+        "raw_s": round(raw_s, 2), "floor_s": round(floor_s, 2),
+        "naive_s": round(naive_s, 2) if naive_s else None,
         "sync_first_s": round(first_s, 2), "sync_steady_s": round(steady_s, 2),
         "hub_cpu_s": round(sync_cpu, 2), "raw_hub_cpu_s": round(raw_cpu, 2),
-        "peak_rss_mb": round(max(rss1, rss2), 1),
-        "steady_vs_naive": round(steady_s / naive_s, 2),
+        "first_rss_mb": round(rss1, 1), "steady_rss_mb": round(rss2, 1),
+        "steady_vs_floor": round(steady_s / floor_s, 2),
         "hub_cpu_vs_raw": round(sync_cpu / raw_cpu, 2) if raw_cpu else None,
         # the machine's 1-minute load before and after measuring: the figures are wall
         # times, so a busy shared machine shows in them
@@ -275,12 +281,21 @@ def main() -> None:
                         help=f"acm: series as ACM delivers them ({ACM_SAMPLES} samples in the "
                              "window, ACM's and the platform Prometheus' labels, workloads "
                              "as exported_*)")
+    parser.add_argument("--floor-shards", type=int, default=10,
+                        help="cluster shards the parallel floor asks at once")
+    parser.add_argument("--naive", action="store_true",
+                        help="also time prometheus-api-client + pandas (slow at scale)")
+    parser.add_argument("--window", type=float, default=STALE_AFTER,
+                        help="the sync's --stale-after in seconds, the samples spread over "
+                             "it: a busy machine whose run outlasts 10 minutes needs longer "
+                             "(the same samples per series, so the same work)")
     parser.add_argument("--workdir", type=Path)
     args = parser.parse_args()
     acm = args.shape == "acm"
     samples = ACM_SAMPLES if acm and args.samples == SAMPLES else args.samples
     for gpus in args.gpus:
-        print(json.dumps(measure(gpus, args.workdir, samples, acm)), flush=True)
+        print(json.dumps(measure(gpus, args.workdir, samples, acm, args.floor_shards,
+                                 args.naive, args.window)), flush=True)
 
 
 if __name__ == "__main__":

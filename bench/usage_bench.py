@@ -6,8 +6,11 @@ Prints two JSON lines.
    every --push seconds (300: ACM's cadence; GPU_UTIL, FB_USED, POWER_USAGE) backfilled into a
    real Prometheus with
    ``promtool tsdb create-blocks-from openmetrics``; ``gpufleet usage collect`` of that hour
-   runs in a child process (peak RSS read with wait4). Figures: requests (a constant: the
-   same at any N), seconds, peak_rss_mb, rows written, database bytes per 1,000 GPU-hours.
+   runs in a child process (peak RSS read with wait4). With kube-state-metrics' series of
+   every pod (start, GPU requests, Running phase; --no-intervals leaves them out) the
+   allocated rows are metered from intervals (allocation_basis counts them). Figures:
+   requests (a constant: the same at any N), seconds, peak_rss_mb, rows written, database
+   bytes per 1,000 GPU-hours.
 2. answer: M GPUs x 30 days of hourly ledger rows generated in the database (one INSERT ...
    SELECT) and the daily rollup rebuilt as `usage collect` keeps it, then
    ``usage --by namespace --since 30d`` timed in process (query_s: the database's part, three
@@ -41,14 +44,20 @@ from hub.devstack import PrometheusProcess, hub_config, require_binary  # noqa: 
 HOUR = 3600
 
 
-def write_openmetrics(path: Path, gpus: int, t0: float, push: float) -> None:
+def write_openmetrics(path: Path, gpus: int, t0: float, push: float,
+                      intervals: bool = True) -> None:
     series = []
+    pods = []
     for i in range(gpus):
         node, g = divmod(i, 8)
         pod = (f',namespace="team-{node % 20}",pod="job-{node}-{g}"' if i % 2 == 0 else
                ',namespace="gpu-operator",pod="nvidia-dcgm-exporter-x"')
         series.append(f'cluster="c{node // 50}",Hostname="n{node}",gpu="{g}",'
                       f'UUID="GPU-{i:08d}",modelName="NVIDIA H100 80GB HBM3"{pod}')
+        if i % 2 == 0:
+            pods.append((f'cluster="c{node // 50}",namespace="team-{node % 20}",'
+                         f'pod="job-{node}-{g}",uid="u-{i}"', f"n{node}",
+                         t0 - 600 - (i % 500)))
     times = [t0 + push / 2 + push * k for k in range(round(HOUR / push))]
     with path.open("w") as out:
         for name, value in (("DCGM_FI_DEV_GPU_UTIL", 40), ("DCGM_FI_DEV_FB_USED", 1000),
@@ -56,6 +65,21 @@ def write_openmetrics(path: Path, gpus: int, t0: float, push: float) -> None:
             out.write(f"# TYPE {name} gauge\n")
             for labels in series:
                 out.writelines(f"{name}{{{labels}}} {value} {t:.3f}\n" for t in times)
+        # kube-state-metrics of the pods, held all hour and on (interval basis): the pushes
+        # after the hour say they were still running
+        later = [*times, times[-1] + push, times[-1] + 2 * push]
+        if intervals:
+            for name, extra, value in (
+                    ("kube_pod_start_time", "", None),
+                    ("kube_pod_container_resource_requests",
+                     ',container="main",resource="nvidia_com_gpu",unit="integer"', 1.0),
+                    ("kube_pod_status_phase", ',phase="Running"', 1.0)):
+                out.write(f"# TYPE {name} gauge\n")
+                for labels, node, start in pods:
+                    more = f',node="{node}"' if name.endswith("requests") else ""
+                    v = start if value is None else value
+                    out.writelines(f"{name}{{{labels}{extra}{more}}} {v} {t:.3f}\n"
+                                   for t in later)
         out.write("# EOF\n")
 
 
@@ -73,17 +97,19 @@ def child(args: list[str]) -> tuple[str, float, float]:
         return out.read().decode(), took, ru.ru_maxrss / 1024
 
 
-def bench_collect(gpus: int, work: Path, push: float = 300.0) -> dict:
+def bench_collect(gpus: int, work: Path, push: float = 300.0, intervals: bool = True) -> dict:
     t0 = (time.time() // HOUR) * HOUR - 2 * HOUR
     om = work / "fleet.om"
-    write_openmetrics(om, gpus, t0, push)
+    write_openmetrics(om, gpus, t0, push, intervals)
     data = work / "hub" / "data"
     data.mkdir(parents=True)
     subprocess.run([require_binary("promtool"), "tsdb", "create-blocks-from", "openmetrics",
                     str(om), str(data)], check=True, capture_output=True)
     om.unlink()
     db_path = work / "usage.db"
-    hub = PrometheusProcess(work / "hub", hub_config()).start(timeout=300)
+    # a loaded 2-core machine can take longer than Prometheus's default 2-minute query timeout
+    hub = PrometheusProcess(work / "hub", hub_config(),
+                            extra_args=["--query.timeout=10m"]).start(timeout=300)
     try:
         iso = dt.datetime.fromtimestamp(t0, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         end = dt.datetime.fromtimestamp(t0 + HOUR, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -97,6 +123,9 @@ def bench_collect(gpus: int, work: Path, push: float = 300.0) -> dict:
     engine = inv.make_engine(f"sqlite:///{db_path}")
     with engine.connect() as conn:
         gpu_hours = conn.execute(sa.select(sa.func.sum(inv.usage.c.gpu_hours))).scalar() or 0
+        bases = dict(conn.execute(sa.select(inv.usage.c.allocation_basis, sa.func.count())
+                                  .where(inv.usage.c.pod != "")
+                                  .group_by(inv.usage.c.allocation_basis)).all())
         page_size = conn.exec_driver_sql("PRAGMA page_size").scalar()
         stat = _has_dbstat(conn)
         ledger = _bytes(conn, ("usage", "ix_usage_uuid_bucket", "sqlite_autoindex_usage_1"))
@@ -104,6 +133,7 @@ def bench_collect(gpus: int, work: Path, push: float = 300.0) -> dict:
     engine.dispose()
     per = 1000 / max(gpu_hours, 1e-9)
     return {"figure": "collect", "gpus": gpus, "push_interval_s": push,
+            "intervals": intervals, "allocation_basis": bases,
             "requests": result["requests"],
             "seconds": round(took, 2), "peak_rss_mb": round(rss, 1), "rows": result["rows"],
             "gpu_hours": round(gpu_hours, 3),
@@ -269,12 +299,16 @@ def main() -> None:
                         "PostgreSQL 15 as the tests do")
     parser.add_argument("--push", type=float, default=300.0,
                         help="push interval of the collect figure's samples (s; ACM: 300)")
+    parser.add_argument("--no-intervals", dest="intervals", action="store_false",
+                        help="collect figure without kube-state-metrics' pod series (every "
+                        "allocated row sampled)")
     parser.add_argument("--workdir", type=Path)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         work = Path(tmp)
         if args.gpus:
-            print(json.dumps(bench_collect(args.gpus, work, args.push)), flush=True)
+            print(json.dumps(bench_collect(args.gpus, work, args.push, args.intervals)),
+                  flush=True)
         if args.answer_gpus:
             print(json.dumps(bench_answer(args.answer_gpus, f"sqlite:///{work / 'a.db'}")),
                   flush=True)

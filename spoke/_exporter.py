@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector
 
 from hub import __version__
 from spoke import _naming
+from spoke._edges import Edges
 from spoke._model import Backend, Collection, Failure
 from spoke._naming import Field, Pods
 
@@ -75,6 +76,7 @@ class Exporter:
     def __init__(self, backend: Backend, *, hostname: str, interval: float = 30.0,
                  version: str = __version__, stall_after: float | None = None,
                  fields: Sequence[Field] | None = None, pods: PodSource | None = None,
+                 edges: Edges | None = None,
                  naming: str = _naming.LEGACY,
                  clock: Callable[[], float] = time.time,
                  timer: Callable[[], float] = time.perf_counter,
@@ -94,6 +96,8 @@ class Exporter:
         #: NVIDIA series under dcgm-exporter's legacy names or DCGM 4.7's (``--sim-naming``)
         self.naming = naming
         self.pods = pods
+        #: allocation edges from the pods' devices (spoke/_edges.py); None: not published
+        self.edges = edges
         self._pods_ok: bool | None = None
         self._errors_total = 0
         self._last_success: float | None = None
@@ -125,10 +129,14 @@ class Exporter:
         if ok:
             self._last_success = self._clock()
         duration = self._timer() - started
+        pods = self._pod_devices() if ok else None
         families = _naming.gpu_families(
             self.backend.vendor, result.readings, self.hostname, result.device_count,
-            fields=self.fields, pods=self._pod_devices() if ok else None, naming=self.naming,
+            fields=self.fields, pods=pods, naming=self.naming,
         ) if ok else []
+        if self.edges is not None:
+            families.extend(self.edges.update(self.backend.vendor, result.readings,
+                                              self.hostname, pods, self._clock()))
         families.extend(self._health(up=ok, duration=duration))
         snapshot = self._build(tuple(families), self._monotonic(), ok,
                                len({r.index for r in result.readings}), result.failures)

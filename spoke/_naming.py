@@ -214,6 +214,10 @@ COLLECT_DURATION = "gpufleet_exporter_collect_duration_seconds"
 BUILD_INFO = "gpufleet_exporter_build_info"
 #: node label of the health series, so the hub can tell which node's exporter is failing
 HEALTH_NODE_LABEL = "hostname"
+#: Allocation edges (spoke/_edges.py), per GPU or slice and pod, with the vendor's GPU and pod
+#: labels; the hub reads them under the same names (hub/store/_vendors.py EDGE_START/EDGE_END)
+EDGE_START = "gpufleet_allocation_start_timestamp_seconds"
+EDGE_END = "gpufleet_allocation_end_timestamp_seconds"
 
 
 #: pod attribution of one device: (namespace, pod, container)
@@ -266,7 +270,7 @@ def amd_labels(r: GpuReading, hostname: str, pod: PodRef | None = None) -> dict[
 Pods = Mapping[str, Sequence[PodRef]]
 
 
-def _pods_of(r: GpuReading, pods: Pods | None) -> list[PodRef | None]:
+def pods_of(r: GpuReading, pods: Pods | None) -> list[PodRef | None]:
     """One label set per pod using the device (time-slicing shares it), or one without."""
     if pods:
         found = sorted({p for dev in r.device_ids for p in pods.get(dev, ())})
@@ -278,7 +282,7 @@ def _pods_of(r: GpuReading, pods: Pods | None) -> list[PodRef | None]:
 def _families(fields: Sequence[Field], readings: Sequence[GpuReading],
               labels: Callable[[GpuReading, str, PodRef | None], dict[str, str]],
               hostname: str, pods: Pods | None) -> list[Metric]:
-    label_sets = [(r, labels(r, hostname, pod)) for r in readings for pod in _pods_of(r, pods)]
+    label_sets = [(r, labels(r, hostname, pod)) for r in readings for pod in pods_of(r, pods)]
     out: list[Metric] = []
     for f in fields:
         metric = Metric(f.name, f.help, f.typ)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from hub.common import DURATION, ConfiguredCommand, InputError, UnavailableError, env, on_sigterm
+from spoke._edges import Edges
 from spoke._exporter import Exporter
 from spoke._http import DEFAULT_PORT, MetricsServer, parse_listen
 from spoke._model import DEFAULT_CADENCE, KUBELET_SOCKET, Backend, Cadence, LibraryNotFound
@@ -110,6 +111,11 @@ def _listen_address(listen: str | None, port: int | None) -> tuple[str, int]:
 @click.option("--kubelet-timeout", type=DURATION, default="1s", show_default=True,
               envvar=env("kubelet-timeout"), metavar="DURATION",
               help="Longest wait for the kubelet per collection (then no pod labels that pass).")
+@click.option("--push-interval", type=DURATION, default="300s", show_default=True,
+              envvar=env("push-interval"), metavar="DURATION",
+              help="How often the spoke's samples reach the hub (ACM: 300s): an ended "
+                   "allocation's edges stay published for twice this plus one --interval, so "
+                   "a push carries them.")
 @click.pass_context
 def exporter(ctx: click.Context, backend: str, listen: str | None, port: int | None,
              interval: float, slow_interval: float, prof_interval: float,
@@ -117,20 +123,25 @@ def exporter(ctx: click.Context, backend: str, listen: str | None, port: int | N
              sim_model: str | None, sim_mig: str | None, sim_seed: int,
              sim_faults: tuple[str, ...], sim_idle: str | None, sim_naming: str,
              fields: str | None,
-             kubelet_socket: str, kubelet_timeout: float, **_: Any) -> None:
+             kubelet_socket: str, kubelet_timeout: float, push_interval: float,
+             **_: Any) -> None:
     """Serve GPU metrics with dcgm-exporter's or AMD device-metrics-exporter's names.
 
     For nodes that cannot run the vendor exporters: the hub reads this output exactly like
     theirs. GPUs are read every --interval in the background; a scrape returns the last
     reading and never waits on the GPU library or the kubelet. With the kubelet's
     pod-resources socket mounted, each allocated GPU's series carry pod, namespace and
-    container. Exit 3 when no GPU library is found.
+    container, and each allocation's start and end are published
+    (gpufleet_allocation_start/end_timestamp_seconds) so the hub bills it from its edges.
+    Exit 3 when no GPU library is found.
     """
     host, bind_port = _listen_address(listen, port)
     if interval <= 0:
         raise InputError("--interval must be greater than 0")
     if kubelet_timeout <= 0:
         raise InputError("--kubelet-timeout must be greater than 0")
+    if push_interval <= 0:
+        raise InputError("--push-interval must be greater than 0")
     for option, value in (("--slow-interval", slow_interval), ("--prof-interval", prof_interval)):
         if value <= 0:
             raise InputError(f"{option} must be greater than 0")
@@ -167,8 +178,9 @@ def exporter(ctx: click.Context, backend: str, listen: str | None, port: int | N
         except ValueError as exc:
             raise InputError(str(exc)) from None
         pods = _pod_source(kubelet_socket, kubelet_timeout)
+        edges = Edges(linger=2 * push_interval + interval) if pods is not None else None
         exp = Exporter(gpu, hostname=hostname, interval=interval, fields=chosen, pods=pods,
-                       naming=sim_naming)
+                       naming=sim_naming, edges=edges)
         try:
             server = MetricsServer(exp, host, bind_port)
         except OSError as exc:

@@ -93,7 +93,19 @@ def metric_names(tmp_path: Path) -> set[str]:
     assert status == 200
     backend = SimBackend(gpus=1)
     backend.open()
-    exporter = Exporter(backend, hostname="node-a")
+    held: list[dict] = [{}]
+
+    class Kubelet:  # a pod that takes the GPU after the exporter's first pass: its edges
+        def devices(self) -> dict:
+            return held[-1]
+
+    from spoke._edges import Edges
+
+    exporter = Exporter(backend, hostname="node-a", pods=Kubelet(), edges=Edges())
+    exporter.collect_once()
+    held.append({r.uuid: [("ns", "pod", "c")] for r in backend.collect().readings})
+    exporter.collect_once()
+    held.append({})
     exporter.collect_once()
     text = raw.text + generate_latest(exporter.registry).decode()
     names = {line.split("{")[0].split(" ")[0] for line in text.splitlines()

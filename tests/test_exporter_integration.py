@@ -8,6 +8,7 @@ with the cluster label and exactly the names and labels the hub's vendor profile
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -20,10 +21,11 @@ from tests.support.promql import wait_for
 def exporter_url() -> Iterator[Callable[..., str]]:
     running: list[tuple[Exporter, MetricsServer]] = []
 
-    def start(node: str, **sim) -> str:
+    def start(node: str, pods=None, edges=None, **sim) -> str:
         backend = SimBackend(node=node, **sim)
         backend.open()
-        exporter = Exporter(backend, hostname=node, interval=1).start()
+        exporter = Exporter(backend, hostname=node, interval=1, pods=pods,
+                            edges=edges).start()
         server = MetricsServer(exporter, "127.0.0.1", 0).start()
         running.append((exporter, server))
         return server.url
@@ -128,3 +130,36 @@ def test_hub_sync_reads_the_exporter_into_the_same_inventory_fields(hub, fleet, 
     assert all(s["utilisation_pct"] is not None for s in slices)
     clusters = {c["cluster"]: c["gpus"] for c in gpufleet_json("inventory", "clusters", env=env)}
     assert clusters == {"east": 4, "west": 3}
+
+
+def test_the_hub_reads_the_exporters_allocation_edges(hub, fleet, exporter_url):
+    """Edges published by the exporter for device-plugin allocations, scraped by a real
+    agent into the real hub, are what the ledger's interval queries find, per GPU and pod."""
+    from hub import store
+    from hub.usage._meter import Meter
+    from spoke._edges import Edges
+
+    held: dict = {}
+
+    class Kubelet:
+        def devices(self) -> dict:
+            return held
+
+    backend = SimBackend(node="gpu-node-e", gpus=2, seed=4)
+    backend.open()
+    first, second = backend.collect().readings
+    url = exporter_url("gpu-node-e", pods=Kubelet(), edges=Edges(linger=600), gpus=2, seed=4)
+    time.sleep(1.5)  # a pass without pods first: allocations seen from here on are new
+    held.update({first.uuid: [("ml", "train", "main")],
+                 second.uuid: [("ml", "notebook", "jupyter")]})
+    fleet("east", targets=[target(url)])
+    rows = wait_for(hub.url, store.EDGE_START, lambda r: len(r) == 2)
+    assert {r["metric"]["pod"] for r in rows} == {"train", "notebook"}
+    meter = Meter(start=0.0, bucket=3600.0, push_interval=300.0, cluster_label="cluster")
+    for query in store.allocation_queries("10m", "15s", "cluster"):
+        if query.kind in ("edge:start", "edge:seen"):
+            meter.read(query.kind, wait_for(hub.url, query.promql, lambda r: len(r) == 2))
+    found = {k: (e.start is not None, e.seen is not None) for k, e in meter.edges.items()}
+    assert found == {
+        ("east", "ml", "train", first.uuid, ""): (True, True),
+        ("east", "ml", "notebook", second.uuid, ""): (True, True)}

@@ -318,3 +318,61 @@ def test_amd_dra_devices_are_found_by_pci_address(kubelet, tmp_path):
     # card 2 is 0000:8c:00.0, GPU 1; card 3 is a partition without a PCI address of its own:
     # its pod is left unlabelled rather than put on a guessed GPU
     assert got == {("0", "", ""), ("1", "inference", "llm")}
+
+
+def edges_of(exp: Exporter) -> dict[tuple[str, str, str], dict[str, float]]:
+    """(UUID, GPU_I_ID, pod) -> {"start": ..., "end": ...} of the published edges."""
+    from spoke._naming import EDGE_END, EDGE_START
+
+    out: dict[tuple[str, str, str], dict[str, float]] = {}
+    text = exp.exposition().decode()
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name in (EDGE_START, EDGE_END):
+                key = (s.labels["UUID"], s.labels.get("GPU_I_ID", ""), s.labels["pod"])
+                out.setdefault(key, {})["start" if s.name == EDGE_START else "end"] = s.value
+    return out
+
+
+def test_allocation_edges_are_published_and_the_end_lingers_two_pushes(kubelet, tmp_path):
+    """Device-plugin and DRA allocations alike: the start from the first pass that sees it,
+    the end from the first that does not, published beside the start for two push
+    intervals plus one collection; an allocation held when the exporter started has no
+    edges (its start is unknown), and a kubelet that does not answer ends nothing."""
+    from spoke._edges import Edges
+
+    mig_uuid = FakeMigSlice(gi_id=2, profile="1g.10gb", slot=1).uuid
+    old = pod("old", "ns", container("c", devices("nvidia.com/gpu", GPU0)))
+    dra = pod("dra", "ns", dra_container(
+        "c", dynamic("claim", "ns", claim_resource("gpu.nvidia.com", "node-1", "gpu-1"))))
+    mig = pod("nb", "ns", container("c", devices("nvidia.com/mig-1g.10gb", mig_uuid)))
+    answers = [list_response(old), list_response(old, dra, mig), list_response(old, mig)]
+    state = {"pass": 0, "now": 1000.0}
+
+    def answer() -> bytes:
+        if state["pass"] == 99:
+            raise RuntimeError("kubelet down")
+        return answers[min(state["pass"], 2)]
+
+    kubelet(answer)
+    client = KubeletPods(str(tmp_path / "kubelet.sock"), timeout=5)
+    try:
+        exp = nvml_exporter(client, edges=Edges(linger=2 * 300 + 30),
+                            clock=lambda: state["now"])
+
+        def at(now: float, step: int) -> dict:
+            state["now"], state["pass"] = now, step
+            exp.collect_once()
+            return edges_of(exp)
+
+        assert at(1000, 0) == {}  # "old" was held before the exporter started
+        started = {(GPU1, "", "dra"): {"start": 1030}, (GPU2, "2", "nb"): {"start": 1030}}
+        assert at(1030, 1) == started
+        ended = {(GPU1, "", "dra"): {"start": 1030, "end": 1060},
+                 (GPU2, "2", "nb"): {"start": 1030}}
+        assert at(1060, 2) == ended
+        assert at(1400, 99) == ended  # the kubelet does not answer: nothing ends
+        assert at(1689, 2) == ended  # 629 s after the end: still carried
+        assert at(1690, 2) == {(GPU2, "2", "nb"): {"start": 1030}}
+    finally:
+        client.close()

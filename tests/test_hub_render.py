@@ -79,7 +79,7 @@ def test_deployment_runs_serve_with_secrets_by_reference_only():
     [container] = pod["containers"]
     assert container["command"] == ["gpufleet"]
     assert container["args"] == [
-        "serve", "--listen", "0.0.0.0:8080", "--every", "5m", "--hub-url", HUB,
+        "serve", "--listen", "0.0.0.0:8080", "--every", "5m", "--workers", "2", "--hub-url", HUB,
         "--db-file", "/etc/gpufleet/db/url",
         "--token-file", "/etc/gpufleet/hub-token/token", "--ca-file", "/etc/gpufleet/hub-ca/ca.crt",
         "--tokens-file", "/etc/gpufleet/access/tokens.yaml"]
@@ -96,8 +96,8 @@ def test_deployment_runs_serve_with_secrets_by_reference_only():
                                    "readOnly": True}
     assert mounts["hub-ca"]["mountPath"] == "/etc/gpufleet/hub-ca"
     kinds = sorted(o["kind"] for o in objects(files).values())
-    assert kinds == ["Deployment", "Namespace", "NetworkPolicy", "Service", "ServiceAccount",
-                     "ServiceMonitor"]
+    assert kinds == ["Deployment", "Namespace", "NetworkPolicy", "PodDisruptionBudget",
+                     "Service", "ServiceAccount", "ServiceMonitor"]
     ingress = one(files, "NetworkPolicy")["spec"]
     assert ingress["podSelector"]["matchLabels"] == one(files, "Service")["spec"]["selector"]
     assert ingress["ingress"] == [{
@@ -178,9 +178,32 @@ def test_probes_service_and_servicemonitor_agree():
     [endpoint] = monitor["spec"]["endpoints"]
     assert endpoint["port"] == service["spec"]["ports"][0]["name"]
     assert endpoint["path"] == "/metrics"
+
+def test_replicas_with_a_disruption_budget_and_workers_from_the_cpu_limit():
+    files = files_for()
     deployment = one(files, "Deployment")
-    assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert deployment["spec"]["replicas"] == 2  # one leads the schedule, both serve
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    budget = one(files, "PodDisruptionBudget")
+    assert budget["spec"]["minAvailable"] == 1
+    assert budget["spec"]["selector"]["matchLabels"].items() <= \
+        deployment["spec"]["template"]["metadata"]["labels"].items()
+    container = pod_of(files)["containers"][0]
+    args = container["args"]
+    assert args[args.index("--workers") + 1] == "2"
+    assert container["resources"]["limits"]["cpu"] == "2"
+    spread = pod_of(files)["topologySpreadConstraints"][0]
+    assert spread["topologyKey"] == "kubernetes.io/hostname"
+    for limit, workers, memory in ((4, "4", "1536Mi"), (1.5, "1", "768Mi"), (0.5, "1", "768Mi")):
+        sized = files_for(cpu_limit=limit, replicas=3)
+        container = pod_of(sized)["containers"][0]
+        assert container["args"][container["args"].index("--workers") + 1] == workers
+        assert container["resources"]["limits"] == {"cpu": f"{limit:g}", "memory": memory}
+        assert one(sized, "Deployment")["spec"]["replicas"] == 3
+        assert_core_objects_valid(sized)
+    single = files_for(replicas=1)
+    assert one(single, "PodDisruptionBudget")["spec"] == {
+        "maxUnavailable": 1, "selector": budget["spec"]["selector"]}
 
 
 def test_cronjob_runs_sync_on_the_derived_schedule_and_serves_nothing():

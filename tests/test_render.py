@@ -581,6 +581,10 @@ def test_hostile_url_is_refused_with_one_line_and_nothing_written(tmp_path):
       "--agent-image", "{{ evil }}"], "templates"),
     (["--cluster", "east", "--vendor", "nvidia", "--mode", "acm", "--monitoring", "x"],
      "unknown monitoring"),
+    (["--cluster", "east", "--vendor", "nvidia", "--remote-write-url", URL,
+      "--kube-state-metrics", "ksm.svc"], "HOST:PORT"),
+    (["--cluster", "east", "--vendor", "nvidia", "--mode", "acm",
+      "--kube-state-metrics", "ksm.svc:8080"], "remote-write mode"),
 ])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path, args, message):
     result = spoke(tmp_path, *args)
@@ -709,3 +713,67 @@ def test_the_reconcile_reader_option_reaches_the_files(tmp_path):
     assert (tmp_path / "out" / "reader-clusterrole.yaml").exists()
     kustomization = yaml.safe_load((tmp_path / "out" / "kustomization.yaml").read_text())
     assert "reader-clusterrolebinding.yaml" in kustomization["resources"]
+
+
+# -- metered allocation: kube-state-metrics' pod series, kept to pods requesting GPUs -------------
+def test_agent_scrapes_kube_state_metrics_for_gpu_pods_and_passes_promtool(tmp_path):
+    files = render.render_spoke(values(kube_state_metrics="kube-state-metrics.kube-system"
+                                                          ".svc:8080"))
+    promtool_check(agent_config_map(files)["data"]["prometheus.yml"], tmp_path)
+    jobs = {j["job_name"]: j for j in agent_config(files)["scrape_configs"]}
+    ksm = jobs["kube-state-metrics"]
+    assert ksm["dns_sd_configs"][0]["names"] == ["kube-state-metrics.kube-system.svc"]
+    [rule] = ksm["metric_relabel_configs"]
+    assert rule["action"] == "keep" and rule["source_labels"] == ["__name__", "resource", "phase"]
+    keep = re.compile(rule["regex"])  # Prometheus anchors: fullmatch of name;resource;phase
+    for kept in ("kube_pod_container_resource_requests;nvidia_com_gpu;",
+                 "kube_pod_container_resource_requests;nvidia_com_mig_1g_10gb;",
+                 "kube_pod_container_resource_requests;amd_com_gpu;",
+                 "kube_pod_container_resource_requests;nvidia_com_gpu_shared;",
+                 "kube_pod_start_time;;", "kube_pod_completion_time;;",
+                 "kube_pod_status_phase;;Running", "kube_node_labels;;"):
+        assert keep.fullmatch(kept), kept
+    for dropped in ("kube_pod_container_resource_requests;cpu;",
+                    "kube_pod_container_resource_requests;memory;",
+                    "kube_pod_status_phase;;Pending", "kube_pod_status_phase;;Succeeded",
+                    "kube_pod_info;;", "kube_pod_container_resource_limits;nvidia_com_gpu;"):
+        assert not keep.fullmatch(dropped), dropped
+    # the exporters' job forwards the builtin exporter's edges (bounded: GPU pods only)
+    exporter_keep = re.compile(jobs["gpu-exporter"]["metric_relabel_configs"][0]["regex"])
+    assert exporter_keep.fullmatch("gpufleet_allocation_start_timestamp_seconds")
+    assert exporter_keep.fullmatch("gpufleet_allocation_end_timestamp_seconds")
+    assert "kube-state-metrics" not in {
+        j["job_name"] for j in agent_config(render.render_spoke(values()))["scrape_configs"]}
+
+
+def test_acm_allowlist_forwards_allocation_series_of_gpu_pods_only(tmp_path):
+    import shutil
+    import subprocess
+
+    platform = yaml.safe_load(render.render_spoke(values(mode="acm"))[
+        "hub/metrics-allowlist.yaml"])["data"]["metrics_list.yaml"]
+    listed = yaml.safe_load(platform)
+    assert {"gpufleet_allocation_start_timestamp_seconds",
+            "gpufleet_allocation_end_timestamp_seconds"} <= set(listed["names"])
+    assert listed["matches"] == [
+        '__name__="kube_pod_container_resource_requests",resource=~"nvidia_com_gpu|'
+        'nvidia_com_gpu_shared|nvidia_com_gpucores|nvidia_com_mig_.+|amd_com_gpu|'
+        'amd_com_.+_nps.+"']
+    rules = {r["record"]: r["expr"] for r in listed["recording_rules"]}
+    assert set(rules) == {"kube_pod_start_time", "kube_pod_completion_time",
+                          "kube_pod_status_phase"}
+    assert all(" and on (namespace, pod, uid) (kube_pod_container_resource_requests" in e
+               for e in rules.values())
+    # the expressions are PromQL promtool accepts
+    path = tmp_path / "rules.yml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "acm", "rules": [
+        {"record": f"check:{k}", "expr": v} for k, v in rules.items()]}]}))
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool not found on PATH: install the Debian package 'prometheus'"
+    proc = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    uwl = yaml.safe_load(yaml.safe_load(render.render_spoke(values(
+        mode="acm", monitoring="user-workload"))["hub/metrics-allowlist.yaml"])["data"][
+        "uwl_metrics_list.yaml"])
+    assert "recording_rules" not in uwl and uwl["matches"] == listed["matches"]

@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from hub import store
 from tests.support.clirun import gpufleet, gpufleet_json
 from tests.support.promql import wait_for, wait_silent
 from tests.support.samples import AMD, EAST, WEST, sample_text, series_count
@@ -21,6 +22,10 @@ def start_fleet(hub, fleet, clusters: dict[str, list[str]]):
     return started
 
 
+#: one shard: the count that plans the shards, then the query set once
+ONE_SHARD = 1 + len(store.sync_queries("30s", "3s", "cluster"))
+
+
 def by(rows: list[dict], *keys: str) -> dict:
     return {tuple(r[k] for k in keys) if len(keys) > 1 else r[keys[0]]: r for r in rows}
 
@@ -30,7 +35,7 @@ def test_sync_builds_inventory_from_real_exporter_output(hub, fleet, db_url):
     env = {"GPUFLEET_HUB_URL": hub.url, "GPUFLEET_DB": db_url}
     result = gpufleet("sync", "--stale-after", "30s", env=env)
     assert result.exit_code == 0, result.output
-    assert "3 clusters, 8 nodes, 26 GPUs (24 requests" in result.stdout
+    assert f"3 clusters, 8 nodes, 26 GPUs ({ONE_SHARD} requests, 1 shard" in result.stdout
 
     clusters = by(gpufleet_json("inventory", "clusters", env=env), "cluster")
     assert {c: (v["nodes"], v["gpus"], v["state"]) for c, v in clusters.items()} == {
@@ -86,7 +91,7 @@ def test_sync_builds_inventory_from_real_exporter_output(hub, fleet, db_url):
         ("amd", "inference", "llm-serve-7d9", "vllm"),
     }
     runs = gpufleet_json("inventory", "sync-runs", env=env)
-    assert runs[0]["status"] == "ok" and runs[0]["gpus"] == 26 and runs[0]["requests"] == 24
+    assert runs[0]["status"] == "ok" and runs[0]["gpus"] == 26 and runs[0]["requests"] == ONE_SHARD
 
 
 def test_silent_cluster_turns_stale_and_comes_back(hub, fleet, db_url):
@@ -125,7 +130,7 @@ def test_request_count_does_not_grow_with_the_fleet(hub, fleet, tmp_path):
     start_fleet(hub, fleet, {"two": EAST[:2], "three": WEST, "four": AMD})
     large = gpufleet_json("sync", env=env)
     assert large["gpus"] > small["gpus"] * 10
-    assert large["requests"] == small["requests"] == 24
+    assert large["requests"] == small["requests"] == ONE_SHARD
 
 
 def test_sync_every_loops_and_survives_a_failed_sync(hub, fleet, tmp_path):

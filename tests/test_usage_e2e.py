@@ -22,7 +22,7 @@ import time
 import pytest
 
 from hub import inventory as inv
-from hub import store, usage
+from hub import usage
 from hub.usage._fold import utc
 from tests.support.backfill import backfilled_hub, openmetrics
 from tests.support.browser import Dom, chromium_dom
@@ -122,8 +122,10 @@ def test_usage_collect_usage_idle_capacity_on_a_backfilled_hub(tmp_path, db_url)
         first = gpufleet_json("usage", "collect", "--from", iso(t0), "--until",
                               iso(t0 + 2 * HOUR), env=env)
         assert len(first["collected"]) == 2 and first["failed"] == []
-        per_bucket = first["requests"] // 2
-        assert per_bucket == len(store.usage_queries("1h", "5m", "cluster"))
+        # no allocation series in this hub: one probe per collect, then the samples'
+        # queries only (every allocated row sampled)
+        assert first["requests"] == 1 + 2 * len(usage.bucket_queries(
+            3600, 300, 300, "cluster", allocations=False))
         two_hours = gpufleet_json("usage", *period, env=env)
 
         hub.stop()  # outage: the next collect fails, and leaves the collected hours alone
@@ -202,7 +204,9 @@ def test_usage_collect_usage_idle_capacity_on_a_backfilled_hub(tmp_path, db_url)
         csv_out = gpufleet("usage", *period, "-o", "csv", env=env).stdout.splitlines()
         assert csv_out[0] == ("namespace,gpu_hours,allocated_gpu_hours,busy_gpu_hours,"
                               "idle_allocated_gpu_hours,avg_utilisation_pct,sm_active_gpu_hours,"
-                              "avg_sm_active_pct,energy_kwh")
+                              "avg_sm_active_pct,energy_kwh,allocation_basis")
+        # no kube-state-metrics in this hub: every allocated hour is sampled, and says so
+        assert {line.rsplit(",", 1)[1] for line in csv_out[1:]} <= {"sampled", ""}
         history = gpufleet_json("inventory", "gpu", "GPU-MV", env=env)
         assert {u["node"] for u in history["usage"]} == {"n1", "n2"}
         check_api(db_url, t0, rows)

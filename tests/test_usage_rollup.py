@@ -158,3 +158,38 @@ def test_migration_0006_fills_the_rollup_from_hourly_rows(db_url):
                             ).scalar() > 0
         assert_rollup_matches_hourly(conn)
     engine.dispose()
+
+
+def test_migration_0010_marks_the_rows_before_it_sampled(db_url):
+    """Rows written before metered allocation were sampled, and their days say so."""
+    engine = inv.make_engine(db_url, create=True)
+    with engine.begin() as conn:
+        command.upgrade(_config(conn), "0009")
+    rng = random.Random(5)
+    ledger = sa.table("usage", *[sa.column(c) for c in inv.USAGE_COLUMNS
+                                 if c != "allocation_basis"])
+    with engine.begin() as conn:
+        for b in range(BUCKETS):
+            conn.execute(ledger.insert(), bucket_rows(T0 + b * HOUR, rng))
+        # the rollup as 0009 kept it (no basis column yet)
+        days: dict[tuple, dict] = {}
+        for r in conn.execute(sa.select(ledger)).mappings():
+            key = (r["cluster"], r["node"], r["uuid"], r["slice"], r["namespace"])
+            day = days.setdefault(key, {
+                "day": DAY0, **dict(zip(("cluster", "node", "uuid", "slice", "namespace"), key,
+                                        strict=True)),
+                "model": r["model"], "gpu_hours": 0.0, "allocated_gpu_hours": 0.0,
+                "busy_gpu_hours": 0.0, "idle_allocated_gpu_hours": 0.0, "energy_wh": 0.0})
+            day["gpu_hours"] += r["gpu_hours"]
+            day["allocated_gpu_hours"] += r["gpu_hours"] if r["pod"] else 0.0
+        conn.execute(inv.usage_daily.insert(), list(days.values()))
+    before, after = inv.upgrade(engine)
+    assert (before, after) == ("0009", HEAD)
+    with engine.connect() as conn:
+        assert {r for (r,) in conn.execute(sa.select(inv.usage.c.allocation_basis).distinct())
+                } == {"sampled"}
+        rows = usage.usage_summary(conn, DAY0, DAY0 + dt.timedelta(days=1), ("namespace",))
+    assert rows, rows
+    assert {r["allocation_basis"] for r in rows if r["namespace"]} == {"sampled"}, rows
+    assert {r["allocation_basis"] for r in rows if not r["namespace"]} == {None}
+    engine.dispose()

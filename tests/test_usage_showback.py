@@ -134,8 +134,8 @@ def test_showback_csv_export_with_cluster_override_and_mig_share(tmp_path):
                    env={"GPUFLEET_DB": url})
     assert out.exit_code == 0, out.output
     lines = out.stdout.splitlines()
-    assert lines[0].endswith(",energy_kwh,cost,unpriced_gpu_hours,period_start,period_end,"
-                             "currency")
+    assert lines[0].endswith(",energy_kwh,allocation_basis,cost,unpriced_gpu_hours,period_start,"
+                             "period_end,currency")
     rows = {line.split(",")[0]: line.split(",") for line in lines[1:]}
     # ml: 3 h of a whole H100 in east at 2.5 + 3 h of a 3/7 slice of one in west at 2.1
     assert float(rows["ml"][-5]) == pytest.approx(3 * 2.5 + 3 * 3 / 7 * 2.1)

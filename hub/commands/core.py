@@ -35,6 +35,7 @@ from hub.common import (
     parse_duration,
     progress,
     query_concurrency_option,
+    shard_size_option,
     stale_after_option,
     to_json,
 )
@@ -133,7 +134,7 @@ GPU_TABLE_COLUMNS = [
 ]
 PRUNE_COLUMNS = ["kind", "cluster", "node", "uuid", "slice", "last_seen"]
 HISTORY_COLUMNS = ["bucket_start", "cluster", "node", "slice", "namespace", "pod", "gpu_hours",
-                   "avg_utilisation_pct", "energy_wh", "coverage"]
+                   "avg_utilisation_pct", "energy_wh", "coverage", "allocation_basis"]
 
 _GROUPING = re.compile(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)")
 _KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and",
@@ -231,17 +232,19 @@ def query(expr: str, range_: float | None, step: float, output: str, **opts: Any
 @stale_after_option
 @lock_timeout_option
 @query_concurrency_option
+@shard_size_option
 @hub_options
 @cluster_label_option
 @db_option
 @output_option("text", "json", default="text")
 def sync(once: bool, every: float | None, stale_after: float, lock_timeout: float,
-         query_concurrency: int, cluster_label: str, db: str | None, output: str,
-         **opts: Any) -> None:
+         query_concurrency: int, shard_size: int, cluster_label: str, db: str | None,
+         output: str, **opts: Any) -> None:
     """Fill the inventory database from the hub (one transaction per sync).
 
-    Issues a fixed set of PromQL queries (their number does not grow with the fleet; at most
-    --query-concurrency at once), then writes in one short transaction, marks
+    Counts GPUs per cluster (one request), then issues a fixed set of PromQL queries per
+    shard of whole clusters of about --shard-size GPUs (at most --query-concurrency at
+    once), then writes in one transaction, shard by shard, marks
     GPUs, nodes and clusters without a sample in --stale-after as stale (never deleting
     them) and records the run in sync_runs. Exits 3 when the hub or database is unavailable
     or another sync holds the lock; 2 on a PromQL error.
@@ -260,7 +263,8 @@ def sync(once: bool, every: float | None, stale_after: float, lock_timeout: floa
                 with progress("sync: reading the hub, writing the inventory"):
                     result = run_sync(engine, client, stale_after=stale_after,
                                       cluster_label=cluster_label, lock_timeout=lock_timeout,
-                                      query_concurrency=query_concurrency)
+                                      query_concurrency=query_concurrency,
+                                      shard_size=shard_size)
             except UnavailableError as exc:
                 if not every:
                     raise
@@ -272,7 +276,9 @@ def sync(once: bool, every: float | None, stale_after: float, lock_timeout: floa
                     took = (result.finished_at - result.started_at).total_seconds()
                     click.echo(
                         f"sync ok: {result.clusters} clusters, {result.nodes} nodes, "
-                        f"{result.gpus} GPUs ({result.requests} requests, {took:.1f}s)"
+                        f"{result.gpus} GPUs ({result.requests} requests, "
+                        f"{result.shards} shard{'s' if result.shards != 1 else ''}, "
+                        f"{took:.1f}s)"
                         + (f"; {result.note}" if result.note else "")
                     )
             if not every:
@@ -325,8 +331,8 @@ def sync_runs(limit: int, db: str | None, output: str, **_: Any) -> None:
         require_schema(engine)
         with engine.connect() as conn:
             rows = inv.list_sync_runs(conn, limit)
-    emit(rows, ["id", "started_at", "finished_at", "status", "requests", "clusters", "nodes",
-                "gpus", "error"], output)
+    emit(rows, ["id", "started_at", "finished_at", "status", "requests", "shards", "clusters",
+                "nodes", "gpus", "error"], output)
 
 
 def _since(value: float | None) -> dt.datetime | None:

@@ -89,6 +89,13 @@ def _spoke_options(func: F) -> F:
                           "`gpufleet reconcile --context`: get/list nodes, and the DRA "
                           "objects resourceslices, resourceclaims and deviceclasses "
                           "(resource.k8s.io)."),
+        click.option("--kube-state-metrics", envvar=env("kube-state-metrics"),
+                     metavar="HOST:PORT",
+                     help="remote-write mode: also scrape kube-state-metrics here (e.g. "
+                          "kube-state-metrics.kube-system.svc:8080) for the pods' GPU "
+                          "requests, start, completion and Running phase, so the ledger "
+                          "meters allocations from their edges with an upstream exporter "
+                          "(the builtin exporter publishes its own)."),
         click.option("--dcgm-names", envvar=env("dcgm-names"), default="legacy",
                      show_default=True, metavar="legacy|dcgm-4.7",
                      help="Upstream NVIDIA exporter: pin dcgm-exporter's collectors CSV (a "
@@ -120,7 +127,7 @@ def _spoke_kwargs(params: dict[str, Any]) -> dict[str, Any]:
     keys = ("vendor", "mode", "exporter", "remote_write_url", "remote_write_secret",
             "monitoring", "platform", "exporter_namespace", "exporter_selector",
             "agent_image", "exporter_image", "restrict_exporter_ingress", "reconcile_reader",
-            "dcgm_names")
+            "kube_state_metrics", "dcgm_names")
     return {key: params[key] for key in keys}
 
 

@@ -33,6 +33,7 @@ from hub.common import (
     hub_options,
     lock_timeout_option,
     max_age_option,
+    min_charge_option,
     on_sigterm,
     output_option,
     parse_duration,
@@ -52,7 +53,7 @@ def service_jobs(engine: Engine, client: HubClient, *, stale_after: float, clust
                  lock_timeout: float, reconcile: bool = False, max_age: float = 3600.0,
                  push_interval: float = 300.0, window: float = 3600.0,
                  usage_bucket: float = 3600.0, usage_retention: float = 400 * 86400.0,
-                 usage_max_backfill: float = 48 * 3600.0,
+                 usage_max_backfill: float = 48 * 3600.0, min_charge: float = 0.0,
                  prune_stale_after: float | None = None, catalog: Any = None,
                  stopping: Callable[[], bool] = lambda: False) -> svc.Jobs:
     """The scheduled work: sync; then, when asked, a hub-side reconcile and a prune of what
@@ -85,7 +86,7 @@ def service_jobs(engine: Engine, client: HubClient, *, stale_after: float, clust
         result = usage.collect_usage(engine, client, bucket=usage_bucket,
                                      push_interval=push_interval, retention=usage_retention,
                                      max_backfill=usage_max_backfill,
-                                     cluster_label=cluster_label,
+                                     cluster_label=cluster_label, min_charge=min_charge,
                                      lock_timeout=max(lock_timeout, 60.0), stop=stopping)
         if result.collected:
             log.info("usage: collected %d bucket(s), %d rows", len(result.collected),
@@ -199,9 +200,14 @@ class _ServeGroup(ConfiguredCommand, click.Group):
 @click.option("--prune-stale-after", type=DURATION, envvar=env("prune-stale-after"),
               metavar="DURATION", help="After each sync, delete GPUs, nodes and clusters "
               "stale for longer than this (as `gpufleet inventory prune`). Default: never.")
+@click.option("--workers", type=click.IntRange(1, 64), envvar=env("workers"), metavar="N",
+              help="Processes serving the port (default: the CPUs available, a container's "
+                   "CPU limit included). One of them, across workers and replicas, runs the "
+                   "schedule; every one serves.")
 @idle_options
 @max_age_option
 @push_interval_option
+@min_charge_option
 @window_option
 @stale_after_option
 @lock_timeout_option
@@ -209,7 +215,7 @@ class _ServeGroup(ConfiguredCommand, click.Group):
 @cluster_label_option
 @db_option
 @click.pass_context
-def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
+def serve(ctx: click.Context, every: float, listen: str, reconcile: bool, workers: int | None,
           tokens_file: str | None, oidc_issuer: str | None, oidc_audience: str | None,
           oidc_scope_claim: str, scopes_file: str | None, allow_unauthenticated: bool,
           metrics_open: bool, session_ttl: float, forwarded_allow_ips: str,
@@ -217,7 +223,8 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
           tls_key_file: str | None, usage_bucket: float, usage_retention: float,
           usage_max_backfill: float, prices: str | None, prune_stale_after: float | None,
           instance_types: str | None,
-          max_age: float, push_interval: float, window: float, stale_after: float,
+          max_age: float, push_interval: float, min_charge: float, window: float,
+          stale_after: float,
           lock_timeout: float, cluster_label: str, db: str | None, idle_threshold: float,
           idle_for: float, **opts: Any) -> None:
     """Run the hub service: sync on a schedule and serve the inventory over HTTP.
@@ -287,41 +294,59 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool,
     for handler in logging.getLogger().handlers:  # no URL password in any line, whoever logs
         handler.addFilter(RedactingFilter())
         handler.addFilter(_UvicornNames())
-    if auth.oidc is not None:
-        auth.oidc.jwks.warm()
     logging.getLogger("alembic").setLevel(logging.WARNING)
-    stopping = threading.Event()  # SIGTERM: set at once, so long work ends between steps
-    with hub_client(opts) as client, database(db, create=True) as engine:
-        readonly = svc.read_only_engine(db)
-        try:
-            jobs = service_jobs(engine, client, stale_after=stale_after,
-                                cluster_label=cluster_label, lock_timeout=lock_timeout,
-                                reconcile=reconcile, max_age=max_age,
-                                push_interval=push_interval, window=window,
-                                usage_bucket=usage_bucket, usage_retention=usage_retention,
-                                usage_max_backfill=usage_max_backfill,
-                                prune_stale_after=prune_stale_after,
-                                catalog=load_catalog(instance_types) if reconcile else None,
-                                stopping=stopping.is_set)
-            rule = usage.IdleRule(idle_threshold, idle_for)
-            try:  # bind first: a port in use fails before anything touches the database
-                service = svc.build_service(jobs, every=every, engine=readonly, host=host,
-                                            port=port, page_sections=svc.usage_sections(rule),
-                                            auth=auth, metrics_open=metrics_open, tls=tls,
-                                            sessions=svc.DbSessions(engine, ttl=session_ttl),
-                                            prices=price_table, idle_rule=rule,
-                                            forwarded_allow_ips=proxies)
-            except OSError as exc:
-                reason = exc.strerror or str(exc)
-                raise InputError(f"cannot listen on {listen}: {reason}") from None
+
+    def worker(sock: Any = None) -> None:
+        if auth.oidc is not None:  # in the worker: no HTTP connection shared over a fork
+            auth.oidc.jwks.warm()
+        stopping = threading.Event()  # SIGTERM: set at once, so long work ends between steps
+        with hub_client(opts) as client, database(db, create=True) as engine:
+            readonly = svc.read_only_engine(db)
             try:
-                _prepare_schema(engine)
-            except BaseException:
-                service.server.close()
-                raise
-            _run(service, client, engine, every, stopping)
-        finally:
-            readonly.dispose()
+                jobs = service_jobs(engine, client, stale_after=stale_after,
+                                    cluster_label=cluster_label, lock_timeout=lock_timeout,
+                                    reconcile=reconcile, max_age=max_age,
+                                    push_interval=push_interval, window=window,
+                                    usage_bucket=usage_bucket,
+                                    usage_retention=usage_retention,
+                                    usage_max_backfill=usage_max_backfill,
+                                    min_charge=min_charge,
+                                    prune_stale_after=prune_stale_after,
+                                    catalog=(load_catalog(instance_types) if reconcile
+                                             else None),
+                                    stopping=stopping.is_set)
+                rule = usage.IdleRule(idle_threshold, idle_for)
+                try:  # bind first: a port in use fails before anything touches the database
+                    service = svc.build_service(
+                        jobs, every=every, engine=readonly, host=host, port=port,
+                        page_sections=svc.usage_sections(rule), auth=auth,
+                        metrics_open=metrics_open, tls=tls,
+                        sessions=svc.DbSessions(engine, ttl=session_ttl),
+                        prices=price_table, idle_rule=rule, forwarded_allow_ips=proxies,
+                        leader=svc.leadership(engine), sock=sock)
+                except OSError as exc:
+                    reason = exc.strerror or str(exc)
+                    raise InputError(f"cannot listen on {listen}: {reason}") from None
+                try:
+                    _prepare_schema(engine)
+                except BaseException:
+                    service.server.close()
+                    raise
+                _run(service, client, engine, every, stopping)
+            finally:
+                readonly.dispose()
+
+    count = workers or svc.available_cpus()
+    if count == 1:
+        worker()
+        return
+    try:  # one socket, bound here, accepted from by every worker
+        sock = svc.bind(host, port, listen=False)
+    except OSError as exc:
+        raise InputError(f"cannot listen on {listen}: {exc.strerror or exc}") from None
+    with database(db, create=True) as engine:  # once, before the workers race for it
+        _prepare_schema(engine)
+    svc.prefork(count, lambda: worker(sock))
 
 
 def proxy_addresses(text: str) -> list[str]:
@@ -505,6 +530,14 @@ def hub_group() -> None:
 @click.option("--prune-stale-after", type=DURATION, envvar=env("prune-stale-after"),
               metavar="DURATION", help="Let the Deployment delete what has been stale for "
               "longer than this after each sync (serve --prune-stale-after). Default: never.")
+@click.option("--replicas", type=click.IntRange(1, 100), default=onboard.DEFAULT_REPLICAS,
+              show_default=True, envvar=env("replicas"), metavar="N",
+              help="Replicas of the Deployment: every one serves, one (across them all) "
+                   "runs the schedule; a PodDisruptionBudget keeps one up in a drain.")
+@click.option("--cpu-limit", type=click.FloatRange(0.1, 64), default=onboard.DEFAULT_CPU_LIMIT,
+              show_default=True, envvar=env("cpu-limit"), metavar="CORES",
+              help="CPU limit of a replica; its `serve --workers` is one per whole core "
+                   "(docs/operations.md says how to size them).")
 @click.option("--grafana", is_flag=True, envvar=env("grafana"),
               help="Also write grafana-dashboard.yaml: a dashboard ConfigMap for ACM "
                    f"Observability's Grafana (namespace {onboard.OBSERVABILITY_NAMESPACE}, "
@@ -517,7 +550,8 @@ def hub_render(out: str | None, namespace: str, image: str, kind: str, every: st
                oidc_audience: str | None, oidc_scope_claim: str,
                scopes_configmap: str | None, allow_unauthenticated: bool,
                allow_from_namespaces: tuple[str, ...], forwarded_allow_ips: str,
-               prune_stale_after: float | None, grafana: bool, cluster_label: str,
+               prune_stale_after: float | None, replicas: int, cpu_limit: float,
+               grafana: bool, cluster_label: str,
                **_: Any) -> None:
     """Write the hub service's manifests into --out (apply with `kubectl apply -k DIR`).
 
@@ -541,7 +575,8 @@ def hub_render(out: str | None, namespace: str, image: str, kind: str, every: st
         oidc_scope_claim=oidc_scope_claim, scopes_configmap=scopes_configmap,
         allow_unauthenticated=allow_unauthenticated,
         allow_from_namespaces=allow_from_namespaces,
-        forwarded_allow_ips=proxy_addresses(forwarded_allow_ips))
+        forwarded_allow_ips=proxy_addresses(forwarded_allow_ips), replicas=replicas,
+        cpu_limit=cpu_limit)
     files = onboard.render_hub_service(
         values, extra=onboard.render_grafana(cluster_label) if grafana else None)
     onboard.write_tree(files, out)

@@ -25,6 +25,7 @@ from hub.common import (
     emit,
     format_duration,
     hub_options,
+    min_charge_option,
     on_sigterm,
     output_option,
     progress,
@@ -116,7 +117,8 @@ def usage(ctx: click.Context, since: float | None, from_: str | None, until: str
     """GPU-hours per group from the usage ledger (fill it with `gpufleet usage collect`).
 
     \b
-    gpu_hours                 GPU-equivalents x hours reporting (MIG slice = its share)
+    gpu_hours                 GPU-equivalents x hours reporting (MIG slice = its share);
+                              a pod's are metered from its allocation's start and end
     allocated_gpu_hours       the part of it a pod held the GPU or slice
     busy_gpu_hours            sum of hours x average utilisation / 100
     idle_allocated_gpu_hours  allocated hours under --idle-threshold in runs of at
@@ -125,6 +127,9 @@ def usage(ctx: click.Context, since: float | None, from_: str | None, until: str
     sm_active_gpu_hours       hours x average SM activity / 100 (null: not exported)
     avg_sm_active_pct         SM activity over the hours that exported it
     energy_kwh                average power x hours reporting
+    allocation_basis          how the allocated hours were measured, the least exact of
+                              the group's: interval (both edges exported), estimated
+                              (an edge known to the push interval), sampled
     cost                      with --prices or --bill: GPU-hours x price (empty when a
                               model in the group has no price; unpriced_gpu_hours says
                               how many); a billed node at what its node-hour cost
@@ -172,6 +177,7 @@ def usage(ctx: click.Context, since: float | None, from_: str | None, until: str
               help="Bucket length (buckets are aligned to multiples of it). The ledger keeps "
               "one size: another is refused unless --replace-grid.")
 @push_interval_option
+@min_charge_option
 @click.option("--step", type=DURATION, metavar="DURATION",
               help="Expert: coverage resolution, default the push interval (never below it). "
               "A coarser step costs the hub less at 1s pushes.")
@@ -196,14 +202,18 @@ def usage(ctx: click.Context, since: float | None, from_: str | None, until: str
 @db_option
 @output_option("text", "json", default="text")
 def collect(since: float | None, from_: str | None, until: str | None, bucket: float,
-            push_interval: float, step: float | None, max_backfill: float,
+            push_interval: float, min_charge: float, step: float | None,
+            max_backfill: float,
             usage_retention: float, replace_grid: bool, yes: bool, lock_timeout: float,
             cluster_label: str, db: str | None, output: str, **opts: Any) -> None:
     """Fill the usage ledger: every ended bucket not collected yet (or those asked for).
 
     A bucket is collected once it ended a push interval ago (its last push has arrived);
     a period reaching past that is clipped and the output says so. Coverage is measured in
-    push-interval slots, so hours are exact at ACM's 300s as at 1s. A fixed set of PromQL
+    push-interval slots, so hours are exact at ACM's 300s as at 1s; a pod's allocated time
+    comes from its allocation's own start and end where kube-state-metrics or gpufleet's
+    exporter publish them (allocation_basis interval or estimated), else from its samples
+    (sampled). A fixed set of PromQL
     requests per bucket, whatever the fleet size; re-collecting a bucket replaces it, also
     beside a running `serve`. A bucket the hub cannot answer is not written and is retried
     by the next collect; exits 3 when any bucket failed.
@@ -231,7 +241,7 @@ def collect(since: float | None, from_: str | None, until: str | None, bucket: f
         settings: dict[str, Any] = dict(
             bucket=bucket, push_interval=push_interval, resolution=step, starts=starts,
             max_backfill=max_backfill, retention=usage_retention,
-            cluster_label=cluster_label, lock_timeout=lock_timeout)
+            cluster_label=cluster_label, lock_timeout=lock_timeout, min_charge=min_charge)
         if replace_grid:
             removed, result = answers.collect_on_new_grid(engine, client, **settings)
             click.echo(f"usage ledger started over on buckets of {format_duration(bucket)} "

@@ -141,15 +141,26 @@ lock_timeout_option = click.option(
     help="How long to wait for another sync on the same database to finish.",
 )
 
-#: a sync's PromQL requests in flight at once (why 2: hub.inventory._sync.collect)
-QUERY_CONCURRENCY = 2
+#: a sync's PromQL requests in flight at once (why 4: hub.inventory._sync)
+QUERY_CONCURRENCY = 4
 
 query_concurrency_option = click.option(
-    "--query-concurrency", type=click.IntRange(1, 16), default=QUERY_CONCURRENCY, show_default=True,
-    envvar=env("query-concurrency"), metavar="N",
-    help="PromQL requests in flight at once during a sync. 2 keeps the hub evaluating one "
-         "query while the client decodes the last; more loads the shared hub store and "
-         "holds more responses in memory.",
+    "--query-concurrency", type=click.IntRange(1, 64), default=QUERY_CONCURRENCY,
+    show_default=True, envvar=env("query-concurrency"), metavar="N",
+    help="PromQL requests in flight at once (a sync's, across its shards). The store "
+         "answers several at once far faster than one by one; more than a few loads a "
+         "shared store (Thanos Query runs 20 at once by default, for every user).",
+)
+
+#: GPUs (and MIG slices) one shard of a sync asks for (why: hub.inventory._sync)
+SHARD_SIZE = 20_000
+
+shard_size_option = click.option(
+    "--shard-size", type=click.IntRange(100, 10_000_000), default=SHARD_SIZE,
+    show_default=True, envvar=env("shard-size"), metavar="GPUS",
+    help="GPUs (and MIG slices) per shard: the sync asks its queries once per shard of "
+         "whole clusters of about this many, so each answer stays well under a store's "
+         "per-query limits and memory follows the shard, not the fleet.",
 )
 
 max_age_option = click.option(
@@ -163,6 +174,14 @@ push_interval_option = click.option(
     "--push-interval", type=DURATION, default="300s", show_default=True,
     envvar=env("push-interval"), metavar="DURATION",
     help="How often spokes push (ACM: 300s); no sample for twice this is a warning.",
+)
+
+min_charge_option = click.option(
+    "--min-charge", type=DURATION, default="0s", show_default=True,
+    envvar=env("min-charge"), metavar="DURATION",
+    help="Charge an ended allocation at least this long, as the clouds bill GPU instances "
+         "(e.g. 60s); 0s: off. Give `usage collect` and `serve` the same value (env "
+         "GPUFLEET_MIN_CHARGE), or the buckets each writes are charged differently.",
 )
 
 window_option = click.option(

@@ -64,9 +64,12 @@ from hub.inventory._reconcile_runs import (
 from hub.inventory._sessions import add_session, drop_session, session_row, sessions
 from hub.inventory._sync import (
     NO_GPU_SERIES,
+    Shard,
     SyncResult,
     missing_label_error,
+    plan_shards,
     run_sync,
+    shard_error,
     subquery_step,
 )
 from hub.inventory._usage_tables import (
@@ -102,6 +105,7 @@ __all__ = [
     "USAGE_COLUMNS",
     "LockHeld",
     "PruneResult",
+    "Shard",
     "SyncResult",
     "add_session",
     "allocations",
@@ -133,6 +137,7 @@ __all__ = [
     "now_utc",
     "page_events",
     "page_gpus",
+    "plan_shards",
     "prune",
     "read_only_engine",
     "recent_usage",
@@ -144,6 +149,7 @@ __all__ = [
     "safe_url",
     "session_row",
     "sessions",
+    "shard_error",
     "subquery_step",
     "sync_runs",
     "upgrade",

@@ -18,6 +18,7 @@ import os
 import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -130,6 +131,8 @@ sync_runs = sa.Table(
     sa.Column("finished_at", sa.DateTime),
     sa.Column("status", sa.String(16), nullable=False),  # ok | failed
     sa.Column("requests", sa.Integer, nullable=False, default=0),
+    # shards of clusters the queries were asked for (requests = 1 + shards x the set)
+    sa.Column("shards", sa.Integer),
     sa.Column("clusters", sa.Integer),
     sa.Column("nodes", sa.Integer),
     sa.Column("gpus", sa.Integer),
@@ -340,7 +343,9 @@ def _newest_per_identity(chosen: dict[tuple[str, str], Observation], twins: Twin
 
     others: dict[tuple[str, str], list[list[str]]] = {}
     for key, group in twins.items():
-        newest = max(group, key=t)
+        # ties (both places' newest samples at one time) go by place, never by the order
+        # the answers happened to arrive in (or the shard that held each place)
+        newest = max(group, key=lambda o: (t(o), o.cluster, o.node))
         current = [o for o in group if t(o) >= t(newest) - CONCURRENT_S]
         row = known.get(key)
         pick = next((o for o in current if row is not None
@@ -393,6 +398,15 @@ def _same(old: Any, new: Any, fld: str = "") -> bool:
     return old == new
 
 
+def _layout(known: Mapping[tuple[str, str], HeldGpu]) -> dict[str, list[str]]:
+    """The MIG slices the table holds as active, per GPU uuid (few: MIG GPUs only)."""
+    layout: dict[str, list[str]] = {}
+    for (uuid, key), row in known.items():
+        if key and row.state == ACTIVE:
+            layout.setdefault(uuid, []).append(key)
+    return layout
+
+
 def diff_events(known: Mapping[tuple[str, str], HeldGpu],
                 seen: Mapping[tuple[str, str], Observation], now: dt.datetime
                 ) -> Iterator[dict[str, Any]]:
@@ -404,11 +418,17 @@ def diff_events(known: Mapping[tuple[str, str], HeldGpu],
     differ, or the set of MIG slices of a GPU (details field/old/new). stale: an active one
     this sync did not see.
     """
-    layout_old: dict[str, list[str]] = {}
+    yield from _seen_events(known, seen, _layout(known), now)
+    yield from _stale_events(known, seen, now)
+
+
+def _seen_events(known: Mapping[tuple[str, str], HeldGpu],
+                 seen: Mapping[tuple[str, str], Observation],
+                 layout_old: Mapping[str, list[str]], now: dt.datetime
+                 ) -> Iterator[dict[str, Any]]:
+    """The events of what ``seen`` holds (every slice of a GPU is in the same ``seen``: a
+    GPU's slices report from one node, so from one shard of a sync)."""
     layout_new: dict[str, list[str]] = {}
-    for (uuid, key), row in known.items():
-        if key and row.state == ACTIVE:
-            layout_old.setdefault(uuid, []).append(key)
     for uuid, key in seen:
         if key:
             layout_new.setdefault(uuid, []).append(key)
@@ -435,6 +455,11 @@ def diff_events(known: Mapping[tuple[str, str], HeldGpu],
             if before != after:
                 yield _event(now, "changed", *where, field="mig_layout",
                              old=" ".join(before), new=" ".join(after))
+
+
+def _stale_events(known: Mapping[tuple[str, str], HeldGpu],
+                  seen: AbstractSet[tuple[str, str]] | Mapping[tuple[str, str], Any],
+                  now: dt.datetime) -> Iterator[dict[str, Any]]:
     for ident, row in known.items():
         if row.state == ACTIVE and ident not in seen:
             yield _event(now, "stale", row.cluster, row.node, *ident)
@@ -444,62 +469,133 @@ def apply_observations(conn: Connection, observations: Iterable[Observation],
                        now: dt.datetime,
                        namings: Mapping[str, str] | None = None) -> dict[str, int]:
     """Upsert what this sync saw as active, mark everything it did not see stale, and write
-    the events that this implies (all in the caller's transaction).
-
-    Memory stays a few hundred bytes per GPU: the table is read as compact tuples, and rows
-    and events are made and written a batch at a time."""
-    # the observations first: made from the sync's records, which go as they are made, so
-    # the table's rows are read into memory those records held
-    seen, twins, every = _gather(observations)
-    known = held_gpus(conn)
-    beside = _newest_per_identity(seen, twins, known)
-    _stable_memory(seen, known)
-    node_last: dict[tuple[str, str], dt.datetime | None] = {}
-    cluster_last: dict[str, dt.datetime | None] = {}
-    for obs in every:
-        sample_at = utc(obs.sample_at)
-        key = (obs.cluster, obs.node)
-        if sample_at is not None:
-            node_last[key] = max(filter(None, (node_last.get(key), sample_at)))
-            prev = cluster_last.get(obs.cluster)
-            cluster_last[obs.cluster] = max(prev, sample_at) if prev else sample_at
-        else:
-            node_last.setdefault(key, None)
-            cluster_last.setdefault(obs.cluster, None)
-    physical = sum(not obs.is_slice for obs in seen.values())
-    seen_cols = ["state", "last_seen", "last_sample_at"]
-    _upsert(conn, clusters, [
-        {"cluster": c, "state": ACTIVE, "first_seen": now, "last_seen": now, "last_sample_at": t}
-        for c, t in cluster_last.items()
-    ], seen_cols, keep_if_null=["last_sample_at"])
-    _upsert(conn, nodes, [
-        {"cluster": c, "node": n, "state": ACTIVE, "first_seen": now, "last_seen": now,
-         "last_sample_at": t}
-        for (c, n), t in node_last.items()
-    ], seen_cols, keep_if_null=["last_sample_at"])
-    _write_gpus(conn, ((key, _gpu_row(obs, beside.get(key), now)) for key, obs in seen.items()),
-                known, now)
-    _upsert(conn, allocations, (
-        {"cluster": obs.cluster, "node": obs.node, "uuid": obs.uuid,
-         "slice_key": obs.slice_key, "namespace": namespace, "pod": pod,
-         "container": container, "first_seen": now, "last_seen": now,
-         "last_sample_at": utc(obs.sample_at)}
-        for obs in every for namespace, pod, container in obs.allocations
-    ), ["last_seen", "last_sample_at"], keep_if_null=["last_sample_at"])
+    the events that this implies (all in the caller's transaction)."""
+    writer = InventoryWriter(conn, now)
+    writer.add(observations)
     if namings:
         write_namings(conn, namings, now)
-    for table in (clusters, nodes):
-        conn.execute(
-            table.update()
-            .where(table.c.state == ACTIVE, table.c.last_seen < now)
-            .values(state=STALE)
-        )
-    written = 0
-    for batch in _batches(diff_events(known, seen, now)):
-        conn.execute(events.insert(), batch)
-        written += len(batch)
-    return {"clusters": len(cluster_last), "nodes": len(node_last), "gpus": physical,
-            "events": written}
+    return writer.finish()
+
+
+class InventoryWriter:
+    """One sync's write, fed group by group (a sharded sync: one shard of clusters at a time)
+    in the caller's transaction, so memory follows the group, not the fleet.
+
+    Memory stays a few hundred bytes per GPU: the table is read as compact tuples (what
+    events compare and a digest of the rest), and rows and events are made and written a
+    batch at a time. A GPU's table row leaves that map once its group is written: what is
+    left at :meth:`finish` was not seen and turns stale. Clusters and nodes a group saw are
+    stamped ``last_seen = now``; at the end every active one not stamped turns stale, so a
+    cluster absent from every group is stale, never deleted.
+
+    A group must hold every place that reports its GPUs: a GPU reported from two clusters
+    of two shards (a move inside the window, a mislabelled spoke) is held back with
+    ``held`` and written with the others so held in one last group, where the newest place
+    is chosen among all (as one unsharded write would).
+    """
+
+    def __init__(self, conn: Connection, now: dt.datetime) -> None:
+        self.conn, self.now = conn, now
+        self.known = held_gpus(conn)
+        self.layout_old = _layout(self.known)
+        self.counts = {"clusters": 0, "nodes": 0, "gpus": 0, "events": 0}
+
+    def add(self, observations: Iterable[Observation], held: AbstractSet[int] = frozenset(),
+            *, places: bool = True) -> list[Observation]:
+        """Write a group: its clusters, nodes and allocations (of every observation, unless
+        ``places`` is false: a held-back group's were written with their shards), and its
+        GPUs and their events, less those whose ``hash(uuid)`` is in ``held``: returned."""
+        every = observations if isinstance(observations, list) else list(observations)
+        back: list[Observation] = []
+        if held:
+            kept = []
+            for obs in every:
+                (back if hash(obs.uuid) in held else kept).append(obs)
+        else:
+            kept = every
+        if places:
+            self._places(every)
+        self._gpus(kept)
+        return back
+
+    def _places(self, every: list[Observation]) -> None:
+        conn, now = self.conn, self.now
+        node_last: dict[tuple[str, str], dt.datetime | None] = {}
+        cluster_last: dict[str, dt.datetime | None] = {}
+        for obs in every:
+            sample_at = utc(obs.sample_at)
+            key = (obs.cluster, obs.node)
+            if sample_at is not None:
+                node_last[key] = max(filter(None, (node_last.get(key), sample_at)))
+                prev = cluster_last.get(obs.cluster)
+                cluster_last[obs.cluster] = max(prev, sample_at) if prev else sample_at
+            else:
+                node_last.setdefault(key, None)
+                cluster_last.setdefault(obs.cluster, None)
+        seen_cols = ["state", "last_seen", "last_sample_at"]
+        _upsert(conn, clusters, [
+            {"cluster": c, "state": ACTIVE, "first_seen": now, "last_seen": now,
+             "last_sample_at": t}
+            for c, t in cluster_last.items()
+        ], seen_cols, keep_if_null=["last_sample_at"])
+        _upsert(conn, nodes, [
+            {"cluster": c, "node": n, "state": ACTIVE, "first_seen": now, "last_seen": now,
+             "last_sample_at": t}
+            for (c, n), t in node_last.items()
+        ], seen_cols, keep_if_null=["last_sample_at"])
+        _upsert(conn, allocations, (
+            {"cluster": obs.cluster, "node": obs.node, "uuid": obs.uuid,
+             "slice_key": obs.slice_key, "namespace": namespace, "pod": pod,
+             "container": container, "first_seen": now, "last_seen": now,
+             "last_sample_at": utc(obs.sample_at)}
+            for obs in every for namespace, pod, container in obs.allocations
+        ), ["last_seen", "last_sample_at"], keep_if_null=["last_sample_at"])
+        self.counts["clusters"] += len(cluster_last)
+        self.counts["nodes"] += len(node_last)
+
+    def _gpus(self, group: list[Observation]) -> None:
+        if not group:
+            return
+        known, now = self.known, self.now
+        seen, twins, _ = _gather(group)
+        beside = _newest_per_identity(seen, twins, known)
+        _stable_memory(seen, known)
+        self.counts["gpus"] += sum(not obs.is_slice for obs in seen.values())
+        _write_gpus(self.conn, ((key, _gpu_row(obs, beside.get(key), now))
+                                for key, obs in seen.items()), known)
+        self._events(_seen_events(known, seen, self.layout_old, now))
+        for key in seen:
+            known.pop(key, None)
+
+    def _events(self, rows: Iterable[dict[str, Any]]) -> None:
+        for batch in _batches(rows):
+            self.conn.execute(events.insert(), batch)
+            self.counts["events"] += len(batch)
+
+    def finish(self) -> dict[str, int]:
+        """Mark what no group saw stale (GPUs, nodes, clusters), with its events; the counts
+        of what the groups saw."""
+        conn, now, known = self.conn, self.now, self.known
+        for table in (clusters, nodes):
+            conn.execute(
+                table.update()
+                .where(table.c.state == ACTIVE, table.c.last_seen < now)
+                .values(state=STALE)
+            )
+        gone = [{f"k_{c}": v for c, v in zip(GPU_KEY, key, strict=True)}
+                for key, old in known.items() if old.state == ACTIVE]
+        for batch in _batches(gone):
+            conn.execute(
+                gpus.update().where(*(gpus.c[c] == sa.bindparam(f"k_{c}") for c in GPU_KEY))
+                .values(state=STALE),
+                batch,
+            )
+        # every row still active was seen by this sync (the gone ones just turned stale)
+        conn.execute(gpus.update().where(gpus.c.state == ACTIVE, gpus.c.last_seen < now)
+                     .values(last_seen=now))
+        self._events(_stale_events(known, frozenset(), now))
+        known.clear()
+        return dict(self.counts)
 
 
 def write_namings(conn: Connection, namings: Mapping[str, str], now: dt.datetime) -> None:
@@ -565,43 +661,31 @@ def held_gpus(conn: Connection) -> dict[tuple[str, str], HeldGpu]:
 
 
 def _write_gpus(conn: Connection, rows: Iterable[tuple[tuple[str, str], dict[str, Any]]],
-                held: Mapping[tuple[str, str], HeldGpu], now: dt.datetime) -> None:
+                held: Mapping[tuple[str, str], HeldGpu]) -> None:
     """Write only what changed, so a steady-state sync costs little more than a first one.
 
     ``held`` is what the table holds; a row whose columns (other than last_seen) are
     unchanged is not rewritten but touched by one UPDATE of last_seen with every other active
-    row this sync saw. GPUs the table holds as active that this sync did not see turn stale.
-    A row compares by digest: one whose label went missing (None, which the upsert does not
-    write over a known value) is rewritten each sync, never wrongly left as it was.
+    row the sync saw (InventoryWriter.finish). A row compares by digest: one whose label went
+    missing (None, which the upsert does not write over a known value) is rewritten each
+    sync, never wrongly left as it was.
     """
-    seen: set[tuple[str, str]] = set()
-
     def changed() -> Iterator[dict[str, Any]]:
         for key, row in rows:
-            seen.add(key)
             old = held.get(key)
             if old is None or old.digest != _digest(tuple(row[c] for c in GPU_COMPARE)):
                 yield row
 
     _upsert(conn, gpus, changed(), ["last_seen", *GPU_COMPARE], keep_if_null=GPU_KEEP_IF_NULL)
-    gone = [{f"k_{c}": v for c, v in zip(GPU_KEY, key, strict=True)}
-            for key, old in held.items() if old.state == ACTIVE and key not in seen]
-    for batch in _batches(gone):
-        conn.execute(
-            gpus.update().where(*(gpus.c[c] == sa.bindparam(f"k_{c}") for c in GPU_KEY))
-            .values(state=STALE),
-            batch,
-        )
-    # every row still active was seen by this sync (the gone ones just turned stale)
-    conn.execute(gpus.update().where(gpus.c.state == ACTIVE, gpus.c.last_seen < now)
-                 .values(last_seen=now))
 
 
 def record_run(conn: Connection, *, started_at: dt.datetime, status: str, requests: int,
-               counts: dict[str, int] | None = None, error: str | None = None) -> None:
+               counts: dict[str, int] | None = None, error: str | None = None,
+               shards: int | None = None) -> None:
     counts = counts or {}
     conn.execute(sync_runs.insert().values(
         started_at=started_at, finished_at=now_utc(), status=status, requests=requests,
+        shards=shards,
         clusters=counts.get("clusters"), nodes=counts.get("nodes"), gpus=counts.get("gpus"),
         error=error,
     ))

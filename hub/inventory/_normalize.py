@@ -162,6 +162,12 @@ class Unlabelled:
     def __bool__(self) -> bool:
         return bool(self.gpus)
 
+    def merge(self, other: Unlabelled) -> None:
+        """What another shard of the same sync saw."""
+        self.gpus |= other.gpus
+        self.labels |= other.labels
+        self.hosts |= other.hosts
+
     def describe(self, cluster_label: str) -> str:
         """One line: ``unlabelled_series: 3 GPU series lack label 'cluster' (they carry: ...;
         hosts: a, b)``; the report's finding and the sync run's note."""

@@ -1,29 +1,48 @@
-"""One sync: ask the hub a fixed set of PromQL queries, fold them into the inventory.
+"""One sync: ask the hub a fixed set of PromQL queries per shard of clusters, fold them into
+the inventory.
 
-The request count is a constant (one query per neutral field and one for sample times, per
-vendor), whatever the number of clusters, nodes or GPUs; a bounded number run at once and
-each response is folded and dropped as it arrives. The fetch comes first, outside any lock;
-the database work is then one short transaction under the sync lock: a failure anywhere (hub
-down, 5xx, timeout, partial response, PromQL error) leaves the inventory as it was, and the
-failed run is recorded apart.
+A cheap count per cluster (one request) plans the shards: whole clusters, about
+``--shard-size`` GPUs each, each selected by an exact ``cluster=~"a|b"`` matcher added to
+every selector (the last shard takes the complement, ``cluster!~"..."``, so a cluster that
+appeared since the count, a cluster whose GPUs send no sample-time series and series without
+the label are still read). The request count is a constant per shard (one query per neutral
+field and one for sample times, per vendor); at most ``--query-concurrency`` run at once,
+across shards, and each answer is folded and dropped as it arrives. A shard whose answers
+are all in becomes observations, set aside on disk, and its records go: memory follows the
+shard, not the fleet.
+
+The fetch comes first, outside any lock; the database work is then one transaction under
+the sync lock, fed shard by shard from what was set aside: a failure anywhere (hub down,
+5xx, timeout, partial response, PromQL error, in any shard) leaves the inventory as it was,
+names the shard's clusters, and the failed run is recorded apart. A reader never sees half
+a sync.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import itertools
+import pickle
+import tempfile
 import time
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import IO, TYPE_CHECKING
 
 from sqlalchemy.engine import Engine
 
 from hub import store
-from hub.common import QUERY_CONCURRENCY, GpufleetError, InputError, format_duration
+from hub.common import (
+    QUERY_CONCURRENCY,
+    SHARD_SIZE,
+    GpufleetError,
+    InputError,
+    format_duration,
+)
 from hub.inventory import _db as inventory
 from hub.inventory import _migrate as migrate
-from hub.inventory._normalize import FleetBuilder
+from hub.inventory._normalize import FleetBuilder, Observation, Unlabelled
 
 if TYPE_CHECKING:
     from hub.store import HubClient, QueryResult
@@ -39,12 +58,14 @@ class SyncResult:
     gpus: int
     #: NO_GPU_SERIES or the unlabelled_series line: ok, but worth a reader's attention
     note: str | None = None
+    #: shards of clusters the queries were asked for (requests = 1 + shards x the set)
+    shards: int = 1
 
     def as_dict(self) -> dict[str, object]:
         return {
             "status": "ok", "started_at": self.started_at, "finished_at": self.finished_at,
-            "requests": self.requests, "clusters": self.clusters, "nodes": self.nodes,
-            "gpus": self.gpus, "note": self.note,
+            "requests": self.requests, "shards": self.shards, "clusters": self.clusters,
+            "nodes": self.nodes, "gpus": self.gpus, "note": self.note,
         }
 
 
@@ -69,15 +90,92 @@ def subquery_step(window: float) -> float:
     return min(60.0, max(1.0, window / 10))
 
 
-#: Requests in flight at once. Two keeps one query evaluating on the hub while the client
-#: decodes the previous answer, and asks of the shared store no more than two of its cores;
-#: more buys nothing on a busy hub and holds more decoded responses in memory at once.
+#: Requests in flight at once, across shards. The store evaluates queries in parallel
+#: (Prometheus 2.42 answers the sync's selectors three to four times faster ten at once
+#: than one by one) while the client decodes one answer at a time; four keep a store busy
+#: and the client fed without taking a shared store's whole query budget (Thanos Query runs
+#: 20 at once by default, for every user). Each request in flight holds only its socket.
 DEFAULT_QUERY_CONCURRENCY = QUERY_CONCURRENCY
+#: GPUs (and MIG slices) per shard. An answer then holds about this many series (the
+#: sample-time one as many chunks), a hundred times under Mimir's 2,000,000 fetched chunks
+#: per query, and the client's records of a shard ~20 MB; a fleet of that size or less is
+#: one shard, asked without any cluster matcher.
+DEFAULT_SHARD_SIZE = SHARD_SIZE
+#: how many cluster names a failed shard's message lists before "and N more"
+CLUSTERS_SHOWN = 10
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Whole clusters asked for together: ``matcher`` (empty: the whole fleet) is added to
+    every selector of the query set. The last shard of a plan is the complement of the
+    others (``rest``): it has whatever the plan could not name."""
+
+    clusters: tuple[str, ...]
+    gpus: int
+    matcher: str = ""
+    rest: bool = True
+
+    def describe(self) -> str:
+        names = ", ".join(self.clusters[:CLUSTERS_SHOWN])
+        if len(self.clusters) > CLUSTERS_SHOWN:
+            names += f" and {len(self.clusters) - CLUSTERS_SHOWN} more"
+        if self.rest:
+            names = (f"{names}, " if names else "") + "and any cluster not in another shard"
+        return f"shard of clusters {names}"
+
+
+def plan_shards(counts: dict[str, int], shard_size: int, cluster_label: str) -> list[Shard]:
+    """Whole clusters, in name order, packed into shards of at most ``shard_size`` GPUs (a
+    larger cluster is a shard of its own: a shard never splits a cluster, so every place a
+    GPU reports from within a cluster is in one shard). Series without the label
+    (counted under ``""``) are left to the last shard, the complement of the others."""
+    names = sorted(c for c in counts if c)
+    groups: list[list[str]] = []
+    sizes: list[int] = []
+    for name in names:
+        n = max(0, counts[name])
+        if groups and sizes[-1] + n <= shard_size:
+            groups[-1].append(name)
+            sizes[-1] += n
+        else:
+            groups.append([name])
+            sizes.append(n)
+    if len(groups) <= 1:
+        return [Shard(tuple(names), sum(sizes))]
+    shards = [Shard(tuple(g), n, store.shard_matcher(cluster_label, g), rest=False)
+              for g, n in zip(groups[:-1], sizes[:-1], strict=True)]
+    others = [c for g in groups[:-1] for c in g]
+    shards.append(Shard(tuple(groups[-1]), sizes[-1],
+                        store.shard_matcher(cluster_label, others, exclude=True)))
+    return shards
+
+
+def cluster_counts(client: HubClient, window: str, cluster_label: str,
+                   at: float) -> dict[str, int]:
+    """GPUs per cluster in the window (one request; ``""``: series without the label)."""
+    res = client.query(store.cluster_count_query(window, cluster_label), time=at)
+    _no_warnings(client, res.warnings)
+    out: dict[str, int] = {}
+    for row in res.result or []:
+        try:
+            out[(row.get("metric") or {}).get(cluster_label, "")] = int(float(row["value"][1]))
+        except (KeyError, IndexError, TypeError, ValueError):
+            continue
+    return out
 
 
 def _fetch(client: HubClient, query: store.Query, at: float) -> tuple[store.Query, QueryResult]:
     ask = client.query_newest if query.kind == "timestamp" else client.query
     return query, ask(query.promql, time=at, stream=True)
+
+
+def _no_warnings(client: HubClient, warnings: list[str]) -> None:
+    if warnings:
+        raise store.PartialResponse(
+            f"hub {client.safe_url} returned a partial response ({warnings[0]}); "
+            "inventory left unchanged"
+        )
 
 
 def _fold(builder: FleetBuilder, client: HubClient, query: store.Query,
@@ -88,92 +186,199 @@ def _fold(builder: FleetBuilder, client: HubClient, query: store.Query,
         builder.add_keyed(query, res.result.keyed())
     else:  # an answer without a result array to stream (no rows)
         builder.add(query, res.result)
-    warnings = res.warnings or getattr(res.result, "warnings", [])
-    if warnings:
-        raise store.PartialResponse(
-            f"hub {client.safe_url} returned a partial response ({warnings[0]}); "
-            "inventory left unchanged"
-        )
+    _no_warnings(client, res.warnings or getattr(res.result, "warnings", []))
+
+
+def _labelled_note(gpus: int, left_out: Unlabelled, cluster_label: str) -> str | None:
+    if not left_out:
+        return None
+    if gpus == 0:
+        n = len(left_out.gpus)
+        raise missing_label_error(cluster_label, n, n, sorted(left_out.labels))
+    return left_out.describe(cluster_label)
 
 
 def check_labelled(builder: FleetBuilder, cluster_label: str) -> str | None:
     """Exit 2 when GPU series came and none carries the cluster label (a typo'd
     ``--cluster-label``); when only some lack it (one spoke's agent without its external
     label), the others are synced and the returned note names what was left out."""
-    left_out = builder.unlabelled
-    if not left_out:
-        return None
-    if builder.gpu_count == 0:
-        n = len(left_out.gpus)
-        raise missing_label_error(cluster_label, n, n, sorted(left_out.labels))
-    return left_out.describe(cluster_label)
+    return _labelled_note(builder.gpu_count, builder.unlabelled, cluster_label)
+
+
+@dataclass
+class Fetched:
+    """Every shard's observations, set aside (on disk when there are several shards) until
+    the write reads them back one shard at a time."""
+
+    shards: list[Shard]
+    #: hash(uuid) of GPUs reported from more than one place (node): written last, together
+    contested: set[int] = field(default_factory=set)
+    gpus: int = 0
+    unlabelled: Unlabelled = field(default_factory=Unlabelled)
+    #: cluster -> the dcgm naming its GPUs sent (clusters are whole in a shard)
+    namings: dict[str, str] = field(default_factory=dict)
+    note: str | None = None
+    _file: IO[bytes] | None = None
+    _kept: list[list[Observation]] = field(default_factory=list)
+    _groups: int = 0
+    #: hash(uuid) -> hash((cluster, node)) of its first place: two words a GPU
+    _places: dict[int, int] = field(default_factory=dict)
+
+    def keep(self, builder: FleetBuilder) -> None:
+        """A shard's records as observations, set aside; the builder is left empty."""
+        self.gpus += builder.gpu_count
+        self.unlabelled.merge(builder.unlabelled)
+        self.namings.update(builder.cluster_namings())
+        group = list(builder.observations())
+        places, contested = self._places, self.contested
+        for obs in group:
+            uuid = hash(obs.uuid)
+            if places.setdefault(uuid, hash((obs.cluster, obs.node))) != hash(
+                    (obs.cluster, obs.node)):
+                contested.add(uuid)
+        self._groups += 1
+        if len(self.shards) == 1:
+            self._kept.append(group)
+            return
+        if self._file is None:
+            # closed by close(), which run_sync and collect always call
+            self._file = tempfile.TemporaryFile(prefix="gpufleet-sync-")  # noqa: SIM115
+        pickle.dump(group, self._file, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def groups(self) -> Iterator[list[Observation]]:
+        """Each shard's observations, one shard in memory at a time."""
+        self._places.clear()
+        while self._kept:
+            yield self._kept.pop(0)
+        if self._file is not None:
+            self._file.seek(0)
+            for _ in range(self._groups):
+                yield pickle.load(self._file)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        self._kept.clear()
+
+
+def shard_error(exc: GpufleetError, shard: Shard, shards: list[Shard],
+                consequence: str = "inventory left unchanged") -> GpufleetError:
+    """The same error (so the same exit code), naming the shard's clusters, then what it
+    means (``consequence``: the sync's; the ledger's says its own)."""
+    if len(shards) == 1:
+        return exc
+    text = exc.format_message().removesuffix(f"; {consequence}") if consequence \
+        else exc.format_message()
+    tail = f"; {consequence}" if consequence else ""
+    return type(exc)(f"{text} ({shard.describe()}, "
+                     f"{shards.index(shard) + 1} of {len(shards)}){tail}")
 
 
 def collect(client: HubClient, *, stale_after: float, cluster_label: str,
-            at: float | None = None,
-            concurrency: int = DEFAULT_QUERY_CONCURRENCY) -> FleetBuilder:
-    """Fetch and fold every sync query, at most ``concurrency`` in flight; raises on the
-    first failure. Each answer is folded and dropped as it arrives, so memory holds at most
-    ``concurrency`` responses, whatever the request count. Raises the missing-label error
-    when no GPU series carries ``cluster_label`` (see check_labelled)."""
+            at: float | None = None, concurrency: int = DEFAULT_QUERY_CONCURRENCY,
+            shard_size: int = DEFAULT_SHARD_SIZE) -> Fetched:
+    """Plan the shards, then fetch and fold every shard's queries, at most ``concurrency``
+    in flight across shards; raises on the first failure (naming its shard's clusters).
+
+    Each answer is folded and dropped as it arrives, and a shard whose answers are all in is
+    set aside as observations (Fetched.keep) and its records dropped, so memory holds the
+    requests in flight and the shards they belong to (one or two), whatever the fleet size.
+    Raises the missing-label error when no GPU series carries ``cluster_label``."""
     at = time.time() if at is None else at
-    builder = FleetBuilder(cluster_label)
     window, step = format_duration(stale_after), format_duration(subquery_step(stale_after))
-    queries = iter(store.sync_queries(window, step, cluster_label))
-    with ThreadPoolExecutor(max_workers=max(1, concurrency),
-                            thread_name_prefix="sync-query") as pool:
-        pending = {pool.submit(_fetch, client, q, at)
-                   for q in itertools.islice(queries, max(1, concurrency))}
-        try:
-            while pending:
-                done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for future in done:
-                    query, res = future.result()
-                    _fold(builder, client, query, res)
-                    del res
-                    for q in itertools.islice(queries, 1):
-                        pending.add(pool.submit(_fetch, client, q, at))
-        finally:
-            for future in pending:
-                future.cancel()
-    builder.labelled_note = check_labelled(builder, cluster_label)
-    return builder
+    shards = plan_shards(cluster_counts(client, window, cluster_label, at), shard_size,
+                         cluster_label)
+    fetched = Fetched(shards)
+    jobs = deque((shard, q) for shard in shards
+                 for q in store.sync_queries(window, step, cluster_label, shard.matcher))
+    left = {id(shard): 0 for shard in shards}
+    for shard, _ in jobs:
+        left[id(shard)] += 1
+    builders: dict[int, FleetBuilder] = {}
+    width = max(1, concurrency)
+    try:
+        with ThreadPoolExecutor(max_workers=width, thread_name_prefix="sync-query") as pool:
+            pending: dict[Future, Shard] = {}
+
+            def submit() -> None:
+                while jobs and len(pending) < width:
+                    shard, query = jobs.popleft()
+                    pending[pool.submit(_fetch, client, query, at)] = shard
+
+            submit()
+            try:
+                while pending:
+                    done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                    for future in done:
+                        shard = pending.pop(future)
+                        try:
+                            query, res = future.result()
+                            builder = builders.setdefault(id(shard),
+                                                          FleetBuilder(cluster_label))
+                            _fold(builder, client, query, res)
+                        except GpufleetError as exc:
+                            raise shard_error(exc, shard, shards) from None
+                        del res
+                        left[id(shard)] -= 1
+                        if not left[id(shard)]:
+                            fetched.keep(builders.pop(id(shard), FleetBuilder(cluster_label)))
+                        submit()
+            finally:
+                for future in pending:
+                    future.cancel()
+        fetched.note = _labelled_note(fetched.gpus, fetched.unlabelled, cluster_label)
+    except BaseException:
+        fetched.close()
+        raise
+    return fetched
 
 
 def run_sync(engine: Engine, client: HubClient, *, stale_after: float = 600.0,
              cluster_label: str = "cluster", lock_timeout: float = 0.0,
-             query_concurrency: int = DEFAULT_QUERY_CONCURRENCY) -> SyncResult:
+             query_concurrency: int = DEFAULT_QUERY_CONCURRENCY,
+             shard_size: int = DEFAULT_SHARD_SIZE) -> SyncResult:
     """Run one sync. Raises a GpufleetError (with its exit code) when it fails.
 
     The hub is asked first, outside any lock: other writers (reconcile, another sync) never
     wait behind HTTP requests, and no database transaction stays open across them. Then one
-    short transaction under the sync lock writes everything; its time (``now``, which marks
-    what this sync saw) is taken under the lock, so a sync that waited for the lock cannot
-    stamp rows older than the one that held it.
+    transaction under the sync lock writes everything, shard by shard; its time (``now``,
+    which marks what this sync saw) is taken under the lock, so a sync that waited for the
+    lock cannot stamp rows older than the one that held it.
     """
     migrate.ensure_schema(engine)
     started = inventory.now_utc()
     requests_before = client.requests
     try:
-        builder = collect(client, stale_after=stale_after, cluster_label=cluster_label,
+        fetched = collect(client, stale_after=stale_after, cluster_label=cluster_label,
                           at=started.replace(tzinfo=dt.UTC).timestamp(),
-                          concurrency=query_concurrency)
+                          concurrency=query_concurrency, shard_size=shard_size)
         requests = client.requests - requests_before
-        with inventory.locked_transaction(engine, lock_timeout) as conn:
-            now = inventory.now_utc()
-            counts = inventory.apply_observations(conn, builder.observations(), now,
-                                                  builder.cluster_namings())
-            note = NO_GPU_SERIES if counts["gpus"] == 0 else builder.labelled_note
-            inventory.record_run(conn, started_at=started, status="ok", requests=requests,
-                                 counts=counts, error=note)
-        del builder
+        try:
+            with inventory.locked_transaction(engine, lock_timeout) as conn:
+                now = inventory.now_utc()
+                writer = inventory.InventoryWriter(conn, now)
+                held: list[Observation] = []
+                for group in fetched.groups():
+                    held += writer.add(group, fetched.contested)
+                    del group
+                writer.add(held, places=False)  # GPUs seen from several places: together
+                if fetched.namings:
+                    inventory.write_namings(conn, fetched.namings, now)
+                counts = writer.finish()
+                note = NO_GPU_SERIES if counts["gpus"] == 0 else fetched.note
+                inventory.record_run(conn, started_at=started, status="ok",
+                                     requests=requests, counts=counts, error=note,
+                                     shards=len(fetched.shards))
+        finally:
+            fetched.close()
     except inventory.LockHeld:
         raise  # the other sync records its own run; we never touched the database
     except GpufleetError as exc:
         _record_failure(engine, started, client.requests - requests_before, exc.format_message())
         raise
     return SyncResult(started, inventory.now_utc(), requests, counts["clusters"],
-                      counts["nodes"], counts["gpus"], note)
+                      counts["nodes"], counts["gpus"], note, len(fetched.shards))
 
 
 def _record_failure(engine: Engine, started: dt.datetime, requests: int, error: str) -> None:

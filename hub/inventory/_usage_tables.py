@@ -44,6 +44,8 @@ usage = sa.Table(
     sa.Column("avg_sm_active_pct", sa.Float),
     sa.Column("avg_tensor_active_pct", sa.Float),
     sa.Column("avg_dram_active_pct", sa.Float),
+    # how the allocated time was measured: interval | estimated | sampled (hub/usage/_meter.py)
+    sa.Column("allocation_basis", sa.String(16), nullable=False, server_default="sampled"),
     sa.Index("ix_usage_uuid_bucket", "uuid", "bucket_start"),
 )
 
@@ -87,6 +89,9 @@ usage_daily = sa.Table(
     # is their ratio, over GPUs that export the counter only (never diluted by zeros)
     sa.Column("sm_active_gpu_hours", sa.Float, nullable=False, server_default="0"),
     sa.Column("sm_measured_gpu_hours", sa.Float, nullable=False, server_default="0"),
+    # the least exact allocation_basis of the allocated rows (0 interval, 1 estimated,
+    # 2 sampled; NULL: none allocated)
+    sa.Column("allocation_basis_rank", sa.Integer),
     sa.Index("ix_usage_daily_day", "day"),
 )
 
@@ -117,7 +122,7 @@ USAGE_COLUMNS = [
     "cluster", "node", "uuid", "slice", "namespace", "pod", "bucket_start", "bucket_end",
     "vendor", "model", "gpu_share", "gpu_hours", "avg_utilisation_pct", "max_utilisation_pct",
     "avg_memory_used_mib", "max_memory_used_mib", "avg_power_w", "energy_wh", "coverage",
-    "avg_sm_active_pct", "avg_tensor_active_pct", "avg_dram_active_pct",
+    "avg_sm_active_pct", "avg_tensor_active_pct", "avg_dram_active_pct", "allocation_basis",
 ]
 
 

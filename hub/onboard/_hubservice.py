@@ -35,6 +35,15 @@ DB_SECRET_KEY = "url"
 TOKEN_KEY = "token"
 DEFAULT_CA_KEY = "ca.crt"
 SERVICE_PORT = 8080
+#: replicas of the Deployment: one leads the schedule, every one serves, and a drain or a
+#: node loss leaves one serving (the PodDisruptionBudget keeps one up)
+DEFAULT_REPLICAS = 2
+#: CPU limit of a replica; its `serve --workers` follows it (one GIL-bound worker a core)
+DEFAULT_CPU_LIMIT = 2.0
+#: memory of one replica: the leader's sync (~300 MB at any fleet size, sharded) and each
+#: worker's answers (docs/operations.md, sizing)
+BASE_MEMORY_MIB = 512
+WORKER_MEMORY_MIB = 256
 TOKEN_DIR = "/etc/gpufleet/hub-token"
 CA_DIR = "/etc/gpufleet/hub-ca"
 DB_DIR = "/etc/gpufleet/db"
@@ -75,6 +84,17 @@ class HubServiceValues:
     allow_from_namespaces: tuple[str, ...] = ()
     #: proxies whose X-Forwarded-For serve believes (serve --forwarded-allow-ips)
     forwarded_allow_ips: tuple[str, ...] = ()
+    replicas: int = DEFAULT_REPLICAS
+    cpu_limit: float = DEFAULT_CPU_LIMIT
+
+    @property
+    def workers(self) -> int:
+        """`serve --workers` of a replica: one a whole core of its CPU limit, at least one."""
+        return max(1, int(self.cpu_limit))
+
+    @property
+    def memory_limit_mib(self) -> int:
+        return BASE_MEMORY_MIB + WORKER_MEMORY_MIB * self.workers
 
     @property
     def authenticated(self) -> bool:
@@ -166,6 +186,8 @@ def hub_service_values(*, hub_url: str | None, namespace: str | None = DEFAULT_N
                        allow_unauthenticated: bool = False,
                        allow_from_namespaces: tuple[str, ...] | list[str] = (),
                        forwarded_allow_ips: tuple[str, ...] | list[str] = (),
+                       replicas: int = DEFAULT_REPLICAS,
+                       cpu_limit: float = DEFAULT_CPU_LIMIT,
                        ) -> HubServiceValues:
     """Check raw option values; InputError names the bad one. Empty secret names mean none.
 
@@ -178,6 +200,11 @@ def hub_service_values(*, hub_url: str | None, namespace: str | None = DEFAULT_N
                                    for ns in allow_from_namespaces))
     if every < 1:
         raise InputError("--every must be at least 1s")
+    if replicas < 1:
+        raise InputError("--replicas must be at least 1 (2 or more keep serving through a "
+                         "node drain)")
+    if not 0.1 <= cpu_limit <= 64:
+        raise InputError("--cpu-limit must be between 0.1 and 64 (cores)")
     if kind_ == "cronjob":
         cron_schedule(every)
         if prune_stale_after:
@@ -211,6 +238,8 @@ def hub_service_values(*, hub_url: str | None, namespace: str | None = DEFAULT_N
         allow_unauthenticated=bool(allow_unauthenticated),
         allow_from_namespaces=admitted,
         forwarded_allow_ips=tuple(forwarded_allow_ips),
+        replicas=int(replicas),
+        cpu_limit=float(cpu_limit),
     )
     if kind_ == "deployment":  # last: a misspelt name is the more useful message
         if allow_unauthenticated and values.authenticated:
@@ -258,7 +287,7 @@ def render_hub_service(values: HubServiceValues,
     every = format_duration(values.every)
     if values.kind == "deployment":
         args = ["serve", "--listen", f"0.0.0.0:{SERVICE_PORT}", "--every", every,
-                *_hub_args(values), *_access_args(values)]
+                "--workers", str(values.workers), *_hub_args(values), *_access_args(values)]
         if values.prune_stale_after:
             args += ["--prune-stale-after", format_duration(values.prune_stale_after)]
         if values.forwarded_allow_ips:
@@ -288,6 +317,9 @@ def render_hub_service(values: HubServiceValues,
         "admitted": values.admitted_namespaces,
         "scheme": "HTTPS" if values.tls_secret else "HTTP",
         "db_dir": DB_DIR,
+        "cpu_limit": f"{values.cpu_limit:g}",
+        "cpu_request": f"{max(100, int(values.cpu_limit * 250))}m",
+        "memory_limit": f"{values.memory_limit_mib}Mi",
     }
     files: dict[str, str] = {
         "namespace.yaml": _render(
@@ -299,7 +331,7 @@ def render_hub_service(values: HubServiceValues,
     }
     if values.kind == "deployment":
         for name in ("service.yaml", "networkpolicy.yaml", "deployment.yaml",
-                     "servicemonitor.yaml"):
+                     "poddisruptionbudget.yaml", "servicemonitor.yaml"):
             files[name] = _render(f"templates/hubservice/{name}.j2", **context)
     else:
         files["cronjob.yaml"] = _render("templates/hubservice/cronjob.yaml.j2",

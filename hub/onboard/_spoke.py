@@ -27,7 +27,15 @@ from hub.onboard._render import (
     dns_label,
     label_pair,
 )
-from hub.store import DCGM47, LEGACY, allowlist_metrics, dcgm_collectors
+from hub.store import (
+    DCGM47,
+    LEGACY,
+    allocation_agent_keep,
+    allocation_matches,
+    allocation_recording_rules,
+    allowlist_metrics,
+    dcgm_collectors,
+)
 
 VENDORS = ("nvidia", "amd")
 MODES = ("remote-write", "acm")
@@ -119,6 +127,8 @@ class SpokeValues:
     restrict_exporter_ingress: bool = False
     #: Render the read-only identity `reconcile --context` uses (nodes, DRA objects).
     reconcile_reader: bool = False
+    #: remote-write: kube-state-metrics' HOST:PORT, scraped for allocation intervals
+    kube_state_metrics: tuple[str, int] | None = None
     #: The naming the upstream dcgm-exporter is pinned to (its collectors CSV).
     dcgm_names: str = LEGACY
 
@@ -160,6 +170,7 @@ def spoke_values(
     exporter_image: str | None = DEFAULT_EXPORTER_IMAGE,
     restrict_exporter_ingress: bool = False,
     reconcile_reader: bool = False,
+    kube_state_metrics: str | None = None,
     dcgm_names: str | None = LEGACY,
     cluster_is_template: bool = False,
 ) -> SpokeValues:
@@ -211,8 +222,22 @@ def spoke_values(
         exporter_image=_image(exporter_image, "--exporter-image"),
         restrict_exporter_ingress=bool(restrict_exporter_ingress),
         reconcile_reader=bool(reconcile_reader),
+        kube_state_metrics=_host_port(kube_state_metrics, mode_),
         dcgm_names=_choice(dcgm_names or LEGACY, DCGM_NAMINGS, "dcgm naming"),
     )
+
+
+def _host_port(value: str | None, mode: str) -> tuple[str, int] | None:
+    """--kube-state-metrics HOST:PORT (remote-write mode; ACM's collector already has it)."""
+    if not value:
+        return None
+    if mode != "remote-write":
+        raise InputError("--kube-state-metrics is for remote-write mode (in acm mode the "
+                         "cluster's monitoring already scrapes kube-state-metrics)")
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InputError(f"--kube-state-metrics {value[:80]!r} is not HOST:PORT")
+    return _dns_subdomain(host, "kube-state-metrics host"), int(port)
 
 
 
@@ -356,6 +381,7 @@ def _spoke_context(values: SpokeValues) -> dict[str, Any]:
         "scraper_namespace": scraper_namespace,
         "scraper_pods": scraper_pods,
         "keep_regex": metrics_keep_regex(),
+        "ksm_keep": allocation_agent_keep(),
         "credentials_dir": CREDENTIALS_DIR,
         "secret_data": dict(values.secret_data),
         "dcgm": _dcgm_context(values),
@@ -451,6 +477,9 @@ def hub_allowlist(monitoring: str = "platform") -> str:
         namespace=ACM_OBSERVABILITY_NAMESPACE,
         key=key,
         metrics=allowlist_metrics(),
+        matches=allocation_matches(),
+        # recording rules are read from the platform list only (not uwl_metrics_list.yaml)
+        recording_rules=allocation_recording_rules() if monitoring == "platform" else [],
         labels=_labels("gpufleet-metrics-allowlist", "allowlist", "gpufleet"),
     )
 

@@ -18,6 +18,7 @@ from hub.service._auth import (
     token_entry,
 )
 from hub.service._confine import confine
+from hub.service._leader import leadership
 from hub.service._page import USAGE_SECTIONS, usage_sections
 from hub.service._scheduler import (
     Jobs,
@@ -25,6 +26,7 @@ from hub.service._scheduler import (
     build_service,
     describe_error,
 )
+from hub.service._serve import bind
 from hub.service._session import (
     MAX_PER_PERSON,
     MAX_PER_TOKEN,
@@ -35,6 +37,7 @@ from hub.service._session import (
     SignInLimit,
 )
 from hub.service._tls import TlsFiles
+from hub.service._workers import available_cpus, prefork
 
 __all__ = [
     "FULL",
@@ -53,13 +56,17 @@ __all__ = [
     "SignInLimit",
     "TlsFiles",
     "TokenFile",
+    "available_cpus",
+    "bind",
     "build_app",
     "build_service",
     "confine",
     "describe_error",
     "is_loopback",
+    "leadership",
     "load_group_scopes",
     "new_token",
+    "prefork",
     "read_only_engine",
     "token_entry",
     "usage_sections",

@@ -36,7 +36,8 @@ EVENT_COLUMNS = [("at", "When"), ("type", "Event"), ("cluster", "Cluster"), ("no
                  ("slice", "Slice"), ("details", "Details")]
 USAGE_COLUMNS = [("bucket_start", "Hour"), ("slice", "Slice"), ("namespace", "Namespace"),
                  ("pod", "Pod"), ("gpu_hours", "GPU-hours"),
-                 ("avg_utilisation_pct", "Utilisation %"), ("energy_wh", "Energy Wh")]
+                 ("avg_utilisation_pct", "Utilisation %"), ("energy_wh", "Energy Wh"),
+                 ("allocation_basis", "Allocated time")]
 FACT_COLUMNS = [("field", "Field"), ("value", "Value")]
 #: GPU rows on a cluster's page; its nodes' pages list the rest
 CLUSTER_GPU_ROWS = 32

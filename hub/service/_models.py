@@ -76,7 +76,8 @@ Allocation = _model("Allocation", inv.ALLOCATION_COLUMNS, {
     "last_seen": Time}, "A pod on a GPU; another team's shows namespace 'other' and no pod.")
 SyncRun = _model("SyncRun", list(inv.sync_runs.c.keys()), {
     "id": int, "started_at": Time, "finished_at": Time, "status": Literal["ok", "failed"],
-    "requests": int, "clusters": int | None, "nodes": int | None, "gpus": int | None},
+    "requests": int, "shards": int | None, "clusters": int | None, "nodes": int | None,
+    "gpus": int | None},
     "One sync attempt (its error without URLs or driver text).")
 Event = _model("Event", inv.EVENT_COLUMNS, {"at": Time, "type": EventType,
                                             "details": dict[str, Any]},
@@ -85,7 +86,10 @@ Event = _model("Event", inv.EVENT_COLUMNS, {"at": Time, "type": EventType,
 
 def _usage_models() -> tuple[type[BaseModel], type[BaseModel], type[BaseModel]]:
     keys = {c: (Text, None) for c in ["cluster", "namespace", "model", "node", "uuid", "slice"]}
-    figures = {c: (Number, ...) for c in usage.USAGE_FIGURES}
+    figures: dict[str, Any] = {c: (Number, ...) for c in usage.USAGE_FIGURES
+                               if c != "allocation_basis"}
+    # how exact the allocated hours are: the least exact basis of the group's allocated rows
+    figures["allocation_basis"] = (Literal["interval", "estimated", "sampled"] | None, None)
     # showback, when the service has prices (serve --prices): null cost = a model unpriced
     costs = {c: (Number, None) for c in usage.COST_FIGURES}
     usage_row = create_model("Usage", __config__=ConfigDict(extra="allow"), **keys, **figures,

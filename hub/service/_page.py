@@ -317,7 +317,8 @@ def usage_section(conn: Connection, *, scope: Scope = FULL,
     return Section("usage", "GPU-hours by namespace, last 24 h", [
         ("namespace", "Namespace"), ("gpu_hours", "GPU-hours"),
         ("busy_gpu_hours", "Busy GPU-hours"),
-        ("idle_allocated_gpu_hours", "Idle allocated GPU-hours")],
+        ("idle_allocated_gpu_hours", "Idle allocated GPU-hours"),
+        ("allocation_basis", "Allocated time")],
         shown[:PAGE_ROWS], "No usage collected.",
         "/api/v1/usage?by=namespace&since=24h" + _idle_query(rule, "idle_"), len(shown))
 

@@ -7,9 +7,12 @@ microseconds; nothing here knows about HTTP, and the HTTP side only reads the sc
 state. :class:`Service` puts the two on threads for the command.
 
 Retries are deterministic on purpose: a failed sync is retried after 5 s, 10 s, 20 s ...
-capped at the interval, with no jitter. A single hub service per database is the norm (the
-sync lock makes a second one harmless, not useful), so there is no herd to spread out, and a
-fixed sequence is what an operator reading the log and the tests expect.
+capped at the interval, with no jitter. However many processes serve one database (workers,
+replicas), one leads (hub.service._leader) and runs the schedule; the others only serve, and
+follow: they read the leader's latest successful sync from the database (for /healthz) and
+run the findings once per new sync, so every process serves the same answers. There is no
+herd to spread out, and a fixed sequence is what an operator reading the log and the tests
+expect.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import datetime as dt
 import gzip
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -39,6 +43,7 @@ from hub.inventory import LockHeld, SyncResult
 from hub.service import _api as api
 from hub.service._app import build_app, database_error
 from hub.service._auth import Authenticator
+from hub.service._leader import Leadership
 from hub.service._models import SEVERITIES
 from hub.service._page import SectionSource
 from hub.service._serve import Server, ServerCollector
@@ -48,6 +53,8 @@ from hub.service._tls import TlsFiles
 log = logging.getLogger("gpufleet.service")
 
 DEFAULT_BACKOFF = 5.0
+#: seconds between a follower's tries to lead (and looks for the leader's new syncs)
+FOLLOW_EVERY = 2.0
 Finding = dict[str, Any]
 
 
@@ -84,6 +91,8 @@ class SyncState:
     #: /api/v1/findings says so rather than serving an empty or old list as if all were well
     checks_failed_at: float | None = None
     checks_error: str | None = None
+    #: whether this process runs the schedule (None: not decided yet)
+    leader: bool | None = None
 
 
 def describe_error(exc: BaseException) -> str:
@@ -218,6 +227,10 @@ class ServiceMetrics:
             registry=self.registry)
         for reason in ("unauthenticated", "forbidden"):
             self.refused.labels(reason)
+        self.leader = Gauge(
+            "gpufleet_schedule_leader", "1 if this process runs the schedule (sync, usage "
+            "collect), 0 if it only serves: one process across workers and replicas.",
+            registry=self.registry)
         info = Gauge("gpufleet_build_info", "gpufleet version.", ["version"],
                      registry=self.registry)
         info.labels(__version__).set(1)
@@ -257,7 +270,9 @@ class Scheduler:
 
     def __init__(self, jobs: Jobs, every: float, *, clock: Callable[[], float] = time.time,
                  sleep: Callable[[float], Any] | None = None,
-                 backoff: float = DEFAULT_BACKOFF, metrics: ServiceMetrics | None = None
+                 backoff: float = DEFAULT_BACKOFF, metrics: ServiceMetrics | None = None,
+                 leader: Leadership | None = None,
+                 latest_sync: Callable[[], tuple[Any, float, SyncResult] | None] | None = None
                  ) -> None:
         if every <= 0:
             raise InputError("--every must be greater than 0")
@@ -270,6 +285,15 @@ class Scheduler:
         self.metrics = metrics
         self._lock = threading.Lock()
         self._state = SyncState(started_at=clock())
+        #: None: this process always leads (one alone on its database, tests)
+        self.leader = leader
+        #: (id, finished at, result) of the latest successful sync in the database: a
+        #: follower's view of the leader's work
+        self.latest_sync = latest_sync
+        self._followed: Any = None
+        #: how often a follower tries to lead and looks for a new sync: the longest a dead
+        #: leader's schedule waits for another process to take it over
+        self.follow_every = min(self.every, FOLLOW_EVERY)
 
     # state ----------------------------------------------------------------------------------
     @property
@@ -370,12 +394,60 @@ class Scheduler:
             return None
 
     def run(self) -> None:
-        """Tick until :meth:`stop`; the first sync starts at once."""
-        while not self._stop.is_set():
-            delay = self.tick()
-            if self._stop.is_set():
-                break
-            self.sleep(delay)
+        """Tick until :meth:`stop`; the first sync starts at once (in the leader)."""
+        try:
+            while not self._stop.is_set():
+                if not self._leads():
+                    self._follow()
+                    if not self._stop.is_set():
+                        self.sleep(self.follow_every)
+                    continue
+                delay = self.tick()
+                if self._stop.is_set():
+                    break
+                self.sleep(delay)
+        finally:
+            if self.leader is not None:
+                self.leader.release()
+
+    def _leads(self) -> bool:
+        if self.leader is None:
+            return True
+        try:
+            leads = self.leader.acquire()
+        except Exception as exc:  # the database is down: nobody can sync into it anyway
+            log.warning("leader: cannot reach the database: %s", describe_error(exc))
+            leads = False
+        if leads != self.state.leader:
+            log.info("%s (pid %d)", "leader: this process runs the schedule" if leads
+                     else "follower: another process runs the schedule; this one serves",
+                     os.getpid())
+            self._update(leader=leads)
+            if self.metrics:
+                self.metrics.leader.set(1 if leads else 0)
+        return leads
+
+    def _follow(self) -> None:
+        """A follower's turn: the leader's latest successful sync, and the findings once
+        per new sync or reconcile run (what the leader serves, from the same database and
+        hub)."""
+        if self.latest_sync is None:
+            return
+        try:
+            latest = self.latest_sync()
+        except Exception as exc:
+            log.warning("follower: cannot read the latest sync: %s", describe_error(exc))
+            return
+        if latest is None or latest[0] == self._followed:
+            return
+        self._followed = latest[0]
+        self._update(last_success_at=latest[1], last_result=latest[2], last_error=None,
+                     consecutive_failures=0, lock_held=False)
+        if self.jobs.findings is not None:
+            provider = self.jobs.findings
+            found = self._guarded("findings", lambda: list(provider()))
+            if found is not None:
+                self._update(findings=tuple(found), findings_at=self.clock())
 
     def stop(self) -> None:
         self._stop.set()
@@ -436,14 +508,33 @@ def build_service(jobs: Jobs, *, every: float, engine: Engine, host: str = "127.
                   tls: TlsFiles | None = None,
                   sessions: Sessions | DbSessions | None = None,
                   prices: Any = None, forwarded_allow_ips: Sequence[str] = (),
-                  idle_rule: Any = None) -> Service:
+                  idle_rule: Any = None, leader: Leadership | None = None,
+                  sock: Any = None) -> Service:
     """Wire jobs, metrics and the API over a read-only ``engine``; binds the port now
-    (OSError when it cannot) but starts nothing. ``sessions``: where browser sign-ins live
-    (a default store when None; used only with ``auth`` configured).
-    ``forwarded_allow_ips``: the proxies whose X-Forwarded-For is believed (none: the
-    connection's own address is the client's)."""
+    (OSError when it cannot; ``sock``: a socket bound already, shared by workers) but starts
+    nothing. ``sessions``: where browser sign-ins live (a default store when None; used only
+    with ``auth`` configured). ``forwarded_allow_ips``: the proxies whose X-Forwarded-For is
+    believed (none: the connection's own address is the client's). ``leader``: the lock that
+    decides whether this process runs the schedule (None: it always does)."""
     metrics = ServiceMetrics(process=process_metrics)
-    scheduler = Scheduler(jobs, every, clock=clock, backoff=backoff, metrics=metrics)
+
+    def latest_sync() -> tuple[Any, float, SyncResult] | None:
+        """The leader's latest successful sync, keyed with its latest reconcile run too:
+        the checks read both, and the reconcile follows the sync."""
+        runs = inv.sync_runs
+        with engine.connect() as conn:
+            row = conn.execute(sa.select(runs).where(runs.c.status == "ok")
+                               .order_by(runs.c.id.desc()).limit(1)).first()
+            reconciled = conn.execute(sa.select(sa.func.max(inv.reconcile_runs.c.id))).scalar()
+        if row is None or row.finished_at is None:
+            return None
+        result = SyncResult(row.started_at, row.finished_at, row.requests, row.clusters or 0,
+                            row.nodes or 0, row.gpus or 0, row.error, row.shards or 1)
+        return ((row.id, reconciled), row.finished_at.replace(tzinfo=dt.UTC).timestamp(),
+                result)
+
+    scheduler = Scheduler(jobs, every, clock=clock, backoff=backoff, metrics=metrics,
+                          leader=leader, latest_sync=latest_sync)
 
     def counts() -> list[tuple[str, str, int]]:
         with engine.connect() as conn:
@@ -456,6 +547,7 @@ def build_service(jobs: Jobs, *, every: float, engine: Engine, host: str = "127.
                     on_refused=lambda reason: metrics.refused.labels(reason).inc(),
                     sessions=sessions, secure_cookies=tls is not None, prices=prices,
                     idle_rule=idle_rule)
-    server = Server(app, host, port, tls=tls, forwarded_allow_ips=forwarded_allow_ips)
+    server = Server(app, host, port, tls=tls, forwarded_allow_ips=forwarded_allow_ips,
+                    sock=sock)
     metrics.registry.register(ServerCollector(server.guard, tls))
     return Service(scheduler, server, engine)

@@ -67,6 +67,8 @@ KEEP_ALIVE = 15
 GRACE = 5
 #: threads running synchronous handlers (database reads) at once
 THREADS = 8
+#: connections the kernel queues for accept
+BACKLOG = 1024
 #: open connections at most (and at most the file-descriptor limit less FD_RESERVE):
 #: beyond, the oldest idle one is closed for each new one
 MAX_CONNECTIONS = 8192
@@ -267,8 +269,10 @@ class GuardedH11(H11Protocol):
         self.transport.close()
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """The listening socket, bound now so a port in use fails at once (OSError)."""
+def bind(host: str, port: int, *, listen: bool = True) -> socket.socket:
+    """The listening socket, bound now so a port in use fails at once (OSError). Without
+    ``listen`` it listens from Server.start on: workers forked with it refuse connections
+    until one serves, rather than leaving them queued unanswered while they start."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
@@ -279,7 +283,8 @@ def bind(host: str, port: int) -> socket.socket:
         if family == socket.AF_INET6:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
         sock.bind((host, port))
-        sock.listen(1024)
+        if listen:
+            sock.listen(BACKLOG)
         sock.setblocking(False)
     except BaseException:
         sock.close()
@@ -307,10 +312,12 @@ class Server:
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, *,
                  tls: TlsFiles | None = None, forwarded_allow_ips: Sequence[str] = (),
                  max_connections: int = MAX_CONNECTIONS,
-                 max_idle_per_client: int = MAX_IDLE_PER_CLIENT) -> None:
+                 max_idle_per_client: int = MAX_IDLE_PER_CLIENT,
+                 sock: socket.socket | None = None) -> None:
         self.app = app
         self.tls = tls
-        self.socket = bind(host, port)
+        # a socket bound by the parent of several workers: each accepts from it
+        self.socket = sock if sock is not None else bind(host, port)
         self.address = self.socket.getsockname()  # still known once the socket is closed
         self.guard = ConnectionGuard(connection_budget(max_connections), max_idle_per_client)
         protocol = type("GuardedH11", (GuardedH11,), {"guard": self.guard})
@@ -343,6 +350,8 @@ class Server:
     def start(self) -> Server:
         """Serve from a thread; returns once the port answers (or raises why it cannot)."""
         failed: list[BaseException] = []
+
+        self.socket.listen(BACKLOG)  # again, harmless; a worker's first: now it serves
 
         async def serve() -> None:
             # handlers hold the GIL while they fold rows: a few threads keep both cores

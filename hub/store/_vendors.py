@@ -13,9 +13,10 @@ in its index and which keeps Thanos from pruning its store fan-out).
 
 from __future__ import annotations
 
+import json
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,15 +115,24 @@ class VendorProfile(ABC):
         selectors whose value is not the metric's (``timestamp``, ``count``)."""
         return " or ".join(selector.format(name) for name in self.names(metric))
 
-    def arms(self, metric: str, selector: str, window: str) -> list[str]:
+    def arms(self, metric: str, selector: str, window: str,
+             matcher: str | None = None) -> list[str]:
         """``selector`` (``{}`` for the name) over each spelling, each arm converted into
         the metric's unit by name: the terms a caller joins with ``or`` (first wins per
         label set, so a GPU sending two spellings at once counts once). ``window`` is what
-        a name of two possible units (PERCENT_OR_RATIO) is judged over."""
-        return [convert_arm(name, factor, selector.format(name), self.device_matcher, window)
+        a name of two possible units (PERCENT_OR_RATIO) is judged over, with ``matcher``
+        (the selector's own: a sync shard's too; default the device matcher)."""
+        return [convert_arm(name, factor, selector.format(name),
+                            matcher or self.device_matcher, window)
                 for name, factor in self.spellings(metric)]
 
-    def queries(self, window: str, step: str, cluster_label: str) -> list[Query]:
+    def matcher(self, shard: str = "") -> str:
+        """The label matchers every device-level selector of a query carries: the device
+        matcher, and a sync shard's cluster matcher (see shard_matcher) when given."""
+        return f"{self.device_matcher}, {shard}" if shard else self.device_matcher
+
+    def queries(self, window: str, step: str, cluster_label: str,
+                shard: str = "") -> list[Query]:
         """One request per neutral field plus one for sample times, all series unaggregated.
 
         Every query keeps each series' full label set: aggregating (``max by``) would mix a
@@ -131,8 +141,9 @@ class VendorProfile(ABC):
         set and keeps, per GPU, the value of the newest series (FleetBuilder). Identity,
         attributes and allocations come from the same rows, so no ``__name__`` regex is
         needed. ``or`` picks the preferred metric where an exporter offers several.
+        ``shard`` (a cluster matcher) is added to every selector, each ``or`` arm included.
         """
-        match = self.device_matcher
+        match = self.matcher(shard)
         out = []
         # the field read from the clock family itself comes with the sample times (below)
         clock_field = next((f for f, ms in self.value_fields.items()
@@ -142,7 +153,8 @@ class VendorProfile(ABC):
                 continue
             promql = " or ".join(
                 arm for m in metrics
-                for arm in self.arms(m, f"last_over_time({{}}{{{{{match}}}}}[{window}])", window))
+                for arm in self.arms(m, f"last_over_time({{}}{{{{{match}}}}}[{window}])", window,
+                                     match))
             out.append(Query(self.vendor, "values", promql, fld))
         # Sample times: the raw samples of one family over the window (a range selector
         # returns each sample with its own time, skips staleness markers, and sees series older
@@ -156,26 +168,27 @@ class VendorProfile(ABC):
         stamps = (f"{self.clock_metric}{{{match}}}[{window}]" if len(clocks) == 1
                   else f'{{__name__=~"{"|".join(clocks)}", {match}}}[{window}]')
         out.append(Query(self.vendor, "timestamp", stamps, clock_field))
-        out.append(self.presence_query(window, step, cluster_label))
-        naming = self.naming_query(window, cluster_label)
+        out.append(self.presence_query(window, step, cluster_label, shard))
+        naming = self.naming_query(window, cluster_label, shard)
         if naming is not None:
             out.append(naming)
         return out
 
-    def naming_query(self, window: str, cluster_label: str) -> Query | None:
+    def naming_query(self, window: str, cluster_label: str, shard: str = "") -> Query | None:
         """Which naming each cluster's GPUs send (issue 26: see the move): GPU series per
         cluster under each spelling of the clock family, tagged ``naming``. One request,
         one row per cluster and naming; None for an exporter with one naming."""
         other = self.renames.get(self.clock_metric)
         if other is None:
             return None
-        match = self.device_matcher
+        match = self.matcher(shard)
         arms = [f'label_replace(count by ({cluster_label}) (last_over_time({name}{{{match}}}'
                 f'[{window}])), "naming", "{naming}", "", "")'
                 for name, naming in ((self.clock_metric, LEGACY), (other[0], DCGM47))]
         return Query(self.vendor, "naming", " or ".join(arms))
 
-    def presence_query(self, window: str, step: str, cluster_label: str) -> Query:
+    def presence_query(self, window: str, step: str, cluster_label: str,
+                       shard: str = "") -> Query:
         """GPUs that send none of the metrics the other queries read, with their newest
         sample's time: one request over an explicit list of exact names (no ``__name__``
         regex), ``max``-ed per GPU, attributes and allocation (the names' extra labels such
@@ -189,7 +202,7 @@ class VendorProfile(ABC):
         (``unless``): they are in the sync already, so at any fleet size the answer holds
         only the GPUs with a trimmed field set. The value is a time, never a field.
         """
-        match = self.device_matcher
+        match = self.matcher(shard)
         group = _by([cluster_label, *self.id_labels, *self.attribute_labels, *POD_LABELS])
         ids = _by([cluster_label, *self.id_labels])
         arms = " or ".join(self._any_name(m, f"timestamp({{}}{{{{{match}}}}})")
@@ -555,9 +568,47 @@ def labelled_matcher(cluster_label: str) -> str:
     return f'{cluster_label}!=""'
 
 
-def sync_queries(window: str, step: str, cluster_label: str) -> list[Query]:
-    """The whole, fixed request set of one sync."""
-    return [q for profile in PROFILES for q in profile.queries(window, step, cluster_label)]
+def sync_queries(window: str, step: str, cluster_label: str, shard: str = "") -> list[Query]:
+    """The whole, fixed request set of one sync (of one shard of clusters: ``shard`` is a
+    shard_matcher, added to every selector)."""
+    return [q for profile in PROFILES
+            for q in profile.queries(window, step, cluster_label, shard)]
+
+
+#: characters RE2 reads as syntax; every other character of a cluster name is itself
+_RE2_SYNTAX = re.compile(r"[\\.+*?()|\[\]{}^$]")
+
+
+def _re2_literal(match: re.Match[str]) -> str:
+    # braces as hex escapes: no brace reaches the query text, where the selector templates
+    # (str.format) would read it
+    char = match.group()
+    return f"\\x{ord(char):02X}" if char in "{}" else "\\" + char
+
+
+def promql_string(text: str) -> str:
+    """``text`` as a PromQL double-quoted string literal (Go's escapes: JSON's are a subset)."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+def shard_matcher(cluster_label: str, clusters: Iterable[str], *, exclude: bool = False
+                  ) -> str:
+    """The exact matcher of a shard of clusters: ``cluster=~"a|b\\.c"``, each name a literal
+    (RE2 syntax escaped; Prometheus anchors the regex whole). ``exclude`` gives the
+    complement, ``cluster!~"..."``: every other cluster, clusters that appeared since the
+    shard plan and series without the label included (the empty value matches no name)."""
+    names = "|".join(_RE2_SYNTAX.sub(_re2_literal, c) for c in clusters)
+    return f"{cluster_label}{'!~' if exclude else '=~'}{promql_string(names)}"
+
+
+def cluster_count_query(window: str, cluster_label: str) -> str:
+    """GPUs (and MIG slices) per cluster over the window, by the sample-time family of each
+    vendor: one cheap request that plans a sharded sync. Series without the cluster label
+    count under ``""``."""
+    arms = " or ".join(p._any_name(p.clock_metric,
+                                   f"last_over_time({{}}{{{{{p.device_matcher}}}}}[{window}])")
+                       for p in PROFILES)
+    return f"count by ({cluster_label}) ({arms})"
 
 
 def profile(vendor: str) -> VendorProfile:
@@ -585,6 +636,8 @@ def allowlist_metrics() -> list[str]:
                    *(m for ms in USAGE_PROFILING_FIELDS.get(p.vendor, {}).values() for m in ms)]
         names.update(name for m in metrics for name in p.names(m))
     names.update(EXPORTER_HEALTH_METRICS)
+    # gpufleet's exporter's allocation edges: per GPU pod only, bounded by the GPUs
+    names.update((EDGE_START, EDGE_END))
     # reconcile --source hub reads node labels (MIG strategy, time-slicing replicas) from
     # kube-state-metrics; ACM's default allowlist forwards the capacity series, not these.
     names.add(KUBE_NODE_LABELS)
@@ -703,7 +756,8 @@ def usage_convert(vendor: str, fld: str, value: float) -> float:
     return profile(vendor).convert(fld, value)
 
 
-def usage_queries(bucket: str, resolution: str, cluster_label: str) -> list[Query]:
+def usage_queries(bucket: str, resolution: str, cluster_label: str,
+                  shard: str = "") -> list[Query]:
     """The fixed request set of one usage bucket, whatever the fleet size.
 
     Per vendor and field: ``avg by (identity, allocation) (avg_over_time(name[bucket]))``
@@ -722,17 +776,18 @@ def usage_queries(bucket: str, resolution: str, cluster_label: str) -> list[Quer
     old series the new one's first slot). Prometheus stamps scrapes on their schedule, so a
     steady push stays in its slot. A Query's ``kind`` is ``usage:<agg>`` or ``coverage``.
 
-    Series without the cluster label never reach the ledger (``{cluster}!=""``).
+    Series without the cluster label never reach the ledger (``{cluster}!=""``). ``shard``
+    (a shard_matcher) is added to every selector: the set of one shard of clusters.
     """
     out: list[Query] = []
     labelled = labelled_matcher(cluster_label)
     for p in PROFILES:
         group = usage_group(p, cluster_label)
-        match = f"{p.device_matcher}, {labelled}"
+        match = f"{p.matcher(shard)}, {labelled}"
         for fld, agg in USAGE_FIELDS:
             arms = [arm for m in _usage_fields(p, fld)
                      for arm in p.arms(m, f"{agg}_over_time({{}}{{{{{match}}}}}[{bucket}])",
-                                       bucket)]
+                                       bucket, match)]
             if not arms:
                 continue
             promql = " or ".join(f"{agg} by ({group}) ({arm})" for arm in arms)
@@ -780,3 +835,156 @@ def labelled_probe(window: str, cluster_label: str | None = None) -> str:
     return " or ".join(
         f"count(last_over_time({name}{{{p.device_matcher}{extra}}}[{window}]))"
         for p in PROFILES for m in p.timestamp_metrics for name in p.names(m))
+
+
+# -- metered allocation: intervals from the allocations' own edges (issue 27) ----------------
+#: kube-state-metrics' pod series (STABLE): start and completion in unix seconds, the
+#: container requests (the series lives as long as the pod object, also after it completed:
+#: never an end), and the phase (where OpenShift deny-lists the completion time, the last
+#: Running sample bounds the end to one push interval).
+KSM_POD_START = "kube_pod_start_time"
+KSM_POD_COMPLETION = "kube_pod_completion_time"
+KSM_POD_REQUESTS = "kube_pod_container_resource_requests"
+KSM_POD_PHASE = "kube_pod_status_phase"
+#: kube-state-metrics' spelling of the time-slicing replicas node label (nvidia.com/gpu.replicas)
+KSM_REPLICAS_LABEL = "label_nvidia_com_gpu_replicas"
+#: gpufleet's exporter: the edges it saw in the kubelet's pod-resources (spoke/_naming.py
+#: publishes the same names): start while held, end for at least two push intervals after.
+EDGE_START = "gpufleet_allocation_start_timestamp_seconds"
+EDGE_END = "gpufleet_allocation_end_timestamp_seconds"
+ALLOCATION_METRICS = [KSM_POD_START, KSM_POD_COMPLETION, KSM_POD_REQUESTS, KSM_POD_PHASE,
+                      EDGE_START, EDGE_END]
+#: GPU resources as kube-state-metrics sanitises them (non-alphanumerics -> ``_``): whole
+#: GPUs, time-sliced replicas (renamed), MIG devices (mixed strategy), HAMi's cores share,
+#: AMD partitions. A label regex (never a ``__name__`` one).
+GPU_RESOURCE_REGEX = ("nvidia_com_gpu|nvidia_com_gpu_shared|nvidia_com_gpucores"
+                      "|nvidia_com_mig_.+|amd_com_gpu|amd_com_.+_nps.+")
+#: the per-pod labels of kube-state-metrics' pod series and the pod labels of the edges
+KSM_POD_KEY = ["namespace", "pod", "uid"]
+EDGE_POD_LABELS = ["namespace", "pod", "exported_namespace", "exported_pod"]
+
+
+@dataclass(frozen=True)
+class GpuRequest:
+    """What one sanitised resource request means for a GPU's time."""
+
+    vendor: str
+    kind: str  # "whole" | "shared" | "mig" | "cores"
+    profile: str | None = None  # MIG profile (``1g.10gb``)
+
+
+def gpu_request(resource: str) -> GpuRequest | None:
+    """kube-state-metrics' resource label -> its meaning; None for a resource that is no
+    count of GPUs (HAMi's gpumem, anything else)."""
+    if resource in ("nvidia_com_gpu", "amd_com_gpu"):
+        return GpuRequest(resource.split("_", 1)[0], "whole")
+    if resource == "nvidia_com_gpu_shared":
+        return GpuRequest("nvidia", "shared")
+    if resource == "nvidia_com_gpucores":
+        return GpuRequest("nvidia", "cores")
+    if resource.startswith("nvidia_com_mig_"):
+        return GpuRequest("nvidia", "mig", resource.removeprefix("nvidia_com_mig_")
+                          .replace("_", "."))
+    if resource.startswith("amd_com_") and "_nps" in resource:
+        return GpuRequest("amd", "whole")  # a partition holds its GPU (see hub/usage/_dra.py)
+    return None
+
+
+def allocation_queries(window: str, step: str, cluster_label: str,
+                       shard: str = "") -> list[Query]:
+    """The fixed request set of a bucket's allocation intervals, whatever the fleet size.
+
+    Evaluated a push interval and one ``step`` after the bucket's end over ``window`` (the
+    bucket, a push interval each side and the step): a pod that lived in the bucket has
+    samples there, also one shorter than a push (the push after it carries its edges), and
+    one held past the bucket's end has a sample after it. Intervals are read from the
+    values (the edges' own times), so a wider window never lengthens one.
+
+    Kinds: ``alloc:start`` / ``alloc:end`` (kube-state-metrics' start and completion),
+    ``alloc:requests`` (GPU requests per pod, resource and node), ``alloc:running`` (the time
+    of the pod's last Running sample: ``timestamp`` inside a subquery whose ``step`` is at
+    most the push interval and the store's look-back), ``alloc:replicas`` (time-slicing
+    replicas per node), ``edge:start`` / ``edge:end`` / ``edge:seen`` (gpufleet's exporter:
+    per GPU and pod; seen = its start gauge's last sample, the end where the end gauge was
+    not pushed). ``shard`` (a shard_matcher) is added to every selector, as in
+    usage_queries.
+    """
+    labelled = labelled_matcher(cluster_label) + (f", {shard}" if shard else "")
+    pod = _by([cluster_label, *KSM_POD_KEY])
+    edge_ids = list(dict.fromkeys(label for p in PROFILES for label in p.id_labels))
+    edge = _by([cluster_label, *edge_ids, *EDGE_POD_LABELS])
+
+    def last(agg: str, by: str, name: str, match: str = "") -> str:
+        return f"{agg} by ({by}) (last_over_time({name}{{{labelled}{match}}}[{window}]))"
+
+    def seen(by: str, selector: str, only: str = "") -> str:
+        # timestamp() gives a sample's own time only around a plain selector; ``and`` keeps
+        # those where the condition holds (around ``== 1`` it would give the step's time)
+        stamps = f"timestamp({selector})" + (f" and {only}" if only else "")
+        return f"max by ({by}) (max_over_time(({stamps})[{window}:{step}]))"
+
+    gpu = f', resource=~"{GPU_RESOURCE_REGEX}"'
+    # only pods that request GPUs: a hub that holds every pod's series answers with these
+    gpu_pods = f" and on ({pod}) {last('sum', pod, KSM_POD_REQUESTS, gpu)}"
+    return [
+        Query("kube", "alloc:start", last("max", pod, KSM_POD_START) + gpu_pods),
+        Query("kube", "alloc:end", last("max", pod, KSM_POD_COMPLETION) + gpu_pods),
+        Query("kube", "alloc:requests", last(
+            "sum", _by([cluster_label, *KSM_POD_KEY, "node", "resource"]), KSM_POD_REQUESTS,
+            gpu)),
+        Query("kube", "alloc:running", seen(
+            pod, running := f'{KSM_POD_PHASE}{{{labelled}, phase="Running"}}',
+            f"{running} == 1") + gpu_pods),
+        Query("kube", "alloc:replicas", last(
+            "max", _by([cluster_label, "node", KSM_REPLICAS_LABEL]), KUBE_NODE_LABELS,
+            f', {KSM_REPLICAS_LABEL}!=""')),
+        Query("gpufleet", "edge:start", last("max", edge, EDGE_START)),
+        Query("gpufleet", "edge:end", last("max", edge, EDGE_END)),
+        Query("gpufleet", "edge:seen", seen(edge, f"{EDGE_START}{{{labelled}}}")),
+    ]
+
+
+def allocation_probe(window: str, cluster_label: str) -> str:
+    """How many allocation series (GPU requests of kube-state-metrics, the exporter's start
+    edges) the store holds in the window: asked once per collect, so a hub without any
+    (a new one, one whose spokes forward neither) is not asked the interval queries for
+    every bucket of a backfill."""
+    labelled = labelled_matcher(cluster_label)
+    return (f'count(last_over_time({KSM_POD_REQUESTS}{{{labelled}, '
+            f'resource=~"{GPU_RESOURCE_REGEX}"}}[{window}])) or '
+            f"count(last_over_time({EDGE_START}{{{labelled}}}[{window}]))")
+
+
+# -- forwarding kube-state-metrics' allocation series (spoke render, issue 27) ----------------
+#: kube-state-metrics' pod series the ledger's intervals read; forwarded only for pods that
+#: request GPUs (their requests series by its resource label, the others joined to it where
+#: the forwarder can join: ACM's recording rules)
+KSM_ALLOCATION_METRICS = [KSM_POD_START, KSM_POD_COMPLETION, KSM_POD_REQUESTS, KSM_POD_PHASE]
+_GPU_REQUESTS = f'{KSM_POD_REQUESTS}{{resource=~"{GPU_RESOURCE_REGEX}"}}'
+
+
+def allocation_matches() -> list[str]:
+    """ACM allowlist ``matches``: the requests series of GPU resources only."""
+    return [f'__name__="{KSM_POD_REQUESTS}",resource=~"{GPU_RESOURCE_REGEX}"']
+
+
+def allocation_recording_rules() -> list[dict[str, str]]:
+    """ACM allowlist ``recording_rules`` (platform monitoring only): the start, completion
+    and Running phase of pods that request GPUs, under their own names (the metrics-
+    collector pushes the rule's result, so the hub reads them as kube-state-metrics'), so a
+    cluster's thousands of other pods are never forwarded."""
+    gpu_pods = f"on ({', '.join(KSM_POD_KEY)}) ({_GPU_REQUESTS} > 0)"
+    return [{"record": name, "expr": f"{name}{match} and {gpu_pods}"}
+            for name, match in ((KSM_POD_START, ""), (KSM_POD_COMPLETION, ""),
+                                (KSM_POD_PHASE, '{phase="Running"}'))]
+
+
+def allocation_agent_keep() -> tuple[list[str], str]:
+    """(source_labels, regex) of the Prometheus agent's keep rule on kube-state-metrics:
+    GPU requests by their resource label, the pods' start and completion, the Running phase
+    only, and the node labels (time-slicing replicas). An agent cannot join series, so the
+    pod series are one to three per pod of the cluster, not per GPU pod."""
+    pods = "|".join((KSM_POD_START, KSM_POD_COMPLETION, KUBE_NODE_LABELS))
+    return (["__name__", "resource", "phase"],
+            f"{KSM_POD_REQUESTS};(?:{GPU_RESOURCE_REGEX});.*|(?:{pods});.*|"
+            f"{KSM_POD_PHASE};.*;Running")

@@ -28,6 +28,7 @@ from hub.usage._bills import Bill, cloud_nodes, needs_nodes, node_prices
 from hub.usage._dra import claim_held
 from hub.usage._idle import IDLE_FOR_S, IDLE_THRESHOLD_PCT, idle_gpu_hours, idle_runs
 from hub.usage._ledger import rollup_days, rollup_sums
+from hub.usage._meter import BASES
 from hub.usage._prices import Prices, add_costs
 
 U = inv.usage
@@ -37,7 +38,7 @@ GROUPS: dict[str, list[str]] = {
 }
 USAGE_FIGURES = ["gpu_hours", "allocated_gpu_hours", "busy_gpu_hours",
                  "idle_allocated_gpu_hours", "avg_utilisation_pct", "sm_active_gpu_hours",
-                 "avg_sm_active_pct", "energy_kwh"]
+                 "avg_sm_active_pct", "energy_kwh", "allocation_basis"]
 
 
 def group_columns(by: Sequence[str]) -> list[str]:
@@ -73,6 +74,7 @@ def _within(stmt: sa.Select, clusters: Collection[str] | None,
 
 SUMS = ["gpu_hours", "allocated_gpu_hours", "busy_gpu_hours", "idle_allocated_gpu_hours",
         "energy_wh", "sm_active_gpu_hours", "sm_measured_gpu_hours"]
+RANK = "allocation_basis_rank"
 
 
 def summary_select(conn: Connection, start: dt.datetime, end: dt.datetime,
@@ -96,7 +98,8 @@ def summary_select(conn: Connection, start: dt.datetime, end: dt.datetime,
     if days is not None:
         D = inv.usage_daily
         parts.append(_within(
-            sa.select(*[D.c[c] for c in cols], *[sa.func.sum(D.c[f]).label(f) for f in SUMS])
+            sa.select(*[D.c[c] for c in cols], *[sa.func.sum(D.c[f]).label(f) for f in SUMS],
+                      sa.func.max(D.c[RANK]).label(RANK))
             .where(D.c.day >= days[0], D.c.day < days[1])
             .group_by(*[D.c[c] for c in cols]), clusters, namespaces, D))
         hourly = [(a, b) for a, b in ((start, days[0]), (days[1], end)) if a < b]
@@ -110,7 +113,8 @@ def summary_select(conn: Connection, start: dt.datetime, end: dt.datetime,
         return None
     both = (sa.union_all(*parts) if len(parts) > 1 else parts[0]).subquery()
     return (sa.select(*[both.c[c] for c in cols],
-                      *[sa.func.sum(both.c[f]).label(f) for f in SUMS])
+                      *[sa.func.sum(both.c[f]).label(f) for f in SUMS],
+                      sa.func.max(both.c[RANK]).label(RANK))
             .group_by(*[both.c[c] for c in cols])
             .order_by(*[both.c[c] for c in cols]))
 
@@ -155,9 +159,12 @@ def usage_summary(conn: Connection, start: dt.datetime, end: dt.datetime,
     parts: list[tuple[tuple, Any]] = []
     for r in conn.execute(stmt).mappings():
         key = tuple(r[c] for c in cols)
-        group = groups.setdefault(key, {**{c: r[c] for c in cols}, **dict.fromkeys(SUMS, 0.0)})
+        group = groups.setdefault(key, {**{c: r[c] for c in cols}, **dict.fromkeys(SUMS, 0.0),
+                                        RANK: None})
         for f in SUMS:
             group[f] += float(r[f] or 0.0)
+        if r[RANK] is not None:
+            group[RANK] = max(group[RANK] or 0, int(r[RANK]))
         parts.append((key, r))
     if prices is not None:
         per_gpu_hour = node_prices(cloud_nodes(conn), prices, bill, start, end) \
@@ -184,6 +191,7 @@ def usage_summary(conn: Connection, start: dt.datetime, end: dt.datetime,
         row["avg_sm_active_pct"] = (round(100.0 * group["sm_active_gpu_hours"] / measured, 3)
                                     if measured else None)
         row["energy_kwh"] = round(group["energy_wh"] / 1000.0, 6)
+        row["allocation_basis"] = None if group[RANK] is None else BASES[group[RANK]]
         if prices is not None:
             row["cost"] = group["cost"]
             row["unpriced_gpu_hours"] = group["unpriced_gpu_hours"]

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hub import store
+from hub.usage._meter import Meter
+from hub.usage._meter import sample_value as _num
 
 Key = tuple[str, str, str, str, str, str]  # cluster, node, uuid, slice, namespace, pod
 #: ledger column of each averaged profiling field
@@ -44,14 +46,6 @@ class _Acc:
     slots: float = 0.0
 
 
-def _num(row: Mapping[str, Any]) -> float | None:
-    try:
-        v = float(row["value"][1])
-    except (KeyError, IndexError, TypeError, ValueError):
-        return None
-    return None if v != v else v
-
-
 def _series(labels: Mapping[str, str]) -> str:
     """One series' label set as a compact key (a str, not a frozenset of pairs: 100,000
     series of one bucket are held at once)."""
@@ -70,7 +64,8 @@ def _key(p: store.VendorProfile, labels: Mapping[str, str],
 
 def fold_bucket(answers: Iterable[tuple[store.Query, Iterable[Mapping[str, Any]]]], *,
                 start: float, bucket: float, resolution: float, cluster_label: str,
-                known: Mapping[tuple[str, str], tuple[str | None, float | None]]
+                known: Mapping[tuple[str, str], tuple[str | None, float | None]],
+                push_interval: float | None = None, min_charge: float = 0.0
                 ) -> list[dict[str, Any]]:
     """Ledger rows of one bucket from the answers to its queries.
 
@@ -78,10 +73,20 @@ def fold_bucket(answers: Iterable[tuple[store.Query, Iterable[Mapping[str, Any]]
     come before its other answers (hub/usage/_ledger.py asks in that order): it weighs the
     averages. ``known`` gives (model, memory_total_mib) per (uuid, slice) from the
     inventory, for the share of a MIG slice whose series lack the model label.
+
+    Allocation answers (``store.allocation_queries``: kinds ``alloc:*``, ``edge:*``) meter
+    the allocated rows from the allocations' own edges (hub/usage/_meter.py); without them
+    every row is ``sampled``. ``push_interval`` (default ``resolution``) bounds an end known
+    only from the last sample; ``min_charge`` is the least an ended allocation is charged.
     """
     accs: dict[Key, _Acc] = {}
     cover: dict[tuple[str, str], float] = {}
+    meter = Meter(start=start, bucket=bucket, cluster_label=cluster_label,
+                  push_interval=push_interval or resolution, min_charge=min_charge)
     for query, rows in answers:
+        if query.kind.startswith(("alloc:", "edge:")):
+            meter.read(query.kind, rows)
+            continue
         p = store.profile(query.vendor)
         for row in rows:
             labels = row["metric"]
@@ -126,13 +131,7 @@ def fold_bucket(answers: Iterable[tuple[store.Query, Iterable[Mapping[str, Any]]
                  else (store.UTILISATION, store.ENGINE_ACTIVE))
         util = next((avg[f] for f in order if f in avg), None)
         util_max = next((mx[f] for f in order if f in mx), None)
-        share = 1.0
-        model = acc.model
-        if acc.is_slice:
-            mine = known.get((uuid, slice_key), (None, None))
-            parent = known.get((uuid, ""), (None, None))
-            model = model or mine[0] or parent[0]
-            share = store.mig_share(model, acc.profile, mine[1], parent[1])
+        model, share = _share(known, uuid, slice_key, acc.model, acc.profile)
         power = avg.get(store.POWER)
         sm_active = avg.get(store.SM_ACTIVE, avg.get(store.ENGINE_ACTIVE))
         out.append({
@@ -150,4 +149,32 @@ def fold_bucket(answers: Iterable[tuple[store.Query, Iterable[Mapping[str, Any]]
             "avg_tensor_active_pct": avg.get(store.TENSOR_ACTIVE),
             "avg_dram_active_pct": avg.get(store.DRAM_ACTIVE),
         })
+
+    def empty(vendor: str, ident: store.Identity, slice_key: str, namespace: str,
+              pod: str) -> dict[str, Any]:
+        model, share = _share(known, ident.uuid, slice_key, None, ident.mig_profile)
+        return {**dict.fromkeys(_FIGURES), "cluster": ident.cluster, "node": ident.node,
+                "uuid": ident.uuid, "slice": slice_key, "namespace": namespace, "pod": pod,
+                "vendor": vendor, "model": model, "gpu_share": share, "gpu_hours": 0.0,
+                "coverage": 0.0}
+
+    out = meter.apply(out, empty)
+    for row in out:
+        row["bucket_start"], row["bucket_end"] = utc(start), utc(start + bucket)
     return out
+
+
+_FIGURES = ["avg_utilisation_pct", "max_utilisation_pct", "avg_memory_used_mib",
+            "max_memory_used_mib", "avg_power_w", "energy_wh", "avg_sm_active_pct",
+            "avg_tensor_active_pct", "avg_dram_active_pct"]
+
+
+def _share(known: Mapping[tuple[str, str], tuple[str | None, float | None]], uuid: str,
+           slice_key: str, model: str | None, profile: str | None) -> tuple[str | None, float]:
+    """(model, GPU share) of a GPU or MIG slice (a slice's model is its GPU's)."""
+    if not slice_key:
+        return model, 1.0
+    mine = known.get((uuid, slice_key), (None, None))
+    parent = known.get((uuid, ""), (None, None))
+    model = model or mine[0] or parent[0]
+    return model, store.mig_share(model, profile, mine[1], parent[1])

@@ -24,8 +24,11 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import pickle
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +37,8 @@ from sqlalchemy.engine import Connection, Engine
 
 from hub import store
 from hub.common import (
+    QUERY_CONCURRENCY,
+    SHARD_SIZE,
     GpufleetError,
     InputError,
     UnavailableError,
@@ -44,11 +49,14 @@ from hub.inventory import (
     DAY,
     LEDGER_LOCK_KEY,
     ROLLUP_IDLE_THRESHOLD,
+    Shard,
     batches,
     day_of,
     gpus,
     locked_transaction,
     now_utc,
+    plan_shards,
+    shard_error,
     upsert_statement,
     usage,
     usage_buckets,
@@ -57,6 +65,7 @@ from hub.inventory import (
     usage_ledger,
 )
 from hub.usage._fold import fold_bucket, utc
+from hub.usage._meter import BASES
 
 if TYPE_CHECKING:
     from hub.store import HubClient
@@ -190,8 +199,42 @@ def pending_buckets(conn: Connection, *, now: float, bucket: float, max_backfill
 
 
 # -- asking the hub ---------------------------------------------------------------------------
+def _alloc_step(push_interval: float) -> float:
+    """The step at which the allocations' last samples are found: at most a push interval
+    and the store's 5-minute look-back, so every sample is the newest at one step."""
+    return min(push_interval, 300.0)
+
+
+def bucket_queries(bucket: float, resolution: float, push_interval: float,
+                   cluster_label: str, allocations: bool = True,
+                   shard: str = "") -> list[store.Query]:
+    """A bucket's fixed request set: the samples' (store.usage_queries) and, where the hub
+    holds allocation series, the allocations' edges (store.allocation_queries), these over
+    the bucket and a push interval each side, plus one step (see _ask)."""
+    step = _alloc_step(push_interval)
+    samples = store.usage_queries(format_duration(bucket), format_duration(resolution),
+                                  cluster_label, shard)
+    if not allocations:
+        return samples
+    return [*samples,
+            *store.allocation_queries(format_duration(bucket + 2 * push_interval + step),
+                                      format_duration(step), cluster_label, shard)]
+
+
+def _has_allocations(client: HubClient, starts: list[float], now: float,
+                     push_interval: float, cluster_label: str) -> bool:
+    """Whether the hub holds any allocation series from the first bucket on (one request
+    per collect; without any, every bucket is sampled and asks 8 requests fewer)."""
+    if not starts:
+        return False
+    window = format_duration(max(push_interval, math.ceil(now - min(starts) + push_interval)))
+    answer = client.query(store.allocation_probe(window, cluster_label), time=now)
+    return any(float(r["value"][1]) > 0 for r in answer.result)
+
+
 def _ask(client: HubClient, queries: list[store.Query], start: float, bucket: float,
-         resolution: float) -> Iterator[tuple[store.Query, Iterable[Mapping[str, Any]]]]:
+         resolution: float, push_interval: float | None = None
+         ) -> Iterator[tuple[store.Query, Iterable[Mapping[str, Any]]]]:
     """Each query's answer in turn, coverage first (fold_bucket weighs averages by it),
     decoded row by row as the fold reads it: one answer's rows exist at a time, not the
     whole bucket's. A partial answer raises once its rows are read (Thanos sends the
@@ -201,6 +244,12 @@ def _ask(client: HubClient, queries: list[store.Query], start: float, bucket: fl
         # avg/max: the samples in [start, end) (1 ms before the end, so a sample exactly on a
         # boundary belongs to one bucket); coverage: one slot later, see usage_queries.
         at = end - 0.001 + (resolution if query.kind == "coverage" else 0.0)
+        if query.kind.startswith(("alloc:", "edge:")):
+            # allocations: a push interval later, so the push after a short pod carries its
+            # edges and a pod held past the end has a sample after it, plus one step, the
+            # subqueries' last point (steps are aligned to multiples of the step)
+            push = push_interval or resolution
+            at = end - 0.001 + push + _alloc_step(push)
         res = client.query(query.promql, time=at, stream=True)
         yield query, res.result
         warnings = getattr(res.result, "warnings", None) or res.warnings
@@ -247,18 +296,88 @@ def _known(conn: Connection) -> dict[tuple[str, str], tuple[str | None, float | 
 
 def _fold(client: HubClient, queries: list[store.Query], start: float, bucket: float,
           resolution: float, cluster_label: str, known: Mapping[tuple[str, str], Any],
-          labels: _LabelCheck) -> list[dict[str, Any]]:
+          labels: _LabelCheck, push_interval: float,
+          min_charge: float) -> list[dict[str, Any]]:
     """One bucket's ledger rows from the hub (nothing written); an empty answer where the
     cluster label is a typo raises it rather than writing an empty bucket."""
-    rows = fold_bucket(_ask(client, queries, start, bucket, resolution), start=start,
-                       bucket=bucket, resolution=resolution, cluster_label=cluster_label,
-                       known=known)
+    rows = fold_bucket(_ask(client, queries, start, bucket, resolution, push_interval),
+                       start=start, bucket=bucket, resolution=resolution,
+                       cluster_label=cluster_label, known=known, push_interval=push_interval,
+                       min_charge=min_charge)
     if not rows and (typo := labels.typo(start, bucket)):
         raise typo
     return rows
 
 
 # -- writing ----------------------------------------------------------------------------------
+class _Spilled:
+    """A bucket's rows, one shard's list at a time, set aside on disk as each shard is
+    folded: the write reads them back a shard at a time (memory follows the shard)."""
+
+    def __init__(self) -> None:
+        self._file = tempfile.TemporaryFile(prefix="gpufleet-usage-")  # noqa: SIM115 (close)
+        self._parts = 0
+        self.rows = 0
+
+    def add(self, rows: list[dict[str, Any]]) -> None:
+        pickle.dump(rows, self._file, protocol=pickle.HIGHEST_PROTOCOL)
+        self._parts += 1
+        self.rows += len(rows)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        self._file.seek(0)
+        for _ in range(self._parts):
+            yield from pickle.load(self._file)
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def usage_shards(conn: Connection, shard_size: int, cluster_label: str) -> list[Shard]:
+    """Shards of whole clusters by the inventory's GPUs (and slices) per cluster, as the sync
+    plans its own (no request: the sync has counted them); the last shard has the rest, a
+    cluster the inventory does not know yet included."""
+    counts = {c: n for c, n in conn.execute(
+        sa.select(gpus.c.cluster, sa.func.count()).group_by(gpus.c.cluster))}
+    return plan_shards(counts, shard_size, cluster_label)
+
+
+def _fold_shards(client: HubClient, shards: list[Shard], start: float, bucket: float,
+                 resolution: float, cluster_label: str, known: Mapping[Any, Any],
+                 concurrency: int, *, push_interval: float, min_charge: float,
+                 metered: bool) -> _Spilled:
+    """Every shard's rows of one bucket, at most ``concurrency`` shards asked at once (each
+    shard's requests one after the other: coverage first); the first failure raises,
+    naming its shard's clusters. Shards hold whole clusters, so a pod's allocation and
+    the GPUs it holds are always folded together."""
+
+    def one(shard: Shard) -> list[dict[str, Any]]:
+        queries = bucket_queries(bucket, resolution, push_interval, cluster_label, metered,
+                                 shard.matcher)
+        try:
+            return fold_bucket(_ask(client, queries, start, bucket, resolution, push_interval),
+                               start=start, bucket=bucket, resolution=resolution,
+                               cluster_label=cluster_label, known=known,
+                               push_interval=push_interval, min_charge=min_charge)
+        except GpufleetError as exc:
+            raise shard_error(exc, shard, shards, "bucket left for a later collect") from None
+
+    spilled = _Spilled()
+    try:
+        if len(shards) == 1:
+            spilled.add(one(shards[0]))
+            return spilled
+        with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(shards))),
+                                thread_name_prefix="usage-shard") as pool:
+            for rows in pool.map(one, shards):
+                spilled.add(rows)
+                del rows
+    except BaseException:
+        spilled.close()
+        raise
+    return spilled
+
+
 def _ledger_transaction(engine: Engine, lock_timeout: float):
     return locked_transaction(engine, lock_timeout, key=LEDGER_LOCK_KEY,
                               holder="usage ledger writer")
@@ -270,8 +389,14 @@ def collect_usage(engine: Engine, client: HubClient, *, bucket: float = 3600.0,
                   retention: float = 400 * 86400.0, cluster_label: str = "cluster",
                   now: float | None = None, lock_timeout: float = 60.0,
                   on_bucket: Callable[[dt.datetime, int], None] | None = None,
-                  stop: Callable[[], bool] = lambda: False) -> CollectResult:
+                  shard_size: int = SHARD_SIZE, concurrency: int = QUERY_CONCURRENCY,
+                  stop: Callable[[], bool] = lambda: False,
+                  min_charge: float = 0.0) -> CollectResult:
     """Collect the given buckets (or every pending one), one locked transaction per bucket.
+
+    A bucket's queries are asked per shard of whole clusters of about ``shard_size`` GPUs
+    (planned from the inventory), ``concurrency`` shards at once; each shard's rows are set
+    aside as they are folded and the bucket is written from them in one transaction.
 
     ``stop`` is asked before each bucket: once it says yes (SIGTERM) the collect ends
     between two buckets, every written bucket whole, and the next collect resumes with the
@@ -279,7 +404,8 @@ def collect_usage(engine: Engine, client: HubClient, *, bucket: float = 3600.0,
 
     ``push_interval`` is the cadence samples reach the hub at (ACM: 300 s): the coverage
     resolution and the delay after a bucket's end before it is complete. ``resolution``
-    (`--step`) may coarsen coverage, never go below the push interval.
+    (`--step`) may coarsen coverage, never go below the push interval. ``min_charge``
+    (`--min-charge`, off by default) is the least an ended allocation is charged.
     """
     resolution = check_settings(bucket=bucket, push_interval=push_interval,
                                 resolution=resolution, retention=retention,
@@ -287,10 +413,9 @@ def collect_usage(engine: Engine, client: HubClient, *, bucket: float = 3600.0,
     now = time.time() if now is None else now
     delay = push_interval
     result = CollectResult()
-    queries = store.usage_queries(format_duration(bucket), format_duration(resolution),
-                                  cluster_label)
     with _ledger_transaction(engine, lock_timeout) as conn:
         claim_grid(conn, bucket)
+        shards = usage_shards(conn, shard_size, cluster_label)
         if starts is None:
             starts = pending_buckets(conn, now=now, bucket=bucket, max_backfill=max_backfill,
                                      delay=delay)
@@ -301,14 +426,27 @@ def collect_usage(engine: Engine, client: HubClient, *, bucket: float = 3600.0,
         first_open = min(set(starts) - set(ended))
         result.not_before = utc(first_open)
     labels = _LabelCheck(client, cluster_label, now)
+    before = client.requests
+    try:
+        metered = _has_allocations(client, ended, now, push_interval, cluster_label)
+    except GpufleetError:  # the hub did not answer: each bucket's own requests say so
+        metered = True
+    result.requests += client.requests - before
     for start in ended:
         if stop():
             result.stopped = len(ended) - len(result.collected) - len(result.failed)
             break
         before = client.requests
         try:
-            rows = _fold(client, queries, start, bucket, resolution, cluster_label, known,
-                         labels)
+            rows = _fold_shards(client, shards, start, bucket, resolution, cluster_label,
+                                known, concurrency, push_interval=push_interval,
+                                min_charge=min_charge, metered=metered)
+            try:
+                if not rows.rows and (typo := labels.typo(start, bucket)):
+                    raise typo
+            except BaseException:
+                rows.close()
+                raise
         except InputError:
             raise
         except GpufleetError as exc:
@@ -316,14 +454,17 @@ def collect_usage(engine: Engine, client: HubClient, *, bucket: float = 3600.0,
             result.failed.append((utc(start), exc.format_message()))
             continue
         requests = client.requests - before
-        with _ledger_transaction(engine, lock_timeout) as conn:
-            claim_grid(conn, bucket)
-            write_bucket(conn, start, bucket, rows, requests)
+        try:
+            with _ledger_transaction(engine, lock_timeout) as conn:
+                claim_grid(conn, bucket)
+                write_bucket(conn, start, bucket, rows, requests, count=rows.rows)
+        finally:
+            rows.close()
         result.collected.append(utc(start))
-        result.rows += len(rows)
+        result.rows += rows.rows
         result.requests += requests
         if on_bucket:
-            on_bucket(utc(start), len(rows))
+            on_bucket(utc(start), rows.rows)
     if not result.stopped:  # stopping: out within the promised time, retention next time
         with _ledger_transaction(engine, lock_timeout) as conn:
             result.removed = apply_retention(conn, now - retention)
@@ -335,8 +476,8 @@ def collect_on_new_grid(engine: Engine, client: HubClient, *, bucket: float = 36
                         starts: list[float] | None = None, max_backfill: float = 48 * 3600.0,
                         retention: float = 400 * 86400.0, cluster_label: str = "cluster",
                         now: float | None = None, lock_timeout: float = 60.0,
-                        on_bucket: Callable[[dt.datetime, int], None] | None = None
-                        ) -> tuple[int, CollectResult]:
+                        on_bucket: Callable[[dt.datetime, int], None] | None = None,
+                        min_charge: float = 0.0) -> tuple[int, CollectResult]:
     """`--replace-grid`: the ledger on ``bucket``'s grid without a moment of it empty for
     nothing. The hub is asked first (down: UnavailableError, the ledger untouched); the new
     grid's first bucket is folded; only then, in one transaction under the ledger's lock,
@@ -362,11 +503,10 @@ def collect_on_new_grid(engine: Engine, client: HubClient, *, bucket: float = 36
     requests = 0
     if first is not None:
         before = client.requests
-        queries = store.usage_queries(format_duration(bucket), format_duration(resolution),
-                                      cluster_label)
+        queries = bucket_queries(bucket, resolution, push_interval, cluster_label)
         try:
             rows = _fold(client, queries, first, bucket, resolution, cluster_label, known,
-                         _LabelCheck(client, cluster_label, now))
+                         _LabelCheck(client, cluster_label, now), push_interval, min_charge)
         except InputError:
             raise
         except GpufleetError as exc:
@@ -384,7 +524,8 @@ def collect_on_new_grid(engine: Engine, client: HubClient, *, bucket: float = 36
     result = collect_usage(engine, client, bucket=bucket, push_interval=push_interval,
                            resolution=resolution, starts=rest, max_backfill=max_backfill,
                            retention=retention, cluster_label=cluster_label, now=now,
-                           lock_timeout=lock_timeout, on_bucket=on_bucket)
+                           lock_timeout=lock_timeout, on_bucket=on_bucket,
+                           min_charge=min_charge)
     if first is not None:
         result.collected.insert(0, utc(first))
         result.rows += len(rows)
@@ -392,10 +533,15 @@ def collect_on_new_grid(engine: Engine, client: HubClient, *, bucket: float = 36
     return removed, result
 
 
-def write_bucket(conn: Connection, start: float, bucket: float, rows: list[dict[str, Any]],
-                 requests: int) -> None:
+def write_bucket(conn: Connection, start: float, bucket: float,
+                 rows: Iterable[dict[str, Any]], requests: int,
+                 count: int | None = None) -> None:
     """Replace one bucket's rows, rebuild its day's rollup, mark it collected (the caller
-    holds the ledger's lock and commits all of it at once)."""
+    holds the ledger's lock and commits all of it at once). ``rows`` may be read once (a
+    shard at a time): then ``count`` says how many."""
+    if count is None:
+        rows = list(rows)
+        count = len(rows)
     begin = utc(start)
     conn.execute(usage.delete().where(usage.c.bucket_start == begin))
     for batch in batches(rows):
@@ -403,7 +549,7 @@ def write_bucket(conn: Connection, start: float, bucket: float, rows: list[dict[
     rebuild_days(conn, [day_of(begin)])
     stmt = upsert_statement(conn, usage_buckets).values(
         bucket_start=begin, bucket_end=utc(start + bucket), collected_at=now_utc(),
-        rows=len(rows), requests=requests)
+        rows=count, requests=requests)
     conn.execute(stmt.on_conflict_do_update(
         index_elements=["bucket_start"],
         set_={c: stmt.excluded[c] for c in ("bucket_end", "collected_at", "rows", "requests")}))
@@ -439,7 +585,16 @@ def rollup_sums(table: sa.Table, when: sa.ColumnElement) -> list[sa.ColumnElemen
         .label("sm_active_gpu_hours"),
         sa.func.sum(sa.case((sm.is_not(None), table.c.gpu_hours), else_=zero))
         .label("sm_measured_gpu_hours"),
+        sa.func.max(sa.case((allocated, basis_rank(table.c.allocation_basis)), else_=None))
+        .label("allocation_basis_rank"),
     ]
+
+
+def basis_rank(column: sa.ColumnElement) -> sa.ColumnElement:
+    """A row's allocation_basis as its rank (0 interval, 1 estimated, 2 sampled): the
+    greatest rank of a group's allocated rows says how exact its allocated hours are."""
+    return sa.case(*[(column == b, i) for i, b in enumerate(BASES[:-1])],
+                   else_=len(BASES) - 1)
 
 
 ROLLUP_KEYS = ["cluster", "node", "uuid", "slice", "namespace", "model"]

@@ -5,7 +5,7 @@ yet synced by this version); clusters.naming_since is when it last took that val
 report can say that a cluster has sent both namings for longer than an upgrade takes.
 
 Revision ID: 0011
-Revises: 0012
+Revises: 0010
 Create Date: 2026-11-26
 """
 
@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0011"
-down_revision = "0012"
+down_revision = "0010"
 branch_labels = None
 depends_on = None
 

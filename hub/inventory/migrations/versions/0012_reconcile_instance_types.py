@@ -6,7 +6,7 @@ beta one) the run read; provider_id the node's spec.providerID (kube and file so
 instance type's GPU count where the catalog knows the type.
 
 Revision ID: 0012
-Revises: 0009
+Revises: 0011
 Create Date: 2026-11-26
 """
 
@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0012"
-down_revision = "0009"
+down_revision = "0011"
 branch_labels = None
 depends_on = None
 
