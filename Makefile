@@ -52,6 +52,7 @@ debs:
 
 lint: setup
 	$(VENV)/bin/ruff check hub spoke tests bench
+	$(VENV)/bin/python -m mypy
 
 # Four workers: the tests wait on real processes far more than they compute (see pyproject).
 test: setup

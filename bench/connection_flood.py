@@ -32,7 +32,6 @@ sys.path.insert(0, str(ROOT))
 
 from hub import inventory as inv  # noqa: E402
 from hub.service import Authenticator, Jobs, TokenFile, build_service, token_entry  # noqa: E402
-from hub.service import _api as api  # noqa: E402
 
 TOKEN = "gpf_connection-flood-bench"
 
@@ -59,7 +58,7 @@ def main() -> None:
     def sync() -> None:
         raise RuntimeError("no sync in this bench")
 
-    service = build_service(Jobs(sync=sync), every=3600, engine=api.read_only_engine(url),
+    service = build_service(Jobs(sync=sync), every=3600, engine=inv.read_only_engine(url),
                             auth=Authenticator(tokens=TokenFile(tokens)),
                             process_metrics=False).start()
     guard = service.server.guard

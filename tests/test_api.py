@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from hub import store
 from hub.devstack._prometheus import PrometheusProcess, StaticServer, hub_config, start_agent
 from hub.inventory import _db as inventory
-from hub.inventory import run_sync
+from hub.inventory import read_only_engine, run_sync
 from hub.service import Jobs, Service, build_service
 from hub.service import _api as api
 from hub.store import HubClient
@@ -98,7 +98,7 @@ def start_service(hub_url: str, db_url: str, every: float, token: str | None = N
     def sync() -> Any:
         return run_sync(write, client, stale_after=600)
 
-    return build_service(Jobs(sync=sync), every=every, engine=api.read_only_engine(db_url),
+    return build_service(Jobs(sync=sync), every=every, engine=read_only_engine(db_url),
                          port=0).start()
 
 

@@ -42,7 +42,7 @@ from hub.cli import cli
 from hub.common import BackgroundHTTPServer, InputError
 from hub.devstack import free_port
 from hub.inventory import _db as inventory
-from hub.inventory import run_sync
+from hub.inventory import read_only_engine, run_sync
 from hub.service import (
     Authenticator,
     Jobs,
@@ -77,7 +77,7 @@ def serve(db_url: str, auth: Authenticator, **kwargs: Any) -> Service:
     def sync() -> Any:
         raise RuntimeError("not syncing in this test")
 
-    return build_service(Jobs(sync=sync), every=3600, engine=api.read_only_engine(db_url),
+    return build_service(Jobs(sync=sync), every=3600, engine=read_only_engine(db_url),
                          auth=auth, process_metrics=False, **kwargs).start()
 
 
@@ -799,7 +799,7 @@ def test_the_oidc_options_build_a_verifier_that_accepts_the_issuers_tokens(issue
     token = jwt.encode({"iss": issuer.url, "aud": AUDIENCE, "exp": int(time.time()) + 60,
                         "roles": "team"}, issuer.keys["ec-1"], algorithm="ES256",
                        headers={"kid": "ec-1"})
-    scope = auth.authenticate(f"Bearer {token}")
+    scope = auth.bearer(f"Bearer {token}").scope
     assert scope.clusters == frozenset({"east"}) and scope.namespaces is None
 
 
@@ -832,20 +832,26 @@ def test_a_bad_scopes_file_is_a_one_line_error(text, needle, tmp_path):
 
 
 def test_an_endpoint_that_applies_no_scope_is_closed_to_scoped_callers(db_url, tokens):
-    """The contract for new endpoints: a handler without a ``scope`` keyword answers only
-    callers who may see everything, so it cannot leak before it learns to filter."""
-    from hub.service._app import route
+    """The contract for new endpoints: a route answers scoped callers only when it is
+    declared ``scoped`` where it is added; otherwise only callers who may see everything,
+    so it cannot leak before it learns to filter. Taking a ``scope`` opens nothing."""
+    from hub.service._routing import route
 
     service = serve(db_url, Authenticator(tokens=TokenFile(tokens[0])))
 
     def everything() -> dict[str, Any]:
         return {"items": ["every team's pods"]}
 
+    def asks_its_scope(scope: api.CallerScope) -> dict[str, Any]:
+        return {"items": ["every team's pods"]}
+
     route(service.app, "/api/v1/new", everything, dict[str, Any])
+    route(service.app, "/api/v1/newer", asks_its_scope, dict[str, Any])
     try:
-        assert get(service, "/api/v1/new", tokens[1]["admin"]).status_code == 200
-        r = get(service, "/api/v1/new", tokens[1]["team"])
-        assert r.status_code == 403 and "pods" not in r.text
+        for path in ("/api/v1/new", "/api/v1/newer"):
+            assert get(service, path, tokens[1]["admin"]).status_code == 200
+            r = get(service, path, tokens[1]["team"])
+            assert r.status_code == 403 and "pods" not in r.text
     finally:
         service.stop()
 

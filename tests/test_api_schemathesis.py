@@ -19,9 +19,8 @@ import requests
 import yaml
 
 from hub.inventory import _db as inventory
-from hub.inventory import run_sync
+from hub.inventory import read_only_engine, run_sync
 from hub.service import Authenticator, Jobs, Service, TokenFile, build_service, token_entry
-from hub.service import _api as api
 from hub.store import HubClient
 from tests.test_api import _database, hub_store, wait_healthy  # noqa: F401  (module fixture)
 
@@ -47,7 +46,7 @@ def service(request: pytest.FixtureRequest, hub_store: str,  # noqa: F811
     def sync() -> Any:
         return run_sync(write, client, stale_after=600)
 
-    started = build_service(Jobs(sync=sync), every=3600, engine=api.read_only_engine(db_url),
+    started = build_service(Jobs(sync=sync), every=3600, engine=read_only_engine(db_url),
                             auth=Authenticator(tokens=TokenFile(tokens)),
                             process_metrics=False).start()
     try:

@@ -34,7 +34,7 @@ from hub.service import (
     token_entry,
 )
 from hub.service._api import CallerScope, ReadEngine
-from hub.service._app import route as add_route
+from hub.service._routing import route as add_route
 from hub.usage import write_bucket
 from tests.support.asgi import no_metrics
 
@@ -242,7 +242,7 @@ def test_a_handler_that_forgets_the_scope_still_cannot_leak(app):
         with engine.connect() as conn:
             return {"items": list_allocations(conn)}
 
-    add_route(app, "/api/v1/careless", careless, dict[str, Any])
+    add_route(app, "/api/v1/careless", careless, dict[str, Any], visibility="scoped")
     client = _client(app)
     r = client.get("/api/v1/careless", headers={"Authorization": f"Bearer {TEAM}"})
     assert r.status_code == 200 and _leaks(r.text) == []

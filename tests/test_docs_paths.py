@@ -1,6 +1,7 @@
 """Every module the docs and docstrings point a reader to exists: a `hub/...` or `spoke/...`
-path in docs/*.md, README.md or a docstring or comment of hub/, spoke/ and bench/, and every
-dotted ``hub.x.y`` name in a docstring or comment and in the docs' inline code. A rename that
+path in docs/*.md, README.md, the templates or a docstring or comment of hub/, spoke/ and
+bench/, and every dotted ``hub.x.y`` name in a docstring or comment, in the templates and in
+the docs' inline code (a template's comment lands in every rendered manifest). A rename that
 leaves them behind sends readers to modules that are gone."""
 
 from __future__ import annotations
@@ -27,6 +28,13 @@ def docs() -> list[Path]:
 
 def sources() -> list[Path]:
     return sorted(p for top in ("hub", "spoke", "bench") for p in (REPO / top).rglob("*.py"))
+
+
+def templates() -> Iterator[tuple[Path, int, str]]:
+    """(template, line, text) of every line of the manifest templates."""
+    for path in sorted((REPO / "templates").rglob("*.j2")):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            yield path, n, line
 
 
 def prose(path: Path) -> Iterator[tuple[int, str]]:
@@ -79,6 +87,9 @@ def test_every_hub_and_spoke_path_named_exists():
         for n, line in prose(src):
             missing += [f"{src.relative_to(REPO)}:{n}: {m}" for m in PATH.findall(line)
                         if not path_exists(m)]
+    for tpl, n, line in templates():
+        missing += [f"{tpl.relative_to(REPO)}:{n}: {m}" for m in PATH.findall(line)
+                    if not path_exists(m)]
     assert not missing, "\n".join(missing)
 
 
@@ -93,6 +104,9 @@ def test_every_dotted_module_named_in_docstrings_and_inline_code_exists():
             for code in INLINE_CODE.findall(line):
                 missing += [f"{doc.relative_to(REPO)}:{n}: {m}" for m in DOTTED.findall(code)
                             if not resolves(m)]
+    for tpl, n, line in templates():
+        missing += [f"{tpl.relative_to(REPO)}:{n}: {m}" for m in DOTTED.findall(line)
+                    if not resolves(m.rstrip("()"))]
     assert not missing, "\n".join(missing)
 
 

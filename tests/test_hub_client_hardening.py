@@ -176,9 +176,9 @@ def test_serve_never_shows_the_token_in_health_sync_runs_or_log(tmp_path: Path):
 def test_an_old_leaked_error_is_redacted_when_served(tmp_path: Path):
     """A sync_runs row stored by an older gpufleet, unredacted: the API must not serve it."""
     from hub.common import register_secret
-    from hub.inventory import _db
+    from hub.inventory import _db, read_only_engine
     from hub.inventory import _migrate as migrate
-    from hub.service._api import read_only_engine, sync_runs
+    from hub.service._api import sync_runs
     from hub.service._auth import FULL
 
     old_secret = "tok-stored-by-an-older-release-55"

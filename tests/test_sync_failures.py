@@ -1,4 +1,11 @@
-"""A failed sync leaves the inventory exactly as it was, records the run, and exits 2 or 3."""
+"""A failed sync leaves the inventory exactly as it was, records the run, and exits 2 or 3.
+
+The store's failures (5xx, timeouts, partial answers, warnings, rejected PromQL) are played by
+an in-memory store (``mock_client``: a plain function from request to answer, in front of the
+real Prometheus where a healthy answer is wanted); a hub that stops mid-sync and a second
+sync behind the lock stay on real sockets, and tests/test_hub_timeouts.py keeps the genuine
+connect and read timeouts.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +15,20 @@ import time
 from urllib.parse import parse_qs
 
 import pytest
+import requests
 
+from hub.common import GpufleetError
 from hub.inventory import _db as inventory
+from hub.inventory import run_sync
 from tests.support.clirun import gpufleet, gpufleet_json
-from tests.support.httpstub import Request, Response, StubServer, forward, json_response
+from tests.support.httpstub import (
+    Request,
+    Response,
+    StubServer,
+    forward,
+    json_response,
+    mock_client,
+)
 from tests.support.promql import wait_for
 from tests.support.samples import sample_text
 
@@ -51,6 +68,18 @@ def assert_unchanged_with_failed_run(env, before, needle: str) -> None:
     runs = gpufleet_json("inventory", "sync-runs", env=env)
     assert runs[0]["status"] == "failed" and needle in runs[0]["error"]
     assert runs[1]["status"] == "ok"
+
+
+def sync_through(handler, env, **client_options) -> GpufleetError:
+    """One sync against the in-memory store ``handler``, as ``gpufleet sync`` runs it; the
+    error it fails with (its message is the CLI's one line, its exit code the CLI's)."""
+    engine = inventory.make_engine(env["GPUFLEET_DB"])
+    try:
+        with pytest.raises(GpufleetError) as failed:
+            run_sync(engine, mock_client(handler, **client_options), stale_after=30.0)
+    finally:
+        engine.dispose()
+    return failed.value
 
 
 def one_line(output: str) -> str:
@@ -94,11 +123,11 @@ def with_warnings(hub_url: str):
     return handle
 
 
-def test_partial_response_is_a_failure(hub, synced, front):
+def test_partial_response_is_a_failure(hub, synced):
     env, before = synced
-    result = gpufleet("sync", "--hub-url", front(with_warnings(hub.url)).url, env=env)
-    assert result.exit_code == 3
-    assert "partial response (receive-2: store unavailable)" in one_line(result.stderr)
+    error = sync_through(with_warnings(hub.url), env)
+    assert error.exit_code == 3
+    assert "partial response (receive-2: store unavailable)" in error.format_message()
     assert_unchanged_with_failed_run(env, before, "partial response")
 
 
@@ -131,9 +160,9 @@ def test_every_query_refuses_partial_responses(hub, synced, front):
 
 def test_thanos_refusing_a_partial_answer_is_unavailable_not_a_promql_error(hub, synced, front):
     env, before = synced
-    result = gpufleet("sync", "--hub-url", front(thanos_like(hub.url)).url, env=env)
-    assert result.exit_code == 3, result.output
-    line = one_line(result.stderr)
+    error = sync_through(thanos_like(hub.url), env)
+    assert error.exit_code == 3
+    line = one_line(error.format_message())
     assert "could not read all its stores" in line and "receive-2" in line
     assert "PromQL error" not in line
     assert_unchanged_with_failed_run(env, before, "could not read all its stores")
@@ -158,35 +187,56 @@ def test_every_command_reading_the_hub_fails_on_a_partial_answer(hub, synced, fr
 
 
 @pytest.mark.parametrize("status", [500, 503])
-def test_server_error_exits_3(hub, synced, front, status):
+def test_server_error_exits_3(synced, status):
     env, before = synced
-    boom = front(lambda req: json_response(status, {"status": "error", "error": "boom"}))
-    result = gpufleet("sync", "--hub-url", boom.url, env=env)
-    assert result.exit_code == 3
-    assert f"answered {status}" in one_line(result.stderr)
+    error = sync_through(lambda req: json_response(status, {"status": "error", "error": "boom"}),
+                         env)
+    assert error.exit_code == 3
+    assert f"answered {status}" in one_line(error.format_message())
     assert_unchanged_with_failed_run(env, before, str(status))
 
 
-def test_timeout_exits_3(hub, synced, front):
+def test_timeout_exits_3(hub, synced):
+    """The client's handling of a read timeout (the genuine one, on a socket that never
+    answers: tests/test_hub_timeouts.py)."""
     env, before = synced
+    calls = {"n": 0}
 
-    def slow(req: Request) -> Response:
-        time.sleep(2)
+    def slow_after_one(req: Request) -> Response:
+        calls["n"] += 1
+        if calls["n"] > 1:
+            raise requests.ReadTimeout("read timed out")
         return forward(hub.url, req)
 
-    result = gpufleet("sync", "--hub-url", front(slow).url, "--timeout", "0.5s", env=env)
-    assert result.exit_code == 3
-    assert "did not answer within 0.5s" in one_line(result.stderr)
+    error = sync_through(slow_after_one, env, timeout=0.5)
+    assert error.exit_code == 3
+    assert "did not answer within 0.5s (--read-timeout)" in one_line(error.format_message())
     assert_unchanged_with_failed_run(env, before, "did not answer")
 
 
-def test_promql_rejected_by_store_exits_2(hub, synced, front):
+def test_a_truncated_answer_exits_3(hub, synced):
+    """A store (or proxy) that breaks off mid-answer: a malformed answer, never a short one."""
     env, before = synced
-    rejecting = front(lambda req: json_response(
-        422, {"status": "error", "errorType": "execution", "error": "query too expensive"}))
-    result = gpufleet("sync", "--hub-url", rejecting.url, env=env)
-    assert result.exit_code == 2
-    assert one_line(result.stderr) == "error: PromQL error: query too expensive"
+
+    def cut(req: Request) -> Response:
+        whole = forward(hub.url, req)
+        return Response(whole.status, whole.body[: len(whole.body) // 2], whole.content_type)
+
+    error = sync_through(cut, env)
+    assert error.exit_code == 3
+    # streamed: cut among the rows; read whole (a small answer): not JSON at all
+    message = error.format_message()
+    assert ("sent a malformed or incomplete answer" in message
+            or "answered 200 OK: {" in message), message
+    assert_unchanged_with_failed_run(env, before, message[-40:])
+
+
+def test_promql_rejected_by_store_exits_2(synced):
+    env, before = synced
+    error = sync_through(lambda req: json_response(
+        422, {"status": "error", "errorType": "execution", "error": "query too expensive"}), env)
+    assert error.exit_code == 2
+    assert error.format_message() == "PromQL error: query too expensive"
     assert_unchanged_with_failed_run(env, before, "query too expensive")
 
 

@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from hub import inventory as inv
+from hub import usage
 from hub.common import (
     DURATION,
     EXIT_FINDINGS,
@@ -125,6 +126,15 @@ def _sample_rows(series: list[dict[str, Any]]) -> list[dict[str, Any]]:
             rows.append({**labels, "time": point["time"], "value": point["value"]})
     return rows
 
+
+#: the columns of `inventory gpus` and `inventory gpu` as a table (-o json has every field)
+GPU_TABLE_COLUMNS = [
+    "cluster", "node", "uuid", "index", "vendor", "model", "memory_total_mib", "mig_profile",
+    "mig_instance", "state", "health", "utilisation_pct", "last_sample_at",
+]
+PRUNE_COLUMNS = ["kind", "cluster", "node", "uuid", "slice", "last_seen"]
+HISTORY_COLUMNS = ["bucket_start", "cluster", "node", "slice", "namespace", "pod", "gpu_hours",
+                   "avg_utilisation_pct", "energy_wh", "coverage", "allocation_basis"]
 
 _GROUPING = re.compile(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)")
 _KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and",
@@ -305,7 +315,7 @@ _inventory_command("nodes", inv.list_nodes, inv.NODE_COLUMNS,
 _inventory_command("gpus", inv.list_gpus, inv.GPU_COLUMNS,
                    "One row per physical GPU and one per MIG slice (same uuid as its parent). "
                    "The table shows the main columns; -o json and -o csv carry all of them.",
-                   inv.GPU_TABLE_COLUMNS)
+                   GPU_TABLE_COLUMNS)
 _inventory_command("allocations", inv.list_allocations, inv.ALLOCATION_COLUMNS,
                    "Which pod (namespace/pod/container) used which GPU, first and last seen.")
 
@@ -375,8 +385,6 @@ def gpu(uuid: str, db: str | None, output: str, **_: Any) -> None:
 
     An unknown UUID prints one line and exits 1.
     """
-    from hub import usage
-
     with database(db) as engine:
         require_schema(engine)
         with engine.connect() as conn:
@@ -386,12 +394,12 @@ def gpu(uuid: str, db: str | None, output: str, **_: Any) -> None:
     if output == "json":
         click.echo(to_json(detail))
         return
-    emit([detail["gpu"]], inv.GPU_TABLE_COLUMNS, "table")
+    emit([detail["gpu"]], GPU_TABLE_COLUMNS, "table")
     for title, key, columns in (
-        ("MIG slices", "slices", inv.GPU_TABLE_COLUMNS),
+        ("MIG slices", "slices", GPU_TABLE_COLUMNS),
         ("events", "events", inv.EVENT_COLUMNS),
         ("allocations", "allocations", inv.ALLOCATION_COLUMNS),
-        ("recent usage", "usage", usage.HISTORY_COLUMNS),
+        ("recent usage", "usage", HISTORY_COLUMNS),
     ):
         click.echo(f"\n{title}:")
         emit(detail[key], columns, "table")
@@ -423,7 +431,7 @@ def prune(stale_for: float, cluster: str | None, dry_run: bool, lock_timeout: fl
         require_schema(engine)
         result = inv.prune(engine, stale_for=stale_for, cluster=cluster, dry_run=dry_run,
                            lock_timeout=lock_timeout)
-    emit(result.rows, inv.PRUNE_COLUMNS, output)
+    emit(result.rows, PRUNE_COLUMNS, output)
     click.echo(result.summary(), err=True)
 
 

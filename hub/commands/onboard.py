@@ -24,6 +24,10 @@ from hub.common import (
     output_option,
 )
 
+#: the columns of `policy status` and `policy apply`
+STATUS_COLUMNS = ["policy", "remediation", "overall", "cluster", "compliant"]
+APPLY_COLUMNS = ["kind", "namespace", "name", "action"]
+
 F = Callable[..., Any]
 # Every command also receives ``config`` (the --config FILE that ConfiguredCommand adds); click
 # has already turned it into option defaults by the time a command runs, so it is unused here.
@@ -227,7 +231,7 @@ def policy_apply(directory: str | None, kubeconfig: str | None, context: str | N
     api = kube.api_client(kubeconfig, context)
     with api:
         rows = onboarding.apply_objects(api, objects, force_conflicts=force_conflicts)
-    emit(rows, onboarding.APPLY_COLUMNS, output)
+    emit(rows, APPLY_COLUMNS, output)
 
 
 @policy.command("status", cls=ConfiguredCommand)
@@ -245,6 +249,6 @@ def policy_status(namespace: str, kubeconfig: str | None, context: str | None,
     api = kube.api_client(kubeconfig, context)
     with api:
         rows = onboarding.policy_status(api, namespace)
-    emit(rows, onboarding.STATUS_COLUMNS, output)
+    emit(rows, STATUS_COLUMNS, output)
     if onboarding.any_noncompliant(rows):
         sys.exit(EXIT_FINDINGS)

@@ -6,7 +6,7 @@ Nothing here imports another hub package.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hub.common._charts import (
     capacity_chart,
@@ -33,6 +33,7 @@ from hub.common._errors import (
     read_input_file,
     shorten,
 )
+from hub.common._lazy import lazy_attributes
 from hub.common._numbers import counted, counts_line, for_people, json_number
 from hub.common._options import (
     PERCENT,
@@ -119,6 +120,7 @@ __all__ = [
     "idle_gpu_hours_chart",
     "iso",
     "json_number",
+    "lazy_attributes",
     "load_config",
     "load_yaml",
     "lock_timeout_option",
@@ -158,11 +160,7 @@ if TYPE_CHECKING:
     from hub.common._httpserve import BackgroundHTTPServer, parse_listen
 
 
-def __getattr__(name: str) -> Any:
-    """The HTTP server base (http.server, socketserver) loads on first use: only `serve`,
-    the exporter and the test stacks need it, not every command's start."""
-    if name in ("BackgroundHTTPServer", "parse_listen"):
-        from hub.common import _httpserve
-
-        return getattr(_httpserve, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+#: The HTTP server base (http.server, socketserver) loads on first use: only `serve`, the
+#: exporter and the test stacks need it, not every command's start.
+__getattr__ = lazy_attributes(__name__, {"BackgroundHTTPServer": "_httpserve",
+                                         "parse_listen": "_httpserve"})

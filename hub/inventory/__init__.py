@@ -11,7 +11,6 @@ from hub.inventory._db import (
     EVENT_COLUMNS,
     EVENT_TYPES,
     GPU_COLUMNS,
-    GPU_TABLE_COLUMNS,
     LEDGER_LOCK_KEY,
     NODE_COLUMNS,
     STALE,
@@ -48,7 +47,14 @@ from hub.inventory._migrate import (
     upgrade,
 )
 from hub.inventory._normalize import UNLABELLED_SERIES
-from hub.inventory._prune import PRUNE_COLUMNS, PruneResult, prune
+from hub.inventory._prune import PruneResult, prune
+from hub.inventory._reads import (
+    gpu_counts,
+    gpu_detail,
+    page_events,
+    page_gpus,
+    read_only_engine,
+)
 from hub.inventory._reconcile_runs import (
     reconcile_claims,
     reconcile_clusters,
@@ -88,13 +94,11 @@ __all__ = [
     "EVENT_TYPES",
     "FATAL_XIDS",
     "GPU_COLUMNS",
-    "GPU_TABLE_COLUMNS",
     "HEALTH_LEVELS",
     "HW_SLOWDOWN",
     "LEDGER_LOCK_KEY",
     "NODE_COLUMNS",
     "NO_GPU_SERIES",
-    "PRUNE_COLUMNS",
     "ROLLUP_IDLE_THRESHOLD",
     "STALE",
     "UNLABELLED_SERIES",
@@ -113,6 +117,8 @@ __all__ = [
     "event_item",
     "events",
     "gpu_allocations",
+    "gpu_counts",
+    "gpu_detail",
     "gpu_item",
     "gpu_rows",
     "gpus",
@@ -129,8 +135,11 @@ __all__ = [
     "missing_label_error",
     "nodes",
     "now_utc",
+    "page_events",
+    "page_gpus",
     "plan_shards",
     "prune",
+    "read_only_engine",
     "recent_usage",
     "reconcile_claims",
     "reconcile_clusters",

@@ -698,10 +698,6 @@ GPU_COLUMNS = [
     "memory_used_mib", "power_w", "temperature_c", "driver_version", "pci_bus_id", "serial",
     "health", "health_reasons",
 ]
-GPU_TABLE_COLUMNS = [
-    "cluster", "node", "uuid", "index", "vendor", "model", "memory_total_mib", "mig_profile",
-    "mig_instance", "state", "health", "utilisation_pct", "last_sample_at",
-]
 #: gpus: physical GPUs reporting (active); stale_gpus: known physical GPUs that stopped, so a
 #: silent cluster shows what was last known instead of a bare 0
 #: gpus_via: how Kubernetes publishes the node's GPUs (dra | device-plugin | dra+device-plugin)
@@ -718,7 +714,7 @@ def _where_cluster(stmt: sa.Select, table: sa.Table, cluster: str | None) -> sa.
     return stmt.where(table.c.cluster == cluster) if cluster else stmt
 
 
-def gpu_item(row: Mapping[str, Any]) -> dict[str, Any]:
+def gpu_item(row: Mapping[Any, Any]) -> dict[str, Any]:
     """One gpus row as every consumer shows it (CLI JSON, API): ``index``, not gpu_index."""
     item = {c: (row["gpu_index"] if c == "index" else row[c]) for c in GPU_COLUMNS}
     # one type everywhere (CLI JSON, API): the MIG instance is a number like the index
@@ -732,14 +728,6 @@ def list_gpus(conn: Connection, cluster: str | None = None) -> list[dict[str, An
     stmt = _where_cluster(sa.select(gpus), gpus, cluster).order_by(
         gpus.c.cluster, gpus.c.node, gpus.c.gpu_index, gpus.c.uuid, gpus.c.slice_key)
     return [gpu_item(row) for row in conn.execute(stmt).mappings()]
-
-
-def _active_physical_gpus():
-    return sa.and_(gpus.c.slice_key == "", gpus.c.state == ACTIVE)
-
-
-def _stale_physical_gpus():
-    return sa.and_(gpus.c.slice_key == "", gpus.c.state != ACTIVE)
 
 
 def _gpu_counts(*keys: sa.Column, cluster: str | None) -> sa.Subquery:
@@ -807,7 +795,7 @@ def list_clusters(conn: Connection, cluster: str | None = None) -> list[dict[str
     return [dict(r) for r in conn.execute(stmt).mappings()]
 
 
-def _allocation_item(row: Mapping[str, Any]) -> dict[str, Any]:
+def _allocation_item(row: Mapping[Any, Any]) -> dict[str, Any]:
     item = dict(row)
     item["mig_profile"] = row["slice_key"].split("/")[0] if row["slice_key"] else None
     return {c: item[c] for c in ALLOCATION_COLUMNS}
@@ -830,7 +818,7 @@ def list_sync_runs(conn: Connection, limit: int = 20) -> list[dict[str, Any]]:
 EVENT_COLUMNS = ["at", "type", "cluster", "node", "uuid", "slice", "details"]
 
 
-def event_item(row: Mapping[str, Any]) -> dict[str, Any]:
+def event_item(row: Mapping[Any, Any]) -> dict[str, Any]:
     """One events row as consumers show it: details decoded from its JSON text."""
     item = {c: row[c] for c in EVENT_COLUMNS}
     item["details"] = json.loads(row["details"]) if row["details"] else {}

@@ -31,8 +31,6 @@ from hub.inventory._db import (
     now_utc,
 )
 
-PRUNE_COLUMNS = ["kind", "cluster", "node", "uuid", "slice", "last_seen"]
-
 
 @dataclass
 class PruneResult:

@@ -9,8 +9,7 @@ pay for importing the kubernetes package.
 
 from __future__ import annotations
 
-from typing import Any
-
+from hub.common import lazy_attributes
 from hub.kube._catalog import (
     INSTANCE_TYPE_LABELS,
     Catalog,
@@ -77,10 +76,5 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """The client door, imported on first use (PEP 562)."""
-    if name in _CLIENT:
-        from hub.kube import _client
-
-        return getattr(_client, name)
-    raise AttributeError(f"module 'hub.kube' has no attribute {name!r}")
+#: the client door, imported on first use
+__getattr__ = lazy_attributes(__name__, dict.fromkeys(_CLIENT, "_client"))

@@ -6,8 +6,8 @@ failure comes out of :func:`translate` as a one-line :class:`~hub.common.Gpuflee
 documented exit code. Nothing here prints tokens or kubeconfig contents: messages name the
 kubeconfig file, the context and the API host, never credentials.
 
-Tests point a kubeconfig at a local HTTP server (``tests/kubeapi.py``) that answers the real API
-paths; the client itself is never patched.
+Tests point a kubeconfig at a local HTTP server (``tests/support/kubeapi.py``) that answers
+the real API paths; the client itself is never patched.
 """
 
 from __future__ import annotations

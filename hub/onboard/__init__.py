@@ -5,7 +5,7 @@ load the kubernetes client only when used.
 
 from __future__ import annotations
 
-from hub.common import template_roots
+from hub.common import lazy_attributes, template_roots
 from hub.onboard._grafana import (
     OBSERVABILITY_NAMESPACE,
     dashboard_panels,
@@ -53,26 +53,11 @@ from hub.onboard._spoke import (
     spoke_values,
 )
 
-_LAZY = {
-    "APPLY_COLUMNS": ("_acm", "APPLY_COLUMNS"),
-    "STATUS_COLUMNS": ("_acm", "STATUS_COLUMNS"),
-    "any_noncompliant": ("_acm", "any_noncompliant"),
-    "apply_objects": ("_acm", "apply_objects"),
-    "load_dir": ("_acm", "load_dir"),
-    "policy_status": ("_acm", "policy_status"),
-}
-
-def __getattr__(name: str) -> object:
-    """ACM helpers import the kubernetes client: load them only when asked for."""
-    if name in _LAZY:
-        import importlib
-
-        module, attr = _LAZY[name]
-        return getattr(importlib.import_module(f"{__name__}.{module}"), attr)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+#: ACM helpers import the kubernetes client: loaded only when asked for
+__getattr__ = lazy_attributes(__name__, dict.fromkeys(
+    ("any_noncompliant", "apply_objects", "load_dir", "policy_status"), "_acm"))
 
 __all__ = [
-    "APPLY_COLUMNS",
     "DB_SECRET_KEY",
     "DCGM_CONFIGMAP",
     "DEFAULT_AGENT_IMAGE",
@@ -89,7 +74,6 @@ __all__ = [
     "DNS_LABEL",
     "OBSERVABILITY_NAMESPACE",
     "SCOPES_KEY",
-    "STATUS_COLUMNS",
     "TOKENS_KEY",
     "TOKEN_KEY",
     "VENDOR_LABEL",

@@ -211,8 +211,6 @@ def policy_status(api: client.ApiClient, namespace: str) -> list[dict[str, Any]]
     return rows
 
 
-STATUS_COLUMNS = ["policy", "remediation", "overall", "cluster", "compliant"]
-APPLY_COLUMNS = ["kind", "namespace", "name", "action"]
 
 
 def any_noncompliant(rows: Iterable[dict[str, Any]]) -> bool:

@@ -4,9 +4,7 @@ metrics, and the read-only JSON API over the inventory (FastAPI on uvicorn).
 
 from __future__ import annotations
 
-from hub.service._api import (
-    read_only_engine,
-)
+from hub.inventory import read_only_engine
 from hub.service._app import build_app
 from hub.service._auth import (
     FULL,

@@ -35,14 +35,14 @@ import secrets
 from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any, Literal
 
-import sqlalchemy as sa
 from fastapi import Depends, Path, Query, Request
-from sqlalchemy import event
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Engine
 
 from hub import inventory as inv
+from hub import usage as answers
 from hub.common import json_number
-from hub.service._auth import FULL, Caller, Scope
+from hub.inventory import gpu_detail, page_gpus
+from hub.service._auth import Caller, Scope
 from hub.service._models import HEALTH_LEVELS, STATES, VENDORS
 
 log = logging.getLogger("gpufleet.api")
@@ -67,8 +67,7 @@ URL = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://\S+")
 PRINTABLE = re.compile(r"[^\x00-\x1f\x7f]*")
 TEXT_PATTERN = "^[^\\u0000-\\u001f\\u007f]*$"
 
-GPU_KEY = (inv.gpus.c.cluster, inv.gpus.c.node, inv.gpus.c.uuid,
-           inv.gpus.c.slice_key)
+
 
 
 class ApiError(Exception):
@@ -100,9 +99,7 @@ async def scope_of(caller: Annotated[Caller, Depends(identify)]) -> Scope:
 
 async def idle_rule_of(request: Request) -> Any:
     """The service's idle rule (hub.usage.IdleRule): `serve --idle-threshold/--idle-for`."""
-    from hub.usage import IdleRule
-
-    return getattr(request.app.state, "idle_rule", None) or IdleRule()
+    return getattr(request.app.state, "idle_rule", None) or answers.IdleRule()
 
 
 async def prices_of(request: Request) -> Any:
@@ -132,35 +129,6 @@ PercentParam = Annotated[float | None, Query(ge=0, le=100, allow_inf_nan=False,
                                              description="Utilisation %.")]
 UuidPath = Annotated[str, Path(description="GPU uuid, percent-encoded ('/' as %2F).",
                                pattern=TEXT_PATTERN)]
-
-
-# -- read-only engine -------------------------------------------------------------------------
-def read_only_engine(url: str | None) -> Engine:
-    """An inventory engine that cannot write, so no API bug can alter the inventory.
-
-    SQLite: ``PRAGMA query_only`` on every connection. PostgreSQL: every transaction starts
-    read-only (``default_transaction_read_only``), set as a connection option so that no
-    rollback can undo it, and a connect timeout so a dead server fails a request rather than
-    hanging it.
-    """
-    engine = inv.make_engine(url, create=True)
-    if engine.dialect.name == "sqlite":
-
-        @event.listens_for(engine, "connect")
-        def _query_only(dbapi_conn: Any, record: Any) -> None:
-            cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA query_only = ON")
-            cur.close()
-
-    elif engine.dialect.name == "postgresql":
-
-        @event.listens_for(engine, "do_connect")
-        def _read_only(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> None:
-            options = cparams.get("options", "")
-            cparams["options"] = f"{options} -c default_transaction_read_only=on".strip()
-            cparams.setdefault("connect_timeout", 5)
-
-    return engine
 
 
 # -- continue tokens and paging ------------------------------------------------------------------
@@ -212,91 +180,6 @@ def page_items(items: list[dict[str, Any]], key: Callable[[Mapping[str, Any]], t
 
 def text_key(*names: str) -> Callable[[Mapping[str, Any]], tuple[str, ...]]:
     return lambda item: tuple(str(item.get(n) or "") for n in names)
-
-
-# -- inventory reads ----------------------------------------------------------------------------
-def page_gpus(conn: Connection, *, cluster: str | None = None, node: str | None = None,
-              state: str | None = None, vendor: str | None = None,
-              health: str | None = None, limit: int = DEFAULT_LIMIT,
-              after: Sequence[str] | None = None, within: frozenset[str] | None = None
-              ) -> tuple[list[dict[str, Any]], tuple[str, ...] | None]:
-    """One page of GPUs (physical and MIG slices) in primary-key order, and the key to go on.
-
-    Keyset paging: ``WHERE (cluster, node, uuid, slice_key) > :after ORDER BY ... LIMIT n+1``
-    rides the primary-key index on both databases. The extra row only tells whether another
-    page exists, so the last page says so itself instead of a trailing empty one.
-    """
-    table = inv.gpus
-    stmt = sa.select(table)
-    for column, value in (("cluster", cluster), ("node", node), ("state", state),
-                          ("vendor", vendor), ("health", health)):
-        if value is not None:
-            stmt = stmt.where(table.c[column] == value)
-    if within is not None:  # a scope: only these clusters, in SQL so paging stays exact
-        stmt = stmt.where(table.c.cluster.in_(sorted(within)))
-    if after is not None:
-        stmt = stmt.where(sa.tuple_(*GPU_KEY) > sa.tuple_(*(sa.literal(v) for v in after)))
-    rows = conn.execute(stmt.order_by(*GPU_KEY).limit(limit + 1)).mappings().all()
-    more = len(rows) > limit
-    rows = rows[:limit]
-    last = tuple(rows[-1][c.name] for c in GPU_KEY) if more else None
-    return [inv.gpu_item(r) for r in rows], last
-
-
-def gpu_detail(conn: Connection, uuid: str, scope: Scope = FULL) -> dict[str, Any] | None:
-    """A GPU by uuid with its MIG slices; None when unknown.
-
-    A uuid normally lives on one node. When it appears on several (a GPU moved between nodes,
-    or an exporter that reports a serial-derived id twice), the answer is deterministic: the
-    node whose physical row is active, then the most recently seen, then primary-key order;
-    the other places are listed in ``also_seen_on`` so nothing is hidden.
-    """
-    table = inv.gpus
-    rows = conn.execute(
-        sa.select(table).where(table.c.uuid == uuid).order_by(*GPU_KEY)
-    ).mappings().all()
-    rows = [r for r in rows if scope.allows_cluster(r["cluster"])]
-    if not rows:
-        return None
-    places: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
-    for row in rows:
-        places.setdefault((row["cluster"], row["node"]), []).append(row)
-
-    def physical_of(group: list[Mapping[str, Any]]) -> Mapping[str, Any]:
-        return next((r for r in group if r["slice_key"] == ""), group[0])
-
-    # Stable sorts, last key first: active before stale, then newest, then primary key.
-    ordered = sorted(places.items(), key=lambda item: item[0])
-    ordered.sort(key=lambda item: physical_of(item[1])["last_seen"] or dt.datetime.min,
-                 reverse=True)
-    ordered.sort(key=lambda item: physical_of(item[1])["state"] != inv.ACTIVE)
-    chosen = ordered[0][1]
-    physical = next((r for r in chosen if r["slice_key"] == ""), None)
-    others = []
-    for (cluster, node), group in ordered[1:]:
-        first = physical_of(group)
-        others.append({"cluster": cluster, "node": node, "state": first["state"],
-                       "last_seen": first["last_seen"]})
-    return {
-        "gpu": inv.gpu_item(physical) if physical is not None else None,
-        "slices": [inv.gpu_item(r) for r in chosen if r["slice_key"] != ""],
-        "also_seen_on": others,
-    }
-
-
-def gpu_counts(conn: Connection) -> list[tuple[str, str, int]]:
-    """Physical GPUs by (cluster, state), every known state present for every cluster."""
-    table = inv.gpus
-    rows = conn.execute(
-        sa.select(table.c.cluster, table.c.state, sa.func.count())
-        .where(table.c.slice_key == "")
-        .group_by(table.c.cluster, table.c.state)
-    ).all()
-    counts = {(c, s): n for c, s, n in rows}
-    for cluster in {c for c, _ in counts}:
-        for state in STATES:
-            counts.setdefault((cluster, state), 0)
-    return sorted((c, s, n) for (c, s), n in counts.items())
 
 
 # -- handlers -----------------------------------------------------------------------------------
@@ -361,7 +244,7 @@ def gpu(engine: ReadEngine, scope: CallerScope, uuid: UuidPath) -> dict[str, Any
     """One GPU (the physical device) with its MIG slices. A uuid seen on several nodes
     answers the active, most recently seen one and lists the others in also_seen_on."""
     with engine.connect() as conn:
-        found = gpu_detail(conn, uuid, scope) if uuid else None
+        found = gpu_detail(conn, uuid, clusters=scope.clusters) if uuid else None
     if found is None:  # outside the scope reads like unknown: no hint that it exists
         raise ApiError(404, f"unknown GPU {uuid[:128]!r}")
     return found
@@ -487,14 +370,10 @@ def _by(by: str | None, choices: Sequence[str], default: str) -> list[str]:
 
 
 def _usage_groups() -> list[str]:
-    from hub import usage as answers
-
     return list(answers.GROUPS)
 
 
 def _capacity_groups() -> list[str]:
-    from hub import usage as answers
-
     return list(answers.CAPACITY_GROUPS)
 
 
@@ -517,8 +396,6 @@ def usage(engine: ReadEngine, scope: CallerScope, since: SinceParam = None,
     """GPU-hours per group from the usage ledger (see docs/usage.md for each figure). A
     scoped caller's GPU-hours count only its clusters' and namespaces' ledger rows. With
     `serve --prices`, each group also has cost and unpriced_gpu_hours (showback)."""
-    from hub import usage as answers
-
     start, end = _period(since, from_, until)
     groups = _by(by, _usage_groups(), "namespace")
     for_s = _idle_for("idle_for", idle_for, rule)
@@ -546,8 +423,6 @@ def idle(engine: ReadEngine, scope: CallerScope, since: SinceParam = None,
          rule: Annotated[Any, Depends(idle_rule_of)] = None) -> dict[str, Any]:
     """Allocated GPUs and slices idle for at least 'for' in a row, most GPU-hours wasted
     first."""
-    from hub import usage as answers
-
     start, end = _period(since, from_, until)
     for_s = _idle_for("for", for_, rule)
     with engine.connect() as conn:
@@ -563,8 +438,6 @@ def capacity(request: Request, engine: ReadEngine, scope: CallerScope,
     """GPU-equivalents per group now: total, active, stale, allocated, free. A scoped
     caller's groups cover its clusters; ``fleet`` totals the whole fleet in numbers without
     names when its scope allows fleet counts."""
-    from hub import usage as answers
-
     groups = _by(by, _capacity_groups(), "model")
     memo = request.app.state.memo
     within = None if scope.clusters is None else tuple(sorted(scope.clusters))
@@ -591,38 +464,25 @@ def events(engine: ReadEngine, scope: CallerScope,
            ) -> dict[str, Any]:
     """Inventory events, newest first; paged by a keyset on the event id (written in time
     order); a scoped caller sees only its clusters' events."""
-    table = inv.events
-    stmt = sa.select(table)
-    if since:
-        stmt = stmt.where(table.c.at >= look_back(since, inv.now_utc()))
     cluster = scoped_cluster(cluster, scope)
-    if cluster is not None:
-        stmt = stmt.where(table.c.cluster == cluster)
-    if scope.clusters is not None:
-        stmt = stmt.where(table.c.cluster.in_(sorted(scope.clusters)))
-    if uuid:
-        stmt = stmt.where(table.c.uuid == uuid)
-    if type is not None:
-        stmt = stmt.where(table.c.type == type)
+    before = None
     if continue_:
         last = decode_token(continue_)
         if not EVENT_ID.fullmatch(last[0]) or any(last[1:]):
             raise ApiError(400, "invalid continue token (pass the 'continue' value of the "
                                 "previous page unchanged)")
-        stmt = stmt.where(table.c.id < int(last[0]))
+        before = int(last[0])
     with engine.connect() as conn:
-        rows = conn.execute(stmt.order_by(table.c.id.desc()).limit(limit + 1)).mappings().all()
-    more = len(rows) > limit
-    rows = rows[:limit]
-    next_token = encode_token([str(rows[-1]["id"]), "", "", ""]) if more else None
-    return _listing([inv.event_item(r) for r in rows], next_token)
+        items, last_id = inv.page_events(
+            conn, since=look_back(since, inv.now_utc()) if since else None, cluster=cluster,
+            clusters=scope.clusters, uuid=uuid or None, type=type, limit=limit, before=before)
+    next_token = encode_token([str(last_id), "", "", ""]) if last_id is not None else None
+    return _listing(items, next_token)
 
 
 def gpu_history(engine: ReadEngine, scope: CallerScope, uuid: UuidPath) -> dict[str, Any]:
     """One GPU's story: where it is, its MIG slices, events, allocations and recent usage
     rows. A GPU outside the caller's clusters reads as unknown (404), as /gpus/{uuid} does."""
-    from hub import usage as answers
-
     with engine.connect() as conn:
         found = answers.gpu_history(conn, uuid) if uuid else None
     if found is None or not scope.allows_cluster(found["gpu"].get("cluster")):

@@ -11,9 +11,10 @@ Everything a request meets, in order:
    is not).
 3. :meth:`Gate.caller` through the ``identify`` dependency on every route that is not public:
    a bearer token or a browser session becomes a :class:`Caller`, or a 401.
-4. The handler (``hub.service._api`` and the closures below), then :func:`confine` with the
-   caller's scope (every route is registered through :func:`_guarded`, which adds both 3 and
-   this step), then the response model.
+4. The handler (``hub.service._api``, ``hub.service._routers``), then :func:`confine` with
+   the caller's scope: every router is a ``ConfinedRouter`` (hub/service/_routing.py), which
+   adds both 3 and this step to each route, closed to scoped callers unless the route is
+   declared ``scoped``; then the response model.
 5. Errors: every refusal and failure is ``{"error": "..."}`` JSON with a status the
    description declares (400 for any client mistake, 401, 403, 404, 405, 503 for the
    database, 500 for a bug), never a trace.
@@ -21,17 +22,14 @@ Everything a request meets, in order:
 
 from __future__ import annotations
 
-import asyncio
-import datetime as dt
-import inspect
 import logging
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Any
 
 import sqlalchemy as sa
-from fastapi import Depends, FastAPI, Path, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
@@ -43,36 +41,24 @@ from starlette.types import ASGIApp, Message, Receive, Send
 from starlette.types import Scope as AsgiScope
 
 from hub import __version__
-from hub.service import _api as api
-from hub.service import _detail as detail
 from hub.service import _models as models
+from hub.service import _routers as routers_
 from hub.service._api import (
     DB_UNAVAILABLE,
-    METRICS_CONTENT_TYPE,
     PRINTABLE,
     ApiError,
-    CallerScope,
-    ReadEngine,
-    identify,
     public_error,
 )
-from hub.service._auth import ANONYMOUS, FULL, Authenticator, Caller, Scope, Unauthorized
-from hub.service._confine import confine
-from hub.service._detail import DetailPage
+from hub.service._auth import ANONYMOUS, Authenticator, Caller, Unauthorized
 from hub.service._memo import Memo
 from hub.service._page import (
-    MAX_SEARCH,
     SectionSource,
-    _takes_scope,
-    page_data,
-    render_page,
-    search_text,
-    unavailable_data,
 )
+from hub.service._routers import database_error
+from hub.service._routing import RouteInfo, include
 from hub.service._session import (
     COOKIE,
     MAX_FORM,
-    MAX_TOKEN,
     DbSessions,
     Login,
     Sessions,
@@ -84,23 +70,11 @@ log = logging.getLogger("gpufleet.api")
 
 #: the largest request body accepted at all; the sign-in form reads at most MAX_FORM of it
 MAX_BODY = 4 * MAX_FORM
-#: seconds a client has to send the sign-in form's body once its headers are in
-BODY_TIMEOUT = 10.0
 #: the largest request head (h11 also refuses one that arrives incomplete beyond this)
 MAX_HEADER_BYTES = 16 * 1024
 #: at most this many query parameters (a page has six at most)
 MAX_PARAMS = 50
 COMMON_HEADERS = [(b"cache-control", b"no-store"), (b"x-content-type-options", b"nosniff")]
-
-
-def database_error(exc: BaseException) -> str:
-    """A one-line reason for a failed database read, without the URL or the statement."""
-    orig = getattr(exc, "orig", None)
-    text = str(orig if orig is not None else exc).strip()
-    first = text.splitlines()[0] if text else type(exc).__name__
-    if "no such table" in first or type(orig).__name__ == "UndefinedTable":
-        return "the inventory is empty: no sync has completed yet"
-    return f"{DB_UNAVAILABLE}: {first}"
 
 
 # -- 1. the ASGI guard ----------------------------------------------------------------------------
@@ -264,84 +238,7 @@ class Gate:
         return caller
 
 
-# -- 4. routes: every one through _guarded ---------------------------------------------------------
-@dataclass
-class Page:
-    """What the live page shows (confined like any answer), rendered after."""
-
-    data: dict[str, Any]
-    status: int = 200
-
-    def response(self) -> Response:
-        return render_page(self.data, self.status)
-
-
-def _guarded(endpoint: Callable[..., Any], *, public: bool) -> Callable[..., Any]:
-    """The endpoint as the app serves it: with the caller dependency (unless public), closed
-    to scoped callers when it does not take ``scope``, and its answer confined to the
-    caller's scope. FastAPI reads the signature, so the wrapper shows the endpoint's own
-    parameters plus ``_caller``."""
-    hints = typing.get_type_hints(endpoint, include_extras=True)
-    signature = inspect.signature(endpoint)
-    parameters = [p.replace(annotation=hints.get(p.name, p.annotation))
-                  for p in signature.parameters.values()]
-    takes_scope = "scope" in signature.parameters
-    if not public:
-        parameters.append(inspect.Parameter("_caller", inspect.Parameter.KEYWORD_ONLY,
-                                            annotation=Annotated[Caller, Depends(identify)]))
-
-    def finish(caller: Caller | None, result: Any) -> Any:
-        if caller is not None:
-            result = confine(result, caller.scope)
-        return result.response() if isinstance(result, (Page, DetailPage)) else result
-
-    def admit(kwargs: dict[str, Any]) -> Caller | None:
-        caller = kwargs.pop("_caller", None)
-        if caller is not None and not takes_scope and not caller.scope.unrestricted:
-            raise ApiError(403, "this endpoint is outside your scope")
-        return caller
-
-    if inspect.iscoroutinefunction(endpoint):
-        async def wrapper(**kwargs: Any) -> Any:
-            caller = admit(kwargs)
-            return finish(caller, await endpoint(**kwargs))
-    else:
-        # A synchronous handler (a database read) runs in the thread pool, its answer
-        # confined there too; the wrapper itself is async so that FastAPI checks the answer
-        # against its model on the way out without another trip through the pool.
-        async def wrapper(**kwargs: Any) -> Any:  # type: ignore[misc]
-            caller = admit(kwargs)
-            return await run_in_threadpool(lambda: finish(caller, endpoint(**kwargs)))
-
-    wrapper.__signature__ = signature.replace(  # type: ignore[attr-defined]
-        parameters=parameters, return_annotation=inspect.Signature.empty)
-    wrapper.__name__ = endpoint.__name__
-    wrapper.__doc__ = endpoint.__doc__
-    return wrapper
-
-
-@dataclass(frozen=True)
-class RouteInfo:
-    """What the description says beyond the response model: errors and visibility."""
-
-    public: bool
-    errors: tuple[int, ...]
-
-
-def route(app: FastAPI, path: str, endpoint: Callable[..., Any], model: Any, *,
-          errors: tuple[int, ...] = (400,), public: bool = False, method: str = "GET",
-          **options: Any) -> None:
-    """The only way a route joins the app: through :func:`_guarded` (the caller, the scope
-    step), with its summary from the endpoint's docstring and its errors for the description.
-    """
-    app.state.routes[(path.replace(":path}", "}"), method.lower())] = RouteInfo(public, errors)
-    app.add_api_route(path, _guarded(endpoint, public=public), methods=[method],
-                      response_model=model, summary=" ".join(
-                          (endpoint.__doc__ or "").split("\n\n")[0].split()) or None,
-                      **options)
-    app.state.openapi = None  # described again on the next ask
-
-
+# -- 4. routes: the routers, each route through the confine step ------------------------------
 def build_app(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, Any]]],
               findings: Callable[[], tuple[list[dict[str, Any]], float | None]],
               metrics: Callable[[str | None, str | None], tuple[bytes, dict[str, str]]],
@@ -378,239 +275,24 @@ def build_app(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, Any]
     app.state.idle_rule = idle_rule
     app.state.gate = Gate(auth, login, on_refused)
     app.state.memo = memo = Memo()
-    page_sections = [_kept(source, memo) for source in page_sections]
     app.state.routes = {}
-
-    def add(path: str, endpoint: Callable[..., Any], model: Any, **options: Any) -> None:
-        route(app, path, endpoint, model, **options)
-
-    # -- the service's own endpoints ----------------------------------------------------------
-    async def healthz() -> JSONResponse:
-        """Whether the last sync succeeded within two intervals (200) or not (503, with the
-        reason)."""
-        ok, details = health()
-        body = models.HealthBody.model_validate(details).model_dump(mode="json",
-                                                                    exclude_unset=True)
-        return JSONResponse(body, 200 if ok else 503)
-
-    async def metrics_(request: Request) -> Response:
-        """Prometheus metrics of the service and the inventory (OpenMetrics when asked, gzip
-        when accepted)."""
-        body, headers = await run_in_threadpool(
-            metrics, request.headers.get("accept"), request.headers.get("accept-encoding"))
-        return Response(body, headers=headers)
-
-    def openapi(scope: CallerScope) -> dict[str, Any]:
-        """This description (OpenAPI 3.1)."""
-        return describe(app, secured=auth.enabled)
-
-    def findings_(scope: CallerScope,
-                  severity: Annotated[typing.Literal[models.SEVERITIES] | None,  # type: ignore[valid-type]
-                                      api.Query(description="Only this severity.")] = None,
-                  cluster: api.ClusterParam = None, limit: api.LimitParam = api.DEFAULT_LIMIT,
-                  continue_: api.ContinueParam = None) -> dict[str, Any]:
-        """Findings of the latest checks (empty until checks are configured); paged."""
-        cluster = api.scoped_cluster(cluster, scope)
-        items, generated = findings()
-        selected = api.visible_findings(items, scope, severity=severity, cluster=cluster)
-        when = dt.datetime.fromtimestamp(generated, dt.UTC) if generated is not None else None
-        failed = check_failure()
-        last_failure = None if failed is None else {  # no hub URL or driver text to callers
-            "at": dt.datetime.fromtimestamp(failed[0], dt.UTC),
-            "error": public_error(failed[1])}
-        page = api.page_items([{**f, "checked_at": when} for f in selected],
-                              api.text_key("cluster", "node", "gpu", "check", "message"),
-                              continue_, limit, "f1", 5)
-        return {**page, "generated_at": when, "last_check_failed": last_failure}
-
-    def page(engine: ReadEngine, scope: CallerScope, request: Request,
-             caller: Annotated[Caller, Depends(identify)],
-             q: Annotated[str | None, api.Query(
-                 description="A GPU UUID (or its start), a node or a namespace to look up.",
-                 max_length=MAX_SEARCH + 64, pattern=api.TEXT_PATTERN)] = None) -> Page:
-        """The live page of the fleet (HTML, read-only): clusters and their freshness, stale
-        GPUs, GPUs with findings, findings; search with q."""
-        search = search_text({"q": [q]} if q is not None else {})
-        items, generated = findings()
-        who = {"signed_in": caller.name if auth.enabled else None,
-               "can_sign_out": bool(getattr(request.state, "by_session", False))}
-        try:
-            # kept until the inventory or the findings change (or 30 s): a page view is a
-            # dozen reads and a few folds of the whole inventory
-            with engine.connect() as conn:
-                data = memo.get(conn, ("page", scope, search, generated, len(items)),
-                                lambda: page_data(engine, search=search, findings=items,
-                                                  findings_at=generated, extra=page_sections,
-                                                  scope=scope))
-        except sa.exc.SQLAlchemyError as exc:
-            return Page({**unavailable_data(search, database_error(exc)), **who}, 503)
-        return Page({**data, **who})
-
-    html = {"content": {"text/html": {"schema": {"type": "string"}}}}
-    add("/", page, None, errors=(400, 503), response_class=_Html,
-        responses={"200": {"description": "OK", **html},
-                   **({"303": _see_other("A browser (Accept: text/html) without a session: "
-                                         "to /login.", False)} if login else {})})
-    add("/healthz", healthz, models.HealthBody, public=True, errors=(400, 503))
-    add("/metrics", metrics_, None, public=metrics_open, response_class=_Text,
-        responses={"200": {"description": "OK", "content": {
-            "text/plain": {"schema": {"type": "string"}},
-            "application/openmetrics-text": {"schema": {"type": "string"}}}}})
-    add("/api/v1/openapi.json", openapi, dict[str, Any])
-    add("/api/v1/clusters", api.clusters, models.ClusterList, errors=(400, 503))
-    add("/api/v1/nodes", api.nodes, models.NodeList, errors=(400, 503))
-    add("/api/v1/gpus", api.gpus, models.GpuList, errors=(400, 503))
-    add("/api/v1/gpus/{uuid:path}/history", api.gpu_history, models.GpuHistory,
-        errors=(400, 404, 503))
-    add("/api/v1/gpus/{uuid:path}", api.gpu, models.GpuDetail, errors=(400, 404, 503))
-    add("/api/v1/allocations", api.allocations, models.AllocationList, errors=(400, 503))
-    add("/api/v1/findings", findings_, models.FindingList)
-    # a usage or capacity row carries the keys of its grouping only, not the others as null
-    add("/api/v1/usage", api.usage, models.UsageList, errors=(400, 503),
-        response_model_exclude_unset=True)
-    add("/api/v1/idle", api.idle, models.IdleList, errors=(400, 503))
-    add("/api/v1/capacity", api.capacity, models.CapacityList, errors=(400, 503),
-        response_model_exclude_unset=True)
-    add("/api/v1/events", api.events, models.EventList, errors=(400, 503))
-    add("/api/v1/sync-runs", api.sync_runs, models.SyncRunList, errors=(400, 503))
-    def cluster_page(engine: ReadEngine, scope: CallerScope,
-                     cluster: Annotated[str, Path(pattern=api.TEXT_PATTERN)]) -> DetailPage:
-        """One cluster: its nodes and GPUs (HTML), the JSON one click away."""
-        with engine.connect() as conn:
-            return detail.cluster_page(conn, cluster, scope)
-
-    def node_page(engine: ReadEngine, scope: CallerScope,
-                  cluster: Annotated[str, Path(pattern=api.TEXT_PATTERN)],
-                  node: Annotated[str, Path(pattern=api.TEXT_PATTERN)]) -> DetailPage:
-        """One node: its GPUs and the pods on them (HTML), the JSON one click away."""
-        with engine.connect() as conn:
-            return detail.node_page(conn, cluster, node, scope)
-
-    def gpu_page(engine: ReadEngine, scope: CallerScope, uuid: api.UuidPath) -> DetailPage:
-        """One GPU: where it is, its slices, pods, usage and events (HTML), the JSON one click
-        away."""
-        with engine.connect() as conn:
-            return detail.gpu_page(conn, uuid, scope)
-
-    # browser pages: in the app (and its scope step), not in the API's description
-    for path, endpoint in (("/clusters/{cluster}", cluster_page),
-                           ("/nodes/{cluster}/{node}", node_page),
-                           ("/gpus/{uuid:path}", gpu_page)):
-        add(path, endpoint, None, errors=(400, 404, 503), response_class=_Html,
-            include_in_schema=False)
+    routers = [
+        routers_.pages_router(findings=findings, page_sections=page_sections, memo=memo,
+                              signed_in=auth.enabled, login=login),
+        routers_.meta_router(health=health, metrics=metrics, metrics_open=metrics_open,
+                             describe=lambda request: describe(app, secured=auth.enabled)),
+        routers_.inventory_router(),
+        routers_.findings_router(findings, check_failure),
+        routers_.usage_router(),
+        routers_.history_router(),
+        routers_.detail_pages_router(),
+    ]
     if login is not None:
-        _login_routes(app, add, login)
+        routers.append(routers_.signin_router(login))
+    for router in routers:
+        include(app, router)
     _error_handlers(app, login)
     return app
-
-
-def _kept(source: SectionSource, memo: Memo) -> SectionSource:
-    """A page section kept in ``memo`` until the inventory changes (per scope): the usage
-    sections fold the whole ledger and inventory on every page view otherwise."""
-    takes_scope = _takes_scope(source)
-
-    def kept(conn: Any, *, scope: Scope = FULL) -> Any:
-        key = ("section", source, scope)
-        if takes_scope:
-            return memo.get(conn, key, lambda: source(conn, scope=scope))
-        return memo.get(conn, key, lambda: source(conn))
-
-    kept.__name__ = getattr(source, "__name__", "section")
-    return kept
-
-
-class _Html(Response):
-    media_type = "text/html"
-
-
-class _Text(Response):
-    media_type = METRICS_CONTENT_TYPE.split(";")[0]
-
-
-def _see_other(description: str, cookie: bool) -> dict[str, Any]:
-    headers: dict[str, Any] = {"Location": {"schema": {"type": "string"}, "required": True}}
-    if cookie:
-        headers["Set-Cookie"] = {"schema": {"type": "string"}, "required": True,
-                                 "description": "The session cookie (HttpOnly, "
-                                                "SameSite=Strict), or its removal."}
-    return {"description": description, "headers": headers,
-            "content": {"text/html": {"schema": {"type": "string"}}}}
-
-
-def _html(description: str) -> dict[str, Any]:
-    return {"description": description, "content": {"text/html": {"schema": {
-        "type": "string"}}}}
-
-
-TOKEN_FORM = {"required": True, "content": {"application/x-www-form-urlencoded": {"schema": {
-    "type": "object", "required": ["token"], "additionalProperties": False,
-    "properties": {"token": {
-        "type": "string", "minLength": 1, "maxLength": MAX_TOKEN,
-        "pattern": "^[^\\u0000-\\u001f\\u007f]*$",
-        "description": "A static token or an OIDC access or ID token."}}}}}}
-
-
-async def read_body(request: Request) -> bytes | None:
-    """The request body, at most MAX_FORM bytes within BODY_TIMEOUT; None otherwise (a
-    trickle or a flood is not read to its end)."""
-    chunks: list[bytes] = []
-    size = 0
-
-    async def collect() -> bool:
-        nonlocal size
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > MAX_FORM:
-                return False
-            chunks.append(chunk)
-        return True
-
-    try:
-        whole = await asyncio.wait_for(collect(), BODY_TIMEOUT)
-    except TimeoutError:
-        whole = False
-    return b"".join(chunks) if whole else None
-
-
-def _login_routes(app: FastAPI, add: Callable[..., None], login: Login) -> None:
-    """Sign-in and sign-out for browsers: HTML forms and redirects, no JSON."""
-
-    def form(request: Request) -> Response:
-        """The sign-in form (HTML): paste a token; the browser then keeps a session cookie,
-        never the token."""
-        return login.form(request)
-
-    async def submit(request: Request) -> Response:
-        """Sign in with a token (form post): on success a session cookie and 303 to the
-        page; a bad token answers the form again with 'sign-in failed' (401)."""
-        body = await read_body(request)
-        client = request.client.host if request.client is not None else ""
-        response = await run_in_threadpool(login.submit, body, request.headers, client)
-        if body is None:
-            response.headers["Connection"] = "close"
-        return response
-
-    def logout(request: Request) -> Response:
-        """Sign out (form post): the session ends, its cookie is removed; 303 to /login."""
-        return login.logout(request.headers)
-
-    add("/login", form, None, public=True, errors=(), response_class=_Html,
-        responses={"200": {"description": "The form.", **_html("")},
-                   "400": _html("Parameters given (a token never goes in a URL).")})
-    add("/login", submit, None, public=True, errors=(), method="POST", response_class=_Html,
-        openapi_extra={"requestBody": TOKEN_FORM}, responses={
-            "303": _see_other("Signed in: the session cookie, and to /.", True),
-            "400": _html("The form could not be read."),
-            "401": _html("Sign-in failed (the same answer for any bad token)."),
-            "403": _html("A form sent from another site, or a token whose groups map to no "
-                         "scope."),
-            "429": _html("Too many sign-in attempts from this client in a minute."),
-            "503": _html("As many sessions live as the service keeps; try again later."),
-            "413": {"description": "A body larger than the form can be.", "content": {
-                "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}})
-    add("/logout", logout, None, public=True, errors=(), method="POST", response_class=_Html,
-        responses={"303": _see_other("Signed out: to /login.", True),
-                   "403": _html("A form sent from another site.")})
 
 
 # -- 5. errors -------------------------------------------------------------------------------------

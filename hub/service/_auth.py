@@ -52,8 +52,10 @@ class Unauthorized(Exception):
 class Scope:
     """The part of the fleet a caller sees. ``None`` means every cluster / namespace.
 
-    ``fleet_counts``: whether fleet-wide figures (sync runs, metrics, capacity) stay visible.
-    Handlers take a scope and ask it; nothing outside a scope is ever queried into an answer.
+    ``fleet_counts``: whether the fleet-wide numbers stay visible (sync runs, and the
+    capacity totals beside the caller's own rows; counts without names). Handlers narrow
+    their reads by the scope, and every answer then passes the confine step
+    (hub/service/_confine.py), which drops or masks whatever the scope does not cover.
     """
 
     name: str
@@ -211,9 +213,6 @@ class TokenFile:
             self._tokens = load_tokens(self.path)
             self._stamp = stamp
 
-    def lookup(self, token: str) -> Scope | None:
-        return self.lookup_sha256(hash_token(token))
-
     def lookup_sha256(self, digest: str) -> Scope | None:
         """The scope of the token with this sha256 in the file as it is now (None: gone)."""
         with self._lock:
@@ -370,9 +369,6 @@ class Authenticator:
     @property
     def enabled(self) -> bool:
         return self.tokens is not None or self.oidc is not None
-
-    def authenticate(self, authorization: str | None) -> Scope:
-        return self.bearer(authorization).scope
 
     def bearer(self, authorization: str | None) -> Caller:
         """The caller of an ``Authorization: Bearer TOKEN`` header (everyone, unrestricted,

@@ -20,8 +20,9 @@ from sqlalchemy.engine import Connection
 from starlette.responses import HTMLResponse, Response
 
 from hub import inventory as inv
+from hub import usage
 from hub.common import html_environment, iso
-from hub.service._api import gpu_detail, page_gpus
+from hub.inventory import gpu_detail, page_gpus
 from hub.service._auth import Scope
 from hub.service._confine import confine
 from hub.service._page import GPU_COLUMNS, PAGE_CSP, PAGE_ROWS, Section
@@ -133,11 +134,9 @@ def node_page(conn: Connection, cluster: str, node: str, scope: Scope) -> Detail
 
 
 def gpu_page(conn: Connection, uuid: str, scope: Scope) -> DetailPage:
-    from hub import usage
-
     base = "/api/v1/gpus/" + quote(uuid, safe="")
     json = [base, base + "/history"]
-    detail = gpu_detail(conn, uuid, scope) if uuid else None
+    detail = gpu_detail(conn, uuid, clusters=scope.clusters) if uuid else None
     history = usage.gpu_history(conn, uuid) if detail is not None else None
     if detail is None or history is None or detail["gpu"] is None:
         return _unknown(f"GPU {uuid}", json)

@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, WithJsonSchema, create_model
 
 from hub import inventory as inv
+from hub import usage
 from hub.common import iso
 from hub.store import PROFILES
 
@@ -84,8 +85,6 @@ Event = _model("Event", inv.EVENT_COLUMNS, {"at": Time, "type": EventType,
 
 
 def _usage_models() -> tuple[type[BaseModel], type[BaseModel], type[BaseModel]]:
-    from hub import usage
-
     keys = {c: (Text, None) for c in ["cluster", "namespace", "model", "node", "uuid", "slice"]}
     figures: dict[str, Any] = {c: (Number, ...) for c in usage.USAGE_FIGURES
                                if c != "allocation_basis"}

@@ -7,7 +7,7 @@ and a search by GPU UUID, node or namespace.
 Read-only and server-rendered from the report's templates (templates/report: one layout, one
 set of tables), with no script and no external asset, so it works offline and behind the
 strictest Content-Security-Policy. Every number on it comes from the same functions the JSON
-API answers with (``hub.inventory``'s lists, :func:`~hub.service._api.page_gpus`, the
+API answers with (``hub.inventory``'s lists, :func:`~hub.inventory.page_gpus`, the
 scheduler's findings), so the page and the API cannot disagree, and whatever limits what a
 caller may see in the API limits the page too.
 
@@ -28,10 +28,11 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 from starlette.responses import HTMLResponse
 
-from hub import common
+from hub import common, usage
 from hub import inventory as inv
 from hub.common import html_environment, human_duration, iso
-from hub.service._api import ApiError, page_gpus, visible_findings
+from hub.inventory import page_gpus
+from hub.service._api import ApiError, visible_findings
 from hub.service._auth import FULL, Scope
 
 #: rows per section; the section links to the API for the rest
@@ -120,15 +121,6 @@ GPU_COLUMNS = [("uuid", "GPU"), ("cluster", "Cluster"), ("node", "Node"),
 
 def _gpu_row(gpu: Mapping[str, Any]) -> dict[str, Any]:
     return {**gpu, "last_sample_at": iso(gpu["last_sample_at"]), "_href": _gpu_href(gpu["uuid"])}
-
-
-def stale_gpus_section(conn: Connection) -> Section:
-    """GPUs (and MIG slices) that stopped reporting, as /api/v1/gpus?state=stale pages them."""
-    items, _ = page_gpus(conn, state=inv.STALE, limit=PAGE_ROWS)
-    total = conn.execute(sa.select(sa.func.count()).select_from(inv.gpus)
-                         .where(inv.gpus.c.state == inv.STALE)).scalar_one()
-    return Section("stale-gpus", "Stale GPUs", GPU_COLUMNS, [_gpu_row(g) for g in items],
-                   "No stale GPU.", "/api/v1/gpus?state=stale", total)
 
 
 def stale_clusters_section(conn: Connection, *, scope: Scope = FULL) -> Section:
@@ -312,8 +304,6 @@ def _idle_query(rule: Any, prefix: str = "") -> str:
 def usage_section(conn: Connection, *, scope: Scope = FULL,
                   rule: Any = None) -> Section | None:
     """GPU-hours by namespace over the last 24 h (None before any usage was collected)."""
-    from hub import usage
-
     rule = rule or usage.IdleRule()
     rows = usage.usage_summary(conn, *_window(), by=("namespace",), clusters=scope.clusters,
                                namespaces=scope.namespaces, idle_threshold=rule.threshold,
@@ -338,8 +328,6 @@ def idle_section(conn: Connection, *, scope: Scope = FULL,
     """Allocated GPUs idle for the rule's time in a row (2 h unless `serve --idle-for`)
     within the last 24 h: the list to reclaim. Read by the same function and rule as the
     usage section's idle GPU-hours, which its title repeats, so the two cannot disagree."""
-    from hub import usage
-
     rule = rule or usage.IdleRule()
     rows = usage.idle_allocated(conn, *_window(), threshold=rule.threshold,
                                 for_seconds=rule.for_seconds, clusters=scope.clusters,
@@ -361,8 +349,6 @@ def capacity_section(conn: Connection, *, scope: Scope = FULL) -> Section | None
     """GPU-equivalents by model now: total, active, stale, allocated, free, over the caller's
     clusters: the items of /api/v1/capacity, which it links to (the fleet's totals are that
     answer's ``fleet``, for a caller whose scope allows them)."""
-    from hub import usage
-
     rows = usage.capacity(conn, ("model",), clusters=scope.clusters)  # /api/v1/capacity's items
     if not rows:
         return None
@@ -387,8 +373,6 @@ def _figure(html: str) -> str:
 def usage_by_day_chart(conn: Connection, *, scope: Scope = FULL,
                        rule: Any = None) -> Section | None:
     """Chart: GPU-hours per day by namespace (stacked), the last CHART_DAYS days."""
-    from hub import usage
-
     rule = rule or usage.IdleRule()
     now = inv.now_utc()
     first = inv.day_of(now) - (CHART_DAYS - 1) * inv.DAY
@@ -405,8 +389,6 @@ def usage_by_day_chart(conn: Connection, *, scope: Scope = FULL,
 
 def utilisation_chart(conn: Connection, *, scope: Scope = FULL) -> Section | None:
     """Chart: fleet utilisation and SM activity per bucket over the last 24 h."""
-    from hub import usage
-
     start, end = _window()
     points = usage.utilisation_over_time(conn, start, end, clusters=scope.clusters,
                                          namespaces=scope.namespaces)
@@ -421,8 +403,6 @@ def utilisation_chart(conn: Connection, *, scope: Scope = FULL) -> Section | Non
 def idle_chart(conn: Connection, *, scope: Scope = FULL, rule: Any = None) -> Section | None:
     """Chart: idle allocated GPU-hours by namespace over the last 24 h, the figure of the
     usage table (`usage --by namespace`), an aggregate the database sums."""
-    from hub import usage
-
     rule = rule or usage.IdleRule()
     rows = usage.usage_summary(conn, *_window(), by=("namespace",), clusters=scope.clusters,
                                namespaces=scope.namespaces, idle_threshold=rule.threshold,
@@ -438,8 +418,6 @@ def idle_chart(conn: Connection, *, scope: Scope = FULL, rule: Any = None) -> Se
 def capacity_chart(conn: Connection, *, scope: Scope = FULL) -> Section | None:
     """Chart: GPU-equivalents by model, allocated / free / stale (the capacity table's
     figures, scoped the same way)."""
-    from hub import usage
-
     rows = usage.capacity(conn, ("model",), clusters=scope.clusters)  # as the table's
     if not rows:
         return None

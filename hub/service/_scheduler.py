@@ -538,7 +538,7 @@ def build_service(jobs: Jobs, *, every: float, engine: Engine, host: str = "127.
 
     def counts() -> list[tuple[str, str, int]]:
         with engine.connect() as conn:
-            return api.gpu_counts(conn)
+            return inv.gpu_counts(conn)
 
     metrics.watch(counts, lambda: scheduler.state.findings)
     app = build_app(engine, health=scheduler.health, findings=scheduler.findings,

@@ -5,7 +5,7 @@ uses and which PromQL the sync sends.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from hub.store._client import (
@@ -18,6 +18,7 @@ if TYPE_CHECKING:
         prometheus_connect,
         range_frame,
     )
+from hub.common import lazy_attributes
 from hub.store._vendors import (
     ALLOCATION_METRICS,
     BOTH,
@@ -160,9 +161,4 @@ _CLIENT = {"NO_PARTIAL_RESPONSE", "HubClient", "HubSettings", "PartialResponse",
            "StreamedRows", "prometheus_connect", "range_frame"}
 
 
-def __getattr__(name: str) -> Any:
-    if name in _CLIENT:
-        from hub.store import _client
-
-        return getattr(_client, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, dict.fromkeys(_CLIENT, "_client"))

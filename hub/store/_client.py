@@ -408,17 +408,22 @@ class HubClient:
         """
         chunks = _chunks(resp, self.safe_url)
         head = ""
-        for chunk in chunks:
-            head += chunk
-            start = head.find('"result":[')
-            if start >= 0:
-                body = json.loads(head[:start] + '"result":[]}}')
-                return body, StreamedRows(head, start + len('"result":['), chunks, rewrite,
-                                          f"hub {self.safe_url}")
-            if len(head) > MAX_ENVELOPE:
-                break
-        head += "".join(chunks)  # no result array (an error, a scalar): small, read it whole
-        return json.loads(rewrite(head) if rewrite else head), None
+        try:
+            for chunk in chunks:
+                head += chunk
+                start = head.find('"result":[')
+                if start >= 0:
+                    body = json.loads(head[:start] + '"result":[]}}')
+                    return body, StreamedRows(head, start + len('"result":['), chunks, rewrite,
+                                              f"hub {self.safe_url}")
+                if len(head) > MAX_ENVELOPE:
+                    break
+            head += "".join(chunks)  # no result array (an error, a scalar): small, read whole
+            return json.loads(rewrite(head) if rewrite else head), None
+        except ValueError:
+            # the body is read: past here there is no resp.text to quote
+            raise HubUnavailable(f"hub {self.safe_url} sent a malformed or incomplete "
+                                 "answer") from None
 
 
 def prometheus_connect(hub_url: str | None = None, *, token_file: str | None = None,

@@ -14,14 +14,13 @@ from hub.usage._answers import (
     capacity,
     group_columns,
     models_used,
-    rollup_days,
     summary_select,
     usage_frame,
     usage_summary,
 )
 from hub.usage._bills import Bill, describe_bill, load_bill, parse_bill
 from hub.usage._fold import fold_bucket
-from hub.usage._history import HISTORY_COLUMNS, gpu_history
+from hub.usage._history import gpu_history
 from hub.usage._idle import (
     IDLE_COLUMNS,
     IDLE_FOR_S,
@@ -46,6 +45,7 @@ from hub.usage._ledger import (
     pending_buckets,
     rebuild_days,
     replace_grid,
+    rollup_days,
     rollup_sums,
     write_bucket,
 )
@@ -65,7 +65,6 @@ __all__ = [
     "CONFIRM_BUCKETS",
     "COST_FIGURES",
     "GROUPS",
-    "HISTORY_COLUMNS",
     "IDLE_COLUMNS",
     "IDLE_FOR_S",
     "IDLE_THRESHOLD_PCT",

@@ -28,7 +28,7 @@ from hub import store
 from hub.usage._bills import Bill, cloud_nodes, needs_nodes, node_prices
 from hub.usage._dra import claim_held
 from hub.usage._idle import IDLE_FOR_S, IDLE_THRESHOLD_PCT, idle_gpu_hours, idle_runs
-from hub.usage._ledger import rollup_sums
+from hub.usage._ledger import rollup_days, rollup_sums
 from hub.usage._meter import BASES
 from hub.usage._prices import Prices, add_costs
 
@@ -77,27 +77,6 @@ SUMS = ["gpu_hours", "allocated_gpu_hours", "busy_gpu_hours", "idle_allocated_gp
         "energy_wh", "energy_measured_gpu_hours", "sm_active_gpu_hours",
         "sm_measured_gpu_hours"]
 RANK = "allocation_basis_rank"
-
-
-def _ledger_has(conn: Connection, start: dt.datetime, end: dt.datetime) -> bool:
-    """Whether any bucket starts in [start, end) (a probe of the ledger's key)."""
-    return conn.execute(sa.select(sa.literal(1)).where(
-        U.c.bucket_start >= start, U.c.bucket_start < end).limit(1)).first() is not None
-
-
-def rollup_days(conn: Connection, start: dt.datetime,
-                end: dt.datetime) -> tuple[dt.datetime, dt.datetime] | None:
-    """[first, last) of the days whose rollup rows stand for exactly the buckets of [start,
-    end) they cover: the whole days inside, plus an edge day when the ledger has no bucket
-    in its part outside the period (``--since``: today, whose later hours have not come)."""
-    first = inv.day_of(start)
-    if first < start and _ledger_has(conn, first, start):
-        first += inv.DAY
-    last = inv.day_of(end)
-    if (last < end and last < dt.datetime.max - 2 * inv.DAY
-            and not _ledger_has(conn, end, last + inv.DAY)):
-        last += inv.DAY
-    return (first, last) if first < last else None
 
 
 def summary_select(conn: Connection, start: dt.datetime, end: dt.datetime,

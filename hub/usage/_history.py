@@ -8,9 +8,6 @@ from sqlalchemy.engine import Connection
 
 from hub import inventory as inv
 
-HISTORY_COLUMNS = ["bucket_start", "cluster", "node", "slice", "namespace", "pod", "gpu_hours",
-                   "avg_utilisation_pct", "energy_wh", "coverage", "allocation_basis"]
-
 
 def gpu_history(conn: Connection, uuid: str, *, events: int = 100,
                 usage_rows: int = 48) -> dict[str, Any] | None:

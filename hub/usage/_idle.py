@@ -21,6 +21,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from hub import inventory as inv
+from hub.usage._ledger import BUCKET_KEY, idle_bucket, rollup_days
 
 U = inv.usage
 #: The defaults every idle answer shares (`idle --threshold/--for`, `usage --idle-threshold
@@ -194,8 +195,6 @@ def _day_segments(conn: Connection, start: dt.datetime, end: dt.datetime, thresh
     day's idle buckets are one unbroken run, the ledger's rows only for the other days and
     the hours at the period's edges. None when the days cannot answer (another threshold,
     no whole day in the period, a ledger whose grid is not stored yet)."""
-    from hub.usage._answers import rollup_days  # (it imports this module)
-    from hub.usage._ledger import BUCKET_KEY
 
     if threshold != inv.ROLLUP_IDLE_THRESHOLD:
         return None
@@ -226,7 +225,6 @@ def _day_segments(conn: Connection, start: dt.datetime, end: dt.datetime, thresh
         reads.append(sa.and_(U.c.uuid.in_(sorted({k[2] for k, _ in broken})),
                              U.c.bucket_start >= days[0], U.c.bucket_start < days[1]))
     if reads:
-        from hub.usage._ledger import idle_bucket
 
         rows = sa.select(*[U.c[c] for c in _KEY], U.c.model, U.c.bucket_start,
                          U.c.bucket_end, U.c.gpu_hours, U.c.avg_utilisation_pct).where(
@@ -253,7 +251,6 @@ def _candidates(conn: Connection, start: dt.datetime, end: dt.datetime,
     ROLLUP_IDLE_THRESHOLD, with an unknown utilisation as 0: a superset for any threshold
     up to it) and those with an idle bucket in the hours at the edges. None: no narrowing
     (a higher threshold, or no whole day in the period)."""
-    from hub.usage._answers import rollup_days  # (it imports this module)
 
     if threshold > inv.ROLLUP_IDLE_THRESHOLD:
         return None

@@ -654,3 +654,24 @@ def describe(result: CollectResult, push_interval: float) -> str:
         text += (f"; stopped: {result.stopped} bucket(s) left, the next collect resumes "
                  "with them")
     return text
+
+
+def _ledger_has(conn: Connection, start: dt.datetime, end: dt.datetime) -> bool:
+    """Whether any bucket starts in [start, end) (a probe of the ledger's key)."""
+    return conn.execute(sa.select(sa.literal(1)).where(
+        usage.c.bucket_start >= start, usage.c.bucket_start < end).limit(1)).first() is not None
+
+
+def rollup_days(conn: Connection, start: dt.datetime,
+                end: dt.datetime) -> tuple[dt.datetime, dt.datetime] | None:
+    """[first, last) of the days whose rollup rows stand for exactly the buckets of [start,
+    end) they cover: the whole days inside, plus an edge day when the ledger has no bucket
+    in its part outside the period (``--since``: today, whose later hours have not come)."""
+    first = day_of(start)
+    if first < start and _ledger_has(conn, first, start):
+        first += DAY
+    last = day_of(end)
+    if (last < end and last < dt.datetime.max - 2 * DAY
+            and not _ledger_has(conn, end, last + DAY)):
+        last += DAY
+    return (first, last) if first < last else None

@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy.engine import Engine
 
 from hub import inventory as inv
+from hub import usage
 from hub.common import UnavailableError, for_people, format_duration, human_duration
 from hub.kube import Catalog, shipped_catalog
 from hub.store import HubClient, PartialResponse
@@ -117,8 +118,6 @@ CHART_DAYS = 14
 
 def idle_rule(threshold: float | None, for_seconds: float | None) -> tuple[float, float]:
     """(threshold %, seconds in a row): the given values, else the shared idle defaults."""
-    from hub import usage
-
     return (usage.IDLE_THRESHOLD_PCT if threshold is None else threshold,
             usage.IDLE_FOR_S if for_seconds is None else for_seconds)
 
@@ -142,8 +141,6 @@ def usage_summary(conn: Any, now: dt.datetime, threshold: float | None = None,
     """The report's usage section: the last day by namespace, idle allocated GPUs, capacity,
     with one idle rule for the figures and the list, and for its charts GPU-hours per day by
     namespace (CHART_DAYS) and utilisation per bucket over the last day."""
-    from hub import usage
-
     threshold, for_seconds = idle_rule(threshold, for_seconds)
     since = now - dt.timedelta(seconds=IDLE_LOOKBACK)
     days_since = inv.day_of(now) - (CHART_DAYS - 1) * inv.DAY

@@ -664,9 +664,10 @@ def _node_result(cluster: str, view: NodeView | None, obs: ObservedNode | None,
     resources = dict(sorted(view.capacity.items())) if view else {}
     advertised = view.gpus if view else 0
     allocatable = sum(view.allocatable.values()) if view and view.allocatable else None
-    base = {"cluster": cluster, "node": name, "k8s_gpus": advertised if view else None,
-            "observed_gpus": obs.gpus if obs else None, "k8s_allocatable": allocatable,
-            "resources": resources, "metrics_node": metrics_node}
+    base: dict[str, Any] = {
+        "cluster": cluster, "node": name, "k8s_gpus": advertised if view else None,
+        "observed_gpus": obs.gpus if obs else None, "k8s_allocatable": allocatable,
+        "resources": resources, "metrics_node": metrics_node}
     if view is not None and _dra_published(view):
         return _dra_result(view, obs, base)
     if not advertised:
@@ -841,11 +842,13 @@ def compare(views: Iterable[NodeView], observed: Iterable[ObservedNode], *,
         gpu_views = [v for v in views_here if v.gpus]
         mc = managed_by.get(cluster)
         tag = f" ({_managed(mc)})" if mc else ""
-        common = {"managed": (cluster in managed_by) if managed is not None else None,
-                  "available": mc.available if mc else None,
-                  "observed_nodes": len(active), "observed_gpus": sum(o.gpus for o in active)}
+        common: dict[str, Any] = {
+            "managed": (cluster in managed_by) if managed is not None else None,
+            "available": mc.available if mc else None,
+            "observed_nodes": len(active), "observed_gpus": sum(o.gpus for o in active)}
         if cluster in covered:
-            k8s = {"k8s_gpu_nodes": len(gpu_views), "k8s_gpus": sum(v.gpus for v in gpu_views)}
+            k8s: dict[str, Any] = {"k8s_gpu_nodes": len(gpu_views),
+                                   "k8s_gpus": sum(v.gpus for v in gpu_views)}
             bad = [r for r in nodes if r.cluster == cluster and r.status not in NODE_PASSING]
             if not gpu_views and not active and not bad:
                 status, reason = CLUSTER_NO_GPUS, "no GPU nodes in Kubernetes, no GPU metrics"

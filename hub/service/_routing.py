@@ -1,0 +1,180 @@
+"""How a route joins the service: the caller, its visibility and the confine step, for every
+route of every router.
+
+A route's visibility is declared where it is added, never inferred from its handler:
+
+* ``public``: no caller asked for (/healthz, the sign-in forms, /metrics when open);
+* ``scoped``: any caller, the answer confined to the caller's scope (hub/service/_confine.py);
+* ``fleet``: whole-fleet callers only, 403 for a scoped one. The default, so a route added
+  without a thought answers no team until it is declared ``scoped``.
+
+:class:`ConfinedRouter` is the only router the service uses: its ``add_api_route`` (which
+``@router.get`` goes through as well) wraps every handler in :func:`_guarded`, so no route
+can skip the step; :func:`include` puts a router's routes in the app.
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, FastAPI
+from fastapi.routing import APIRoute
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import Response
+
+from hub.service._api import METRICS_CONTENT_TYPE, ApiError, identify
+from hub.service._auth import Caller
+from hub.service._confine import confine
+from hub.service._detail import DetailPage
+from hub.service._page import render_page
+
+Visibility = Literal["public", "scoped", "fleet"]
+#: set on a guarded handler: include_router hands it over again, and it is wrapped once
+_GUARDED = "__gpufleet_guarded__"
+
+
+@dataclass
+class Page:
+    """What the live page shows (confined like any answer), rendered after."""
+
+    data: dict[str, Any]
+    status: int = 200
+
+    def response(self) -> Response:
+        return render_page(self.data, self.status)
+
+
+class Html(Response):
+    media_type = "text/html"
+
+
+class Text(Response):
+    media_type = METRICS_CONTENT_TYPE.split(";")[0]
+
+
+@dataclass(frozen=True)
+class RouteInfo:
+    """What the description says beyond the response model: errors and visibility."""
+
+    public: bool
+    errors: tuple[int, ...]
+
+
+def _guarded(endpoint: Callable[..., Any], visibility: Visibility) -> Callable[..., Any]:
+    """The endpoint as the app serves it: with the caller dependency (unless public), closed
+    to scoped callers unless declared ``scoped``, and its answer confined to the caller's
+    scope. FastAPI reads the signature, so the wrapper shows the endpoint's own parameters
+    plus ``_caller``."""
+    if getattr(endpoint, _GUARDED, False):
+        return endpoint
+    hints = typing.get_type_hints(endpoint, include_extras=True)
+    signature = inspect.signature(endpoint)
+    parameters = [p.replace(annotation=hints.get(p.name, p.annotation))
+                  for p in signature.parameters.values()]
+    if visibility != "public":
+        parameters.append(inspect.Parameter("_caller", inspect.Parameter.KEYWORD_ONLY,
+                                            annotation=Annotated[Caller, Depends(identify)]))
+
+    def finish(caller: Caller | None, result: Any) -> Any:
+        if caller is not None:
+            result = confine(result, caller.scope)
+        return result.response() if isinstance(result, (Page, DetailPage)) else result
+
+    def admit(kwargs: dict[str, Any]) -> Caller | None:
+        caller = kwargs.pop("_caller", None)
+        if caller is not None and visibility == "fleet" and not caller.scope.unrestricted:
+            raise ApiError(403, "this endpoint is outside your scope")
+        return caller
+
+    if inspect.iscoroutinefunction(endpoint):
+        async def wrapper(**kwargs: Any) -> Any:
+            caller = admit(kwargs)
+            return finish(caller, await endpoint(**kwargs))
+    else:
+        # A synchronous handler (a database read) runs in the thread pool, its answer
+        # confined there too; the wrapper itself is async so that FastAPI checks the answer
+        # against its model on the way out without another trip through the pool.
+        async def wrapper(**kwargs: Any) -> Any:  # type: ignore[misc]
+            caller = admit(kwargs)
+            return await run_in_threadpool(lambda: finish(caller, endpoint(**kwargs)))
+
+    wrapper.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=parameters, return_annotation=inspect.Signature.empty)
+    wrapper.__name__ = endpoint.__name__
+    wrapper.__doc__ = endpoint.__doc__
+    setattr(wrapper, _GUARDED, True)
+    return wrapper
+
+
+def _summary(endpoint: Callable[..., Any]) -> str | None:
+    return " ".join((endpoint.__doc__ or "").split("\n\n")[0].split()) or None
+
+
+class ConfinedRouter(APIRouter):
+    """An APIRouter whose every route goes through :func:`_guarded`, its summary from the
+    handler's docstring, its errors and visibility kept for the description (``infos``)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.infos: dict[tuple[str, str], RouteInfo] = {}
+
+    def add_api_route(self, path: str, endpoint: Callable[..., Any], *,  # type: ignore[override]
+                      visibility: Visibility = "fleet", errors: tuple[int, ...] = (400,),
+                      **kwargs: Any) -> None:
+        for method in kwargs.get("methods") or ["GET"]:
+            self.infos[(path.replace(":path}", "}"), method.lower())] = RouteInfo(
+                visibility == "public", errors)
+        if kwargs.get("summary") is None:
+            kwargs["summary"] = _summary(endpoint)
+        super().add_api_route(path, _guarded(endpoint, visibility), **kwargs)
+
+    def add(self, path: str, endpoint: Callable[..., Any], model: Any, *,
+            visibility: Visibility = "fleet", errors: tuple[int, ...] = (400,),
+            method: str = "GET", **options: Any) -> None:
+        """One route: ``model`` its response model."""
+        self.add_api_route(path, endpoint, visibility=visibility, errors=errors,
+                           methods=[method], response_model=model, **options)
+
+
+def include(app: FastAPI, router: ConfinedRouter) -> None:
+    """The router's routes in the app (already guarded: not wrapped again), their errors and
+    visibility in the app's description.
+
+    Added route by route, as ``include_router`` did before FastAPI 0.165 (it now nests the
+    router, lazily): the strict-query step, the 405's Allow header and the description read
+    the app's routes flat, as do the route walks of the tests.
+    """
+    for r in router.routes:
+        if not isinstance(r, APIRoute):
+            raise TypeError(f"{r!r}: a ConfinedRouter holds API routes only")
+        app.router.add_api_route(
+            r.path, r.endpoint, response_model=r.response_model, status_code=r.status_code,
+            tags=r.tags, dependencies=r.dependencies, summary=r.summary,
+            description=r.description, response_description=r.response_description,
+            responses=r.responses, deprecated=r.deprecated, methods=r.methods,
+            operation_id=r.operation_id,
+            response_model_include=r.response_model_include,
+            response_model_exclude=r.response_model_exclude,
+            response_model_by_alias=r.response_model_by_alias,
+            response_model_exclude_unset=r.response_model_exclude_unset,
+            response_model_exclude_defaults=r.response_model_exclude_defaults,
+            response_model_exclude_none=r.response_model_exclude_none,
+            include_in_schema=r.include_in_schema, response_class=r.response_class,
+            name=r.name, callbacks=r.callbacks, openapi_extra=r.openapi_extra,
+            generate_unique_id_function=r.generate_unique_id_function)
+    app.state.routes.update(router.infos)
+    app.state.openapi = None  # described again on the next ask
+
+
+def route(app: FastAPI, path: str, endpoint: Callable[..., Any], model: Any, *,
+          visibility: Visibility = "fleet", errors: tuple[int, ...] = (400,),
+          method: str = "GET", **options: Any) -> None:
+    """One more route on a built app (a router of one), as every route joins it."""
+    router = ConfinedRouter()
+    router.add(path, endpoint, model, visibility=visibility, errors=errors, method=method,
+               **options)
+    include(app, router)
