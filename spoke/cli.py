@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from spoke._podresources import KubeletPods
 
 
-class _Terminated(Exception):
+class _Terminated(BaseException):
     """SIGTERM arrived: Kubernetes is stopping the pod; shut down cleanly, exit 0."""
 
 

@@ -331,6 +331,7 @@ def test_a_scope_flag_must_be_a_boolean(tmp_path):
 def test_a_tokens_file_that_turns_binary_keeps_the_last_good_one(tmp_path, caplog):
     """As with invalid YAML or a deleted file: the running service logs why and keeps
     answering with the tokens it had, instead of a 500 on every request."""
+    import hashlib
     import os
 
     import yaml
@@ -340,10 +341,11 @@ def test_a_tokens_file_that_turns_binary_keeps_the_last_good_one(tmp_path, caplo
     path = tmp_path / "tokens.yaml"
     path.write_text(yaml.safe_dump({"tokens": [token_entry("team", "gpf_team")]}))
     tokens = TokenFile(path)
-    assert tokens.lookup("gpf_team") is not None
+    digest = hashlib.sha256(b"gpf_team").hexdigest()
+    assert tokens.lookup_sha256(digest) is not None
     path.write_bytes(b"tokens:\n- name: \xff\xfe\n")
     os.utime(path, (1, 1))  # a new stamp even within the same clock tick
-    assert tokens.lookup("gpf_team") is not None
+    assert tokens.lookup_sha256(digest) is not None
     assert "tokens file not reloaded" in caplog.text and "not a text (UTF-8) file" in caplog.text
 
 
