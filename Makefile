@@ -34,7 +34,7 @@ apt-wait:
 	done
 
 # Debian packages the real-component tests need; installed only when missing (MISSING_DEBS
-# names them instead of looking), through scripts/install-debs.sh: no recommended packages,
+# names them instead of looking), through .ci/install-debs.sh: no recommended packages,
 # no service enabled or started, one line of output.
 MISSING_DEBS ?=
 debs:
@@ -47,7 +47,7 @@ debs:
 	fi; \
 	if [ -n "$$missing" ]; then \
 	  $(MAKE) --no-print-directory apt-wait || exit $$?; \
-	  APT_LOCK_WAIT=$(APT_LOCK_WAIT) ./scripts/install-debs.sh $$(echo $$missing | tr ' ' '\n' | sort -u); \
+	  APT_LOCK_WAIT=$(APT_LOCK_WAIT) ./.ci/install-debs.sh $$(echo $$missing | tr ' ' '\n' | sort -u); \
 	fi
 
 lint: setup

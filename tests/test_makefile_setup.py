@@ -127,7 +127,7 @@ def test_a_failing_apt_says_so_with_the_end_of_its_log(tmp_path):
     env = {"PATH": "/usr/bin:/bin", "SUDO": "", "APT_GET": str(bin_dir / "apt-get"),
            "SYSTEMCTL": str(tmp_path / "no-systemctl"), "POLICY_RC_D": str(tmp_path / "p"),
            "APT_LOG": str(tmp_path / "apt.log")}
-    result = subprocess.run([str(REPO / "scripts" / "install-debs.sh"), "nope"], env=env,
+    result = subprocess.run([str(REPO / ".ci" / "install-debs.sh"), "nope"], env=env,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     assert result.stderr.splitlines()[0].startswith("error: apt-get could not install nope")
