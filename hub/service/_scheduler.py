@@ -113,11 +113,14 @@ def _job_name(job: Callable[..., Any]) -> str:
     return getattr(job, "__name__", None) or type(job).__name__
 
 
-def health(state: SyncState, every: float, now: float) -> tuple[bool, dict[str, Any]]:
+def health(state: SyncState, every: float, now: float,
+           slack: float = 0.0) -> tuple[bool, dict[str, Any]]:
     """Healthy while the last successful sync is at most two intervals old.
 
     Two, not one: a sync that takes a while, or one retried after a blip, must not flap the
-    probe; a hub that has been failing for two whole intervals is worth a page.
+    probe; a hub that has been failing for two whole intervals is worth a page. ``slack``:
+    a follower learns of the leader's syncs only when it next looks (every follow interval),
+    so its view may lag by that much without anything being wrong.
     """
     details: dict[str, Any] = {
         "status": "ok",
@@ -135,9 +138,9 @@ def health(state: SyncState, every: float, now: float) -> tuple[bool, dict[str, 
     reason = None
     if state.last_success_at is None:
         reason = "never synced yet"
-    elif now - state.last_success_at > 2 * every:
+    elif now - state.last_success_at > 2 * every + slack:
         reason = (f"last successful sync {now - state.last_success_at:.0f}s ago, more than "
-                  f"two intervals ({2 * every:g}s)")
+                  f"two intervals ({2 * every + slack:g}s)")
     if reason is None:
         return True, details
     if state.lock_held:
@@ -306,7 +309,9 @@ class Scheduler:
             self._state = replace(self._state, **changes)
 
     def health(self) -> tuple[bool, dict[str, Any]]:
-        return health(self.state, self.every, self.clock())
+        state = self.state
+        slack = self.follow_every if self.leader is not None and not state.leader else 0.0
+        return health(state, self.every, self.clock(), slack)
 
     def findings(self) -> tuple[list[Finding], float | None]:
         state = self.state
