@@ -30,7 +30,6 @@ from hub.common._errors import (
     GpufleetError,
     InputError,
     UnavailableError,
-    read_input_file,
     shorten,
 )
 from hub.common._lazy import lazy_attributes
@@ -135,7 +134,6 @@ __all__ = [
     "progress",
     "push_interval_option",
     "query_concurrency_option",
-    "read_input_file",
     "read_text",
     "redact",
     "redact_urls",

@@ -6,8 +6,6 @@ functions and the user still gets one line and the documented exit code, never a
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
 from hub.common._redact import redact
@@ -55,12 +53,3 @@ class UnavailableError(GpufleetError):
     exit_code = EXIT_UNAVAILABLE
 
 
-def read_input_file(path: str | Path, what: str) -> str:
-    """A user's input file as text, or the one-line InputError (exit 2) that names it: the
-    file missing or unreadable, or not UTF-8."""
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise InputError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise InputError(f"{what} {path} is not UTF-8 text") from None

@@ -47,9 +47,12 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from hub import inventory as inv
-from hub.common import InputError, read_input_file
+from hub.common import InputError, read_text
 from hub.kube import Catalog, shipped_catalog
 from hub.usage._prices import Prices
+
+#: a month's cost export of a large account is tens of MB; past this it is not a bill
+MAX_BILL_BYTES = 1 << 30
 
 AWS, GCP, AZURE = "aws-cur", "gcp-billing-export", "azure-cost-details"
 FORMAT_NAMES = {AWS: "AWS Cost and Usage Report", GCP: "Google Cloud billing export",
@@ -299,7 +302,7 @@ def parse_bill(text: str, source: str = "bill") -> Bill:
 
 
 def load_bill(path: str | Path) -> Bill:
-    return parse_bill(read_input_file(path, "bill"), f"bill {path}")
+    return parse_bill(read_text(path, f"bill {path}", max_bytes=MAX_BILL_BYTES), f"bill {path}")
 
 
 # -- pricing ---------------------------------------------------------------------------------
