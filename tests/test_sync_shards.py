@@ -236,6 +236,50 @@ def test_every_selector_of_every_query_carries_the_shard_matcher():
             assert matcher in sel, (query.kind, sel)
 
 
+#: series of the exporters' families without a GPU id (a node-level reading, an exporter
+#: that lost its id label), some beside a GPU's own: the sync's selectors carry no device
+#: matcher (the store's cost of one grew with the fleet), so these reach the client
+NODE_LEVEL = [
+    ("DCGM_FI_DEV_GPU_TEMP", 'cluster="east",Hostname="e1"', 99.0),
+    ("DCGM_FI_DEV_FB_USED", 'cluster="east",Hostname="e1"', 1.0),
+    ("DCGM_FI_DEV_GPU_UTIL", 'cluster="east",Hostname="e1",pod="p"', 99.0),
+    ("DCGM_FI_DEV_SM_CLOCK", 'cluster="east",Hostname="e9"', 1.0),
+    ("DCGM_FI_DEV_GPU_TEMP", 'Hostname="lost"', 99.0),  # without the cluster label too
+    ("gpu_gfx_activity", 'cluster="x|y",hostname="x1"', 99.0),
+    ("gpu_edge_temperature", 'cluster="x|y",hostname="x1"', 99.0),
+    ("gpu_ecc_uncorrect_mpio", 'cluster="x|y",hostname="x9"', 0.0),
+]
+
+
+def test_series_without_a_gpu_id_change_nothing_sharded_or_not(tmp_path):
+    """The client drops them as the store's device matcher did: no GPU, node, value, naming
+    or unlabelled note comes of them, in one shard or in several."""
+    fleet = [Gpu("east", "e1", 0, "nvidia", uuid="GPU-e0", pod="p"),
+             Gpu("east", "e1", 1, "nvidia", mig=True, uuid="GPU-e1"),
+             Gpu("x|y", "x1", 0, "amd", uuid="amd-x0"),
+             Gpu("x|y", "x1", 1, "amd")]  # no uuid: known by node and gpu_id
+    series = [s for g in fleet for s in g.series()]
+    extra = [(name, labels, lambda t, v=v: v) for name, labels, v in NODE_LEVEL]
+    got = {}
+    for name, text in (("clean", openmetrics(series, TIMES)),
+                       ("noisy", openmetrics(series + extra, TIMES))):
+        hub = backfilled_hub(tmp_path / name, text).start(timeout=120)
+        try:
+            for size in (10**9, 1):
+                db = f"sqlite:///{tmp_path / f'{name}-{size}.db'}"
+                result = sync(hub.url, db, size)
+                assert (result.gpus, result.note) == (4, None), (name, size)
+                got[name, size] = contents(db)
+        finally:
+            hub.stop()
+    want = got["clean", 10**9]
+    assert {(r[0], r[1]) for r in want["nodes"]} == {("east", "e1"), ("x|y", "x1")}
+    for key, tables in got.items():
+        for table in TABLES:
+            assert ([r for r in tables[table] if r not in want[table]],
+                    [r for r in want[table] if r not in tables[table]]) == ([], []), (key, table)
+
+
 def test_a_failed_shard_leaves_the_last_good_inventory_and_names_its_clusters(tmp_path):
     names = ["a.one", "b.two", "c.three", "d.four"]
     fleet = [Gpu(c, f"{c}-n", i, "nvidia", uuid=f"GPU-{c}-{i}") for c in names

@@ -121,15 +121,27 @@ class VendorProfile(ABC):
         the metric's unit by name: the terms a caller joins with ``or`` (first wins per
         label set, so a GPU sending two spellings at once counts once). ``window`` is what
         a name of two possible units (PERCENT_OR_RATIO) is judged over, with ``matcher``
-        (the selector's own: a sync shard's too; default the device matcher)."""
+        (the selector's own: a sync shard's too; None: the device matcher)."""
         return [convert_arm(name, factor, selector.format(name),
-                            matcher or self.device_matcher, window)
+                            self.device_matcher if matcher is None else matcher, window)
                 for name, factor in self.spellings(metric)]
 
     def matcher(self, shard: str = "") -> str:
         """The label matchers every device-level selector of a query carries: the device
         matcher, and a sync shard's cluster matcher (see shard_matcher) when given."""
         return f"{self.device_matcher}, {shard}" if shard else self.device_matcher
+
+    def sync_matcher(self, shard: str = "") -> str:
+        """The label matchers of the sync's per-series selectors: only the shard's (maybe
+        none). The device matcher is left to the client, where :meth:`identity` drops a
+        series without the id label just as the matcher would: in Prometheus 2.42 a
+        ``UUID!=""`` matcher merges the postings of every UUID in the store, whatever the
+        shard, so with one per selector (about 200 a shard, the presence query's arms most)
+        the store's work grew as the fleet times the shards, past that of the answers. A
+        selector without it reads the same device series, and the other series it adds
+        (none in an exporter's value families) fold into nothing: ``or``, ``and`` and
+        ``unless`` match on the whole label set, so they meet only each other."""
+        return shard
 
     def queries(self, window: str, step: str, cluster_label: str,
                 shard: str = "") -> list[Query]:
@@ -141,9 +153,11 @@ class VendorProfile(ABC):
         set and keeps, per GPU, the value of the newest series (FleetBuilder). Identity,
         attributes and allocations come from the same rows, so no ``__name__`` regex is
         needed. ``or`` picks the preferred metric where an exporter offers several.
-        ``shard`` (a cluster matcher) is added to every selector, each ``or`` arm included.
+        ``shard`` (a cluster matcher) is added to every selector, each ``or`` arm included;
+        no selector carries the device matcher (see sync_matcher).
         """
-        match = self.matcher(shard)
+        match = self.sync_matcher(shard)
+        sel = braced(match, template=True)
         out = []
         # the field read from the clock family itself comes with the sample times (below)
         clock_field = next((f for f, ms in self.value_fields.items()
@@ -153,8 +167,7 @@ class VendorProfile(ABC):
                 continue
             promql = " or ".join(
                 arm for m in metrics
-                for arm in self.arms(m, f"last_over_time({{}}{{{{{match}}}}}[{window}])", window,
-                                     match))
+                for arm in self.arms(m, f"last_over_time({{}}{sel}[{window}])", window, match))
             out.append(Query(self.vendor, "values", promql, fld))
         # Sample times: the raw samples of one family over the window (a range selector
         # returns each sample with its own time, skips staleness markers, and sees series older
@@ -165,8 +178,9 @@ class VendorProfile(ABC):
         # Both spellings in one range selector: an exact ``a|b`` list (its values are the
         # clock field's, whose spellings share a unit: CLOCK_UNITS_AGREE below).
         clocks = self.names(self.clock_metric)
-        stamps = (f"{self.clock_metric}{{{match}}}[{window}]" if len(clocks) == 1
-                  else f'{{__name__=~"{"|".join(clocks)}", {match}}}[{window}]')
+        stamps = (f"{self.clock_metric}{braced(match)}[{window}]" if len(clocks) == 1
+                  else f'{{__name__=~"{"|".join(clocks)}"{", " if match else ""}{match}}}'
+                       f'[{window}]')
         out.append(Query(self.vendor, "timestamp", stamps, clock_field))
         out.append(self.presence_query(window, step, cluster_label, shard))
         naming = self.naming_query(window, cluster_label, shard)
@@ -200,15 +214,17 @@ class VendorProfile(ABC):
         the instant form has that one). ``> time() - window`` drops what a look-back carried
         in from before the window. GPUs that send the clock family are left out on the hub
         (``unless``): they are in the sync already, so at any fleet size the answer holds
-        only the GPUs with a trimmed field set. The value is a time, never a field.
+        only the GPUs with a trimmed field set. The value is a time, never a field. No
+        selector carries the device matcher (see sync_matcher): a series without the id
+        label groups apart, under an empty id, and the client drops it.
         """
-        match = self.matcher(shard)
+        sel = braced(self.sync_matcher(shard), template=True)
         group = _by([cluster_label, *self.id_labels, *self.attribute_labels, *POD_LABELS])
         ids = _by([cluster_label, *self.id_labels])
-        arms = " or ".join(self._any_name(m, f"timestamp({{}}{{{{{match}}}}})")
+        arms = " or ".join(self._any_name(m, f"timestamp({{}}{sel})")
                            for m in self.presence_metrics)
         newest = f"max by ({group}) ({arms})"
-        clock = self._any_name(self.clock_metric, f"{{}}{{{{{match}}}}}")
+        clock = self._any_name(self.clock_metric, f"{{}}{sel}")
         seconds = f"{parse_duration(window):g}"
         promql = (f"({newest} or max_over_time(({newest})[{window}:{step}]))"
                   f" > time() - {seconds} unless on ({ids}) ({clock})")
@@ -306,6 +322,15 @@ FB_CAPACITY = "DCGM_FI_DEV_FB_CAPACITY_BYTES"
 PERCENT_OR_RATIO = frozenset({"DCGM_FI_DEV_GPU_UTIL_RATIO"})
 
 
+def braced(matcher: str, template: bool = False) -> str:
+    """``matcher`` as a selector's braces (``{...}``, to follow a metric name); nothing for
+    no matcher. ``template``: as a str.format template spells them (``{{...}}``; a matcher
+    holds no brace of its own, see shard_matcher)."""
+    if not matcher:
+        return ""
+    return f"{{{{{matcher}}}}}" if template else f"{{{matcher}}}"
+
+
 def convert_arm(name: str, factor: float, expr: str, matcher: str, window: str) -> str:
     """``expr`` (a per-series PromQL term reading ``name``) in the unit of its field.
 
@@ -314,7 +339,7 @@ def convert_arm(name: str, factor: float, expr: str, matcher: str, window: str) 
     ``or`` scales the rest. The decision needs no subquery and no second request.
     """
     if name in PERCENT_OR_RATIO:
-        proof = f"max_over_time({name}{{{matcher}}}[{window}]) > 1"
+        proof = f"max_over_time({name}{braced(matcher)}[{window}]) > 1"
         return f"({expr} and {proof}) or ({expr}) * {factor:g}"
     if factor == 1.0:
         return expr
