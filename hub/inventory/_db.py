@@ -17,7 +17,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
 from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
 from pathlib import Path
@@ -635,28 +635,110 @@ GPU_COMPARE = ("cluster", "node", "mig_profile", "mig_instance", "vendor", "gpu_
                "model", "driver_version", "pci_bus_id", "serial", "memory_total_mib",
                "memory_used_mib", "utilisation_pct", "power_w", "temperature_c", "health",
                "health_reasons", "state", "also_reporting", "last_sample_at")
-#: one GPU row as the table holds it: what events compare, and a digest (hash) of every
-#: GPU_COMPARE column for the write. ~150 bytes a GPU, where the row itself is ~1 kB.
-HeldGpu = collections.namedtuple(
-    "HeldGpu", ("cluster", "node", "state", *CHANGE_FIELDS, "digest"))
-_HELD = [GPU_COMPARE.index(c) for c in HeldGpu._fields[:-1]]
+#: what events compare of a GPU row: the same for the GPUs of a node (one place, state,
+#: model, size and driver), so held once for them all
+HeldPlace = collections.namedtuple("HeldPlace", ("cluster", "node", "state", *CHANGE_FIELDS))
+_HELD = [GPU_COMPARE.index(c) for c in HeldPlace._fields]
+
+
+class HeldGpu:
+    """One GPU row as the table holds it: what events compare (a shared HeldPlace) and a
+    digest (hash) of every GPU_COMPARE column for the write. ~90 bytes a GPU with its key,
+    where the row itself is ~1 kB: the write holds one a GPU of the fleet."""
+
+    __slots__ = ("digest", "same")
+
+    def __init__(self, same: HeldPlace, digest: int) -> None:
+        self.same, self.digest = same, digest
+
+    @property
+    def cluster(self) -> str:
+        return self.same.cluster
+
+    @property
+    def node(self) -> str:
+        return self.same.node
+
+    @property
+    def state(self) -> str:
+        return self.same.state
+
+    @property
+    def model(self) -> str | None:
+        return self.same.model
+
+    @property
+    def memory_total_mib(self) -> float | None:
+        return self.same.memory_total_mib
+
+    @property
+    def driver_version(self) -> str | None:
+        return self.same.driver_version
+
+
+class HeldGpus(MutableMapping[tuple[str, str], HeldGpu]):
+    """(uuid, slice_key) -> HeldGpu, a physical GPU (slice_key '') keyed by its uuid alone:
+    a key tuple is 56 bytes a GPU, what the fleet adds to the write's peak memory."""
+
+    __slots__ = ("_rows",)
+
+    def __init__(self) -> None:
+        self._rows: dict[str | tuple[str, str], HeldGpu] = {}
+
+    def __getitem__(self, key: tuple[str, str]) -> HeldGpu:
+        return self._rows[key[0] if not key[1] else key]
+
+    def get(self, key: tuple[str, str], default: Any = None) -> Any:  # type: ignore[override]
+        return self._rows.get(key[0] if not key[1] else key, default)
+
+    def __setitem__(self, key: tuple[str, str], value: HeldGpu) -> None:
+        self._rows[key[0] if not key[1] else key] = value
+
+    def __delitem__(self, key: tuple[str, str]) -> None:
+        del self._rows[key[0] if not key[1] else key]
+
+    def pop(self, key: tuple[str, str], default: Any = None) -> Any:  # type: ignore[override]
+        return self._rows.pop(key[0] if not key[1] else key, default)
+
+    def __contains__(self, key: object) -> bool:
+        if not isinstance(key, tuple):
+            return False
+        return (key[0] if not key[1] else key) in self._rows
+
+    def __iter__(self) -> Iterator[tuple[str, str]]:
+        for key in self._rows:
+            yield (key, "") if type(key) is str else key  # type: ignore[misc]
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def items(self) -> Iterator[tuple[tuple[str, str], HeldGpu]]:  # type: ignore[override]
+        """One pass (the mixin's view would look every key up again)."""
+        for key, row in self._rows.items():
+            yield ((key, "") if type(key) is str else key), row  # type: ignore[misc]
+
+    def clear(self) -> None:
+        self._rows.clear()
 
 
 def _digest(values: tuple[Any, ...]) -> int:
     return hash(values)
 
 
-def held_gpus(conn: Connection) -> dict[tuple[str, str], HeldGpu]:
+def held_gpus(conn: Connection) -> HeldGpus:
     """Every GPU row the table holds, keyed by (uuid, slice_key), read in batches."""
     intern = sys.intern
-    out: dict[tuple[str, str], HeldGpu] = {}
+    out = HeldGpus()
+    places: dict[HeldPlace, HeldPlace] = {}
     result = conn.execute(sa.select(*(gpus.c[c] for c in (*GPU_KEY, *GPU_COMPARE)))
                           .execution_options(yield_per=BATCH))
     for row in result:
         values = tuple(row[2:])
         # repeated strings (cluster, node, state, model, driver): one object each
-        held = [intern(v) if type(v) is str else v for v in (values[i] for i in _HELD)]
-        out[(row[0], intern(row[1]))] = HeldGpu(*held, _digest(values))
+        same = HeldPlace(*(intern(v) if type(v) is str else v
+                           for v in (values[i] for i in _HELD)))
+        out[(row[0], intern(row[1]))] = HeldGpu(places.setdefault(same, same),
+                                                _digest(values))
     return out
 
 
