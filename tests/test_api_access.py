@@ -53,7 +53,7 @@ from hub.service import (
     build_service,
     load_group_scopes,
 )
-from hub.service import _api as api
+from hub.service import _deps as deps
 from hub.service._auth import MIN_REFRESH
 from hub.service._serve import GRACE, HEADER_TIMEOUT
 from hub.store import HubClient
@@ -842,7 +842,7 @@ def test_an_endpoint_that_applies_no_scope_is_closed_to_scoped_callers(db_url, t
     def everything() -> dict[str, Any]:
         return {"items": ["every team's pods"]}
 
-    def asks_its_scope(scope: api.CallerScope) -> dict[str, Any]:
+    def asks_its_scope(scope: deps.CallerScope) -> dict[str, Any]:
         return {"items": ["every team's pods"]}
 
     route(service.app, "/api/v1/new", everything, dict[str, Any])

@@ -33,7 +33,7 @@ from hub.service import (
     read_only_engine,
     token_entry,
 )
-from hub.service._api import CallerScope, ReadEngine
+from hub.service._deps import CallerScope, ReadEngine
 from hub.service._routing import route as add_route
 from hub.usage import write_bucket
 from tests.support.asgi import no_metrics
@@ -285,3 +285,27 @@ def test_the_pages_links_open_pages_with_the_json_one_click_away(app):
     assert client.get("/gpus/GPU-west-1", headers=team).status_code == 404
     mover = client.get("/gpus/GPU-mover", headers=team)
     assert mover.status_code == 200 and "west-hidden" not in mover.text
+
+
+def test_a_test_stands_in_for_the_caller_through_dependency_overrides(app):
+    """The routes depend on ``hub.service._deps``'s very functions, so a test that wants a
+    caller without a token overrides ``identify``: the route then answers that caller,
+    confined to its scope, and a fleet-only route refuses it, as with a real token."""
+    from hub.service._auth import Caller, Scope
+    from hub.service._deps import identify
+
+    team = Caller(Scope("team-a", frozenset({"east"}), frozenset({"team-a"}),
+                        fleet_counts=False), "team-a (stand-in)")
+    client = _client(app)
+    app.dependency_overrides[identify] = lambda: team
+    try:
+        gpus = client.get("/api/v1/gpus")  # no token at all: the stand-in is the caller
+        assert gpus.status_code == 200
+        assert {g["cluster"] for g in gpus.json()["items"]} == {"east"}
+        assert _leaks(gpus.text) == []
+        allocations = client.get("/api/v1/allocations").json()["items"]
+        assert {a["namespace"] for a in allocations} == {"team-a", "other"}
+        assert client.get("/metrics").status_code == 403  # declared fleet (metrics closed)
+    finally:
+        app.dependency_overrides.clear()
+    assert client.get("/api/v1/gpus").status_code == 401  # the override is gone

@@ -32,8 +32,9 @@ from hub import common, usage
 from hub import inventory as inv
 from hub.common import html_environment, human_duration, iso
 from hub.inventory import page_gpus
-from hub.service._api import ApiError, visible_findings
+from hub.service._api import visible_findings
 from hub.service._auth import FULL, Scope
+from hub.service._errors import ApiError
 
 #: rows per section; the section links to the API for the rest
 PAGE_ROWS = 200

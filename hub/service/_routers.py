@@ -25,9 +25,10 @@ from starlette.responses import Response
 from hub.service import _api as api
 from hub.service import _detail as detail
 from hub.service import _models as models
-from hub.service._api import CallerScope, ReadEngine, identify, public_error
 from hub.service._auth import FULL, Caller, Scope
+from hub.service._deps import CallerScope, ReadEngine, identify
 from hub.service._detail import DetailPage
+from hub.service._errors import database_error, public_error
 from hub.service._memo import Memo
 from hub.service._page import (
     MAX_SEARCH,
@@ -43,16 +44,6 @@ from hub.service._session import MAX_FORM, MAX_TOKEN, Login
 #: seconds a client has to send the sign-in form's body once its headers are in
 BODY_TIMEOUT = 10.0
 Findings = Callable[[], tuple[list[dict[str, Any]], float | None]]
-
-
-def database_error(exc: BaseException) -> str:
-    """A one-line reason for a failed database read, without the URL or the statement."""
-    orig = getattr(exc, "orig", None)
-    text = str(orig if orig is not None else exc).strip()
-    first = text.splitlines()[0] if text else type(exc).__name__
-    if "no such table" in first or type(orig).__name__ == "UndefinedTable":
-        return "the inventory is empty: no sync has completed yet"
-    return f"{api.DB_UNAVAILABLE}: {first}"
 
 
 # -- meta ----------------------------------------------------------------------------------------

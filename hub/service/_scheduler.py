@@ -40,9 +40,9 @@ from hub import __version__
 from hub import inventory as inv
 from hub.common import InputError, redact
 from hub.inventory import LockHeld, SyncResult
-from hub.service import _api as api
-from hub.service._app import build_app, database_error
+from hub.service._app import build_app
 from hub.service._auth import Authenticator
+from hub.service._errors import database_error, public_error
 from hub.service._leader import Leadership
 from hub.service._models import SEVERITIES
 from hub.service._page import SectionSource
@@ -128,7 +128,7 @@ def health(state: SyncState, every: float, now: float,
         "last_success": _utc(state.last_success_at),
         "last_success_age_seconds": (round(now - state.last_success_at, 3)
                                      if state.last_success_at is not None else None),
-        "last_error": api.public_error(state.last_error),
+        "last_error": public_error(state.last_error),
         "consecutive_failures": state.consecutive_failures,
     }
     if state.last_result is not None:
@@ -146,7 +146,7 @@ def health(state: SyncState, every: float, now: float,
     if state.lock_held:
         reason += "; another sync holds the inventory lock"
     elif state.last_error:
-        reason += f"; last error: {api.public_error(state.last_error)}"
+        reason += f"; last error: {public_error(state.last_error)}"
     return False, {**details, "status": "unavailable", "reason": reason}
 
 
