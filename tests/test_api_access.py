@@ -790,7 +790,7 @@ def test_serve_process_with_tokens_and_tls_on_a_pod_address(tokens, tmp_path):
 
 
 def test_the_oidc_options_build_a_verifier_that_accepts_the_issuers_tokens(issuer, tmp_path):
-    from hub.commands.service import access
+    from hub.service import access
 
     scopes = tmp_path / "scopes.yaml"
     scopes.write_text("scopes:\n  - group: team\n    clusters: [east]\n")

@@ -33,6 +33,7 @@ from hub.inventory._db import (
     metadata,
     nodes,
     now_utc,
+    open_engine,
     safe_url,
     sync_runs,
 )
@@ -135,6 +136,7 @@ __all__ = [
     "missing_label_error",
     "nodes",
     "now_utc",
+    "open_engine",
     "page_events",
     "page_gpus",
     "plan_shards",

@@ -187,6 +187,26 @@ def make_engine(url: str | None, *, create: bool = False) -> Engine:
     return engine
 
 
+@contextmanager
+def open_engine(url: str | None, *, create: bool = False) -> Iterator[Engine]:
+    """An engine (:func:`make_engine`) whose connection failures become one-line exit-3
+    errors, disposed of at the end: what a command or a service worker opens."""
+    engine = make_engine(url, create=create)
+    try:
+        yield engine
+    except sa.exc.DatabaseError as exc:
+        # OperationalError (unreachable, locked) or a bare DatabaseError (a file that is not
+        # a database); integrity or programming errors are bugs and keep their traceback.
+        if type(exc) not in (sa.exc.OperationalError, sa.exc.DatabaseError):
+            raise
+        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else "connection failed"
+        raise UnavailableError(
+            f"inventory database {safe_url(engine)} unavailable: {reason}"
+        ) from None
+    finally:
+        engine.dispose()
+
+
 def _sqlite_setup(engine: Engine) -> None:
     """SQLite: we emit BEGIN ourselves so a sync can take the write lock up front."""
 

@@ -36,8 +36,15 @@ from hub.service._session import (
     SessionsFull,
     SignInLimit,
 )
+from hub.service._settings import (
+    ServeSettings,
+    access,
+    proxy_addresses,
+    serve_settings,
+    service_jobs,
+)
 from hub.service._tls import TlsFiles
-from hub.service._workers import available_cpus, prefork
+from hub.service._workers import available_cpus, prefork, serve
 
 __all__ = [
     "FULL",
@@ -50,12 +57,14 @@ __all__ = [
     "Jobs",
     "OidcVerifier",
     "Scope",
+    "ServeSettings",
     "Service",
     "Sessions",
     "SessionsFull",
     "SignInLimit",
     "TlsFiles",
     "TokenFile",
+    "access",
     "available_cpus",
     "bind",
     "build_app",
@@ -67,7 +76,11 @@ __all__ = [
     "load_group_scopes",
     "new_token",
     "prefork",
+    "proxy_addresses",
     "read_only_engine",
+    "serve",
+    "serve_settings",
+    "service_jobs",
     "token_entry",
     "usage_sections",
 ]
