@@ -33,10 +33,11 @@ from hub.service._memo import Memo
 from hub.service._page import (
     MAX_SEARCH,
     SectionSource,
-    _takes_scope,
     page_data,
     search_text,
+    section_source,
     unavailable_data,
+    visibility_of,
 )
 from hub.service._routing import ConfinedRouter, Html, Page, Text
 from hub.service._session import MAX_FORM, MAX_TOKEN, Login
@@ -227,11 +228,12 @@ def detail_pages_router() -> ConfinedRouter:
 def _kept(source: SectionSource, memo: Memo) -> SectionSource:
     """A page section kept in ``memo`` until the inventory changes (per scope): the usage
     sections fold the whole ledger and inventory on every page view otherwise."""
-    takes_scope = _takes_scope(source)
+    visibility = visibility_of(source)
 
+    @section_source(visibility=visibility)  # the same declaration as the source's
     def kept(conn: Any, *, scope: Scope = FULL) -> Any:
         key = ("section", source, scope)
-        if takes_scope:
+        if visibility == "scoped":
             return memo.get(conn, key, lambda: source(conn, scope=scope))
         return memo.get(conn, key, lambda: source(conn))
 
