@@ -157,6 +157,7 @@ def serve_settings(*, every: float, listen: str, reconcile: bool, workers: int |
     if (tls_cert_file is None) != (tls_key_file is None):
         raise InputError("--tls-cert-file and --tls-key-file go together")
     settings.tls()  # an unreadable or expired certificate: exit 2 now, not in a worker
+    hub.validate()  # the hub's URL, timeouts and TLS files: once, not once per worker
     return settings
 
 
