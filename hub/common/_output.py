@@ -167,9 +167,9 @@ def to_table(rows: Sequence[dict[str, Any]], columns: Sequence[str],
         table.add_column(header, no_wrap=True)
     for values in cells:
         table.add_row(*values)
-    console = Console(file=io.StringIO(), width=width, color_system=None, force_terminal=False)
-    console.print(table)
-    return console.file.getvalue()  # type: ignore[attr-defined]
+    text = io.StringIO()
+    Console(file=text, width=width, color_system=None, force_terminal=False).print(table)
+    return text.getvalue()
 
 
 def _records(headers: Sequence[str], cells: Sequence[Sequence[str]], title: str | None) -> str:
