@@ -10,7 +10,6 @@ Timestamps are stored as naive UTC datetimes on both databases and turned into I
 
 from __future__ import annotations
 
-import collections
 import datetime as dt
 import itertools
 import json
@@ -22,7 +21,7 @@ from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequenc
 from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -147,7 +146,7 @@ def default_db_url() -> str:
     return f"sqlite:///{Path(base) / 'gpufleet' / 'inventory.db'}"
 
 
-def safe_url(engine_or_url: Engine | str) -> str:
+def safe_url(engine_or_url: Engine | sa.URL | str) -> str:
     url = engine_or_url.url if isinstance(engine_or_url, Engine) else sa.make_url(engine_or_url)
     return url.render_as_string(hide_password=True)
 
@@ -186,6 +185,26 @@ def make_engine(url: str | None, *, create: bool = False) -> Engine:
     if engine.dialect.name == "sqlite":
         _sqlite_setup(engine)
     return engine
+
+
+@contextmanager
+def open_engine(url: str | None, *, create: bool = False) -> Iterator[Engine]:
+    """An engine (:func:`make_engine`) whose connection failures become one-line exit-3
+    errors, disposed of at the end: what a command or a service worker opens."""
+    engine = make_engine(url, create=create)
+    try:
+        yield engine
+    except sa.exc.DatabaseError as exc:
+        # OperationalError (unreachable, locked) or a bare DatabaseError (a file that is not
+        # a database); integrity or programming errors are bugs and keep their traceback.
+        if type(exc) not in (sa.exc.OperationalError, sa.exc.DatabaseError):
+            raise
+        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else "connection failed"
+        raise UnavailableError(
+            f"inventory database {safe_url(engine)} unavailable: {reason}"
+        ) from None
+    finally:
+        engine.dispose()
 
 
 def _sqlite_setup(engine: Engine) -> None:
@@ -258,10 +277,12 @@ def locked_transaction(engine: Engine, lock_timeout: float, *, key: int = LOCK_K
 # -- writes ---------------------------------------------------------------------------------
 def _insert(conn: Connection, table: sa.Table):  # dialect-specific INSERT ... ON CONFLICT
     if conn.dialect.name == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert
-    else:
-        from sqlalchemy.dialects.sqlite import insert
-    return insert(table)
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        return pg_insert(table)
+    from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+    return sqlite_insert(table)
 
 
 #: rows a statement carries (executemany): bounded, so memory does not grow with the fleet
@@ -274,9 +295,11 @@ def _batches(rows: Iterable[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
         yield batch
 
 
-def _upsert(conn: Connection, table: sa.Table, rows: Iterable[dict[str, Any]],
-            update: Sequence[str], keep_if_null: Sequence[str] = ()) -> None:
-    """Bulk INSERT ... ON CONFLICT DO UPDATE; first_seen is only ever set on insert.
+def upsert(conn: Connection, table: sa.Table, rows: Iterable[dict[str, Any]],
+           update: Sequence[str], keep_if_null: Sequence[str] = ()) -> None:
+    """Bulk INSERT ... ON CONFLICT (the primary key) DO UPDATE of the ``update`` columns
+    (first_seen is only ever set on insert): the one upsert of every inventory table, on
+    SQLite and PostgreSQL alike.
 
     ``rows`` may be a generator: it is written BATCH rows at a time, never held whole."""
     stmt = _insert(conn, table)
@@ -288,6 +311,13 @@ def _upsert(conn: Connection, table: sa.Table, rows: Iterable[dict[str, Any]],
     stmt = stmt.on_conflict_do_update(index_elements=keys, set_=set_)
     for batch in _batches(rows):
         conn.execute(stmt, batch)
+
+
+def insert_rows(conn: Connection, table: sa.Table, rows: Iterable[dict[str, Any]]) -> None:
+    """INSERT ``rows`` (a generator is fine) BATCH at a time: memory stays bounded however
+    many there are."""
+    for batch in _batches(rows):
+        conn.execute(table.insert(), batch)
 
 
 def utc(ts: float | None) -> dt.datetime | None:
@@ -359,7 +389,7 @@ def _newest_per_identity(chosen: dict[tuple[str, str], Observation], twins: Twin
 
 
 def _event(at: dt.datetime, type_: str, cluster: str, node: str, uuid: str, slice_key: str,
-           **details: Any) -> dict[str, Any]:
+           /, **details: Any) -> dict[str, Any]:
     return {"at": at, "type": type_, "cluster": cluster, "node": node, "uuid": uuid,
             "slice": slice_key or None,
             "details": json.dumps(details, sort_keys=True, default=str) if details else None}
@@ -509,7 +539,7 @@ class InventoryWriter:
         every = observations if isinstance(observations, list) else list(observations)
         back: list[Observation] = []
         if held:
-            kept = []
+            kept: list[Observation] = []
             for obs in every:
                 (back if hash(obs.uuid) in held else kept).append(obs)
         else:
@@ -534,17 +564,17 @@ class InventoryWriter:
                 node_last.setdefault(key, None)
                 cluster_last.setdefault(obs.cluster, None)
         seen_cols = ["state", "last_seen", "last_sample_at"]
-        _upsert(conn, clusters, [
+        upsert(conn, clusters, [
             {"cluster": c, "state": ACTIVE, "first_seen": now, "last_seen": now,
              "last_sample_at": t}
             for c, t in cluster_last.items()
         ], seen_cols, keep_if_null=["last_sample_at"])
-        _upsert(conn, nodes, [
+        upsert(conn, nodes, [
             {"cluster": c, "node": n, "state": ACTIVE, "first_seen": now, "last_seen": now,
              "last_sample_at": t}
             for (c, n), t in node_last.items()
         ], seen_cols, keep_if_null=["last_sample_at"])
-        _upsert(conn, allocations, (
+        upsert(conn, allocations, (
             {"cluster": obs.cluster, "node": obs.node, "uuid": obs.uuid,
              "slice_key": obs.slice_key, "namespace": namespace, "pod": pod,
              "container": container, "first_seen": now, "last_seen": now,
@@ -636,9 +666,20 @@ GPU_COMPARE = ("cluster", "node", "mig_profile", "mig_instance", "vendor", "gpu_
                "model", "driver_version", "pci_bus_id", "serial", "memory_total_mib",
                "memory_used_mib", "utilisation_pct", "power_w", "temperature_c", "health",
                "health_reasons", "state", "also_reporting", "last_sample_at")
-#: what events compare of a GPU row: the same for the GPUs of a node (one place, state,
-#: model, size and driver), so held once for them all
-HeldPlace = collections.namedtuple("HeldPlace", ("cluster", "node", "state", *CHANGE_FIELDS))
+
+
+class HeldPlace(NamedTuple):
+    """What events compare of a GPU row (its place, state and CHANGE_FIELDS): the same for
+    the GPUs of a node (one place, state, model, size and driver), so held once for them."""
+
+    cluster: str
+    node: str
+    state: str
+    model: str | None
+    memory_total_mib: float | None
+    driver_version: str | None
+
+
 _HELD = [GPU_COMPARE.index(c) for c in HeldPlace._fields]
 
 
@@ -721,8 +762,8 @@ def held_gpus(conn: Connection) -> HeldGpus:
     for row in result:
         values = tuple(row[2:])
         # repeated strings (cluster, node, state, model, driver): one object each
-        same = HeldPlace(*(intern(v) if type(v) is str else v
-                           for v in (values[i] for i in _HELD)))
+        same = HeldPlace._make(intern(v) if type(v) is str else v
+                               for v in (values[i] for i in _HELD))
         out[(row[0], intern(row[1]))] = HeldGpu(places.setdefault(same, same),
                                                 _digest(values))
     return out
@@ -744,7 +785,7 @@ def _write_gpus(conn: Connection, rows: Iterable[tuple[tuple[str, str], dict[str
             if old is None or old.digest != _digest(tuple(row[c] for c in GPU_COMPARE)):
                 yield row
 
-    _upsert(conn, gpus, changed(), ["last_seen", *GPU_COMPARE], keep_if_null=GPU_KEEP_IF_NULL)
+    upsert(conn, gpus, changed(), ["last_seen", *GPU_COMPARE], keep_if_null=GPU_KEEP_IF_NULL)
 
 
 def record_run(conn: Connection, *, started_at: dt.datetime, status: str, requests: int,
@@ -846,9 +887,9 @@ def list_nodes(conn: Connection, cluster: str | None = None) -> list[dict[str, A
 
 
 def list_clusters(conn: Connection, cluster: str | None = None) -> list[dict[str, Any]]:
-    active_nodes = sa.select(nodes.c.cluster, sa.func.count().label("nodes")).where(
+    active_query = sa.select(nodes.c.cluster, sa.func.count().label("nodes")).where(
         nodes.c.state == ACTIVE).group_by(nodes.c.cluster)
-    active_nodes = _where_cluster(active_nodes, nodes, cluster).subquery()
+    active_nodes = _where_cluster(active_query, nodes, cluster).subquery()
     counts = _gpu_counts(gpus.c.cluster, cluster=cluster)
     joined = clusters.outerjoin(active_nodes, active_nodes.c.cluster == clusters.c.cluster
                                 ).outerjoin(counts, counts.c.cluster == clusters.c.cluster)

@@ -9,8 +9,10 @@ A route's visibility is declared where it is added, never inferred from its hand
   without a thought answers no team until it is declared ``scoped``.
 
 :class:`ConfinedRouter` is the only router the service uses: its ``add_api_route`` (which
-``@router.get`` goes through as well) wraps every handler in :func:`_guarded`, so no route
-can skip the step; :func:`include` puts a router's routes in the app.
+``@router.get`` goes through as well) wraps every handler in :func:`_guarded`, which attaches
+the caller dependency and the guard's caller checks (``admit`` and ``confined``,
+hub/service/_guard.py), so no route can skip them; :func:`include` puts a router's routes in
+the app.
 """
 
 from __future__ import annotations
@@ -19,20 +21,20 @@ import inspect
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI
 from fastapi.routing import APIRoute
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
-from hub.service._api import METRICS_CONTENT_TYPE, ApiError, identify
+from hub.service._api import METRICS_CONTENT_TYPE
 from hub.service._auth import Caller
-from hub.service._confine import confine
+from hub.service._deps import identify
 from hub.service._detail import DetailPage
+from hub.service._guard import Visibility, admit, confined
 from hub.service._page import render_page
 
-Visibility = Literal["public", "scoped", "fleet"]
 #: set on a guarded handler: include_router hands it over again, and it is wrapped once
 _GUARDED = "__gpufleet_guarded__"
 
@@ -80,26 +82,24 @@ def _guarded(endpoint: Callable[..., Any], visibility: Visibility) -> Callable[.
                                             annotation=Annotated[Caller, Depends(identify)]))
 
     def finish(caller: Caller | None, result: Any) -> Any:
-        if caller is not None:
-            result = confine(result, caller.scope)
+        result = confined(caller, result)
         return result.response() if isinstance(result, (Page, DetailPage)) else result
 
-    def admit(kwargs: dict[str, Any]) -> Caller | None:
+    def caller_of(kwargs: dict[str, Any]) -> Caller | None:
         caller = kwargs.pop("_caller", None)
-        if caller is not None and visibility == "fleet" and not caller.scope.unrestricted:
-            raise ApiError(403, "this endpoint is outside your scope")
+        admit(caller, visibility)
         return caller
 
     if inspect.iscoroutinefunction(endpoint):
         async def wrapper(**kwargs: Any) -> Any:
-            caller = admit(kwargs)
+            caller = caller_of(kwargs)
             return finish(caller, await endpoint(**kwargs))
     else:
         # A synchronous handler (a database read) runs in the thread pool, its answer
         # confined there too; the wrapper itself is async so that FastAPI checks the answer
         # against its model on the way out without another trip through the pool.
         async def wrapper(**kwargs: Any) -> Any:  # type: ignore[misc]
-            caller = admit(kwargs)
+            caller = caller_of(kwargs)
             return await run_in_threadpool(lambda: finish(caller, endpoint(**kwargs)))
 
     wrapper.__signature__ = signature.replace(  # type: ignore[attr-defined]
