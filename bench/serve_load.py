@@ -77,6 +77,12 @@ def fill(url: str, gpus: int) -> list[str]:
     return [o.uuid for o in observations]
 
 
+def cluster_names(gpus: int) -> list[str]:
+    """The clusters ``fill`` makes of ``gpus`` GPUs."""
+    return sorted({f"cluster-{(i // GPUS_PER_NODE) // NODES_PER_CLUSTER:03d}"
+                   for i in range(gpus)})
+
+
 def tree(pid: int) -> list[int]:
     """The process and its children (the workers of `serve --workers`)."""
     children: list[int] = []
@@ -182,8 +188,7 @@ def measure(db_url: str, gpus: int, clients: int, seconds: float,
     started = time.monotonic()
     uuids = fill(db_url, gpus)
     filled = time.monotonic() - started
-    clusters = sorted({f"cluster-{(i // GPUS_PER_NODE) // NODES_PER_CLUSTER:03d}"
-                       for i in range(gpus)})
+    clusters = cluster_names(gpus)
     with tempfile.TemporaryDirectory() as tmp, \
             service(db_url, Path(tmp), workers) as (port, pid):
         rss_before = rss_mb(pid)

@@ -43,6 +43,7 @@ from starlette.types import Scope as AsgiScope
 from hub import __version__
 from hub.service import _models as models
 from hub.service import _routers as routers_
+from hub.service import _wire as wire
 from hub.service._api import (
     DB_UNAVAILABLE,
     PRINTABLE,
@@ -275,6 +276,8 @@ def build_app(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, Any]
     app.state.idle_rule = idle_rule
     app.state.gate = Gate(auth, login, on_refused)
     app.state.memo = memo = Memo()
+    app.state.answers = Memo(weigh=wire.weight, max_weight=wire.KEPT_BYTES,  # as bytes
+                             largest=wire.KEPT_LARGEST, size=1024)
     app.state.routes = {}
     routers = [
         routers_.pages_router(findings=findings, page_sections=page_sections, memo=memo,

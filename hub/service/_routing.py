@@ -21,16 +21,19 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, FastAPI
+import sqlalchemy as sa
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.routing import APIRoute
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from hub.service._api import METRICS_CONTENT_TYPE, ApiError, identify
-from hub.service._auth import Caller
+from hub.service._auth import FULL, Caller
 from hub.service._confine import confine
 from hub.service._detail import DetailPage
+from hub.service._memo import inventory_version
 from hub.service._page import render_page
+from hub.service._wire import Json, Kept, Stored
 
 Visibility = Literal["public", "scoped", "fleet"]
 #: set on a guarded handler: include_router hands it over again, and it is wrapped once
@@ -78,29 +81,40 @@ def _guarded(endpoint: Callable[..., Any], visibility: Visibility) -> Callable[.
     if visibility != "public":
         parameters.append(inspect.Parameter("_caller", inspect.Parameter.KEYWORD_ONLY,
                                             annotation=Annotated[Caller, Depends(identify)]))
+    # the request, for the app's kept answers: the endpoint's own Request parameter if it
+    # has one (FastAPI hands the request to one parameter only)
+    own = next((p.name for p in parameters if p.annotation is Request), None)
+    if own is None:
+        parameters.append(inspect.Parameter("_request", inspect.Parameter.KEYWORD_ONLY,
+                                            annotation=Request))
 
-    def finish(caller: Caller | None, result: Any) -> Any:
-        if caller is not None:
-            result = confine(result, caller.scope)
-        return result.response() if isinstance(result, (Page, DetailPage)) else result
+    def answer(caller: Caller | None, request: Request, result: Any) -> Any:
+        if isinstance(result, Kept):
+            return kept(caller, request, result)
+        return finish(caller, result)
 
-    def admit(kwargs: dict[str, Any]) -> Caller | None:
+    def admit(kwargs: dict[str, Any]) -> tuple[Caller | None, Request]:
         caller = kwargs.pop("_caller", None)
+        request = kwargs[own] if own is not None else kwargs.pop("_request")
         if caller is not None and visibility == "fleet" and not caller.scope.unrestricted:
             raise ApiError(403, "this endpoint is outside your scope")
-        return caller
+        return caller, request
 
     if inspect.iscoroutinefunction(endpoint):
         async def wrapper(**kwargs: Any) -> Any:
-            caller = admit(kwargs)
-            return finish(caller, await endpoint(**kwargs))
+            caller, request = admit(kwargs)
+            result = await endpoint(**kwargs)
+            if isinstance(result, Kept):  # a database read: in the thread pool
+                return await run_in_threadpool(answer, caller, request, result)
+            return finish(caller, result)
     else:
         # A synchronous handler (a database read) runs in the thread pool, its answer
-        # confined there too; the wrapper itself is async so that FastAPI checks the answer
-        # against its model on the way out without another trip through the pool.
+        # confined (and encoded, or kept) there too; the wrapper itself is async so that
+        # FastAPI checks a plain answer against its model on the way out without another
+        # trip through the pool.
         async def wrapper(**kwargs: Any) -> Any:  # type: ignore[misc]
-            caller = admit(kwargs)
-            return await run_in_threadpool(lambda: finish(caller, endpoint(**kwargs)))
+            caller, request = admit(kwargs)
+            return await run_in_threadpool(lambda: answer(caller, request, endpoint(**kwargs)))
 
     wrapper.__signature__ = signature.replace(  # type: ignore[attr-defined]
         parameters=parameters, return_annotation=inspect.Signature.empty)
@@ -108,6 +122,36 @@ def _guarded(endpoint: Callable[..., Any], visibility: Visibility) -> Callable[.
     wrapper.__doc__ = endpoint.__doc__
     setattr(wrapper, _GUARDED, True)
     return wrapper
+
+
+def finish(caller: Caller | None, result: Any) -> Any:
+    """The answer confined to the caller's scope; a page rendered, JSON of ours encoded."""
+    if caller is not None:
+        result = confine(result, caller.scope)
+    return result.response() if isinstance(result, (Page, DetailPage, Json)) else result
+
+
+def kept(caller: Caller | None, request: Request, result: Kept) -> Response:
+    """The kept answer for the handler's key and the caller's scope at the inventory's
+    version, or the one ``result`` computes now, confined and encoded before it is kept."""
+    state = request.app.state
+
+    def compute() -> Stored:
+        response = finish(caller, result.compute())
+        if not isinstance(response, Response):
+            response = Json(response).response()
+        return Stored.of(response)
+
+    try:
+        with state.engine.connect() as conn:
+            version = inventory_version(conn)
+        stored = state.answers.get_at(
+            version, (result.key, caller.scope if caller is not None else FULL), compute)
+    except sa.exc.SQLAlchemyError as exc:
+        if result.fallback is None:
+            raise
+        return finish(caller, result.fallback(exc))
+    return stored.response()
 
 
 def _summary(endpoint: Callable[..., Any]) -> str | None:
