@@ -19,7 +19,7 @@ from collections.abc import Callable, Hashable
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Engine
 
 from hub import inventory as inv
 
@@ -47,6 +47,34 @@ def inventory_version(conn: Connection) -> tuple[Any, ...]:
     four indexed reads (one round trip, where three statements cost a third of a cheap
     request)."""
     return tuple(conn.execute(VERSION).one())
+
+
+_VERSION_SQL: dict[str, str] = {}
+
+
+def read_version(engine: Engine) -> tuple[Any, ...]:
+    """:func:`inventory_version` on a pooled driver connection: the version every request
+    of a kept answer reads, at 15 µs rather than the 110 µs of a SQLAlchemy connection and
+    result (SQLite, measured). Its values are the driver's (text where SQLAlchemy would
+    give a datetime): compared with versions read the same way only. A driver error is
+    raised as SQLAlchemy's, as every other read's is (the service answers 503)."""
+    dialect = engine.dialect
+    sql = _VERSION_SQL.get(dialect.name)
+    if sql is None:
+        sql = _VERSION_SQL[dialect.name] = str(VERSION.compile(dialect=dialect))
+    raw = engine.raw_connection()
+    try:
+        cursor = raw.cursor()
+        try:
+            cursor.execute(sql)
+            row = cursor.fetchone()
+        finally:
+            cursor.close()
+    except dialect.loaded_dbapi.Error as exc:
+        raise sa.exc.DBAPIError.instance(sql, None, exc, dialect.loaded_dbapi.Error) from exc
+    finally:
+        raw.close()
+    return tuple(row)
 
 
 class Memo:
