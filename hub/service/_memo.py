@@ -3,8 +3,9 @@
 Capacity (and the page's usage, idle and capacity sections) fold every GPU row in Python:
 about 90 ms at 10,000 GPUs, against 1-6 ms for any other read. Fifty dashboards asking for
 it at once would queue everything behind it. The inventory changes only when a sync, a
-prune or a usage collect writes, and each leaves a trace that costs microseconds to read:
-a new ``sync_runs`` id, a new ``events`` id, a changed ``usage_buckets`` row. An answer is
+reconcile, a prune or a usage collect writes, and each leaves a trace that costs
+microseconds to read: a new good ``sync_runs`` id, a new ``reconcile_runs`` id, a new
+``events`` id, a changed ``usage_buckets`` row. An answer is
 kept under that version (and its own key: the caller's scope, the grouping) and for at most
 ``ttl`` seconds, so a write the version does not see (a manual edit) shows within that.
 Whatever is kept is shared between callers: it is never modified, only read.
@@ -28,13 +29,19 @@ SIZE = 128
 
 
 def _version_statement() -> sa.Select[Any]:
-    def newest(expression: Any, table: sa.Table) -> Any:
-        return sa.select(expression).select_from(table).scalar_subquery()
+    def newest(expression: Any, table: sa.Table, *where: Any) -> Any:
+        return sa.select(expression).select_from(table).where(*where).scalar_subquery()
 
-    return sa.select(newest(sa.func.max(inv.sync_runs.c.id), inv.sync_runs),
-                     newest(sa.func.max(inv.events.c.id), inv.events),
-                     newest(sa.func.max(inv.usage_buckets.c.collected_at), inv.usage_buckets),
-                     newest(sa.func.count(), inv.usage_buckets))
+    runs = inv.sync_runs
+    return sa.select(
+        # a failed sync wrote nothing else (one transaction): only a good one is news, so a
+        # hub that is down does not throw every kept answer away at each retry
+        newest(sa.func.max(runs.c.id), runs, runs.c.status == "ok"),
+        newest(sa.func.max(inv.events.c.id), inv.events),
+        newest(sa.func.max(inv.usage_buckets.c.collected_at), inv.usage_buckets),
+        newest(sa.func.count(), inv.usage_buckets),
+        # a reconcile (after a sync) says how each node publishes its GPUs (gpus_via)
+        newest(sa.func.max(inv.reconcile_runs.c.id), inv.reconcile_runs))
 
 
 #: built once: every request reads the version, and SQLAlchemy then finds the compiled
@@ -43,9 +50,9 @@ VERSION = _version_statement()
 
 
 def inventory_version(conn: Connection) -> tuple[Any, ...]:
-    """What changes whenever a sync, prune or usage collect has written: one statement of
-    four indexed reads (one round trip, where three statements cost a third of a cheap
-    request)."""
+    """What changes whenever a sync, reconcile, prune or usage collect has written: one
+    statement of five indexed reads (one round trip, where three statements cost a third of
+    a cheap request)."""
     return tuple(conn.execute(VERSION).one())
 
 
@@ -61,7 +68,8 @@ def read_version(engine: Engine) -> tuple[Any, ...]:
     dialect = engine.dialect
     sql = _VERSION_SQL.get(dialect.name)
     if sql is None:
-        sql = _VERSION_SQL[dialect.name] = str(VERSION.compile(dialect=dialect))
+        sql = _VERSION_SQL[dialect.name] = str(VERSION.compile(
+            dialect=dialect, compile_kwargs={"literal_binds": True}))
     raw = engine.raw_connection()
     try:
         cursor = raw.cursor()
