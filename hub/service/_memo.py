@@ -70,7 +70,11 @@ def read_version(engine: Engine) -> tuple[Any, ...]:
     if sql is None:
         sql = _VERSION_SQL[dialect.name] = str(VERSION.compile(
             dialect=dialect, compile_kwargs={"literal_binds": True}))
-    raw = engine.raw_connection()
+    error = dialect.loaded_dbapi.Error
+    try:
+        raw = engine.raw_connection()  # a refused connection raises the driver's error too
+    except error as exc:
+        raise sa.exc.DBAPIError.instance(sql, None, exc, error) from exc
     try:
         cursor = raw.cursor()
         try:
@@ -78,8 +82,10 @@ def read_version(engine: Engine) -> tuple[Any, ...]:
             row = cursor.fetchone()
         finally:
             cursor.close()
-    except dialect.loaded_dbapi.Error as exc:
-        raise sa.exc.DBAPIError.instance(sql, None, exc, dialect.loaded_dbapi.Error) from exc
+    except error as exc:
+        if dialect.is_disconnect(exc, raw.dbapi_connection, None):
+            raw.invalidate(exc)  # as a SQLAlchemy connection would: not back to the pool
+        raise sa.exc.DBAPIError.instance(sql, None, exc, error) from exc
     finally:
         raw.close()
     return tuple(row)
