@@ -14,6 +14,7 @@ import datetime as dt
 from typing import Any
 
 import pydantic
+import sqlalchemy as sa
 from fastapi.routing import APIRoute
 
 from hub.inventory import _db as inventory
@@ -133,3 +134,35 @@ def test_an_inventory_never_synced_answers_503_json_and_the_page_says_so(tmp_pat
         assert status == 503 and "no sync has completed yet" in page.text
     finally:
         engine.dispose()
+
+
+def test_the_version_read_on_postgresql_leaves_its_connection_as_sqlalchemy_expects(pg_url):
+    """The kept answers' version is read outside a transaction (one round trip, not three);
+    the connection goes back to the pool in transactions again, and the version moves with
+    a good sync as it does on SQLite."""
+    from hub.service._memo import read_version
+
+    writer = inventory.make_engine(pg_url, create=True)
+    migrate.ensure_schema(writer)
+    engine = read_only_engine(pg_url)
+    try:
+        before = read_version(engine)
+        raw = engine.raw_connection()  # the pool's one connection: the one just used
+        try:
+            assert raw.driver_connection.autocommit is False
+        finally:
+            raw.close()
+        with writer.begin() as conn:
+            inventory.record_run(conn, started_at=inventory.now_utc(), status="ok",
+                                 requests=1)
+        assert read_version(engine) != before
+        with engine.connect() as conn:  # and it still refuses to write
+            try:
+                conn.execute(sa.text("CREATE TABLE nope (x int)"))
+            except sa.exc.DBAPIError as exc:
+                assert "read-only" in str(exc)
+            else:
+                raise AssertionError("the read-only engine wrote")
+    finally:
+        engine.dispose()
+        writer.dispose()

@@ -75,13 +75,22 @@ def read_version(engine: Engine) -> tuple[Any, ...]:
         raw = engine.raw_connection()  # a refused connection raises the driver's error too
     except error as exc:
         raise sa.exc.DBAPIError.instance(sql, None, exc, error) from exc
+    # PostgreSQL: one round trip, not three (BEGIN, the read, the pool's ROLLBACK): the read
+    # alone, outside a transaction (still read-only: default_transaction_read_only)
+    driver = raw.driver_connection if dialect.name == "postgresql" else None
     try:
-        cursor = raw.cursor()
+        if driver is not None:
+            driver.autocommit = True
         try:
-            cursor.execute(sql)
-            row = cursor.fetchone()
+            cursor = raw.cursor()
+            try:
+                cursor.execute(sql)
+                row = cursor.fetchone()
+            finally:
+                cursor.close()
         finally:
-            cursor.close()
+            if driver is not None and not driver.closed:
+                driver.autocommit = False  # back to the pool as SQLAlchemy expects it
     except error as exc:
         if dialect.is_disconnect(exc, raw.dbapi_connection, None):
             raw.invalidate(exc)  # as a SQLAlchemy connection would: not back to the pool
