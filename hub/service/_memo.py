@@ -131,6 +131,11 @@ class Memo:
                 return (kept[2],)
         return None
 
+    def peek(self, version: tuple[Any, ...], key: Hashable) -> Any:
+        """The answer kept for ``key`` at ``version``, None if there is none."""
+        found = self._fresh(key, version)
+        return found[0] if found is not None else None
+
     def get(self, conn: Connection, key: Hashable, compute: Callable[[], Any]) -> Any:
         """The kept answer for ``key``, or ``compute()``'s: one caller computes a missing
         answer while the others asking for the same key wait for it (fifty dashboards

@@ -125,12 +125,13 @@ def findings_router(findings: Findings,
     """Findings of the latest checks, kept by the scheduler."""
     router = ConfinedRouter()
 
-    def findings_(scope: CallerScope,
+    async def findings_(scope: CallerScope,
                   severity: Annotated[typing.Literal[models.SEVERITIES] | None,  # type: ignore[valid-type]
                                       api.Query(description="Only this severity.")] = None,
                   cluster: api.ClusterParam = None, limit: api.LimitParam = api.DEFAULT_LIMIT,
                   continue_: api.ContinueParam = None) -> Json:
         """Findings of the latest checks (empty until checks are configured); paged."""
+        # async: the scheduler's copy in memory, no database read to wait for
         cluster = api.scoped_cluster(cluster, scope)
         items, generated = findings()
         selected = api.visible_findings(items, scope, severity=severity, cluster=cluster)

@@ -115,6 +115,18 @@ def _guarded(endpoint: Callable[..., Any], visibility: Visibility) -> Callable[.
             if isinstance(result, Kept):  # a database read: in the thread pool
                 return await run_in_threadpool(answer, caller, request, result)
             return finish(caller, result)
+    elif hints.get("return") is Kept:
+        # A handler of a kept answer reads nothing before it says which (its reads are in
+        # the Kept's compute): on SQLite, whose reads never wait in WAL mode, the kept
+        # answer is looked up on the event loop, and only a missing one is computed in the
+        # thread pool (the trip there and back was a third of a kept answer's cost)
+        async def wrapper(**kwargs: Any) -> Any:  # type: ignore[misc]
+            caller, request = admit(kwargs)
+            result = endpoint(**kwargs)
+            found = kept_now(caller, request, result)
+            if found is not None:
+                return found
+            return await run_in_threadpool(answer, caller, request, result)
     else:
         # A synchronous handler (a database read) runs in the thread pool, its answer
         # confined (and encoded, or kept) there too; the wrapper itself is async so that
@@ -182,6 +194,22 @@ def kept(caller: Caller | None, request: Request, result: Kept) -> Response:
             raise
         return finish(caller, result.fallback(exc))
     return stored.response()
+
+
+def kept_now(caller: Caller | None, request: Request, result: Kept) -> Response | None:
+    """The kept answer if there is one now, read without waiting: on SQLite only (a local
+    file in WAL mode, 15 µs); None otherwise (PostgreSQL: a round trip to a server, never on
+    the event loop; any error: :func:`kept` in the pool says it)."""
+    state = request.app.state
+    if state.engine.dialect.name != "sqlite":
+        return None
+    try:
+        version = read_version(state.engine)
+    except sa.exc.SQLAlchemyError:
+        return None
+    found = state.answers.peek(version, (result.key, caller.scope if caller is not None
+                                         else FULL))
+    return found.response() if found is not None else None
 
 
 def _summary(endpoint: Callable[..., Any]) -> str | None:
