@@ -3,9 +3,10 @@
 Each handler is a plain function whose parameters say what it takes: typed query parameters
 (``Annotated`` with their OpenAPI description and bounds), the read-only ``engine`` and the
 caller's ``scope`` as FastAPI dependencies. It returns plain data shaped like its response
-model (``hub.service._models``); the app (``hub.service._app``) checks and encodes it, and
-passes it through the one scope step (``hub.service._confine``) on the way out. Tests call a
-handler like any other function.
+model (``hub.service._models``), which the app checks and encodes, or, on the hot routes, a
+``Kept`` (``hub.service._wire``) that computes it: the answer is then encoded once and kept
+per scope until the inventory changes. Either way it passes the one scope step
+(``hub.service._confine``) on the way out.
 
 Items carry the same field names as ``gpufleet inventory ... -o json`` because they come from
 the same columns (``hub.inventory``'s lists and ``GPU_COLUMNS``). The GPU list is paged with a

@@ -14,7 +14,8 @@ Everything a request meets, in order:
 4. The handler (``hub.service._api``, ``hub.service._routers``), then :func:`confine` with
    the caller's scope: every router is a ``ConfinedRouter`` (hub/service/_routing.py), which
    adds both 3 and this step to each route, closed to scoped callers unless the route is
-   declared ``scoped``; then the response model.
+   declared ``scoped``; then the response model (the hot routes' answers are encoded once
+   and kept per scope instead: hub/service/_wire.py).
 5. Errors: every refusal and failure is ``{"error": "..."}`` JSON with a status the
    description declares (400 for any client mistake, 401, 403, 404, 405, 503 for the
    database, 500 for a bug), never a trace.

@@ -11,6 +11,10 @@ A route's visibility is declared where it is added, never inferred from its hand
 :class:`ConfinedRouter` is the only router the service uses: its ``add_api_route`` (which
 ``@router.get`` goes through as well) wraps every handler in :func:`_guarded`, so no route
 can skip the step; :func:`include` puts a router's routes in the app.
+
+A handler that returns a :class:`~hub.service._wire.Kept` has its answer kept as bytes per
+key, caller's scope and inventory version (:func:`kept`): confined, then encoded, then kept,
+so a kept answer is only ever one scope's and the confine step is still the wrapper's.
 """
 
 from __future__ import annotations
