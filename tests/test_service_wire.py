@@ -21,6 +21,7 @@ from hub.inventory import _db as inventory
 from hub.inventory import _migrate as migrate
 from hub.inventory._normalize import Observation
 from hub.service import build_app, read_only_engine
+from hub.service._memo import LoopVersion, read_version
 from tests.support.asgi import AppClient, no_metrics
 from tests.test_api_scoped_walk import ADMIN, TEAM, _client, _variants, app  # noqa: F401
 
@@ -99,6 +100,8 @@ def test_kept_answers_are_kept_per_scope_and_follow_a_good_sync_at_once(tmp_path
         assert uuids(ADMIN) == ["GPU-e1", "GPU-w1"] and uuids(TEAM) == ["GPU-e1"]
         kept = made.state.answers.computed
         assert kept == 2  # one per scope, then served as kept
+        # looked up on the event loop on a connection of its own: the same version
+        assert made.state.loop_version.read() == read_version(engine) is not None
 
         with writer.begin() as conn:  # a failed sync: a run recorded, nothing else written
             inventory.record_run(conn, started_at=now, status="failed", requests=3,
@@ -140,8 +143,6 @@ def test_the_version_read_on_postgresql_leaves_its_connection_as_sqlalchemy_expe
     """The kept answers' version is read outside a transaction (one round trip, not three);
     the connection goes back to the pool in transactions again, and the version moves with
     a good sync as it does on SQLite."""
-    from hub.service._memo import read_version
-
     writer = inventory.make_engine(pg_url, create=True)
     migrate.ensure_schema(writer)
     engine = read_only_engine(pg_url)
@@ -166,3 +167,15 @@ def test_the_version_read_on_postgresql_leaves_its_connection_as_sqlalchemy_expe
     finally:
         engine.dispose()
         writer.dispose()
+
+
+def test_the_event_loops_version_read_gives_up_rather_than_fail(tmp_path):
+    """No database file (or no SQLite at all): None, and the request goes to the thread
+    pool, where the pooled read answers or says why (the 503 test above)."""
+    url = f"sqlite:///{tmp_path / 'never.db'}"
+    engine = read_only_engine(url)
+    try:
+        assert LoopVersion(engine).read() is None  # no file yet: read-only open fails
+    finally:
+        engine.dispose()
+    assert LoopVersion(None).read() is None

@@ -52,7 +52,7 @@ from hub.service._api import (
     public_error,
 )
 from hub.service._auth import ANONYMOUS, Authenticator, Caller, Unauthorized
-from hub.service._memo import Memo
+from hub.service._memo import LoopVersion, Memo
 from hub.service._page import (
     SectionSource,
 )
@@ -279,6 +279,7 @@ def build_app(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, Any]
     app.state.memo = memo = Memo()
     app.state.answers = Memo(weigh=wire.weight, max_weight=wire.KEPT_BYTES,  # as bytes
                              largest=wire.KEPT_LARGEST, size=1024)
+    app.state.loop_version = LoopVersion(engine)
     app.state.routes = {}
     routers = [
         routers_.pages_router(findings=findings, page_sections=page_sections, memo=memo,

@@ -200,16 +200,14 @@ def kept(caller: Caller | None, request: Request, result: Kept) -> Response:
     return stored.response()
 
 
-def kept_now(caller: Caller | None, request: Request, result: Kept) -> Response | None:
+def kept_now(caller: Caller | None, request: Request, result: Any) -> Response | None:
     """The kept answer if there is one now, read without waiting: on SQLite only (a local
-    file in WAL mode, 15 µs); None otherwise (PostgreSQL: a round trip to a server, never on
-    the event loop; any error: :func:`kept` in the pool says it)."""
+    file in WAL mode, on a connection of the loop's own: hub/service/_memo.py LoopVersion);
+    None otherwise (PostgreSQL: a round trip to a server, never on the event loop; any
+    error: :func:`kept` in the pool says it)."""
     state = request.app.state
-    if state.engine.dialect.name != "sqlite":
-        return None
-    try:
-        version = read_version(state.engine)
-    except sa.exc.SQLAlchemyError:
+    version = state.loop_version.read() if isinstance(result, Kept) else None
+    if version is None:
         return None
     found = state.answers.peek(version, (result.key, caller.scope if caller is not None
                                          else FULL))
