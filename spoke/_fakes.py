@@ -585,6 +585,13 @@ class AmdSmiInitFlags(enum.IntEnum):
     INIT_AMD_GPUS = 2
 
 
+# FakeAmdSmi carries the enums under their own names, as the amdsmi module does; inside its
+# body those names are its attributes, not types, so its signatures use these
+_InitFlags = AmdSmiInitFlags
+_TemperatureType = AmdSmiTemperatureType
+_TemperatureMetric = AmdSmiTemperatureMetric
+
+
 AMDSMI_STATUS_NOT_SUPPORTED = 2
 AMDSMI_STATUS_NOT_FOUND = 31
 AMDSMI_STATUS_FAIL_LOAD_MODULE = 4
@@ -648,7 +655,7 @@ class FakeAmdSmi:
             raise AmdSmiLibraryException(AMDSMI_STATUS_NOT_SUPPORTED)
         return value
 
-    def amdsmi_init(self, flag: AmdSmiInitFlags = AmdSmiInitFlags.INIT_AMD_GPUS) -> None:
+    def amdsmi_init(self, flag: _InitFlags = AmdSmiInitFlags.INIT_AMD_GPUS) -> None:
         if self.init_error is not None:
             raise AmdSmiLibraryException(self.init_error)
         self.initialised = True
@@ -709,8 +716,8 @@ class FakeAmdSmi:
                 "mem_voltage": "N/A", "power_limit": 750}
 
     def amdsmi_get_temp_metric(self, processor_handle: _AmdHandle,
-                               sensor_type: AmdSmiTemperatureType,
-                               metric: AmdSmiTemperatureMetric) -> int:
+                               sensor_type: _TemperatureType,
+                               metric: _TemperatureMetric) -> int:
         gpu = self._gpu(processor_handle)
         if metric != AmdSmiTemperatureMetric.CURRENT:
             raise AmdSmiLibraryException(AMDSMI_STATUS_NOT_SUPPORTED)

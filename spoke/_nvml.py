@@ -11,7 +11,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Hashable
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 from spoke._model import (
     EVERY_PASS,
@@ -29,9 +29,27 @@ log = logging.getLogger(__name__)
 _MIB = 1024 * 1024
 _MAX_EVENTS_PER_PASS = 256  # bounds the drain so a storm of XIDs cannot stall a collection
 
+#: the GpuReading fields GPM fills: spelled out so a reading built with ``**gpm`` is checked
+_GpmField = Literal["engine_active_ratio", "sm_active_ratio", "sm_occupancy_ratio",
+                    "tensor_active_ratio", "dram_active_ratio", "pcie_tx_bytes_per_s",
+                    "pcie_rx_bytes_per_s"]
+
+
+class _GpmValues(TypedDict, total=False):
+    """What one GPM window answered: a metric the device does not answer is absent."""
+
+    engine_active_ratio: float
+    sm_active_ratio: float
+    sm_occupancy_ratio: float
+    tensor_active_ratio: float
+    dram_active_ratio: float
+    pcie_tx_bytes_per_s: float
+    pcie_rx_bytes_per_s: float
+
+
 #: GPM metric -> GpuReading field and the factor into DCGM's unit (percent -> ratio, MiB/s ->
 #: bytes/s), in the order dcgm-exporter's default counters list the PROF fields
-_GPM_METRICS = (
+_GPM_METRICS: tuple[tuple[str, _GpmField, float], ...] = (
     ("NVML_GPM_METRIC_GRAPHICS_UTIL", "engine_active_ratio", 0.01),
     ("NVML_GPM_METRIC_SM_UTIL", "sm_active_ratio", 0.01),
     ("NVML_GPM_METRIC_SM_OCCUPANCY", "sm_occupancy_ratio", 0.01),
@@ -101,7 +119,7 @@ class NvmlBackend:
         self._slow = _Schedule(cadence.slow, clock)
         self._prof = _Schedule(cadence.prof, clock)
         self._counters: dict[str, tuple[Any, Any]] = {}  # uuid -> (energy mJ, replays)
-        self._gpm_last: dict[tuple[str, int], dict[str, float]] = {}
+        self._gpm_last: dict[tuple[str, int], _GpmValues] = {}
         n = nvml
         # Codes that mean "this device does not report that value": the series is left out.
         self._absent = {
@@ -361,7 +379,7 @@ class NvmlBackend:
         return self._gpm_support[uuid]
 
     def _gpm(self, parent: Any, uuid: str, gi_id: int | None,
-             seen: set[tuple[str, int]], slot: float = 0.0) -> dict[str, float]:
+             seen: set[tuple[str, int]], slot: float = 0.0) -> _GpmValues:
         """DCGM_FI_PROF_* of a GPU or slice from two GPM samples, one ``Cadence.prof`` apart.
 
         GPM metrics are rates between two samples, so the first pass after start (or after
@@ -403,7 +421,7 @@ class NvmlBackend:
             for i, (metric_name, _, _) in enumerate(_GPM_METRICS):
                 request.metrics[i].metricId = getattr(n, metric_name)
             self._opt(n.nvmlGpmMetricsGet, request)
-            out: dict[str, float] = {}
+            out: _GpmValues = {}
             for i, (_, attr, scale) in enumerate(_GPM_METRICS):
                 metric = request.metrics[i]
                 if metric.nvmlReturn == n.NVML_SUCCESS:

@@ -219,9 +219,9 @@ def query(expr: str, range_: float | None, step: float, output: str, **opts: Any
         return
     rows = _sample_rows(series)
     labels = sorted({k for row in rows for k in row} - {"time", "value", "__name__"})
-    name = ["__name__"] if any("__name__" in r for r in rows) else []
+    named = ["__name__"] if any("__name__" in r for r in rows) else []
     # label names as the hub spells them (Hostname, not HOSTNAME): they go back into PromQL
-    emit(rows, [*name, *labels, "time", "value"], output, upper=False)
+    emit(rows, [*named, *labels, "time", "value"], output, upper=False)
 
 
 # -- sync -----------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ import datetime as dt
 import math
 from collections.abc import Mapping, Sequence
 from html import escape
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 #: Tableau 10: distinguishable in print and for the common colour-vision deficiencies
 PALETTE = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1",
@@ -83,6 +83,15 @@ def _day_label(day: Any) -> str:
 
 
 # -- stacked columns: GPU-hours per day by namespace --------------------------------------------
+class _LegendKey(TypedDict):
+    """One key of a stacked chart's legend: a namespace, or the grey rest of them."""
+
+    key: str
+    colour: str
+    total: float
+    members: NotRequired[list[str]]  # the rest's keys; absent on a key of its own
+
+
 def stacked_columns(columns: Sequence[tuple[str, Mapping[str, float]]], *,
                     max_keys: int = MAX_KEYS, width: float = WIDTH, height: float = 220,
                     left: float = 56, top: float = 22, bottom: float = 36,
@@ -102,8 +111,8 @@ def stacked_columns(columns: Sequence[tuple[str, Mapping[str, float]]], *,
     ranked = sorted(totals, key=lambda k: (-totals[k], k))
     shown = ranked if len(ranked) <= max_keys else ranked[: max_keys - 1]
     rest = [k for k in ranked if k not in shown]
-    keys = [{"key": k, "colour": PALETTE[i % len(PALETTE)], "total": totals[k]}
-            for i, k in enumerate(shown)]
+    keys: list[_LegendKey] = [{"key": k, "colour": PALETTE[i % len(PALETTE)], "total": totals[k]}
+                             for i, k in enumerate(shown)]
     if rest:
         keys.append({"key": f"{len(rest)} {rest_label}", "colour": REST_COLOUR,
                      "total": sum(totals[k] for k in rest), "members": rest})

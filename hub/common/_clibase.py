@@ -100,7 +100,7 @@ class ConfiguredCommand(click.Command):
                 )
             )
 
-    def make_context(self, info_name, args, parent=None, **extra):  # type: ignore[override]
+    def make_context(self, info_name, args, parent=None, **extra):
         path = _config_path(list(args), parent)
         if path and "default_map" not in extra:
             root = parent.find_root().command if parent else self
@@ -113,7 +113,7 @@ class ConfiguredGroup(click.Group):
 
     command_class = ConfiguredCommand
 
-    def make_context(self, info_name, args, parent=None, **extra):  # type: ignore[override]
+    def make_context(self, info_name, args, parent=None, **extra):
         # A group's own default_map would be keyed by subcommand; subcommands load the file.
         return super().make_context(info_name, args, parent=parent, **extra)
 

@@ -86,7 +86,7 @@ class Duration(click.ParamType):
 
     name = "duration"
 
-    def convert(self, value, param, ctx):  # type: ignore[override]
+    def convert(self, value, param, ctx):
         try:
             return parse_duration(value)
         except ValueError as exc:

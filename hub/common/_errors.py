@@ -31,13 +31,16 @@ class GpufleetError(click.ClickException):
     """Base class: a one-line message and an exit code."""
 
     exit_code = EXIT_INPUT
+    #: the HTTP status of the upstream answer behind the error, where one was read (a
+    #: Kubernetes 403 or 404): callers tell "refused" and "absent" from "unreachable" by it
+    http_status: int | None = None
 
     def __init__(self, message: str) -> None:
         # One line, always: multi-line upstream messages would break log parsers and cron mail.
         # Redacted, always: this text is printed, logged, served and stored in sync_runs.
         super().__init__(redact(" ".join(str(message).split())))
 
-    def show(self, file=None) -> None:  # type: ignore[override]
+    def show(self, file=None) -> None:
         click.echo(f"error: {self.format_message()}", err=True)
 
 

@@ -120,7 +120,10 @@ def progress(description: str, total: int | None = None, *,
 
     stream = sys.stderr if stream is None else stream
     if not (hasattr(stream, "isatty") and stream.isatty()):
-        yield lambda n=1: None
+        def silent(n: int = 1) -> None:
+            pass
+
+        yield silent
         return
     from rich.console import Console
     from rich.progress import (
@@ -138,7 +141,11 @@ def progress(description: str, total: int | None = None, *,
                    transient=True)
     with bar:
         task = bar.add_task(description, total=total)
-        yield lambda n=1: bar.advance(task, n)
+
+        def advance(n: int = 1) -> None:
+            bar.advance(task, n)
+
+        yield advance
 
 
 def to_table(rows: Sequence[dict[str, Any]], columns: Sequence[str],
@@ -160,9 +167,9 @@ def to_table(rows: Sequence[dict[str, Any]], columns: Sequence[str],
         table.add_column(header, no_wrap=True)
     for values in cells:
         table.add_row(*values)
-    console = Console(file=io.StringIO(), width=width, color_system=None, force_terminal=False)
-    console.print(table)
-    return console.file.getvalue()  # type: ignore[attr-defined]
+    text = io.StringIO()
+    Console(file=text, width=width, color_system=None, force_terminal=False).print(table)
+    return text.getvalue()
 
 
 def _records(headers: Sequence[str], cells: Sequence[Sequence[str]], title: str | None) -> str:

@@ -70,6 +70,7 @@ def _loader() -> type:
 
         def compose_node(self, parent: Any, index: Any) -> Any:
             node = super().compose_node(parent, index)
+            assert node is not None, "PyYAML's compose_node always returns one (stubs: Optional)"
             size = self._sizes.get(id(node))
             if size is None:
                 children = node.value if isinstance(node.value, list) else []

@@ -10,7 +10,6 @@ Timestamps are stored as naive UTC datetimes on both databases and turned into I
 
 from __future__ import annotations
 
-import collections
 import datetime as dt
 import itertools
 import json
@@ -21,7 +20,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -146,7 +145,7 @@ def default_db_url() -> str:
     return f"sqlite:///{Path(base) / 'gpufleet' / 'inventory.db'}"
 
 
-def safe_url(engine_or_url: Engine | str) -> str:
+def safe_url(engine_or_url: Engine | sa.URL | str) -> str:
     url = engine_or_url.url if isinstance(engine_or_url, Engine) else sa.make_url(engine_or_url)
     return url.render_as_string(hide_password=True)
 
@@ -257,10 +256,12 @@ def locked_transaction(engine: Engine, lock_timeout: float, *, key: int = LOCK_K
 # -- writes ---------------------------------------------------------------------------------
 def _insert(conn: Connection, table: sa.Table):  # dialect-specific INSERT ... ON CONFLICT
     if conn.dialect.name == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert
-    else:
-        from sqlalchemy.dialects.sqlite import insert
-    return insert(table)
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        return pg_insert(table)
+    from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+    return sqlite_insert(table)
 
 
 #: rows a statement carries (executemany): bounded, so memory does not grow with the fleet
@@ -358,7 +359,7 @@ def _newest_per_identity(chosen: dict[tuple[str, str], Observation], twins: Twin
 
 
 def _event(at: dt.datetime, type_: str, cluster: str, node: str, uuid: str, slice_key: str,
-           **details: Any) -> dict[str, Any]:
+           /, **details: Any) -> dict[str, Any]:
     return {"at": at, "type": type_, "cluster": cluster, "node": node, "uuid": uuid,
             "slice": slice_key or None,
             "details": json.dumps(details, sort_keys=True, default=str) if details else None}
@@ -508,7 +509,7 @@ class InventoryWriter:
         every = observations if isinstance(observations, list) else list(observations)
         back: list[Observation] = []
         if held:
-            kept = []
+            kept: list[Observation] = []
             for obs in every:
                 (back if hash(obs.uuid) in held else kept).append(obs)
         else:
@@ -635,10 +636,20 @@ GPU_COMPARE = ("cluster", "node", "mig_profile", "mig_instance", "vendor", "gpu_
                "model", "driver_version", "pci_bus_id", "serial", "memory_total_mib",
                "memory_used_mib", "utilisation_pct", "power_w", "temperature_c", "health",
                "health_reasons", "state", "also_reporting", "last_sample_at")
-#: one GPU row as the table holds it: what events compare, and a digest (hash) of every
-#: GPU_COMPARE column for the write. ~150 bytes a GPU, where the row itself is ~1 kB.
-HeldGpu = collections.namedtuple(
-    "HeldGpu", ("cluster", "node", "state", *CHANGE_FIELDS, "digest"))
+class HeldGpu(NamedTuple):
+    """One GPU row as the table holds it: what events compare (its place, state and
+    CHANGE_FIELDS), and a digest (hash) of every GPU_COMPARE column for the write. ~150 bytes
+    a GPU, where the row itself is ~1 kB."""
+
+    cluster: str
+    node: str
+    state: str
+    model: str | None
+    memory_total_mib: float | None
+    driver_version: str | None
+    digest: int
+
+
 _HELD = [GPU_COMPARE.index(c) for c in HeldGpu._fields[:-1]]
 
 
@@ -656,7 +667,8 @@ def held_gpus(conn: Connection) -> dict[tuple[str, str], HeldGpu]:
         values = tuple(row[2:])
         # repeated strings (cluster, node, state, model, driver): one object each
         held = [intern(v) if type(v) is str else v for v in (values[i] for i in _HELD)]
-        out[(row[0], intern(row[1]))] = HeldGpu(*held, _digest(values))
+        held.append(_digest(values))
+        out[(row[0], intern(row[1]))] = HeldGpu._make(held)
     return out
 
 
@@ -778,9 +790,9 @@ def list_nodes(conn: Connection, cluster: str | None = None) -> list[dict[str, A
 
 
 def list_clusters(conn: Connection, cluster: str | None = None) -> list[dict[str, Any]]:
-    active_nodes = sa.select(nodes.c.cluster, sa.func.count().label("nodes")).where(
+    active_query = sa.select(nodes.c.cluster, sa.func.count().label("nodes")).where(
         nodes.c.state == ACTIVE).group_by(nodes.c.cluster)
-    active_nodes = _where_cluster(active_nodes, nodes, cluster).subquery()
+    active_nodes = _where_cluster(active_query, nodes, cluster).subquery()
     counts = _gpu_counts(gpus.c.cluster, cluster=cluster)
     joined = clusters.outerjoin(active_nodes, active_nodes.c.cluster == clusters.c.cluster
                                 ).outerjoin(counts, counts.c.cluster == clusters.c.cluster)

@@ -13,6 +13,7 @@ Rules that hold for every vendor:
 
 from __future__ import annotations
 
+import enum
 import json
 import math
 import sys
@@ -20,7 +21,7 @@ from array import array
 from collections.abc import Iterable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from hub import store
 from hub.inventory import _health as health
@@ -69,7 +70,13 @@ class Observation:
         return f"{self.mig_profile}/{self.mig_instance or ''}"
 
 
-_UNSEEN = object()
+class _Unseen(enum.Enum):
+    """A series key not met before (a typed sentinel: None means "not a GPU's series")."""
+
+    UNSEEN = 0
+
+
+_UNSEEN: Final = _Unseen.UNSEEN
 
 #: the health values of the many GPUs that report none: one shared, never written, dict
 #: rather than 64 bytes each at 100,000 GPUs (read only: inventory._health.merge, the DB)
@@ -254,6 +261,7 @@ class FleetBuilder:
         """Fold rows into their series. A presence row's value is its newest sample's time
         (the presence query's answer), and it makes its GPU like a value row does."""
         slot = _SLOT[fld] if fld else None
+        field_name = fld or ""  # the field whenever there is a slot
         makes = slot is not None or presence
         convert = profile.convert
         known, early, unlabelled = self._series, self._early, self.unlabelled
@@ -284,7 +292,7 @@ class FleetBuilder:
             if slot is not None:
                 value = _float(raw)
                 if value == value:
-                    series.vals[slot] = convert(fld, value)  # type: ignore[arg-type]
+                    series.vals[slot] = convert(field_name, value)
             if stamps or presence:
                 t = _float(raw if presence else ts)
                 if t == t and not t <= series.vals[_AT]:  # no time yet is NaN

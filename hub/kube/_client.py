@@ -114,11 +114,11 @@ def translate(exc: BaseException, api: client.ApiClient, doing: str) -> Gpufleet
         if code in (401, 403):
             refused = InputError(f"Kubernetes API at {host} refused {doing} (HTTP {code}): "
                                  f"{message}")
-            refused.http_status = code  # type: ignore[attr-defined]
+            refused.http_status = code
             return refused
         if code == 404:
             missing = UnavailableError(f"{doing}: not found at {host}: {message}")
-            missing.http_status = 404  # type: ignore[attr-defined]  (absent, not unreachable)
+            missing.http_status = 404  # absent, not unreachable
             return missing
         if code >= 500 or code == 429:
             return UnavailableError(f"Kubernetes API at {host} failed {doing} (HTTP {code}): "
@@ -301,7 +301,7 @@ def read_gpu_objects(api: client.ApiClient, page_size: int = PAGE_SIZE,
         found.claims = list(list_resource_claims(api, found.dra_version, apis=apis,
                                                  page_size=page_size))
     except InputError as exc:
-        if getattr(exc, "http_status", None) != 403:
+        if exc.http_status != 403:
             raise
         found.notes.append(f"{exc.format_message()}: DRA claims not read, `capacity` keeps "
                            "the previous reading (grant list on resourceclaims: "

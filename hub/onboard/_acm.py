@@ -13,7 +13,7 @@ All API access goes through :mod:`hub.kube`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -140,6 +140,11 @@ def _apply_one(api: client.ApiClient, res: Resource, obj: dict[str, Any],
     type as field manager "gpufleet", so labels, annotations and fields that ACM or another
     tool set stay theirs. created / configured / unchanged, from the resourceVersion."""
     meta = obj["metadata"]
+    # a Namespace through the core API, anything else as a custom object: other signatures,
+    # one call shape (``*where``)
+    get: Callable[..., Any]
+    patch: Callable[..., Any]
+    where: tuple[Any, ...]
     if res.plural == "namespaces" and not res.group:
         core = client.CoreV1Api(api)
         get, patch, where = core.read_namespace, core.patch_namespace, (meta["name"],)
@@ -155,7 +160,7 @@ def _apply_one(api: client.ApiClient, res: Resource, obj: dict[str, Any],
     try:
         before = _version(call(api, f"reading {_describe(obj)}", get, *where))
     except UnavailableError as exc:
-        if getattr(exc, "http_status", None) != 404:
+        if exc.http_status != 404:
             raise
         before = None  # not there yet: the apply creates it
     doing = f"applying {_describe(obj)}"

@@ -75,15 +75,16 @@ def _mapping(item: Mapping[str, Any], scope: Scope) -> Any:
 def _dataclass(value: Any, scope: Scope) -> Any:
     """A page section (or any record of rows): its fields confined; a ``total`` that counted
     rows now gone counts what is left."""
-    changes = {}
+    changes: dict[str, Any] = {}
     for f in dataclasses.fields(value):
         current = getattr(value, f.name)
         walked = _walk(current, scope)
         if walked is not current:
             changes[f.name] = None if walked is _DROP else walked
     rows_before = getattr(value, "rows", None)
-    if "rows" in changes and isinstance(rows_before, list) \
+    rows_after = changes.get("rows")  # a walked list is a list, never dropped
+    if isinstance(rows_after, list) and isinstance(rows_before, list) \
             and getattr(value, "total", None) is not None \
-            and len(changes["rows"]) != len(rows_before):
-        changes["total"] = len(changes["rows"])
+            and len(rows_after) != len(rows_before):
+        changes["total"] = len(rows_after)
     return dataclasses.replace(value, **changes) if changes else value

@@ -87,13 +87,15 @@ Event = _model("Event", inv.EVENT_COLUMNS, {"at": Time, "type": EventType,
 
 
 def _usage_models() -> tuple[type[BaseModel], type[BaseModel], type[BaseModel]]:
-    keys = {c: (Text, None) for c in ["cluster", "namespace", "model", "node", "uuid", "slice"]}
+    # field definitions are pydantic type forms, which mypy cannot describe: dict[str, Any]
+    keys: dict[str, Any] = {c: (Text, None)
+                            for c in ["cluster", "namespace", "model", "node", "uuid", "slice"]}
     figures: dict[str, Any] = {c: (Number, ...) for c in usage.USAGE_FIGURES
                                if c != "allocation_basis"}
     # how exact the allocated hours are: the least exact basis of the group's allocated rows
     figures["allocation_basis"] = (Literal["interval", "estimated", "sampled"] | None, None)
     # showback, when the service has prices (serve --prices): null cost = a model unpriced
-    costs = {c: (Number, None) for c in usage.COST_FIGURES}
+    costs: dict[str, Any] = {c: (Number, None) for c in usage.COST_FIGURES}
     usage_row = create_model("Usage", __config__=ConfigDict(extra="allow"), **keys, **figures,
                              **costs)
     usage_row.__doc__ = ("GPU-hours of one group: the 'by' keys, then the figures "
@@ -103,8 +105,8 @@ def _usage_models() -> tuple[type[BaseModel], type[BaseModel], type[BaseModel]]:
                                   Number)}
     idle_row = _model("Idle", usage.IDLE_COLUMNS, idle_types,
                       "An allocated GPU or slice idle for at least 'for' in a row.")
-    cap_keys = {c: (Text, None) for c in ["model", "cluster", "node"]}
-    cap_figures = {c: (Number, ...) for c in usage.CAPACITY_FIGURES}
+    cap_keys: dict[str, Any] = {c: (Text, None) for c in ["model", "cluster", "node"]}
+    cap_figures: dict[str, Any] = {c: (Number, ...) for c in usage.CAPACITY_FIGURES}
     capacity_row = create_model("Capacity", __base__=Strict, **cap_keys, **cap_figures)
     capacity_row.__doc__ = "GPU-equivalents of one group now."
     return usage_row, idle_row, capacity_row
@@ -203,9 +205,9 @@ SyncRunList = listing(SyncRun, "SyncRunList")
 UsageList = listing(Usage, "UsageList")
 IdleList = listing(Idle, "IdleList")
 EventList = listing(Event, "EventList")
-CapacityTotals = create_model("CapacityTotals", __base__=Strict,
-                              **{c: (float, ...) for c in ("total", "active", "stale",
-                                                           "allocated", "free")})
+_totals: dict[str, Any] = {c: (float, ...) for c in ("total", "active", "stale", "allocated",
+                                                     "free")}
+CapacityTotals = create_model("CapacityTotals", __base__=Strict, **_totals)
 CapacityList = listing(Capacity, "CapacityList", fleet=(
     CapacityTotals | None, Field(..., description="Fleet-wide totals (numbers, no names) for a "
                            "caller whose scope allows fleet counts; null otherwise.")))

@@ -360,7 +360,9 @@ def same_origin(sec_fetch_site: str | None, origin: str | None, host: str | None
         return sec_fetch_site.strip().lower() in ("same-origin", "none")
     if origin is None:
         return True
-    return bool(host) and urlsplit(origin).netloc.lower() == host.strip().lower()
+    if not host:
+        return False
+    return urlsplit(origin).netloc.lower() == host.strip().lower()
 
 
 class Login:
@@ -519,4 +521,4 @@ def redirect(location: str, cookie: str | None = None) -> Response:
 
 def wants_html(accept: str | None) -> bool:
     """A browser navigating (Accept names text/html), not an API client (JSON or */*)."""
-    return bool(accept) and "text/html" in accept.lower()
+    return accept is not None and "text/html" in accept.lower()

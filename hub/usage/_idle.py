@@ -184,7 +184,7 @@ def _merged(parts: list[Segment]) -> list[Segment]:
             run[3] += busy
         else:
             runs.append([since, until, wasted, busy, model])
-    return [tuple(r) for r in runs]  # type: ignore[misc]
+    return [tuple(r) for r in runs]
 
 
 def _day_segments(conn: Connection, start: dt.datetime, end: dt.datetime, threshold: float,
@@ -219,8 +219,9 @@ def _day_segments(conn: Connection, start: dt.datetime, end: dt.datetime, thresh
                                           r.model))
         else:
             broken.add((k, r.day))
-    reads = [U.c.bucket_start.between(a, b - dt.timedelta(microseconds=1))
-             for a, b in ((start, days[0]), (days[1], end)) if a < b]
+    reads: list[sa.ColumnElement[bool]] = [
+        U.c.bucket_start.between(a, b - dt.timedelta(microseconds=1))
+        for a, b in ((start, days[0]), (days[1], end)) if a < b]
     if broken:
         reads.append(sa.and_(U.c.uuid.in_(sorted({k[2] for k, _ in broken})),
                              U.c.bucket_start >= days[0], U.c.bucket_start < days[1]))
@@ -244,7 +245,7 @@ def _day_segments(conn: Connection, start: dt.datetime, end: dt.datetime, thresh
 
 
 def _candidates(conn: Connection, start: dt.datetime, end: dt.datetime,
-                threshold: float) -> sa.Select | None:
+                threshold: float) -> sa.Select | sa.CompoundSelect | None:
     """The GPUs that can have an idle bucket in [start, end), so a month's idle runs read
     the idle GPUs' rows by the ledger's uuid index instead of every row of the month: those
     with idle allocated hours in the daily rollup's whole days (counted there at

@@ -190,7 +190,8 @@ def check_inventory(clusters: Sequence[ClusterFacts],
                                           f"{len(clusters)} cluster(s): the hub lost the GPU "
                                           "metrics (allowlist, exporters, --hub-url?)"))
     if (last_sync is not None and last_sync.status == "ok"
-            and (last_sync.error or "").startswith(UNLABELLED_SERIES + ": ")):
+            and last_sync.error is not None
+            and last_sync.error.startswith(UNLABELLED_SERIES + ": ")):
         # one spoke pushing without the cluster label: the others were synced, its GPUs not
         out.append(Finding(ERROR, UNLABELLED_SERIES, f"the latest sync "
                                                      f"({_iso(last_sync.started_at)}): "

@@ -36,7 +36,7 @@ import json
 import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, TypedDict
 
 from hub import store
 from hub.common import InputError
@@ -286,7 +286,9 @@ def node_from_object(cluster: str, obj: Mapping[str, Any],
     status = obj.get("status") or {}
     what = f"node {name}"
     labels = obj["metadata"].get("labels") or {}
-    spec = obj.get("spec") if isinstance(obj.get("spec"), Mapping) else {}
+    spec = obj.get("spec")
+    if not isinstance(spec, Mapping):
+        spec = {}
     return NodeView(cluster, name, _gpu_resources(status.get("capacity"), what),
                     _gpu_resources(status.get("allocatable"), what),
                     _gpu_labels(labels, keep), instance_type=instance_type_of(labels),
@@ -539,7 +541,9 @@ def _judge(view: NodeView, obs: ObservedNode) -> _Verdict:
         physical, parts = 0, []
         exact = True
         for name, count in sorted(amd_parts.items()):
-            mode_name = AMD_PARTITION.match(name).group(1)  # type: ignore[union-attr]
+            match = AMD_PARTITION.match(name)
+            assert match is not None, "amd_parts holds only names AMD_PARTITION matched"
+            mode_name = match.group(1)
             per_gpu = AMD_PARTITIONS_PER_GPU[mode_name]
             exact &= count % per_gpu == 0
             physical += count // per_gpu
@@ -659,7 +663,9 @@ def _dra_result(view: NodeView, obs: ObservedNode | None,
 
 def _node_result(cluster: str, view: NodeView | None, obs: ObservedNode | None,
                  dra_visible: bool = True) -> NodeResult | None:
-    name = view.node if view else obs.node  # type: ignore[union-attr]
+    either = view or obs
+    assert either is not None, "_pair never pairs nothing with nothing"
+    name = either.node
     metrics_node = obs.node if obs and view and obs.node != view.node else None
     resources = dict(sorted(view.capacity.items())) if view else {}
     advertised = view.gpus if view else 0
@@ -700,7 +706,8 @@ def _node_result(cluster: str, view: NodeView | None, obs: ObservedNode | None,
         return NodeResult(status=NODE_NOT_REPORTING, mode="none", **base,
                           reason=f"k8s advertises {listing}; no GPU sample since "
                                  f"{_iso(obs.last_sample_at)} (stale in the inventory)")
-    verdict = _judge(view, obs)  # type: ignore[arg-type]
+    assert view is not None, "advertised GPUs come from Kubernetes' view of the node"
+    verdict = _judge(view, obs)
     reason = verdict.reason
     capacity = advertised
     if allocatable is not None and allocatable < capacity:
@@ -722,6 +729,14 @@ def _k8s_physical(view: NodeView) -> int | None:
     return _judge(view, ObservedNode(view.cluster, view.node, ACTIVE, 0)).expected_gpus
 
 
+class _TypeFields(TypedDict, total=False):
+    """The NodeResult fields the instance type fills in."""
+
+    instance_type: str | None
+    provider_id: str | None
+    expected_gpus: int
+
+
 def _by_instance_type(result: NodeResult | None, cluster: str, view: NodeView | None,
                       obs: ObservedNode | None, catalog: Catalog | None,
                       dra_visible: bool) -> NodeResult | None:
@@ -733,7 +748,7 @@ def _by_instance_type(result: NodeResult | None, cluster: str, view: NodeView | 
     entry = catalog.lookup(view.instance_type, view.labels) if catalog is not None else None
     by_type = catalog is None or entry is None or catalog.get(view.instance_type) is entry
     named = view.instance_type if by_type or entry is None else entry.name
-    extra = {"instance_type": named, "provider_id": view.provider_id}
+    extra: _TypeFields = {"instance_type": named, "provider_id": view.provider_id}
     if entry is None or entry.gpus == 0:
         return replace(result, **extra) if result is not None else None
     extra["expected_gpus"] = entry.gpus
@@ -818,11 +833,11 @@ def compare(views: Iterable[NodeView], observed: Iterable[ObservedNode], *,
     if dra_visible is None:
         dra_visible = not fleet_wide
     by_cluster: dict[str, list[NodeView]] = {}
-    for view in views:
-        by_cluster.setdefault(view.cluster, []).append(view)
+    for v in views:
+        by_cluster.setdefault(v.cluster, []).append(v)
     seen: dict[str, list[ObservedNode]] = {}
-    for obs in observed:
-        seen.setdefault(obs.cluster, []).append(obs)
+    for o in observed:
+        seen.setdefault(o.cluster, []).append(o)
     covered = set(covered) | set(by_cluster)
     nodes: list[NodeResult] = []
     for cluster in sorted(covered):

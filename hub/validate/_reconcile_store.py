@@ -118,7 +118,9 @@ def save_run(conn: Connection, rec: Reconciliation, *, source: str, started_at: 
         nodes=len(rec.nodes),
         problems=sum(1 for r in rec.nodes if r.status not in NODE_PASSING),
     ))
-    run_id = int(result.inserted_primary_key[0])
+    key = result.inserted_primary_key
+    assert key is not None, "an INSERT of one row returns its primary key"
+    run_id = int(key[0])
     rows = [{
         "run_id": run_id, "cluster": r.cluster, "node": r.node, "status": r.status,
         "mode": r.mode, "k8s_gpus": r.k8s_gpus, "k8s_allocatable": r.k8s_allocatable,

@@ -177,7 +177,7 @@ def _chart(report: Report) -> dict[str, Any]:
     for i, r in enumerate(_sorted_summary(report.summary)):
         age = r.get("age_seconds")
         over = age is None or age > scale
-        width = bar_w if over else max(2.0, bar_w * age / scale)
+        width = bar_w if age is None or over else max(2.0, bar_w * age / scale)
         name = r["cluster"]
         label = name if len(name) <= 24 else name[:23] + "…"
         # the colour tells freshness only; the cluster table tells every other finding
