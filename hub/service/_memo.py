@@ -79,10 +79,12 @@ class LoopVersion:
     the two versions compare."""
 
     def __init__(self, engine: Engine | None) -> None:
-        database = engine.url.database if engine is not None else None
-        self.path = (database if engine is not None and engine.dialect.name == "sqlite"
-                     and database not in (None, "", ":memory:") else None)
-        self.sql = _version_sql(engine.dialect) if self.path is not None else ""
+        self.path: str | None = None
+        self.sql = ""
+        if engine is not None and engine.dialect.name == "sqlite" \
+                and engine.url.database not in (None, "", ":memory:"):
+            self.path = engine.url.database
+            self.sql = _version_sql(engine.dialect)
         self._conn: sqlite3.Connection | None = None
         self._lock = threading.Lock()
 
@@ -141,6 +143,7 @@ def read_version(engine: Engine) -> tuple[Any, ...]:
         raise sa.exc.DBAPIError.instance(sql, None, exc, error) from exc
     finally:
         raw.close()
+    assert row is not None  # one row: every subquery is a scalar
     return tuple(row)
 
 
