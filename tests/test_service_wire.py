@@ -10,6 +10,7 @@ an extra field, another time format, a wrong type would each differ or fail).
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 from typing import Any
 
@@ -157,6 +158,8 @@ def test_the_version_read_on_postgresql_leaves_its_connection_as_sqlalchemy_expe
             inventory.record_run(conn, started_at=inventory.now_utc(), status="ok",
                                  requests=1)
         assert read_version(engine) != before
+        # the event loop's own asynchronous connection reads the same version
+        assert asyncio.run(LoopVersion(engine).read_async()) == read_version(engine)
         with engine.connect() as conn:  # and it still refuses to write
             try:
                 conn.execute(sa.text("CREATE TABLE nope (x int)"))

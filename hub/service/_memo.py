@@ -13,6 +13,7 @@ Whatever is kept is shared between callers: it is never modified, only read.
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import threading
 import time
@@ -81,12 +82,52 @@ class LoopVersion:
     def __init__(self, engine: Engine | None) -> None:
         self.path: str | None = None
         self.sql = ""
+        #: PostgreSQL: the driver's connection parameters, for an asynchronous connection
+        self.server: dict[str, Any] | None = None
         if engine is not None and engine.dialect.name == "sqlite" \
                 and engine.url.database not in (None, "", ":memory:"):
             self.path = engine.url.database
             self.sql = _version_sql(engine.dialect)
+        elif engine is not None and engine.dialect.name == "postgresql" \
+                and engine.dialect.driver == "psycopg":
+            cparams = dict(engine.dialect.create_connect_args(engine.url)[1])
+            options = cparams.get("options", "")  # read-only, as the engine's connections
+            cparams["options"] = f"{options} -c default_transaction_read_only=on".strip()
+            cparams.setdefault("connect_timeout", 5)
+            self.server = cparams
+            self.sql = _version_sql(engine.dialect)
         self._conn: sqlite3.Connection | None = None
         self._lock = threading.Lock()
+        self._aconn: Any = None  # psycopg.AsyncConnection, on the loop that made it
+        self._aloop: asyncio.AbstractEventLoop | None = None
+        self._alock: asyncio.Lock | None = None
+
+    async def read_async(self) -> tuple[Any, ...] | None:
+        """The version without leaving the event loop: SQLite's file read, or PostgreSQL's
+        round trip awaited on an asynchronous connection of the loop's own (autocommit: one
+        round trip), so neither a thread pool trip nor a blocked loop. None on any error
+        (the connection is dropped and made again next time)."""
+        if self.server is None:
+            return self.read()
+        import psycopg
+
+        loop = asyncio.get_running_loop()
+        if self._aloop is not loop:  # a connection belongs to the loop that made it
+            self._aconn, self._aloop, self._alock = None, loop, asyncio.Lock()
+        assert self._alock is not None
+        async with self._alock:  # one query at a time on the one connection
+            try:
+                if self._aconn is None or self._aconn.closed:
+                    self._aconn = await psycopg.AsyncConnection.connect(
+                        autocommit=True, **self.server)
+                cursor = await self._aconn.execute(self.sql)
+                row = await cursor.fetchone()
+            except psycopg.Error:
+                conn, self._aconn = self._aconn, None
+                if conn is not None:
+                    await conn.close()
+                return None
+        return tuple(row) if row is not None else None
 
     def read(self) -> tuple[Any, ...] | None:
         if self.path is None:

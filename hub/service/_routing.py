@@ -127,7 +127,7 @@ def _guarded(endpoint: Callable[..., Any], visibility: Visibility) -> Callable[.
         async def wrapper(**kwargs: Any) -> Any:  # type: ignore[misc]
             caller, request = admit(kwargs)
             result = endpoint(**kwargs)
-            found = kept_now(caller, request, result)
+            found = await kept_now(caller, request, result)
             if found is not None:
                 return found
             return await run_in_threadpool(answer, caller, request, result)
@@ -200,13 +200,12 @@ def kept(caller: Caller | None, request: Request, result: Kept) -> Response:
     return stored.response()
 
 
-def kept_now(caller: Caller | None, request: Request, result: Any) -> Response | None:
-    """The kept answer if there is one now, read without waiting: on SQLite only (a local
-    file in WAL mode, on a connection of the loop's own: hub/service/_memo.py LoopVersion);
-    None otherwise (PostgreSQL: a round trip to a server, never on the event loop; any
-    error: :func:`kept` in the pool says it)."""
+async def kept_now(caller: Caller | None, request: Request, result: Any) -> Response | None:
+    """The kept answer if there is one now, its version read without leaving the event loop
+    (hub/service/_memo.py LoopVersion: SQLite's file, or PostgreSQL awaited on a connection
+    of the loop's own); None otherwise (any error: :func:`kept` in the pool says it)."""
     state = request.app.state
-    version = state.loop_version.read() if isinstance(result, Kept) else None
+    version = await state.loop_version.read_async() if isinstance(result, Kept) else None
     if version is None:
         return None
     found = state.answers.peek(version, (result.key, caller.scope if caller is not None
