@@ -71,13 +71,14 @@ def _version_sql(dialect: Any) -> str:
 
 
 class LoopVersion:
-    """The version read from the event loop on SQLite, on a connection of its own, opened
-    read-only outside the engine's pool: the loop must never wait for a pooled connection
-    (handlers in the thread pool may hold them all, and every request, /healthz included,
-    would wait behind it), nor for a lock (a zero busy timeout: WAL readers do not wait).
-    None wherever it cannot answer at once (no SQLite file, any error): the caller then
-    reads it in the thread pool. The same statement and driver as :func:`read_version`, so
-    the two versions compare."""
+    """The version read from the event loop, on a connection of its own outside the
+    engine's pool: the loop must never wait for a pooled connection (handlers in the thread
+    pool may hold them all, and every request, /healthz included, would wait behind it).
+    SQLite: opened read-only, a zero busy timeout (WAL readers do not wait). PostgreSQL
+    (psycopg): an asynchronous connection, awaited (:meth:`read_async`). None wherever it
+    cannot answer (no SQLite file, another driver, any error): the caller then reads it in
+    the thread pool. The same statement and driver as :func:`read_version`, so the two
+    versions compare."""
 
     def __init__(self, engine: Engine | None) -> None:
         self.path: str | None = None

@@ -121,9 +121,9 @@ def _guarded(endpoint: Callable[..., Any], visibility: Visibility) -> Callable[.
             return finish(caller, result)
     elif hints.get("return") is Kept:
         # A handler of a kept answer reads nothing before it says which (its reads are in
-        # the Kept's compute): on SQLite, whose reads never wait in WAL mode, the kept
-        # answer is looked up on the event loop, and only a missing one is computed in the
-        # thread pool (the trip there and back was a third of a kept answer's cost)
+        # the Kept's compute): the kept answer is looked up on the event loop (SQLite's WAL
+        # reads never wait; PostgreSQL's are awaited), and only a missing one is computed
+        # in the thread pool (the trip there and back was a third of a kept answer's cost)
         async def wrapper(**kwargs: Any) -> Any:  # type: ignore[misc]
             caller, request = admit(kwargs)
             result = endpoint(**kwargs)
