@@ -114,6 +114,8 @@ class LoopVersion:
 
         loop = asyncio.get_running_loop()
         if self._aloop is not loop:  # a connection belongs to the loop that made it
+            if self._aconn is not None:  # that loop is gone: its socket closed at once
+                self._aconn.pgconn.finish()
             self._aconn, self._aloop, self._alock = None, loop, asyncio.Lock()
         assert self._alock is not None
         async with self._alock:  # one query at a time on the one connection
