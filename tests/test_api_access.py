@@ -53,7 +53,7 @@ from hub.service import (
     build_service,
     load_group_scopes,
 )
-from hub.service import _api as api
+from hub.service import _deps as deps
 from hub.service._auth import MIN_REFRESH
 from hub.service._serve import GRACE, HEADER_TIMEOUT
 from hub.store import HubClient
@@ -790,7 +790,7 @@ def test_serve_process_with_tokens_and_tls_on_a_pod_address(tokens, tmp_path):
 
 
 def test_the_oidc_options_build_a_verifier_that_accepts_the_issuers_tokens(issuer, tmp_path):
-    from hub.commands.service import access
+    from hub.service import access
 
     scopes = tmp_path / "scopes.yaml"
     scopes.write_text("scopes:\n  - group: team\n    clusters: [east]\n")
@@ -842,7 +842,7 @@ def test_an_endpoint_that_applies_no_scope_is_closed_to_scoped_callers(db_url, t
     def everything() -> dict[str, Any]:
         return {"items": ["every team's pods"]}
 
-    def asks_its_scope(scope: api.CallerScope) -> dict[str, Any]:
+    def asks_its_scope(scope: deps.CallerScope) -> dict[str, Any]:
         return {"items": ["every team's pods"]}
 
     route(service.app, "/api/v1/new", everything, dict[str, Any])

@@ -33,7 +33,7 @@ from hub.service import (
     read_only_engine,
     token_entry,
 )
-from hub.service._api import CallerScope, ReadEngine
+from hub.service._deps import CallerScope, ReadEngine
 from hub.service._routing import route as add_route
 from hub.usage import write_bucket
 from tests.support.asgi import no_metrics
@@ -285,3 +285,64 @@ def test_the_pages_links_open_pages_with_the_json_one_click_away(app):
     assert client.get("/gpus/GPU-west-1", headers=team).status_code == 404
     mover = client.get("/gpus/GPU-mover", headers=team)
     assert mover.status_code == 200 and "west-hidden" not in mover.text
+
+
+def test_a_test_stands_in_for_the_caller_through_dependency_overrides(app):
+    """The routes depend on ``hub.service._deps``'s very functions, so a test that wants a
+    caller without a token overrides ``identify``: the route then answers that caller,
+    confined to its scope, and a fleet-only route refuses it, as with a real token."""
+    from hub.service._auth import Caller, Scope
+    from hub.service._deps import identify
+
+    team = Caller(Scope("team-a", frozenset({"east"}), frozenset({"team-a"}),
+                        fleet_counts=False), "team-a (stand-in)")
+    client = _client(app)
+    app.dependency_overrides[identify] = lambda: team
+    try:
+        gpus = client.get("/api/v1/gpus")  # no token at all: the stand-in is the caller
+        assert gpus.status_code == 200
+        assert {g["cluster"] for g in gpus.json()["items"]} == {"east"}
+        assert _leaks(gpus.text) == []
+        allocations = client.get("/api/v1/allocations").json()["items"]
+        assert {a["namespace"] for a in allocations} == {"team-a", "other"}
+        assert client.get("/metrics").status_code == 403  # declared fleet (metrics closed)
+    finally:
+        app.dependency_overrides.clear()
+    assert client.get("/api/v1/gpus").status_code == 401  # the override is gone
+
+
+def test_a_page_section_is_shown_to_a_team_only_when_declared_scoped(tmp_path):
+    """A section of the live page says who it is for, as a route does: one declared
+    ``scoped`` is read with the team's scope; one that declares nothing reads the whole
+    fleet and is left off a team's page (its chart, drawn before the page is confined, would
+    name other teams' clusters), while a whole-fleet caller still sees it."""
+    from hub.service._page import Section, section_source
+    from tests.support.asgi import AppClient
+
+    def fleet_chart(conn: Any) -> Section:
+        return Section("fleet-chart", "Every cluster", [("cluster", "Cluster")],
+                       [{"cluster": "west-hidden"}], "", figure="<b>west-hidden: 1 GPU</b>")
+
+    @section_source(visibility="scoped")
+    def mine(conn: Any, *, scope: Any) -> Section:
+        return Section("mine", "My clusters", [("cluster", "Cluster")],
+                       [{"cluster": c} for c in sorted(scope.clusters or {"(all)"})], "")
+
+    tokens = tmp_path / "tokens.yaml"
+    tokens.write_text(yaml.safe_dump({"tokens": [
+        token_entry("admin", ADMIN),
+        token_entry("team-a", TEAM, clusters=["east"], namespaces=["team-a"])]}))
+    engine = read_only_engine(_inventory(tmp_path))
+    try:
+        client = AppClient(build_app(engine, health=lambda: (True, {}),
+                                     findings=lambda: ([], None), metrics=no_metrics,
+                                     page_sections=[fleet_chart, mine],
+                                     auth=Authenticator(tokens=TokenFile(tokens))))
+        status, team = client.handle("/", Authorization=f"Bearer {TEAM}")
+        assert status == 200
+        assert 'id="mine"' in team.text and "(all)" not in team.text
+        assert 'id="fleet-chart"' not in team.text and _leaks(team.text) == []
+        status, admin = client.handle("/", Authorization=f"Bearer {ADMIN}")
+        assert status == 200 and 'id="fleet-chart"' in admin.text and "(all)" in admin.text
+    finally:
+        engine.dispose()

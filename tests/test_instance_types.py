@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from hub.commands.service import service_jobs
 from hub.common import InputError
 from hub.inventory import _db as inventory
 from hub.inventory import _migrate as migrate
 from hub.inventory._normalize import Observation
 from hub.kube import INSTANCE_TYPE_LABELS, load_catalog, parse_catalog, shipped_catalog
+from hub.service import ServeSettings, service_jobs
 from hub.store import HubClient
 from hub.validate import _checks as checks
 from hub.validate import _reconcile as rc
@@ -346,8 +346,8 @@ def test_reconcile_through_the_hub_reads_instance_types_and_provider_ids(hub, fl
     engine = inventory.make_engine(env["GPUFLEET_DB"])
     try:
         with HubClient(hub.url) as client:
-            jobs = service_jobs(engine, client, stale_after=600, cluster_label="cluster",
-                                lock_timeout=0, reconcile=True, catalog=load_catalog(types))
+            jobs = service_jobs(engine, client, ServeSettings(reconcile=True,
+                                                              instance_types=str(types)))
             jobs.after_sync[0]()
         with engine.connect() as conn:
             stored = {r["node"]: r["status"] for r in store.latest_run(conn).nodes}

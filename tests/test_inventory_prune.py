@@ -13,10 +13,10 @@ import json
 import pytest
 
 from hub import inventory as inv
-from hub.commands.service import service_jobs
 from hub.inventory import _db
 from hub.inventory import _migrate as migrate
 from hub.inventory._normalize import Observation
+from hub.service import ServeSettings, service_jobs
 from hub.store import HubClient
 from tests.support.clirun import gpufleet
 
@@ -133,11 +133,9 @@ def test_serve_prunes_after_each_sync_when_asked(fleet_db):
     """The job serve schedules after a successful sync (the same prune as the command)."""
     engine = _db.make_engine(fleet_db)
     client = HubClient("http://127.0.0.1:1")
-    plain = service_jobs(engine, client, stale_after=600, cluster_label="cluster",
-                         lock_timeout=0)
+    plain = service_jobs(engine, client, ServeSettings())
     assert "prune_job" not in [j.__name__ for j in plain.after_sync]  # off by default
-    jobs = service_jobs(engine, client, stale_after=600, cluster_label="cluster",
-                        lock_timeout=0, prune_stale_after=90 * 86400)
+    jobs = service_jobs(engine, client, ServeSettings(prune_stale_after=90 * 86400))
     prune_jobs = [j for j in jobs.after_sync if j.__name__ == "prune_job"]
     assert len(prune_jobs) == 1
     prune_jobs[0]()

@@ -122,6 +122,20 @@ def test_port_in_use_is_one_line_exit_2(tmp_path: Path):
                            "Address already in use\n")
 
 
+def test_a_bad_hub_option_is_one_line_before_any_worker_starts(tmp_path: Path):
+    """Every option is checked once, in the parent, before the workers fork: a missing CA
+    file is one line and exit 2, not one line per worker, and nothing is bound or created."""
+    db = tmp_path / "x.db"
+    proc = subprocess.run([sys.executable, "-m", "hub", "serve", "--hub-url",
+                           "https://127.0.0.1:1", "--ca-file", str(tmp_path / "missing.pem"),
+                           "--db", f"sqlite:///{db}", "--workers", "2",
+                           "--listen", f"127.0.0.1:{free_port()}"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == f"error: CA file not found: {tmp_path / 'missing.pem'}\n"
+    assert not db.exists()
+
+
 def test_serve_and_hub_are_listed_commands():
     result = gpufleet("--help")
     assert "serve" in result.output and "hub" in result.output

@@ -24,8 +24,8 @@ import yaml
 
 from hub.service import Authenticator, OidcVerifier, Sessions, TlsFiles, TokenFile, token_entry
 from hub.service import _session as session
-from hub.service._api import MAX_LIMIT
 from hub.service._auth import Caller, Scope
+from hub.service._deps import MAX_LIMIT
 from tests.support.browser import Browser, Dom
 from tests.test_api import hub_store  # noqa: F401  (module fixture: the real hub store)
 from tests.test_api_access import (  # noqa: F401  (fixtures: the served inventory)

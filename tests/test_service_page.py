@@ -14,11 +14,10 @@ from urllib.parse import quote
 
 import requests
 
-from hub.commands.service import service_jobs
 from hub.inventory import _db
 from hub.inventory import _migrate as migrate
 from hub.inventory._normalize import Observation
-from hub.service import build_service, read_only_engine
+from hub.service import ServeSettings, build_service, read_only_engine, service_jobs
 from hub.store import HubClient
 from tests.support.browser import Dom, chromium_dom
 from tests.support.promql import wait_for
@@ -52,8 +51,7 @@ def test_the_live_page_matches_the_api(hub, fleet, tmp_path):
     fleet("east", [sample_text("dcgm-h100-8gpu-aicr-eks-156a357e.prom")])
     wait_for(hub.url, "count(DCGM_FI_DEV_GPU_UTIL)", lambda r: bool(r))
     client = HubClient(hub.url)
-    jobs = service_jobs(engine, client, stale_after=600, cluster_label="cluster",
-                        lock_timeout=0)
+    jobs = service_jobs(engine, client, ServeSettings())
     readonly = read_only_engine(url)
     service = build_service(jobs, every=3600, engine=readonly, process_metrics=False).start()
     try:

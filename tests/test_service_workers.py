@@ -139,3 +139,63 @@ def test_workers_default_to_the_cpus_a_container_may_use(tmp_path):
     assert _cgroup_cpus(tmp_path) == 1.5
     (tmp_path / "cpu.max").write_text("max 100000\n")
     assert _cgroup_cpus(tmp_path) is None
+
+
+#: `gpufleet serve`'s options as click hands them over (every one named: no hidden default)
+SERVE_OPTIONS = dict(
+    every=60.0, listen="127.0.0.1:0", reconcile=True, workers=2, tokens_file=None,
+    oidc_issuer=None, oidc_audience=None, oidc_scope_claim="groups", scopes_file=None,
+    allow_unauthenticated=False, metrics_open=False, session_ttl=3600.0,
+    forwarded_allow_ips="10.128.0.0/14, 127.0.0.1", tls_cert_file=None, tls_key_file=None,
+    usage_bucket=3600.0, usage_retention=30 * 86400.0, usage_max_backfill=7200.0,
+    prices=None, prune_stale_after=86400.0, instance_types=None, max_age=1800.0,
+    push_interval=60.0, min_charge=0.0, window=3600.0, stale_after=600.0, lock_timeout=5.0,
+    cluster_label="cluster", idle_threshold=7.5, idle_for=3600.0)
+
+
+def _jobs_in_a_fresh_process(settings) -> list[str]:
+    """What a worker started by pickling (a spawn, as uvicorn's own workers start) builds
+    from the settings it was handed."""
+    from hub.service import service_jobs
+    from hub.store import HubClient
+
+    with HubClient.from_settings(settings.hub) as client:
+        jobs = service_jobs(inventory.make_engine(settings.db, create=True), client, settings)
+        return [job.__name__ for job in jobs.after_sync]
+
+
+def test_serve_options_become_one_settings_value_a_worker_process_can_take(tmp_path):
+    """`serve`'s options are checked once, into one frozen value of plain parts, and that
+    value is all a worker needs: handed to a new process by pickling, it builds the same
+    schedule there."""
+    import dataclasses
+    import multiprocessing
+    import pickle
+
+    import pytest
+
+    from hub.common import InputError
+    from hub.service import serve_settings
+    from hub.store import HubSettings
+
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("H100: 2.5\n")
+    tokens = tmp_path / "tokens.yaml"
+    tokens.write_text("tokens: []\n")
+    settings = serve_settings(**{**SERVE_OPTIONS, "prices": str(prices),
+                                 "tokens_file": str(tokens)},
+                              db=f"sqlite:///{tmp_path / 'inv.db'}",
+                              hub=HubSettings(url="http://127.0.0.1:1"))
+    assert (settings.host, settings.port) == ("127.0.0.1", 0)
+    assert settings.forwarded_allow_ips == ("10.128.0.0/14", "127.0.0.1")
+    assert settings.idle_rule == (7.5, 3600.0) and settings.prices.price(None, "H100") == 2.5
+    assert settings.authenticator().enabled  # built again from the path, in any process
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.every = 1.0  # type: ignore[misc]
+    assert pickle.loads(pickle.dumps(settings)) == settings
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        built = pool.apply(_jobs_in_a_fresh_process, (settings,))
+    assert built == ["reconcile_job", "prune_job", "usage_job"]
+    with pytest.raises(InputError, match="--prune-stale-after must be longer"):
+        serve_settings(**{**SERVE_OPTIONS, "prune_stale_after": 60.0}, db=None,
+                       hub=HubSettings(url="http://127.0.0.1:1"))

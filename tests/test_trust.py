@@ -51,7 +51,7 @@ def test_a_cluster_label_no_series_carries_fails_the_sync_and_writes_nothing(syn
 def test_series_of_which_only_some_carry_the_label_are_left_out_and_named():
     from hub import store
     from hub.inventory._normalize import FleetBuilder
-    from hub.inventory._sync import check_labelled
+    from hub.inventory._sync import check_labelled, missing_label_error
 
     rows = [{"metric": {"cluster": "east", "UUID": "a"}},
             {"metric": {"UUID": "b", "Hostname": "n1", "team": "west"}},
@@ -69,7 +69,7 @@ def test_series_of_which_only_some_carry_the_label_are_left_out_and_named():
     with pytest.raises(InputError) as err:
         check_labelled(only_bad, "cluster")
     assert err.value.exit_code == 2
-    err = inv.missing_label_error("cluster", 2, 3, ["UUID", "instance"])
+    err = missing_label_error("cluster", 2, 3, ["UUID", "instance"])
     assert err.exit_code == 2
     assert err.format_message().startswith("2 of 3 GPU series lack label 'cluster'; "
                                            "they carry: UUID, instance")

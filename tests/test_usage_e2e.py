@@ -228,7 +228,7 @@ def test_usage_collect_usage_idle_capacity_on_a_backfilled_hub(tmp_path, db_url)
 
 
 def test_serve_collects_completed_buckets_and_report_warns_of_idle_allocated_gpus(tmp_path):
-    from hub.commands.service import service_jobs
+    from hub.service import ServeSettings, service_jobs
     from hub.store import HubClient, HubSettings
 
     t0 = (time.time() // HOUR) * HOUR - 4 * HOUR
@@ -239,8 +239,7 @@ def test_serve_collects_completed_buckets_and_report_warns_of_idle_allocated_gpu
         assert gpufleet("sync", "--stale-after", "4h", env=env).exit_code == 0
         engine = inv.make_engine(db)
         with HubClient.from_settings(HubSettings(url=hub.url)) as client:
-            jobs = service_jobs(engine, client, stale_after=4 * HOUR, cluster_label="cluster",
-                                lock_timeout=0)
+            jobs = service_jobs(engine, client, ServeSettings(stale_after=4 * HOUR))
             jobs.after_sync[-1]()  # the usage job serve runs after each sync
             with engine.connect() as conn:
                 done = {r.bucket_start for r in conn.execute(inv.usage_buckets.select())}

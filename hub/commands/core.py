@@ -6,12 +6,9 @@ import datetime as dt
 import json
 import re
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import click
-import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from hub import inventory as inv
@@ -41,10 +38,11 @@ from hub.common import (
 )
 
 if TYPE_CHECKING:
-    from hub.store import HubClient
+    from hub.store import HubClient, HubSettings
 
 
-def hub_client(opts: dict[str, Any]) -> HubClient:
+def hub_settings(opts: dict[str, Any]) -> HubSettings:
+    """How to reach the hub store, from the hub options (hub.common.hub_options)."""
     try:
         timeout = parse_duration(opts.get("hub_timeout") or "60s")
     except ValueError as exc:
@@ -53,9 +51,9 @@ def hub_client(opts: dict[str, Any]) -> HubClient:
         connect_timeout = parse_duration(opts.get("hub_connect_timeout") or "5s")
     except ValueError as exc:
         raise InputError(f"--connect-timeout: {exc}") from None
-    from hub.store import HubClient, HubSettings  # requests loads only for hub commands
+    from hub.store import HubSettings  # requests loads only for hub commands
 
-    return HubClient.from_settings(HubSettings(
+    return HubSettings(
         url=opts.get("hub_url") or "",
         token_file=opts.get("token_file"),
         ca_file=opts.get("ca_file"),
@@ -64,26 +62,17 @@ def hub_client(opts: dict[str, Any]) -> HubClient:
         insecure_skip_verify=bool(opts.get("insecure_skip_verify")),
         timeout=timeout,
         connect_timeout=connect_timeout,
-    ))
+    )
 
 
-@contextmanager
-def database(url: str | None, *, create: bool = False) -> Iterator[Engine]:
-    """An engine whose connection failures become one-line exit-3 errors."""
-    engine = inv.make_engine(url, create=create)
-    try:
-        yield engine
-    except sa.exc.DatabaseError as exc:
-        # OperationalError (unreachable, locked) or a bare DatabaseError (a file that is not
-        # a database); integrity or programming errors are bugs and keep their traceback.
-        if type(exc) not in (sa.exc.OperationalError, sa.exc.DatabaseError):
-            raise
-        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else "connection failed"
-        raise UnavailableError(
-            f"inventory database {inv.safe_url(engine)} unavailable: {reason}"
-        ) from None
-    finally:
-        engine.dispose()
+def hub_client(opts: dict[str, Any]) -> HubClient:
+    from hub.store import HubClient
+
+    return HubClient.from_settings(hub_settings(opts))
+
+
+#: the inventory's engine for a command: connection failures are one-line exit-3 errors
+database = inv.open_engine
 
 
 def require_schema(engine: Engine) -> None:

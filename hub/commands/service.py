@@ -4,130 +4,35 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
-from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlsplit
 
 import click
 import yaml
-from sqlalchemy.engine import Engine
 
-from hub import inventory as inv
-from hub import onboard, usage
+from hub import onboard
 from hub import service as svc
-from hub.commands.core import database, hub_client
+from hub.commands.core import hub_settings
 from hub.commands.usage import idle_options
-from hub.commands.validate import instance_types_option, load_catalog
+from hub.commands.validate import instance_types_option
 from hub.common import (
     DURATION,
     ConfiguredCommand,
     ConfiguredGroup,
     InputError,
     RedactingFilter,
-    UnavailableError,
     cluster_label_option,
     db_option,
     env,
-    format_duration,
     hub_options,
     lock_timeout_option,
     max_age_option,
     min_charge_option,
-    on_sigterm,
     output_option,
     parse_duration,
-    parse_listen,
     push_interval_option,
-    register_secret,
     stale_after_option,
     window_option,
 )
-from hub.inventory import SyncResult, run_sync, safe_url
-from hub.store import HubClient
-
-log = logging.getLogger("gpufleet.service")
-
-
-def service_jobs(engine: Engine, client: HubClient, *, stale_after: float, cluster_label: str,
-                 lock_timeout: float, reconcile: bool = False, max_age: float = 3600.0,
-                 push_interval: float = 300.0, window: float = 3600.0,
-                 usage_bucket: float = 3600.0, usage_retention: float = 400 * 86400.0,
-                 usage_max_backfill: float = 48 * 3600.0, min_charge: float = 0.0,
-                 prune_stale_after: float | None = None, catalog: Any = None,
-                 stopping: Callable[[], bool] = lambda: False) -> svc.Jobs:
-    """The scheduled work: sync; then, when asked, a hub-side reconcile and a prune of what
-    has been stale for longer than ``prune_stale_after``; then every completed usage bucket
-    not collected yet (a push interval after its end); then the findings. ``stopping``
-    (SIGTERM) ends a usage catch-up between two buckets; the next start resumes it.
-
-    The findings are exactly `gpufleet report`'s (hub.validate.assess with this client), so
-    /api/v1/findings and `gpufleet_findings` agree with what an operator prints.
-    """
-    from hub import validate as validation
-
-    def sync() -> SyncResult:
-        return run_sync(engine, client, stale_after=stale_after, cluster_label=cluster_label,
-                        lock_timeout=lock_timeout)
-
-    def reconcile_job() -> None:  # catalog: GPUs per instance type (None: the shipped one)
-        views, covered = validation.nodes_from_hub(
-            client, stale_after=stale_after, cluster_label=cluster_label,
-            keep=catalog.label_keys if catalog is not None else ())
-        validation.reconcile_run(engine, views, covered, source="hub", catalog=catalog)
-
-    def findings() -> list[dict[str, Any]]:
-        assessed = validation.assess(engine, client, max_age=max_age, push_interval=push_interval,
-                                   window=window, cluster_label=cluster_label)
-        # with the namespace a finding's message names, so the API can keep it from others
-        return [{**f.as_dict(), "namespace": f.namespace} for f in assessed.findings]
-
-    def usage_job() -> None:
-        result = usage.collect_usage(engine, client, bucket=usage_bucket,
-                                     push_interval=push_interval, retention=usage_retention,
-                                     max_backfill=usage_max_backfill,
-                                     cluster_label=cluster_label, min_charge=min_charge,
-                                     lock_timeout=max(lock_timeout, 60.0), stop=stopping)
-        if result.collected:
-            log.info("usage: collected %d bucket(s), %d rows", len(result.collected),
-                     result.rows)
-        if result.stopped:
-            log.info("usage: stopped between buckets, %d left for the next start",
-                     result.stopped)
-        if result.failed:
-            raise UnavailableError(f"usage: {len(result.failed)} bucket(s) not collected "
-                                   f"({result.failed[0][1]}); retried after the next sync")
-
-    def prune_job() -> None:
-        assert prune_stale_after is not None
-        result = inv.prune(engine, stale_for=prune_stale_after, lock_timeout=lock_timeout)
-        if result.rows:
-            log.info("%s", result.summary())
-            for row in result.rows:
-                log.info("pruned %s %s", row["kind"], " ".join(
-                    str(row[k]) for k in ("cluster", "node", "uuid", "slice") if row[k]))
-
-    after: list = []
-    if reconcile:
-        after.append(reconcile_job)
-    if prune_stale_after:
-        after.append(prune_job)
-    after.append(usage_job)
-    return svc.Jobs(sync=sync, after_sync=after, findings=findings)
-
-
-def _prepare_schema(engine: Engine) -> None:
-    """Create the schema now so the API answers before the first sync finishes.
-
-    An old schema is the user's to upgrade (exit 2, as `sync` does); a database that is not
-    up yet is the scheduler's business: it retries with backoff and /healthz says why.
-    """
-    try:
-        inv.ensure_schema(engine)
-    except InputError:
-        raise
-    except Exception as exc:
-        log.warning("inventory database not ready yet: %s", svc.describe_error(exc))
 
 
 def _file_option(name: str, help: str) -> Any:
@@ -260,109 +165,25 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool, worker
     """
     if ctx.invoked_subcommand is not None:
         return
-    if every <= 0:
-        raise InputError("--every must be greater than 0")
-    if stale_after <= 0:
-        raise InputError("--stale-after must be greater than 0")
-    if session_ttl <= 0:
-        raise InputError("--session-ttl must be greater than 0")
-    if not oidc_scope_claim.strip() or not oidc_scope_claim.isprintable():
-        raise InputError(f"--oidc-scope-claim {oidc_scope_claim!r} is not a claim name (every "
-                         "OIDC caller would have no group and get 403)")
-    if prune_stale_after is not None and prune_stale_after <= stale_after:
-        raise InputError("--prune-stale-after must be longer than --stale-after")
-    usage.check_settings(bucket=usage_bucket, push_interval=push_interval,
-                         retention=usage_retention, max_backfill=usage_max_backfill)
-    proxies = proxy_addresses(forwarded_allow_ips)
-    price_table = usage.load_prices(prices) if prices else None
-    try:
-        host, port = parse_listen(listen)
-    except ValueError as exc:
-        raise InputError(f"--listen: {exc}") from None
-    auth = access(tokens_file=tokens_file, oidc_issuer=oidc_issuer,
-                  oidc_audience=oidc_audience, oidc_scope_claim=oidc_scope_claim,
-                  scopes_file=scopes_file)
-    if not auth.enabled and not svc.is_loopback(host) and not allow_unauthenticated:
-        raise InputError(f"--listen {listen} is not a loopback address and no access is "
-                         "configured: give --tokens-file or --oidc-issuer (or, unsafe, "
-                         "--allow-unauthenticated)")
-    if (tls_cert_file is None) != (tls_key_file is None):
-        raise InputError("--tls-cert-file and --tls-key-file go together")
-    tls = svc.TlsFiles(tls_cert_file, tls_key_file) if tls_cert_file and tls_key_file else None
+    settings = svc.serve_settings(
+        every=every, listen=listen, reconcile=reconcile, workers=workers,
+        tokens_file=tokens_file, oidc_issuer=oidc_issuer, oidc_audience=oidc_audience,
+        oidc_scope_claim=oidc_scope_claim, scopes_file=scopes_file,
+        allow_unauthenticated=allow_unauthenticated, metrics_open=metrics_open,
+        session_ttl=session_ttl, forwarded_allow_ips=forwarded_allow_ips,
+        tls_cert_file=tls_cert_file, tls_key_file=tls_key_file, usage_bucket=usage_bucket,
+        usage_retention=usage_retention, usage_max_backfill=usage_max_backfill, prices=prices,
+        prune_stale_after=prune_stale_after, instance_types=instance_types, max_age=max_age,
+        push_interval=push_interval, min_charge=min_charge, window=window,
+        stale_after=stale_after, lock_timeout=lock_timeout, cluster_label=cluster_label, db=db,
+        idle_threshold=idle_threshold, idle_for=idle_for, hub=hub_settings(opts))
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for handler in logging.getLogger().handlers:  # no URL password in any line, whoever logs
         handler.addFilter(RedactingFilter())
         handler.addFilter(_UvicornNames())
     logging.getLogger("alembic").setLevel(logging.WARNING)
-
-    def worker(sock: Any = None) -> None:
-        if auth.oidc is not None:  # in the worker: no HTTP connection shared over a fork
-            auth.oidc.jwks.warm()
-        stopping = threading.Event()  # SIGTERM: set at once, so long work ends between steps
-        with hub_client(opts) as client, database(db, create=True) as engine:
-            readonly = svc.read_only_engine(db)
-            try:
-                jobs = service_jobs(engine, client, stale_after=stale_after,
-                                    cluster_label=cluster_label, lock_timeout=lock_timeout,
-                                    reconcile=reconcile, max_age=max_age,
-                                    push_interval=push_interval, window=window,
-                                    usage_bucket=usage_bucket,
-                                    usage_retention=usage_retention,
-                                    usage_max_backfill=usage_max_backfill,
-                                    min_charge=min_charge,
-                                    prune_stale_after=prune_stale_after,
-                                    catalog=(load_catalog(instance_types) if reconcile
-                                             else None),
-                                    stopping=stopping.is_set)
-                rule = usage.IdleRule(idle_threshold, idle_for)
-                try:  # bind first: a port in use fails before anything touches the database
-                    service = svc.build_service(
-                        jobs, every=every, engine=readonly, host=host, port=port,
-                        page_sections=svc.usage_sections(rule), auth=auth,
-                        metrics_open=metrics_open, tls=tls,
-                        sessions=svc.DbSessions(engine, ttl=session_ttl),
-                        prices=price_table, idle_rule=rule, forwarded_allow_ips=proxies,
-                        leader=svc.leadership(engine), sock=sock)
-                except OSError as exc:
-                    reason = exc.strerror or str(exc)
-                    raise InputError(f"cannot listen on {listen}: {reason}") from None
-                try:
-                    _prepare_schema(engine)
-                except BaseException:
-                    service.server.close()
-                    raise
-                _run(service, client, engine, every, stopping)
-            finally:
-                readonly.dispose()
-
-    count = workers or svc.available_cpus()
-    if count == 1:
-        worker()
-        return
-    try:  # one socket, bound here, accepted from by every worker
-        sock = svc.bind(host, port, listen=False)
-    except OSError as exc:
-        raise InputError(f"cannot listen on {listen}: {exc.strerror or exc}") from None
-    with database(db, create=True) as engine:  # once, before the workers race for it
-        _prepare_schema(engine)
-    svc.prefork(count, lambda: worker(sock))
-
-
-def proxy_addresses(text: str) -> list[str]:
-    """``--forwarded-allow-ips``: addresses and networks (``10.128.0.0/14``), or ``*``."""
-    import ipaddress
-
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    for name in names:
-        if name == "*":
-            continue
-        try:
-            ipaddress.ip_network(name, strict=False)
-        except ValueError:
-            raise InputError(f"--forwarded-allow-ips: {name!r} is not an IP address or "
-                             "network (e.g. 10.128.0.0/14), nor '*'") from None
-    return names
+    svc.serve(settings)
 
 
 class _UvicornNames(logging.Filter):
@@ -373,30 +194,6 @@ class _UvicornNames(logging.Filter):
         if record.name == "uvicorn.error" and record.levelno < logging.WARNING:
             record.name = "uvicorn"
         return True
-
-
-def access(*, tokens_file: str | None, oidc_issuer: str | None, oidc_audience: str | None,
-           oidc_scope_claim: str = "groups", scopes_file: str | None) -> svc.Authenticator:
-    """The authenticator the options describe; a bad combination or file is exit 2."""
-    tokens = svc.TokenFile(tokens_file) if tokens_file else None
-    oidc = None
-    if oidc_issuer:
-        # its password, if it has one, is never in a log line or an error (this one's too)
-        register_secret(urlsplit(oidc_issuer).password)
-        if not oidc_audience:
-            raise InputError("--oidc-issuer needs --oidc-audience (the 'aud' tokens are "
-                             "issued for)")
-        if not scopes_file:
-            raise InputError("--oidc-issuer needs --scopes-file (which group sees what)")
-        parsed = urlsplit(oidc_issuer)
-        if parsed.scheme != "https" and not (parsed.scheme == "http" and parsed.hostname
-                                             and svc.is_loopback(parsed.hostname)):
-            raise InputError(f"--oidc-issuer must be an https:// URL, not {oidc_issuer!r}")
-        oidc = svc.OidcVerifier(oidc_issuer, oidc_audience, svc.load_group_scopes(scopes_file),
-                                claim=oidc_scope_claim)
-    elif oidc_audience or scopes_file:
-        raise InputError("--oidc-audience and --scopes-file need --oidc-issuer")
-    return svc.Authenticator(tokens=tokens, oidc=oidc)
 
 
 @serve.group("token", cls=ConfiguredGroup)
@@ -447,21 +244,6 @@ def token_create(name: str, clusters: tuple[str, ...], namespaces: tuple[str, ..
     click.echo(f"token for {name} (shown once; give it to the team, keep no copy):\n"
                f"  {token}\n"
                f"add under 'tokens:' in the --tokens-file:\n  {line}")
-
-
-def _run(service: svc.Service, client: HubClient, engine: Engine, every: float,
-         stop: threading.Event | None = None) -> None:
-    stop = stop or threading.Event()  # set by SIGTERM; Ctrl-C stays a KeyboardInterrupt (130)
-    with on_sigterm(lambda signum, frame: stop.set()):
-        service.start()
-        click.echo(f"gpufleet serve: {service.url} (sync every {format_duration(every)} from "
-                   f"{client.safe_url} into {safe_url(engine)})", err=True)
-        try:
-            while not stop.wait(0.5):
-                pass
-            click.echo("gpufleet serve: terminated, shutting down", err=True)
-        finally:
-            service.stop()
 
 
 # -- hub render -------------------------------------------------------------------------------
@@ -575,7 +357,7 @@ def hub_render(out: str | None, namespace: str, image: str, kind: str, every: st
         oidc_scope_claim=oidc_scope_claim, scopes_configmap=scopes_configmap,
         allow_unauthenticated=allow_unauthenticated,
         allow_from_namespaces=allow_from_namespaces,
-        forwarded_allow_ips=proxy_addresses(forwarded_allow_ips), replicas=replicas,
+        forwarded_allow_ips=svc.proxy_addresses(forwarded_allow_ips), replicas=replicas,
         cpu_limit=cpu_limit)
     files = onboard.render_hub_service(
         values, extra=onboard.render_grafana(cluster_label) if grafana else None)

@@ -186,6 +186,26 @@ def make_engine(url: str | None, *, create: bool = False) -> Engine:
     return engine
 
 
+@contextmanager
+def open_engine(url: str | None, *, create: bool = False) -> Iterator[Engine]:
+    """An engine (:func:`make_engine`) whose connection failures become one-line exit-3
+    errors, disposed of at the end: what a command or a service worker opens."""
+    engine = make_engine(url, create=create)
+    try:
+        yield engine
+    except sa.exc.DatabaseError as exc:
+        # OperationalError (unreachable, locked) or a bare DatabaseError (a file that is not
+        # a database); integrity or programming errors are bugs and keep their traceback.
+        if type(exc) not in (sa.exc.OperationalError, sa.exc.DatabaseError):
+            raise
+        reason = str(exc.orig).strip().splitlines()[0] if exc.orig else "connection failed"
+        raise UnavailableError(
+            f"inventory database {safe_url(engine)} unavailable: {reason}"
+        ) from None
+    finally:
+        engine.dispose()
+
+
 def _sqlite_setup(engine: Engine) -> None:
     """SQLite: we emit BEGIN ourselves so a sync can take the write lock up front."""
 
@@ -274,9 +294,11 @@ def _batches(rows: Iterable[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
         yield batch
 
 
-def _upsert(conn: Connection, table: sa.Table, rows: Iterable[dict[str, Any]],
-            update: Sequence[str], keep_if_null: Sequence[str] = ()) -> None:
-    """Bulk INSERT ... ON CONFLICT DO UPDATE; first_seen is only ever set on insert.
+def upsert(conn: Connection, table: sa.Table, rows: Iterable[dict[str, Any]],
+           update: Sequence[str], keep_if_null: Sequence[str] = ()) -> None:
+    """Bulk INSERT ... ON CONFLICT (the primary key) DO UPDATE of the ``update`` columns
+    (first_seen is only ever set on insert): the one upsert of every inventory table, on
+    SQLite and PostgreSQL alike.
 
     ``rows`` may be a generator: it is written BATCH rows at a time, never held whole."""
     stmt = _insert(conn, table)
@@ -288,6 +310,13 @@ def _upsert(conn: Connection, table: sa.Table, rows: Iterable[dict[str, Any]],
     stmt = stmt.on_conflict_do_update(index_elements=keys, set_=set_)
     for batch in _batches(rows):
         conn.execute(stmt, batch)
+
+
+def insert_rows(conn: Connection, table: sa.Table, rows: Iterable[dict[str, Any]]) -> None:
+    """INSERT ``rows`` (a generator is fine) BATCH at a time: memory stays bounded however
+    many there are."""
+    for batch in _batches(rows):
+        conn.execute(table.insert(), batch)
 
 
 def utc(ts: float | None) -> dt.datetime | None:
@@ -534,17 +563,17 @@ class InventoryWriter:
                 node_last.setdefault(key, None)
                 cluster_last.setdefault(obs.cluster, None)
         seen_cols = ["state", "last_seen", "last_sample_at"]
-        _upsert(conn, clusters, [
+        upsert(conn, clusters, [
             {"cluster": c, "state": ACTIVE, "first_seen": now, "last_seen": now,
              "last_sample_at": t}
             for c, t in cluster_last.items()
         ], seen_cols, keep_if_null=["last_sample_at"])
-        _upsert(conn, nodes, [
+        upsert(conn, nodes, [
             {"cluster": c, "node": n, "state": ACTIVE, "first_seen": now, "last_seen": now,
              "last_sample_at": t}
             for (c, n), t in node_last.items()
         ], seen_cols, keep_if_null=["last_sample_at"])
-        _upsert(conn, allocations, (
+        upsert(conn, allocations, (
             {"cluster": obs.cluster, "node": obs.node, "uuid": obs.uuid,
              "slice_key": obs.slice_key, "namespace": namespace, "pod": pod,
              "container": container, "first_seen": now, "last_seen": now,
@@ -688,7 +717,7 @@ def _write_gpus(conn: Connection, rows: Iterable[tuple[tuple[str, str], dict[str
             if old is None or old.digest != _digest(tuple(row[c] for c in GPU_COMPARE)):
                 yield row
 
-    _upsert(conn, gpus, changed(), ["last_seen", *GPU_COMPARE], keep_if_null=GPU_KEEP_IF_NULL)
+    upsert(conn, gpus, changed(), ["last_seen", *GPU_COMPARE], keep_if_null=GPU_KEEP_IF_NULL)
 
 
 def record_run(conn: Connection, *, started_at: dt.datetime, status: str, requests: int,

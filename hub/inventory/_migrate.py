@@ -18,7 +18,8 @@ from sqlalchemy.engine import Connection, Engine
 from hub.common import InputError
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
-#: Modules that define tables on hub.inventory.metadata; importing them completes it.
+#: Modules that define tables on the inventory's metadata (hub/inventory/_db.py); importing them
+#: completes it.
 TABLE_MODULES = ("hub.inventory._db", "hub.inventory._reconcile_runs",
                  "hub.inventory._usage_tables", "hub.inventory._sessions")
 

@@ -12,21 +12,18 @@ from hub.service._auth import (
     OidcVerifier,
     Scope,
     TokenFile,
-    is_loopback,
     load_group_scopes,
     new_token,
     token_entry,
 )
 from hub.service._confine import confine
-from hub.service._leader import leadership
-from hub.service._page import USAGE_SECTIONS, usage_sections
+from hub.service._page import USAGE_SECTIONS
 from hub.service._scheduler import (
     Jobs,
     Service,
     build_service,
     describe_error,
 )
-from hub.service._serve import bind
 from hub.service._session import (
     MAX_PER_PERSON,
     MAX_PER_TOKEN,
@@ -36,8 +33,15 @@ from hub.service._session import (
     SessionsFull,
     SignInLimit,
 )
+from hub.service._settings import (
+    ServeSettings,
+    access,
+    proxy_addresses,
+    serve_settings,
+    service_jobs,
+)
 from hub.service._tls import TlsFiles
-from hub.service._workers import available_cpus, prefork
+from hub.service._workers import serve
 
 __all__ = [
     "FULL",
@@ -50,24 +54,24 @@ __all__ = [
     "Jobs",
     "OidcVerifier",
     "Scope",
+    "ServeSettings",
     "Service",
     "Sessions",
     "SessionsFull",
     "SignInLimit",
     "TlsFiles",
     "TokenFile",
-    "available_cpus",
-    "bind",
+    "access",
     "build_app",
     "build_service",
     "confine",
     "describe_error",
-    "is_loopback",
-    "leadership",
     "load_group_scopes",
     "new_token",
-    "prefork",
+    "proxy_addresses",
     "read_only_engine",
+    "serve",
+    "serve_settings",
+    "service_jobs",
     "token_entry",
-    "usage_sections",
 ]

@@ -1,11 +1,11 @@
 """The hub service's API handlers: a read-only JSON API over the inventory.
 
-Each handler is a plain function whose parameters say what it takes: typed query parameters
-(``Annotated`` with their OpenAPI description and bounds), the read-only ``engine`` and the
-caller's ``scope`` as FastAPI dependencies. It returns plain data shaped like its response
-model (``hub.service._models``), which the app checks and encodes, or, on the hot routes, a
-``Kept`` (``hub.service._wire``) that computes it: the answer is then encoded once and kept
-per scope until the inventory changes. Either way it passes the one scope step
+Each handler is a plain function whose parameters say what it takes: typed query parameters,
+the read-only ``engine`` and the caller's ``scope``, all from ``hub.service._deps``. It
+returns plain data shaped like its response model (``hub.service._models``), which its
+router (``hub.service._routers``) checks and encodes, or, on the hot routes, a ``Kept``
+(``hub.service._wire``) that computes it: the answer is then encoded once and kept per
+scope until the inventory changes. Either way it passes the one scope step
 (``hub.service._confine``) on the way out.
 
 Items carry the same field names as ``gpufleet inventory ... -o json`` because they come from
@@ -16,10 +16,10 @@ others. Nothing here writes: the engine refuses writes at the connection level.
 
 No response carries a secret: the database URL, the hub token and its URL never appear.
 
-Scopes: a handler that declares ``scope`` narrows its reads to it (in SQL where it pages, so
+Scopes: a handler narrows its reads to the caller's ``scope`` (in SQL where it pages, so
 pages stay exact) and refuses a ``cluster`` filter outside it (403); whatever it returns is
-confined again before it leaves. A handler without ``scope`` is served only to unrestricted
-callers, so a new endpoint is closed to teams until it takes the scope.
+confined again before it leaves. Whether a scoped caller reaches a handler at all is its
+route's declared visibility (hub/service/_routing.py), never its parameters.
 """
 
 from __future__ import annotations
@@ -36,101 +36,46 @@ import secrets
 from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any, Literal
 
-from fastapi import Depends, Path, Query, Request
-from sqlalchemy.engine import Engine
+from fastapi import Depends, Query, Request
 
 from hub import inventory as inv
 from hub import usage as answers
 from hub.common import json_number
 from hub.inventory import gpu_detail, page_gpus
-from hub.service._auth import Caller, Scope
+from hub.service._auth import Scope
+from hub.service._deps import (
+    DEFAULT_LIMIT,
+    MAX_TOKEN,
+    TEXT_PATTERN,
+    CallerScope,
+    ClusterParam,
+    ContinueParam,
+    FromParam,
+    LimitParam,
+    ReadEngine,
+    SinceParam,
+    UntilParam,
+    UuidPath,
+    idle_rule_of,
+    prices_of,
+)
+from hub.service._deps import text_param as _text
+from hub.service._errors import ApiError, public_error
 from hub.service._models import HEALTH_LEVELS, STATES, VENDORS
 from hub.service._wire import Kept
 
 log = logging.getLogger("gpufleet.api")
 
-DEFAULT_LIMIT = 500
-MAX_LIMIT = 5000
 DEFAULT_RUNS = 20
 MAX_RUNS = 1000
-#: a continue token is a few keys; anything longer is not one of ours (and is not decoded)
-MAX_TOKEN = 2048
 #: the longest look-back a client may ask for (since=...): longer is a mistake, not a wish
 MAX_SINCE = 100 * 365 * 86400.0
 #: Prometheus text format 0.0.4: what every Prometheus (2.42 included) parses.
 METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _PAGE_KEY = secrets.token_bytes(32)
-DB_UNAVAILABLE = "inventory database unavailable"
 #: an event id: digits that fit PostgreSQL's bigint
 EVENT_ID = re.compile(r"[0-9]{1,18}")
-URL = re.compile(r"[a-zA-Z][a-zA-Z0-9+.-]*://\S+")
-#: No control characters (NUL above all: PostgreSQL refuses it in a text parameter).
-PRINTABLE = re.compile(r"[^\x00-\x1f\x7f]*")
-TEXT_PATTERN = "^[^\\u0000-\\u001f\\u007f]*$"
-
-
-
-
-class ApiError(Exception):
-    """A request the API refuses: its status and a one-line message for ``{"error": ...}``."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-# -- dependencies -------------------------------------------------------------------------------
-async def engine_of(request: Request) -> Engine:
-    """The app's read-only inventory engine. (async: a trivial dependency need not take a
-    trip through the thread pool)"""
-    return request.app.state.engine
-
-
-def identify(request: Request) -> Caller:
-    """Who asks: the one dependency every non-public route has (the app's gate decides).
-    Run in the thread pool: it may read a session from the database or fetch an issuer's
-    keys, and the event loop must never wait for either."""
-    return request.app.state.gate.caller(request)
-
-
-async def scope_of(caller: Annotated[Caller, Depends(identify)]) -> Scope:
-    return caller.scope
-
-
-async def idle_rule_of(request: Request) -> Any:
-    """The service's idle rule (hub.usage.IdleRule): `serve --idle-threshold/--idle-for`."""
-    return getattr(request.app.state, "idle_rule", None) or answers.IdleRule()
-
-
-async def prices_of(request: Request) -> Any:
-    """The service's showback prices (hub.usage.Prices), None without `serve --prices`."""
-    return getattr(request.app.state, "prices", None)
-
-
-ReadEngine = Annotated[Engine, Depends(engine_of)]
-CallerScope = Annotated[Scope, Depends(scope_of)]
-
-
-def _text(description: str, **extra: Any) -> Any:
-    return Query(description=description, pattern=TEXT_PATTERN, **extra)
-
-
-ClusterParam = Annotated[str | None, _text("Only this cluster.")]
-LimitParam = Annotated[int, Query(ge=1, le=MAX_LIMIT,
-                                  description=f"Page size (1-{MAX_LIMIT}).")]
-ContinueParam = Annotated[str | None, Query(
-    alias="continue", max_length=MAX_TOKEN, pattern=TEXT_PATTERN,
-    description="The 'continue' token of the previous page.")]
-SinceParam = Annotated[str | None, _text("The last DURATION (default 24h).", max_length=64)]
-FromParam = Annotated[str | None, Query(alias="from", pattern=TEXT_PATTERN, max_length=64,
-                                        description="Start (ISO-8601, UTC), instead of since.")]
-UntilParam = Annotated[str | None, _text("End (ISO-8601, UTC).", max_length=64)]
-PercentParam = Annotated[float | None, Query(ge=0, le=100, allow_inf_nan=False,
-                                             description="Utilisation %.")]
-UuidPath = Annotated[str, Path(description="GPU uuid, percent-encoded ('/' as %2F).",
-                               pattern=TEXT_PATTERN)]
 
 
 # -- continue tokens and paging ------------------------------------------------------------------
@@ -306,18 +251,6 @@ def sync_runs(engine: ReadEngine, scope: CallerScope,
     with engine.connect() as conn:
         runs = inv.list_sync_runs(conn, limit)
     return _listing([{**r, "error": public_error(r.get("error"))} for r in runs])
-
-
-def public_error(text: str | None) -> str | None:
-    """An error as callers may read it: no URL (the hub's address), no secret, one short line.
-    The full text stays in the log and the database."""
-    if not text:
-        return text
-    if text.startswith(DB_UNAVAILABLE):  # the driver's line names host, port and user
-        return f"{DB_UNAVAILABLE} (details in the service log)"
-    line = URL.sub("<url>", text.splitlines()[0])
-    return line[:200]
-
 
 
 def visible_findings(items: Sequence[Mapping[str, Any]], scope: Scope, *,

@@ -1,24 +1,14 @@
-"""The service's HTTP face as a FastAPI app: routes, the door, errors, the description.
+"""The service's HTTP face as a FastAPI app: the short factory that includes the routers,
+the error answers and the description.
 
-Everything a request meets, in order:
-
-1. :class:`Guard` (pure ASGI): HEAD answered as GET without a body; headers larger than
-   ``MAX_HEADER_BYTES`` (431) and bodies larger than ``MAX_BODY`` (413) refused before they
-   are read; the headers every answer carries.
-2. FastAPI's routing, with one strictness dependency on every route (:func:`strict_query`):
-   an unknown or repeated parameter, or a control character in any parameter or path, is a
-   400, never silently ignored (``?clustr=east`` returning the whole fleet looks right and
-   is not).
-3. :meth:`Gate.caller` through the ``identify`` dependency on every route that is not public:
-   a bearer token or a browser session becomes a :class:`Caller`, or a 401.
-4. The handler (``hub.service._api``, ``hub.service._routers``), then :func:`confine` with
-   the caller's scope: every router is a ``ConfinedRouter`` (hub/service/_routing.py), which
-   adds both 3 and this step to each route, closed to scoped callers unless the route is
-   declared ``scoped``; then the response model (the hot routes' answers are encoded once
-   and kept per scope instead: hub/service/_wire.py).
-5. Errors: every refusal and failure is ``{"error": "..."}`` JSON with a status the
-   description declares (400 for any client mistake, 401, 403, 404, 405, 503 for the
-   database, 500 for a bug), never a trace.
+What a request meets, in order: the guard (hub/service/_guard.py: size limits, strict
+parameters, the caller), the route of its router (hub/service/_routers.py, every one a
+``ConfinedRouter``, hub/service/_routing.py, so the caller checks and the confine step are
+on every route), the handler (hub/service/_api.py, taking what hub/service/_deps.py gives),
+its response model (the hot routes' answers are encoded once and kept per scope instead:
+hub/service/_wire.py), and on any refusal or failure the handlers here: ``{"error": "..."}``
+JSON with a status the description declares (400 for any client mistake, 401, 403, 404,
+405, 503 for the database, 500 for a bug), never a trace.
 """
 
 from __future__ import annotations
@@ -26,7 +16,6 @@ from __future__ import annotations
 import logging
 import typing
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -38,133 +27,23 @@ from sqlalchemy.engine import Engine
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
-from starlette.types import ASGIApp, Message, Receive, Send
-from starlette.types import Scope as AsgiScope
 
 from hub import __version__
 from hub.service import _models as models
 from hub.service import _routers as routers_
 from hub.service import _wire as wire
-from hub.service._api import (
-    DB_UNAVAILABLE,
-    PRINTABLE,
-    ApiError,
-    public_error,
-)
-from hub.service._auth import ANONYMOUS, Authenticator, Caller, Unauthorized
+from hub.service._auth import Authenticator
+from hub.service._errors import DB_UNAVAILABLE, ApiError, database_error, public_error
+from hub.service._guard import Gate, Guard, query_params, strict_query
 from hub.service._memo import LoopVersion, Memo
-from hub.service._page import (
-    SectionSource,
-)
-from hub.service._routers import database_error
+from hub.service._page import SectionSource
 from hub.service._routing import RouteInfo, include
-from hub.service._session import (
-    COOKIE,
-    MAX_FORM,
-    DbSessions,
-    Login,
-    Sessions,
-    redirect,
-    wants_html,
-)
+from hub.service._session import DbSessions, Login, Sessions, redirect, wants_html
 
 log = logging.getLogger("gpufleet.api")
 
-#: the largest request body accepted at all; the sign-in form reads at most MAX_FORM of it
-MAX_BODY = 4 * MAX_FORM
-#: the largest request head (h11 also refuses one that arrives incomplete beyond this)
-MAX_HEADER_BYTES = 16 * 1024
-#: at most this many query parameters (a page has six at most)
-MAX_PARAMS = 50
-COMMON_HEADERS = [(b"cache-control", b"no-store"), (b"x-content-type-options", b"nosniff")]
 
-
-# -- 1. the ASGI guard ----------------------------------------------------------------------------
-class Guard:
-    """HEAD as GET without a body, oversized bodies refused unread, common headers."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        head = scope["method"] == "HEAD"
-        if head:
-            scope = {**scope, "method": "GET"}
-        if sum(len(k) + len(v) + 4 for k, v in scope.get("headers", [])) > MAX_HEADER_BYTES:
-            await _send_json(send, 431, f"request headers larger than {MAX_HEADER_BYTES} "
-                                        "bytes", head=head)
-            return
-        length = _header(scope, b"content-length")
-        if length is not None and (not length.isdigit() or int(length) > MAX_BODY):
-            await _send_json(send, 413, f"request body larger than {MAX_BODY} bytes",
-                             head=head)
-            return
-
-        async def guarded_send(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                names = {k.lower() for k, _ in message.get("headers", [])}
-                message = {**message, "headers": [
-                    *message.get("headers", []),
-                    *(h for h in COMMON_HEADERS if h[0] not in names)]}
-            elif message["type"] == "http.response.body" and head:
-                message = {**message, "body": b""}
-            await send(message)
-
-        await self.app(scope, receive, guarded_send)
-
-
-def _header(scope: AsgiScope, name: bytes) -> str | None:
-    for key, value in scope.get("headers", []):
-        if key.lower() == name:
-            return value.decode("latin-1").strip()
-    return None
-
-
-async def _send_json(send: Send, status: int, error: str, *, head: bool = False) -> None:
-    body = JSONResponse({"error": error}).body
-    await send({"type": "http.response.start", "status": status, "headers": [
-        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-        (b"connection", b"close"), *COMMON_HEADERS]})
-    await send({"type": "http.response.body", "body": b"" if head else body})
-
-
-# -- 2. strict parameters --------------------------------------------------------------------------
-async def strict_query(request: Request) -> None:
-    """Unknown, repeated or control-character parameters are a 400 naming the parameter.
-    (async: pure computation, no trip through the thread pool)"""
-    route = request.scope.get("route")
-    dependant = getattr(route, "dependant", None)
-    allowed = sorted({p.alias for p in _query_params(dependant)})
-    items = request.query_params.multi_items()
-    if len(items) > MAX_PARAMS:
-        raise ApiError(400, f"too many query parameters (at most {MAX_PARAMS})")
-    seen: set[str] = set()
-    for name, value in items:
-        if name not in allowed:
-            hint = f" (allowed: {', '.join(allowed)})" if allowed else " (none allowed)"
-            raise ApiError(400, f"unknown query parameter {name[:64]!r}{hint}")
-        if name in seen:
-            raise ApiError(400, f"query parameter {name!r} given more than once")
-        seen.add(name)
-        if not PRINTABLE.fullmatch(value):
-            raise ApiError(400, f"query parameter {name!r} must not contain control characters")
-    for name, value in request.path_params.items():
-        if isinstance(value, str) and not PRINTABLE.fullmatch(value):
-            raise ApiError(400, f"{name} must not contain control characters")
-
-
-def _query_params(dependant: Any) -> list[Any]:
-    if dependant is None:
-        return []
-    found = list(dependant.query_params)
-    for sub in dependant.dependencies:
-        found += _query_params(sub)
-    return found
-
-
+# -- errors ----------------------------------------------------------------------------------------
 def _validation_message(request: Request, exc: RequestValidationError) -> str:
     """FastAPI's validation error as the one line a person reads: which parameter, what it
     must be (its bounds or choices, from the route's own declaration), what it was."""
@@ -173,7 +52,7 @@ def _validation_message(request: Request, exc: RequestValidationError) -> str:
     name = str(loc[-1]) if loc else "request"
     given = error.get("input")
     shown = repr(given[:32]) if isinstance(given, str) else repr(given)
-    field = next((p for p in _query_params(getattr(request.scope.get("route"), "dependant",
+    field = next((p for p in query_params(getattr(request.scope.get("route"), "dependant",
                                                        None)) if p.alias == name), None)
     if field is None:
         return f"invalid {name}: {error.get('msg', 'not valid')}"
@@ -203,44 +82,7 @@ def _flat_args(annotation: Any) -> list[Any]:
     return out
 
 
-# -- 3. the door --------------------------------------------------------------------------------
-@dataclass
-class Gate:
-    """Who is asking: a bearer token (it wins) or a browser session; the only place a request
-    becomes a caller."""
-
-    auth: Authenticator
-    login: Login | None
-    on_refused: Callable[[str], None]
-
-    def caller(self, request: Request) -> Caller:
-        if not self.auth.enabled:
-            return ANONYMOUS
-        authorization = request.headers.get("authorization")
-        try:
-            if authorization or self.login is None:
-                caller = self.auth.bearer(authorization)
-            else:
-                caller = self.login.caller(request.headers.get("cookie"))[0]
-                request.state.by_session = True
-        except Unauthorized as exc:
-            if (self.login is not None and not authorization
-                    and COOKIE not in (request.headers.get("cookie") or "")
-                    and wants_html(request.headers.get("accept"))):
-                # a browser's first visit: it shows no credentials yet and goes to the
-                # sign-in form; not a refusal (the refused counter and log are for those)
-                log.debug("no credentials yet for %s: to /login", request.url.path[:200])
-            else:
-                self.on_refused("unauthenticated")
-                log.info("refused %s: %s", request.url.path[:200], exc)
-            raise ApiError(401, "authentication required: send a valid bearer token") from None
-        if caller.scope.empty:
-            raise ApiError(403, "your token maps to no scope (ask for your group to be added "
-                                "to the scopes file)")
-        return caller
-
-
-# -- 4. routes: the routers, each route through the confine step ------------------------------
+# -- the app factory ---------------------------------------------------------------------------
 def build_app(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, Any]]],
               findings: Callable[[], tuple[list[dict[str, Any]], float | None]],
               metrics: Callable[[str | None, str | None], tuple[bytes, dict[str, str]]],
@@ -300,7 +142,6 @@ def build_app(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, Any]
     return app
 
 
-# -- 5. errors -------------------------------------------------------------------------------------
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse({"error": message}, status, headers=headers)
 

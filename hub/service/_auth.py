@@ -1,6 +1,7 @@
 """Who may read the API, and which part of the fleet: static tokens, OIDC bearer tokens, scopes.
 
-A caller is turned into a :class:`Scope` (the clusters and namespaces it may see) or refused.
+A caller's token becomes a :class:`Caller` with its :class:`Scope` (the clusters and
+namespaces it may see), or is refused.
 Two ways in, both optional and combinable:
 
 * a tokens file (YAML) holding the sha256 of each token, never the token, with its scope;

@@ -1,6 +1,6 @@
 """The one place a caller's scope is applied to an answer before it leaves.
 
-Every route of the app is registered through one wrapper (``hub.service._app``) that passes
+Every route of the app is registered through one wrapper (``hub.service._routing``) that passes
 what its handler returns through :func:`confine` with the caller's scope, JSON and page
 alike, so a handler that forgets its scope cannot leak: at worst it reads more than it needs.
 Handlers still narrow their reads by the scope (in SQL, so paging stays exact); this is the

@@ -13,15 +13,17 @@ caller may see in the API limits the page too.
 
 The page is a list of :class:`Section` s, each made by a plain function of the data. Sections
 that depend on parts not every installation has (usage, idle GPUs, capacity) are passed in as
-more such functions (``extra``), and a function answering None leaves its section out.
+more such functions (``extra``), each declaring who it is for (:func:`section_source`, as a
+route declares its visibility), and a function answering None leaves its section out.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, TypeVar
 from urllib.parse import quote
 
 import sqlalchemy as sa
@@ -32,8 +34,9 @@ from hub import common, usage
 from hub import inventory as inv
 from hub.common import html_environment, human_duration, iso
 from hub.inventory import page_gpus
-from hub.service._api import ApiError, visible_findings
+from hub.service._api import visible_findings
 from hub.service._auth import FULL, Scope
+from hub.service._errors import ApiError
 
 #: rows per section; the section links to the API for the rest
 PAGE_ROWS = 200
@@ -48,6 +51,7 @@ SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
 UNHEALTHY = [level for level in ("failed", "degraded") if level in inv.HEALTH_LEVELS]
 Finding = Mapping[str, Any]
 Query = Mapping[str, list[str]]
+Source = TypeVar("Source", bound=Callable[..., Any])
 
 
 @dataclass
@@ -71,13 +75,31 @@ class Section:
         return max(0, (self.total or 0) - len(self.rows))
 
 
-#: ``(conn)`` or ``(conn, *, scope)``: a source that takes the caller's scope filters its own
-#: rows; the page filters every other section's rows by cluster and masks foreign pods.
+#: ``(conn)``, or ``(conn, *, scope)`` for a source declared ``scoped`` (:func:`section_source`)
 SectionSource = Callable[..., Section | None]
+#: Who a section of the page is for, declared as a route's visibility is (never inferred
+#: from its parameters): ``scoped``, any caller, the source called with the caller's scope
+#: and reading only what it covers (then confined like every answer); ``fleet``, whole-fleet
+#: callers only, the section left off a scoped caller's page. ``fleet`` is the default, so a
+#: section added without a thought shows no team what it has not learnt to filter (a chart
+#: is drawn before the page is confined, and no confine step can redraw it).
+SectionVisibility = Literal["scoped", "fleet"]
+_VISIBILITY = "__gpufleet_section_visibility__"
 
 
-def _takes_scope(source: SectionSource) -> bool:
-    return "scope" in inspect_parameters(source)
+def section_source(*, visibility: SectionVisibility) -> Callable[[Source], Source]:
+    """Declare a page section source's visibility (a decorator)."""
+    def declare(source: Source) -> Source:
+        setattr(source, _VISIBILITY, visibility)
+        return source
+    return declare
+
+
+def visibility_of(source: SectionSource) -> SectionVisibility:
+    """A source's declared visibility (through ``functools.partial``); ``fleet`` if none."""
+    while isinstance(source, functools.partial):
+        source = source.func
+    return getattr(source, _VISIBILITY, "fleet")
 
 
 def scoped_section(section: Section, scope: Scope) -> Section:
@@ -254,7 +276,10 @@ def page_data(engine: Engine, *, search: str | None, findings: Sequence[Finding]
                     stale_clusters_section(conn, scope=scope),
                     findings_gpus_section(findings)]
         for source in extra:
-            section = source(conn, scope=scope) if _takes_scope(source) else source(conn)
+            visibility = visibility_of(source)
+            if visibility == "fleet" and not scope.unrestricted:
+                continue
+            section = source(conn, scope=scope) if visibility == "scoped" else source(conn)
             if section is not None:
                 sections.append(section)
         found = search_sections(conn, search, scope=scope) if search else []
@@ -301,6 +326,7 @@ def _idle_query(rule: Any, prefix: str = "") -> str:
             f"&{prefix}for={format_duration(rule.for_seconds)}")
 
 
+@section_source(visibility="scoped")
 def usage_section(conn: Connection, *, scope: Scope = FULL,
                   rule: Any = None) -> Section | None:
     """GPU-hours by namespace over the last 24 h (None before any usage was collected)."""
@@ -323,6 +349,7 @@ def usage_section(conn: Connection, *, scope: Scope = FULL,
         "/api/v1/usage?by=namespace&since=24h" + _idle_query(rule, "idle_"), len(shown))
 
 
+@section_source(visibility="scoped")
 def idle_section(conn: Connection, *, scope: Scope = FULL,
                  rule: Any = None) -> Section | None:
     """Allocated GPUs idle for the rule's time in a row (2 h unless `serve --idle-for`)
@@ -345,6 +372,7 @@ def idle_section(conn: Connection, *, scope: Scope = FULL,
         "/api/v1/idle?since=24h" + _idle_query(rule), len(shown))
 
 
+@section_source(visibility="scoped")
 def capacity_section(conn: Connection, *, scope: Scope = FULL) -> Section | None:
     """GPU-equivalents by model now: total, active, stale, allocated, free, over the caller's
     clusters: the items of /api/v1/capacity, which it links to (the fleet's totals are that
@@ -370,6 +398,7 @@ def _figure(html: str) -> str:
     return Markup(html)  # built by hub.common's chart functions, which escape every text
 
 
+@section_source(visibility="scoped")
 def usage_by_day_chart(conn: Connection, *, scope: Scope = FULL,
                        rule: Any = None) -> Section | None:
     """Chart: GPU-hours per day by namespace (stacked), the last CHART_DAYS days."""
@@ -387,6 +416,7 @@ def usage_by_day_chart(conn: Connection, *, scope: Scope = FULL,
                        rows, days=usage.day_starts(first, now), chart_id="usage-by-day-chart")))
 
 
+@section_source(visibility="scoped")
 def utilisation_chart(conn: Connection, *, scope: Scope = FULL) -> Section | None:
     """Chart: fleet utilisation and SM activity per bucket over the last 24 h."""
     start, end = _window()
@@ -400,6 +430,7 @@ def utilisation_chart(conn: Connection, *, scope: Scope = FULL) -> Section | Non
                                                     chart_id="utilisation-chart")))
 
 
+@section_source(visibility="scoped")
 def idle_chart(conn: Connection, *, scope: Scope = FULL, rule: Any = None) -> Section | None:
     """Chart: idle allocated GPU-hours by namespace over the last 24 h, the figure of the
     usage table (`usage --by namespace`), an aggregate the database sums."""
@@ -415,6 +446,7 @@ def idle_chart(conn: Connection, *, scope: Scope = FULL, rule: Any = None) -> Se
                                                        table=True)))
 
 
+@section_source(visibility="scoped")
 def capacity_chart(conn: Connection, *, scope: Scope = FULL) -> Section | None:
     """Chart: GPU-equivalents by model, allocated / free / stale (the capacity table's
     figures, scoped the same way)."""
@@ -438,8 +470,6 @@ USAGE_SECTIONS: tuple[SectionSource, ...] = (
 def usage_sections(rule: Any = None) -> tuple[SectionSource, ...]:
     """USAGE_SECTIONS answering with ``rule`` (hub.usage.IdleRule: `serve --idle-threshold
     /--idle-for`), so the page's idle figures are the CLI's and the API's."""
-    import functools
-
     if rule is None:
         return USAGE_SECTIONS
     return tuple(functools.partial(source, rule=rule)

@@ -24,17 +24,19 @@ from starlette.responses import Response
 from hub.service import _api as api
 from hub.service import _detail as detail
 from hub.service import _models as models
-from hub.service._api import CallerScope, ReadEngine, identify, public_error
 from hub.service._auth import FULL, Caller, Scope
+from hub.service._deps import CallerScope, ReadEngine, identify
 from hub.service._detail import DetailPage
+from hub.service._errors import database_error, public_error
 from hub.service._memo import Memo
 from hub.service._page import (
     MAX_SEARCH,
     SectionSource,
-    _takes_scope,
     page_data,
     search_text,
+    section_source,
     unavailable_data,
+    visibility_of,
 )
 from hub.service._routing import ConfinedRouter, Html, Page, Text
 from hub.service._session import MAX_FORM, MAX_TOKEN, Login
@@ -43,16 +45,6 @@ from hub.service._wire import Json, Kept
 #: seconds a client has to send the sign-in form's body once its headers are in
 BODY_TIMEOUT = 10.0
 Findings = Callable[[], tuple[list[dict[str, Any]], float | None]]
-
-
-def database_error(exc: BaseException) -> str:
-    """A one-line reason for a failed database read, without the URL or the statement."""
-    orig = getattr(exc, "orig", None)
-    text = str(orig if orig is not None else exc).strip()
-    first = text.splitlines()[0] if text else type(exc).__name__
-    if "no such table" in first or type(orig).__name__ == "UndefinedTable":
-        return "the inventory is empty: no sync has completed yet"
-    return f"{api.DB_UNAVAILABLE}: {first}"
 
 
 # -- meta ----------------------------------------------------------------------------------------
@@ -245,11 +237,12 @@ def detail_pages_router() -> ConfinedRouter:
 def _kept(source: SectionSource, memo: Memo) -> SectionSource:
     """A page section kept in ``memo`` until the inventory changes (per scope): the usage
     sections fold the whole ledger and inventory on every page view otherwise."""
-    takes_scope = _takes_scope(source)
+    visibility = visibility_of(source)
 
+    @section_source(visibility=visibility)  # the same declaration as the source's
     def kept(conn: Any, *, scope: Scope = FULL) -> Any:
         key = ("section", source, scope)
-        if takes_scope:
+        if visibility == "scoped":
             return memo.get(conn, key, lambda: source(conn, scope=scope))
         return memo.get(conn, key, lambda: source(conn))
 

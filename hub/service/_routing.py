@@ -9,8 +9,10 @@ A route's visibility is declared where it is added, never inferred from its hand
   without a thought answers no team until it is declared ``scoped``.
 
 :class:`ConfinedRouter` is the only router the service uses: its ``add_api_route`` (which
-``@router.get`` goes through as well) wraps every handler in :func:`_guarded`, so no route
-can skip the step; :func:`include` puts a router's routes in the app.
+``@router.get`` goes through as well) wraps every handler in :func:`_guarded`, which attaches
+the caller dependency and the guard's caller checks (``admit`` and ``confined``,
+hub/service/_guard.py), so no route can skip them; :func:`include` puts a router's routes in
+the app.
 
 A handler that returns a :class:`~hub.service._wire.Kept` has its answer kept as bytes per
 key, caller's scope and inventory version (:func:`kept`): confined, then encoded, then kept,
@@ -23,7 +25,7 @@ import inspect
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import sqlalchemy as sa
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -31,15 +33,15 @@ from fastapi.routing import APIRoute
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
-from hub.service._api import METRICS_CONTENT_TYPE, ApiError, engine_of, identify, scope_of
+from hub.service._api import METRICS_CONTENT_TYPE
 from hub.service._auth import FULL, Caller
-from hub.service._confine import confine
+from hub.service._deps import engine_of, identify, scope_of
 from hub.service._detail import DetailPage
+from hub.service._guard import Visibility, admit, confined
 from hub.service._memo import read_version
 from hub.service._page import render_page
 from hub.service._wire import Json, Kept, Stored
 
-Visibility = Literal["public", "scoped", "fleet"]
 #: set on a guarded handler: include_router hands it over again, and it is wrapped once
 _GUARDED = "__gpufleet_guarded__"
 
@@ -89,7 +91,7 @@ def _guarded(endpoint: Callable[..., Any], visibility: Visibility) -> Callable[.
     parameters = [p for p in parameters if p.name not in supplied]
     if visibility != "public":
         parameters.append(inspect.Parameter("_caller", inspect.Parameter.KEYWORD_ONLY,
-                                            annotation=Annotated[Caller, Depends(caller_of)]))
+                                            annotation=Annotated[Caller, Depends(identify)]))
     # the request, for the app's kept answers: the endpoint's own Request parameter if it
     # has one (FastAPI hands the request to one parameter only)
     own = next((p.name for p in parameters if p.annotation is Request), None)
@@ -102,11 +104,10 @@ def _guarded(endpoint: Callable[..., Any], visibility: Visibility) -> Callable[.
             return kept(caller, request, result)
         return finish(caller, result)
 
-    def admit(kwargs: dict[str, Any]) -> tuple[Caller | None, Request]:
+    def take(kwargs: dict[str, Any]) -> tuple[Caller | None, Request]:
         caller = kwargs.pop("_caller", None)
         request = kwargs[own] if own is not None else kwargs.pop("_request")
-        if caller is not None and visibility == "fleet" and not caller.scope.unrestricted:
-            raise ApiError(403, "this endpoint is outside your scope")
+        admit(caller, visibility)
         for name, what in supplied.items():
             kwargs[name] = (caller if what == "caller" else caller.scope if what == "scope"
                             else request.app.state.engine)
@@ -114,7 +115,7 @@ def _guarded(endpoint: Callable[..., Any], visibility: Visibility) -> Callable[.
 
     if inspect.iscoroutinefunction(endpoint):
         async def wrapper(**kwargs: Any) -> Any:
-            caller, request = admit(kwargs)
+            caller, request = take(kwargs)
             result = await endpoint(**kwargs)
             if isinstance(result, Kept):  # a database read: in the thread pool
                 return await run_in_threadpool(answer, caller, request, result)
@@ -125,7 +126,7 @@ def _guarded(endpoint: Callable[..., Any], visibility: Visibility) -> Callable[.
         # reads never wait; PostgreSQL's are awaited), and only a missing one is computed
         # in the thread pool (the trip there and back was a third of a kept answer's cost)
         async def wrapper(**kwargs: Any) -> Any:  # type: ignore[misc]
-            caller, request = admit(kwargs)
+            caller, request = take(kwargs)
             result = endpoint(**kwargs)
             found = await kept_now(caller, request, result)
             if found is not None:
@@ -137,7 +138,7 @@ def _guarded(endpoint: Callable[..., Any], visibility: Visibility) -> Callable[.
         # FastAPI checks a plain answer against its model on the way out without another
         # trip through the pool.
         async def wrapper(**kwargs: Any) -> Any:  # type: ignore[misc]
-            caller, request = admit(kwargs)
+            caller, request = take(kwargs)
             return await run_in_threadpool(lambda: answer(caller, request, endpoint(**kwargs)))
 
     wrapper.__signature__ = signature.replace(  # type: ignore[attr-defined]
@@ -148,20 +149,9 @@ def _guarded(endpoint: Callable[..., Any], visibility: Visibility) -> Callable[.
     return wrapper
 
 
-async def caller_of(request: Request) -> Caller:
-    """:func:`identify` without the trip through the thread pool where the caller is known
-    without waiting on anything: no access configured, or a bearer token and static tokens
-    only (a hash and a stat of the tokens file). A browser session (a database read) and an
-    OIDC token (its issuer's keys may have to be fetched) go through the pool."""
-    auth = request.app.state.gate.auth
-    if not auth.enabled or (auth.oidc is None and "authorization" in request.headers):
-        return identify(request)
-    return await run_in_threadpool(identify, request)
-
-
 def _supplied(annotation: Any) -> str | None:
     """Which of the wrapper's own values a parameter takes: ``caller``, ``scope`` or
-    ``engine`` (declared with the dependencies of hub/service/_api.py), or None."""
+    ``engine`` (declared with the dependencies of hub/service/_deps.py), or None."""
     if typing.get_origin(annotation) is not Annotated:
         return None
     for meta in typing.get_args(annotation)[1:]:
@@ -174,8 +164,7 @@ def _supplied(annotation: Any) -> str | None:
 
 def finish(caller: Caller | None, result: Any) -> Any:
     """The answer confined to the caller's scope; a page rendered, JSON of ours encoded."""
-    if caller is not None:
-        result = confine(result, caller.scope)
+    result = confined(caller, result)
     return result.response() if isinstance(result, (Page, DetailPage, Json)) else result
 
 

@@ -1,10 +1,15 @@
-"""``gpufleet serve``: sync on a schedule, keep its health, serve it (see hub/service/_api.py).
+"""``gpufleet serve``'s schedule (sync, the jobs after it, the checks, health) and the service
+that puts it beside the HTTP side.
 
 The schedule is a plain object, :class:`Scheduler`, over plain callables (:class:`Jobs`): the
-sync, the jobs that follow a successful sync (reconcile) and the findings provider (report
-checks). Time comes in as ``clock`` and ``sleep`` so tests drive hours of schedule in
-microseconds; nothing here knows about HTTP, and the HTTP side only reads the scheduler's
-state. :class:`Service` puts the two on threads for the command.
+sync, the jobs that follow a successful sync (reconcile, prune, usage collect) and the
+findings provider (report checks). Time comes in as ``clock`` and ``sleep`` so tests drive
+hours of schedule in microseconds. The scheduler knows nothing about HTTP: it keeps a state
+(health, findings, the last failed check) that the HTTP side only reads. The two meet at the
+end of this module: :class:`ServiceMetrics` is the registry ``/metrics`` serves (with its
+content negotiation and the API's refusal counter), and :func:`build_service` builds the app
+(hub.service._app) over the scheduler's state and the server (hub.service._serve);
+:class:`Service` runs the scheduler and the server on threads for the command.
 
 Retries are deterministic on purpose: a failed sync is retried after 5 s, 10 s, 20 s ...
 capped at the interval, with no jitter. However many processes serve one database (workers,
@@ -40,9 +45,9 @@ from hub import __version__
 from hub import inventory as inv
 from hub.common import InputError, redact
 from hub.inventory import LockHeld, SyncResult
-from hub.service import _api as api
-from hub.service._app import build_app, database_error
+from hub.service._app import build_app
 from hub.service._auth import Authenticator
+from hub.service._errors import database_error, public_error
 from hub.service._leader import Leadership
 from hub.service._models import SEVERITIES
 from hub.service._page import SectionSource
@@ -128,7 +133,7 @@ def health(state: SyncState, every: float, now: float,
         "last_success": _utc(state.last_success_at),
         "last_success_age_seconds": (round(now - state.last_success_at, 3)
                                      if state.last_success_at is not None else None),
-        "last_error": api.public_error(state.last_error),
+        "last_error": public_error(state.last_error),
         "consecutive_failures": state.consecutive_failures,
     }
     if state.last_result is not None:
@@ -146,7 +151,7 @@ def health(state: SyncState, every: float, now: float,
     if state.lock_held:
         reason += "; another sync holds the inventory lock"
     elif state.last_error:
-        reason += f"; last error: {api.public_error(state.last_error)}"
+        reason += f"; last error: {public_error(state.last_error)}"
     return False, {**details, "status": "unavailable", "reason": reason}
 
 

@@ -54,7 +54,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from hub.service._app import MAX_HEADER_BYTES
+from hub.service._guard import MAX_HEADER_BYTES
 from hub.service._tls import TlsFiles
 
 log = logging.getLogger("gpufleet.service")

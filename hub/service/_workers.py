@@ -1,4 +1,4 @@
-"""Several processes serving one port: `gpufleet serve --workers N`.
+"""Several processes serving one port: `gpufleet serve --workers N`, and what each runs.
 
 One Python process holds the GIL while it serialises an answer, so a single process uses
 about one core however many the machine has. The parent binds the listening socket, forks
@@ -6,6 +6,10 @@ N workers before any thread or connection exists, and each builds its own servic
 shared socket (the kernel hands each new connection to one worker). Every worker serves;
 the leader lock (hub.service._leader) lets exactly one of them, across replicas too, run
 the schedule.
+
+:func:`serve` is the whole of `gpufleet serve` once its options are checked: it hands the one
+settings value (hub.service._settings.ServeSettings) to every worker, and :func:`worker` builds
+that process's own authenticator, hub client, engines, jobs and service from it.
 
 The parent only supervises: SIGTERM and SIGINT go on to every worker, and a worker that
 ends on its own ends the others too and the parent with its exit code, so the pod restarts
@@ -20,13 +24,104 @@ import math
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
+from sqlalchemy.engine import Engine
+
+from hub import inventory as inv
+from hub.common import InputError, format_duration, on_sigterm
+from hub.service._leader import leadership
+from hub.service._page import usage_sections
+from hub.service._scheduler import Service, build_service, describe_error
+from hub.service._serve import bind
+from hub.service._session import DbSessions
+from hub.service._settings import ServeSettings, service_jobs
+from hub.store import HubClient
 
 log = logging.getLogger("gpufleet.service")
+
+
+def serve(settings: ServeSettings) -> None:
+    """Serve until SIGTERM (exit 0) or Ctrl-C (130): in this process with one worker, else
+    in ``settings.workers`` forked ones (default: the CPUs available) sharing one socket."""
+    count = settings.workers or available_cpus()
+    if count == 1:
+        worker(settings)
+        return
+    try:  # one socket, bound here, accepted from by every worker
+        sock = bind(settings.host, settings.port, listen=False)
+    except OSError as exc:
+        raise InputError(f"cannot listen on {settings.listen}: {exc.strerror or exc}") from None
+    with inv.open_engine(settings.db, create=True) as engine:  # before the workers race for it
+        prepare_schema(engine)
+    prefork(count, lambda: worker(settings, sock))
+
+
+def worker(settings: ServeSettings, sock: Any = None) -> None:
+    """One serving process: everything live is made here from ``settings`` (no HTTP session
+    or database connection is shared over a fork), then it serves until told to stop."""
+    auth = settings.authenticator()
+    if auth.oidc is not None:
+        auth.oidc.jwks.warm()
+    stopping = threading.Event()  # SIGTERM: set at once, so long work ends between steps
+    with HubClient.from_settings(settings.hub) as client, \
+            inv.open_engine(settings.db, create=True) as engine:
+        readonly = inv.read_only_engine(settings.db)
+        try:
+            jobs = service_jobs(engine, client, settings, stopping=stopping.is_set)
+            try:  # bind first: a port in use fails before anything touches the database
+                service = build_service(
+                    jobs, every=settings.every, engine=readonly, host=settings.host,
+                    port=settings.port, page_sections=usage_sections(settings.idle_rule),
+                    auth=auth, metrics_open=settings.metrics_open, tls=settings.tls(),
+                    sessions=DbSessions(engine, ttl=settings.session_ttl),
+                    prices=settings.prices, idle_rule=settings.idle_rule,
+                    forwarded_allow_ips=settings.forwarded_allow_ips,
+                    leader=leadership(engine), sock=sock)
+            except OSError as exc:
+                reason = exc.strerror or str(exc)
+                raise InputError(f"cannot listen on {settings.listen}: {reason}") from None
+            try:
+                prepare_schema(engine)
+            except BaseException:
+                service.server.close()
+                raise
+            _run(service, client, engine, settings.every, stopping)
+        finally:
+            readonly.dispose()
+
+
+def prepare_schema(engine: Engine) -> None:
+    """Create the schema now so the API answers before the first sync finishes.
+
+    An old schema is the user's to upgrade (exit 2, as `sync` does); a database that is not
+    up yet is the scheduler's business: it retries with backoff and /healthz says why.
+    """
+    try:
+        inv.ensure_schema(engine)
+    except InputError:
+        raise
+    except Exception as exc:
+        log.warning("inventory database not ready yet: %s", describe_error(exc))
+
+
+def _run(service: Service, client: HubClient, engine: Engine, every: float,
+         stop: threading.Event) -> None:
+    """Serve until ``stop`` (SIGTERM); Ctrl-C stays a KeyboardInterrupt (130)."""
+    with on_sigterm(lambda signum, frame: stop.set()):
+        service.start()
+        click.echo(f"gpufleet serve: {service.url} (sync every {format_duration(every)} from "
+                   f"{client.safe_url} into {inv.safe_url(engine)})", err=True)
+        try:
+            while not stop.wait(0.5):
+                pass
+            click.echo("gpufleet serve: terminated, shutting down", err=True)
+        finally:
+            service.stop()
 
 
 def prefork(workers: int, run: Callable[[], None]) -> None:

@@ -50,14 +50,14 @@ from hub.inventory import (
     LEDGER_LOCK_KEY,
     ROLLUP_IDLE_THRESHOLD,
     Shard,
-    batches,
     day_of,
     gpus,
+    insert_rows,
     locked_transaction,
     now_utc,
     plan_shards,
     shard_error,
-    upsert_statement,
+    upsert,
     usage,
     usage_buckets,
     usage_daily,
@@ -544,15 +544,12 @@ def write_bucket(conn: Connection, start: float, bucket: float,
         count = len(rows)
     begin = utc(start)
     conn.execute(usage.delete().where(usage.c.bucket_start == begin))
-    for batch in batches(rows):
-        conn.execute(usage.insert(), batch)
+    insert_rows(conn, usage, rows)
     rebuild_days(conn, [day_of(begin)])
-    stmt = upsert_statement(conn, usage_buckets).values(
-        bucket_start=begin, bucket_end=utc(start + bucket), collected_at=now_utc(),
-        rows=count, requests=requests)
-    conn.execute(stmt.on_conflict_do_update(
-        index_elements=["bucket_start"],
-        set_={c: stmt.excluded[c] for c in ("bucket_end", "collected_at", "rows", "requests")}))
+    upsert(conn, usage_buckets, [{
+        "bucket_start": begin, "bucket_end": utc(start + bucket), "collected_at": now_utc(),
+        "rows": count, "requests": requests}],
+        update=("bucket_end", "collected_at", "rows", "requests"))
 
 
 def apply_retention(conn: Connection, before: float) -> int:

@@ -1,6 +1,6 @@
 """Reconcile runs in the inventory database, and the inventory reads that reconcile and report do.
 
-The tables share :data:`hub.inventory.metadata` (Alembic revision 0002 creates them). A run is
+The tables are the inventory's (hub/inventory/_reconcile_runs.py; Alembic revision 0002). A run is
 stored whole, in one transaction, with one row per node and per cluster, so that ``report``
 can use the latest run's count mismatches and the ACM ManagedCluster set it read. Old runs are
 pruned (the latest :data:`KEEP_RUNS` stay), so a reconcile every few minutes does not grow the

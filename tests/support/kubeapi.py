@@ -26,7 +26,7 @@ the real REST paths with realistic JSON and real ``Status`` objects for errors, 
 Objects are stored by (group, version, plural, namespace, name); every write bumps one global
 ``resourceVersion``. Kinds are learned from stored objects; common ones are known up front.
 
-Use the ``kube_api`` fixture (``from tests.kubeapi import kube_api as kube_api`` in a test
+Use the ``kube_api`` fixture (``from tests.support.kubeapi import kube_api as kube_api`` in a test
 module) or :class:`KubeAPI` directly::
 
     api.put_object({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}, ...})
