@@ -105,8 +105,8 @@ def profile(gpus: int, seconds: float, clients: int, top: int) -> None:
         build_app,
         read_only_engine,
         token_entry,
-        usage_sections,
     )
+    from hub.service._page import usage_sections
     from hub.service._serve import Server
     from hub.usage import IdleRule
 
