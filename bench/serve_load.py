@@ -19,7 +19,7 @@ With ``--workers N`` the service runs N worker processes (`serve --workers`); CP
 RSS are then the sum over the parent and its workers.
 
     python bench/serve_load.py [--gpus 10000] [--clients 50] [--seconds 60] [--pg auto|URL]
-                               [--workers N]
+                               [--workers N] [--warmup S]
 """
 
 from __future__ import annotations
@@ -75,6 +75,12 @@ def fill(url: str, gpus: int) -> list[str]:
         apply_observations(conn, observations, inv.now_utc())
     engine.dispose()
     return [o.uuid for o in observations]
+
+
+def cluster_names(gpus: int) -> list[str]:
+    """The clusters ``fill`` makes of ``gpus`` GPUs."""
+    return sorted({f"cluster-{(i // GPUS_PER_NODE) // NODES_PER_CLUSTER:03d}"
+                   for i in range(gpus)})
 
 
 def tree(pid: int) -> list[int]:
@@ -177,27 +183,35 @@ def p(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
 
 
+def run_clients(port: int, uuids: list[str], clusters: list[str], clients: int,
+                seconds: float) -> list[tuple[str, float, bool]]:
+    """``clients`` keep-alive clients asking the mix for ``seconds``: (endpoint, s, ok)."""
+    results: list[tuple[str, float, bool]] = []
+    stop = time.monotonic() + seconds
+    threads = [threading.Thread(target=client,
+                                args=(port, uuids, clusters, stop, results, 1000 * k))
+               for k in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
 def measure(db_url: str, gpus: int, clients: int, seconds: float,
-            workers: int = 1) -> dict[str, Any]:
+            workers: int = 1, warmup: float = 0.0) -> dict[str, Any]:
     started = time.monotonic()
     uuids = fill(db_url, gpus)
     filled = time.monotonic() - started
-    clusters = sorted({f"cluster-{(i // GPUS_PER_NODE) // NODES_PER_CLUSTER:03d}"
-                       for i in range(gpus)})
+    clusters = cluster_names(gpus)
     with tempfile.TemporaryDirectory() as tmp, \
             service(db_url, Path(tmp), workers) as (port, pid):
+        if warmup > 0:  # every worker's kept answers computed before the measured part
+            run_clients(port, uuids, clusters, clients, warmup)
         rss_before = rss_mb(pid)
         cpu_before = cpu_s(pid)
         load_before = os.getloadavg()[0]
-        results: list[tuple[str, float, bool]] = []
-        stop = time.monotonic() + seconds
-        threads = [threading.Thread(target=client,
-                                    args=(port, uuids, clusters, stop, results, 1000 * k))
-                   for k in range(clients)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        results = run_clients(port, uuids, clusters, clients, seconds)
         rss_after = rss_mb(pid)
         cpu = cpu_s(pid) - cpu_before
         load_after = os.getloadavg()[0]
@@ -207,7 +221,7 @@ def measure(db_url: str, gpus: int, clients: int, seconds: float,
         by_endpoint.setdefault(name, []).append(s)
     return {
         "database": db_url.split(":")[0].split("+")[0], "gpus": gpus, "clients": clients,
-        "workers": workers,
+        "workers": workers, "warmup_s": warmup,
         "seconds": seconds, "fill_s": round(filled, 1), "requests": len(results),
         "requests_per_s": round(len(results) / seconds, 1),
         "errors": sum(1 for *_, ok in results if not ok),
@@ -231,24 +245,29 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--workers", type=int, default=1, help="serve --workers")
+    parser.add_argument("--warmup", type=float, default=0.0,
+                        help="seconds of the same load before the measured part (each "
+                             "worker's kept answers computed first: the steady cost)")
     parser.add_argument("--pg", default="auto",
                         help="PostgreSQL server URL (no database), 'auto' for a throwaway "
                              "PostgreSQL 15 as the tests start, or 'none'")
     args = parser.parse_args()
+
+    def run(url: str) -> None:
+        print(json.dumps(measure(url, args.gpus, args.clients, args.seconds, args.workers,
+                                 args.warmup)), flush=True)
+
     with tempfile.TemporaryDirectory() as tmp:
-        print(json.dumps(measure(f"sqlite:///{tmp}/bench.db", args.gpus, args.clients,
-                                 args.seconds, args.workers)), flush=True)
+        run(f"sqlite:///{tmp}/bench.db")
     if args.pg == "none":
         return
     from tests.support.pg import create_database, throwaway_server
 
     if args.pg == "auto":
         with throwaway_server() as server:
-            print(json.dumps(measure(create_database(server, "bench_"), args.gpus,
-                                     args.clients, args.seconds, args.workers)), flush=True)
+            run(create_database(server, "bench_"))
     else:
-        print(json.dumps(measure(create_database(args.pg, "bench_"), args.gpus,
-                                 args.clients, args.seconds, args.workers)), flush=True)
+        run(create_database(args.pg, "bench_"))
 
 
 if __name__ == "__main__":

@@ -2,9 +2,11 @@
 
 Each handler is a plain function whose parameters say what it takes: typed query parameters,
 the read-only ``engine`` and the caller's ``scope``, all from ``hub.service._deps``. It
-returns plain data shaped like its response model (``hub.service._models``); its router
-(``hub.service._routers``) checks and encodes it, and passes it through the one scope step
-(``hub.service._confine``) on the way out. Tests call a handler like any other function.
+returns plain data shaped like its response model (``hub.service._models``), which its
+router (``hub.service._routers``) checks and encodes, or, on the hot routes, a ``Kept``
+(``hub.service._wire``) that computes it: the answer is then encoded once and kept per
+scope until the inventory changes. Either way it passes the one scope step
+(``hub.service._confine``) on the way out.
 
 Items carry the same field names as ``gpufleet inventory ... -o json`` because they come from
 the same columns (``hub.inventory``'s lists and ``GPU_COLUMNS``). The GPU list is paged with a
@@ -60,6 +62,7 @@ from hub.service._deps import (
 from hub.service._deps import text_param as _text
 from hub.service._errors import ApiError, public_error
 from hub.service._models import HEALTH_LEVELS, STATES, VENDORS
+from hub.service._wire import Kept
 
 log = logging.getLogger("gpufleet.api")
 
@@ -141,26 +144,34 @@ def scoped_cluster(cluster: str | None, scope: Scope) -> str | None:
 
 def clusters(request: Request, engine: ReadEngine, scope: CallerScope,
              cluster: ClusterParam = None, limit: LimitParam = DEFAULT_LIMIT,
-             continue_: ContinueParam = None) -> dict[str, Any]:
+             continue_: ContinueParam = None) -> Kept:
     """Clusters: active nodes and physical GPUs, state, last sample; paged."""
     cluster = scoped_cluster(cluster, scope)
-    with engine.connect() as conn:  # a count over every GPU: kept until the inventory changes
-        rows = request.app.state.memo.get(conn, ("clusters", cluster),
-                                          lambda: inv.list_clusters(conn, cluster))
-    items = [c for c in rows if scope.allows_cluster(c["cluster"])]
-    return page_items(items, text_key("cluster"), continue_, limit, "c1", 1)
+
+    def answer() -> dict[str, Any]:
+        with engine.connect() as conn:  # a count over every GPU: shared by every page
+            rows = request.app.state.memo.get(conn, ("clusters", cluster),
+                                              lambda: inv.list_clusters(conn, cluster))
+        items = [c for c in rows if scope.allows_cluster(c["cluster"])]
+        return page_items(items, text_key("cluster"), continue_, limit, "c1", 1)
+
+    return Kept(("clusters", cluster, limit, continue_), answer)
 
 
 def nodes(request: Request, engine: ReadEngine, scope: CallerScope,
           cluster: ClusterParam = None, limit: LimitParam = DEFAULT_LIMIT,
-          continue_: ContinueParam = None) -> dict[str, Any]:
+          continue_: ContinueParam = None) -> Kept:
     """Nodes: active physical GPUs, state, last sample; paged."""
     cluster = scoped_cluster(cluster, scope)
-    with engine.connect() as conn:  # a count over every GPU: kept until the inventory changes
-        rows = request.app.state.memo.get(conn, ("nodes", cluster),
-                                          lambda: inv.list_nodes(conn, cluster))
-    items = [n for n in rows if scope.allows_cluster(n["cluster"])]
-    return page_items(items, text_key("cluster", "node"), continue_, limit, "n1", 2)
+
+    def answer() -> dict[str, Any]:
+        with engine.connect() as conn:  # a count over every GPU: shared by every page
+            rows = request.app.state.memo.get(conn, ("nodes", cluster),
+                                              lambda: inv.list_nodes(conn, cluster))
+        items = [n for n in rows if scope.allows_cluster(n["cluster"])]
+        return page_items(items, text_key("cluster", "node"), continue_, limit, "n1", 2)
+
+    return Kept(("nodes", cluster, limit, continue_), answer)
 
 
 def gpus(engine: ReadEngine, scope: CallerScope, cluster: ClusterParam = None,
@@ -173,25 +184,35 @@ def gpus(engine: ReadEngine, scope: CallerScope, cluster: ClusterParam = None,
                            Query(description="Only GPUs of this health (XID, ECC, row "
                                              "remapping).")] = None,
          limit: LimitParam = DEFAULT_LIMIT, continue_: ContinueParam = None
-         ) -> dict[str, Any]:
+         ) -> Kept:
     """GPUs, one item per physical GPU and one per MIG slice, in (cluster, node, uuid, slice)
     order; paged."""
     after = decode_token(continue_) if continue_ else None
-    with engine.connect() as conn:
-        items, last = page_gpus(conn, limit=limit, after=after, within=scope.clusters,
-                                cluster=scoped_cluster(cluster, scope), node=node or None,
-                                state=state, vendor=vendor, health=health)
-    return _listing(items, encode_token(last) if last else None)
+    cluster = scoped_cluster(cluster, scope)
+    node = node or None
+
+    def answer() -> dict[str, Any]:
+        with engine.connect() as conn:
+            items, last = page_gpus(conn, limit=limit, after=after, within=scope.clusters,
+                                    cluster=cluster, node=node, state=state, vendor=vendor,
+                                    health=health)
+        return _listing(items, encode_token(last) if last else None)
+
+    # kept: fifty dashboards paging the fleet ask for the same pages
+    return Kept(("gpus", cluster, node, state, vendor, health, limit, after), answer)
 
 
-def gpu(engine: ReadEngine, scope: CallerScope, uuid: UuidPath) -> dict[str, Any]:
+def gpu(engine: ReadEngine, scope: CallerScope, uuid: UuidPath) -> Kept:
     """One GPU (the physical device) with its MIG slices. A uuid seen on several nodes
     answers the active, most recently seen one and lists the others in also_seen_on."""
-    with engine.connect() as conn:
-        found = gpu_detail(conn, uuid, clusters=scope.clusters) if uuid else None
-    if found is None:  # outside the scope reads like unknown: no hint that it exists
-        raise ApiError(404, f"unknown GPU {uuid[:128]!r}")
-    return found
+    def answer() -> dict[str, Any]:
+        with engine.connect() as conn:
+            found = gpu_detail(conn, uuid, clusters=scope.clusters) if uuid else None
+        if found is None:  # outside the scope reads like unknown: no hint that it exists
+            raise ApiError(404, f"unknown GPU {uuid[:128]!r}")
+        return found
+
+    return Kept(("gpu", uuid), answer)
 
 
 def allocations(engine: ReadEngine, scope: CallerScope, cluster: ClusterParam = None,
@@ -366,23 +387,28 @@ def idle(engine: ReadEngine, scope: CallerScope, since: SinceParam = None,
 def capacity(request: Request, engine: ReadEngine, scope: CallerScope,
              by: Annotated[str | None, _text("Group by, comma-separated: model, cluster, node "
                                              "(default model).", max_length=128)] = None
-             ) -> dict[str, Any]:
+             ) -> Kept:
     """GPU-equivalents per group now: total, active, stale, allocated, free. A scoped
     caller's groups cover its clusters; ``fleet`` totals the whole fleet in numbers without
     names when its scope allows fleet counts."""
     groups = _by(by, _capacity_groups(), "model")
     memo = request.app.state.memo
-    within = None if scope.clusters is None else tuple(sorted(scope.clusters))
-    with engine.connect() as conn:
-        items = memo.get(conn, ("capacity", tuple(groups), within),
-                         lambda: answers.capacity(conn, groups, clusters=scope.clusters))
-        # the items of a whole-fleet caller are the fleet already: one read, not two
-        fleet_rows = (items if scope.clusters is None else memo.get(
-            conn, ("capacity", ("model",), None), lambda: answers.capacity(conn, ["model"]))
-            if scope.fleet_counts else None)
-    fleet = None if fleet_rows is None or not scope.fleet_counts else {  # no float noise
-        k: json_number(sum(r[k] or 0 for r in fleet_rows)) for k in answers.CAPACITY_FIGURES}
-    return {**_listing(items), "fleet": fleet}
+
+    def answer() -> dict[str, Any]:
+        within = None if scope.clusters is None else tuple(sorted(scope.clusters))
+        with engine.connect() as conn:
+            items = memo.get(conn, ("capacity", tuple(groups), within),
+                             lambda: answers.capacity(conn, groups, clusters=scope.clusters))
+            # the items of a whole-fleet caller are the fleet already: one read, not two
+            fleet_rows = (items if scope.clusters is None else memo.get(
+                conn, ("capacity", ("model",), None),
+                lambda: answers.capacity(conn, ["model"])) if scope.fleet_counts else None)
+        fleet = None if fleet_rows is None or not scope.fleet_counts else {  # no float noise
+            k: json_number(sum(r[k] or 0 for r in fleet_rows))
+            for k in answers.CAPACITY_FIGURES}
+        return {**_listing(items), "fleet": fleet}
+
+    return Kept(("capacity", tuple(groups)), answer)
 
 
 def events(engine: ReadEngine, scope: CallerScope,

@@ -5,7 +5,8 @@ What a request meets, in order: the guard (hub/service/_guard.py: size limits, s
 parameters, the caller), the route of its router (hub/service/_routers.py, every one a
 ``ConfinedRouter``, hub/service/_routing.py, so the caller checks and the confine step are
 on every route), the handler (hub/service/_api.py, taking what hub/service/_deps.py gives),
-its response model, and on any refusal or failure the handlers here: ``{"error": "..."}``
+its response model (the hot routes' answers are encoded once and kept per scope instead:
+hub/service/_wire.py), and on any refusal or failure the handlers here: ``{"error": "..."}``
 JSON with a status the description declares (400 for any client mistake, 401, 403, 404,
 405, 503 for the database, 500 for a bug), never a trace.
 """
@@ -30,10 +31,11 @@ from starlette.responses import Response
 from hub import __version__
 from hub.service import _models as models
 from hub.service import _routers as routers_
+from hub.service import _wire as wire
 from hub.service._auth import Authenticator
 from hub.service._errors import DB_UNAVAILABLE, ApiError, database_error, public_error
 from hub.service._guard import Gate, Guard, query_params, strict_query
-from hub.service._memo import Memo
+from hub.service._memo import LoopVersion, Memo
 from hub.service._page import SectionSource
 from hub.service._routing import RouteInfo, include
 from hub.service._session import DbSessions, Login, Sessions, redirect, wants_html
@@ -117,6 +119,9 @@ def build_app(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, Any]
     app.state.idle_rule = idle_rule
     app.state.gate = Gate(auth, login, on_refused)
     app.state.memo = memo = Memo()
+    app.state.answers = Memo(weigh=wire.weight, max_weight=wire.KEPT_BYTES,  # as bytes
+                             largest=wire.KEPT_LARGEST, size=1024)
+    app.state.loop_version = LoopVersion(engine)
     app.state.routes = {}
     routers = [
         routers_.pages_router(findings=findings, page_sections=page_sections, memo=memo,

@@ -1,5 +1,7 @@
 """The API's response models: what each endpoint answers, typed, so the OpenAPI document is
-generated from the same classes that shape (and check) every answer.
+generated from the same classes that shape every answer. Most answers are checked against
+them on the way out; the hot routes' (hub/service/_wire.py) are sent as they are, and
+tests/test_service_wire.py checks that each is what its model would send.
 
 The item models are built from the inventory's own column lists (``GPU_COLUMNS`` and the
 like), in their order, every field required (null where the column may be empty): an item has

@@ -16,7 +16,6 @@ import typing
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any
 
-import sqlalchemy as sa
 from fastapi import Depends, Path, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
@@ -41,6 +40,7 @@ from hub.service._page import (
 )
 from hub.service._routing import ConfinedRouter, Html, Page, Text
 from hub.service._session import MAX_FORM, MAX_TOKEN, Login
+from hub.service._wire import Json, Kept
 
 #: seconds a client has to send the sign-in form's body once its headers are in
 BODY_TIMEOUT = 10.0
@@ -117,12 +117,13 @@ def findings_router(findings: Findings,
     """Findings of the latest checks, kept by the scheduler."""
     router = ConfinedRouter()
 
-    def findings_(scope: CallerScope,
+    async def findings_(scope: CallerScope,
                   severity: Annotated[typing.Literal[models.SEVERITIES] | None,  # type: ignore[valid-type]
                                       api.Query(description="Only this severity.")] = None,
                   cluster: api.ClusterParam = None, limit: api.LimitParam = api.DEFAULT_LIMIT,
-                  continue_: api.ContinueParam = None) -> dict[str, Any]:
+                  continue_: api.ContinueParam = None) -> Json:
         """Findings of the latest checks (empty until checks are configured); paged."""
+        # async: the scheduler's copy in memory, no database read to wait for
         cluster = api.scoped_cluster(cluster, scope)
         items, generated = findings()
         selected = api.visible_findings(items, scope, severity=severity, cluster=cluster)
@@ -131,10 +132,11 @@ def findings_router(findings: Findings,
         last_failure = None if failed is None else {  # no hub URL or driver text to callers
             "at": dt.datetime.fromtimestamp(failed[0], dt.UTC),
             "error": public_error(failed[1])}
-        page = api.page_items([{**f, "checked_at": when} for f in selected],
+        # namespace: the model's default where the checks name none
+        page = api.page_items([{"namespace": None, **f, "checked_at": when} for f in selected],
                               api.text_key("cluster", "node", "gpu", "check", "message"),
                               continue_, limit, "f1", 5)
-        return {**page, "generated_at": when, "last_check_failed": last_failure}
+        return Json({**page, "generated_at": when, "last_check_failed": last_failure})
 
     router.add("/api/v1/findings", findings_, models.FindingList, visibility="scoped")
     return router
@@ -166,24 +168,31 @@ def pages_router(*, findings: Findings, page_sections: Sequence[SectionSource], 
              caller: Annotated[Caller, Depends(identify)],
              q: Annotated[str | None, api.Query(
                  description="A GPU UUID (or its start), a node or a namespace to look up.",
-                 max_length=MAX_SEARCH + 64, pattern=api.TEXT_PATTERN)] = None) -> Page:
+                 max_length=MAX_SEARCH + 64, pattern=api.TEXT_PATTERN)] = None) -> Kept:
         """The live page of the fleet (HTML, read-only): clusters and their freshness, stale
         GPUs, GPUs with findings, findings; search with q."""
         search = search_text({"q": [q]} if q is not None else {})
         items, generated = findings()
         who = {"signed_in": caller.name if signed_in else None,
                "can_sign_out": bool(getattr(request.state, "by_session", False))}
-        try:
-            # kept until the inventory or the findings change (or 30 s): a page view is a
-            # dozen reads and a few folds of the whole inventory
+
+        def answer() -> Page:
+            # a page view is a dozen reads and a few folds of the whole inventory: its data
+            # is shared by every caller of the scope, its HTML (kept by the route) by every
+            # caller of the scope with the same name on it
             with engine.connect() as conn:
                 data = memo.get(conn, ("page", scope, search, generated, len(items)),
                                 lambda: page_data(engine, search=search, findings=items,
                                                   findings_at=generated, extra=page_sections,
                                                   scope=scope))
-        except sa.exc.SQLAlchemyError as exc:
+            return Page({**data, **who})
+
+        def unavailable(exc: Exception) -> Page:
             return Page({**unavailable_data(search, database_error(exc)), **who}, 503)
-        return Page({**data, **who})
+
+        # kept until the inventory or the findings change (or 30 s)
+        return Kept(("page", search, generated, len(items), tuple(who.items())), answer,
+                    unavailable)
 
     html = {"content": {"text/html": {"schema": {"type": "string"}}}}
     add("/", page, None, visibility="scoped", errors=(400, 503), response_class=Html,

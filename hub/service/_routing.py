@@ -13,6 +13,10 @@ A route's visibility is declared where it is added, never inferred from its hand
 the caller dependency and the guard's caller checks (``admit`` and ``confined``,
 hub/service/_guard.py), so no route can skip them; :func:`include` puts a router's routes in
 the app.
+
+A handler that returns a :class:`~hub.service._wire.Kept` has its answer kept as bytes per
+key, caller's scope and inventory version (:func:`kept`): confined, then encoded, then kept,
+so a kept answer is only ever one scope's and the confine step is still the wrapper's.
 """
 
 from __future__ import annotations
@@ -23,17 +27,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, FastAPI
+import sqlalchemy as sa
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.routing import APIRoute
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from hub.service._api import METRICS_CONTENT_TYPE
-from hub.service._auth import Caller
-from hub.service._deps import identify
+from hub.service._auth import FULL, Caller
+from hub.service._deps import engine_of, identify, scope_of
 from hub.service._detail import DetailPage
 from hub.service._guard import Visibility, admit, confined
+from hub.service._memo import read_version
 from hub.service._page import render_page
+from hub.service._wire import Json, Kept, Stored
 
 #: set on a guarded handler: include_router hands it over again, and it is wrapped once
 _GUARDED = "__gpufleet_guarded__"
@@ -77,30 +84,62 @@ def _guarded(endpoint: Callable[..., Any], visibility: Visibility) -> Callable[.
     signature = inspect.signature(endpoint)
     parameters = [p.replace(annotation=hints.get(p.name, p.annotation))
                   for p in signature.parameters.values()]
+    # the caller, its scope and the engine come from the wrapper's own caller and the app,
+    # not from a FastAPI dependency each (solving them was a fifth of a cheap request)
+    supplied = {} if visibility == "public" else {
+        p.name: what for p in parameters if (what := _supplied(p.annotation)) is not None}
+    parameters = [p for p in parameters if p.name not in supplied]
     if visibility != "public":
         parameters.append(inspect.Parameter("_caller", inspect.Parameter.KEYWORD_ONLY,
                                             annotation=Annotated[Caller, Depends(identify)]))
+    # the request, for the app's kept answers: the endpoint's own Request parameter if it
+    # has one (FastAPI hands the request to one parameter only)
+    own = next((p.name for p in parameters if p.annotation is Request), None)
+    if own is None:
+        parameters.append(inspect.Parameter("_request", inspect.Parameter.KEYWORD_ONLY,
+                                            annotation=Request))
 
-    def finish(caller: Caller | None, result: Any) -> Any:
-        result = confined(caller, result)
-        return result.response() if isinstance(result, (Page, DetailPage)) else result
+    def answer(caller: Caller | None, request: Request, result: Any) -> Any:
+        if isinstance(result, Kept):
+            return kept(caller, request, result)
+        return finish(caller, result)
 
-    def caller_of(kwargs: dict[str, Any]) -> Caller | None:
+    def take(kwargs: dict[str, Any]) -> tuple[Caller | None, Request]:
         caller = kwargs.pop("_caller", None)
+        request = kwargs[own] if own is not None else kwargs.pop("_request")
         admit(caller, visibility)
-        return caller
+        for name, what in supplied.items():
+            kwargs[name] = (caller if what == "caller" else caller.scope if what == "scope"
+                            else request.app.state.engine)
+        return caller, request
 
     if inspect.iscoroutinefunction(endpoint):
         async def wrapper(**kwargs: Any) -> Any:
-            caller = caller_of(kwargs)
-            return finish(caller, await endpoint(**kwargs))
+            caller, request = take(kwargs)
+            result = await endpoint(**kwargs)
+            if isinstance(result, Kept):  # a database read: in the thread pool
+                return await run_in_threadpool(answer, caller, request, result)
+            return finish(caller, result)
+    elif hints.get("return") is Kept:
+        # A handler of a kept answer reads nothing before it says which (its reads are in
+        # the Kept's compute): the kept answer is looked up on the event loop (SQLite's WAL
+        # reads never wait; PostgreSQL's are awaited), and only a missing one is computed
+        # in the thread pool (the trip there and back was a third of a kept answer's cost)
+        async def wrapper(**kwargs: Any) -> Any:  # type: ignore[misc]
+            caller, request = take(kwargs)
+            result = endpoint(**kwargs)
+            found = await kept_now(caller, request, result)
+            if found is not None:
+                return found
+            return await run_in_threadpool(answer, caller, request, result)
     else:
         # A synchronous handler (a database read) runs in the thread pool, its answer
-        # confined there too; the wrapper itself is async so that FastAPI checks the answer
-        # against its model on the way out without another trip through the pool.
+        # confined (and encoded, or kept) there too; the wrapper itself is async so that
+        # FastAPI checks a plain answer against its model on the way out without another
+        # trip through the pool.
         async def wrapper(**kwargs: Any) -> Any:  # type: ignore[misc]
-            caller = caller_of(kwargs)
-            return await run_in_threadpool(lambda: finish(caller, endpoint(**kwargs)))
+            caller, request = take(kwargs)
+            return await run_in_threadpool(lambda: answer(caller, request, endpoint(**kwargs)))
 
     wrapper.__signature__ = signature.replace(  # type: ignore[attr-defined]
         parameters=parameters, return_annotation=inspect.Signature.empty)
@@ -108,6 +147,59 @@ def _guarded(endpoint: Callable[..., Any], visibility: Visibility) -> Callable[.
     wrapper.__doc__ = endpoint.__doc__
     setattr(wrapper, _GUARDED, True)
     return wrapper
+
+
+def _supplied(annotation: Any) -> str | None:
+    """Which of the wrapper's own values a parameter takes: ``caller``, ``scope`` or
+    ``engine`` (declared with the dependencies of hub/service/_deps.py), or None."""
+    if typing.get_origin(annotation) is not Annotated:
+        return None
+    for meta in typing.get_args(annotation)[1:]:
+        dependency = getattr(meta, "dependency", None)
+        for what, known in (("caller", identify), ("scope", scope_of), ("engine", engine_of)):
+            if dependency is known:
+                return what
+    return None
+
+
+def finish(caller: Caller | None, result: Any) -> Any:
+    """The answer confined to the caller's scope; a page rendered, JSON of ours encoded."""
+    result = confined(caller, result)
+    return result.response() if isinstance(result, (Page, DetailPage, Json)) else result
+
+
+def kept(caller: Caller | None, request: Request, result: Kept) -> Response:
+    """The kept answer for the handler's key and the caller's scope at the inventory's
+    version, or the one ``result`` computes now, confined and encoded before it is kept."""
+    state = request.app.state
+
+    def compute() -> Stored:
+        response = finish(caller, result.compute())
+        if not isinstance(response, Response):
+            response = Json(response).response()
+        return Stored.of(response)
+
+    try:
+        scope = caller.scope if caller is not None else FULL
+        stored = state.answers.get_at(read_version(state.engine), (result.key, scope), compute)
+    except sa.exc.SQLAlchemyError as exc:
+        if result.fallback is None:
+            raise
+        return finish(caller, result.fallback(exc))
+    return stored.response()
+
+
+async def kept_now(caller: Caller | None, request: Request, result: Any) -> Response | None:
+    """The kept answer if there is one now, its version read without leaving the event loop
+    (hub/service/_memo.py LoopVersion: SQLite's file, or PostgreSQL awaited on a connection
+    of the loop's own); None otherwise (any error: :func:`kept` in the pool says it)."""
+    state = request.app.state
+    version = await state.loop_version.read_async() if isinstance(result, Kept) else None
+    if version is None:
+        return None
+    found = state.answers.peek(version, (result.key, caller.scope if caller is not None
+                                         else FULL))
+    return found.response() if found is not None else None
 
 
 def _summary(endpoint: Callable[..., Any]) -> str | None:
