@@ -67,8 +67,9 @@ def steady(item: object) -> object:
 
 def leads(url: str) -> bool:
     """Whether any worker behind ``url`` says it runs the schedule (new connections: the
-    kernel hands each to one worker)."""
-    for _ in range(12):
+    kernel hands each to whichever worker accepts first, and a busy leader in the middle of
+    a sync accepts last: under load a dozen tries all reached the follower)."""
+    for _ in range(100):
         text = requests.get(url + "/metrics", timeout=5,
                             headers={"Connection": "close"}).text
         if "gpufleet_schedule_leader 1.0" in text:
