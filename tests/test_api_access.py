@@ -12,6 +12,7 @@ import base64
 import datetime as dt
 import hashlib
 import hmac
+import http.client
 import http.server
 import ipaddress
 import json
@@ -560,10 +561,24 @@ def test_a_dead_database_is_a_503_without_driver_details(caplog):
     assert str(port) in caplog.text  # the operator still learns why
 
 
-def _healthz_seconds(service: Service) -> float:
+def _healthz_seconds(service: Service, source: str | None = None) -> float:
+    """One /healthz, timed; from ``source`` (a loopback address) when given, as a kubelet
+    probes from its node's address rather than a flood's."""
     started = time.monotonic()
-    r = requests.get(service.url + "/healthz", timeout=10)
-    assert r.status_code in (200, 503) and r.headers["Content-Type"] == "application/json"
+    if source is None:
+        r = requests.get(service.url + "/healthz", timeout=10)
+        status, kind = r.status_code, r.headers["Content-Type"]
+    else:
+        conn = http.client.HTTPConnection("127.0.0.1", service.server.port, timeout=10,
+                                          source_address=(source, 0))
+        try:
+            conn.request("GET", "/healthz")
+            answer = conn.getresponse()
+            status, kind = answer.status, answer.getheader("Content-Type", "")
+            answer.read()
+        finally:
+            conn.close()
+    assert status in (200, 503) and kind == "application/json"
     return time.monotonic() - started
 
 
@@ -639,8 +654,8 @@ def test_2500_reopening_idle_connections_never_turn_away_healthz_or_a_token(db_u
 
 
 class _Transport:
-    def __init__(self) -> None:
-        self.closed = False
+    def __init__(self, sock: socket.socket | None = None) -> None:
+        self.closed, self.sock = False, sock
 
     def is_closing(self) -> bool:
         return self.closed
@@ -648,10 +663,13 @@ class _Transport:
     def close(self) -> None:
         self.closed = True
 
+    def get_extra_info(self, name: str) -> Any:
+        return self.sock if name == "socket" else None
+
 
 class _Conn:
-    def __init__(self, name: str) -> None:
-        self.name, self.transport = name, _Transport()
+    def __init__(self, name: str, sock: socket.socket | None = None) -> None:
+        self.name, self.transport = name, _Transport(sock)
 
     def __repr__(self) -> str:
         return self.name
@@ -679,10 +697,36 @@ def test_the_connection_guard_closes_the_oldest_idle_never_one_in_flight():
     assert list(guard.idle) == [a2] and set(guard.open) == {a2, c1}
 
 
+def test_the_guard_never_closes_a_connection_whose_request_waits_unread():
+    """A flood keeps the loop behind: a request sent from the flood's own address (every
+    caller behind one router shares it) sits in the kernel unread while newer connections
+    open. The guard passes over it to the next oldest; closing it would reset the caller."""
+    from hub.service._serve import ConnectionGuard
+
+    pairs = [socket.socketpair() for _ in range(4)]
+    try:
+        guard = ConnectionGuard(total=3, per_client=2)
+        a1, a2, a3, a4 = (_Conn(f"a{i}", server) for i, (server, _) in enumerate(pairs, 1))
+        pairs[0][1].sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")  # a1's, unread
+        for conn in (a1, a2, a3):
+            guard.opened(conn, "A")
+        assert a2.transport.closed and not a1.transport.closed
+        assert list(guard.open) == [a1, a3]
+        pairs[0][0].recv(65536)  # the loop read it: a1 is an idle connection like any other
+        guard.opened(a4, "A")
+        assert a1.transport.closed and list(guard.open) == [a3, a4] and guard.shed == 2
+    finally:
+        for pair in pairs:
+            for s in pair:
+                s.close()
+
+
 def test_past_its_bounds_a_flood_loses_its_own_oldest_idle_connections(db_url):
     """Bounds lowered to 64 idle per address and 200 in all: 300 re-opening connections
     from 127.0.0.1 are trimmed to 64, oldest first, while another address's (127.0.0.2)
-    idle connections stay open and /healthz answers within a second."""
+    idle connections stay open and a probe from a third (127.0.0.3, the node's) answers
+    within a second. A probe from the flood's own address may be closed before it sends
+    its request: that address is the one paying."""
     service = serve(db_url, Authenticator())
     guard = service.server.guard
     guard.per_client, guard.total = 64, 200
@@ -691,7 +735,7 @@ def test_past_its_bounds_a_flood_loses_its_own_oldest_idle_connections(db_url):
     flood = _flood(service, 300, 6)
     try:
         for _ in range(4):
-            assert _healthz_seconds(service) < 1.0
+            assert _healthz_seconds(service, source="127.0.0.3") < 1.0
             # read from another thread than the loop's: one connection may be in transit
             assert len(guard.idle_of.get("127.0.0.1", ())) <= 64 + 1
             assert len(guard.open) <= 200 + 1

@@ -37,11 +37,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import logging
 import random
 import socket
 import ssl
+import struct
+import termios
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -106,7 +109,10 @@ class ConnectionGuard:
     Runs on the event loop's thread only (protocol callbacks), so it needs no lock. A
     connection is *idle* from when it opens, or its answer completes, until a whole request
     head is in: that covers kept-alive, never-used and slow (half-sent head) connections,
-    which is what a flood holds. A connection with a request in flight is never closed here.
+    which is what a flood holds. A connection with a request in flight is never closed here,
+    nor one whose next bytes already wait in the kernel unread: when a flood keeps the loop
+    behind, a caller's request sent from the flood's own address (behind one router, every
+    caller shares it) would otherwise be closed for being old before the loop read it.
     """
 
     def __init__(self, total: int = MAX_CONNECTIONS,
@@ -125,7 +131,7 @@ class ConnectionGuard:
         self.open[conn] = client
         self.went_idle(conn)
         while len(self.open) > self.total:
-            victim = next((c for c in self.idle if c is not conn), None)
+            victim = _oldest_quiet(self.idle, but=conn)
             if victim is None:
                 self._shed(conn)  # every other one has a request in flight
                 break
@@ -141,7 +147,10 @@ class ConnectionGuard:
         mine.pop(conn, None)
         mine[conn] = None
         while len(mine) > self.per_client:  # on opening, or an answer done: oldest go
-            self._shed(next(iter(mine)))
+            victim = _oldest_quiet(mine)
+            if victim is None:  # all but none have a request waiting: over, for a moment
+                break
+            self._shed(victim)
 
     def went_busy(self, conn: Any) -> None:
         client = self.open.get(conn)
@@ -171,6 +180,25 @@ class ConnectionGuard:
         transport = getattr(conn, "transport", None)
         if transport is not None and not transport.is_closing():
             transport.close()
+
+
+def _oldest_quiet(idle: dict[Any, None], but: Any = None) -> Any:
+    """The oldest idle connection with nothing unread in the kernel, or None."""
+    return next((c for c in idle if c is not but and not _unread(c)), None)
+
+
+def _unread(conn: Any) -> bool:
+    """Whether bytes wait on the connection's socket that the loop has not read yet (one
+    ioctl, asked only of a connection about to be closed)."""
+    transport = getattr(conn, "transport", None)
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    if sock is None:
+        return False
+    try:
+        waiting = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+    except (OSError, ValueError):  # closed meanwhile: nothing to keep
+        return False
+    return bool(struct.unpack("i", waiting)[0])
 
 
 class ServerCollector(Collector):
