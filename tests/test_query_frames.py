@@ -71,8 +71,12 @@ def test_prometheus_connect_carries_the_hub_auth_from_the_environment(
     matrix = prom.custom_query_range("count(DCGM_FI_DEV_GPU_TEMP)", start_time=_dt(end - 30),
                                      end_time=_dt(end), step="5")
     frame = range_frame(matrix)
-    # (the agents started moments ago: only the newest points hold all nine)
-    assert list(frame.columns) == ["time", "value"] and frame["value"].iloc[-1] == 9.0
+    # Not the newest point: the agents started moments ago, and a scrape that misses its 1 s
+    # timeout on a loaded machine marks that exporter's series stale until the next one
+    # (a full run once saw 1 there), so all nine are somewhere in the last 30 s, not always
+    # at its end.
+    assert list(frame.columns) == ["time", "value"] and frame["value"].max() == 9.0
+    assert len(frame) >= 2 and frame["time"].is_monotonic_increasing
 
 
 def test_prometheus_connect_without_the_token_is_refused(guarded_hub):
