@@ -148,7 +148,7 @@ class ConnectionGuard:
         mine[conn] = None
         while len(mine) > self.per_client:  # on opening, or an answer done: oldest go
             victim = _oldest_quiet(mine)
-            if victim is None:  # all but none have a request waiting: over, for a moment
+            if victim is None:  # each has a request waiting: over the bound, for a moment
                 break
             self._shed(victim)
 
