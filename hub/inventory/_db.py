@@ -17,7 +17,8 @@ import operator
 import os
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
+from array import array
+from collections.abc import Collection, Iterable, Iterator, Mapping, MutableMapping, Sequence
 from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
 from pathlib import Path
@@ -438,21 +439,6 @@ def _layout(known: Mapping[tuple[str, str], HeldGpu]) -> dict[str, list[str]]:
     return layout
 
 
-def diff_events(known: Mapping[tuple[str, str], HeldGpu],
-                seen: Mapping[tuple[str, str], Observation], now: dt.datetime
-                ) -> Iterator[dict[str, Any]]:
-    """The events one sync produces, from the rows known before it and what it saw (pure;
-    a generator, so a first sync's 100,000 `appeared` rows are written in batches).
-
-    appeared: an identity never seen before. returned: a stale one reporting again.
-    moved: its cluster or node differs (details from/to). changed: model, memory or driver
-    differ, or the set of MIG slices of a GPU (details field/old/new). stale: an active one
-    this sync did not see.
-    """
-    yield from _seen_events(known, seen, _layout(known), now)
-    yield from _stale_events(known, seen, now)
-
-
 def _seen_events(known: Mapping[tuple[str, str], HeldGpu],
                  seen: Mapping[tuple[str, str], Observation],
                  layout_old: Mapping[str, list[str]], now: dt.datetime
@@ -488,14 +474,6 @@ def _seen_events(known: Mapping[tuple[str, str], HeldGpu],
                              old=" ".join(before), new=" ".join(after))
 
 
-def _stale_events(known: Mapping[tuple[str, str], HeldGpu],
-                  seen: AbstractSet[tuple[str, str]] | Mapping[tuple[str, str], Any],
-                  now: dt.datetime) -> Iterator[dict[str, Any]]:
-    for ident, row in known.items():
-        if row.state == ACTIVE and ident not in seen:
-            yield _event(now, "stale", row.cluster, row.node, *ident)
-
-
 def apply_observations(conn: Connection, observations: Iterable[Observation],
                        now: dt.datetime,
                        namings: Mapping[str, str] | None = None) -> dict[str, int]:
@@ -512,12 +490,15 @@ class InventoryWriter:
     """One sync's write, fed group by group (a sharded sync: one shard of clusters at a time)
     in the caller's transaction, so memory follows the group, not the fleet.
 
-    Memory stays a few hundred bytes per GPU: the table is read as compact tuples (what
-    events compare and a digest of the rest), and rows and events are made and written a
-    batch at a time. A GPU's table row leaves that map once its group is written: what is
-    left at :meth:`finish` was not seen and turns stale. Clusters and nodes a group saw are
-    stamped ``last_seen = now``; at the end every active one not stamped turns stale, so a
-    cluster absent from every group is stale, never deleted.
+    Each group reads the table's rows of its own GPUs only (by uuid, so a GPU that moved in
+    from another shard's cluster is found too), as compact tuples: what events compare and a
+    digest of the rest. Rows and events are made and written a batch at a time. What the
+    sync keeps across groups is the hash of each GPU it saw, 8 bytes a GPU: at
+    :meth:`finish` an active row whose hash is not there was not seen and turns stale (a
+    64-bit collision, about 1 in 10^7 at a million GPUs, would leave one gone GPU active
+    for one more sync). Clusters and nodes a group saw are stamped ``last_seen = now``; at
+    the end every active one not stamped turns stale, so a cluster absent from every group
+    is stale, never deleted.
 
     A group must hold every place that reports its GPUs: a GPU reported from two clusters
     of two shards (a move inside the window, a mislabelled spoke) is held back with
@@ -527,8 +508,7 @@ class InventoryWriter:
 
     def __init__(self, conn: Connection, now: dt.datetime) -> None:
         self.conn, self.now = conn, now
-        self.known = held_gpus(conn)
-        self.layout_old = _layout(self.known)
+        self.seen = array("q")  # hash((uuid, slice_key)) of every GPU a group wrote
         self.counts = {"clusters": 0, "nodes": 0, "gpus": 0, "events": 0}
 
     def add(self, observations: Iterable[Observation], held: AbstractSet[int] = frozenset(),
@@ -587,16 +567,17 @@ class InventoryWriter:
     def _gpus(self, group: list[Observation]) -> None:
         if not group:
             return
-        known, now = self.known, self.now
+        now = self.now
         seen, twins, _ = _gather(group)
+        # read before the write: every slice of each uuid, so the old MIG layout is whole
+        known = held_gpus(self.conn, {uuid for uuid, _ in seen})
         beside = _newest_per_identity(seen, twins, known)
         _stable_memory(seen, known)
         self.counts["gpus"] += sum(not obs.is_slice for obs in seen.values())
         _write_gpus(self.conn, ((key, _gpu_row(obs, beside.get(key), now))
                                 for key, obs in seen.items()), known)
-        self._events(_seen_events(known, seen, self.layout_old, now))
-        for key in seen:
-            known.pop(key, None)
+        self._events(_seen_events(known, seen, _layout(known), now))
+        self.seen.extend(map(hash, seen))
 
     def _events(self, rows: Iterable[dict[str, Any]]) -> None:
         for batch in _batches(rows):
@@ -606,26 +587,44 @@ class InventoryWriter:
     def finish(self) -> dict[str, int]:
         """Mark what no group saw stale (GPUs, nodes, clusters), with its events; the counts
         of what the groups saw."""
-        conn, now, known = self.conn, self.now, self.known
+        conn, now = self.conn, self.now
         for table in (clusters, nodes):
             conn.execute(
                 table.update()
                 .where(table.c.state == ACTIVE, table.c.last_seen < now)
                 .values(state=STALE)
             )
-        gone = [{f"k_{c}": v for c, v in zip(GPU_KEY, key, strict=True)}
-                for key, old in known.items() if old.state == ACTIVE]
-        for batch in _batches(gone):
-            conn.execute(
-                gpus.update().where(*(gpus.c[c] == sa.bindparam(f"k_{c}") for c in GPU_KEY))
-                .values(state=STALE),
-                batch,
-            )
+        import numpy  # with pandas already: sorted hashes and a vectorised lookup
+
+        seen = numpy.sort(numpy.frombuffer(self.seen, dtype=numpy.int64))
+        # Active rows this sync did not write: seen unchanged, or gone. One streamed pass
+        # (paging in key order had SQLite sort every active row once a page), keeping the
+        # gone only: memory follows what went stale this sync, not the fleet.
+        gone: list[tuple[str, str, str, str]] = []  # uuid, slice_key, cluster, node
+        result = conn.execute(
+            sa.select(gpus.c.uuid, gpus.c.slice_key, gpus.c.cluster, gpus.c.node)
+            .where(gpus.c.state == ACTIVE, gpus.c.last_seen < now)
+            .execution_options(yield_per=BATCH))
+        for rows in result.partitions():
+            hashes = numpy.fromiter((hash((r.uuid, r.slice_key)) for r in rows),
+                                    dtype=numpy.int64, count=len(rows))
+            if len(seen):
+                found = seen[numpy.searchsorted(seen, hashes).clip(max=len(seen) - 1)] == hashes
+                gone += (tuple(r) for r, was in zip(rows, found.tolist(), strict=True)
+                         if not was)
+            else:
+                gone += (tuple(r) for r in rows)
+        stale = gpus.update().where(*(gpus.c[c] == sa.bindparam(f"k_{c}") for c in GPU_KEY))
+        for start in range(0, len(gone), BATCH):
+            conn.execute(stale.values(state=STALE),
+                         [{"k_uuid": uuid, "k_slice_key": key}
+                          for uuid, key, _, _ in gone[start:start + BATCH]])
+        self._events(_event(now, "stale", cluster, node, uuid, key)
+                     for uuid, key, cluster, node in gone)
         # every row still active was seen by this sync (the gone ones just turned stale)
         conn.execute(gpus.update().where(gpus.c.state == ACTIVE, gpus.c.last_seen < now)
                      .values(last_seen=now))
-        self._events(_stale_events(known, frozenset(), now))
-        known.clear()
+        del self.seen[:]
         return dict(self.counts)
 
 
@@ -687,7 +686,7 @@ class HeldGpu:
     """One GPU row as the table holds it: what events compare (a shared HeldPlace) and a
     digest (hash) of every GPU_COMPARE column for the write. With its key and place in
     HeldGpus ~220 bytes a GPU (370 as one tuple under a tuple key), where the row itself
-    is ~1 kB: the write holds one for every GPU of the fleet."""
+    is ~1 kB: the write holds one for every GPU of a group."""
 
     __slots__ = ("digest", "same")
 
@@ -752,20 +751,24 @@ def _digest(values: tuple[Any, ...]) -> int:
     return hash(values)
 
 
-def held_gpus(conn: Connection) -> HeldGpus:
-    """Every GPU row the table holds, keyed by (uuid, slice_key), read in batches."""
+def held_gpus(conn: Connection, uuids: Collection[str]) -> HeldGpus:
+    """The rows the table holds of these GPUs (every slice of each uuid), keyed by
+    (uuid, slice_key), asked BATCH uuids at a time (under SQLite's 32,766 bound parameters,
+    and PostgreSQL's 65,535)."""
     intern = sys.intern
     out = HeldGpus()
     places: dict[HeldPlace, HeldPlace] = {}
-    result = conn.execute(sa.select(*(gpus.c[c] for c in (*GPU_KEY, *GPU_COMPARE)))
-                          .execution_options(yield_per=BATCH))
-    for row in result:
-        values = tuple(row[2:])
-        # repeated strings (cluster, node, state, model, driver): one object each
-        same = HeldPlace._make(intern(v) if type(v) is str else v
-                               for v in (values[i] for i in _HELD))
-        out[(row[0], intern(row[1]))] = HeldGpu(places.setdefault(same, same),
-                                                _digest(values))
+    columns = [gpus.c[c] for c in (*GPU_KEY, *GPU_COMPARE)]
+    ordered = sorted(uuids)
+    for start in range(0, len(ordered), BATCH):
+        chunk = ordered[start:start + BATCH]
+        for row in conn.execute(sa.select(*columns).where(gpus.c.uuid.in_(chunk))):
+            values = tuple(row[2:])
+            # repeated strings (cluster, node, state, model, driver): one object each
+            same = HeldPlace._make(intern(v) if type(v) is str else v
+                                   for v in (values[i] for i in _HELD))
+            out[(row[0], intern(row[1]))] = HeldGpu(places.setdefault(same, same),
+                                                    _digest(values))
     return out
 
 
