@@ -26,6 +26,7 @@ import operator
 import pickle
 import tempfile
 import time
+from array import array
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -218,6 +219,7 @@ class Fetched:
 
     shards: list[Shard]
     #: hash(uuid) of GPUs reported from more than one place (node): written last, together
+    #: (found by :meth:`settle` once every shard is in)
     contested: set[int] = field(default_factory=set)
     gpus: int = 0
     unlabelled: Unlabelled = field(default_factory=Unlabelled)
@@ -227,8 +229,10 @@ class Fetched:
     _file: IO[bytes] | None = None
     _kept: list[list[Observation]] = field(default_factory=list)
     _groups: int = 0
-    #: hash(uuid) -> hash((cluster, node)) of its first place: two words a GPU
-    _places: dict[int, int] = field(default_factory=dict)
+    #: hash(uuid) and hash((cluster, node)) of every observation, side by side: 16 bytes
+    #: each (a dict of them was ~100, what the fleet added to a sharded sync's peak)
+    _uuids: array[int] = field(default_factory=lambda: array("q"))
+    _places: array[int] = field(default_factory=lambda: array("q"))
 
     def keep(self, builder: FleetBuilder) -> None:
         """A shard's records as observations, set aside; the builder is left empty."""
@@ -236,12 +240,8 @@ class Fetched:
         self.unlabelled.merge(builder.unlabelled)
         self.namings.update(builder.cluster_namings())
         group = list(builder.observations())
-        places, contested = self._places, self.contested
-        for obs in group:
-            uuid = hash(obs.uuid)
-            if places.setdefault(uuid, hash((obs.cluster, obs.node))) != hash(
-                    (obs.cluster, obs.node)):
-                contested.add(uuid)
+        self._uuids.extend(hash(obs.uuid) for obs in group)
+        self._places.extend(hash((obs.cluster, obs.node)) for obs in group)
         self._groups += 1
         if len(self.shards) == 1:
             self._kept.append(group)
@@ -255,9 +255,22 @@ class Fetched:
         pickle.dump([_observation_fields(obs) for obs in group], self._file,
                     protocol=pickle.HIGHEST_PROTOCOL)
 
+    def settle(self) -> None:
+        """Find the contested GPUs: sorted by uuid and place, a uuid next to itself at
+        another place was reported from two (a MIG GPU's slices share its uuid and place)."""
+        import numpy  # with pandas already: one sort of 16 bytes a GPU
+
+        uuids = numpy.frombuffer(self._uuids, dtype=numpy.int64)
+        places = numpy.frombuffer(self._places, dtype=numpy.int64)
+        order = numpy.lexsort((places, uuids))
+        uuids, places = uuids[order], places[order]
+        twice = (uuids[1:] == uuids[:-1]) & (places[1:] != places[:-1])
+        self.contested = set(uuids[1:][twice].tolist())
+        del uuids, places, order, twice
+        self._uuids, self._places = array("q"), array("q")
+
     def groups(self) -> Iterator[list[Observation]]:
         """Each shard's observations, one shard in memory at a time."""
-        self._places.clear()
         while self._kept:
             yield self._kept.pop(0)
         if self._file is not None:
@@ -337,6 +350,7 @@ def collect(client: HubClient, *, stale_after: float, cluster_label: str,
             finally:
                 for future in pending:
                     future.cancel()
+        fetched.settle()
         fetched.note = _labelled_note(fetched.gpus, fetched.unlabelled, cluster_label)
     except BaseException:
         fetched.close()
