@@ -495,7 +495,7 @@ class InventoryWriter:
     digest of the rest. Rows and events are made and written a batch at a time. What the
     sync keeps across groups is the hash of each GPU it saw, 8 bytes a GPU: at
     :meth:`finish` an active row whose hash is not there was not seen and turns stale (a
-    64-bit collision, about 1 in 10^7 at a million GPUs, would leave one gone GPU active
+    64-bit collision, under 1 in 10^7 at a million GPUs, would leave one gone GPU active
     for one more sync). Clusters and nodes a group saw are stamped ``last_seen = now``; at
     the end every active one not stamped turns stale, so a cluster absent from every group
     is stale, never deleted.
@@ -704,7 +704,7 @@ class HeldGpu:
 
 class HeldGpus(MutableMapping[tuple[str, str], HeldGpu]):
     """(uuid, slice_key) -> HeldGpu, a physical GPU (slice_key '') keyed by its uuid alone:
-    a key tuple is 56 bytes a GPU, what the fleet adds to the write's peak memory."""
+    a key tuple is 56 bytes a GPU, what a group adds to the write's peak memory."""
 
     __slots__ = ("_rows",)
 
