@@ -14,7 +14,11 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from hub import inventory as inv
 from hub.devstack import _demo as demo
+from hub.inventory import _db
+from hub.inventory import _migrate as migrate
+from hub.inventory._normalize import Observation
 from tests.support.clirun import gpufleet, gpufleet_json
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -248,3 +252,31 @@ def test_the_idle_notebook_gpu_looks_idle_to_a_gpu_engineer():
         assert 60 <= samples["DCGM_FI_DEV_POWER_USAGE"] <= 90
         assert 30 <= samples["DCGM_FI_DEV_GPU_TEMP"] <= 40
         assert samples["DCGM_FI_PROF_SM_ACTIVE"] == samples["DCGM_FI_PROF_GR_ENGINE_ACTIVE"] == 0
+
+
+def test_the_demo_waits_for_a_ledger_row_of_every_active_gpu(tmp_path):
+    """The demo's usage step collects until every GPU the inventory has active is metered:
+    the first bucket with rows alone once missed the idle notebook's spoke under load, and the
+    idle list the demo shows came out empty."""
+    engine = inv.make_engine(f"sqlite:///{tmp_path / 'inventory.db'}", create=True)
+    migrate.ensure_schema(engine)
+    t0 = dt.datetime(2026, 3, 1, 12, 0)
+    with engine.begin() as conn:
+        _db.apply_observations(conn, [Observation("east", "e1", u, "nvidia", sample_at=1e9)
+                                      for u in ("GPU-a", "GPU-b", "GPU-gone")], t0)
+        _db.apply_observations(conn, [Observation("east", "e1", u, "nvidia", sample_at=1e9)
+                                      for u in ("GPU-a", "GPU-b")], t0 + dt.timedelta(minutes=5))
+    assert demo._unmetered(engine) == 2  # the stale GPU-gone is not waited for
+
+    def metered(uuid: str) -> None:
+        with engine.begin() as conn:
+            conn.execute(inv.usage.insert().values(
+                bucket_start=t0, cluster="east", node="e1", uuid=uuid, slice="", namespace="",
+                pod="", bucket_end=t0 + dt.timedelta(seconds=12), vendor="nvidia",
+                gpu_share=1.0, gpu_hours=12 / 3600, coverage=1.0))
+
+    metered("GPU-a")
+    assert demo._unmetered(engine) == 1
+    metered("GPU-b")
+    assert demo._unmetered(engine) == 0
+    engine.dispose()

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import sqlalchemy as sa
+
 from hub import inventory as inv
 from hub import store, usage
 from hub.common import (
@@ -555,8 +557,9 @@ def demo_usage_commands(db_url: str) -> list[tuple[str, list[str]]]:
 def usage_lines(db_url: str, client: HubClient, say: Say, *, push: float,
                 progress: Callable[[int, int], None] = lambda done, want: None,
                 timeout: float = 3 * DEMO_BUCKET) -> None:
-    """Collect the demo's buckets (waiting, up to ``timeout``, for the first one with rows to
-    end), then show GPU-hours, idle and capacity as a user would type them."""
+    """Collect the demo's buckets (waiting, up to ``timeout``, until the ledger holds a row of
+    every GPU the inventory has active), then show GPU-hours, idle and capacity as a user
+    would type them."""
     engine = inv.make_engine(db_url)
     deadline = time.monotonic() + timeout
     buckets = rows = 0
@@ -568,7 +571,10 @@ def usage_lines(db_url: str, client: HubClient, say: Say, *, push: float,
             buckets += len(result.collected)
             rows += result.rows
             progress(min(rows, 1), 1)
-            if rows or time.monotonic() > deadline:
+            # Not the first bucket with rows alone: on a loaded machine one spoke's samples
+            # can miss it (a scrape past its timeout, a late push), and the idle notebook
+            # would then be missing from the idle list the demo shows.
+            if (rows and not _unmetered(engine)) or time.monotonic() > deadline:
                 break
             time.sleep(push)
     finally:
@@ -581,6 +587,14 @@ def usage_lines(db_url: str, client: HubClient, say: Say, *, push: float,
         say(f"{title}:")
         for line in out.stdout.rstrip().splitlines():
             say("  " + line)
+
+
+def _unmetered(engine: sa.Engine) -> int:
+    """Active GPUs of the inventory that no ledger row holds yet."""
+    metered = sa.select(inv.usage.c.uuid)
+    with engine.connect() as conn:
+        return conn.execute(sa.select(sa.func.count(sa.distinct(inv.gpus.c.uuid))).where(
+            inv.gpus.c.state == inv.ACTIVE, inv.gpus.c.uuid.not_in(metered))).scalar_one()
 
 
 KEEP_SYNC_EVERY = 15.0
