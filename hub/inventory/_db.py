@@ -22,7 +22,7 @@ from collections.abc import Collection, Iterable, Iterator, Mapping, MutableMapp
 from collections.abc import Set as AbstractSet
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -286,11 +286,13 @@ def _insert(conn: Connection, table: sa.Table):  # dialect-specific INSERT ... O
     return sqlite_insert(table)
 
 
+_T = TypeVar("_T")
+
 #: rows a statement carries (executemany): bounded, so memory does not grow with the fleet
 BATCH = 5000
 
 
-def _batches(rows: Iterable[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
+def _batches(rows: Iterable[_T]) -> Iterator[list[_T]]:
     it = iter(rows)
     while batch := list(itertools.islice(it, BATCH)):
         yield batch
@@ -614,11 +616,10 @@ class InventoryWriter:
                          if not was)
             else:
                 gone += (tuple(r) for r in rows)
-        stale = gpus.update().where(*(gpus.c[c] == sa.bindparam(f"k_{c}") for c in GPU_KEY))
-        for start in range(0, len(gone), BATCH):
-            conn.execute(stale.values(state=STALE),
-                         [{"k_uuid": uuid, "k_slice_key": key}
-                          for uuid, key, _, _ in gone[start:start + BATCH]])
+        stale = (gpus.update().where(*(gpus.c[c] == sa.bindparam(f"k_{c}") for c in GPU_KEY))
+                 .values(state=STALE))
+        for batch in _batches({"k_uuid": uuid, "k_slice_key": key} for uuid, key, _, _ in gone):
+            conn.execute(stale, batch)
         self._events(_event(now, "stale", cluster, node, uuid, key)
                      for uuid, key, cluster, node in gone)
         # every row still active was seen by this sync (the gone ones just turned stale)
@@ -759,9 +760,7 @@ def held_gpus(conn: Connection, uuids: Collection[str]) -> HeldGpus:
     out = HeldGpus()
     places: dict[HeldPlace, HeldPlace] = {}
     columns = [gpus.c[c] for c in (*GPU_KEY, *GPU_COMPARE)]
-    ordered = sorted(uuids)
-    for start in range(0, len(ordered), BATCH):
-        chunk = ordered[start:start + BATCH]
+    for chunk in _batches(sorted(uuids)):
         for row in conn.execute(sa.select(*columns).where(gpus.c.uuid.in_(chunk))):
             values = tuple(row[2:])
             # repeated strings (cluster, node, state, model, driver): one object each

@@ -266,7 +266,6 @@ class Fetched:
         uuids, places = uuids[order], places[order]
         twice = (uuids[1:] == uuids[:-1]) & (places[1:] != places[:-1])
         self.contested = set(uuids[1:][twice].tolist())
-        del uuids, places, order, twice
         self._uuids, self._places = array("q"), array("q")
 
     def groups(self) -> Iterator[list[Observation]]:
