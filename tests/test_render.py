@@ -46,8 +46,15 @@ def spoke(tmp_path: Path, *args: str, out: str = "out") -> Result:
 def values(**overrides: Any) -> render.SpokeValues:
     options: dict[str, Any] = {"cluster": "east", "vendor": "nvidia", "remote_write_url": URL}
     options.update(overrides)
+    if options.get("mode") == "acm":  # ACM's collector pushes: no URL to give
+        options.pop("remote_write_url")
     return render.spoke_values(**options)
 
+
+
+def url_for(mode: str) -> list[str]:
+    """--remote-write-url where the mode takes one (acm mode refuses it: ACM pushes)."""
+    return ["--remote-write-url", URL] if mode == "remote-write" else []
 
 
 def quantity(text: str) -> float:
@@ -219,7 +226,7 @@ def test_no_networkpolicy_in_a_namespace_we_do_not_own_unless_asked(mode, tmp_pa
         assert {p["metadata"]["namespace"] for p in by_kind(files, "NetworkPolicy")} <= {
             "gpufleet"}
     result = spoke(tmp_path, "--cluster", "east", "--vendor", "nvidia", "--mode", mode,
-                   "--remote-write-url", URL, "--restrict-exporter-ingress")
+                   *url_for(mode), "--restrict-exporter-ingress")
     assert result.exit_code == 0, result.output
     written = {str(p.relative_to(tmp_path / "out")): p.read_text()
                for p in (tmp_path / "out").rglob("*.yaml")}
@@ -436,7 +443,7 @@ def test_images_are_flags_with_pinned_defaults(tmp_path):
 @pytest.mark.parametrize("mode", ["remote-write", "acm"])
 def test_kustomization_lists_every_file(mode, tmp_path):
     result = spoke(tmp_path, "--cluster", "east", "--vendor", "amd", "--mode", mode,
-                   "--remote-write-url", URL, "--exporter", "builtin")
+                   *url_for(mode), "--exporter", "builtin")
     assert result.exit_code == 0, result.output
     out = tmp_path / "out"
     folders = [out] if mode == "remote-write" else [out / "hub", out / "spoke"]
@@ -635,7 +642,7 @@ def test_refuses_to_replace_a_directory_it_did_not_write(tmp_path):
 @pytest.mark.parametrize("mode", ["remote-write", "acm"])
 def test_rendering_twice_is_byte_identical(mode, tmp_path):
     args = ["--cluster", "east", "--vendor", "amd", "--exporter", "builtin", "--mode", mode,
-            "--remote-write-url", URL]
+            *url_for(mode)]
     assert spoke(tmp_path, *args, out="one").exit_code == 0
     assert spoke(tmp_path, *args, out="two").exit_code == 0
 

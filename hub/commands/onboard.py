@@ -102,6 +102,18 @@ def _spoke_options(func: F) -> F:
                           "ConfigMap the GPU Operator's ClusterPolicy mounts) to the fields "
                           "gpufleet reads in this naming, so an operator upgrade (4.9 renames "
                           "them) cannot change the series. dcgm-4.7 needs DCGM >= 4.7."),
+        click.option("--acm-collection", envvar=env("acm-collection"), default="legacy",
+                     show_default=True, metavar="legacy|mcoa|auto",
+                     help="acm mode: which ACM collection path carries the series. legacy: "
+                          "the metrics-collector and its allowlist ConfigMap. mcoa: the "
+                          "multicluster-observability-addon (ScrapeConfig objects federating "
+                          "/federate every 300 s, a PrometheusRule). auto: read the hub's "
+                          "MultiClusterObservability (--context/--kubeconfig) and pick the "
+                          "path it has enabled."),
+        click.option("--placement", envvar=env("placement"), metavar="[NS/]NAME,...",
+                     help="mcoa: the Placement(s) whose clusters get gpufleet's ScrapeConfig "
+                          "and PrometheusRule (MCOA's placements annotation; a bare NAME is in "
+                          "open-cluster-management-global-set). Default: MCOA's own."),
         click.option("--out", envvar=env("out"), metavar="DIR",
                      help="Directory to write (replaced as a whole on re-render)."),
     ]
@@ -127,8 +139,28 @@ def _spoke_kwargs(params: dict[str, Any]) -> dict[str, Any]:
     keys = ("vendor", "mode", "exporter", "remote_write_url", "remote_write_secret",
             "monitoring", "platform", "exporter_namespace", "exporter_selector",
             "agent_image", "exporter_image", "restrict_exporter_ingress", "reconcile_reader",
-            "kube_state_metrics", "dcgm_names")
-    return {key: params[key] for key in keys}
+            "kube_state_metrics", "dcgm_names", "acm_collection", "placement")
+    out = {key: params[key] for key in keys}
+    out["acm_collection"] = _collection(params)
+    return out
+
+
+def _collection(params: dict[str, Any]) -> str:
+    """--acm-collection, with ``auto`` read from the hub's MultiClusterObservability through
+    the official client (one line to stderr says what was read)."""
+    choice = onboarding.check_choice(params.get("acm_collection"))
+    if choice != "auto":
+        return choice
+    if (params.get("mode") or "remote-write") != "acm":
+        raise InputError("--acm-collection is for --mode acm")
+    from hub import kube  # the kubernetes client loads only for commands that need it
+
+    api = kube.api_client(params.get("kubeconfig"), params.get("context"))
+    with api:
+        found = onboarding.collection_of(kube.list_multicluster_observability(api),
+                                         params.get("monitoring") or "platform")
+    click.echo(f"acm collection: {found.path} ({found.reason})", err=True)
+    return found.path
 
 
 def _written(out: str, files: dict[str, str], hint: str) -> None:
@@ -146,13 +178,15 @@ def spoke() -> None:
 @click.option("--namespace", envvar=env("spoke-namespace"), default=onboarding.DEFAULT_NAMESPACE,
               show_default=True, metavar="NS", help="Namespace of the agent and exporter.")
 @_spoke_options
+@_kube_options
 def spoke_render(cluster: str | None, namespace: str, out: str | None,
                  config: str | None = None, **params: Any) -> None:
     """Write the spoke manifests for one cluster into --out.
 
     remote-write mode writes a kustomization (agent, exporter scraping, RBAC, and a
     NetworkPolicy for a builtin exporter or with --restrict-exporter-ingress); acm mode
-    writes hub/ (the ACM metrics allowlist) and spoke/ (ServiceMonitor, namespace label).
+    writes hub/ (the legacy allowlist ConfigMap, or with --acm-collection mcoa the addon's
+    ScrapeConfig and PrometheusRule objects) and spoke/ (ServiceMonitor, namespace label).
     """
     target = _require_out(out)
     values = onboarding.spoke_values(cluster=cluster, namespace=namespace, **_spoke_kwargs(params))
@@ -184,6 +218,7 @@ def policy() -> None:
               default=onboarding.DEFAULT_NAMESPACE, show_default=True, metavar="NS",
               help="Namespace of the agent and exporter on each cluster.")
 @_spoke_options
+@_kube_options
 def policy_render(namespace: str, placement_label: tuple[str, ...], remediation: str,
                   cluster_set: str, spoke_namespace: str, out: str | None,
                   config: str | None = None, **params: Any) -> None:
@@ -201,9 +236,15 @@ def policy_render(namespace: str, placement_label: tuple[str, ...], remediation:
                                   placement_labels=placement_label, remediation=remediation,
                                   cluster_set=cluster_set)
     files = onboarding.render_policy(values)
+    hint = ""
+    if spoke_values.mode == "acm":  # what the collection path needs on the hub, beside
+        hub = onboarding.hub_objects(spoke_values)
+        files.update({f"hub/{name}": text for name, text in hub.items()})
+        files["hub/kustomization.yaml"] = onboarding.kustomization(hub)
+        hint = f"; and oc apply -k {target}/hub on the hub ({spoke_values.acm_collection})"
     onboarding.write_tree(files, target)
     _written(target, files, f"gpufleet policy apply --dir {target}; it places clusters "
-                            f"labelled {onboarding.VENDOR_LABEL}={values.spoke.vendor}")
+                            f"labelled {onboarding.VENDOR_LABEL}={values.spoke.vendor}{hint}")
 
 
 @policy.command("apply", cls=ConfiguredCommand)

@@ -35,7 +35,8 @@ from hub.kube._dra import (
     normalise_pci,
 )
 
-_CLIENT = ("api_client", "call", "list_all", "list_managed_clusters", "list_nodes",
+_CLIENT = ("api_client", "call", "list_all", "list_managed_clusters",
+           "list_multicluster_observability", "list_nodes",
            "translate", "dra_version", "list_resource_slices", "list_resource_claims",
            "list_device_classes", "DRA_VERSIONS", "GpuObjects", "read_gpu_objects")
 
@@ -64,6 +65,7 @@ __all__ = [
     "list_all",
     "list_device_classes",
     "list_managed_clusters",
+    "list_multicluster_observability",
     "list_nodes",
     "list_resource_claims",
     "list_resource_slices",

@@ -212,6 +212,30 @@ def list_managed_clusters(api: client.ApiClient, page_size: int = PAGE_SIZE,
                     plural, page_size=page_size, **extra)
 
 
+#: ACM Observability's top object (cluster-scoped; one per hub, usually "observability")
+MULTICLUSTER_OBSERVABILITY = ("observability.open-cluster-management.io", "v1beta2",
+                              "multiclusterobservabilities")
+
+
+def list_multicluster_observability(api: client.ApiClient) -> list[dict[str, Any]]:
+    """The hub's MultiClusterObservability objects. Without the CRD (ACM Observability not
+    installed) the API answers 404: one line, exit 3, like an unreachable hub."""
+    group, version, plural = MULTICLUSTER_OBSERVABILITY
+    doing = "reading MultiClusterObservability"
+    try:
+        return list(list_all(api, doing, client.CustomObjectsApi(api).list_cluster_custom_object,
+                             group, version, plural))
+    except UnavailableError as exc:
+        if exc.http_status != 404:
+            raise
+        missing = UnavailableError(
+            f"the Kubernetes API at {host_of(api)} serves no MultiClusterObservability "
+            f"({group}/{version}): ACM Observability is not installed on this hub (or the "
+            "context is not the hub); pass --acm-collection legacy or mcoa")
+        missing.http_status = 404
+        raise missing from None
+
+
 # -- Dynamic Resource Allocation (issue 21) ---------------------------------------------------
 DRA_GROUP = "resource.k8s.io"
 #: versions whose ResourceSlice/ResourceClaim shapes gpufleet reads, preferred first

@@ -6,6 +6,8 @@ load the kubernetes client only when used.
 from __future__ import annotations
 
 from hub.common import lazy_attributes, template_roots
+from hub.onboard._collection import CHOICES as ACM_COLLECTION_CHOICES
+from hub.onboard._collection import Collection, check_choice, collection_of
 from hub.onboard._grafana import (
     OBSERVABILITY_NAMESPACE,
     dashboard_panels,
@@ -38,6 +40,7 @@ from hub.onboard._render import (
     DEFAULT_EXPORTER_IMAGE,
     DEFAULT_NAMESPACE,
     DNS_LABEL,
+    _kustomization,
     dns_label,
     write_tree,
     yaml_quote,
@@ -47,7 +50,9 @@ from hub.onboard._spoke import (
     DEFAULT_AGENT_IMAGE,
     DEFAULT_SECRET,
     SpokeValues,
+    hub_objects,
     metrics_keep_regex,
+    parse_placements,
     render_spoke,
     spoke_manifests,
     spoke_values,
@@ -58,6 +63,7 @@ __getattr__ = lazy_attributes(__name__, dict.fromkeys(
     ("any_noncompliant", "apply_objects", "load_dir", "policy_status"), "_acm"))
 
 __all__ = [
+    "ACM_COLLECTION_CHOICES",
     "DB_SECRET_KEY",
     "DCGM_CONFIGMAP",
     "DEFAULT_AGENT_IMAGE",
@@ -77,16 +83,21 @@ __all__ = [
     "TOKENS_KEY",
     "TOKEN_KEY",
     "VENDOR_LABEL",
+    "Collection",
     "SpokeValues",
     "acm_hub",
     "any_noncompliant",
     "apply_objects",
+    "check_choice",
+    "collection_of",
     "cron_schedule",
     "dashboard_panels",
     "dns_label",
+    "hub_objects",
     "hub_service_values",
     "load_dir",
     "metrics_keep_regex",
+    "parse_placements",
     "policy_spoke",
     "policy_status",
     "policy_values",
@@ -100,3 +111,7 @@ __all__ = [
     "write_tree",
     "yaml_quote",
 ]
+
+
+#: the kustomization listing a folder's files (policy render's hub/ folder)
+kustomization = _kustomization

@@ -28,13 +28,20 @@ from hub.onboard._render import (
     label_pair,
 )
 from hub.store import (
+    ACM_COLLECTIONS,
     DCGM47,
     LEGACY,
+    LEGACY_COLLECTION,
+    MCOA_COLLECTION,
     allocation_agent_keep,
     allocation_matches,
     allocation_recording_rules,
     allowlist_metrics,
     dcgm_collectors,
+    exporter_selectors,
+    kube_selectors,
+    mcoa_metric_relabelings,
+    mcoa_recording_rules,
 )
 
 VENDORS = ("nvidia", "amd")
@@ -47,6 +54,14 @@ DEFAULT_SECRET = "gpufleet-remote-write"
 BUILTIN_PORT = 9400
 ACM_OBSERVABILITY_NAMESPACE = "open-cluster-management-observability"
 ALLOWLIST_CONFIGMAP = "observability-metrics-custom-allowlist"
+#: MCOA: the labels that hand a ScrapeConfig or PrometheusRule to the addon's collectors
+MCOA_PART_OF = "multicluster-observability-addon"
+MCOA_COMPONENTS = {"platform": "platform-metrics-collector",
+                   "user-workload": "user-workload-metrics-collector"}
+#: the namespace of a bare ``--placement NAME``: ACM's global ManagedClusterSet binding
+DEFAULT_PLACEMENT_NAMESPACE = "open-cluster-management-global-set"
+#: where MCOA's spokes evaluate gpufleet's rules: kube-state-metrics is platform monitoring's
+RULES_TARGET_NAMESPACE = "openshift-monitoring"
 CREDENTIALS_DIR = "/etc/gpufleet/remote-write"
 #: `--dcgm-names`: the naming the pinned collectors CSV asks dcgm-exporter for
 DCGM_NAMINGS = (LEGACY, DCGM47)
@@ -131,6 +146,10 @@ class SpokeValues:
     kube_state_metrics: tuple[str, int] | None = None
     #: The naming the upstream dcgm-exporter is pinned to (its collectors CSV).
     dcgm_names: str = LEGACY
+    #: acm mode: which ACM collection path carries the series (legacy allowlist or MCOA)
+    acm_collection: str = LEGACY_COLLECTION
+    #: MCOA: the placements annotation (``namespace/name,...``); None: MCOA's default
+    placements: str | None = None
 
     @property
     def vendor(self) -> str:
@@ -172,6 +191,8 @@ def spoke_values(
     reconcile_reader: bool = False,
     kube_state_metrics: str | None = None,
     dcgm_names: str | None = LEGACY,
+    acm_collection: str | None = LEGACY_COLLECTION,
+    placement: str | None = None,
     cluster_is_template: bool = False,
 ) -> SpokeValues:
     """Check raw option values and build :class:`SpokeValues`; InputError names the bad one."""
@@ -202,7 +223,18 @@ def spoke_values(
         exporter_ns = dns_label(exporter_namespace, "exporter namespace")
     else:  # each vendor's GPU operator namespace (VENDOR_DEPLOYMENT)
         exporter_ns = None
+    if remote_write_url and mode_ != "remote-write":
+        raise InputError("--remote-write-url is for remote-write mode: in acm mode ACM's "
+                         "collector pushes to the hub it belongs to")
     url = _url(remote_write_url) if mode_ == "remote-write" else None
+    collection = _choice(acm_collection or LEGACY_COLLECTION, ACM_COLLECTIONS,
+                         "ACM collection path")
+    if collection != LEGACY_COLLECTION and mode_ != "acm":
+        raise InputError("--acm-collection is for --mode acm")
+    placements = parse_placements(placement) if placement else None
+    if placements and collection != MCOA_COLLECTION:
+        raise InputError("--placement is for --acm-collection mcoa (the legacy allowlist "
+                         "is hub-wide)")
     secret = _dns_subdomain(remote_write_secret or "", "remote-write Secret name")
     return SpokeValues(
         cluster=cluster_,
@@ -224,7 +256,21 @@ def spoke_values(
         reconcile_reader=bool(reconcile_reader),
         kube_state_metrics=_host_port(kube_state_metrics, mode_),
         dcgm_names=_choice(dcgm_names or LEGACY, DCGM_NAMINGS, "dcgm naming"),
+        acm_collection=collection,
+        placements=placements,
     )
+
+
+def parse_placements(value: str) -> str:
+    """``--placement``: ``NAME`` or ``NAMESPACE/NAME`` (a comma list for several), as MCOA's
+    placements annotation spells them (``namespace/name`` pairs, comma-separated, no spaces);
+    a bare name is a Placement in ACM's global set namespace."""
+    pairs = []
+    for item in value.split(","):
+        namespace, _, name = item.strip().rpartition("/")
+        pairs.append(f"{dns_label(namespace or DEFAULT_PLACEMENT_NAMESPACE, 'placement namespace')}"
+                     f"/{dns_label(name, 'placement name')}")
+    return ",".join(pairs)
 
 
 def _host_port(value: str | None, mode: str) -> tuple[str, int] | None:
@@ -484,12 +530,51 @@ def hub_allowlist(monitoring: str = "platform") -> str:
     )
 
 
+def mcoa_objects(values: SpokeValues) -> dict[str, str]:
+    """MCOA's objects on the hub: a ScrapeConfig federating the exporter series from the
+    monitoring stack that scrapes them, one federating kube-state-metrics' series from
+    platform monitoring (where kube-state-metrics runs, whichever stack scrapes the
+    exporter), and the PrometheusRule narrowing the GPU pods' series."""
+    def labels(name: str, monitoring: str) -> dict[str, str]:
+        return {**_labels(name, "metrics-collection", "gpufleet"),
+                "app.kubernetes.io/component": MCOA_COMPONENTS[monitoring],
+                "app.kubernetes.io/part-of": MCOA_PART_OF}
+
+    stacks = {"platform": "platform monitoring's", "user-workload": "user-workload monitoring's"}
+    common = {"namespace": ACM_OBSERVABILITY_NAMESPACE, "placements": values.placements}
+    return {
+        "scrapeconfig-gpu.yaml": _render(
+            "templates/hub/scrapeconfig.yaml.j2", **common, name="gpufleet-gpu-metrics",
+            labels=labels("gpufleet-gpu-metrics", values.monitoring),
+            monitoring_stack=stacks[values.monitoring], selectors=exporter_selectors(),
+            relabelings=[], source="exporter_selectors()",
+            what="the GPU exporters (both dcgm namings, both AMD spellings, gpufleet's own)"),
+        "scrapeconfig-kube.yaml": _render(
+            "templates/hub/scrapeconfig.yaml.j2", **common, name="gpufleet-kube-metrics",
+            labels=labels("gpufleet-kube-metrics", "platform"),
+            monitoring_stack=stacks["platform"], selectors=kube_selectors(),
+            relabelings=mcoa_metric_relabelings(), source="kube_selectors()",
+            what="kube-state-metrics (nodes' GPU resources, labels and info; GPU pods)"),
+        "prometheusrule.yaml": _render(
+            "templates/hub/prometheusrule.yaml.j2", **common, name="gpufleet-gpu-pods",
+            labels=labels("gpufleet-gpu-pods", "platform"),
+            target_namespace=RULES_TARGET_NAMESPACE, rules=mcoa_recording_rules()),
+    }
+
+
+def hub_objects(values: SpokeValues) -> dict[str, str]:
+    """What acm mode applies on the hub: the legacy allowlist, or MCOA's objects."""
+    if values.acm_collection == MCOA_COLLECTION:
+        return mcoa_objects(values)
+    return {"metrics-allowlist.yaml": hub_allowlist(values.monitoring)}
+
+
 def render_spoke(values: SpokeValues) -> dict[str, str]:
     """All files of ``gpufleet spoke render``: relative path -> text."""
     manifests = spoke_manifests(values)
     if values.mode == "remote-write":
         return {**manifests, "kustomization.yaml": _kustomization(manifests)}
-    hub = {"metrics-allowlist.yaml": hub_allowlist(values.monitoring)}
+    hub = hub_objects(values)
     files = {f"hub/{name}": text for name, text in hub.items()}
     files["hub/kustomization.yaml"] = _kustomization(hub)
     files.update({f"spoke/{name}": text for name, text in manifests.items()})

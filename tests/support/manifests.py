@@ -58,12 +58,15 @@ def assert_core_objects_valid(files: dict[str, str], version: str = "1.30") -> N
             pytest.fail(f"{path}: {'.'.join(map(str, exc.path))}: {exc.message}")
 
 
-def promtool_check(config_text: str, tmp_path: Path) -> None:
+def promtool_check(config_text: str, tmp_path: Path, kind: str = "config") -> None:
+    """promtool on an agent's configuration (``kind="config"``) or a rule file (``"rules"``)."""
     promtool = shutil.which("promtool")
     if promtool is None:
         pytest.fail("promtool not found on PATH: install the Debian package 'prometheus'")
-    path = tmp_path / "prometheus.yml"
+    path = tmp_path / ("prometheus.yml" if kind == "config" else "rules.yml")
     path.write_text(config_text)
-    proc = subprocess.run([promtool, "check", "config", "--agent", "--syntax-only", str(path)],
+    args = (["check", "config", "--agent", "--syntax-only"] if kind == "config"
+            else ["check", "rules"])
+    proc = subprocess.run([promtool, *args, str(path)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
