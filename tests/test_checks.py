@@ -190,13 +190,13 @@ def test_all_checks_together_sorted_by_severity_and_the_summary():
         "cluster": "east", "status": "warning", "state": "active", "last_sample_at": ago(20),
         "age_seconds": 20.0, "age": "20s", "nodes_reporting": 2, "nodes_expected": 3,
         "gpus": 15, "stale_gpus": 0, "gpus_reporting": "15", "expected": True, "naming": None,
-        "findings": 1}
+        "seen_through": None, "cards": None, "findings": 1}
     assert (rows["west"]["status"], rows["west"]["age"]) == ("error", "1h23m20s")
     assert rows["ghost"] == {
         "cluster": "ghost", "status": "error", "state": "absent", "last_sample_at": None,
         "age_seconds": None, "age": "never", "nodes_reporting": 0, "nodes_expected": 0,
         "gpus": 0, "stale_gpus": 0, "gpus_reporting": "0", "expected": True, "naming": None,
-        "findings": 1}
+        "seen_through": None, "cards": None, "findings": 1}
 
 
 def test_hub_history_replaces_the_skip_notice_and_checks_visibility():
@@ -208,3 +208,39 @@ def test_hub_history_replaces_the_skip_notice_and_checks_visibility():
     found = checks.run_checks(_facts(history=HubHistory(window=600, visible={})))
     [vis] = [f for f in found if f.check == "hub_visibility"]
     assert "0 of 1 active inventory clusters; not visible: east" in vis.message
+
+
+def test_acm_maintenance_is_expected_silence_and_a_managed_cluster_is_silent_when_acm_says_so():
+    """ACM's view of its clusters (acm_managed_cluster_labels): a cluster in maintenance_mode
+    may be silent (info); a managed cluster is silent, an error, at 15 minutes, when ACM's own
+    ManagedClusterMetricsMissing fires, not at the report's one-hour max age."""
+    clusters = [ClusterFacts("resting", "stale", ago(7300), acm="maintenance"),
+                ClusterFacts("quiet-managed", "stale", ago(16 * 60), acm="managed"),
+                ClusterFacts("late-managed", "active", ago(12 * 60), acm="managed"),
+                ClusterFacts("quiet-unmanaged", "stale", ago(16 * 60))]
+    found = checks.check_freshness(clusters, NOW, max_age=3600, push_interval=300)
+    assert keys(found) == [
+        ("info", "freshness", "resting", None, None),
+        ("error", "freshness", "quiet-managed", None, None),
+        ("warning", "freshness", "late-managed", None, None),
+        ("warning", "freshness", "quiet-unmanaged", None, None)]
+    assert "maintenance_mode" in found[0].message
+    assert found[1].message.startswith("silent: newest GPU sample is 16m old (> 15m, when "
+                                       "ACM's ManagedClusterMetricsMissing fires")
+    tighter = checks.check_freshness(clusters[1:2], NOW, max_age=3600, push_interval=300,
+                                     acm_silent_after=20 * 60)
+    assert keys(tighter) == [("warning", "freshness", "quiet-managed", None, None)]
+
+
+def test_a_dark_cluster_is_an_exporter_missing_error_never_zero_gpus():
+    clusters = [ClusterFacts("dark", None, None, seen_through="card info only", cards=8),
+                ClusterFacts("lit", "active", ago(10), gpus_active=8,
+                             seen_through="dcgm legacy", cards=8)]
+    facts = Facts(now=NOW, clusters=clusters, nodes=[], gpus=[])
+    found = [f for f in checks.run_checks(facts) if f.cluster]
+    assert keys(found) == [("error", "exporter_missing", "dark", None, None)]
+    assert found[0].message.startswith("8 GPU card(s) known from node_accelerator_card_info, "
+                                       "but no GPU exporter series reach the hub")
+    [row] = [r for r in checks.summarize(facts, found) if r["cluster"] == "dark"]
+    assert (row["status"], row["state"], row["seen_through"], row["cards"]) == (
+        "error", "no exporter series", "card info only", 8)

@@ -55,6 +55,19 @@ clusters = sa.Table(
     sa.Column("naming_since", sa.DateTime),
 )
 
+#: What each cluster's GPUs were seen through at the latest sync, besides its GPU series:
+#: the planning query's sources (store.SOURCE_LABEL: card info, OpenShift's accelerator
+#: series, gpufleet's exporter, ACM's managed-cluster list) with their counts. Replaced whole
+#: by every sync (0017): a dark spoke whose cards are known but whose exporter sends nothing
+#: is a row here, never a cluster of 0 GPUs.
+cluster_sources = sa.Table(
+    "cluster_sources", metadata,
+    sa.Column("cluster", sa.String(253), primary_key=True),
+    sa.Column("source", sa.String(32), primary_key=True),
+    sa.Column("count", sa.Integer, nullable=False),
+    sa.Column("at", sa.DateTime, nullable=False),
+)
+
 nodes = sa.Table(
     "nodes", metadata,
     sa.Column("cluster", sa.String(253), primary_key=True),
@@ -639,6 +652,26 @@ def write_namings(conn: Connection, namings: Mapping[str, str], now: dt.datetime
                          .values(naming=naming, naming_since=now))
 
 
+def write_sources(conn: Connection, sources: Mapping[str, Mapping[str, int]],
+                  now: dt.datetime) -> None:
+    """Replace every cluster's sources with what this sync's planning query saw."""
+    conn.execute(cluster_sources.delete())
+    rows = [{"cluster": cluster, "source": source, "count": count, "at": now}
+            for cluster, found in sorted(sources.items()) for source, count in found.items()]
+    if rows:
+        conn.execute(cluster_sources.insert(), rows)
+
+
+def read_sources(conn: Connection) -> dict[str, dict[str, int]]:
+    """cluster -> source -> count, as the latest sync saw them."""
+    out: dict[str, dict[str, int]] = {}
+    for cluster, source, count in conn.execute(
+            sa.select(cluster_sources.c.cluster, cluster_sources.c.source,
+                      cluster_sources.c.count)):
+        out.setdefault(cluster, {})[source] = count
+    return out
+
+
 def _gpu_row(obs: Observation, also: list[list[str]] | None,
              now: dt.datetime) -> dict[str, Any]:
     return {
@@ -815,8 +848,13 @@ GPU_COLUMNS = [
 NODE_COLUMNS = ["cluster", "node", "gpus", "stale_gpus", "state", "last_seen", "last_sample_at",
                 "gpus_via"]
 #: naming: which dcgm naming its NVIDIA GPUs send (legacy | dcgm-4.7 | both), since when
+#: seen_through: what its GPUs are seen through (dcgm legacy | dcgm 4.7 | both | amd |
+#: gpufleet exporter, joined by " + "; card info only; none); cards: GPU cards node-exporter
+#: (or OpenShift's accelerator series) counts there, whatever the exporter sends; acm: how
+#: ACM lists the cluster (managed | maintenance; None: not in acm_managed_cluster_labels)
 CLUSTER_COLUMNS = ["cluster", "nodes", "gpus", "stale_gpus", "state", "last_seen",
-                   "last_sample_at", "naming", "naming_since"]
+                   "last_sample_at", "naming", "naming_since", "seen_through", "cards",
+                   "acm"]
 ALLOCATION_COLUMNS = ["cluster", "node", "uuid", "mig_profile", "namespace", "pod", "container",
                       "first_seen", "last_seen"]
 
@@ -903,7 +941,36 @@ def list_clusters(conn: Connection, cluster: str | None = None) -> list[dict[str
                   clusters.c.naming, clusters.c.naming_since,
                   ).select_from(joined), clusters, cluster,
     ).order_by(clusters.c.cluster)
-    return [dict(r) for r in conn.execute(stmt).mappings()]
+    rows = [dict(r) for r in conn.execute(stmt).mappings()]
+    return _with_sources(conn, rows, cluster)
+
+
+def _with_sources(conn: Connection, rows: list[dict[str, Any]],
+                  cluster: str | None) -> list[dict[str, Any]]:
+    """Each cluster row with what its GPUs are seen through and the cards known from
+    node-exporter (store.seen_through), plus a row for each dark cluster: cards known, no
+    exporter series ever (it has no row of its own, and must not read as 0 GPUs)."""
+    from hub import store
+
+    sources = read_sources(conn)
+    vendors: dict[str, set[str]] = {}
+    active = sa.select(gpus.c.cluster, gpus.c.vendor).where(
+        gpus.c.state == ACTIVE, gpus.c.slice_key == "").group_by(gpus.c.cluster, gpus.c.vendor)
+    for name, vendor in conn.execute(_where_cluster(active, gpus, cluster)):
+        vendors.setdefault(name, set()).add(vendor)
+    known = {r["cluster"] for r in rows}
+    for name, found in sources.items():
+        if name not in known and store.known_cards(found) and cluster in (None, name):
+            rows.append({"cluster": name, "nodes": 0, "gpus": 0, "stale_gpus": 0,
+                         "state": None, "last_seen": None, "last_sample_at": None,
+                         "naming": None, "naming_since": None})
+    for row in rows:
+        found = sources.get(row["cluster"], {})
+        row["seen_through"] = store.seen_through(vendors.get(row["cluster"], ()),
+                                                 row["naming"], found)
+        row["cards"] = store.known_cards(found)
+        row["acm"] = store.acm_view(found)
+    return sorted(rows, key=lambda r: r["cluster"])
 
 
 def _allocation_item(row: Mapping[Any, Any]) -> dict[str, Any]:

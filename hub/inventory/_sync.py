@@ -155,17 +155,26 @@ def plan_shards(counts: dict[str, int], shard_size: int, cluster_label: str) -> 
 
 
 def cluster_counts(client: HubClient, window: str, cluster_label: str,
-                   at: float) -> dict[str, int]:
-    """GPUs per cluster in the window (one request; ``""``: series without the label)."""
-    res = client.query(store.cluster_count_query(window, cluster_label), time=at)
+                   at: float) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
+    """GPUs per cluster in the window (``""``: series without the label), and what else
+    each cluster is seen through (store.source_arms), from one request."""
+    res = client.query(store.planning_query(window, cluster_label), time=at)
     _no_warnings(client, res.warnings)
     out: dict[str, int] = {}
+    sources: dict[str, dict[str, int]] = {}
     for row in res.result or []:
+        metric = row.get("metric") or {}
         try:
-            out[(row.get("metric") or {}).get(cluster_label, "")] = int(float(row["value"][1]))
+            count = int(float(row["value"][1]))
         except (KeyError, IndexError, TypeError, ValueError):
             continue
-    return out
+        source = metric.get(store.SOURCE_LABEL)
+        cluster = metric.get(cluster_label, "")
+        if source is None:
+            out[cluster] = count
+        elif cluster:
+            sources.setdefault(cluster, {})[source] = count
+    return out, sources
 
 
 def _fetch(client: HubClient, query: store.Query, at: float) -> tuple[store.Query, QueryResult]:
@@ -225,6 +234,8 @@ class Fetched:
     unlabelled: Unlabelled = field(default_factory=Unlabelled)
     #: cluster -> the dcgm naming its GPUs sent (clusters are whole in a shard)
     namings: dict[str, str] = field(default_factory=dict)
+    #: cluster -> what else its GPUs are seen through (card info, ACM's list; the plan's query)
+    sources: dict[str, dict[str, int]] = field(default_factory=dict)
     note: str | None = None
     _file: IO[bytes] | None = None
     _kept: list[list[Observation]] = field(default_factory=list)
@@ -309,9 +320,9 @@ def collect(client: HubClient, *, stale_after: float, cluster_label: str,
     Raises the missing-label error when no GPU series carries ``cluster_label``."""
     at = time.time() if at is None else at
     window, step = format_duration(stale_after), format_duration(subquery_step(stale_after))
-    shards = plan_shards(cluster_counts(client, window, cluster_label, at), shard_size,
-                         cluster_label)
-    fetched = Fetched(shards)
+    counts, sources = cluster_counts(client, window, cluster_label, at)
+    shards = plan_shards(counts, shard_size, cluster_label)
+    fetched = Fetched(shards, sources=sources)
     jobs = deque((shard, q) for shard in shards
                  for q in store.sync_queries(window, step, cluster_label, shard.matcher))
     left = {id(shard): 0 for shard in shards}
@@ -388,6 +399,7 @@ def run_sync(engine: Engine, client: HubClient, *, stale_after: float = 600.0,
                 writer.add(held, places=False)  # GPUs seen from several places: together
                 if fetched.namings:
                     inventory.write_namings(conn, fetched.namings, now)
+                inventory.write_sources(conn, fetched.sources, now)
                 counts = writer.finish()
                 note = NO_GPU_SERIES if counts["gpus"] == 0 else fetched.note
                 inventory.record_run(conn, started_at=started, status="ok",

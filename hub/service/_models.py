@@ -59,7 +59,10 @@ _COUNTED = {"nodes": int, "gpus": int, "stale_gpus": int, "state": State,
             "last_seen": Time, "last_sample_at": Time, "cluster": str, "node": str,
             # which dcgm naming a cluster's NVIDIA GPUs send (None: no NVIDIA GPU synced)
             "naming": Literal["legacy", "dcgm-4.7", "both"] | None,
-            "naming_since": Time}
+            "naming_since": Time,
+            # what its GPUs are seen through (store.seen_through), cards node-exporter counts
+            "seen_through": str, "cards": int | None,
+            "acm": Literal["managed", "maintenance"] | None}
 _GPU_TYPES: dict[str, Any] = {
     "cluster": str, "node": str, "uuid": str, "index": int | None, "vendor": Vendor,
     "state": State, "first_seen": Time, "last_seen": Time, "last_sample_at": Time,
@@ -68,7 +71,7 @@ _GPU_TYPES: dict[str, Any] = {
     "health": Health | None,
 }
 
-Cluster = _model("Cluster", inv.CLUSTER_COLUMNS, _COUNTED,
+Cluster = _model("Cluster", inv.CLUSTER_COLUMNS, {**_COUNTED, "state": State | None},
                  "A cluster: active nodes and physical GPUs, state, newest sample.")
 Node = _model("Node", inv.NODE_COLUMNS, _COUNTED, "A node: its GPUs, state, newest sample.")
 Gpu = _model("Gpu", inv.GPU_COLUMNS, _GPU_TYPES,

@@ -132,7 +132,8 @@ def clusters_section(conn: Connection, now: dt.datetime) -> Section:
     return Section("clusters", "Clusters", [
         ("cluster", "Cluster"), ("state", "State"), ("nodes", "Active nodes"),
         ("gpus", "Active GPUs"), ("last_sample_at", "Newest sample"), ("age", "Age"),
-        ("naming", "dcgm naming")],
+        ("naming", "dcgm naming"), ("seen_through", "Seen through"),
+        ("cards", "Cards (node-exporter)")],
         rows, "No clusters in the inventory yet.", "/api/v1/clusters", len(rows))
 
 

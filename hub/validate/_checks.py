@@ -52,7 +52,7 @@ class Finding:
 @dataclass(frozen=True)
 class ClusterFacts:
     cluster: str
-    state: str
+    state: str | None  # None: a dark cluster, cards known and no exporter series ever
     last_sample_at: dt.datetime | None
     nodes_active: int = 0
     nodes_known: int = 0
@@ -61,6 +61,11 @@ class ClusterFacts:
     #: which dcgm naming its NVIDIA GPUs send (legacy | dcgm-4.7 | both), since when
     naming: str | None = None
     naming_since: dt.datetime | None = None
+    #: what its GPUs are seen through (store.seen_through) and the cards node-exporter counts
+    seen_through: str | None = None
+    cards: int | None = None
+    #: ACM's own view (acm_managed_cluster_labels): "managed", "maintenance" or None
+    acm: str | None = None
 
 
 @dataclass(frozen=True)
@@ -210,12 +215,29 @@ def check_inventory(clusters: Sequence[ClusterFacts],
     return out
 
 
+#: ACM's own "cluster silent" alert, ManagedClusterMetricsMissing, fires after 15 minutes
+#: without metrics from a managed cluster (FIELD_NOTES, fifth round): a cluster ACM lists is
+#: called silent (an error) at the same age, so the two never disagree for long.
+ACM_SILENT_AFTER = 900.0
+
+
 def check_freshness(clusters: Sequence[ClusterFacts], now: dt.datetime, max_age: float,
-                    push_interval: float) -> list[Finding]:
-    """Heartbeat per cluster: the age of its newest sample."""
+                    push_interval: float, acm_silent_after: float = ACM_SILENT_AFTER,
+                    ) -> list[Finding]:
+    """Heartbeat per cluster: the age of its newest sample. A cluster ACM lists in
+    maintenance_mode is expected to be silent (info); one ACM manages is silent at the age
+    ACM's ManagedClusterMetricsMissing fires; a dark cluster (cards, no exporter series) is
+    the exporter check's, not this one's."""
     out: list[Finding] = []
     for c in clusters:
+        if c.state is None:
+            continue  # no exporter series ever: check_dark_clusters says what is missing
         age = age_seconds(c.last_sample_at, now)
+        if c.acm == "maintenance" and (age is None or age > 2 * push_interval):
+            out.append(Finding(INFO, "freshness",
+                               f"newest GPU sample is {human(age)} old; ACM lists the cluster "
+                               "in maintenance_mode, so its silence is expected", c.cluster))
+            continue
         if age is None:
             out.append(Finding(ERROR, "freshness", "no sample with a timestamp ever seen",
                                c.cluster))
@@ -223,11 +245,30 @@ def check_freshness(clusters: Sequence[ClusterFacts], now: dt.datetime, max_age:
             out.append(Finding(ERROR, "freshness",
                                f"newest GPU sample is {human(age)} old (> max age "
                                f"{human(max_age)}; last {_iso(c.last_sample_at)})", c.cluster))
+        elif c.acm == "managed" and age > acm_silent_after:
+            out.append(Finding(ERROR, "freshness",
+                               f"silent: newest GPU sample is {human(age)} old (> "
+                               f"{human(acm_silent_after)}, when ACM's "
+                               "ManagedClusterMetricsMissing fires for a managed cluster; "
+                               f"last {_iso(c.last_sample_at)})", c.cluster))
         elif age > 2 * push_interval:
             out.append(Finding(WARNING, "freshness",
                                f"newest GPU sample is {human(age)} old (> 2 × push interval "
                                f"{human(push_interval)}: at least one push missed)", c.cluster))
     return out
+
+
+def check_dark_clusters(clusters: Sequence[ClusterFacts]) -> list[Finding]:
+    """A cluster whose GPU cards node-exporter (or OpenShift's accelerator series) sees but
+    whose GPU exporter sends nothing to the hub: never a cluster of 0 GPUs. ACM's new
+    collection path forwards node_accelerator_card_info by default and no exporter series."""
+    return [Finding(ERROR, "exporter_missing",
+                    f"{c.cards} GPU card(s) known from node_accelerator_card_info, but no GPU "
+                    "exporter series reach the hub: is dcgm-exporter (or AMD's "
+                    "device-metrics-exporter) running, and does the collection carry its "
+                    "series? (ACM's multicluster-observability-addon: `gpufleet spoke render "
+                    "--mode acm --acm-collection mcoa`)", c.cluster)
+            for c in clusters if c.seen_through == "card info only" and c.gpus_active == 0]
 
 
 def check_missing_clusters(clusters: Sequence[ClusterFacts],
@@ -468,12 +509,14 @@ def check_driver_vanished(rows: Sequence[DriverVanished]) -> list[Finding]:
 
 
 def run_checks(facts: Facts, *, max_age: float = 3600.0, push_interval: float = 300.0,
-               naming_mix_for: float = NAMING_MIX_FOR) -> list[Finding]:
+               naming_mix_for: float = NAMING_MIX_FOR,
+               acm_silent_after: float = ACM_SILENT_AFTER) -> list[Finding]:
     now = facts.now
     out = check_inventory(facts.clusters, facts.last_sync, facts.last_ok_sync, now, max_age)
     out += check_naming(facts.clusters, now, naming_mix_for)
     out += check_driver_vanished(facts.driver_vanished)
-    out += check_freshness(facts.clusters, now, max_age, push_interval)
+    out += check_freshness(facts.clusters, now, max_age, push_interval, acm_silent_after)
+    out += check_dark_clusters(facts.clusters)
     out += check_missing_clusters(facts.clusters, facts.expected)
     out += check_partial_data(facts.nodes, facts.gpus)
     out += check_duplicate_uuids(facts.gpus)
@@ -518,7 +561,7 @@ def summarize(facts: Facts, findings: Sequence[Finding]) -> list[dict[str, Any]]
         rows.append({
             "cluster": name,
             "status": status,
-            "state": c.state if c else "absent",
+            "state": (c.state or "no exporter series") if c else "absent",
             "last_sample_at": c.last_sample_at if c else None,
             "age_seconds": None if age is None else round(age, 1),
             "age": human(age),
@@ -531,6 +574,8 @@ def summarize(facts: Facts, findings: Sequence[Finding]) -> list[dict[str, Any]]
             str(active),
             "expected": (name in expected) if facts.expected else None,
             "naming": c.naming if c else None,
+            "seen_through": c.seen_through if c else None,
+            "cards": c.cards if c else None,
             "findings": len(mine),
         })
     return rows

@@ -300,7 +300,8 @@ def report_facts(conn: Connection, now: dt.datetime) -> Facts:
         now=now,
         clusters=[ClusterFacts(c["cluster"], c["state"], c["last_sample_at"], c["nodes"],
                                known_nodes.get(c["cluster"], 0), c["gpus"], c["stale_gpus"],
-                               c["naming"], c["naming_since"])
+                               c["naming"], c["naming_since"], c["seen_through"],
+                               c["cards"], c["acm"])
                   for c in clusters],
         driver_vanished=driver_vanished(conn, now),
         nodes=[NodeFacts(n["cluster"], n["node"], n["state"], n["last_sample_at"], n["gpus"],
