@@ -414,7 +414,7 @@ class Meter:
                  named: Mapping[PodKey, list[dict[str, Any]]]) -> list[dict[str, Any]]:
         """Rows of GPUs pods held that no exporter series names in the bucket (uuid ''),
         their hours taken from the unallocated time of the node's GPUs."""
-        out = []
+        out: list[dict[str, Any]] = []
         gpus = self._gpus_of_nodes(rows)
         for (cluster, ns, pod), (alloc, p) in pods.items():
             seconds = _seconds(alloc.spans)
