@@ -292,6 +292,7 @@ class Meter:
             r["allocation_basis"] = SAMPLED
         pods = self._by_pod()
         if not pods and not self.edges:
+            self._flag_impossible(rows)
             return rows
         index = {(r["cluster"], r["uuid"], r["slice"], r["namespace"], r["pod"]): r
                  for r in rows}
