@@ -4,6 +4,7 @@ backfill), collected with the ledger's real queries (the issue's examples, to th
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 from pathlib import Path
 
@@ -225,3 +226,54 @@ def test_idle_efficiency_cost_and_every_reader_follow_the_metered_hours(tmp_path
 
 def _iso(ts: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+def test_a_spoke_asking_1e9_gpus_of_a_1_gpu_node_bills_the_node_and_the_report_names_it(
+        tmp_path: Path, db_url: str):
+    """Issue 42 end to end, on both databases: kube-state-metrics says a pod asks 1e9 GPUs
+    of node n1, which has one (two hours: 2,000,000,000 GPU-hours before), and another pod
+    on n2 sends a start of +Inf (billed 0 before, its hours "unallocated"). The ledger bills
+    n1's two GPU-hours and the other pod its samples; the report names both pods."""
+    from hub.validate._assess import metering_findings
+
+    push = 300.0
+    t0 = (time.time() // 3600) * 3600 - 5 * 3600
+    times = [t0 + 30 + push * k for k in range(round(4 * 3600 / push))]
+    greedy = PodObject("ml", "greedy", "n1", start=t0 + 600, gpus=1e9)
+    series = [*gpu_series("GPU-0", "n1", ("ml", "greedy", greedy.start, t0 + 9 * 3600)),
+              *greedy.series(),
+              *gpu_series("GPU-1", "n2", ("ml", "odd", t0 + 3600 + 1800, t0 + 9 * 3600)),
+              ("kube_pod_start_time", 'cluster="c1",namespace="ml",pod="odd",uid="odd"',
+               lambda t: float("inf") if t >= t0 + 3600 + 1800 else None),
+              ("kube_pod_container_resource_requests",
+               'cluster="c1",namespace="ml",pod="odd",uid="odd",container="main",node="n2",'
+               'resource="nvidia_com_gpu",unit="integer"',
+               lambda t: 1.0 if t >= t0 + 3600 + 1800 else None)]
+    hub = backfilled_hub(tmp_path / "hub", openmetrics(series, times)).start(timeout=120)
+    engine = inv.make_engine(db_url, create=True)
+    inv.ensure_schema(engine)
+    try:
+        with HubClient.from_settings(HubSettings(url=hub.url)) as client:
+            result = usage.collect_usage(engine, client, bucket=3600, push_interval=push,
+                                         starts=[t0 + 3600, t0 + 7200])
+        assert result.failed == []
+        with engine.connect() as conn:
+            rows = [dict(r) for r in conn.execute(sa.select(inv.usage)).mappings()]
+            findings = metering_findings(conn, dt.datetime.fromtimestamp(t0, dt.UTC)
+                                          .replace(tzinfo=None))
+    finally:
+        hub.stop()
+        engine.dispose()
+    assert hours_of(rows, pod="greedy") == pytest.approx(2.0)
+    assert hours_of(rows, node="n1") == pytest.approx(2.0)
+    assert hours_of(rows, pod="odd") == pytest.approx(1.5)  # its samples: 1:30 to 3:00
+    assert {r["allocation_basis"] for r in rows if r["pod"] == "odd"} == {"sampled"}
+    assert hours_of(rows, node="n2") == pytest.approx(2.0)
+    by_pod = {(f.check, f.namespace, f.node, f.message.split(":")[0]): f for f in findings}
+    assert set(by_pod) == {("metering_capped", "ml", "n1", "ml/greedy"),
+                           ("metering_impossible_edges", "ml", "n2", "ml/odd")}
+    greedy_finding = by_pod[("metering_capped", "ml", "n1", "ml/greedy")]
+    assert "1e+09 nvidia_com_gpu" in greedy_finding.message
+    assert "in 2 bucket(s)" in greedy_finding.message and greedy_finding.severity == "warning"
+    odd = by_pod[("metering_impossible_edges", "ml", "n2", "ml/odd")]
+    assert "start time is inf" in odd.message and "from its samples" in odd.message

@@ -16,6 +16,12 @@ with the ledger's real queries, and the oracle walks the pushes one by one:
 - sampled: the bucket's push-interval slots whose sample carried the pod's labels;
 - the node's GPU-hours: each GPU's reported time or its pods' time, whichever is more, plus
   what pods on GPUs no sample names held beyond the node's unallocated time.
+
+Hostile spokes (issue 42): some pods ask 1e9 GPUs, or send a start of +Inf or a month ahead,
+or an end before their start. Where a fleet has one, the ledger is held to the bounds the
+oracle computes from the pushes instead: a node's GPU-hours at most its GPUs x the bucket,
+a GPU's at most the bucket, a pod with impossible edges billed exactly its labelled slots
+(sampled) and flagged, a pod asking more than the node flagged where it is billed.
 """
 
 from __future__ import annotations
@@ -52,6 +58,9 @@ class Pod:
     completion: bool  # ... with kube_pod_completion_time (not on OpenShift)
     edges: bool  # gpufleet's exporter publishes its edges
     delay: int  # the exporter saw the allocation this much after the pod's start
+    #: "" | "huge" (asks 1e9 GPUs) | "inf" (start +Inf) | "future" (start a month ahead) |
+    #: "backwards" (its end edges say 600 s before its start)
+    hostile: str = ""
 
 
 @dataclass(frozen=True)
@@ -73,6 +82,25 @@ class Fleet:
         first = self.t0 - 2 * self.bucket
         return [round(first + (k + phase) * self.push, 3)  # as the text format keeps them
                 for k in range((BUCKETS + 4) * self.per_bucket)]
+
+
+#: mostly well-behaved pods: a hostile one among them
+HOSTILE = ("",) * 6 + ("huge", "inf", "future", "backwards")
+MONTH = 30 * 86400
+
+
+def sent_start(p: Pod, start: float) -> float:
+    """The start a hostile pod's series carry instead of ``start``."""
+    return {"inf": math.inf, "future": start + MONTH}.get(p.hostile, start)
+
+
+def sent_end(p: Pod, start: float, end: float) -> float:
+    return start - 600 if p.hostile == "backwards" else end
+
+
+def impossible(p: Pod) -> bool:
+    """Every source of the pod carries a start no allocation can have."""
+    return p.hostile in ("inf", "future") and (p.ksm or p.edges)
 
 
 def midnight_bucket(bucket: int) -> int:
@@ -102,7 +130,8 @@ def fleets(draw) -> Fleet:
             pods.append(Pod(f"p{g}-{k}", g, at, None if running else at + length,
                             ksm=draw(st.booleans()) or draw(st.booleans()),
                             completion=draw(st.booleans()), edges=draw(st.booleans()),
-                            delay=draw(st.integers(0, 5))))
+                            delay=draw(st.integers(0, 5)),
+                            hostile=draw(st.sampled_from(HOSTILE), label="hostile")))
             if running:
                 break
             # the next pod on this GPU after an estimated end could be: no overlap
@@ -136,25 +165,29 @@ def openmetrics(fleet: Fleet) -> str:
                 edge = f'cluster="c1",Hostname="n1",UUID="GPU-{g}",namespace="ml",pod="{p.name}"'
                 start, end = p.start + p.delay, None if p.end is None else p.end + p.delay
                 if start <= t and (end is None or t < end + 2 * fleet.push):
-                    add("gpufleet_allocation_start_timestamp_seconds", edge, t, start)
+                    add("gpufleet_allocation_start_timestamp_seconds", edge, t,
+                        sent_start(p, start))
                 if end is not None and end <= t < end + 2 * fleet.push:
-                    add("gpufleet_allocation_end_timestamp_seconds", edge, t, end)
+                    add("gpufleet_allocation_end_timestamp_seconds", edge, t,
+                        sent_end(p, start, end))
     for t in fleet.pushes(fleet.phases[-1]):
         for p in fleet.pods:
             if not p.ksm or t < p.start:
                 continue  # the object stays after it completed (a Job's pod)
             pod = f'cluster="c1",namespace="ml",pod="{p.name}",uid="u-{p.name}"'
-            add("kube_pod_start_time", pod, t, p.start)
+            add("kube_pod_start_time", pod, t, sent_start(p, p.start))
             add("kube_pod_container_resource_requests",
-                f'{pod},container="c",node="n1",resource="nvidia_com_gpu",unit="integer"', t, 1)
+                f'{pod},container="c",node="n1",resource="nvidia_com_gpu",unit="integer"', t,
+                1e9 if p.hostile == "huge" else 1)
             add("kube_pod_status_phase", f'{pod},phase="Running"', t,
                 1.0 if p.end is None or t < p.end else 0.0)
             if p.completion and p.end is not None and t >= p.end:
-                add("kube_pod_completion_time", pod, t, p.end)
+                add("kube_pod_completion_time", pod, t, sent_end(p, p.start, p.end))
     out = []
     for name, samples in rows.items():
         out.append(f"# TYPE {name} gauge")
-        out += [f"{name}{{{labels}}} {v} {t:.3f}" for labels, t, v in sorted(samples)]
+        out += [f"{name}{{{labels}}} {'+Inf' if v == math.inf else v} {t:.3f}"
+                for labels, t, v in sorted(samples)]
     return "\n".join([*out, "# EOF"]) + "\n"
 
 
@@ -247,6 +280,7 @@ def test_metered_hours_equal_the_oracle_at_every_push_interval(tmp_path_factory,
         assert result.failed == [] and len(result.collected) == BUCKETS
         with engine.connect() as conn:
             rows = conn.execute(sa.select(inv.usage)).mappings().all()
+            flags = conn.execute(sa.select(inv.usage_flags)).mappings().all()
             days = {r.day: r for r in conn.execute(
                 sa.select(inv.usage_daily.c.day,
                           sa.func.sum(inv.usage_daily.c.gpu_hours).label("hours"))
@@ -254,6 +288,9 @@ def test_metered_hours_equal_the_oracle_at_every_push_interval(tmp_path_factory,
     finally:
         hub.stop()
         engine.dispose()
+    if any(p.hostile for p in fleet.pods):
+        return within_bounds(fleet, rows, flags)
+    assert flags == [], fleet  # a well-behaved fleet is never corrected
     want_pods, want_totals = oracle(fleet)
     got: dict = {}
     totals = dict.fromkeys(range(BUCKETS), 0.0)
@@ -275,3 +312,44 @@ def test_metered_hours_equal_the_oracle_at_every_push_interval(tmp_path_factory,
         assert totals[b] == pytest.approx(hours, rel=1e-9, abs=1e-9), (b, fleet)
     # the daily rollup of the days the buckets cross (midnight) is the ledger's sum
     assert {d: r.hours for d, r in days.items()} == pytest.approx(per_day)
+
+
+def within_bounds(fleet: Fleet, rows, flags) -> None:
+    """A fleet with a hostile pod: the ledger within the bounds the pushes set."""
+    hours = fleet.bucket / 3600.0
+    eps = 1e-9
+    node: dict = {}
+    gpu: dict = {}
+    pod: dict = {}
+    for r in rows:
+        b = round((r["bucket_start"].replace(tzinfo=dt.UTC).timestamp() - fleet.t0)
+                  / fleet.bucket)
+        node[b] = node.get(b, 0.0) + r["gpu_hours"]
+        if r["uuid"]:
+            gpu[(b, r["uuid"])] = gpu.get((b, r["uuid"]), 0.0) + r["gpu_hours"]
+        if r["pod"]:
+            hours_, bases = pod.get((b, r["pod"]), (0.0, set()))
+            pod[(b, r["pod"])] = (hours_ + r["gpu_hours"], bases | {r["allocation_basis"]})
+    flagged = {(round((f["bucket_start"].replace(tzinfo=dt.UTC).timestamp() - fleet.t0)
+                      / fleet.bucket), f["pod"], f["flag"]) for f in flags}
+    for b, total in node.items():
+        assert total <= fleet.gpus * hours * (1 + eps), (b, total, fleet)
+    for (b, uuid), total in gpu.items():
+        assert total <= hours * (1 + eps), (b, uuid, total, fleet)
+    for b in range(BUCKETS):
+        lo = fleet.t0 + b * fleet.bucket
+        hi = lo + fleet.bucket
+        for p in fleet.pods:
+            slots = labelled(fleet, p, lo, hi)
+            if impossible(p):  # billed from its samples, never 0 in silence
+                if slots:
+                    billed, bases = pod.get((b, p.name), (0.0, set()))
+                    assert billed == pytest.approx(slots * fleet.push / 3600.0,
+                                                   rel=1e-9), (b, p, fleet)
+                    assert bases == {"sampled"}, (b, p, fleet)
+                if p.ksm and p.start < lo:  # its object is in the bucket's answers
+                    assert (b, p.name, "impossible_edges") in flagged, (b, p, fleet)
+            elif p.hostile == "huge" and not p.edges and not slots and (b, p.name) in pod:
+                # billed on a GPU no series names: at most the node's GPUs, and said so
+                assert pod[(b, p.name)][0] <= fleet.gpus * hours * (1 + eps), (b, p, fleet)
+                assert (b, p.name, "capped") in flagged, (b, p, fleet)

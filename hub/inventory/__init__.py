@@ -79,6 +79,7 @@ from hub.inventory._usage_tables import (
     usage,
     usage_buckets,
     usage_daily,
+    usage_flags,
     usage_idle_daily,
     usage_ledger,
 )
@@ -153,6 +154,7 @@ __all__ = [
     "usage",
     "usage_buckets",
     "usage_daily",
+    "usage_flags",
     "usage_idle_daily",
     "usage_ledger",
 ]

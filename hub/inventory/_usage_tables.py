@@ -4,6 +4,7 @@ chain, one prune); the ledger's writer and readers live in hub/usage (hub/usage/
 - ``usage``: one row per GPU or MIG slice, allocation and bucket;
 - ``usage_buckets``: which buckets are collected (a bucket is written whole or not at all);
 - ``usage_daily``: the rollup, per UTC day, of the ledger's rows (rebuilt with every write);
+- ``usage_flags``: what the meter corrected in a bucket, naming the pod;
 - ``usage_ledger``: properties of the ledger itself, today its bucket size: buckets of two
   sizes must never be summed side by side, so the size is stored once, with the rows.
 """
@@ -118,6 +119,20 @@ usage_idle_daily = sa.Table(
     sa.Column("gpu_hours", sa.Float, nullable=False),
     sa.Column("busy", sa.Float, nullable=False),  # sum of gpu_hours x utilisation %
     sa.Index("ix_usage_idle_daily_day", "day"),
+)
+
+#: What the meter corrected in a bucket, one row per pod and kind (hub/usage/_meter.py): a
+#: request beyond its node's GPUs (``capped``), edges that cannot be (``impossible_edges``).
+#: Written and deleted with the bucket's rows; `gpufleet report` turns them into findings.
+usage_flags = sa.Table(
+    "usage_flags", metadata,
+    sa.Column("bucket_start", sa.DateTime, primary_key=True),
+    sa.Column("cluster", sa.String(253), primary_key=True),
+    sa.Column("namespace", sa.String(253), primary_key=True),
+    sa.Column("pod", sa.String(253), primary_key=True),
+    sa.Column("flag", sa.String(32), primary_key=True),
+    sa.Column("node", sa.String(253), nullable=False),
+    sa.Column("detail", sa.Text, nullable=False),
 )
 
 USAGE_COLUMNS = [

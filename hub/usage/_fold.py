@@ -65,8 +65,9 @@ def _key(p: store.VendorProfile, labels: Mapping[str, str],
 def fold_bucket(answers: Iterable[tuple[store.Query, Iterable[Mapping[str, Any]]]], *,
                 start: float, bucket: float, resolution: float, cluster_label: str,
                 known: Mapping[tuple[str, str], tuple[str | None, float | None]],
-                push_interval: float | None = None, min_charge: float = 0.0
-                ) -> list[dict[str, Any]]:
+                push_interval: float | None = None, min_charge: float = 0.0,
+                node_gpus: Mapping[tuple[str, str], int] | None = None,
+                flags: list[dict[str, str]] | None = None) -> list[dict[str, Any]]:
     """Ledger rows of one bucket from the answers to its queries.
 
     ``resolution`` is the slot length (the push interval). A vendor's coverage answer must
@@ -78,11 +79,15 @@ def fold_bucket(answers: Iterable[tuple[store.Query, Iterable[Mapping[str, Any]]
     the allocated rows from the allocations' own edges (hub/usage/_meter.py); without them
     every row is ``sampled``. ``push_interval`` (default ``resolution``) bounds an end known
     only from the last sample; ``min_charge`` is the least an ended allocation is charged.
+    ``node_gpus`` gives the GPUs per (cluster, node) the inventory knows (a pod's requests
+    count at most its node's GPUs); the meter's corrections, one per pod, are appended to
+    ``flags`` (rows of ``usage_flags``).
     """
     accs: dict[Key, _Acc] = {}
     cover: dict[tuple[str, str], float] = {}
     meter = Meter(start=start, bucket=bucket, cluster_label=cluster_label,
-                  push_interval=push_interval or resolution, min_charge=min_charge)
+                  push_interval=push_interval or resolution, min_charge=min_charge,
+                  node_gpus=node_gpus)
     for query, rows in answers:
         if query.kind.startswith(("alloc:", "edge:")):
             meter.read(query.kind, rows)
@@ -159,6 +164,8 @@ def fold_bucket(answers: Iterable[tuple[store.Query, Iterable[Mapping[str, Any]]
                 "coverage": 0.0}
 
     out = meter.apply(out, empty)
+    if flags is not None:
+        flags += meter.flags
     for row in out:
         row["bucket_start"], row["bucket_end"] = utc(start), utc(start + bucket)
     return out

@@ -46,9 +46,11 @@ from hub.common import (
     human_duration,
 )
 from hub.inventory import (
+    ACTIVE,
     DAY,
     LEDGER_LOCK_KEY,
     ROLLUP_IDLE_THRESHOLD,
+    STALE,
     Shard,
     day_of,
     gpus,
@@ -61,6 +63,7 @@ from hub.inventory import (
     usage,
     usage_buckets,
     usage_daily,
+    usage_flags,
     usage_idle_daily,
     usage_ledger,
 )
@@ -179,6 +182,7 @@ def replace_grid(engine: Engine, bucket: float, lock_timeout: float = 60.0) -> i
 
 def _start_over(conn: Connection, bucket: float) -> int:
     removed = conn.execute(usage.delete()).rowcount or 0
+    conn.execute(usage_flags.delete())
     conn.execute(usage_buckets.delete())
     conn.execute(usage_daily.delete())
     conn.execute(usage_idle_daily.delete())
@@ -294,16 +298,26 @@ def _known(conn: Connection) -> dict[tuple[str, str], tuple[str | None, float | 
         sa.select(gpus.c.uuid, gpus.c.slice_key, gpus.c.model, gpus.c.memory_total_mib))}
 
 
+def _node_gpus(conn: Connection) -> dict[tuple[str, str], int]:
+    """GPUs per (cluster, node) the inventory holds now (active or stale): a pod's requests
+    never count more GPUs than its node has (hub/usage/_meter.py)."""
+    return {(r.cluster, r.node): int(r.n) for r in conn.execute(
+        sa.select(gpus.c.cluster, gpus.c.node,
+                  sa.func.count(sa.distinct(gpus.c.uuid)).label("n"))
+        .where(gpus.c.state.in_((ACTIVE, STALE))).group_by(gpus.c.cluster, gpus.c.node))}
+
+
 def _fold(client: HubClient, queries: list[store.Query], start: float, bucket: float,
           resolution: float, cluster_label: str, known: Mapping[tuple[str, str], Any],
-          labels: _LabelCheck, push_interval: float,
-          min_charge: float) -> list[dict[str, Any]]:
+          labels: _LabelCheck, push_interval: float, min_charge: float,
+          node_gpus: Mapping[tuple[str, str], int] | None = None,
+          flags: list[dict[str, str]] | None = None) -> list[dict[str, Any]]:
     """One bucket's ledger rows from the hub (nothing written); an empty answer where the
     cluster label is a typo raises it rather than writing an empty bucket."""
     rows = fold_bucket(_ask(client, queries, start, bucket, resolution, push_interval),
                        start=start, bucket=bucket, resolution=resolution,
                        cluster_label=cluster_label, known=known, push_interval=push_interval,
-                       min_charge=min_charge)
+                       min_charge=min_charge, node_gpus=node_gpus, flags=flags)
     if not rows and (typo := labels.typo(start, bucket)):
         raise typo
     return rows
@@ -318,6 +332,7 @@ class _Spilled:
         self._file = tempfile.TemporaryFile(prefix="gpufleet-usage-")  # noqa: SIM115 (close)
         self._parts = 0
         self.rows = 0
+        self.flags: list[dict[str, str]] = []  # the meter's corrections (few: kept here)
 
     def add(self, rows: list[dict[str, Any]]) -> None:
         pickle.dump(rows, self._file, protocol=pickle.HIGHEST_PROTOCOL)
@@ -345,32 +360,38 @@ def usage_shards(conn: Connection, shard_size: int, cluster_label: str) -> list[
 def _fold_shards(client: HubClient, shards: list[Shard], start: float, bucket: float,
                  resolution: float, cluster_label: str, known: Mapping[Any, Any],
                  concurrency: int, *, push_interval: float, min_charge: float,
-                 metered: bool) -> _Spilled:
+                 metered: bool,
+                 node_gpus: Mapping[tuple[str, str], int] | None = None) -> _Spilled:
     """Every shard's rows of one bucket, at most ``concurrency`` shards asked at once (each
     shard's requests one after the other: coverage first); the first failure raises,
     naming its shard's clusters. Shards hold whole clusters, so a pod's allocation and
     the GPUs it holds are always folded together."""
 
-    def one(shard: Shard) -> list[dict[str, Any]]:
+    def one(shard: Shard) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
         queries = bucket_queries(bucket, resolution, push_interval, cluster_label, metered,
                                  shard.matcher)
+        flags: list[dict[str, str]] = []
         try:
             return fold_bucket(_ask(client, queries, start, bucket, resolution, push_interval),
                                start=start, bucket=bucket, resolution=resolution,
                                cluster_label=cluster_label, known=known,
-                               push_interval=push_interval, min_charge=min_charge)
+                               push_interval=push_interval, min_charge=min_charge,
+                               node_gpus=node_gpus, flags=flags), flags
         except GpufleetError as exc:
             raise shard_error(exc, shard, shards, "bucket left for a later collect") from None
 
     spilled = _Spilled()
     try:
         if len(shards) == 1:
-            spilled.add(one(shards[0]))
+            rows, flags = one(shards[0])
+            spilled.add(rows)
+            spilled.flags += flags
             return spilled
         with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(shards))),
                                 thread_name_prefix="usage-shard") as pool:
-            for rows in pool.map(one, shards):
+            for rows, flags in pool.map(one, shards):
                 spilled.add(rows)
+                spilled.flags += flags
                 del rows
     except BaseException:
         spilled.close()
@@ -420,6 +441,7 @@ def collect_usage(engine: Engine, client: HubClient, *, bucket: float = 3600.0,
             starts = pending_buckets(conn, now=now, bucket=bucket, max_backfill=max_backfill,
                                      delay=delay)
         known = _known(conn)
+        node_gpus = _node_gpus(conn)
     ended = [s for s in starts if s + bucket + delay <= now]
     result.clipped = len(starts) - len(ended)
     if result.clipped:
@@ -440,7 +462,7 @@ def collect_usage(engine: Engine, client: HubClient, *, bucket: float = 3600.0,
         try:
             rows = _fold_shards(client, shards, start, bucket, resolution, cluster_label,
                                 known, concurrency, push_interval=push_interval,
-                                min_charge=min_charge, metered=metered)
+                                min_charge=min_charge, metered=metered, node_gpus=node_gpus)
             try:
                 if not rows.rows and (typo := labels.typo(start, bucket)):
                     raise typo
@@ -457,7 +479,8 @@ def collect_usage(engine: Engine, client: HubClient, *, bucket: float = 3600.0,
         try:
             with _ledger_transaction(engine, lock_timeout) as conn:
                 claim_grid(conn, bucket)
-                write_bucket(conn, start, bucket, rows, requests, count=rows.rows)
+                write_bucket(conn, start, bucket, rows, requests, count=rows.rows,
+                             flags=rows.flags)
         finally:
             rows.close()
         result.collected.append(utc(start))
@@ -498,15 +521,18 @@ def collect_on_new_grid(engine: Engine, client: HubClient, *, bucket: float = 36
                                "only once the new one's first bucket is collected)") from None
     with engine.connect() as conn:
         known = _known(conn)
+        node_gpus = _node_gpus(conn)
     first = ended[0] if ended else None
     rows: list[dict[str, Any]] = []
+    flags: list[dict[str, str]] = []
     requests = 0
     if first is not None:
         before = client.requests
         queries = bucket_queries(bucket, resolution, push_interval, cluster_label)
         try:
             rows = _fold(client, queries, first, bucket, resolution, cluster_label, known,
-                         _LabelCheck(client, cluster_label, now), push_interval, min_charge)
+                         _LabelCheck(client, cluster_label, now), push_interval, min_charge,
+                         node_gpus, flags)
         except InputError:
             raise
         except GpufleetError as exc:
@@ -517,7 +543,7 @@ def collect_on_new_grid(engine: Engine, client: HubClient, *, bucket: float = 36
     with _ledger_transaction(engine, lock_timeout) as conn:
         removed = _start_over(conn, bucket)
         if first is not None:
-            write_bucket(conn, first, bucket, rows, requests)
+            write_bucket(conn, first, bucket, rows, requests, flags=flags)
     if first is not None and on_bucket:
         on_bucket(utc(first), len(rows))
     rest = None if starts is None else [s for s in starts if s != first]
@@ -535,16 +561,18 @@ def collect_on_new_grid(engine: Engine, client: HubClient, *, bucket: float = 36
 
 def write_bucket(conn: Connection, start: float, bucket: float,
                  rows: Iterable[dict[str, Any]], requests: int,
-                 count: int | None = None) -> None:
-    """Replace one bucket's rows, rebuild its day's rollup, mark it collected (the caller
-    holds the ledger's lock and commits all of it at once). ``rows`` may be read once (a
-    shard at a time): then ``count`` says how many."""
+                 count: int | None = None, flags: Iterable[Mapping[str, str]] = ()) -> None:
+    """Replace one bucket's rows and the meter's flags, rebuild its day's rollup, mark it
+    collected (the caller holds the ledger's lock and commits all of it at once). ``rows``
+    may be read once (a shard at a time): then ``count`` says how many."""
     if count is None:
         rows = list(rows)
         count = len(rows)
     begin = utc(start)
     conn.execute(usage.delete().where(usage.c.bucket_start == begin))
     insert_rows(conn, usage, rows)
+    conn.execute(usage_flags.delete().where(usage_flags.c.bucket_start == begin))
+    insert_rows(conn, usage_flags, _one_per_pod(begin, flags))
     rebuild_days(conn, [day_of(begin)])
     upsert(conn, usage_buckets, [{
         "bucket_start": begin, "bucket_end": utc(start + bucket), "collected_at": now_utc(),
@@ -552,9 +580,26 @@ def write_bucket(conn: Connection, start: float, bucket: float,
         update=("bucket_end", "collected_at", "rows", "requests"))
 
 
+def _one_per_pod(begin: dt.datetime,
+                 flags: Iterable[Mapping[str, str]]) -> list[dict[str, Any]]:
+    """The bucket's flags, one row per pod and kind (the meter may correct a pod twice:
+    its details are joined)."""
+    out: dict[tuple[str, str, str, str], dict[str, Any]] = {}
+    for f in flags:
+        key = (f["cluster"], f["namespace"], f["pod"], f["flag"])
+        have = out.get(key)
+        if have is None:
+            out[key] = {**f, "bucket_start": begin}
+        elif f["detail"] not in have["detail"]:
+            have["detail"] += "; " + f["detail"]
+            have["node"] = have["node"] or f["node"]
+    return list(out.values())
+
+
 def apply_retention(conn: Connection, before: float) -> int:
     cut = utc(before)
     removed = conn.execute(usage.delete().where(usage.c.bucket_start < cut)).rowcount or 0
+    conn.execute(usage_flags.delete().where(usage_flags.c.bucket_start < cut))
     conn.execute(usage_buckets.delete().where(usage_buckets.c.bucket_start < cut))
     conn.execute(usage_daily.delete().where(usage_daily.c.day < day_of(cut)))
     conn.execute(usage_idle_daily.delete().where(usage_idle_daily.c.day < day_of(cut)))

@@ -26,10 +26,22 @@ scaled so that the shares of one GPU-second never add up to more than one. A pod
 kube-state-metrics shows holding GPUs that no exporter series names in the bucket is still
 billed, on a row with an empty uuid, and its hours are taken from the unallocated time of its
 node's GPUs (which GPU it held is unknown, that it held one is not).
+
+What a spoke sends is held to physics, and every correction is a flag naming the pod
+(``Meter.flags``, stored with the bucket and read by `gpufleet report`), never a silent 0 nor
+a silent fortune:
+
+- a pod's requests count at most the GPUs of its node (the most the exporter's rows or the
+  inventory show there; :data:`MAX_NODE_GPUS` where neither knows the node), and the pods of
+  a node are never allocated more GPU-seconds than its GPUs x the bucket (``capped``);
+- an allocation whose edges cannot be (not finite, a start after the last push that could
+  carry it, an end before its start) is not metered: its pod is billed from the samples
+  that carried its labels, as without any interval source (``impossible_edges``).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -39,6 +51,11 @@ from typing import Any
 from hub import store
 
 INTERVAL, ESTIMATED, SAMPLED = "interval", "estimated", "sampled"
+#: GPUs one node can hold where neither an exporter nor the inventory knows the node (the
+#: largest servers, DGX-2 and HGX-2, hold 16): a request beyond it is no node's
+MAX_NODE_GPUS = 16
+#: the flags the meter raises (hub/usage/_meter.py's module docstring)
+CAPPED, IMPOSSIBLE = "capped", "impossible_edges"
 #: the bases from most to least exact; a group of rows is as exact as its least exact row
 BASES = (INTERVAL, ESTIMATED, SAMPLED)
 BASIS_RANK = {b: i for i, b in enumerate(BASES)}
@@ -85,11 +102,23 @@ class _Alloc:
 
 def sample_value(row: Mapping[str, Any]) -> float | None:
     """An instant answer's value; None for NaN or a malformed row."""
+    v = raw_value(row)
+    return None if v is None or v != v else v
+
+
+def raw_value(row: Mapping[str, Any]) -> float | None:
+    """An instant answer's value as sent, NaN and infinities included; None if malformed."""
     try:
-        v = float(row["value"][1])
+        return float(row["value"][1])
     except (KeyError, IndexError, TypeError, ValueError):
         return None
-    return None if v != v else v
+
+
+def flag(cluster: str, node: str, namespace: str, pod: str, kind: str,
+         detail: str) -> dict[str, str]:
+    """One correction the meter made, naming the pod (a row of ``usage_flags``)."""
+    return {"cluster": cluster, "node": node, "namespace": namespace, "pod": pod,
+            "flag": kind, "detail": detail[:255]}
 
 
 def clip(spans: Iterable[Span], lo: float, hi: float) -> list[Span]:
@@ -114,18 +143,25 @@ class Meter:
     the bucket's rows from them (``apply``)."""
 
     def __init__(self, *, start: float, bucket: float, push_interval: float,
-                 cluster_label: str, min_charge: float = 0.0) -> None:
+                 cluster_label: str, min_charge: float = 0.0,
+                 node_gpus: Mapping[tuple[str, str], int] | None = None) -> None:
         self.lo, self.hi = start, start + bucket
         self.bucket, self.push, self.min_charge = bucket, push_interval, min_charge
         self.label = cluster_label
         self.pods: dict[tuple[str, str, str, str], _PodObject] = {}
         self.edges: dict[tuple[str, str, str, str, str], _Edge] = {}
         self.replicas: dict[tuple[str, str], float] = {}
+        #: GPUs per (cluster, node) the inventory knows (the rows may show more)
+        self.node_gpus: Mapping[tuple[str, str], int] = node_gpus or {}
+        #: what ``apply`` corrected, one flag per pod and kind (see :func:`flag`)
+        self.flags: list[dict[str, str]] = []
+        self._impossible: dict[PodKey, tuple[str, str]] = {}  # pod -> (node, why)
 
     # -- reading the answers ----------------------------------------------------------------
     def read(self, kind: str, rows: Iterable[Mapping[str, Any]]) -> None:
         for row in rows:
-            labels, value = row["metric"], sample_value(row)
+            # an edge of NaN is kept: an impossible edge is flagged, not taken for none
+            labels, value = row["metric"], raw_value(row)
             cluster = labels.get(self.label) or ""
             if value is None or not cluster:
                 continue
@@ -153,7 +189,7 @@ class Meter:
             p.end = value
         elif kind == "alloc:running":
             p.running = value
-        elif kind == "alloc:requests" and value > 0:
+        elif kind == "alloc:requests" and value > 0:  # NaN is no request
             p.node = p.node or labels.get("node") or ""
             resource = labels.get("resource") or ""
             p.requests[resource] = p.requests.get(resource, 0.0) + value
@@ -174,6 +210,22 @@ class Meter:
         setattr(e, kind.split(":")[1], value)
 
     # -- intervals ----------------------------------------------------------------------------
+    def _unreal(self, start: float | None, end: float | None) -> str | None:
+        """Why an allocation's edges cannot be (None: they can). The answers are asked a
+        push interval and at most one more after the bucket's end, so no sample read can
+        carry a start later than two push intervals past it."""
+        for name, t in (("start", start), ("end", end)):
+            if t is not None and not math.isfinite(t):
+                return f"its {name} time is {t}"
+        if start is not None and start > self.hi + 2 * self.push:
+            return f"its start {_iso(start)} is after the last push that could carry it"
+        if start is not None and end is not None and end < start:
+            return f"its end {_iso(end)} is before its start {_iso(start)}"
+        return None
+
+    def _refuse(self, cluster: str, ns: str, pod: str, node: str, why: str) -> None:
+        self._impossible.setdefault((cluster, ns, pod), (node, why))
+
     def _span(self, start: float | None, end: float | None,
               last_seen: float | None) -> tuple[Span, str] | None:
         """[start, end) of one allocation and its basis; None without a start, or without
@@ -198,6 +250,10 @@ class Meter:
         out: dict[PodKey, tuple[_Alloc, _PodObject]] = {}
         for (cluster, ns, pod, _uid), p in self.pods.items():
             if not any(store.gpu_request(r) for r in p.requests):
+                continue
+            why = self._unreal(p.start, p.end)
+            if why is not None:
+                self._refuse(cluster, ns, pod, p.node, f"kube-state-metrics: {why}")
                 continue
             span = self._span(p.start, p.end, p.running)
             if span is None:
@@ -236,11 +292,16 @@ class Meter:
             r["allocation_basis"] = SAMPLED
         pods = self._by_pod()
         if not pods and not self.edges:
+            self._flag_impossible(rows)
             return rows
         index = {(r["cluster"], r["uuid"], r["slice"], r["namespace"], r["pod"]): r
                  for r in rows}
         edge_allocs: dict[tuple[str, str, str, str, str], _Alloc] = {}
         for (cluster, ns, pod, uuid, slice_key), e in self.edges.items():
+            why = self._unreal(e.start, e.end)
+            if why is not None:
+                self._refuse(cluster, ns, pod, e.ident.node, f"gpufleet's exporter: {why}")
+                continue
             span = self._span(e.start, e.end, e.seen)
             if span is None:
                 continue
@@ -260,7 +321,19 @@ class Meter:
             out += self._meter_unit(unit, members, pods, edge_allocs, named)
         edged = {(cluster, ns, pod) for cluster, ns, pod, _, _ in self.edges}
         out += self._unknown(out, {k: v for k, v in pods.items() if k not in edged}, named)
+        self._flag_impossible(out)
         return out
+
+    def _flag_impossible(self, rows: list[dict[str, Any]]) -> None:
+        """One flag per pod whose edges could not be, saying what it was billed from."""
+        for (cluster, ns, pod), (node, why) in sorted(self._impossible.items()):
+            mine = [r for r in rows if (r["cluster"], r["namespace"], r["pod"])
+                    == (cluster, ns, pod)]
+            hours = sum(r["gpu_hours"] for r in mine)
+            node = node or next((r["node"] for r in mine), "")
+            billed = (f"billed {hours:.6g} GPU-hours from its samples" if hours > 0 else
+                      "no sample carried its labels in the bucket, so nothing was billed")
+            self.flags.append(flag(cluster, node, ns, pod, IMPOSSIBLE, f"{why}: {billed}"))
 
     def _meter_unit(self, unit: Unit, members: list[dict[str, Any]],
                     pods: Mapping[PodKey, tuple[_Alloc, _PodObject]],
@@ -291,6 +364,7 @@ class Meter:
         _cap_estimates(metered)
         covered = min(self.bucket, sum(r["coverage"] for r in members) * self.bucket)
         charged = _shared_seconds([(a.spans, share) for _, a, share in metered])
+        self._fit_unit(unit, metered, charged, sampled_s)
         out = [r for r in members if r is free or not any(r is m[0] for m in metered)]
         allocated = sampled_s
         for (r, alloc, _), seconds in zip(metered, charged, strict=True):
@@ -316,12 +390,33 @@ class Meter:
                 out.remove(free)
         return out
 
+    def _fit_unit(self, unit: Unit, metered: list[tuple[dict[str, Any], _Alloc, float]],
+                  charged: list[float], sampled_s: float) -> None:
+        """A GPU (or slice) holds at most the bucket: where pods billed from their samples
+        and pods billed from their edges add up to more (edges that contradict the samples,
+        which saw who held it), the metered ones are scaled to the rest, and flagged."""
+        total = sum(charged)
+        left = max(0.0, self.bucket - sampled_s)
+        if total <= left * (1 + 1e-12):
+            return
+        for i, (r, _, _) in enumerate(metered):
+            if charged[i] <= 0:
+                continue
+            was = charged[i]
+            charged[i] = was * left / total
+            self.flags.append(flag(
+                unit[0], r["node"], r["namespace"], r["pod"], CAPPED,
+                f"GPU {unit[1]}{' ' + unit[2] if unit[2] else ''} was allocated "
+                f"{(total + sampled_s) / 3600:.6g} hours of a {self.bucket / 3600:.6g}-hour "
+                f"bucket: billed {charged[i] / 3600:.6g} instead of {was / 3600:.6g}"))
+
     def _unknown(self, rows: list[dict[str, Any]],
                  pods: Mapping[PodKey, tuple[_Alloc, _PodObject]],
                  named: Mapping[PodKey, list[dict[str, Any]]]) -> list[dict[str, Any]]:
         """Rows of GPUs pods held that no exporter series names in the bucket (uuid ''),
         their hours taken from the unallocated time of the node's GPUs."""
-        out = []
+        out: list[dict[str, Any]] = []
+        gpus = self._gpus_of_nodes(rows)
         for (cluster, ns, pod), (alloc, p) in pods.items():
             seconds = _seconds(alloc.spans)
             if seconds <= 0:
@@ -329,6 +424,15 @@ class Meter:
             mine = named.get((cluster, ns, pod), [])
             share, vendor, profile = self._missing(p, cluster, mine, _node_model(rows, cluster,
                                                                                 p.node))
+            held = sum(r["gpu_share"] for r in mine if r["uuid"])
+            room = max(0.0, gpus.get((cluster, p.node), MAX_NODE_GPUS) - held)
+            if share > room:
+                self.flags.append(flag(
+                    cluster, p.node, ns, pod, CAPPED,
+                    f"requests {_requested(p.requests)} on node {p.node or '(none)'}, which "
+                    f"has {gpus.get((cluster, p.node), MAX_NODE_GPUS)} GPU(s): billed as "
+                    f"{held + room:g} GPU(s)"))
+                share = room
             if share <= 0:
                 continue
             hours = share * seconds / 3600.0
@@ -343,8 +447,46 @@ class Meter:
                 "avg_power_w": None, "energy_wh": None, "coverage": 0.0,
                 "avg_sm_active_pct": None, "avg_tensor_active_pct": None,
                 "avg_dram_active_pct": None, "allocation_basis": alloc.basis})
-            _take_free(rows, cluster, p.node, vendor, hours)
+        self._fit_nodes(rows, out, gpus)
+        for r in out:
+            _take_free(rows, r["cluster"], r["node"], r["vendor"], r["gpu_hours"])
         return out
+
+    def _gpus_of_nodes(self, rows: list[dict[str, Any]]) -> dict[tuple[str, str], int]:
+        """GPUs per (cluster, node): the most the bucket's rows or the inventory show."""
+        seen: dict[tuple[str, str], set[str]] = {}
+        for r in rows:
+            if r["uuid"]:
+                seen.setdefault((r["cluster"], r["node"]), set()).add(r["uuid"])
+        out = dict(self.node_gpus)
+        for key, uuids in seen.items():
+            out[key] = max(out.get(key, 0), len(uuids))
+        return out
+
+    def _fit_nodes(self, rows: list[dict[str, Any]], unknown: list[dict[str, Any]],
+                   gpus: Mapping[tuple[str, str], int]) -> None:
+        """Scale the unnamed rows of a node down to what its GPUs had left in the bucket
+        (GPUs x the bucket, less the allocated hours the exporter's rows name there)."""
+        by_node: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for r in unknown:
+            by_node.setdefault((r["cluster"], r["node"]), []).append(r)
+        for (cluster, node), mine in by_node.items():
+            asked = sum(r["gpu_hours"] for r in mine)
+            named = sum(r["gpu_hours"] for r in rows if r["cluster"] == cluster
+                        and r["node"] == node and r["uuid"] and r["pod"])
+            have = gpus.get((cluster, node), MAX_NODE_GPUS) * self.bucket / 3600.0
+            left = max(0.0, have - named)
+            if asked <= left * (1 + 1e-12):
+                continue
+            for r in mine:
+                was = r["gpu_hours"]
+                _set_hours(r, was * left / asked)
+                r["gpu_share"] = r["gpu_share"] * left / asked
+                self.flags.append(flag(
+                    cluster, node, r["namespace"], r["pod"], CAPPED,
+                    f"the pods of node {node or '(none)'} asked {asked:.6g} GPU-hours of its "
+                    f"{have:.6g}, {named:.6g} of them named by its GPUs' series: billed "
+                    f"{r['gpu_hours']:.6g} instead of {was:.6g} GPU-hours"))
 
     def _missing(self, p: _PodObject, cluster: str, mine: list[dict[str, Any]],
                  model: str | None) -> tuple[float, str, str | None]:
@@ -369,6 +511,19 @@ class Meter:
             else:
                 share += max(0.0, count - len({r["uuid"] for r in whole})) * per_gpu
         return share, vendor, profile
+
+
+def _iso(ts: float) -> str:
+    """A unix time for a message; a spoke's 1e300 is shown as sent."""
+    try:
+        return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    except (OverflowError, OSError, ValueError):
+        return f"{ts:g}"
+
+
+def _requested(requests: Mapping[str, float]) -> str:
+    return ", ".join(f"{n:g} {r}" for r, n in sorted(requests.items())
+                     if store.gpu_request(r) is not None)
 
 
 _ACTIVITY = ("avg_utilisation_pct", "max_utilisation_pct", "avg_sm_active_pct",

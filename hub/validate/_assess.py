@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from hub import inventory as inv
@@ -103,6 +104,7 @@ def assess(engine: Engine, client: HubClient | None, *, max_age: float, push_int
     with engine.connect() as conn:
         usage_view = usage_summary(conn, now, *rule)
         findings += idle_allocated_findings(usage_view["idle"], rule[0])
+        findings += metering_findings(conn, now - dt.timedelta(seconds=IDLE_LOOKBACK))
     if failure is not None:
         findings.insert(0, checks.Finding(checks.ERROR, "hub", "hub checks failed: "
                                           + failure.format_message()))
@@ -134,6 +136,28 @@ def idle_allocated_findings(idle: list[dict[str, Any]],
         r["cluster"], r["node"], r["uuid"] + (f" {r['slice']}" if r["slice"] else ""),
         r["namespace"])
         for r in idle]
+
+
+def metering_findings(conn: Any, since: dt.datetime) -> list[checks.Finding]:
+    """One warning per pod and kind the meter corrected in the buckets since ``since``
+    (usage_flags, hub/usage/_meter.py): a request beyond its node's GPUs, edges that cannot
+    be. The bill stayed bounded; what the spoke sent is wrong and someone should look."""
+    f = inv.usage_flags
+    latest = (sa.select(f.c.cluster, f.c.namespace, f.c.pod, f.c.flag,
+                        sa.func.count().label("buckets"),
+                        sa.func.max(f.c.bucket_start).label("last"))
+              .where(f.c.bucket_start >= since)
+              .group_by(f.c.cluster, f.c.namespace, f.c.pod, f.c.flag).subquery())
+    rows = conn.execute(
+        sa.select(latest, f.c.node, f.c.detail)
+        .join(f, sa.and_(f.c.cluster == latest.c.cluster, f.c.namespace == latest.c.namespace,
+                         f.c.pod == latest.c.pod, f.c.flag == latest.c.flag,
+                         f.c.bucket_start == latest.c.last))).mappings()
+    return [checks.Finding(
+        checks.WARNING, f"metering_{r['flag']}",
+        f"{r['namespace']}/{r['pod']}: {r['detail']} (in {r['buckets']} bucket(s) of the last "
+        f"{human_duration(IDLE_LOOKBACK)}, the latest from {r['last'].isoformat()}Z)",
+        r["cluster"], r["node"] or None, None, r["namespace"]) for r in rows]
 
 
 def usage_summary(conn: Any, now: dt.datetime, threshold: float | None = None,
