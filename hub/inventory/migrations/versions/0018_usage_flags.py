@@ -6,8 +6,8 @@ from the pod's samples) and says so, one row per bucket, pod and kind, written a
 with the bucket's rows, so `gpufleet report` can name the pods whose bill was corrected.
 Buckets collected before have no flags (nothing was corrected then).
 
-Revision ID: 0017
-Revises: 0016
+Revision ID: 0018
+Revises: 0017
 Create Date: 2026-11-27
 """
 
@@ -16,8 +16,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0017"
-down_revision = "0016"
+revision = "0018"
+down_revision = "0017"
 branch_labels = None
 depends_on = None
 
