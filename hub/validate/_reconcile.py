@@ -379,7 +379,8 @@ def ksm_label(label: str) -> str:
 
 
 # kube-state-metrics resources the hub source asks for: GPU ones, and cpu to list every node
-KSM_GPU_RESOURCES = "nvidia_com_.+|amd_com_.+"
+# (one regex with what ACM's collection paths forward: hub.store._collection)
+KSM_GPU_RESOURCES = store.KSM_GPU_RESOURCES
 
 
 def _ksm_wanted(keep: Collection[str]) -> list[str]:
@@ -445,6 +446,10 @@ def nodes_from_ksm(resource_rows: Iterable[Mapping[str, Any]],
             {wanted[k]: v for k, v in metric.items() if k in wanted and v})
         if metric.get(store.KUBE_PROVIDER_ID):
             providers[key] = metric[store.KUBE_PROVIDER_ID]
+    # A node whose capacity never reached the hub (MCOA's default set forwards allocatable,
+    # not capacity) is still a node: its allocatable stands for what it advertises.
+    for key, alloc in allocatable.items():
+        capacity.setdefault(key, dict(alloc))
     views = []
     for (c, n), caps in sorted(capacity.items()):
         found = labels.get((c, n), {})
