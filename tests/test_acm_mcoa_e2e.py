@@ -6,8 +6,9 @@ dcgm-exporter and a kube-state-metrics; a real Prometheus agent per spoke federa
 gpufleet's rendered ScrapeConfigs (their match[] and metricRelabelings, the rendered
 PrometheusRule evaluated in the spoke's Prometheus), cluster ``legacy`` as the legacy
 metrics-collector forwards the rendered allowlist. Then `sync`, `reconcile --source hub`
-and `usage collect` run against the hub: both clusters must come out the same. Before MCOA's render existed, such a spoke synced 0
-GPUs and reconcile called every node missing_in_kubernetes.
+and `usage collect` run against the hub: both clusters must come out the same. Before
+MCOA's render existed, such a spoke synced 0 GPUs and reconcile called every node
+missing_in_kubernetes.
 """
 
 from __future__ import annotations
