@@ -316,6 +316,12 @@ def reconcile(ctx: click.Context, source: str | None, contexts: tuple[str, ...],
               metavar="DURATION", envvar=env("naming-mix-for"),
               help="A cluster whose GPUs send both dcgm namings (legacy and dcgm-4.7) for "
                    "longer than this is a finding: an exporter upgrade should take less.")
+@click.option("--acm-silent-after", type=DURATION, default="15m", show_default=True,
+              metavar="DURATION", envvar=env("acm-silent-after"),
+              help="A cluster ACM manages (acm_managed_cluster_labels) whose newest GPU sample "
+                   "is older than this is silent, an error: the age at which ACM's own "
+                   "ManagedClusterMetricsMissing fires. A cluster in maintenance_mode may be "
+                   "silent (info).")
 @click.option("--max-findings", type=click.IntRange(1), default=50, show_default=True,
               help="Findings listed in -o markdown (the rest are counted).")
 @click.option("--out", metavar="FILE",
@@ -326,8 +332,8 @@ def reconcile(ctx: click.Context, source: str | None, contexts: tuple[str, ...],
 @output_option("table", "json", "markdown", "html")
 @click.pass_context
 def report(ctx: click.Context, max_age: float, push_interval: float, window: float,
-           idle_threshold: float, idle_for: float, naming_mix_for: float, max_findings: int,
-           out: str | None,
+           idle_threshold: float, idle_for: float, naming_mix_for: float,
+           acm_silent_after: float, max_findings: int, out: str | None,
            cluster_label: str, db: str | None, output: str, **opts: Any) -> None:
     """Check the latest data and print findings with a per-cluster summary.
 
@@ -345,8 +351,9 @@ def report(ctx: click.Context, max_age: float, push_interval: float, window: flo
     """
     from hub.commands.core import database, hub_client
 
-    if max_age <= 0 or push_interval <= 0 or window <= 0:
-        raise InputError("--max-age, --push-interval and --window must be greater than 0")
+    if max_age <= 0 or push_interval <= 0 or window <= 0 or acm_silent_after <= 0:
+        raise InputError("--max-age, --push-interval, --window and --acm-silent-after must "
+                         "be greater than 0")
     with database(db) as engine:
         if opts.get("hub_url"):
             with hub_client(opts) as client:
@@ -354,13 +361,15 @@ def report(ctx: click.Context, max_age: float, push_interval: float, window: flo
                                            push_interval=push_interval, window=window,
                                            cluster_label=cluster_label,
                                            idle_threshold=idle_threshold, idle_for=idle_for,
-                                           naming_mix_for=naming_mix_for)
+                                           naming_mix_for=naming_mix_for,
+                                           acm_silent_after=acm_silent_after)
         else:
             assessed = validation.assess(engine, None, max_age=max_age,
                                        push_interval=push_interval, window=window,
                                        cluster_label=cluster_label,
                                        idle_threshold=idle_threshold, idle_for=idle_for,
-                                       naming_mix_for=naming_mix_for)
+                                       naming_mix_for=naming_mix_for,
+                                       acm_silent_after=acm_silent_after)
     facts, findings, now = assessed.facts, assessed.findings, assessed.now
     hub_url, hub_failure = assessed.hub_url, assessed.hub_failure
     run = facts.reconcile

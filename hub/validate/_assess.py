@@ -72,7 +72,8 @@ class Assessment:
 def assess(engine: Engine, client: HubClient | None, *, max_age: float, push_interval: float,
            window: float, cluster_label: str, idle_threshold: float | None = None,
            idle_for: float | None = None,
-           naming_mix_for: float = checks.NAMING_MIX_FOR) -> Assessment:
+           naming_mix_for: float = checks.NAMING_MIX_FOR,
+           acm_silent_after: float = checks.ACM_SILENT_AFTER) -> Assessment:
     """Run every check on the latest inventory (and the hub's recent history, given a client).
 
     A hub that fails is not fatal here: the assessment carries an error finding and the
@@ -99,7 +100,8 @@ def assess(engine: Engine, client: HubClient | None, *, max_age: float, push_int
     else:
         facts.hub_skipped = "no hub URL configured (--hub-url or GPUFLEET_HUB_URL)"
     findings = checks.run_checks(facts, max_age=max_age, push_interval=push_interval,
-                                 naming_mix_for=naming_mix_for)
+                                 naming_mix_for=naming_mix_for,
+                                 acm_silent_after=acm_silent_after)
     rule = idle_rule(idle_threshold, idle_for)
     with engine.connect() as conn:
         usage_view = usage_summary(conn, now, *rule)
