@@ -35,6 +35,7 @@ from hub.service._auth import (
     is_loopback,
     load_group_scopes,
 )
+from hub.service._leader import Leadership
 from hub.service._scheduler import Jobs
 from hub.service._tls import TlsFiles
 from hub.store import HubClient, HubSettings
@@ -200,7 +201,8 @@ def access(*, tokens_file: str | None, oidc_issuer: str | None, oidc_audience: s
 
 
 def service_jobs(engine: Engine, client: HubClient, settings: ServeSettings, *,
-                 stopping: Callable[[], bool] = lambda: False) -> Jobs:
+                 stopping: Callable[[], bool] = lambda: False,
+                 leader: Leadership | None = None) -> Jobs:
     """The scheduled work: sync; then, when asked, a hub-side reconcile and a prune of what
     has been stale for longer than ``prune_stale_after``; then every completed usage bucket
     not collected yet (a push interval after its end); then the findings. ``stopping``
@@ -216,7 +218,8 @@ def service_jobs(engine: Engine, client: HubClient, settings: ServeSettings, *,
 
     def sync() -> SyncResult:
         return run_sync(engine, client, stale_after=s.stale_after, cluster_label=s.cluster_label,
-                        lock_timeout=s.lock_timeout)
+                        lock_timeout=s.lock_timeout,
+                        fence=leader.fence if leader is not None else None)
 
     def reconcile_job() -> None:
         views, covered = validation.nodes_from_hub(

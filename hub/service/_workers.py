@@ -34,7 +34,7 @@ from sqlalchemy.engine import Engine
 
 from hub import inventory as inv
 from hub.common import InputError, format_duration, on_sigterm
-from hub.service._leader import leadership
+from hub.service._leader import BEAT, leadership
 from hub.service._page import usage_sections
 from hub.service._scheduler import Service, build_service, describe_error
 from hub.service._serve import bind
@@ -72,7 +72,9 @@ def worker(settings: ServeSettings, sock: Any = None) -> None:
             inv.open_engine(settings.db, create=True) as engine:
         readonly = inv.read_only_engine(settings.db)
         try:
-            jobs = service_jobs(engine, client, settings, stopping=stopping.is_set)
+            leader = leadership(engine, beat=min(settings.every, BEAT))
+            jobs = service_jobs(engine, client, settings, stopping=stopping.is_set,
+                                leader=leader)
             try:  # bind first: a port in use fails before anything touches the database
                 service = build_service(
                     jobs, every=settings.every, engine=readonly, host=settings.host,
@@ -81,7 +83,7 @@ def worker(settings: ServeSettings, sock: Any = None) -> None:
                     sessions=DbSessions(engine, ttl=settings.session_ttl),
                     prices=settings.prices, idle_rule=settings.idle_rule,
                     forwarded_allow_ips=settings.forwarded_allow_ips,
-                    leader=leadership(engine), sock=sock)
+                    leader=leader, sock=sock)
             except OSError as exc:
                 reason = exc.strerror or str(exc)
                 raise InputError(f"cannot listen on {settings.listen}: {reason}") from None
