@@ -67,7 +67,7 @@ def test_one_leads_and_a_hung_one_is_replaced_after_its_lease(engine):
         assert row(engine)["epoch"] == 2 and row(engine)["holder"] == b.holder
         assert not row(engine)["locked"]  # a still holds the lock
         # ... and a, woken up, finds out before it writes, then steps down
-        with engine.begin() as conn, pytest.raises(LeaseLost, match="epoch 1.*epoch 2"):
+        with engine.begin() as conn, pytest.raises(LeaseLost, match=r"epoch 1.*epoch 2"):
             a.fence(conn)
         assert not a.acquire()
         assert a.epoch is None

@@ -7,11 +7,13 @@ import itertools
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
 import requests
 import sqlalchemy as sa
 
@@ -251,6 +253,11 @@ def test_a_hung_leader_is_replaced_and_writes_nothing_when_it_wakes(hub, db_url,
         wait_until(lambda: answers(urls[1]) and not leading(urls[1]), 60)
         wait_runs(db_url, 2)
         a.send_signal(signal.SIGSTOP)
+        # the rendered liveness probe sees it hung; a TCP probe (the kernel's backlog) would not
+        with socket.create_connection(("127.0.0.1", ports[0]), timeout=2):
+            pass
+        with pytest.raises(requests.Timeout):
+            requests.get(urls[0] + "/livez", timeout=1)
         took = wait_until(lambda: leading(urls[1]), 20)
         assert took < 10, took  # 5 s of lease and a beat or two, not "never"
         before = len(runs(db_url))
