@@ -3,6 +3,7 @@ one runs the schedule, and another takes it over when that one goes."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import re
@@ -287,3 +288,47 @@ def test_a_hung_leader_is_replaced_and_writes_nothing_when_it_wakes(hub, db_url,
     for earlier, later in itertools.pairwise(done):  # one at a time, never two at once
         assert later["started_at"] >= earlier["finished_at"], (earlier, later)
     assert "Traceback" not in "".join(log.read_text() for log in logs)
+
+
+def children_of(pid: int) -> list[int]:
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        with contextlib.suppress(OSError):
+            found += [int(p) for p in task.read_text().split()]
+    return found
+
+
+@pytest.mark.parametrize("after", [0, 1, 3])
+def test_sigterm_while_workers_start_ends_serve_within_seconds(hub, tmp_path, after):
+    """SIGTERM as soon as the ``after``-th worker is forked (the parent still forking, the
+    workers still importing and connecting): every process ends within a few seconds."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hub", "serve", "--hub-url", hub.url, "--db",
+         f"sqlite:///{tmp_path / 'inventory.db'}", "--listen", f"127.0.0.1:{port}",
+         "--workers", "8", "--every", "1s"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(children_of(proc.pid)) <= after and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.001)
+        workers = children_of(proc.pid)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"serve still running 15 s after SIGTERM "
+                                 f"({len(children_of(proc.pid))} workers)") from None
+        took = time.monotonic() - sent
+        assert code == 0, proc.communicate()
+        assert took < 8, took
+        for pid in workers:  # none left behind
+            assert not Path(f"/proc/{pid}").exists() or \
+                Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "Traceback" not in proc.communicate()[1]
