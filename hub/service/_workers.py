@@ -170,7 +170,7 @@ def prefork(workers: int, run: Callable[[], None]) -> None:
         raise SystemExit(code)
 
 
-def _fork(handlers: dict[int, Any], children: set[int]) -> int:
+def _fork(handlers: dict[signal.Signals, Any], children: set[int]) -> int:
     """fork() with SIGTERM and SIGINT held back across it: a signal that arrives meanwhile
     reaches the parent once the child is in ``children`` (so it is passed on to it too), and
     the child once its own handlers are back (the default: it ends at once while it starts
