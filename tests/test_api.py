@@ -424,6 +424,11 @@ def test_healthz_while_healthy(served):
     assert body["last_error"] is None and body["interval_seconds"] == 3600
 
 
+def test_livez_answers_from_the_event_loop_without_a_token(served):
+    r = requests.get(served.url + "/livez", timeout=10)
+    assert r.status_code == 200 and r.json() == {"status": "alive"}
+
+
 # -- the description -----------------------------------------------------------------------------
 
 

@@ -165,7 +165,8 @@ def test_probes_service_and_servicemonitor_agree():
     assert container["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
     assert container["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "http",
                                                       "scheme": "HTTP"}
-    assert container["livenessProbe"]["tcpSocket"] == {"port": "http"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "http",
+                                                      "scheme": "HTTP"}
     service = one(files, "Service")
     pods = one(files, "Deployment")["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= pods.items()

@@ -437,45 +437,57 @@ def test_ten_wrong_tokens_from_one_address_keep_nobody_else_out(db_url, tokens):
         service.stop()
 
 
-def test_guesses_at_one_token_lock_only_it_and_the_lock_grows(db_url, tokens):
-    """Five failures aimed at one key (a token's first characters, an OIDC subject) lock
-    that key a minute, then twice as long while it goes on; other people sign in."""
+def test_one_wrong_token_tried_again_and_again_locks_only_it_and_the_lock_grows(db_url,
+                                                                               tokens):
+    """Five failures with one token lock that token a minute, then twice as long while it
+    goes on. Wrong tokens sharing a person's first characters lock nobody out (5 of them
+    did: the limit was keyed by the first 8 characters)."""
     service = serve(db_url, Authenticator(tokens=TokenFile(tokens[0])))
     team = tokens[1]["team"]
     try:
-        near = [team[:session.GUESS_PREFIX] + _guess()[4:] for _ in range(5)]
+        near = [team[:8] + _guess()[4:] for _ in range(5)]
         assert [post_login(service, t).status_code for t in near] == [401] * 5
-        blocked = post_login(service, team)  # its key: even the right token, for a while
+        assert post_login(service, team).status_code == 303
+        wrong = _guess()
+        assert [post_login(service, wrong).status_code for _ in range(5)] == [401] * 5
+        blocked = post_login(service, wrong)
         assert blocked.status_code == 429 and "Set-Cookie" not in blocked.headers
         assert 55 <= int(blocked.headers["Retry-After"]) <= 60
+        assert post_login(service, team).status_code == 303
         assert post_login(service, tokens[1]["admin"]).status_code == 303
     finally:
         service.stop()
+    assert session.guessed(team) != session.guessed(team[:-1] + "x")
     clock = Clock()
     limit = session.SignInLimit(burst=5, window=60, max_backoff=600, clock=clock)
+    key = session.guessed("gpf_abcd")
     waits = []
     for _ in range(5):  # lockouts in a row: 60, 120, 240, 480, then the cap
         for _ in range(5):
-            limit.failed("prefix:gpf_abcd")
-        waits.append(limit.wait("prefix:gpf_abcd"))
+            limit.failed(key)
+        waits.append(limit.wait(key))
         clock.now += waits[-1]
-    assert waits == [60, 120, 240, 480, 600] and limit.allow("sub:alice")
+    assert waits == [60, 120, 240, 480, 600] and limit.allow(session.guessed("gpf_other"))
     clock.now += 60  # a clean window: back to a minute
     for _ in range(5):
-        limit.failed("prefix:gpf_abcd")
-    assert limit.wait("prefix:gpf_abcd") == 60
+        limit.failed(key)
+    assert limit.wait(key) == 60
 
 
-def test_guesses_sprayed_at_many_keys_stop_new_sign_ins_not_known_people(db_url, tokens):
+def test_sprayed_guesses_are_answered_429_and_lock_no_valid_token_out(db_url, tokens):
+    """A spray of failures makes every failure a 429, but a valid token still signs in,
+    whether or not it signed in before (it locked out everyone who had not)."""
     from hub.service import SignInLimit
 
     service = serve(db_url, Authenticator(tokens=TokenFile(tokens[0])))
     service.app.state.gate.login.limit = SignInLimit(global_burst=10, window=3600)
     try:
-        assert post_login(service, tokens[1]["admin"]).status_code == 303  # known now
-        assert [post_login(service, _guess()).status_code for _ in range(10)] == [401] * 10
-        assert post_login(service, _guess()).status_code == 429
-        assert post_login(service, tokens[1]["team"]).status_code == 429  # new: waits
+        assert post_login(service, tokens[1]["admin"]).status_code == 303
+        assert [post_login(service, _guess()).status_code for _ in range(10)] \
+            == [401] * 9 + [429]
+        refused = post_login(service, _guess())
+        assert refused.status_code == 429 and int(refused.headers["Retry-After"]) > 3000
+        assert post_login(service, tokens[1]["team"]).status_code == 303  # never signed in
         assert post_login(service, tokens[1]["admin"]).status_code == 303
     finally:
         service.stop()
@@ -484,16 +496,15 @@ def test_guesses_sprayed_at_many_keys_stop_new_sign_ins_not_known_people(db_url,
 def test_forwarded_for_is_believed_only_from_forwarded_allow_ips(db_url, tokens, caplog):
     """The probe: from loopback, X-Forwarded-For picked the address the limit counted (50
     guesses, no 429). Now the header is ignored unless the peer is a listed proxy, and
-    the limit counts what is guessed whatever the address says."""
+    the limit counts the tokens tried whatever the address says."""
     caplog.set_level(logging.INFO, logger="gpufleet.auth")
     auth = Authenticator(tokens=TokenFile(tokens[0]))
     service = serve(db_url, auth)
-    prefix = tokens[1]["admin"][:session.GUESS_PREFIX]
     try:
-        answers = [post_login(service, prefix + _guess()[4:],
+        answers = [post_login(service, _guess(),
                               headers={"X-Forwarded-For": f"198.51.100.{i}"}).status_code
                    for i in range(50)]
-        assert answers == [401] * 5 + [429] * 45
+        assert answers == [401] * 29 + [429] * 21
         assert "198.51.100." not in caplog.text and "sign-in from 127.0.0.1 failed" in caplog.text
     finally:
         service.stop()

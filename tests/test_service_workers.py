@@ -3,15 +3,18 @@ one runs the schedule, and another takes it over when that one goes."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
 import requests
 import sqlalchemy as sa
 
@@ -200,3 +203,132 @@ def test_serve_options_become_one_settings_value_a_worker_process_can_take(tmp_p
     with pytest.raises(InputError, match="--prune-stale-after must be longer"):
         serve_settings(**{**SERVE_OPTIONS, "prune_stale_after": 60.0}, db=None,
                        hub=HubSettings(url="http://127.0.0.1:1"))
+
+
+def server(hub_url: str, db: str, port: int, log: Path) -> subprocess.Popen:
+    """One `gpufleet serve` process (one worker: SIGSTOP stops the whole of it)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "hub", "serve", "--hub-url", hub_url, "--db", db,
+         "--listen", f"127.0.0.1:{port}", "--workers", "1", "--every", "1s",
+         "--stale-after", "30s"],
+        stdout=subprocess.DEVNULL, stderr=log.open("w"), text=True)
+
+
+def leading(url: str) -> bool:
+    try:
+        return "gpufleet_schedule_leader 1.0" in requests.get(url + "/metrics", timeout=2).text
+    except requests.RequestException:
+        return False
+
+
+def answers(url: str) -> bool:
+    try:
+        return requests.get(url + "/healthz", timeout=2).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def wait_until(what, timeout: float) -> float:
+    """Seconds until ``what()`` held (AssertionError past ``timeout``)."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if what():
+            return time.monotonic() - start
+        time.sleep(0.1)
+    raise AssertionError(f"not within {timeout}s")
+
+
+def test_a_hung_leader_is_replaced_and_writes_nothing_when_it_wakes(hub, db_url, tmp_path):
+    """SIGSTOP keeps the leader's lock held (its connection, its flock): the lease runs out
+    (5 beats of 1 s) and the other process leads; SIGCONT'd, the old one steps down without
+    a sync; a SIGKILL'd leader is replaced at once through its lock."""
+    ports = [free_port(), free_port()]
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    logs = [tmp_path / "a.log", tmp_path / "b.log"]
+    a = server(hub.url, db_url, ports[0], logs[0])
+    procs = [a]
+    try:
+        wait_until(lambda: leading(urls[0]), 60)
+        b = server(hub.url, db_url, ports[1], logs[1])
+        procs.append(b)
+        wait_until(lambda: answers(urls[1]) and not leading(urls[1]), 60)
+        wait_runs(db_url, 2)
+        a.send_signal(signal.SIGSTOP)
+        # the rendered liveness probe sees it hung; a TCP probe (the kernel's backlog) would not
+        with socket.create_connection(("127.0.0.1", ports[0]), timeout=2):
+            pass
+        with pytest.raises(requests.Timeout):
+            requests.get(urls[0] + "/livez", timeout=1)
+        took = wait_until(lambda: leading(urls[1]), 20)
+        assert took < 10, took  # 5 s of lease and a beat or two, not "never"
+        before = len(runs(db_url))
+        wait_runs(db_url, before + 2, timeout=20)  # b syncs
+        assert requests.get(urls[1] + "/healthz", timeout=5).status_code == 200
+        woke = logs[0].stat().st_size
+        a.send_signal(signal.SIGCONT)
+        wait_until(lambda: "stepping down" in logs[0].read_text()[woke:]
+                   or "sync not written" in logs[0].read_text()[woke:], 20)
+        wait_runs(db_url, len(runs(db_url)) + 2, timeout=20)
+        assert "sync ok" not in logs[0].read_text()[woke:]
+        assert not leading(urls[0]) and leading(urls[1])
+        # b dies: its lock goes with it, and a takes over without waiting out a lease
+        b.send_signal(signal.SIGKILL)
+        b.wait(timeout=10)
+        assert wait_until(lambda: leading(urls[0]), 10) < 3
+        wait_runs(db_url, len(runs(db_url)) + 1, timeout=20)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGCONT)
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            proc.wait(timeout=30)
+    done = runs(db_url)
+    assert all(r["status"] == "ok" for r in done), done
+    for earlier, later in itertools.pairwise(done):  # one at a time, never two at once
+        assert later["started_at"] >= earlier["finished_at"], (earlier, later)
+    assert "Traceback" not in "".join(log.read_text() for log in logs)
+
+
+def children_of(pid: int) -> list[int]:
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        with contextlib.suppress(OSError):
+            found += [int(p) for p in task.read_text().split()]
+    return found
+
+
+@pytest.mark.parametrize("after", [0, 1, 3])
+def test_sigterm_while_workers_start_ends_serve_within_seconds(hub, tmp_path, after):
+    """SIGTERM as soon as the ``after``-th worker is forked (the parent still forking, the
+    workers still importing and connecting): every process ends within a few seconds."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hub", "serve", "--hub-url", hub.url, "--db",
+         f"sqlite:///{tmp_path / 'inventory.db'}", "--listen", f"127.0.0.1:{port}",
+         "--workers", "8", "--every", "1s"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(children_of(proc.pid)) <= after and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.001)
+        workers = children_of(proc.pid)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        try:
+            code = proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"serve still running 15 s after SIGTERM "
+                                 f"({len(children_of(proc.pid))} workers)") from None
+        took = time.monotonic() - sent
+        assert code == 0, proc.communicate()
+        assert took < 8, took
+        for pid in workers:  # none left behind
+            assert not Path(f"/proc/{pid}").exists() or \
+                Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "Traceback" not in proc.communicate()[1]

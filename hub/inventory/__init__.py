@@ -14,6 +14,7 @@ from hub.inventory._db import (
     LEDGER_LOCK_KEY,
     NODE_COLUMNS,
     STALE,
+    LeaseLost,
     LockHeld,
     allocations,
     events,
@@ -41,6 +42,7 @@ from hub.inventory._db import (
 from hub.inventory._frames import inventory_frame
 from hub.inventory._health import FATAL_XIDS, HW_SLOWDOWN
 from hub.inventory._health import LEVELS as HEALTH_LEVELS
+from hub.inventory._lease import schedule_lease
 from hub.inventory._migrate import (
     current,
     ensure_schema,
@@ -102,6 +104,7 @@ __all__ = [
     "STALE",
     "UNLABELLED_SERIES",
     "USAGE_COLUMNS",
+    "LeaseLost",
     "LockHeld",
     "PruneResult",
     "Shard",
@@ -145,6 +148,7 @@ __all__ = [
     "reconcile_runs",
     "run_sync",
     "safe_url",
+    "schedule_lease",
     "session_row",
     "sessions",
     "shard_error",

@@ -250,6 +250,11 @@ class LockHeld(UnavailableError):
     """Another sync holds the inventory lock."""
 
 
+class LeaseLost(LockHeld):
+    """Another process took the schedule's lease over while this one was about to write
+    (hub.service._leader): nothing was written, and the run is not a failure."""
+
+
 @contextmanager
 def locked_transaction(engine: Engine, lock_timeout: float, *, key: int = LOCK_KEY,
                        holder: str = "sync") -> Iterator[Connection]:

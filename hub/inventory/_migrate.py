@@ -21,7 +21,8 @@ MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 #: Modules that define tables on the inventory's metadata (hub/inventory/_db.py); importing them
 #: completes it.
 TABLE_MODULES = ("hub.inventory._db", "hub.inventory._reconcile_runs",
-                 "hub.inventory._usage_tables", "hub.inventory._sessions")
+                 "hub.inventory._usage_tables", "hub.inventory._sessions",
+                 "hub.inventory._lease")
 
 
 def metadata() -> sa.MetaData:
@@ -34,7 +35,7 @@ def metadata() -> sa.MetaData:
 
 
 #: The newest migration's revision (tests check it is Alembic's head of migrations/).
-HEAD = "0018"
+HEAD = "0019"
 
 
 def _config(connection=None):  # -> alembic.config.Config

@@ -28,12 +28,12 @@ import tempfile
 import time
 from array import array
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING
 
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 
 from hub import store
 from hub.common import (
@@ -371,7 +371,8 @@ def collect(client: HubClient, *, stale_after: float, cluster_label: str,
 def run_sync(engine: Engine, client: HubClient, *, stale_after: float = 600.0,
              cluster_label: str = "cluster", lock_timeout: float = 0.0,
              query_concurrency: int = DEFAULT_QUERY_CONCURRENCY,
-             shard_size: int = DEFAULT_SHARD_SIZE) -> SyncResult:
+             shard_size: int = DEFAULT_SHARD_SIZE,
+             fence: Callable[[Connection], None] | None = None) -> SyncResult:
     """Run one sync. Raises a GpufleetError (with its exit code) when it fails.
 
     The hub is asked first, outside any lock: other writers (reconcile, another sync) never
@@ -390,6 +391,8 @@ def run_sync(engine: Engine, client: HubClient, *, stale_after: float = 600.0,
         requests = client.requests - requests_before
         try:
             with inventory.locked_transaction(engine, lock_timeout) as conn:
+                if fence is not None:
+                    fence(conn)
                 now = inventory.now_utc()
                 writer = inventory.InventoryWriter(conn, now)
                 held: list[Observation] = []

@@ -114,7 +114,7 @@ class Caller:
     token_sha256: str | None = None
     #: who this is, whatever token they came with: ``token:NAME`` for a static token,
     #: ``oidc:SUBJECT`` for an OIDC one; sessions are capped per person (a fresh JWT of
-    #: the same subject is the same person), sign-in failures counted per guessed name
+    #: the same subject is the same person)
     person: str = ""
 
 

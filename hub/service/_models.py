@@ -184,6 +184,12 @@ class HealthBody(Strict):
     reason: str | None = None
 
 
+class LiveBody(Strict):
+    """The process answers: its event loop runs (the liveness probe)."""
+
+    status: Literal["alive"]
+
+
 class Error(Strict):
     """Every refusal and failure: one line naming the problem."""
 

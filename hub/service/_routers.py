@@ -63,6 +63,12 @@ def meta_router(*, health: Callable[[], tuple[bool, dict[str, Any]]],
                                                                     exclude_unset=True)
         return JSONResponse(body, 200 if ok else 503)
 
+    async def livez() -> JSONResponse:
+        """Whether this process answers at all (200): the liveness probe. Answered on the
+        event loop itself, so a hung process (stopped, deadlocked, its loop blocked) fails
+        it where a TCP probe, which the kernel's listen queue answers, still passes."""
+        return JSONResponse({"status": "alive"})
+
     async def metrics_(request: Request) -> Response:
         """Prometheus metrics of the service and the inventory (OpenMetrics when asked, gzip
         when accepted)."""
@@ -75,6 +81,7 @@ def meta_router(*, health: Callable[[], tuple[bool, dict[str, Any]]],
         return describe(request)
 
     router.add("/healthz", healthz, models.HealthBody, visibility="public", errors=(400, 503))
+    router.add("/livez", livez, models.LiveBody, visibility="public", errors=(400,))
     router.add("/metrics", metrics_, None, visibility="public" if metrics_open else "fleet",
                response_class=Text, responses={"200": {"description": "OK", "content": {
                    "text/plain": {"schema": {"type": "string"}},

@@ -44,7 +44,7 @@ from sqlalchemy.engine import Engine
 from hub import __version__
 from hub import inventory as inv
 from hub.common import InputError, redact
-from hub.inventory import LockHeld, SyncResult
+from hub.inventory import LeaseLost, LockHeld, SyncResult
 from hub.service._app import build_app
 from hub.service._auth import Authenticator
 from hub.service._errors import database_error, public_error
@@ -98,6 +98,8 @@ class SyncState:
     checks_error: str | None = None
     #: whether this process runs the schedule (None: not decided yet)
     leader: bool | None = None
+    #: a follower's last read of the database failed, and why: it cannot serve (None: read)
+    unreadable: str | None = None
 
 
 def describe_error(exc: BaseException) -> str:
@@ -141,7 +143,9 @@ def health(state: SyncState, every: float, now: float,
         details["last_sync"] = {"clusters": result.clusters, "nodes": result.nodes,
                                 "gpus": result.gpus, "requests": result.requests}
     reason = None
-    if state.last_success_at is None:
+    if state.unreadable is not None:
+        reason = f"cannot read the inventory database: {state.unreadable}"
+    elif state.last_success_at is None:
         reason = "never synced yet"
     elif now - state.last_success_at > 2 * every + slack:
         reason = (f"last successful sync {now - state.last_success_at:.0f}s ago, more than "
@@ -342,6 +346,9 @@ class Scheduler:
         self._update(last_attempt_at=started)
         try:
             result = self.jobs.sync()
+        except LeaseLost as exc:  # hung or cut off past the lease: another process leads
+            log.warning("sync not written: %s", describe_error(exc))
+            return self._next(self.follow_every)
         except LockHeld as exc:
             message = describe_error(exc)
             log.info("sync skipped: %s; next try in %gs", message, self.every)
@@ -383,6 +390,10 @@ class Scheduler:
         for job in self.jobs.after_sync:
             if self._stop.is_set():
                 return  # stopping: the next start runs them (a SIGTERM answers in seconds)
+            if self.leader is not None and not self.leader.holds():
+                log.warning("leader: lease lost after the sync; %s and the rest are left to "
+                            "the new leader", _job_name(job))
+                return
             self._guarded(_job_name(job), job)
         if self.jobs.findings is not None and not self._stop.is_set():
             provider = self.jobs.findings
@@ -432,7 +443,7 @@ class Scheduler:
             log.info("%s (pid %d)", "leader: this process runs the schedule" if leads
                      else "follower: another process runs the schedule; this one serves",
                      os.getpid())
-            self._update(leader=leads)
+            self._update(leader=leads, unreadable=None)
             if self.metrics:
                 self.metrics.leader.set(1 if leads else 0)
         return leads
@@ -446,8 +457,12 @@ class Scheduler:
         try:
             latest = self.latest_sync()
         except Exception as exc:
-            log.warning("follower: cannot read the latest sync: %s", describe_error(exc))
+            message = describe_error(exc)
+            log.warning("follower: cannot read the latest sync: %s", message)
+            self._update(unreadable=message)
             return
+        if self.state.unreadable is not None:
+            self._update(unreadable=None)
         if latest is None or latest[0] == self._followed:
             return
         self._followed = latest[0]

@@ -19,9 +19,9 @@ user can fetch fresh JWTs at will) holds at most ``MAX_PER_PERSON`` sessions, th
 oldest going first, and the service at most ``MAX_SESSIONS``. When that is full, the oldest
 session of whoever holds the most makes room (the new person's own oldest if it is them):
 one person, or a few, cannot keep everyone else out; only ``MAX_SESSIONS`` different people
-signed in at once make a new sign-in wait (503). Failed sign-ins are limited per guessed
-name and in all, with backoff (:class:`SignInLimit`), not per client address alone: behind
-an ingress every browser shares one. Tokens
+signed in at once make a new sign-in wait (503). Failed sign-ins are limited per token
+tried and in all, with backoff (:class:`SignInLimit`), not per client address alone: behind
+an ingress every browser shares one; and no limit ever refuses a valid token. Tokens
 and session ids are never logged, never put in a URL, and never echoed in an answer.
 Sign-in and sign-out are form posts checked for a same-origin request (``Sec-Fetch-Site`` and
 ``Origin``), so another site cannot sign a visitor in with its own token nor sign them out.
@@ -29,8 +29,6 @@ Sign-in and sign-out are form posts checked for a same-origin request (``Sec-Fet
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import json
 import logging
@@ -62,15 +60,13 @@ MAX_SESSIONS = 10_000
 #: sessions one person may hold at once (browsers, devices); their oldest goes first beyond
 MAX_PER_PERSON = 20
 MAX_PER_TOKEN = MAX_PER_PERSON  # the older name
-#: failed sign-ins aimed at one key (subject, token prefix) in SIGN_IN_WINDOW seconds
+#: failed sign-ins with one token (by its sha256) in SIGN_IN_WINDOW seconds
 SIGN_IN_BURST = 5
 SIGN_IN_WINDOW = 60.0
-#: failed sign-ins in all in SIGN_IN_WINDOW seconds before new keys wait too
+#: failed sign-ins in all in SIGN_IN_WINDOW seconds before every failure answers 429
 SIGN_IN_GLOBAL_BURST = 30
 #: the longest a lockout grows to (it doubles while failures go on)
 SIGN_IN_MAX_BACKOFF = 3600.0
-#: characters of a static token that name what is guessed ("gpf_" and four more)
-GUESS_PREFIX = 8
 #: the largest sign-in form read: a JWT with many groups is a few KiB
 MAX_FORM = 16 * 1024
 MAX_TOKEN = 8192
@@ -240,21 +236,14 @@ def _new_session(caller: Caller, ttl: float, now: float) -> tuple[str, Session] 
 
 
 def guessed(token: str | None) -> str:
-    """What a sign-in attempt tries to be: the subject an OIDC token claims (read without
-    checking its signature: only to count failures), else the token's first characters
-    (a static token's name-free prefix). A person mistyping their own token, or someone
-    guessing at one, keeps hitting the same key; other people do not."""
-    text = (token or "").strip()
-    if text.count(".") == 2:
-        part = text.split(".")[1]
-        try:
-            claims = json.loads(base64.urlsafe_b64decode(part + "=" * (-len(part) % 4)))
-        except (ValueError, binascii.Error, RecursionError):
-            claims = None
-        subject = claims.get("sub") if isinstance(claims, dict) else None
-        if isinstance(subject, str) and subject:
-            return "sub:" + subject[:128]
-    return "prefix:" + text[:GUESS_PREFIX]
+    """The key a sign-in attempt's failures count against: the sha256 of the whole token.
+
+    Not a part of it, nor the subject an OIDC token claims: wrong tokens that share a
+    person's first characters, or forged JWTs naming their subject, would lock that person
+    out (5 of them did). The same wrong token tried again and again hits one key; a token
+    is 32 random bytes (or a signed JWT), so a guess at another is a new key each time, and
+    those are what the global limit counts."""
+    return "sha256:" + hashlib.sha256((token or "").strip().encode()).hexdigest()[:32]
 
 
 @dataclass
@@ -265,34 +254,33 @@ class _Strikes:
 
 
 class SignInLimit:
-    """Failed sign-ins, counted where a guess is aimed rather than where it comes from
-    (behind an ingress or router every browser shares one address, and 10 mistakes of
-    one person kept everyone out):
+    """Failed sign-ins, counted by the token tried rather than where it comes from (behind
+    an ingress or router every browser shares one address, and 10 mistakes of one person
+    kept everyone out):
 
-    * per guessed key (:func:`guessed`): ``burst`` failures within ``window`` seconds lock
-      that key for ``window``, doubling on each lockout that follows (at most
-      ``max_backoff``) until a window passes clean;
-    * in all: ``global_burst`` failures within ``window`` lock every sign-in the same way
-      (someone spraying guesses at many keys), except for keys that signed in successfully
-      within ``remember`` seconds: people who got in before keep getting in.
+    * per token (:func:`guessed`): ``burst`` failures within ``window`` seconds lock that
+      token for ``window``, doubling on each lockout that follows (at most ``max_backoff``)
+      until a window passes clean: a script retrying a revoked token is not heard;
+    * in all: ``global_burst`` failures within ``window`` (someone spraying guesses) make
+      every *failed* sign-in answer 429 for the same time (:meth:`spraying`), with the same
+      backoff. A valid token is still checked and signs in: a spray never locks out the
+      people it cannot guess.
 
     A successful sign-in does not count. Keys beyond ``clients`` are forgotten, least
     recently seen first (bounded memory)."""
 
     def __init__(self, *, burst: int = SIGN_IN_BURST, window: float = SIGN_IN_WINDOW,
                  global_burst: int = SIGN_IN_GLOBAL_BURST,
-                 max_backoff: float = SIGN_IN_MAX_BACKOFF, remember: float = DEFAULT_TTL,
+                 max_backoff: float = SIGN_IN_MAX_BACKOFF,
                  clients: int = 10_000, clock: Callable[[], float] = time.monotonic) -> None:
         self.burst = burst
         self.window = window
         self.global_burst = global_burst
         self.max_backoff = max_backoff
-        self.remember = remember
         self.clients = clients
         self.clock = clock
         self._keys: OrderedDict[str, _Strikes] = OrderedDict()
         self._all = _Strikes([])
-        self._good: OrderedDict[str, float] = OrderedDict()
         self._lock = threading.Lock()
 
     def _strike(self, strikes: _Strikes, limit: int, now: float) -> None:
@@ -305,15 +293,15 @@ class SignInLimit:
             strikes.failures = []
 
     def wait(self, key: str) -> float:
-        """Seconds until a sign-in aimed at ``key`` is heard again (0: now)."""
+        """Seconds until a sign-in with the token of ``key`` is heard again (0: now)."""
         now = self.clock()
         with self._lock:
             strikes = self._keys.get(key)
-            waits = [strikes.locked_until - now if strikes is not None else 0.0]
-            good = self._good.get(key)
-            if good is None or now - good >= self.remember:
-                waits.append(self._all.locked_until - now)
-        return max(0.0, *waits)
+            return max(0.0, strikes.locked_until - now if strikes is not None else 0.0)
+
+    def spraying(self) -> float:
+        """Seconds a failed sign-in still answers 429 for the failures in all (0: none)."""
+        return max(0.0, self._all.locked_until - self.clock())
 
     def allow(self, key: str) -> bool:
         return self.wait(key) <= 0
@@ -330,11 +318,7 @@ class SignInLimit:
 
     def succeeded(self, key: str) -> None:
         with self._lock:
-            self._good.pop(key, None)
-            self._good[key] = self.clock()
             self._keys.pop(key, None)
-            while len(self._good) > self.clients:
-                self._good.popitem(last=False)
 
 
 def session_id(cookie_header: str | None) -> str | None:
@@ -412,22 +396,26 @@ class Login:
                client: str = "") -> Response:
         """POST /login: check the token, start a session, send the browser to the page.
         ``body`` is None when it was missing or too large (not read); ``client`` is the
-        caller's address (the log names it; limits count what is guessed, :func:`guessed`)."""
+        caller's address (the log names it; limits count the token tried, :func:`guessed`)."""
         key = guessed(_token_field(body, headers.get("content-type", "")))
         wait = self.limit.wait(key)
         if wait > 0:
-            log.info("sign-in refused for %s: too many failed attempts at %s", client,
-                     key.split(":")[0])
-            response = self._form(429, "Too many failed sign-in attempts: wait a little and "
-                                       "try again.")
-            response.headers["Retry-After"] = str(max(1, math.ceil(wait)))
-            return response
+            log.info("sign-in refused for %s: too many failed attempts with this token",
+                     client)
+            return self._too_many(wait)
         response = self._submit(body, headers)
         if response.status_code == 303:
             self.limit.succeeded(key)
-        else:
-            log.info("sign-in from %s failed", client)
-            self.limit.failed(key)
+            return response
+        log.info("sign-in from %s failed", client)
+        self.limit.failed(key)
+        spraying = self.limit.spraying()
+        return self._too_many(spraying) if spraying > 0 else response
+
+    def _too_many(self, wait: float) -> Response:
+        response = self._form(429, "Too many failed sign-in attempts: wait a little and try "
+                                   "again.")
+        response.headers["Retry-After"] = str(max(1, math.ceil(wait)))
         return response
 
     def _submit(self, body: bytes | None, headers: Mapping[str, str]) -> Response:

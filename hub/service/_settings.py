@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,7 +27,13 @@ from sqlalchemy.engine import Engine
 
 from hub import inventory as inv
 from hub import usage
-from hub.common import InputError, UnavailableError, parse_listen, register_secret
+from hub.common import (
+    InputError,
+    UnavailableError,
+    format_duration,
+    parse_listen,
+    register_secret,
+)
 from hub.inventory import SyncResult, run_sync
 from hub.service._auth import (
     Authenticator,
@@ -35,11 +42,16 @@ from hub.service._auth import (
     is_loopback,
     load_group_scopes,
 )
+from hub.service._leader import Leadership
 from hub.service._scheduler import Jobs
 from hub.service._tls import TlsFiles
 from hub.store import HubClient, HubSettings
 
 log = logging.getLogger("gpufleet.service")
+
+#: buckets one round of serve's usage catch-up collects at most: `usage collect`'s own guard
+#: (more need --yes there); the rest follow in the next rounds, after their syncs
+CATCH_UP = usage.CONFIRM_BUCKETS
 
 
 @dataclass(frozen=True)
@@ -200,11 +212,19 @@ def access(*, tokens_file: str | None, oidc_issuer: str | None, oidc_audience: s
 
 
 def service_jobs(engine: Engine, client: HubClient, settings: ServeSettings, *,
-                 stopping: Callable[[], bool] = lambda: False) -> Jobs:
+                 stopping: Callable[[], bool] = lambda: False,
+                 leader: Leadership | None = None, clock: Callable[[], float] = time.time,
+                 catch_up: int = CATCH_UP) -> Jobs:
     """The scheduled work: sync; then, when asked, a hub-side reconcile and a prune of what
     has been stale for longer than ``prune_stale_after``; then every completed usage bucket
     not collected yet (a push interval after its end); then the findings. ``stopping``
     (SIGTERM) ends a usage catch-up between two buckets; the next start resumes it.
+
+    A round's usage catch-up is bounded twice, so it never starves the sync: at most
+    ``catch_up`` buckets (`usage collect`'s --yes guard), and no bucket started past half an
+    interval (``clock``) after the round began; either way the rest wait for the rounds
+    after the next syncs, and one log line says so. ``leader``: its lease fences the sync's
+    write, and a catch-up ends between two buckets once the lease is lost.
 
     The findings are exactly `gpufleet report`'s (hub.validate.assess with this client), so
     /api/v1/findings and `gpufleet_findings` agree with what an operator prints.
@@ -216,7 +236,8 @@ def service_jobs(engine: Engine, client: HubClient, settings: ServeSettings, *,
 
     def sync() -> SyncResult:
         return run_sync(engine, client, stale_after=s.stale_after, cluster_label=s.cluster_label,
-                        lock_timeout=s.lock_timeout)
+                        lock_timeout=s.lock_timeout,
+                        fence=leader.fence if leader is not None else None)
 
     def reconcile_job() -> None:
         views, covered = validation.nodes_from_hub(
@@ -232,15 +253,44 @@ def service_jobs(engine: Engine, client: HubClient, settings: ServeSettings, *,
         return [{**f.as_dict(), "namespace": f.namespace} for f in assessed.findings]
 
     def usage_job() -> None:
+        began = clock()
+        with engine.connect() as conn:
+            starts = usage.pending_buckets(conn, now=began, bucket=s.usage_bucket,
+                                           max_backfill=s.usage_max_backfill,
+                                           delay=s.push_interval)
+        if not starts:
+            return
+        if len(starts) > catch_up:
+            log.info("usage: %d buckets of %s not collected yet, more than %d a round: "
+                     "collecting the oldest %d now, the rest in the rounds after the next "
+                     "syncs", len(starts), format_duration(s.usage_bucket), catch_up,
+                     catch_up)
+            starts = starts[:catch_up]
+        budget = began + s.every / 2
+        late: list[bool] = []
+
+        def stop() -> bool:
+            if stopping() or (leader is not None and not leader.holds()):
+                return True
+            if clock() >= budget:
+                late.append(True)
+                return True
+            return False
+
         result = usage.collect_usage(engine, client, bucket=s.usage_bucket,
                                      push_interval=s.push_interval, retention=s.usage_retention,
-                                     max_backfill=s.usage_max_backfill,
-                                     cluster_label=s.cluster_label, min_charge=s.min_charge,
-                                     lock_timeout=max(s.lock_timeout, 60.0), stop=stopping)
+                                     max_backfill=s.usage_max_backfill, starts=starts,
+                                     now=began, cluster_label=s.cluster_label,
+                                     min_charge=s.min_charge,
+                                     lock_timeout=max(s.lock_timeout, 60.0), stop=stop)
         if result.collected:
             log.info("usage: collected %d bucket(s), %d rows", len(result.collected),
                      result.rows)
-        if result.stopped:
+        if result.stopped and late:
+            log.info("usage: catch-up paused after half an interval (%s) so the next sync "
+                     "is not late, %d bucket(s) left for the next rounds",
+                     format_duration(s.every / 2), result.stopped)
+        elif result.stopped:
             log.info("usage: stopped between buckets, %d left for the next start",
                      result.stopped)
         if result.failed:

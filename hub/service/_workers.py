@@ -34,7 +34,7 @@ from sqlalchemy.engine import Engine
 
 from hub import inventory as inv
 from hub.common import InputError, format_duration, on_sigterm
-from hub.service._leader import leadership
+from hub.service._leader import BEAT, leadership
 from hub.service._page import usage_sections
 from hub.service._scheduler import Service, build_service, describe_error
 from hub.service._serve import bind
@@ -43,6 +43,8 @@ from hub.service._settings import ServeSettings, service_jobs
 from hub.store import HubClient
 
 log = logging.getLogger("gpufleet.service")
+#: what the parent passes on to its workers
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def serve(settings: ServeSettings) -> None:
@@ -72,7 +74,9 @@ def worker(settings: ServeSettings, sock: Any = None) -> None:
             inv.open_engine(settings.db, create=True) as engine:
         readonly = inv.read_only_engine(settings.db)
         try:
-            jobs = service_jobs(engine, client, settings, stopping=stopping.is_set)
+            leader = leadership(engine, beat=min(settings.every, BEAT))
+            jobs = service_jobs(engine, client, settings, stopping=stopping.is_set,
+                                leader=leader)
             try:  # bind first: a port in use fails before anything touches the database
                 service = build_service(
                     jobs, every=settings.every, engine=readonly, host=settings.host,
@@ -81,7 +85,7 @@ def worker(settings: ServeSettings, sock: Any = None) -> None:
                     sessions=DbSessions(engine, ttl=settings.session_ttl),
                     prices=settings.prices, idle_rule=settings.idle_rule,
                     forwarded_allow_ips=settings.forwarded_allow_ips,
-                    leader=leadership(engine), sock=sock)
+                    leader=leader, sock=sock)
             except OSError as exc:
                 reason = exc.strerror or str(exc)
                 raise InputError(f"cannot listen on {settings.listen}: {reason}") from None
@@ -136,15 +140,13 @@ def prefork(workers: int, run: Callable[[], None]) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signum)
 
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous = {sig: signal.signal(sig, forward) for sig in SIGNALS}
     try:
         for _ in range(workers):
-            pid = os.fork()
-            if pid == 0:
-                for sig, handler in previous.items():
-                    signal.signal(sig, handler)
+            if stopping:  # told to stop while forking: start no more
+                break
+            if _fork(previous, children) == 0:
                 os._exit(_child(run))
-            children.add(pid)
         code = 0
         while children:
             try:
@@ -166,6 +168,26 @@ def prefork(workers: int, run: Callable[[], None]) -> None:
             signal.signal(sig, handler)
     if code:
         raise SystemExit(code)
+
+
+def _fork(handlers: dict[signal.Signals, Any], children: set[int]) -> int:
+    """fork() with SIGTERM and SIGINT held back across it: a signal that arrives meanwhile
+    reaches the parent once the child is in ``children`` (so it is passed on to it too), and
+    the child once its own handlers are back (the default: it ends at once while it starts
+    up). Without this, a child signalled before it reset its handlers ran the parent's,
+    passed the signal on to its siblings and went on starting up, never to stop; and one
+    forked as the signal came was never told."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+    try:
+        pid = os.fork()
+        if pid == 0:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+        else:
+            children.add(pid)
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)
+    return pid
 
 
 def _child(run: Callable[[], None]) -> int:
