@@ -26,7 +26,8 @@ FORMATS = ("table", "json", "markdown", "html")
 #: GitHub's limit for one comment; the Markdown stays below it
 MARKDOWN_LIMIT = 65536
 SUMMARY_COLUMNS = ["cluster", "status", "state", "last_sample_at", "age", "nodes_reporting",
-                   "nodes_expected", "gpus", "stale_gpus", "expected", "naming", "findings"]
+                   "nodes_expected", "gpus", "stale_gpus", "expected", "naming", "seen_through",
+                   "cards", "findings"]
 FINDING_COLUMNS = ["severity", "check", "cluster", "node", "gpu", "message"]
 _STATUS_RANK = {ERROR: 0, WARNING: 1, "ok": 2}
 
@@ -98,7 +99,7 @@ def render_table(report: Report) -> str:
             for r in _sorted_summary(report.summary)]
     parts = [_settings_line(report) + "\n"]
     cols = ["cluster", "status", "state", "last_sample_at", "age", "nodes_reporting", "gpus",
-            "naming"]
+            "seen_through", "cards"]
     parts.append(to_table(rows, cols, title="clusters") if rows else "(no clusters)\n")
     findings = [f.as_dict() for f in report.findings]
     parts.append(to_table(findings, FINDING_COLUMNS, title="findings") if findings
