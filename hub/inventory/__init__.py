@@ -27,15 +27,18 @@ from hub.inventory._db import (
     list_events,
     list_gpus,
     list_nodes,
+    list_refused,
     list_sync_runs,
     locked_transaction,
     make_engine,
     nodes,
     now_utc,
     open_engine,
+    refused_inputs,
     safe_url,
     sync_runs,
     upsert,
+    write_refused,
 )
 from hub.inventory._frames import inventory_frame
 from hub.inventory._health import FATAL_XIDS, HW_SLOWDOWN
@@ -124,6 +127,7 @@ __all__ = [
     "list_events",
     "list_gpus",
     "list_nodes",
+    "list_refused",
     "list_sync_runs",
     "locked_transaction",
     "make_engine",
@@ -140,6 +144,7 @@ __all__ = [
     "reconcile_clusters",
     "reconcile_results",
     "reconcile_runs",
+    "refused_inputs",
     "run_sync",
     "safe_url",
     "session_row",
@@ -153,4 +158,5 @@ __all__ = [
     "usage_daily",
     "usage_idle_daily",
     "usage_ledger",
+    "write_refused",
 ]

@@ -19,6 +19,18 @@ if TYPE_CHECKING:
         range_frame,
     )
 from hub.common import lazy_attributes
+from hub.store._bounds import (
+    LABEL,
+    MAX_LABEL_VALUE,
+    MEMORY_CEILING_MIB,
+    POWER_CEILING_W,
+    RANGES,
+    Refused,
+    bounds,
+    describe_reading,
+    label_problem,
+    within,
+)
 from hub.store._vendors import (
     ALLOCATION_METRICS,
     BOTH,
@@ -104,8 +116,11 @@ __all__ = [
     "KUBE_NODE_LABELS",
     "KUBE_PROVIDER_ID",
     "KUBE_STATE_METRICS",
+    "LABEL",
     "LAST_XID",
     "LEGACY",
+    "MAX_LABEL_VALUE",
+    "MEMORY_CEILING_MIB",
     "MEMORY_FREE",
     "MEMORY_RESERVED",
     "MEMORY_TOTAL",
@@ -114,7 +129,9 @@ __all__ = [
     "NODE_LABELS",
     "NO_PARTIAL_RESPONSE",
     "POWER",
+    "POWER_CEILING_W",
     "PROFILES",
+    "RANGES",
     "ROW_REMAP_FAILURE",
     "SLICE_LABELS",
     "SM_ACTIVE",
@@ -128,6 +145,7 @@ __all__ = [
     "PartialResponse",
     "Query",
     "QueryResult",
+    "Refused",
     "StreamedRows",
     "VendorProfile",
     "allocation",
@@ -137,12 +155,15 @@ __all__ = [
     "allocation_queries",
     "allocation_recording_rules",
     "allowlist_metrics",
+    "bounds",
     "cluster_count_query",
     "compute_slices",
     "dcgm_collectors",
     "dcgm_names",
+    "describe_reading",
     "gpu_request",
     "is_exporter_pod",
+    "label_problem",
     "labelled_matcher",
     "labelled_probe",
     "mig_share",
@@ -153,6 +174,7 @@ __all__ = [
     "sync_queries",
     "usage_convert",
     "usage_queries",
+    "within",
 ]
 
 #: The HTTP client's names load with it (requests, urllib3) on first use: commands that only
