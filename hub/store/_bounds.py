@@ -148,26 +148,42 @@ class Refused:
     field's name for a reading out of its range. The first reason of each is kept, shown by
     the finding. ``cluster_label`` names the label a refused series is counted under."""
 
-    __slots__ = ("cluster_label", "counts", "examples")
+    __slots__ = ("_series", "cluster_label", "counts", "examples")
 
     def __init__(self, cluster_label: str = "cluster") -> None:
         self.cluster_label = cluster_label
         self.counts: dict[tuple[str, str], int] = {}
         self.examples: dict[tuple[str, str], str] = {}
+        #: refused series (hash of the label set) -> where they count: a series appears in
+        #: many answers of one run and is one series
+        self._series: dict[int, tuple[str, str]] = {}
 
-    def add(self, cluster: str, kind: str, reason: str) -> None:
+    def add(self, cluster: str, kind: str, reason: str, count: int = 1) -> None:
         key = (cluster_name(cluster), kind)
-        self.counts[key] = self.counts.get(key, 0) + 1
+        self.counts[key] = self.counts.get(key, 0) + count
         self.examples.setdefault(key, reason)
 
     def series(self, labels: Mapping[str, str], reason: str) -> None:
-        """A series the door turned away (its cluster read from its own labels)."""
-        self.add(str(labels.get(self.cluster_label, "")), LABEL, reason)
+        """A series the door turned away (its cluster read from its own labels), once."""
+        try:
+            ident = hash(tuple(sorted(labels.items())))
+        except TypeError:  # not a set of strings: counted each time, never twice-keyed
+            ident = id(labels)
+        if ident in self._series:
+            return
+        cluster = labels.get(self.cluster_label, "")
+        self._series[ident] = (cluster_name(cluster if isinstance(cluster, str) else ""),
+                               LABEL)
+        self.add(self._series[ident][0], LABEL, reason)
 
     def merge(self, other: Refused) -> None:
+        for ident, key in other._series.items():
+            if ident not in self._series:
+                self._series[ident] = key
+                self.add(*key, other.examples[key])
         for key, n in other.counts.items():
-            self.counts[key] = self.counts.get(key, 0) + n
-            self.examples.setdefault(key, other.examples[key])
+            if key[1] != LABEL:
+                self.add(*key, other.examples[key], count=n)
 
     def __bool__(self) -> bool:
         return bool(self.counts)
