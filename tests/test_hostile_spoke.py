@@ -123,7 +123,6 @@ def test_a_hostile_spoke_bills_nothing_it_cannot_have_used(tmp_path, db_url):
         collect = gpufleet_json("usage", "collect", "--from", _iso(t0), "--until",
                                 _iso(t0 + HOUR), env=env)
         assert len(collect["collected"]) == 1 and collect["failed"] == []
-        assert collect["refused"] == 2 + 5  # two series at the door, five readings
         engine = inv.make_engine(db_url)
         with engine.connect() as conn:
             frame = usage.usage_frame(conn, _utc(t0), _utc(t0 + HOUR))
@@ -140,6 +139,8 @@ def test_a_hostile_spoke_bills_nothing_it_cannot_have_used(tmp_path, db_url):
             assert getattr(x, column) != getattr(x, column), column  # NaN: null
         assert refused == {("bad", "label"): 2, ("bad", store.UTILISATION): 2,
                            ("bad", store.POWER): 1, ("bad", store.MEMORY_USED): 2}
+        assert collect["refused"] == 2 + 5  # two series at the door, five readings
+
         summary = gpufleet_json("usage", "--from", _iso(t0), "--until", _iso(t0 + HOUR),
                                 env=env)
         [ml] = summary
