@@ -185,6 +185,11 @@ def test_the_door_turns_away_a_series_it_cannot_store(value, reason):
 
 
 def test_narrow_labels_are_held_to_their_columns_and_a_bad_cluster_name_is_storable():
+    for vendor, label in (("nvidia", "gpu"), ("amd", "gpu_id")):
+        attributes = store.profile(vendor).attributes
+        assert attributes({label: "3"})["index"] == 3
+        assert attributes({label: "\u00b2"})["index"] is None  # isdigit, yet int() refuses
+        assert attributes({label: "9" * 30})["index"] is None  # past PostgreSQL's integer
     assert store.label_problem({"UUID": "G" * 128}) is None
     assert "at most 128" in (store.label_problem({"UUID": "G" * 129}) or "")
     assert "at most 16" in (store.label_problem({"GPU_I_ID": "1" * 17}) or "")
