@@ -28,6 +28,7 @@ from hub.inventory._db import (
     list_events,
     list_gpus,
     list_nodes,
+    list_refused,
     list_sync_runs,
     locked_transaction,
     make_engine,
@@ -35,9 +36,11 @@ from hub.inventory._db import (
     now_utc,
     open_engine,
     read_sources,
+    refused_inputs,
     safe_url,
     sync_runs,
     upsert,
+    write_refused,
 )
 from hub.inventory._frames import inventory_frame
 from hub.inventory._health import FATAL_XIDS, HW_SLOWDOWN
@@ -129,6 +132,7 @@ __all__ = [
     "list_events",
     "list_gpus",
     "list_nodes",
+    "list_refused",
     "list_sync_runs",
     "locked_transaction",
     "make_engine",
@@ -146,6 +150,7 @@ __all__ = [
     "reconcile_clusters",
     "reconcile_results",
     "reconcile_runs",
+    "refused_inputs",
     "run_sync",
     "safe_url",
     "schedule_lease",
@@ -161,4 +166,5 @@ __all__ = [
     "usage_flags",
     "usage_idle_daily",
     "usage_ledger",
+    "write_refused",
 ]

@@ -28,8 +28,9 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
-from hub.common import InputError, UnavailableError, redact
+from hub.common import InputError, UnavailableError, redact, shorten
 from hub.inventory._normalize import Observation
+from hub.store import Refused
 
 metadata = sa.MetaData()
 
@@ -151,6 +152,20 @@ sync_runs = sa.Table(
     sa.Column("nodes", sa.Integer),
     sa.Column("gpus", sa.Integer),
     sa.Column("error", sa.Text),
+)
+
+#: What a spoke sent that the hub left out (issue 42), per cluster: series the store's door
+#: turned away (kind ``label``) and readings out of their physical range (kind: the field).
+#: ``source`` "sync" keeps the latest sync's (``at`` its time); "usage" one set per ledger
+#: bucket (``at`` its start), replaced when the bucket is and aged out with it (0017).
+refused_inputs = sa.Table(
+    "refused_inputs", metadata,
+    sa.Column("source", sa.String(16), primary_key=True),  # sync | usage
+    sa.Column("at", sa.DateTime, primary_key=True),
+    sa.Column("cluster", sa.String(253), primary_key=True),
+    sa.Column("kind", sa.String(64), primary_key=True),
+    sa.Column("count", sa.Integer, nullable=False),
+    sa.Column("example", sa.String(255), nullable=False),  # the first reason, cut
 )
 
 
@@ -675,6 +690,29 @@ def read_sources(conn: Connection) -> dict[str, dict[str, int]]:
                       cluster_sources.c.count)):
         out.setdefault(cluster, {})[source] = count
     return out
+
+
+def write_refused(conn: Connection, source: str, at: dt.datetime, refused: Refused) -> None:
+    """Replace what ``source`` refused at ``at``: the whole latest set for a sync, one
+    bucket's for the usage ledger (the caller's transaction writes it with the run)."""
+    table = refused_inputs
+    if source == "sync":
+        conn.execute(table.delete().where(table.c.source == source))
+    else:
+        conn.execute(table.delete().where(table.c.source == source, table.c.at == at))
+    insert_rows(conn, table, [{**row, "source": source, "at": at,
+                               "example": shorten(str(row["example"]), 255)}
+                              for row in refused.rows()])
+
+
+def list_refused(conn: Connection, since: dt.datetime | None = None) -> list[dict[str, Any]]:
+    """Refused inputs: the latest sync's, and the usage buckets' from ``since`` on."""
+    table = refused_inputs
+    stmt = sa.select(table).order_by(table.c.source, table.c.cluster, table.c.kind,
+                                     table.c.at)
+    if since is not None:
+        stmt = stmt.where(sa.or_(table.c.source == "sync", table.c.at >= since))
+    return [dict(r) for r in conn.execute(stmt).mappings()]
 
 
 def _gpu_row(obs: Observation, also: list[list[str]] | None,

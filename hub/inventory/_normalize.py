@@ -18,14 +18,14 @@ import json
 import math
 import sys
 from array import array
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Container, Iterable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 from hub import store
 from hub.inventory import _health as health
-from hub.store import Identity, Query, VendorProfile
+from hub.store import Identity, Query, Refused, VendorProfile
 
 Allocation = tuple[str, str, str]  # namespace, pod, container
 
@@ -114,6 +114,8 @@ def keyed_rows(rows: Iterable[Row]) -> Iterator[tuple[str, str, str]]:
 _FIELDS: tuple[str, ...] = tuple(dict.fromkeys(
     f for p in store.PROFILES for f in (*p.value_fields, *p.health_fields)))
 _SLOT = {f: i for i, f in enumerate(_FIELDS)}
+#: each field's physical range (hub.store._bounds), in slot order
+_BOUNDS = tuple(store.bounds(f) for f in _FIELDS)
 _AT = len(_FIELDS)  # the last slot: the series' newest sample time
 _EMPTY = array("d", [math.nan] * (len(_FIELDS) + 1))
 _ATTRS = ("index", "model", "driver_version", "pci_bus_id", "serial")
@@ -217,6 +219,15 @@ class FleetBuilder:
         self.labelled_note: str | None = None
         #: cluster -> the namings its GPUs send (the "naming" query; store.naming_of names it)
         self.namings: dict[str, set[str]] = {}
+        #: series the store's door turned away and readings out of their physical range,
+        #: per cluster (hub.store._bounds): left out of the inventory, named by the report
+        self.refused = Refused(cluster_label)
+
+    @property
+    def known(self) -> Container[int]:
+        """Hashes of the label texts met so far: the door checked them when first met
+        (StreamedRows.keyed), so it need not decode them again."""
+        return self._series
 
     # -- feeding ----------------------------------------------------------------------------
     def add(self, query: Query, rows: Iterable[Row]) -> tuple[int, int]:
@@ -359,12 +370,17 @@ class FleetBuilder:
         newest = chain[0]
         attrs = list(newest.attrs)
         values: dict[str, float] = {}
+        cluster = ident[0]
         for series in reversed(chain):
             for i, v in enumerate(series.attrs):
                 if v is not None:
                     attrs[i] = v
-            values.update((f, v) for f, v in zip(_FIELDS, series.vals, strict=False)
-                          if v == v)
+            for f, (low, high), v in zip(_FIELDS, _BOUNDS, series.vals, strict=False):
+                if v == v:  # NaN: not reported
+                    if low <= v <= high:
+                        values[f] = v
+                    else:  # out of its range: unknown, an older series' reading stands
+                        self.refused.add(cluster, f, store.describe_reading(f, v))
         sample_at = newest.vals[_AT]
         allocations = {s.alloc for s in chain if s.alloc is not None} or _NO_ALLOCATIONS
         cluster, node, uuid, mig_profile, mig_instance = ident
@@ -375,7 +391,7 @@ class FleetBuilder:
             serial=attrs[4], sample_at=None if sample_at != sample_at else sample_at,
             allocations=allocations,
         )
-        _apply_values(obs, values)
+        _apply_values(obs, values, self.refused)
         return obs
 
 
@@ -386,7 +402,8 @@ def _first(values: Mapping[str, float], *names: str) -> float | None:
     return None
 
 
-def _apply_values(obs: Observation, values: Mapping[str, float]) -> None:
+def _apply_values(obs: Observation, values: Mapping[str, float],
+                  refused: Refused | None = None) -> None:
     used = values.get(store.MEMORY_USED)
     free = values.get(store.MEMORY_FREE)
     total = values.get(store.MEMORY_TOTAL)
@@ -394,6 +411,13 @@ def _apply_values(obs: Observation, values: Mapping[str, float]) -> None:
         total = used + free + (values.get(store.MEMORY_RESERVED) or 0.0)
     if used is None and total is not None and free is not None:
         used = total - free
+    if used is not None and total is not None and not store.within(store.MEMORY_USED, used,
+                                                                  total):
+        # more used than the GPU has (or free beyond it): the reading, not the GPU, is wrong
+        if refused is not None:
+            refused.add(obs.cluster, store.MEMORY_USED,
+                        store.describe_reading(store.MEMORY_USED, used, total))
+        used = None
     obs.memory_total_mib = total
     obs.memory_used_mib = used
     # DCGM's GPU_UTIL is 0 or absent on MIG slices; the profiling counter is the real one there.

@@ -177,9 +177,10 @@ def cluster_counts(client: HubClient, window: str, cluster_label: str,
     return out, sources
 
 
-def _fetch(client: HubClient, query: store.Query, at: float) -> tuple[store.Query, QueryResult]:
+def _fetch(client: HubClient, query: store.Query, at: float,
+           cluster_label: str = "cluster") -> tuple[store.Query, QueryResult]:
     ask = client.query_newest if query.kind == "timestamp" else client.query
-    return query, ask(query.promql, time=at, stream=True)
+    return query, ask(query.promql, time=at, stream=True, cluster_label=cluster_label)
 
 
 def _no_warnings(client: HubClient, warnings: list[str]) -> None:
@@ -195,7 +196,8 @@ def _fold(builder: FleetBuilder, client: HubClient, query: store.Query,
     """Fold one answer (decoded row by row as it is folded); a partial one fails the sync.
     Series without the cluster label are left out as they come (FleetBuilder.unlabelled)."""
     if isinstance(res.result, store.StreamedRows):
-        builder.add_keyed(query, res.result.keyed())
+        builder.add_keyed(query, res.result.keyed(builder.known))
+        builder.refused.merge(res.result.refused)
     else:  # an answer without a result array to stream (no rows)
         builder.add(query, res.result)
     _no_warnings(client, res.warnings or getattr(res.result, "warnings", []))
@@ -237,6 +239,8 @@ class Fetched:
     #: cluster -> what else its GPUs are seen through (card info, ACM's list; the plan's query)
     sources: dict[str, dict[str, int]] = field(default_factory=dict)
     note: str | None = None
+    #: series refused at the store's door and readings out of range, per cluster
+    refused: store.Refused = field(default_factory=store.Refused)
     _file: IO[bytes] | None = None
     _kept: list[list[Observation]] = field(default_factory=list)
     _groups: int = 0
@@ -251,6 +255,7 @@ class Fetched:
         self.unlabelled.merge(builder.unlabelled)
         self.namings.update(builder.cluster_namings())
         group = list(builder.observations())
+        self.refused.merge(builder.refused)  # after observations(): readings judged there
         self._uuids.extend(hash(obs.uuid) for obs in group)
         self._places.extend(hash((obs.cluster, obs.node)) for obs in group)
         self._groups += 1
@@ -337,7 +342,7 @@ def collect(client: HubClient, *, stale_after: float, cluster_label: str,
             def submit() -> None:
                 while jobs and len(pending) < width:
                     shard, query = jobs.popleft()
-                    pending[pool.submit(_fetch, client, query, at)] = shard
+                    pending[pool.submit(_fetch, client, query, at, cluster_label)] = shard
 
             submit()
             try:
@@ -403,6 +408,7 @@ def run_sync(engine: Engine, client: HubClient, *, stale_after: float = 600.0,
                 if fetched.namings:
                     inventory.write_namings(conn, fetched.namings, now)
                 inventory.write_sources(conn, fetched.sources, now)
+                inventory.write_refused(conn, "sync", now, fetched.refused)
                 counts = writer.finish()
                 note = NO_GPU_SERIES if counts["gpus"] == 0 else fetched.note
                 inventory.record_run(conn, started_at=started, status="ok",

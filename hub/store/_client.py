@@ -18,7 +18,7 @@ import os
 import re
 import threading
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ from hub.common import (
     register_secret,
     shorten,
 )
+from hub.store._bounds import Refused, label_problem
 
 TOKEN_ENV = "GPUFLEET_TOKEN"
 #: the largest token file read (a JWT with many groups is a few KiB)
@@ -277,17 +278,20 @@ class HubClient:
 
     # -- API ------------------------------------------------------------------------------
     def query(self, promql: str, time: float | None = None, *,
-              stream: bool = False) -> QueryResult:
+              stream: bool = False, cluster_label: str = "cluster") -> QueryResult:
         """Instant query. POSTed as a form so long PromQL never hits URL length limits.
 
         With ``stream`` the result is a :class:`StreamedRows`: decoded one row at a time as
         it is iterated, so a 100,000-series answer never exists as 100,000 decoded dicts at
-        once (~200 MB); its ``warnings`` are known once it has been iterated.
+        once (~200 MB); its ``warnings`` are known once it has been iterated. A streamed
+        answer holds only series whose labels can be stored (hub.store._bounds): the others
+        are left out and counted in its ``refused``, under their ``cluster_label``.
         """
-        return self._post("/api/v1/query", _instant(promql, time), stream=stream)
+        return self._post("/api/v1/query", _instant(promql, time), stream=stream,
+                          cluster_label=cluster_label)
 
     def query_newest(self, promql: str, time: float | None = None, *,
-                     stream: bool = False) -> QueryResult:
+                     stream: bool = False, cluster_label: str = "cluster") -> QueryResult:
         """Instant query of a range selector (``name[10m]``), each series cut to its newest
         sample, returned as an instant vector (``value`` = [sample time, value]).
 
@@ -298,7 +302,7 @@ class HubClient:
         (inside label strings the quotes are escaped), and samples hold no brackets.
         """
         return self._post("/api/v1/query", _instant(promql, time), rewrite=_newest_sample,
-                          stream=stream)
+                          stream=stream, cluster_label=cluster_label)
 
     def query_range(self, promql: str, start: float, end: float, step: float) -> QueryResult:
         data = {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}",
@@ -320,7 +324,7 @@ class HubClient:
     # -- transport ------------------------------------------------------------------------
     def _post(self, path: str, data: dict[str, Any],
               rewrite: Callable[[str], str] | None = None,
-              stream: bool = False) -> QueryResult:
+              stream: bool = False, cluster_label: str = "cluster") -> QueryResult:
         for value in data.values():
             try:
                 str(value).encode("utf-8")
@@ -359,7 +363,7 @@ class HubClient:
         rows: StreamedRows | None = None
         try:
             if stream and resp.status_code == 200:
-                body, rows = self._stream(resp, rewrite)
+                body, rows = self._stream(resp, rewrite, cluster_label)
             else:
                 text = resp.content.decode()  # invalid UTF-8: a ValueError, as below
                 if rewrite is not None and resp.status_code == 200:
@@ -399,8 +403,8 @@ class HubClient:
         )
 
 
-    def _stream(self, resp: requests.Response, rewrite: Callable[[str], str] | None
-                ) -> tuple[Any, StreamedRows | None]:
+    def _stream(self, resp: requests.Response, rewrite: Callable[[str], str] | None,
+                cluster_label: str = "cluster") -> tuple[Any, StreamedRows | None]:
         """The envelope of a 200 answer, and its rows left on the socket for the caller.
 
         The body is read in chunks and never held whole: a 100,000-GPU answer is 40 to 80 MB
@@ -415,7 +419,7 @@ class HubClient:
                 if start >= 0:
                     body = json.loads(head[:start] + '"result":[]}}')
                     return body, StreamedRows(head, start + len('"result":['), chunks, rewrite,
-                                              f"hub {self.safe_url}")
+                                              f"hub {self.safe_url}", cluster_label)
                 if len(head) > MAX_ENVELOPE:
                     break
             head += "".join(chunks)  # no result array (an error, a scalar): small, read whole
@@ -533,21 +537,45 @@ class StreamedRows:
     stretch of text before it is decoded (the newest-sample trim). The Thanos ``warnings``
     follow the array in the body, so they are read when the iteration ends: a caller must
     check :attr:`warnings` after consuming the rows.
+
+    This is the door every series the hub stores comes through: a row whose labels cannot
+    be stored (a NUL byte, a control character, a value longer than its column:
+    hub.store._bounds.label_problem) is left out here and counted in :attr:`refused` under
+    its ``cluster_label``, so one spoke's malformed series never reach a database that
+    would refuse the whole sync or bucket over it.
     """
 
     def __init__(self, text: str, start: int, more: Iterable[str] = (),
-                 cut: Callable[[str], str] | None = None, source: str = "the hub") -> None:
+                 cut: Callable[[str], str] | None = None, source: str = "the hub",
+                 cluster_label: str = "cluster") -> None:
         self._text: str | None = text[start:]
         self._more = iter(more)
         self._cut = cut
         self._source = source
         self.warnings: list[str] = []
+        self.refused = Refused(cluster_label)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        refuse = self._refuse
         for row, _ in self._rows(keyed=False):
-            yield row  # type: ignore[misc]
+            if not refuse(row.get("metric")):  # type: ignore[union-attr]
+                yield row  # type: ignore[misc]
 
-    def keyed(self) -> Iterator[tuple[str, str, str]]:
+    def _refuse(self, labels: Any) -> bool:
+        """Whether a row's labels are refused (and counted); a row without labels passes."""
+        if not labels:
+            return False
+        try:
+            problem = label_problem(labels)
+        except (TypeError, AttributeError):  # not a flat object of strings
+            problem = "its labels are not a set of strings"
+            labels = {}
+        if problem is None:
+            return False
+        self.refused.series(labels, problem)
+        return True
+
+    def keyed(self, known: Container[int] = ()) -> Iterator[tuple[str, str, str]]:
         """The rows as (labels, time, value): ``labels`` the series' label set as the answer
         spells it (JSON, without ``__name__``), time and value as written.
 
@@ -555,11 +583,16 @@ class StreamedRows:
         series' labels are the same text in every answer of one store, so the text itself
         is the join key and only a series not seen before needs its labels decoded
         (``json.loads(labels)``). A row of another shape is decoded whole instead.
+
+        The door checks a series' labels the first time it meets them: ``known`` holds the
+        ``hash`` of label texts the caller has met (and so the door has checked) before.
         """
+        refuse = self._refuse
         for row, labels in self._rows(keyed=True):
             if labels is None:  # decoded whole (an odd row, e.g. a histogram): no value
-                yield json.dumps(row.get("metric") or {}, separators=(",", ":")), "", ""
-            else:
+                if not refuse(row.get("metric")):  # type: ignore[union-attr]
+                    yield json.dumps(row.get("metric") or {}, separators=(",", ":")), "", ""
+            elif hash(labels) in known or not refuse(_labels_of(labels)):
                 yield labels, *row  # type: ignore[misc]
 
     def _rows(self, keyed: bool) -> Iterator[tuple[Any, str | None]]:
@@ -613,6 +646,14 @@ _VECTOR_ROW = re.compile(r'\{"metric":(\{(?:' + _STRING + r'[:,]?)*\}),'
 #: "}" inside a value ends the object early, and then `,"value":[` cannot follow unescaped)
 _PLAIN_ROW = re.compile(r'\{"metric":(\{[^}]*\}),"value":\[([^,\]]*),"([^"]*)"\]\}')
 _NAME_KEY = '"__name__":"'
+
+
+def _labels_of(text: str) -> Any:
+    """A label object's text decoded (for the door's check); anything else: refused."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return [text]
 
 
 def _without_name(labels: str) -> str:

@@ -414,6 +414,15 @@ def allocation(labels: Mapping[str, str]) -> tuple[str, str, str] | None:
     return labels.get("namespace") or "", pod, labels.get("container") or ""
 
 
+def gpu_index(text: str | None) -> int | None:
+    """A GPU's index label as the integer column holds it; None for anything else (a
+    superscript digit, which ``isdigit`` accepts and ``int`` refuses, or 30 digits, which
+    PostgreSQL's integer refuses for the whole sync)."""
+    if text and text.isascii() and text.isdigit() and len(text) <= 9:
+        return int(text)
+    return None
+
+
 class Nvidia(VendorProfile):
     """NVIDIA dcgm-exporter (and gpufleet's own exporter, which speaks the same names)."""
 
@@ -490,9 +499,8 @@ class Nvidia(VendorProfile):
                         profile, instance if profile else None)
 
     def attributes(self, labels: Mapping[str, str]) -> dict[str, Any]:
-        index = labels.get("gpu")
         return {
-            "index": int(index) if index and index.isdigit() else None,
+            "index": gpu_index(labels.get("gpu")),
             "model": labels.get("modelName") or None,
             "driver_version": next((labels[n] for n in DCGM_DRIVER_LABELS if labels.get(n)),
                                    None),
@@ -567,9 +575,8 @@ class Amd(VendorProfile):
         return Identity(labels.get(cluster_label, ""), node, uuid)
 
     def attributes(self, labels: Mapping[str, str]) -> dict[str, Any]:
-        gpu_id = labels.get("gpu_id") or ""
         return {
-            "index": int(gpu_id) if gpu_id.isdigit() else None,
+            "index": gpu_index(labels.get("gpu_id")),
             "model": labels.get("card_series") or labels.get("card_model") or None,
             "driver_version": labels.get("driver_version") or None,
             "serial": labels.get("serial_number") or None,

@@ -67,7 +67,8 @@ def fold_bucket(answers: Iterable[tuple[store.Query, Iterable[Mapping[str, Any]]
                 known: Mapping[tuple[str, str], tuple[str | None, float | None]],
                 push_interval: float | None = None, min_charge: float = 0.0,
                 node_gpus: Mapping[tuple[str, str], int] | None = None,
-                flags: list[dict[str, str]] | None = None) -> list[dict[str, Any]]:
+                flags: list[dict[str, str]] | None = None,
+                refused: store.Refused | None = None) -> list[dict[str, Any]]:
     """Ledger rows of one bucket from the answers to its queries.
 
     ``resolution`` is the slot length (the push interval). A vendor's coverage answer must
@@ -82,7 +83,13 @@ def fold_bucket(answers: Iterable[tuple[store.Query, Iterable[Mapping[str, Any]]
     ``node_gpus`` gives the GPUs per (cluster, node) the inventory knows (a pod's requests
     count at most its node's GPUs); the meter's corrections, one per pod, are appended to
     ``flags`` (rows of ``usage_flags``).
+
+    A bucket's figure outside its physical range (hub.store._bounds: an average or maximum
+    of samples that held one reading a GPU cannot give) is dropped as unknown, never
+    averaged, billed as busy or summed into energy, and counted in ``refused`` against its
+    cluster; so is a memory figure above the GPU's own memory (``known``).
     """
+    refused = store.Refused(cluster_label) if refused is None else refused
     accs: dict[Key, _Acc] = {}
     cover: dict[tuple[str, str], float] = {}
     meter = Meter(start=start, bucket=bucket, cluster_label=cluster_label,
@@ -113,6 +120,10 @@ def fold_bucket(answers: Iterable[tuple[store.Query, Iterable[Mapping[str, Any]]
                 continue
             weight = cover.get((query.vendor, _series(labels)), 0.0)
             value = store.usage_convert(query.vendor, query.field or "", value)
+            if not store.within(query.field or "", value):
+                refused.add(key[0], query.field or "",
+                            store.describe_reading(query.field or "", value))
+                continue
             fld = f"{query.field}:{query.kind.split(':')[1]}"
             if fld.endswith(":max"):
                 acc.maxes[fld] = max(acc.maxes.get(fld, value), value)
@@ -137,6 +148,7 @@ def fold_bucket(answers: Iterable[tuple[store.Query, Iterable[Mapping[str, Any]]
         util = next((avg[f] for f in order if f in avg), None)
         util_max = next((mx[f] for f in order if f in mx), None)
         model, share = _share(known, uuid, slice_key, acc.model, acc.profile)
+        _cap_memory(avg, mx, known.get((uuid, slice_key), (None, None))[1], cluster, refused)
         power = avg.get(store.POWER)
         sm_active = avg.get(store.SM_ACTIVE, avg.get(store.ENGINE_ACTIVE))
         out.append({
@@ -169,6 +181,19 @@ def fold_bucket(answers: Iterable[tuple[store.Query, Iterable[Mapping[str, Any]]
     for row in out:
         row["bucket_start"], row["bucket_end"] = utc(start), utc(start + bucket)
     return out
+
+
+def _cap_memory(avg: dict[str, float], mx: dict[str, float], capacity: float | None,
+                cluster: str, refused: store.Refused) -> None:
+    """Memory used beyond what the GPU (or slice) has, as the inventory knows it: unknown."""
+    if not capacity:
+        return
+    for figures in (avg, mx):
+        used = figures.get(store.MEMORY_USED)
+        if used is not None and not store.within(store.MEMORY_USED, used, capacity):
+            refused.add(cluster, store.MEMORY_USED,
+                        store.describe_reading(store.MEMORY_USED, used, capacity))
+            del figures[store.MEMORY_USED]
 
 
 _FIGURES = ["avg_utilisation_pct", "max_utilisation_pct", "avg_memory_used_mib",

@@ -58,6 +58,7 @@ from hub.inventory import (
     locked_transaction,
     now_utc,
     plan_shards,
+    refused_inputs,
     shard_error,
     upsert,
     usage,
@@ -66,6 +67,7 @@ from hub.inventory import (
     usage_flags,
     usage_idle_daily,
     usage_ledger,
+    write_refused,
 )
 from hub.usage._fold import fold_bucket, utc
 from hub.usage._meter import BASES
@@ -94,12 +96,14 @@ class CollectResult:
     not_before: dt.datetime | None = None  # the first bucket a later collect will write
     #: buckets left for the next collect because this one was asked to stop (SIGTERM)
     stopped: int = 0
+    #: series and readings left out because a spoke sent them out of shape (issue 42)
+    refused: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {"collected": self.collected, "rows": self.rows, "requests": self.requests,
                 "removed_by_retention": self.removed,
                 "clipped_not_ended": self.clipped, "next_bucket": self.not_before,
-                "left_by_stop": self.stopped,
+                "left_by_stop": self.stopped, "refused": self.refused,
                 "failed": [{"bucket_start": b, "error": e} for b, e in self.failed]}
 
 
@@ -186,6 +190,7 @@ def _start_over(conn: Connection, bucket: float) -> int:
     conn.execute(usage_buckets.delete())
     conn.execute(usage_daily.delete())
     conn.execute(usage_idle_daily.delete())
+    conn.execute(refused_inputs.delete().where(refused_inputs.c.source == "usage"))
     conn.execute(usage_ledger.delete().where(usage_ledger.c.key == BUCKET_KEY))
     conn.execute(usage_ledger.insert().values(key=BUCKET_KEY, value=f"{bucket:g}"))
     return removed
@@ -237,12 +242,15 @@ def _has_allocations(client: HubClient, starts: list[float], now: float,
 
 
 def _ask(client: HubClient, queries: list[store.Query], start: float, bucket: float,
-         resolution: float, push_interval: float | None = None
+         resolution: float, push_interval: float | None = None,
+         refused: store.Refused | None = None
          ) -> Iterator[tuple[store.Query, Iterable[Mapping[str, Any]]]]:
     """Each query's answer in turn, coverage first (fold_bucket weighs averages by it),
     decoded row by row as the fold reads it: one answer's rows exist at a time, not the
     whole bucket's. A partial answer raises once its rows are read (Thanos sends the
-    warnings after them), before anything is written."""
+    warnings after them), before anything is written. Series the store's door turned away
+    are counted in ``refused`` (against their cluster) once their answer is read."""
+    label = refused.cluster_label if refused is not None else "cluster"
     end = start + bucket
     for query in sorted(queries, key=lambda q: q.kind != "coverage"):
         # avg/max: the samples in [start, end) (1 ms before the end, so a sample exactly on a
@@ -254,8 +262,10 @@ def _ask(client: HubClient, queries: list[store.Query], start: float, bucket: fl
             # subqueries' last point (steps are aligned to multiples of the step)
             push = push_interval or resolution
             at = end - 0.001 + push + _alloc_step(push)
-        res = client.query(query.promql, time=at, stream=True)
+        res = client.query(query.promql, time=at, stream=True, cluster_label=label)
         yield query, res.result
+        if refused is not None and hasattr(res.result, "refused"):
+            refused.merge(res.result.refused)
         warnings = getattr(res.result, "warnings", None) or res.warnings
         if warnings:
             raise store.PartialResponse(f"hub {client.safe_url} returned a partial response "
@@ -311,13 +321,17 @@ def _fold(client: HubClient, queries: list[store.Query], start: float, bucket: f
           resolution: float, cluster_label: str, known: Mapping[tuple[str, str], Any],
           labels: _LabelCheck, push_interval: float, min_charge: float,
           node_gpus: Mapping[tuple[str, str], int] | None = None,
-          flags: list[dict[str, str]] | None = None) -> list[dict[str, Any]]:
+          flags: list[dict[str, str]] | None = None,
+          refused: store.Refused | None = None) -> list[dict[str, Any]]:
     """One bucket's ledger rows from the hub (nothing written); an empty answer where the
     cluster label is a typo raises it rather than writing an empty bucket."""
-    rows = fold_bucket(_ask(client, queries, start, bucket, resolution, push_interval),
+    refused = store.Refused(cluster_label) if refused is None else refused
+    rows = fold_bucket(_ask(client, queries, start, bucket, resolution, push_interval,
+                            refused),
                        start=start, bucket=bucket, resolution=resolution,
                        cluster_label=cluster_label, known=known, push_interval=push_interval,
-                       min_charge=min_charge, node_gpus=node_gpus, flags=flags)
+                       min_charge=min_charge, node_gpus=node_gpus, flags=flags,
+                       refused=refused)
     if not rows and (typo := labels.typo(start, bucket)):
         raise typo
     return rows
@@ -328,11 +342,13 @@ class _Spilled:
     """A bucket's rows, one shard's list at a time, set aside on disk as each shard is
     folded: the write reads them back a shard at a time (memory follows the shard)."""
 
-    def __init__(self) -> None:
+    def __init__(self, cluster_label: str = "cluster") -> None:
         self._file = tempfile.TemporaryFile(prefix="gpufleet-usage-")  # noqa: SIM115 (close)
         self._parts = 0
         self.rows = 0
         self.flags: list[dict[str, str]] = []  # the meter's corrections (few: kept here)
+        #: what the bucket's shards left out (hub.store._bounds), per cluster
+        self.refused = store.Refused(cluster_label)
 
     def add(self, rows: list[dict[str, Any]]) -> None:
         pickle.dump(rows, self._file, protocol=pickle.HIGHEST_PROTOCOL)
@@ -367,31 +383,35 @@ def _fold_shards(client: HubClient, shards: list[Shard], start: float, bucket: f
     naming its shard's clusters. Shards hold whole clusters, so a pod's allocation and
     the GPUs it holds are always folded together."""
 
-    def one(shard: Shard) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    def one(shard: Shard) -> tuple[list[dict[str, Any]], list[dict[str, str]], store.Refused]:
         queries = bucket_queries(bucket, resolution, push_interval, cluster_label, metered,
                                  shard.matcher)
         flags: list[dict[str, str]] = []
+        refused = store.Refused(cluster_label)
         try:
-            return fold_bucket(_ask(client, queries, start, bucket, resolution, push_interval),
+            return fold_bucket(_ask(client, queries, start, bucket, resolution, push_interval,
+                                    refused),
                                start=start, bucket=bucket, resolution=resolution,
                                cluster_label=cluster_label, known=known,
                                push_interval=push_interval, min_charge=min_charge,
-                               node_gpus=node_gpus, flags=flags), flags
+                               node_gpus=node_gpus, flags=flags, refused=refused), flags, refused
         except GpufleetError as exc:
             raise shard_error(exc, shard, shards, "bucket left for a later collect") from None
 
-    spilled = _Spilled()
+    spilled = _Spilled(cluster_label)
     try:
         if len(shards) == 1:
-            rows, flags = one(shards[0])
+            rows, flags, refused = one(shards[0])
             spilled.add(rows)
             spilled.flags += flags
+            spilled.refused.merge(refused)
             return spilled
         with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(shards))),
                                 thread_name_prefix="usage-shard") as pool:
-            for rows, flags in pool.map(one, shards):
+            for rows, flags, refused in pool.map(one, shards):
                 spilled.add(rows)
                 spilled.flags += flags
+                spilled.refused.merge(refused)
                 del rows
     except BaseException:
         spilled.close()
@@ -480,11 +500,12 @@ def collect_usage(engine: Engine, client: HubClient, *, bucket: float = 3600.0,
             with _ledger_transaction(engine, lock_timeout) as conn:
                 claim_grid(conn, bucket)
                 write_bucket(conn, start, bucket, rows, requests, count=rows.rows,
-                             flags=rows.flags)
+                             flags=rows.flags, refused=rows.refused)
         finally:
             rows.close()
         result.collected.append(utc(start))
         result.rows += rows.rows
+        result.refused += rows.refused.total()
         result.requests += requests
         if on_bucket:
             on_bucket(utc(start), rows.rows)
@@ -526,13 +547,14 @@ def collect_on_new_grid(engine: Engine, client: HubClient, *, bucket: float = 36
     rows: list[dict[str, Any]] = []
     flags: list[dict[str, str]] = []
     requests = 0
+    refused = store.Refused(cluster_label)
     if first is not None:
         before = client.requests
         queries = bucket_queries(bucket, resolution, push_interval, cluster_label)
         try:
             rows = _fold(client, queries, first, bucket, resolution, cluster_label, known,
                          _LabelCheck(client, cluster_label, now), push_interval, min_charge,
-                         node_gpus, flags)
+                         node_gpus, flags, refused)
         except InputError:
             raise
         except GpufleetError as exc:
@@ -543,7 +565,7 @@ def collect_on_new_grid(engine: Engine, client: HubClient, *, bucket: float = 36
     with _ledger_transaction(engine, lock_timeout) as conn:
         removed = _start_over(conn, bucket)
         if first is not None:
-            write_bucket(conn, first, bucket, rows, requests, flags=flags)
+            write_bucket(conn, first, bucket, rows, requests, flags=flags, refused=refused)
     if first is not None and on_bucket:
         on_bucket(utc(first), len(rows))
     rest = None if starts is None else [s for s in starts if s != first]
@@ -556,15 +578,18 @@ def collect_on_new_grid(engine: Engine, client: HubClient, *, bucket: float = 36
         result.collected.insert(0, utc(first))
         result.rows += len(rows)
         result.requests += requests
+        result.refused += refused.total()
     return removed, result
 
 
 def write_bucket(conn: Connection, start: float, bucket: float,
                  rows: Iterable[dict[str, Any]], requests: int,
-                 count: int | None = None, flags: Iterable[Mapping[str, str]] = ()) -> None:
+                 count: int | None = None, flags: Iterable[Mapping[str, str]] = (),
+                 refused: store.Refused | None = None) -> None:
     """Replace one bucket's rows and the meter's flags, rebuild its day's rollup, mark it
     collected (the caller holds the ledger's lock and commits all of it at once). ``rows``
-    may be read once (a shard at a time): then ``count`` says how many."""
+    may be read once (a shard at a time): then ``count`` says how many. ``refused``: what
+    its answers left out, per cluster (replaced with the bucket)."""
     if count is None:
         rows = list(rows)
         count = len(rows)
@@ -573,6 +598,7 @@ def write_bucket(conn: Connection, start: float, bucket: float,
     insert_rows(conn, usage, rows)
     conn.execute(usage_flags.delete().where(usage_flags.c.bucket_start == begin))
     insert_rows(conn, usage_flags, _one_per_pod(begin, flags))
+    write_refused(conn, "usage", begin, refused or store.Refused())
     rebuild_days(conn, [day_of(begin)])
     upsert(conn, usage_buckets, [{
         "bucket_start": begin, "bucket_end": utc(start + bucket), "collected_at": now_utc(),
@@ -603,6 +629,8 @@ def apply_retention(conn: Connection, before: float) -> int:
     conn.execute(usage_buckets.delete().where(usage_buckets.c.bucket_start < cut))
     conn.execute(usage_daily.delete().where(usage_daily.c.day < day_of(cut)))
     conn.execute(usage_idle_daily.delete().where(usage_idle_daily.c.day < day_of(cut)))
+    conn.execute(refused_inputs.delete().where(refused_inputs.c.source == "usage",
+                                               refused_inputs.c.at < cut))
     if removed:
         rebuild_days(conn, [day_of(cut)])  # the day the cut falls in lost its first hours
     return removed
@@ -692,6 +720,9 @@ def describe(result: CollectResult, push_interval: float) -> str:
         text += (f"; {result.clipped} bucket(s) not ended a push interval "
                  f"({human_duration(push_interval)}) ago were left for a later collect, "
                  f"from {result.not_before.isoformat()}Z" if result.not_before else "")
+    if result.refused:
+        text += (f"; {result.refused:,} series or readings a spoke sent out of shape were "
+                 "left out (`gpufleet report` names the clusters)")
     if result.stopped:
         text += (f"; stopped: {result.stopped} bucket(s) left, the next collect resumes "
                  "with them")

@@ -129,6 +129,21 @@ class ExpectedFacts:
 
 
 @dataclass(frozen=True)
+class RefusedFacts:
+    """What a cluster sent out of shape and the hub left out (inventory.refused_inputs):
+    ``source`` sync (the latest sync) or usage (one ledger bucket, ``at`` its start);
+    ``kind`` "label" (series turned away at the store's door) or the field of a reading out
+    of its physical range."""
+
+    source: str
+    at: dt.datetime
+    cluster: str
+    kind: str
+    count: int
+    example: str
+
+
+@dataclass(frozen=True)
 class GpuRef:
     cluster: str
     node: str
@@ -472,6 +487,7 @@ class Facts:
     history: HubHistory | None = None
     hub_skipped: str | None = None  # why the hub checks did not run
     driver_vanished: list[DriverVanished] = field(default_factory=list)
+    refused: list[RefusedFacts] = field(default_factory=list)
 
 
 #: How long a cluster may send both dcgm namings (a rolling exporter upgrade) before the
@@ -508,6 +524,41 @@ def check_driver_vanished(rows: Sequence[DriverVanished]) -> list[Finding]:
         "with `gpufleet spoke render --dcgm-names`", r.cluster) for r in rows]
 
 
+#: how far back the report reads the usage ledger's refused inputs (its usage section's day)
+REFUSED_LOOKBACK = 24 * 3600.0
+
+
+def check_refused(rows: Sequence[RefusedFacts]) -> list[Finding]:
+    """Per cluster and source: series turned away at the store's door (their GPUs missing
+    from the inventory or the bill: an error) and readings dropped out of their physical
+    range (those figures unknown: a warning). The spoke is named, the fleet went on."""
+    groups: dict[tuple[str, str, bool], list[RefusedFacts]] = {}
+    for r in rows:
+        groups.setdefault((r.cluster, r.source, r.kind == "label"), []).append(r)
+    out = []
+    for (cluster, source, label), members in sorted(groups.items()):
+        count = sum(r.count for r in members)
+        kinds = sorted({r.kind for r in members})
+        first = min(members, key=lambda r: (r.at, r.kind))
+        if source == "sync":
+            where = f"the latest sync ({_iso(first.at)})"
+        else:
+            starts = sorted({r.at for r in members})
+            where = (f"the usage ledger ({len(starts)} bucket(s) from {_iso(starts[0])} to "
+                     f"{_iso(starts[-1])})")
+        if label:
+            out.append(Finding(ERROR, "refused_series",
+                               f"{where} turned away {count:,} series of this cluster whose "
+                               f"labels cannot be stored (e.g. {first.example}): their GPUs "
+                               "are left out; fix the spoke's exporter or agent", cluster))
+        else:
+            out.append(Finding(WARNING, "out_of_range",
+                               f"{where} dropped {count:,} readings of this cluster outside "
+                               f"their physical range as unknown ({', '.join(kinds)}; e.g. "
+                               f"{first.example}): check the exporter's units", cluster))
+    return out
+
+
 def run_checks(facts: Facts, *, max_age: float = 3600.0, push_interval: float = 300.0,
                naming_mix_for: float = NAMING_MIX_FOR,
                acm_silent_after: float = ACM_SILENT_AFTER) -> list[Finding]:
@@ -515,6 +566,7 @@ def run_checks(facts: Facts, *, max_age: float = 3600.0, push_interval: float = 
     out = check_inventory(facts.clusters, facts.last_sync, facts.last_ok_sync, now, max_age)
     out += check_naming(facts.clusters, now, naming_mix_for)
     out += check_driver_vanished(facts.driver_vanished)
+    out += check_refused(facts.refused)
     out += check_freshness(facts.clusters, now, max_age, push_interval, acm_silent_after)
     out += check_dark_clusters(facts.clusters)
     out += check_missing_clusters(facts.clusters, facts.expected)

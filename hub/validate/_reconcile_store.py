@@ -28,6 +28,7 @@ from hub.inventory import (
 )
 from hub.kube import ClaimAllocation, normalise_pci
 from hub.validate._checks import (
+    REFUSED_LOOKBACK,
     ClusterFacts,
     DriverVanished,
     ExpectedFacts,
@@ -35,6 +36,7 @@ from hub.validate._checks import (
     GpuFacts,
     NodeFacts,
     ReconcileFacts,
+    RefusedFacts,
     SyncFacts,
 )
 from hub.validate._reconcile import (
@@ -314,4 +316,6 @@ def report_facts(conn: Connection, now: dt.datetime) -> Facts:
             run.clusters) if run is not None else None,
         expected=ExpectedFacts(managed.finished_at, expected_clusters(managed))
         if managed is not None and managed.managed_clusters else None,
+        refused=[RefusedFacts(**r) for r in inv.list_refused(
+            conn, since=now - dt.timedelta(seconds=REFUSED_LOOKBACK))],
     )
