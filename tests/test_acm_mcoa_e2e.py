@@ -202,3 +202,18 @@ def test_a_dark_spoke_is_named_with_its_cards_never_zero_gpus(hub, fleet, tmp_pa
     assert finding["message"].startswith("8 GPU card(s)")
     table = gpufleet("inventory", "clusters", env=env)
     assert "card info only" in table.stdout
+    # the service says the same: the API's clusters and the page's clusters table
+    from hub.service import build_app, read_only_engine
+    from tests.support.asgi import AppClient, no_metrics
+    from tests.support.browser import Dom
+
+    router = AppClient(build_app(read_only_engine(db), health=lambda: (True, {}),
+                                 findings=lambda: ([], None), metrics=no_metrics))
+    status, body = router.handle("/api/v1/clusters")
+    assert status == 200
+    [item] = [c for c in body["items"] if c["cluster"] == "dark"]
+    assert (item["seen_through"], item["cards"], item["gpus"]) == ("card info only", 8, 0)
+    status, page = router.handle("/")
+    assert status == 200
+    row = {r["cluster"]: r for r in Dom(page.text).table("clusters")}["dark"]
+    assert (row["seen_through"], row["cards"]) == ("card info only", "8")
