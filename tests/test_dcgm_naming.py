@@ -309,8 +309,22 @@ def test_spoke_render_pins_dcgm_exporters_fields_in_the_chosen_naming(tmp_path, 
     assert {"dcgm-metrics-configmap.yaml", "clusterpolicy-dcgm-exporter.yaml"} <= set(
         kustomization["resources"])
     bad = gpufleet(*args[:-1], str(tmp_path / "bad"), "--dcgm-names", "dcgm-5")
-    assert bad.exit_code == 2 and "unknown dcgm naming 'dcgm-5'" in bad.output
+    assert bad.exit_code == 2 and "unknown dcgm naming (--dcgm-names) 'dcgm-5'" in bad.output
     assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.parametrize("empty", ["", "  "])
+def test_an_empty_dcgm_naming_is_refused_not_taken_as_legacy(tmp_path, empty):
+    """`--dcgm-names ''` rendered the legacy naming as if the flag were not given: a script
+    whose variable came out empty would pin the wrong series without a word."""
+    out = tmp_path / "spoke"
+    result = gpufleet("spoke", "render", "--cluster", "c1", "--vendor", "nvidia",
+                      "--remote-write-url", "https://hub.example.com/api/v1/receive",
+                      "--out", str(out), "--dcgm-names", empty)
+    assert result.exit_code == 2, result.output
+    assert result.stderr == ("error: dcgm naming (--dcgm-names) is required: choose one of "
+                             "legacy, dcgm-4.7\n")
+    assert not out.exists()
 
 
 def _synced(engine, now, observations, namings=None):

@@ -384,3 +384,51 @@ def test_a_binary_secret_file_is_one_line_and_shows_nothing_of_it(tmp_path, flag
                                         f"file {path} is not a text (UTF-8) file"
                                         if flag == "--token-file" else
                                         f"error: --db-file {path} is not a text (UTF-8) file")
+
+
+# -- issue 42: input files ------------------------------------------------------------------------
+NUL_YAML = b'cluster: east\nnote: "a\x00b"\n'
+
+
+@pytest.mark.parametrize("name", ["config", "prices", "tokens", "instance-types"])
+def test_a_raw_nul_byte_in_a_yaml_file_is_one_line(tmp_path, name):
+    """PyYAML refuses a NUL (or another control character) before it parses, as a
+    ReaderError nothing caught: a traceback, where any other bad YAML is one line."""
+    path = tmp_path / f"{name}.yaml"
+    path.write_bytes(NUL_YAML)
+    db = f"sqlite:///{tmp_path / 'inv.db'}"
+    args = {"config": ["sync", "--config", str(path)],
+            "prices": ["usage", "--prices", str(path), "--db", db],
+            "tokens": ["serve", "--tokens-file", str(path), "--hub-url", CLOSED, "--db", db],
+            "instance-types": ["reconcile", "--nodes-json", f"c={path}",
+                               "--instance-types", str(path), "--db", db]}[name]
+    result = gpufleet(*args, env={"GPUFLEET_HUB_URL": CLOSED})
+    assert result.exit_code == 2, result.output
+    line = last_line(result.stderr)
+    assert line.endswith("is not valid YAML at line 2 (a NUL byte)"), line
+    assert str(path) in line and result.stderr.count("\n") == 1
+
+
+def test_a_tokens_file_that_gains_a_nul_keeps_the_last_good_one(tmp_path, caplog):
+    """Reloaded while serving, the NUL was a ReaderError out of every authenticated request
+    (a 500 each); now it is logged once per change and the tokens the file had still work."""
+    import hashlib
+    import logging
+    import os
+
+    import yaml
+
+    from hub.service import TokenFile, token_entry
+
+    path = tmp_path / "tokens.yaml"
+    path.write_text(yaml.safe_dump({"tokens": [token_entry("team", "gpf_team")]}))
+    tokens = TokenFile(path)
+    digest = hashlib.sha256(b"gpf_team").hexdigest()
+    assert tokens.lookup_sha256(digest) is not None
+    path.write_bytes(path.read_bytes().replace(b"team", b"te\x00m", 1))
+    os.utime(path, (1, 1))
+    with caplog.at_level(logging.WARNING):
+        assert tokens.lookup_sha256(digest) is not None
+    [record] = [r for r in caplog.records if "tokens file not reloaded" in r.getMessage()]
+    assert "is not valid YAML at line 2 (a NUL byte)" in record.getMessage()
+    assert "\n" not in record.getMessage()

@@ -95,6 +95,11 @@ selectors:
     ("instance_types: {x1: {gpus: -2}}", "instance type x1: gpus -2 is negative"),
     ("instance_types: {x1: {gpus: eight}}", "gpus 'eight' is not a whole number"),
     ("instance_types: {x1: {gpus: 1.5}}", "gpus 1.5 is not a whole number"),
+    # past 2^63 the database's integer failed with an OverflowError traceback
+    ("instance_types: {x1: {gpus: 9223372036854775808}}",
+     "gpus 9223372036854775808 is more than the 4,096 GPUs a node may have"),
+    ("instance_types: {x1: {gpus: 4097}}", "is more than the 4,096 GPUs"),
+    ("instance_types: {x1: {gpus: 1.0e+19}}", "is more than the 4,096 GPUs"),
     ("instance_types: {x1: {gpus: 1, colour: red}}", "unknown key 'colour'"),
     ("instance_types: {x1: 8}", "expected a mapping with gpus"),
     ("selectors: {dgx: {gpus: 8}}", "selector 'dgx' is not key=value"),
@@ -307,6 +312,8 @@ def test_reconcile_from_a_file_with_a_user_catalog_and_bad_catalogs(tmp_path):
     assert rows == {"p5-dead": LOST, "a3-half": "match", "p5-ok": "match"}
     for text, message in (("instance_types: {x: {model: A100}}", "no 'gpus' count"),
                           ("instance_types: {x: {gpus: -1}}", "is negative"),
+                          ("instance_types: {a3-highgpu-8g: {gpus: 9223372036854775808}}",
+                           "is more than the 4,096 GPUs a node may have"),
                           (": [", "not valid YAML")):
         types.write_text(text)
         bad = gpufleet("reconcile", "--nodes-json", f"east={nodes}", "--instance-types",

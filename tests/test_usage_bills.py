@@ -95,6 +95,10 @@ def test_provider_ids_name_the_bill_keys(provider_id, keys):
     assert bills.provider_keys(provider_id) == keys
 
 
+CUR_HEAD = ("lineItem/ResourceId,lineItem/UsageStartDate,lineItem/UsageEndDate,"
+            "lineItem/UsageAmount,lineItem/UnblendedCost")
+
+
 @pytest.mark.parametrize("text, message", [
     ("a,b,c\n1,2,3\n", "unknown bill format"),
     ("", "empty file"),
@@ -113,10 +117,22 @@ def test_provider_ids_name_the_bill_keys(provider_id, keys):
      "usage amount -1 is negative"),
     ("Date,ResourceId,CostInBillingCurrency,Quantity\nyesterday,/subscriptions/s/providers/"
      "Microsoft.Compute/virtualMachines/v,1,1\n", "'yesterday' is not a time"),
+    # issue 42: what a hostile bill did instead of one line
+    (CUR_HEAD + "\ni-1,2026-10-01T20:00:00Z,2026-10-01T21:00:00Z,1,\"" + "x" * (200 << 10)
+     + "\"\n", "line 2: not CSV (field larger than field limit (131072))"),  # _csv.Error
+    (CUR_HEAD + "\ni-1,2026-10-01T20:00:00Z,2026-10-01T21:00:00Z,1,5e301\n",
+     "line 2 cost: 5e+301 is beyond the 1e+12 one bill line may cost"),
+    (CUR_HEAD + "\ni-1,2026-10-01T20:00:00Z,2026-10-01T21:00:00Z,1e300,1\n",
+     "line 2 usage amount: 1e+300 hours is more than 1,000 VMs run in the line's 1 h"),
+    ("Date,ResourceId,CostInBillingCurrency,Quantity\n10/01/2026,/subscriptions/s/providers/"
+     "Microsoft.Compute/virtualMachines/v,3365.76,1e300\n",  # priced every hour at 0.0
+     "line 2 quantity: 1e+300 hours is more than 1,000 VMs run in the line's 24 h"),
+    (CUR_HEAD + "\n" + "x" * (2 << 20), "a line longer than 1,048,576 characters"),
 ])
 def test_bad_bills_are_one_line_errors(text, message):
-    with pytest.raises(InputError, match=message) as err:
+    with pytest.raises(InputError) as err:
         bills.parse_bill(text, "bill b.csv")
+    assert message in err.value.format_message()
     assert "\n" not in err.value.format_message()
 
 
@@ -206,6 +222,16 @@ def test_bill_then_instance_type_price_then_model_price(tmp_path):
     ("prices.yaml", "instance_types:\n  p5.48xlarge: -3\n", "prices are 0 or more"),
     ("prices.yaml", "instance_types:\n  p5.48xlarge: dear\n", "is 'dear', not a number"),
     ("prices.yaml", "instance_types: [p5]\n", "must map instance types to hourly prices"),
+    # issue 42: a price past any real one, and bills a traceback or a price below 0 came of
+    ("prices.yaml", '"NVIDIA H100 80GB HBM3": 5.0e+301\n',
+     "is 5e+301; prices are 0 or more and at most 1,000,000,000"),
+    ("prices.yaml", "instance_types:\n  p5.48xlarge: 5.0e+301\n", "at most 1,000,000,000"),
+    ("bill.csv", CUR_HEAD + "\ni-0a1b2c3d4e5f60001,2026-10-01T20:00:00Z,"
+     "2026-10-01T21:00:00Z,1,\"" + "x" * (200 << 10) + "\"\n", "line 2: not CSV"),
+    ("bill.csv", CUR_HEAD + "\ni-0a1b2c3d4e5f60001,2026-10-01T20:00:00Z,"
+     "2026-10-01T21:00:00Z,1,-50\n",
+     "the bill's price of node ip-10-0-1-1.ec2.internal in eks per GPU-hour is -6.25; prices "
+     "are 0 or more"),
 ])
 def test_bad_bills_and_instance_type_prices_exit_2_in_one_line(tmp_path, name, text, message):
     url, _ = _fleet_db(tmp_path)
@@ -268,6 +294,17 @@ def oracle(lines: list[dict], used: list[dict], model_price: float | None,
     return {ns: (None if g[1] > 1e-9 else g[0], g[1]) for ns, g in out.items()}
 
 
+def _billed_nets(lines: list[dict], hours: int) -> list[float]:
+    """Each node's paid cost in the period, where the bill gives it node-hours (the nodes
+    the bill prices): a negative one is no price, and the showback refuses it."""
+    nets = []
+    for n in range(len(NODES)):
+        inside = [x for x in lines if x["node"] == n and 0 <= x["hour"] < hours]
+        if sum(x["amount"] for x in inside if "Usage:" in x["kind"]) > 0:
+            nets.append(sum(x["cost"] for x in inside))
+    return nets
+
+
 def _cur(lines: list[dict]) -> str:
     head = ("lineItem/LineItemType,lineItem/UsageStartDate,lineItem/UsageEndDate,"
             "lineItem/UsageType,lineItem/ResourceId,lineItem/UsageAmount,lineItem/UnblendedCost")
@@ -314,6 +351,12 @@ def test_bill_pricing_equals_the_oracle(tmp_path_factory, lines, used, model_pri
     bill = bills.parse_bill(_cur(lines), "cur")
     prices = usage.Prices({H100: model_price} if model_price is not None else {},
                           instance_types=type_prices)
+    if any(net < -1e-9 for net in _billed_nets(lines, hours)):  # credits beyond the cost
+        with engine.connect() as conn, pytest.raises(InputError, match="are 0 or more"):
+            usage.usage_summary(conn, T0, T0 + dt.timedelta(hours=hours), ("namespace",),
+                                prices=prices, bill=bill)
+        engine.dispose()
+        return
     with engine.connect() as conn:
         got = usage.usage_summary(conn, T0, T0 + dt.timedelta(hours=hours), ("namespace",),
                                   prices=prices, bill=bill)
@@ -354,3 +397,38 @@ def test_a_node_the_bill_does_not_name_gets_its_clusters_rate_for_its_type():
     assert prices[("eks", "no-id")] == pytest.approx((60 + 20) / 1.5 / 8)  # eks's p5 rate
     assert prices[("eks", "gone")] == prices[("eks", "no-id")]
     assert ("west", "untagged") not in prices  # the price file's model price, or none
+
+
+def test_a_bill_is_streamed_and_folded_as_read(tmp_path):
+    """A 4.5 MB bill of 50,000 lines: read a line at a time and folded into one line per
+    instance, hour and kind (48 here), so memory follows what is billed, not the file (the
+    whole text and a line object per row took about 10x the file: 991 MB for 100 MB)."""
+    import tracemalloc
+
+    path = tmp_path / "cur.csv"
+    want = [0.0, 0.0]  # i-0's cost and node-hours, added up as written
+    with path.open("w") as f:
+        f.write("lineItem/LineItemType,lineItem/UsageStartDate,lineItem/UsageEndDate,"
+                "lineItem/UsageType,lineItem/ResourceId,lineItem/UsageAmount,"
+                "lineItem/UnblendedCost\n")
+        for n in range(50_000):
+            hour, instance = n % 24, f"i-{n % 2}"
+            start = T0 + dt.timedelta(hours=hour)
+            kind = "BoxUsage:p5.48xlarge" if n // 24 % 2 else "DataTransfer-Out-Bytes"
+            f.write(f"Usage,{start.isoformat()}Z,{(start + dt.timedelta(hours=1)).isoformat()}Z,"
+                    f"USE1-{kind},{instance},0.001,0.01\n")
+            if instance == "i-0":
+                want[0] += 0.01
+                want[1] += 0.001 if kind.startswith("BoxUsage") else 0.0
+    size = path.stat().st_size
+    assert size > 4_000_000
+    tracemalloc.start()
+    try:
+        bill = usage.load_bill(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert (bill.read, len(bill.lines)) == (50_000, 48)
+    assert peak < size / 8, peak  # the text alone was the file's size, twice
+    costs = bills.resource_costs(bill.lines, T0, T0 + dt.timedelta(hours=24))
+    assert costs["aws/i-0"] == pytest.approx(tuple(want))

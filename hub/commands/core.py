@@ -25,6 +25,7 @@ from hub.common import (
     db_option,
     emit,
     env,
+    frame_to_csv,
     hub_options,
     iso,
     lock_timeout_option,
@@ -200,7 +201,7 @@ def query(expr: str, range_: float | None, step: float, output: str, **opts: Any
         # prometheus-api-client's DataFrame, as a notebook would get it (store.range_frame)
         from hub.store import range_frame
 
-        click.echo(range_frame(res.result).to_csv(index=False, lineterminator="\n"), nl=False)
+        click.echo(frame_to_csv(range_frame(res.result)), nl=False)
         return
     series = _series(res.result_type, res.result)
     if output == "json":

@@ -51,14 +51,45 @@ def to_json(rows: Any) -> str:
     return json.dumps(rows, indent=2, default=_plain, sort_keys=False)
 
 
+#: what a spreadsheet reads as the start of a formula (OWASP's CSV-injection list): a pod,
+#: namespace or label a spoke names ``=HYPERLINK(...)`` would run when the export is opened
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(value: Any) -> Any:
+    """A cell that a spreadsheet shows as text, never runs: a string that would start a
+    formula gets OWASP's leading single quote. Only strings: a number (-1.5) stays a number a
+    spreadsheet can add up; what a spoke controls (names, labels) always arrives as text."""
+    value = _plain(value)
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
 def to_csv(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
+    """Every ``-o csv`` goes through here, so every cell is escaped (csv_cell) in one place.
+
+    The rows end in ``\n`` as before, but the writer is told ``\r\n``: Python's writer quotes
+    only the characters of its line terminator, and a bare ``\r`` left unquoted in a cell
+    splits the row for every reader."""
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(columns), extrasaction="ignore",
-                            lineterminator="\n")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({k: ("" if row.get(k) is None else _plain(row.get(k))) for k in columns})
+    line = io.StringIO()
+    writer = csv.writer(line, lineterminator="\r\n")
+    lines: list[list[Any]] = [list(columns)]
+    lines += ([csv_cell(row.get(k)) for k in columns] for row in rows)
+    for values in lines:
+        line.seek(0)
+        line.truncate()
+        writer.writerow(values)
+        buf.write(line.getvalue()[:-2] + "\n")
     return buf.getvalue()
+
+
+def frame_to_csv(frame: Any) -> str:
+    """A pandas DataFrame (query --range's MetricRangeDataFrame) through to_csv: its label
+    values come from spokes too. A missing value is an empty cell, as pandas writes it."""
+    cells = frame.astype(object).where(frame.notna(), None)
+    return to_csv(cells.to_dict("records"), [str(c) for c in frame.columns])
 
 
 def cell(column: str, value: Any) -> str:

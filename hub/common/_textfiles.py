@@ -7,7 +7,9 @@ that a hostile or broken one ends in one line, never a traceback, a hang or a bl
 * YAML: aliases are followed only while the document, fully expanded, stays under
   ``MAX_YAML_NODES`` nodes (a 405-byte "billion laughs" file expands to 10^9 and every
   ``repr`` or walk of it would too), and a mapping naming a key twice is refused (the last
-  one silently winning is how a price or a scope goes wrong unnoticed);
+  one silently winning is how a price or a scope goes wrong unnoticed); a NUL byte or another
+  character YAML forbids is one line too (PyYAML refuses it before parsing, as a
+  ``ReaderError`` no caller expected: a reloaded tokens file with one made every request a 500);
 * JSON: nesting deeper than ``MAX_JSON_DEPTH``, a number YAML/JSON reads as infinite
   (``1e400``), an integer beyond 64 bits and a NUL in any string are refused: each would
   otherwise fail later as an OverflowError, a RecursionError or a database error that
@@ -119,7 +121,10 @@ def parse_yaml(text: str, what: str) -> Any:
     global _LOADER
     if _LOADER is None:
         _LOADER = _loader()
-    loader = _LOADER(text)
+    try:  # the loader checks every character as it is made: a NUL fails here already
+        loader = _LOADER(text)
+    except yaml.YAMLError as exc:
+        raise InputError(f"{what} is not valid YAML{_reader_problem(exc, text)}") from None
     try:
         return loader.get_single_data()
     except yaml.YAMLError as exc:
@@ -133,6 +138,17 @@ def parse_yaml(text: str, what: str) -> Any:
         raise InputError(f"{what} is not valid YAML (nested too deep)") from None
     finally:
         loader.dispose()
+
+
+def _reader_problem(exc: Any, text: str) -> str:
+    """PyYAML's reader's complaint in words: where and which character (no file text)."""
+    character, position = getattr(exc, "character", None), getattr(exc, "position", None)
+    where = f" at line {text.count(chr(10), 0, position) + 1}" \
+        if isinstance(position, int) else ""
+    if not isinstance(character, int):
+        return f"{where} (a character YAML does not allow)"
+    name = "a NUL byte" if character == 0 else f"the control character {character:#04x}"
+    return f"{where} ({name})"
 
 
 def load_yaml(path: str | Path, what: str, *, max_bytes: int = MAX_YAML_BYTES) -> Any:

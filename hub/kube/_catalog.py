@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hub.common import InputError, load_yaml
+from hub.common import InputError, brief_repr, load_yaml
 
 SHIPPED = Path(__file__).resolve().parent / "instance_types.yaml"
 #: the node labels that name a node's instance type, preferred first (the beta one is what
@@ -106,6 +106,12 @@ def instance_type_of(labels: Mapping[str, Any] | None) -> str | None:
     return None
 
 
+#: more GPUs than any one node carries (an 8-GPU server is the common large one; a rack-scale
+#: system is several nodes): a count past it is a typo, and one past 2^31 would fail the
+#: database's integer column with a traceback
+MAX_GPUS = 4096
+
+
 def _count(raw: Any, where: str) -> int:
     if raw is None:
         raise InputError(f"{where}: no 'gpus' count")
@@ -114,6 +120,9 @@ def _count(raw: Any, where: str) -> int:
         raise InputError(f"{where}: gpus {raw!r} is not a whole number")
     if raw < 0:
         raise InputError(f"{where}: gpus {raw!r} is negative")
+    if raw > MAX_GPUS:
+        raise InputError(f"{where}: gpus {brief_repr(raw)} is more than the {MAX_GPUS:,} "
+                         "GPUs a node may have")
     return int(raw)
 
 

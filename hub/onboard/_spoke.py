@@ -255,7 +255,9 @@ def spoke_values(
         restrict_exporter_ingress=bool(restrict_exporter_ingress),
         reconcile_reader=bool(reconcile_reader),
         kube_state_metrics=_host_port(kube_state_metrics, mode_),
-        dcgm_names=_choice(dcgm_names or LEGACY, DCGM_NAMINGS, "dcgm naming"),
+        # None is "not given"; an empty --dcgm-names is a mistake, not the default
+        dcgm_names=_choice(LEGACY if dcgm_names is None else dcgm_names, DCGM_NAMINGS,
+                           "dcgm naming (--dcgm-names)"),
         acm_collection=collection,
         placements=placements,
     )

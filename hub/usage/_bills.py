@@ -37,22 +37,33 @@ import csv
 import datetime as dt
 import io
 import math
+import os
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from hub import inventory as inv
-from hub.common import InputError, read_text
+from hub.common import InputError, brief_repr
 from hub.kube import Catalog, shipped_catalog
-from hub.usage._prices import Prices
+from hub.usage._prices import Prices, check_price
 
 #: a month's cost export of a large account is tens of MB; past this it is not a bill
 MAX_BILL_BYTES = 1 << 30
+#: one physical line of a bill: a CUR row with every tag column is a few kB. Read a line at a
+#: time up to this, so a file without newlines cannot be read into memory whole
+MAX_LINE_CHARS = 1 << 20
+#: the cost of one line, in any currency, beyond which it is a typo or an attack (5e301
+#: would make every sum infinite); a line may be negative (a credit or a refund)
+MAX_LINE_COST = 1e12
+#: VMs one line may bill at once (an Azure scale set billed whole has at most 1,000): a line
+#: billing more node-hours than that over its interval is not a bill (1e300 hours priced
+#: every node-hour at 0.0)
+MAX_VMS_PER_LINE = 1000
 
 AWS, GCP, AZURE = "aws-cur", "gcp-billing-export", "azure-cost-details"
 FORMAT_NAMES = {AWS: "AWS Cost and Usage Report", GCP: "Google Cloud billing export",
@@ -100,7 +111,7 @@ AWS_SKIPPED = {"SavingsPlanNegation"}  # cancels the covered usage's on-demand c
 AZURE_HOURS = re.compile(r"^\s*(\d+)?\s*hours?\s*$", re.IGNORECASE)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: a month of hourly lines is held at once
 class BillLine:
     """One line of a bill, in the shape every export is read into."""
 
@@ -119,8 +130,13 @@ class BillLine:
 
 @dataclass(frozen=True)
 class Bill:
+    """A bill's VM lines, folded as read: lines of one resource, interval and kind are one
+    line with their costs and node-hours summed (all pricing reads are sums over them), so
+    its memory grows with the resources and hours billed, not with the file."""
+
     format: str
     lines: list[BillLine]
+    read: int = 0  # VM lines read from the file, before folding
 
 
 # -- reading ---------------------------------------------------------------------------------
@@ -177,10 +193,27 @@ def _number(text: str, where: str, *, blank: float | None = None) -> float:
     try:
         number = float(value)
     except ValueError:
-        raise InputError(f"{where}: {text!r} is not a number") from None
+        raise InputError(f"{where}: {brief_repr(text)} is not a number") from None
     if not math.isfinite(number):
-        raise InputError(f"{where}: {text!r} is not a number")
+        raise InputError(f"{where}: {brief_repr(text)} is not a number")
     return number
+
+
+def _cost(text: str, where: str, *, blank: float | None = None) -> float:
+    cost = _number(text, where, blank=blank)
+    if abs(cost) > MAX_LINE_COST:
+        raise InputError(f"{where}: {cost:g} is beyond the {MAX_LINE_COST:g} one bill line "
+                         "may cost")
+    return cost
+
+
+def _hours(hours: float, start: dt.datetime, end: dt.datetime, where: str) -> float:
+    """Node-hours of a line, held to what MAX_VMS_PER_LINE VMs can run in its interval."""
+    span = max((end - start).total_seconds() / 3600.0, 1.0)
+    if hours > span * MAX_VMS_PER_LINE:
+        raise InputError(f"{where}: {hours:g} hours is more than {MAX_VMS_PER_LINE:,} VMs "
+                         f"run in the line's {span:g} h")
+    return hours
 
 
 def aws_key(instance_id: str) -> str:
@@ -232,19 +265,21 @@ def _aws_line(row: Sequence[str], col: Mapping[str, int], where: str) -> BillLin
     kind = get("type").strip()
     if not resource.startswith("i-") or kind in AWS_SKIPPED:
         return None
-    cost = _number(get("cost"), f"{where} cost", blank=0.0)
+    cost = _cost(get("cost"), f"{where} cost", blank=0.0)
     if kind == "SavingsPlanCoveredUsage" and "sp_cost" in col:
-        cost = _number(get("sp_cost"), f"{where} savings plan effective cost", blank=0.0)
+        cost = _cost(get("sp_cost"), f"{where} savings plan effective cost", blank=0.0)
     elif kind == "DiscountedUsage" and "ri_cost" in col:
-        cost = _number(get("ri_cost"), f"{where} reservation effective cost", blank=0.0)
+        cost = _cost(get("ri_cost"), f"{where} reservation effective cost", blank=0.0)
     amount = _number(get("amount"), f"{where} usage amount", blank=0.0)
     if amount < 0:
         raise InputError(f"{where}: usage amount {amount:g} is negative")
     usage_type = get("usage_type")
     timed = bool(AWS_INSTANCE_TIME.search(usage_type)) if "usage_type" in col else True
     itype = usage_type.rsplit(":", 1)[-1].strip() if timed and ":" in usage_type else None
-    return BillLine(aws_key(resource), _time(get("start"), f"{where} start"),
-                    _time(get("end"), f"{where} end"), cost, amount, timed,
+    start, end = _time(get("start"), f"{where} start"), _time(get("end"), f"{where} end")
+    if timed:
+        amount = _hours(amount, start, end, f"{where} usage amount")
+    return BillLine(aws_key(resource), start, end, cost, amount, timed,
                     get("cluster").strip() or None, itype or None)
 
 
@@ -254,8 +289,8 @@ def _gcp_line(row: Sequence[str], col: Mapping[str, int], where: str) -> BillLin
     if not name:
         return None
     name = name.rsplit("/", 1)[-1]  # a resource name may come as a path
-    cost = _number(get("cost"), f"{where} cost") + _number(get("credits"), f"{where} credits",
-                                                          blank=0.0)
+    cost = _cost(get("cost"), f"{where} cost") + _cost(get("credits"), f"{where} credits",
+                                                      blank=0.0)
     start, end = _time(get("start"), f"{where} start"), _time(get("end"), f"{where} end")
     if end < start:
         raise InputError(f"{where}: usage_end_time before usage_start_time")
@@ -269,7 +304,7 @@ def _azure_line(row: Sequence[str], col: Mapping[str, int], where: str) -> BillL
     if "/providers/microsoft.compute/" not in resource.lower():
         return None
     day = _time(get("date"), f"{where} date")
-    cost = _number(get("cost"), f"{where} cost")
+    cost = _cost(get("cost"), f"{where} cost")
     quantity = _number(get("quantity"), f"{where} quantity", blank=0.0)
     if quantity < 0:
         raise InputError(f"{where}: quantity {quantity:g} is negative")
@@ -277,32 +312,95 @@ def _azure_line(row: Sequence[str], col: Mapping[str, int], where: str) -> BillL
     category = get("category").strip().lower() if "category" in col else "virtual machines"
     timed = unit is not None and category == "virtual machines"
     hours = quantity * int(unit.group(1) or 1) if unit is not None else 0.0
-    return BillLine(azure_key(resource), day, day + dt.timedelta(days=1), cost, hours, timed)
+    end = day + dt.timedelta(days=1)
+    if timed:
+        hours = _hours(hours, day, end, f"{where} quantity")
+    return BillLine(azure_key(resource), day, end, cost, hours, timed)
 
 
 READERS = {AWS: _aws_line, GCP: _gcp_line, AZURE: _azure_line}
 
 
+def _physical_lines(handle: IO[str], source: str) -> Iterator[str]:
+    """The file's lines one at a time, each at most MAX_LINE_CHARS and all together at most
+    MAX_BILL_BYTES characters: a bill is never in memory whole."""
+    total = 0
+    while line := handle.readline(MAX_LINE_CHARS + 1):
+        total += len(line)
+        if len(line) > MAX_LINE_CHARS:
+            raise InputError(f"{source}: a line longer than {MAX_LINE_CHARS:,} characters "
+                             "(not a bill export)")
+        if total > MAX_BILL_BYTES:
+            raise InputError(f"{source} is more than the {MAX_BILL_BYTES:,} bytes a bill "
+                             "may have")
+        yield line
+
+
+def _fold(folded: dict[tuple, BillLine], shared: dict[Any, Any], line: BillLine) -> None:
+    """Add ``line`` to the one of its resource, interval and kind: every reading of a bill
+    sums cost and node-hours over such lines, so the sum is all that needs keeping."""
+    key = (line.resource, line.start, line.end, line.cluster, line.instance_type,
+           line.hours is None, line.instance_time)
+    have = folded.get(key)
+    if have is None:
+        one = shared.setdefault
+        first = BillLine(one(line.resource, line.resource), one(line.start, line.start),
+                         one(line.end, line.end), line.cost, line.hours, line.instance_time,
+                         one(line.cluster, line.cluster),
+                         one(line.instance_type, line.instance_type))
+        folded[(first.resource, first.start, first.end, first.cluster, first.instance_type,
+                first.hours is None, first.instance_time)] = first
+    else:
+        hours = None if line.hours is None else (have.hours or 0.0) + line.hours
+        folded[key] = replace(have, cost=have.cost + line.cost, hours=hours)
+
+
+def read_bill(handle: IO[str], source: str = "bill") -> Bill:
+    """A bill export's lines (those that bill a VM) in one shape, folded as they are read;
+    InputError names the first problem (unknown format, missing column, a cost or time that
+    is not one, a field over the csv module's 128 KiB, text that is not UTF-8)."""
+    reader = csv.reader(_physical_lines(handle, source))
+    try:
+        header = next(reader, None)
+        if not header:
+            raise InputError(f"{source}: empty file (expected a CSV bill export with a header)")
+        fmt, col = detect(header, source)
+        folded: dict[tuple, BillLine] = {}
+        shared: dict[Any, Any] = {}  # one object per resource name and time, not one a row
+        read = 0
+        for row in reader:
+            if not any(cell.strip() for cell in row):
+                continue
+            line = READERS[fmt](row, col, f"{source} line {reader.line_num}")
+            if line is not None:
+                read += 1
+                _fold(folded, shared, line)
+    except csv.Error as exc:
+        raise InputError(f"{source} line {reader.line_num}: not CSV ({exc})") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{source} is not a text (UTF-8) file") from None
+    lines = list(folded.values())
+    return Bill(fmt, lines, read)
+
+
 def parse_bill(text: str, source: str = "bill") -> Bill:
-    """A bill export's lines (those that bill a VM) in one shape; InputError names the first
-    problem (unknown format, missing column, a cost or time that is not one)."""
-    reader = csv.reader(io.StringIO(text.lstrip("\ufeff")))
-    header = next(reader, None)
-    if not header:
-        raise InputError(f"{source}: empty file (expected a CSV bill export with a header)")
-    fmt, col = detect(header, source)
-    lines = []
-    for number, row in enumerate(reader, start=2):
-        if not any(cell.strip() for cell in row):
-            continue
-        line = READERS[fmt](row, col, f"{source} line {number}")
-        if line is not None:
-            lines.append(line)
-    return Bill(fmt, lines)
+    """:func:`read_bill` of a bill held as text."""
+    return read_bill(io.StringIO(text.lstrip("\ufeff"), newline=""), source)
 
 
 def load_bill(path: str | Path) -> Bill:
-    return parse_bill(read_text(path, f"bill {path}", max_bytes=MAX_BILL_BYTES), f"bill {path}")
+    """The bill file, streamed (hub.common's read_text would hold it whole, and the lines
+    beside it: a 100 MB bill took about 1 GB)."""
+    what = f"bill {path}"
+    try:
+        with open(path, encoding="utf-8-sig", newline="") as handle:  # -sig: a BOM goes
+            size = os.fstat(handle.fileno()).st_size
+            if size > MAX_BILL_BYTES:
+                raise InputError(f"{what} is {size:,} bytes, more than the "
+                                 f"{MAX_BILL_BYTES:,} a bill may have")
+            return read_bill(handle, what)
+    except OSError as exc:
+        raise InputError(f"cannot read {what}: {exc.strerror or exc}") from None
 
 
 # -- pricing ---------------------------------------------------------------------------------
@@ -376,6 +474,12 @@ def gpus_of(node: CloudNode, catalog: Catalog) -> int | None:
     return node.expected_gpus if node.expected_gpus else None
 
 
+def _paid(cost: float) -> float:
+    """A sum of costs and credits that cancel is 0, not the -1e-17 float addition leaves
+    (which the price check would refuse as negative)."""
+    return 0.0 if abs(cost) < 1e-9 else cost
+
+
 def node_prices(nodes: Iterable[CloudNode], prices: Prices | None, bill: Bill | None,
                 start: dt.datetime, end: dt.datetime,
                 catalog: Catalog | None = None) -> dict[tuple[str, str], float]:
@@ -392,17 +496,18 @@ def node_prices(nodes: Iterable[CloudNode], prices: Prices | None, bill: Bill | 
         gpus = gpus_of(node, catalog)
         if not gpus:
             continue
+        where = f"the bill's price of node {node.node} in {node.cluster} per GPU-hour"
         for key in provider_keys(node.provider_id):
             cost, hours = per_key.get(key, (0.0, 0.0))
             if hours > 0:
-                out[(node.cluster, node.node)] = cost / hours / gpus
+                out[(node.cluster, node.node)] = check_price(_paid(cost) / hours / gpus, where)
                 break
         else:
             itype = (node.instance_type or "").lower()
             cost, hours = per_tag.get((node.cluster, itype), (0.0, 0.0))
-            hourly = cost / hours if hours > 0 else by_type.get(itype)
+            hourly = _paid(cost) / hours if hours > 0 else by_type.get(itype)
             if hourly is not None:
-                out[(node.cluster, node.node)] = hourly / gpus
+                out[(node.cluster, node.node)] = check_price(hourly / gpus, where)
     return out
 
 
@@ -413,7 +518,7 @@ def needs_nodes(prices: Prices | None, bill: Bill | None) -> bool:
 def describe_bill(bill: Bill, priced: Mapping[Any, float]) -> str:
     """One line for stderr: what the bill was read as and how many nodes got a price (none:
     no reconcile stored provider ids that its lines name)."""
-    text = (f"{FORMAT_NAMES[bill.format]} with {len(bill.lines)} VM lines; "
+    text = (f"{FORMAT_NAMES[bill.format]} with {bill.read} VM lines; "
             f"{len(priced)} node(s) priced per node-hour or instance type")
     if not priced:
         text += (": no node's provider id (stored by `gpufleet reconcile`) matches a line "

@@ -38,6 +38,19 @@ INSTANCE_TYPES_KEY = "instance_types"
 #: optional: the currency of every price (ISO 4217, e.g. EUR), carried into the showback
 CURRENCY_KEY = "currency"
 COST_FIGURES = ["cost", "unpriced_gpu_hours"]
+#: the most an hour of a GPU or a node may cost, in any currency (a p5.48xlarge is about
+#: 2.5 million an hour in Vietnamese dong): past it a price is a typo or an attack, and
+#: 5e301 made the costs infinite
+MAX_PRICE = 1e9
+
+
+def check_price(value: float, what: str) -> float:
+    """``value`` when it is a price at all: finite, 0 or more, at most MAX_PRICE; a one-line
+    InputError naming ``what`` otherwise."""
+    if not math.isfinite(value) or not 0 <= value <= MAX_PRICE:
+        raise InputError(f"{what} is {value!r}; prices are 0 or more and at most "
+                         f"{MAX_PRICE:,.0f}")
+    return float(value)
 
 
 @dataclass(frozen=True)
@@ -70,10 +83,7 @@ def _price_table(raw: Any, where: str, what: str = "model names to prices per GP
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise InputError(f"{where}: the price of {model!r} is {brief_repr(value)}, not a "
                              "number")
-        if not math.isfinite(value) or value < 0:
-            raise InputError(f"{where}: the price of {model!r} is {value!r}; prices are "
-                             "0 or more")
-        out[model] = float(value)
+        out[model] = check_price(value, f"{where}: the price of {model!r}")
     return out
 
 
