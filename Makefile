@@ -54,9 +54,11 @@ lint: setup
 	$(VENV)/bin/ruff check hub spoke tests bench
 	$(VENV)/bin/python -m mypy
 
+# ruff and mypy are gates, not habits: a type error fails CI like a test does.
 # Four workers: the tests wait on real processes far more than they compute (see pyproject).
 test: setup
 	$(VENV)/bin/ruff check hub spoke tests bench
+	$(VENV)/bin/python -m mypy
 	$(VENV)/bin/pytest -q -n 4
 
 # The main job: a local multi-cluster fleet end to end (hub, agents, exporters, sync,
