@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from prometheus_client.metrics_core import Metric
 from prometheus_client.utils import floatToGoString
 
+from hub.common import DCGM_DRIVER_LABELS, DCGM_FB_CAPACITY, DCGM_RENAMES
 from spoke._model import GpuReading
 
 NVIDIA = "nvidia"
@@ -101,72 +102,18 @@ NAMINGS = (LEGACY, DCGM_47)
 _MIB = 1024 * 1024
 
 
-def _renamed(new: str, help: str, *, mul: float = 1.0, div: float = 1.0) -> tuple[str, str,
-                                                                                 float, float]:
-    return new, help, mul, div
-
-
 #: DCGM 4.7 (dcgm-exporter 4.9) names of the legacy fields, with the unit change: the new
 #: value is the legacy one * mul / div (clocks MHz -> Hz, energy mJ -> J, utilisation
-#: % -> 0-1, framebuffer MiB -> bytes). From shared/FIELD_NOTES.md's table; the hub keeps
-#: its own copy of both spellings (hub/store/_vendors.py), spoke never imports it. Fields
-#: not listed (ECC, clock events, PCIe bytes) keep their names.
+#: % -> 0-1, framebuffer MiB -> bytes). From the one table the hub reads too
+#: (hub/common/_dcgm_names.py, data only). Fields not listed (ECC, clock events, PCIe
+#: bytes) keep their names.
 DCGM_47_RENAMES: dict[str, tuple[str, str, float, float]] = {
-    "DCGM_FI_DEV_SM_CLOCK": _renamed("DCGM_FI_DEV_SM_CLOCK_HERTZ",
-                                     "SM clock frequency (in Hz).", mul=1e6),
-    "DCGM_FI_DEV_MEM_CLOCK": _renamed("DCGM_FI_DEV_MEMORY_CLOCK_HERTZ",
-                                      "Memory clock frequency (in Hz).", mul=1e6),
-    "DCGM_FI_DEV_MEMORY_TEMP": _renamed("DCGM_FI_DEV_MEMORY_TEMP_CELSIUS",
-                                        "Memory temperature (in C)."),
-    "DCGM_FI_DEV_GPU_TEMP": _renamed("DCGM_FI_DEV_GPU_TEMP_CELSIUS", "GPU temperature (in C)."),
-    "DCGM_FI_DEV_POWER_USAGE": _renamed("DCGM_FI_DEV_BOARD_POWER_WATTS",
-                                        "Board power draw (in W)."),
-    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": _renamed(
-        "DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL", "Total energy consumption since boot (in J).",
-        div=1000.0),
-    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": _renamed("DCGM_FI_DEV_PCIE_REPLAY_TOTAL",
-                                                "Total number of PCIe retries."),
-    "DCGM_FI_DEV_GPU_UTIL": _renamed("DCGM_FI_DEV_GPU_UTIL_RATIO",
-                                     "GPU utilization (ratio 0-1).", div=100.0),
-    "DCGM_FI_DEV_MEM_COPY_UTIL": _renamed("DCGM_FI_DEV_MEMORY_UTIL_RATIO",
-                                          "Memory utilization (ratio 0-1).", div=100.0),
-    "DCGM_FI_DEV_ENC_UTIL": _renamed("DCGM_FI_DEV_ENC_UTIL_RATIO",
-                                     "Encoder utilization (ratio 0-1).", div=100.0),
-    "DCGM_FI_DEV_DEC_UTIL": _renamed("DCGM_FI_DEV_DEC_UTIL_RATIO",
-                                     "Decoder utilization (ratio 0-1).", div=100.0),
-    "DCGM_FI_DEV_XID_ERRORS": _renamed("DCGM_FI_DEV_XID_ERROR",
-                                       "Value of the last XID error encountered."),
-    "DCGM_FI_DEV_FB_FREE": _renamed("DCGM_FI_DEV_FB_FREE_BYTES",
-                                    "Framebuffer memory free (in bytes).", mul=_MIB),
-    "DCGM_FI_DEV_FB_USED": _renamed("DCGM_FI_DEV_FB_USED_BYTES",
-                                    "Framebuffer memory used (in bytes).", mul=_MIB),
-    "DCGM_FI_DEV_FB_RESERVED": _renamed("DCGM_FI_DEV_FB_RESERVED_BYTES",
-                                        "Framebuffer memory reserved (in bytes).", mul=_MIB),
-    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": _renamed(
-        "DCGM_FI_DEV_ROW_REMAP_UNCORRECTABLE_TOTAL",
-        "Number of remapped rows for uncorrectable errors"),
-    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": _renamed(
-        "DCGM_FI_DEV_ROW_REMAP_CORRECTABLE_TOTAL",
-        "Number of remapped rows for correctable errors"),
-    "DCGM_FI_DEV_ROW_REMAP_FAILURE": _renamed("DCGM_FI_DEV_ROW_REMAP_FAILED",
-                                              "Whether remapping of rows has failed"),
-    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": _renamed("DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO",
-                                              "Ratio of time the graphics engine is active."),
-    "DCGM_FI_PROF_SM_ACTIVE": _renamed(
-        "DCGM_FI_PROF_SM_UTIL_RATIO", "The ratio of cycles an SM has at least 1 warp assigned."),
-    "DCGM_FI_PROF_SM_OCCUPANCY": _renamed(
-        "DCGM_FI_PROF_SM_OCCUPANCY_RATIO", "The ratio of number of warps resident on an SM."),
-    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": _renamed(
-        "DCGM_FI_PROF_TENSOR_UTIL_RATIO", "Ratio of cycles the tensor (HMMA) pipe is active."),
-    "DCGM_FI_PROF_DRAM_ACTIVE": _renamed(
-        "DCGM_FI_PROF_DRAM_UTIL_RATIO",
-        "Ratio of cycles the device memory interface is active sending or receiving data."),
-}
+    r.legacy: (r.dcgm47, r.help, r.mul, r.div) for r in DCGM_RENAMES}
 #: collected by default from dcgm-exporter 4.9: total memory without adding used + free
-FB_CAPACITY = Field("DCGM_FI_DEV_FB_CAPACITY_BYTES", "Framebuffer memory total (in bytes).",
+FB_CAPACITY = Field(DCGM_FB_CAPACITY, "Framebuffer memory total (in bytes).",
                     lambda r: None if r.mem_total_mib is None else r.mem_total_mib * _MIB)
 #: the driver-version label in each naming
-DRIVER_LABEL = {LEGACY: "DCGM_FI_DRIVER_VERSION", DCGM_47: "DCGM_FI_SYSTEM_DRIVER_VERSION"}
+DRIVER_LABEL = dict(zip((LEGACY, DCGM_47), DCGM_DRIVER_LABELS, strict=True))
 
 
 def _converted(f: Field, new: str, help: str, mul: float, div: float) -> Field:
@@ -326,7 +273,10 @@ def select_fields(vendor: str, names: Iterable[str] | None,
         return fields
     by_name = {f.name: f for f in fields}
     if naming == DCGM_47:
-        by_name.update({old: by_name[new[0]] for old, new in DCGM_47_RENAMES.items()})
+        # (the table is dcgm-exporter's; a renamed field this exporter has no reading of,
+        # such as NVLink throughput, is not one to select)
+        by_name.update({old: by_name[new[0]] for old, new in DCGM_47_RENAMES.items()
+                        if new[0] in by_name})
     wanted: set[str] = set()
     for raw in names:
         name = raw.strip()

@@ -19,6 +19,9 @@ from hub.common._charts import (
     utilisation_chart,
 )
 from hub.common._clibase import CONFIG_ENV, ConfiguredCommand, ConfiguredGroup, load_config
+from hub.common._dcgm_names import DCGM_RENAMES, DcgmRename
+from hub.common._dcgm_names import DRIVER_LABELS as DCGM_DRIVER_LABELS
+from hub.common._dcgm_names import FB_CAPACITY as DCGM_FB_CAPACITY
 from hub.common._durations import (
     DURATION,
     format_duration,
@@ -87,6 +90,9 @@ from hub.common._textfiles import (
 
 __all__ = [
     "CONFIG_ENV",
+    "DCGM_DRIVER_LABELS",
+    "DCGM_FB_CAPACITY",
+    "DCGM_RENAMES",
     "DURATION",
     "EXIT_FINDINGS",
     "MAX_JSON_BYTES",
@@ -98,6 +104,7 @@ __all__ = [
     "BackgroundHTTPServer",
     "ConfiguredCommand",
     "ConfiguredGroup",
+    "DcgmRename",
     "GpufleetError",
     "InputError",
     "RedactingFilter",

@@ -20,7 +20,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hub.common import parse_duration
+from hub.common import DCGM_DRIVER_LABELS, DCGM_RENAMES, DcgmRename, parse_duration
+from hub.common import DCGM_FB_CAPACITY as FB_CAPACITY
 
 # Neutral value fields of an observation.
 UTILISATION = "utilisation_pct"
@@ -251,67 +252,12 @@ class VendorProfile(ABC):
 # -- dcgm-exporter's two namings (issue 26) --------------------------------------------------
 MIB = 2.0 ** 20
 
-
-@dataclass(frozen=True)
-class Rename:
-    """One field dcgm-exporter 4.9 (DCGM 4.7) renamed: both spellings and their units.
-
-    ``factor`` turns a value under the new name into the legacy name's unit (the one the
-    rest of the hub was written for); ``unit`` is gpufleet's own unit of the field, which the
-    legacy value reaches by ``VendorProfile.convert`` / ``usage_convert``.
-    """
-
-    legacy: str
-    dcgm47: str
-    legacy_unit: str
-    dcgm47_unit: str
-    factor: float
-    unit: str
-
-
-#: Old name -> new name with units (FIELD_NOTES, fourth round). Legacy names stay resolvable
-#: in DCGM 4.7, so a spoke pinning a collectors CSV (``spoke render --dcgm-names``) keeps
-#: either naming across an upgrade; the hub reads both everywhere.
-DCGM_RENAMES: tuple[Rename, ...] = (
-    Rename("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_GPU_UTIL_RATIO", "%", "0-1", 100.0, "%"),
-    Rename("DCGM_FI_DEV_MEM_COPY_UTIL", "DCGM_FI_DEV_MEMORY_UTIL_RATIO", "%", "0-1", 100.0, "%"),
-    Rename("DCGM_FI_DEV_ENC_UTIL", "DCGM_FI_DEV_ENC_UTIL_RATIO", "%", "0-1", 100.0, "%"),
-    Rename("DCGM_FI_DEV_DEC_UTIL", "DCGM_FI_DEV_DEC_UTIL_RATIO", "%", "0-1", 100.0, "%"),
-    Rename("DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_FB_FREE_BYTES", "MiB", "bytes", 1 / MIB, "MiB"),
-    Rename("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_USED_BYTES", "MiB", "bytes", 1 / MIB, "MiB"),
-    Rename("DCGM_FI_DEV_FB_RESERVED", "DCGM_FI_DEV_FB_RESERVED_BYTES", "MiB", "bytes", 1 / MIB,
-           "MiB"),
-    Rename("DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_SM_CLOCK_HERTZ", "MHz", "Hz", 1e-6, "MHz"),
-    Rename("DCGM_FI_DEV_MEM_CLOCK", "DCGM_FI_DEV_MEMORY_CLOCK_HERTZ", "MHz", "Hz", 1e-6, "MHz"),
-    Rename("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_GPU_ENERGY_JOULES_TOTAL", "mJ",
-           "J", 1000.0, "J"),
-    Rename("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
-           "DCGM_FI_DEV_NVLINK_THROUGHPUT_BYTES_PER_SECOND", "MB/s", "B/s", 1e-6, "MB/s"),
-    Rename("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_GPU_TEMP_CELSIUS", "°C", "°C", 1.0, "°C"),
-    Rename("DCGM_FI_DEV_MEMORY_TEMP", "DCGM_FI_DEV_MEMORY_TEMP_CELSIUS", "°C", "°C", 1.0, "°C"),
-    Rename("DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_BOARD_POWER_WATTS", "W", "W", 1.0, "W"),
-    Rename("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "DCGM_FI_DEV_PCIE_REPLAY_TOTAL", "count", "count",
-           1.0, "count"),
-    Rename("DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_XID_ERROR", "XID", "XID", 1.0, "XID"),
-    Rename("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_ROW_REMAP_UNCORRECTABLE_TOTAL",
-           "rows", "rows", 1.0, "rows"),
-    Rename("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_ROW_REMAP_CORRECTABLE_TOTAL",
-           "rows", "rows", 1.0, "rows"),
-    Rename("DCGM_FI_DEV_ROW_REMAP_FAILURE", "DCGM_FI_DEV_ROW_REMAP_FAILED", "0/1", "0/1", 1.0,
-           "0/1"),
-    Rename("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_GR_ENGINE_UTIL_RATIO", "0-1", "0-1",
-           1.0, "%"),
-    Rename("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_PROF_TENSOR_UTIL_RATIO", "0-1", "0-1",
-           1.0, "%"),
-    Rename("DCGM_FI_PROF_DRAM_ACTIVE", "DCGM_FI_PROF_DRAM_UTIL_RATIO", "0-1", "0-1", 1.0, "%"),
-    Rename("DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_SM_UTIL_RATIO", "0-1", "0-1", 1.0, "%"),
-    Rename("DCGM_FI_PROF_SM_OCCUPANCY", "DCGM_FI_PROF_SM_OCCUPANCY_RATIO", "0-1", "0-1", 1.0,
-           "%"),
-)
-#: the driver label, legacy and dcgm-4.7 spellings
-DCGM_DRIVER_LABELS = ("DCGM_FI_DRIVER_VERSION", "DCGM_FI_SYSTEM_DRIVER_VERSION")
-#: total framebuffer, collected by default from dcgm-exporter 4.9 (bytes)
-FB_CAPACITY = "DCGM_FI_DEV_FB_CAPACITY_BYTES"
+#: Old name -> new name with units: the one table hub and spoke share
+#: (hub/common/_dcgm_names.py). Legacy names stay resolvable in DCGM 4.7, so a spoke pinning
+#: a collectors CSV (``spoke render --dcgm-names``) keeps either naming across an upgrade;
+#: the hub reads both everywhere. ``factor`` turns a value under the new name into the legacy
+#: name's unit (the one the rest of the hub was written for).
+Rename = DcgmRename
 
 #: One name, two units: DCGM 4.6 maps ``DCGM_FI_DEV_GPU_UTIL_RATIO`` to the old integer
 #: field (0-100), so a custom CSV sends percent under it; DCGM 4.7's own field is 0-1. The
