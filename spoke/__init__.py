@@ -11,6 +11,9 @@ base) and ``hub.__version__``, never the inventory, validation, onboarding or se
 it loads none of SQLAlchemy, Alembic, the Kubernetes client or Jinja2 (tests/test_layout.py).
 """
 
+from typing import TYPE_CHECKING
+
+from hub.common import lazy_attributes
 from spoke._amdsmi import AmdSmiBackend, load_amdsmi
 from spoke._exporter import Exporter, Snapshot
 from spoke._http import MetricsServer, parse_listen
@@ -25,7 +28,6 @@ from spoke._model import (
 )
 from spoke._nvml import NvmlBackend, load_nvml
 from spoke._select import LOADERS, NO_LIBRARY, open_backend
-from spoke._sim import SimBackend
 
 __all__ = [
     "DEFAULT_CADENCE",
@@ -48,3 +50,11 @@ __all__ = [
     "open_backend",
     "parse_listen",
 ]
+
+
+if TYPE_CHECKING:
+    from spoke._sim import SimBackend
+
+#: The simulated backend and its fakes load only under --backend sim (a GPU node runs nvml
+#: or amdsmi and never needs them).
+__getattr__ = lazy_attributes(__name__, {"SimBackend": "_sim"})

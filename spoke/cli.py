@@ -16,7 +16,6 @@ from spoke._http import DEFAULT_PORT, MetricsServer, parse_listen
 from spoke._model import DEFAULT_CADENCE, KUBELET_SOCKET, Backend, Cadence, LibraryNotFound
 from spoke._naming import LEGACY, NAMINGS, select_fields
 from spoke._select import LOADERS, open_backend
-from spoke._sim import SimBackend, parse_fault, parse_indices
 
 if TYPE_CHECKING:
     from spoke._podresources import KubeletPods
@@ -154,6 +153,8 @@ def exporter(ctx: click.Context, backend: str, listen: str | None, port: int | N
 
     gpu: Backend
     if backend == "sim":
+        from spoke._sim import SimBackend, parse_fault, parse_indices  # the fakes: sim only
+
         try:
             faults = [parse_fault(f) for f in sim_faults]
             idle = parse_indices(sim_idle)

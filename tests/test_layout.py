@@ -109,6 +109,26 @@ def test_the_exporter_loads_none_of_the_hub_machinery(tmp_path: Path, with_confi
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
 
 
+def test_the_exporter_on_a_gpu_node_loads_neither_charts_nor_fakes():
+    """A GPU node runs nvml or amdsmi: the report's charts and the simulated backend's fakes
+    stay unloaded (the exporter's hub.common is errors, durations and the HTTP base)."""
+    code = (
+        "import json, sys\n"
+        "import spoke, spoke.cli\n"
+        "from hub.cli import cli\n"
+        "cli.main(['exporter', '--help'], prog_name='gpufleet', standalone_mode=False)\n"
+        "print(json.dumps([m for m in ('hub.common._charts', 'spoke._sim', 'spoke._fakes')"
+        " if m in sys.modules]))\n"
+        "print(spoke.SimBackend.__name__)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=ROOT, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    loaded, sim = proc.stdout.strip().splitlines()[-2:]
+    assert json.loads(loaded) == []
+    assert sim == "SimBackend"  # still there when asked for
+
+
 def test_a_shared_config_file_with_other_commands_keys_still_works_for_the_exporter(
         tmp_path: Path):
     """Keys of other commands are valid in one shared file; unknown ones are still refused."""

@@ -8,16 +8,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from hub.common._charts import (
-    capacity_chart,
-    gpu_hours_by_day_chart,
-    idle_gpu_hours_chart,
-    stacked_bars,
-    stacked_columns,
-    stale_clusters_chart,
-    time_lines,
-    utilisation_chart,
-)
 from hub.common._clibase import CONFIG_ENV, ConfiguredCommand, ConfiguredGroup, load_config
 from hub.common._dcgm_names import DCGM_RENAMES, DcgmRename
 from hub.common._dcgm_names import DRIVER_LABELS as DCGM_DRIVER_LABELS
@@ -166,10 +156,30 @@ __all__ = [
 
 
 if TYPE_CHECKING:
+    from hub.common._charts import (
+        capacity_chart,
+        gpu_hours_by_day_chart,
+        idle_gpu_hours_chart,
+        stacked_bars,
+        stacked_columns,
+        stale_clusters_chart,
+        time_lines,
+        utilisation_chart,
+    )
     from hub.common._httpserve import BackgroundHTTPServer, parse_listen
 
 
 #: The HTTP server base (http.server, socketserver) loads on first use: only `serve`, the
-#: exporter and the test stacks need it, not every command's start.
+#: exporter and the test stacks need it, not every command's start. The charts (the report's
+#: and the page's inline SVG) likewise: the exporter on a GPU node never draws one.
 __getattr__ = lazy_attributes(__name__, {"BackgroundHTTPServer": "_httpserve",
-                                         "parse_listen": "_httpserve"})
+                                         "parse_listen": "_httpserve",
+                                         "capacity_chart": "_charts",
+                                         "gpu_hours_by_day_chart": "_charts",
+                                         "idle_gpu_hours_chart": "_charts",
+                                         "stacked_bars": "_charts",
+                                         "stacked_columns": "_charts",
+                                         "stale_clusters_chart": "_charts",
+                                         "time_lines": "_charts",
+                                         "utilisation_chart": "_charts",
+})
