@@ -50,15 +50,20 @@ debs:
 	  APT_LOCK_WAIT=$(APT_LOCK_WAIT) ./.ci/install-debs.sh $$(echo $$missing | tr ' ' '\n' | sort -u); \
 	fi
 
+VULTURE = $(VENV)/bin/vulture hub spoke tests bench .ci/vulture-whitelist.py \
+	--exclude hub/inventory/migrations --min-confidence 60
+
 lint: setup
 	$(VENV)/bin/ruff check hub spoke tests bench
 	$(VENV)/bin/python -m mypy
+	$(VULTURE)
 
-# ruff and mypy are gates, not habits: a type error fails CI like a test does.
+# ruff, mypy and vulture (dead code) are gates, not habits: a type error fails CI like a test does.
 # Four workers: the tests wait on real processes far more than they compute (see pyproject).
 test: setup
 	$(VENV)/bin/ruff check hub spoke tests bench
 	$(VENV)/bin/python -m mypy
+	$(VULTURE)
 	$(VENV)/bin/pytest -q -n 4
 
 # The main job: a local multi-cluster fleet end to end (hub, agents, exporters, sync,

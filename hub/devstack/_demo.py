@@ -48,8 +48,6 @@ STALE_AFTER = 8.0  # seconds: short so the demo shows a stale cluster within its
 ACM_PUSH = STALE_AFTER / 2
 ACM_LOOKBACK = STALE_AFTER
 PROBE_TEMPERATURE = 36.5
-#: How often the demo's agents scrape and push (hub.devstack._prometheus.agent_config).
-AGENT_PUSH = 1.0
 #: The demo's push interval, said once to every command that measures coverage or
 #: freshness (collect, report): the agents' 1 s scrapes reach the hub in remote-write
 #: batches of up to 500 ms, so a sample lands in every 2 s slot; --acm-profile: ACM_PUSH.

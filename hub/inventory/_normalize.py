@@ -216,8 +216,7 @@ class FleetBuilder:
         self.unlabelled = Unlabelled()
         self._left_out: set[int] = set()  # their series keys
         #: set by the sync once every answer is in: Unlabelled.describe, or None
-        self.labelled_note: str | None = None
-        #: cluster -> the namings its GPUs send (the "naming" query; store.naming_of names it)
+        #: cluster -> the namings its GPUs send (the "naming" query)
         self.namings: dict[str, set[str]] = {}
         #: series the store's door turned away and readings out of their physical range,
         #: per cluster (hub.store._bounds): left out of the inventory, named by the report

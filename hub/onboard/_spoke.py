@@ -376,10 +376,6 @@ class ExporterTarget:
     port: int
     node_selector: dict[str, str]
 
-    @property
-    def service_dns(self) -> str:
-        return f"{self.name}.{self.namespace}.svc"
-
 
 def exporter_targets(values: SpokeValues) -> list[ExporterTarget]:
     """Each vendor's exporter. A single vendor keeps the historical names (no suffix), so a

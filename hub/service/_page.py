@@ -41,7 +41,6 @@ from hub.service._errors import ApiError
 #: rows per section; the section links to the API for the rest
 PAGE_ROWS = 200
 MAX_SEARCH = 253  # a Kubernetes name's length limit: no UUID, node or namespace is longer
-HTML_CONTENT_TYPE = "text/html; charset=utf-8"
 #: nothing but this page's own inline style: no script, no image, no font, no other origin
 PAGE_CSP = ("default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; "
             "base-uri 'none'; frame-ancestors 'none'")

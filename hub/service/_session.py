@@ -70,7 +70,6 @@ SIGN_IN_MAX_BACKOFF = 3600.0
 #: the largest sign-in form read: a JWT with many groups is a few KiB
 MAX_FORM = 16 * 1024
 MAX_TOKEN = 8192
-HTML = "text/html; charset=utf-8"
 FORM = "application/x-www-form-urlencoded"
 #: the sign-in page: no script, nothing from another origin, posts only to itself
 LOGIN_CSP = ("default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; "

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hub.common import DCGM_DRIVER_LABELS, DCGM_RENAMES, DcgmRename, parse_duration
+from hub.common import DCGM_DRIVER_LABELS, DCGM_RENAMES, parse_duration
 from hub.common import DCGM_FB_CAPACITY as FB_CAPACITY
 
 # Neutral value fields of an observation.
@@ -257,7 +257,6 @@ MIB = 2.0 ** 20
 #: a collectors CSV (``spoke render --dcgm-names``) keeps either naming across an upgrade;
 #: the hub reads both everywhere. ``factor`` turns a value under the new name into the legacy
 #: name's unit (the one the rest of the hub was written for).
-Rename = DcgmRename
 
 #: One name, two units: DCGM 4.6 maps ``DCGM_FI_DEV_GPU_UTIL_RATIO`` to the old integer
 #: field (0-100), so a custom CSV sends percent under it; DCGM 4.7's own field is 0-1. The
@@ -294,21 +293,9 @@ def convert_arm(name: str, factor: float, expr: str, matcher: str, window: str) 
     return f"({expr}) * {factor:g}"
 
 
-#: which naming each exact NVIDIA name belongs to (the sync and the report say per cluster
-#: which naming its GPUs send)
+#: the namings a cluster's NVIDIA GPUs may send (the sync and the report say which)
 LEGACY, DCGM47, BOTH = "legacy", "dcgm-4.7", "both"
-NAMING_OF: dict[str, str] = {
-    **{r.legacy: LEGACY for r in DCGM_RENAMES}, **{r.dcgm47: DCGM47 for r in DCGM_RENAMES},
-    FB_CAPACITY: DCGM47,
-}
 
-
-def naming_of(names: set[str]) -> str | None:
-    """legacy, dcgm-4.7 or both, from the set of NVIDIA names seen; None when neither."""
-    kinds = {NAMING_OF[n] for n in names if n in NAMING_OF}
-    if not kinds:
-        return None
-    return BOTH if len(kinds) > 1 else kinds.pop()
 
 
 def dcgm_names(naming: str) -> dict[str, str]:
@@ -715,13 +702,6 @@ def usage_group(p: VendorProfile, cluster_label: str) -> str:
     return _by([cluster_label, *p.id_labels, *MODEL_LABELS[p.vendor], *USAGE_POD_LABELS])
 
 
-def usage_metrics(p: VendorProfile, fld: str) -> list[str]:
-    """Every exact name a usage field may arrive under, in order of preference: each
-    metric of the field over each spelling (``amd_gpu_gfx_activity`` is the same series
-    as ``gpu_gfx_activity`` during an exporter upgrade, ``DCGM_FI_DEV_BOARD_POWER_WATTS``
-    the same as ``DCGM_FI_DEV_POWER_USAGE``)."""
-    return [name for m in _usage_fields(p, fld) for name in p.names(m)]
-
 
 def _usage_fields(p: VendorProfile, fld: str) -> list[str]:
     return p.value_fields.get(fld) or USAGE_PROFILING_FIELDS.get(p.vendor, {}).get(fld, [])
@@ -937,7 +917,6 @@ def allocation_probe(window: str, cluster_label: str) -> str:
 #: kube-state-metrics' pod series the ledger's intervals read; forwarded only for pods that
 #: request GPUs (their requests series by its resource label, the others joined to it where
 #: the forwarder can join: ACM's recording rules)
-KSM_ALLOCATION_METRICS = [KSM_POD_START, KSM_POD_COMPLETION, KSM_POD_REQUESTS, KSM_POD_PHASE]
 _GPU_REQUESTS = f'{KSM_POD_REQUESTS}{{resource=~"{GPU_RESOURCE_REGEX}"}}'
 
 

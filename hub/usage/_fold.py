@@ -25,9 +25,6 @@ from hub.usage._meter import Meter
 from hub.usage._meter import sample_value as _num
 
 Key = tuple[str, str, str, str, str, str]  # cluster, node, uuid, slice, namespace, pod
-#: ledger column of each averaged profiling field
-EFFICIENCY = {store.SM_ACTIVE: "avg_sm_active_pct", store.TENSOR_ACTIVE: "avg_tensor_active_pct",
-              store.DRAM_ACTIVE: "avg_dram_active_pct"}
 
 
 def utc(ts: float) -> dt.datetime:

@@ -84,9 +84,6 @@ DEVICE_PLUGIN_AND_DRA = "device_plugin_and_dra"
 #: the node's instance type (hub.kube's catalog) has GPUs that neither Kubernetes nor the
 #: exporter shows: a device plugin or driver that never started, GPUs fallen off the bus
 GPUS_MISSING_BY_INSTANCE_TYPE = "gpus_missing_by_instance_type"
-NODE_STATUSES = (MATCH, MISSING_IN_METRICS, MISSING_IN_KUBERNETES, COUNT_MISMATCH,
-                 NODE_NOT_REPORTING, UNKNOWN, DEVICE_PLUGIN_AND_DRA,
-                 GPUS_MISSING_BY_INSTANCE_TYPE)
 #: node statuses that do not fail `gpufleet reconcile`
 NODE_PASSING = (MATCH, UNKNOWN)
 

@@ -25,9 +25,6 @@ from hub.validate._checks import ERROR, INFO, SEVERITIES, WARNING, Finding, huma
 FORMATS = ("table", "json", "markdown", "html")
 #: GitHub's limit for one comment; the Markdown stays below it
 MARKDOWN_LIMIT = 65536
-SUMMARY_COLUMNS = ["cluster", "status", "state", "last_sample_at", "age", "nodes_reporting",
-                   "nodes_expected", "gpus", "stale_gpus", "expected", "naming", "seen_through",
-                   "cards", "findings"]
 FINDING_COLUMNS = ["severity", "check", "cluster", "node", "gpu", "message"]
 _STATUS_RANK = {ERROR: 0, WARNING: 1, "ok": 2}
 
