@@ -214,10 +214,23 @@ SyncRunList = listing(SyncRun, "SyncRunList")
 UsageList = listing(Usage, "UsageList")
 IdleList = listing(Idle, "IdleList")
 EventList = listing(Event, "EventList")
-_totals: dict[str, Any] = {c: (float, ...) for c in ("total", "active", "stale", "allocated",
-                                                     "free")}
+_totals: dict[str, Any] = {c: (float, ...) for c in usage.CAPACITY_FIGURES}
 CapacityTotals = create_model("CapacityTotals", __base__=Strict, **_totals)
-CapacityList = listing(Capacity, "CapacityList", fleet=(
+
+
+class CapacityFit(Strict):
+    """Where a job of N GPUs (or slices) fits in one cluster now (``capacity?fits=N``)."""
+
+    cluster: str
+    status: Literal[usage.FITS_STATUSES]  # type: ignore[valid-type]
+    free: int = Field(..., description="Healthy free GPUs (or slices) of the kind asked.")
+    largest_on_one_node: int = Field(..., description="The most of them on one node.")
+    reclaimable: int = Field(..., description="Allocated ones idle by the idle rule (not "
+                                              "counted as free).")
+    nodes: list[str] = Field(..., description="The nodes that can take the job (fits).")
+
+
+CapacityList = listing(Capacity | CapacityFit, "CapacityList", fleet=(
     CapacityTotals | None, Field(..., description="Fleet-wide totals (numbers, no names) for a "
                            "caller whose scope allows fleet counts; null otherwise.")))
 FindingList = listing(Finding, "FindingList", generated_at=(Time, ...),
