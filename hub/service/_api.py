@@ -436,6 +436,24 @@ def capacity(request: Request, engine: ReadEngine, scope: CallerScope,
     return Kept(("capacity", tuple(groups), fits, model, mig), answer)
 
 
+def placement_scores(engine: ReadEngine, scope: CallerScope,
+                     full_at: Annotated[float | None, Query(
+                         gt=0, le=1_000_000, allow_inf_nan=False,
+                         description="Free GPUs that score 100 (default 64).")] = None,
+                     rule: Annotated[Any, Depends(idle_rule_of)] = None) -> dict[str, Any]:
+    """The ACM placement scores per cluster as `gpufleet placement scores` renders them
+    (the AddOnPlacementScore's status), for the caller's clusters."""
+    rule = rule or answers.IdleRule()
+    with engine.connect() as conn:
+        objects = answers.placement_scores(
+            conn, now=inv.now_utc(), full_at=full_at or answers.FULL_AT,
+            clusters=scope.clusters, idle_threshold=rule.threshold,
+            idle_for=rule.for_seconds)
+    return _listing([{"cluster": o["metadata"]["namespace"], "name": o["metadata"]["name"],
+                      "scores": o["status"]["scores"],
+                      "valid_until": o["status"]["validUntil"]} for o in objects])
+
+
 def events(engine: ReadEngine, scope: CallerScope,
            since: Annotated[str | None, _text("Only events of the last DURATION (e.g. 7d).",
                                               max_length=64)] = None,

@@ -233,6 +233,26 @@ class CapacityFit(Strict):
 CapacityList = listing(Capacity | CapacityFit, "CapacityList", fleet=(
     CapacityTotals | None, Field(..., description="Fleet-wide totals (numbers, no names) for a "
                            "caller whose scope allows fleet counts; null otherwise.")))
+
+
+class Score(Strict):
+    """One score of an AddOnPlacementScore."""
+
+    name: str
+    value: int = Field(..., ge=-100, le=100)
+
+
+class PlacementScore(Strict):
+    """A cluster's ACM placement scores (the AddOnPlacementScore ``name`` in its namespace
+    on the hub)."""
+
+    cluster: str
+    name: str
+    scores: list[Score]
+    valid_until: str
+
+
+PlacementScoreList = listing(PlacementScore, "PlacementScoreList")
 FindingList = listing(Finding, "FindingList", generated_at=(Time, ...),
                       last_check_failed=(CheckFailure | None, Field(
                           ..., description="When and why the latest checks could not run "
