@@ -12,6 +12,7 @@ official client, server-side apply, the status subresource).
 
 from __future__ import annotations
 
+import datetime as dt
 import itertools
 import json
 from collections.abc import Iterator
@@ -157,3 +158,27 @@ def test_placement_apply_writes_the_status_by_server_side_apply(synced, kube):
                   "frag", "gpufleet")]["status"]["scores"] = []
     again = gpufleet("placement", "apply", env=env)
     assert again.exit_code == 1 and "status.scores" in again.output
+
+
+def test_serve_writes_the_scores_after_each_sync_valid_for_three_intervals(synced, kube):
+    from hub.inventory import make_engine
+    from hub.service._settings import ServeSettings, service_jobs
+    from hub.store import HubClient
+
+    kube.put_object({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "whole"}})
+    settings = ServeSettings(db=synced["GPUFLEET_DB"], every=600.0, placement_scores=True,
+                             placement_kubeconfig=str(kube.kubeconfig_path("hub")))
+    engine = make_engine(synced["GPUFLEET_DB"])
+    try:
+        jobs = service_jobs(engine, HubClient(synced["GPUFLEET_HUB_URL"]), settings)
+        assert jobs.after_sync[-1].__name__ == "placement_job"  # after usage: fresh idle
+        jobs.after_sync[-1]()
+    finally:
+        engine.dispose()
+    obj = kube.get_object("cluster.open-cluster-management.io/v1alpha1",
+                          "addonplacementscores", "gpufleet", "whole")
+    assert obj is not None and obj["status"]["scores"][0] == {"name": "gpuFree",
+                                                               "value": -75}
+    until = obj["status"]["validUntil"]
+    left = dt.datetime.fromisoformat(until.replace("Z", "+00:00")) - dt.datetime.now(dt.UTC)
+    assert dt.timedelta(minutes=25) < left <= dt.timedelta(minutes=30)
