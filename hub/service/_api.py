@@ -438,7 +438,7 @@ def capacity(request: Request, engine: ReadEngine, scope: CallerScope,
 
 def placement_scores(engine: ReadEngine, scope: CallerScope,
                      full_at: Annotated[float | None, Query(
-                         gt=0, le=1_000_000, allow_inf_nan=False,
+                         ge=1, le=1_000_000, allow_inf_nan=False,
                          description="Free GPUs that score 100 (default 64).")] = None,
                      rule: Annotated[Any, Depends(idle_rule_of)] = None) -> dict[str, Any]:
     """The ACM placement scores per cluster as `gpufleet placement scores` renders them
