@@ -35,6 +35,7 @@ COMMANDS: dict[str, str] = {
     "usage": "hub.commands.usage:usage",
     "idle": "hub.commands.usage:idle",
     "capacity": "hub.commands.usage:capacity",
+    "placement": "hub.commands.placement:placement",
 }
 
 

@@ -276,7 +276,8 @@ def test_kube_state_metrics_rows_become_node_views():
 def test_kube_state_metrics_queries_are_fixed_and_grouped():
     queries = rc.ksm_queries("10m", "cluster")
     assert len(queries) == 2
-    assert queries[0].count("max by (cluster, node, resource)") == 2
+    assert queries[0].count("max by (cluster, node, resource)") == 3
+    assert "kube_node_spec_unschedulable" in queries[0]  # the cordon, same request
     assert "kube_node_status_capacity" in queries[0]
     assert "kube_node_status_allocatable" in queries[0]
     assert "label_nvidia_com_gpu_replicas" in queries[1] and "kube_node_labels" in queries[1]

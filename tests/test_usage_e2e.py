@@ -205,7 +205,8 @@ def test_usage_collect_usage_idle_capacity_on_a_backfilled_hub(tmp_path, db_url)
         cap = {r["model"]: r for r in gpufleet_json("capacity", env=env)}
         assert cap["NVIDIA H100 80GB HBM3"] == {
             "model": "NVIDIA H100 80GB HBM3", "total": 4.0, "active": 4.0, "stale": 0.0,
-            "allocated": 3.0, "free": 1.0}
+            "failed": 0.0, "allocated": 3.0, "cordoned": 0.0, "free": 1.0,
+            "reclaimable": 1.0}  # GPU-B: research's notebook, idle up to the newest bucket
         a100 = cap["NVIDIA A100-SXM4-80GB"]
         assert (a100["total"], a100["allocated"], a100["free"]) == pytest.approx(
             (6 / 7, 5 / 7, 1 / 7))  # 3g + 2g + 1g of 7 compute slices
@@ -275,8 +276,10 @@ def test_serve_collects_completed_buckets_and_report_warns_of_idle_allocated_gpu
         assert idle_row["attrs"]["data-uuid"] == "GPU-B" and "research/nb-1" in idle_row["text"]
         [h100] = [i for i, e in enumerate(dom.elements)
                   if e["tag"] == "tr" and e["attrs"].get("data-model") == "NVIDIA H100 80GB HBM3"]
-        cells = [e["text"] for e in dom.elements[h100 + 1:h100 + 7]]
-        assert cells == ["NVIDIA H100 80GB HBM3", "4", "4", "0", "3", "1"]
+        cells = [e["text"] for e in dom.elements[h100 + 1:h100 + 10]]
+        # model, total, active, stale, failed, allocated, (reclaimable), cordoned, free
+        assert cells[:6] + cells[7:] == ["NVIDIA H100 80GB HBM3", "4", "4", "0", "0", "3",
+                                         "0", "1"]
     finally:
         hub.stop()
 

@@ -56,6 +56,18 @@ class _ServeGroup(ConfiguredCommand, click.Group):
               help="After each sync, reconcile GPU counts with kube-state-metrics through the "
                    "hub (no access to the spokes needed).")
 @instance_types_option
+@click.option("--placement-scores", is_flag=True, envvar=env("placement-scores"),
+              help="After each sync (the leader only), write ACM AddOnPlacementScores to the "
+                   "hub's Kubernetes API, as `gpufleet placement apply` (in a pod: its "
+                   "service account; needs patch on addonplacementscores and their status).")
+@click.option("--placement-kubeconfig", envvar=env("placement-kubeconfig"), metavar="FILE",
+              help="kubeconfig of the ACM hub for --placement-scores (default: in a pod its "
+                   "service account, else $KUBECONFIG, then ~/.kube/config).")
+@click.option("--placement-context", envvar=env("placement-context"), metavar="CTX",
+              help="kubeconfig context of the ACM hub for --placement-scores.")
+@click.option("--full-at", type=float, default=64.0, show_default=True, metavar="N",
+              envvar=env("full-at"),
+              help="With --placement-scores: free GPUs that score 100 (gpuFree).")
 @_file_option("--tokens-file",
               help="YAML of static tokens (name, sha256, scope), re-read when it changes; "
                    "make entries with `gpufleet serve token create`.")
@@ -131,7 +143,8 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool, worker
           max_age: float, push_interval: float, min_charge: float, window: float,
           stale_after: float,
           lock_timeout: float, cluster_label: str, db: str | None, idle_threshold: float,
-          idle_for: float, **opts: Any) -> None:
+          idle_for: float, placement_scores: bool, placement_kubeconfig: str | None,
+          placement_context: str | None, full_at: float, **opts: Any) -> None:
     """Run the hub service: sync on a schedule and serve the inventory over HTTP.
 
     \b
@@ -155,7 +168,8 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool, worker
 
     After each successful sync it runs the checks of `gpufleet report` (served at
     /api/v1/findings and as gpufleet_findings) and, with --reconcile, a reconcile from
-    kube-state-metrics through the hub. Syncs take the same lock as `gpufleet sync`, so a
+    kube-state-metrics through the hub; with --placement-scores, the ACM placement scores
+    (valid for three --every). Syncs take the same lock as `gpufleet sync`, so a
     CronJob or a second service on the same database never runs beside it. SIGTERM stops it
     cleanly (exit 0); Ctrl-C exits 130.
 
@@ -176,7 +190,9 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool, worker
         prune_stale_after=prune_stale_after, instance_types=instance_types, max_age=max_age,
         push_interval=push_interval, min_charge=min_charge, window=window,
         stale_after=stale_after, lock_timeout=lock_timeout, cluster_label=cluster_label, db=db,
-        idle_threshold=idle_threshold, idle_for=idle_for, hub=hub_settings(opts))
+        idle_threshold=idle_threshold, idle_for=idle_for, hub=hub_settings(opts),
+        placement_scores=placement_scores, placement_kubeconfig=placement_kubeconfig,
+        placement_context=placement_context, full_at=full_at)
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for handler in logging.getLogger().handlers:  # no URL password in any line, whoever logs

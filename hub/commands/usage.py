@@ -323,17 +323,61 @@ def idle(threshold: float, for_: float, since: float | None, from_: str | None,
 @click.command(cls=ConfiguredCommand)
 @click.option("--by", "by", multiple=True, type=click.Choice(list(answers.CAPACITY_GROUPS)),
               help="Group by (repeatable; default model).")
+@click.option("--fits", type=int, metavar="N",
+              help="Where a job of N GPUs (or N slices of --mig) fits now on one node, per "
+                   f"cluster: fits (with the nodes), fragmented, short or stale (1 to "
+                   f"{answers.MAX_FITS:,}).")
+@click.option("--model", metavar="M",
+              help="With --fits: only GPUs of this model or family (e.g. H100; a part of "
+                   "the exporter's model name between word boundaries).")
+@click.option("--mig", metavar="PROFILE",
+              help="With --fits: N slices of this MIG profile (e.g. 3g.40gb) instead of "
+                   "whole GPUs.")
+@click.option("--max-age", type=DURATION, metavar="DURATION", envvar="GPUFLEET_MAX_AGE",
+              help="Also count a cluster whose newest sample is older than this as stale "
+                   "(default: only what the latest sync marked stale).")
+@idle_options
 @db_option
 @output_option()
-def capacity(by: tuple[str, ...], db: str | None, output: str, **_: Any) -> None:
-    """GPU-equivalents per group now: total, active, stale, allocated, free.
+def capacity(by: tuple[str, ...], fits: int | None, model: str | None, mig: str | None,
+             max_age: float | None, idle_threshold: float, idle_for: float,
+             db: str | None, output: str, **_: Any) -> None:
+    """GPU-equivalents per group now, or with --fits N where a job of N GPUs fits.
 
-    A MIG slice counts as its share of its GPU; free = active and not allocated.
+    \b
+    total        GPU-equivalents known (a MIG slice counts as its share of its GPU)
+    active       reporting now (total - stale)
+    stale        not reporting, or its cluster is stale
+    failed       health failed (XID 79, double-bit ECC, row remap failure)
+    allocated    held by a pod (pod labels, or a DRA claim `reconcile` read)
+    cordoned     on a node Kubernetes marks unschedulable (the latest `reconcile`)
+    free         none of the above: reporting, healthy, not allocated, not cordoned
+    reclaimable  allocated and idle by the idle rule up to the ledger's newest bucket
+                 (--idle-threshold/--idle-for, as `idle` lists); never counted as free
+    With --fits N: per cluster, fits (N free on one node; nodes lists those that can take
+    it), fragmented (N free, not on one node), short (fewer than N healthy free) or stale
+    (the cluster's data is out of date); free, largest_on_one_node and reclaimable count
+    GPUs (or slices of --mig) of --model. See docs/usage.md.
     """
+    answers.check_fits(fits, mig, model)
+    if max_age is not None and max_age <= 0:
+        raise InputError("--max-age must be greater than 0")
     by = by or ("model",)
+    now = inv.now_utc()
     with database(db) as engine:
         require_schema(engine)
         with engine.connect() as conn:
-            rows = answers.capacity(conn, by)
+            if fits is not None:
+                fleet = answers.read_fleet(conn, now=now, max_age=max_age,
+                                           idle_threshold=idle_threshold, idle_for=idle_for)
+                rows = answers.fits(fleet, fits, model=model, mig=mig)
+            else:
+                rows = answers.capacity(conn, by, now=now, max_age=max_age,
+                                        idle_threshold=idle_threshold, idle_for=idle_for)
+    if fits is not None:
+        if output != "json":  # a cell, not a list
+            rows = [{**r, "nodes": ", ".join(r["nodes"]) or None} for r in rows]
+        emit(rows, answers.FITS_COLUMNS, output)
+        return
     cols = [c for name in by for c in answers.CAPACITY_GROUPS[name]]
     emit(rows, [*dict.fromkeys(cols), *answers.CAPACITY_FIGURES], output)

@@ -42,6 +42,7 @@ from hub.inventory._db import (
     upsert,
     write_refused,
 )
+from hub.inventory._db import clusters as clusters_table  # the table (list_clusters reads it)
 from hub.inventory._frames import inventory_frame
 from hub.inventory._health import FATAL_XIDS, HW_SLOWDOWN
 from hub.inventory._health import LEVELS as HEALTH_LEVELS
@@ -114,6 +115,7 @@ __all__ = [
     "SyncResult",
     "add_session",
     "allocations",
+    "clusters_table",
     "current",
     "day_of",
     "drop_session",

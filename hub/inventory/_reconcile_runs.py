@@ -44,6 +44,8 @@ reconcile_results = sa.Table(
     # `usage` prices a node by its type, and joins a cloud bill's lines by the provider id
     sa.Column("instance_type", sa.String(128)),
     sa.Column("provider_id", sa.String(512)),
+    # spec.unschedulable (a cordon) as the run read it; NULL: the source did not say (0023)
+    sa.Column("unschedulable", sa.Boolean),
 )
 
 reconcile_clusters = sa.Table(

@@ -35,7 +35,7 @@ from hub.kube._dra import (
     normalise_pci,
 )
 
-_CLIENT = ("api_client", "call", "list_all", "list_managed_clusters",
+_CLIENT = ("api_client", "hub_api_client", "call", "list_all", "list_managed_clusters",
            "list_multicluster_observability", "list_nodes",
            "translate", "dra_version", "list_resource_slices", "list_resource_claims",
            "list_device_classes", "DRA_VERSIONS", "GpuObjects", "read_gpu_objects")
@@ -61,6 +61,7 @@ __all__ = [
     "claimed_devices",
     "dra_nodes",
     "dra_version",
+    "hub_api_client",
     "instance_type_of",
     "list_all",
     "list_device_classes",

@@ -70,6 +70,22 @@ def api_client(kubeconfig: str | None = None, context: str | None = None) -> cli
     return api
 
 
+def hub_api_client(kubeconfig: str | None = None,
+                   context: str | None = None) -> client.ApiClient:
+    """The ACM hub's API for `serve --placement-scores`: in a pod without a kubeconfig, its
+    service account (the in-cluster config); otherwise as :func:`api_client`."""
+    if kubeconfig is None and context is None and not os.environ.get("KUBECONFIG") \
+            and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        configuration = client.Configuration()
+        try:
+            config.load_incluster_config(client_configuration=configuration)
+        except ConfigException as exc:
+            raise InputError(f"cannot use the pod's service account: "
+                             f"{_first_line(str(exc))}") from None
+        return client.ApiClient(configuration)
+    return api_client(kubeconfig, context)
+
+
 def host_of(api: client.ApiClient) -> str:
     """scheme://host:port of the API server, for messages (no path, no credentials)."""
     parts = urlsplit(api.configuration.host or "")

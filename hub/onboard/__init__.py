@@ -60,7 +60,8 @@ from hub.onboard._spoke import (
 
 #: ACM helpers import the kubernetes client: loaded only when asked for
 __getattr__ = lazy_attributes(__name__, dict.fromkeys(
-    ("any_noncompliant", "apply_objects", "load_dir", "policy_status"), "_acm"))
+    ("any_noncompliant", "apply_objects", "apply_scores", "load_dir", "policy_status"),
+    "_acm"))
 
 __all__ = [
     "ACM_COLLECTION_CHOICES",
@@ -88,6 +89,7 @@ __all__ = [
     "acm_hub",
     "any_noncompliant",
     "apply_objects",
+    "apply_scores",
     "check_choice",
     "collection_of",
     "cron_schedule",

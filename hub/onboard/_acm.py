@@ -221,3 +221,55 @@ def policy_status(api: client.ApiClient, namespace: str) -> list[dict[str, Any]]
 def any_noncompliant(rows: Iterable[dict[str, Any]]) -> bool:
     return any(r.get("compliant") == "NonCompliant" or r.get("overall") == "NonCompliant"
                for r in rows)
+
+
+# -- ACM placement scores (issue 39) ------------------------------------------------------------
+#: AddOnPlacementScore: namespaced in the managed cluster's namespace, scores in its status
+SCORES = Resource(CLUSTER_GROUP, "v1alpha1", "addonplacementscores", True)
+
+
+def _exists(api: client.ApiClient, doing: str, get: Callable[..., Any], *where: Any) -> Any:
+    """The object, or None on 404."""
+    try:
+        return call(api, doing, get, *where)
+    except UnavailableError as exc:
+        if exc.http_status != 404:
+            raise
+        return None
+
+
+def apply_scores(api: client.ApiClient, objects: Iterable[dict[str, Any]], *,
+                 force_conflicts: bool = False) -> list[dict[str, Any]]:
+    """Server-side apply each AddOnPlacementScore as field manager "gpufleet": the object
+    (its metadata), then its status through the status subresource, where the scores live
+    (ACM's Placement reads ``status.scores``). A cluster without a namespace on the hub is no
+    managed cluster: skipped, with a row that says so."""
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    rows = []
+    for obj in objects:
+        meta = obj["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        row = {"kind": obj["kind"], "namespace": namespace, "name": name}
+        if _exists(api, f"reading namespace {namespace}", core.read_namespace,
+                   namespace) is None:
+            rows.append({**row, "action": "skipped (no namespace: not a managed cluster)"})
+            continue
+        where = (SCORES.group, SCORES.version, namespace, SCORES.plural, name)
+        before = _version(_exists(api, f"reading {_describe(obj)}",
+                                  custom.get_namespaced_custom_object, *where))
+        _apply_one(api, SCORES, obj, force_conflicts)
+        doing = f"applying the status of {_describe(obj)}"
+        body = {"apiVersion": obj["apiVersion"], "kind": obj["kind"],
+                "metadata": {"name": name, "namespace": namespace}, "status": obj["status"]}
+        try:
+            after = _version(call(api, doing, custom.patch_namespaced_custom_object_status,
+                                  *where, body, field_manager=FIELD_MANAGER,
+                                  force=force_conflicts or None, _content_type=APPLY_PATCH))
+        except ApiException as exc:
+            if exc.status == 409:
+                raise _conflict(exc, obj) from None
+            raise translate(exc, api, doing) from None
+        action = ("created" if before is None else "unchanged" if after == before
+                  else "configured")
+        rows.append({**row, "action": action})
+    return rows

@@ -40,7 +40,7 @@ from fastapi import Depends, Query, Request
 
 from hub import inventory as inv
 from hub import usage as answers
-from hub.common import json_number
+from hub.common import InputError, json_number
 from hub.inventory import gpu_detail, page_gpus
 from hub.service._auth import Scope
 from hub.service._deps import (
@@ -386,29 +386,72 @@ def idle(engine: ReadEngine, scope: CallerScope, since: SinceParam = None,
 
 def capacity(request: Request, engine: ReadEngine, scope: CallerScope,
              by: Annotated[str | None, _text("Group by, comma-separated: model, cluster, node "
-                                             "(default model).", max_length=128)] = None
-             ) -> Kept:
-    """GPU-equivalents per group now: total, active, stale, allocated, free. A scoped
-    caller's groups cover its clusters; ``fleet`` totals the whole fleet in numbers without
-    names when its scope allows fleet counts."""
+                                             "(default model).", max_length=128)] = None,
+             fits: Annotated[int | None, Query(
+                 ge=1, le=answers.MAX_FITS,
+                 description="Where a job of this many GPUs (or slices of 'mig') fits now "
+                 "on one node, per cluster: fits, fragmented, short or stale.")] = None,
+             model: Annotated[str | None, _text(
+                 "With fits: only GPUs of this model or family (e.g. H100).",
+                 max_length=128)] = None,
+             mig: Annotated[str | None, _text(
+                 "With fits: slices of this MIG profile (e.g. 3g.40gb) instead of whole "
+                 "GPUs.", max_length=64)] = None,
+             rule: Annotated[Any, Depends(idle_rule_of)] = None) -> Kept:
+    """GPU-equivalents per group now: total, active, stale, failed, allocated, cordoned,
+    free, reclaimable (docs/usage.md). With ``fits``: per cluster, whether a job of that
+    many GPUs fits on one node now (the nodes that can take it), as `gpufleet capacity
+    --fits` answers. A scoped caller's groups and clusters are its own; ``fleet`` totals
+    the whole fleet in numbers without names when its scope allows fleet counts."""
     groups = _by(by, _capacity_groups(), "model")
+    try:
+        answers.check_fits(fits, mig, model)
+    except InputError as exc:
+        raise ApiError(400, str(exc).replace("--", "")) from None
     memo = request.app.state.memo
+    rule = rule or answers.IdleRule()
+    idle = {"idle_threshold": rule.threshold, "idle_for": rule.for_seconds}
 
     def answer() -> dict[str, Any]:
         within = None if scope.clusters is None else tuple(sorted(scope.clusters))
+        now = inv.now_utc()
         with engine.connect() as conn:
+            if fits is not None:
+                found = answers.read_fleet(conn, clusters=scope.clusters, now=now, **idle)
+                return {**_listing(answers.fits(found, fits, model=model, mig=mig)),
+                        "fleet": None}
             items = memo.get(conn, ("capacity", tuple(groups), within),
-                             lambda: answers.capacity(conn, groups, clusters=scope.clusters))
+                             lambda: answers.capacity(conn, groups, clusters=scope.clusters,
+                                                      now=now, **idle))
             # the items of a whole-fleet caller are the fleet already: one read, not two
             fleet_rows = (items if scope.clusters is None else memo.get(
                 conn, ("capacity", ("model",), None),
-                lambda: answers.capacity(conn, ["model"])) if scope.fleet_counts else None)
+                lambda: answers.capacity(conn, ["model"], now=now, **idle))
+                if scope.fleet_counts else None)
         fleet = None if fleet_rows is None or not scope.fleet_counts else {  # no float noise
             k: json_number(sum(r[k] or 0 for r in fleet_rows))
             for k in answers.CAPACITY_FIGURES}
         return {**_listing(items), "fleet": fleet}
 
-    return Kept(("capacity", tuple(groups)), answer)
+    return Kept(("capacity", tuple(groups), fits, model, mig), answer)
+
+
+def placement_scores(engine: ReadEngine, scope: CallerScope,
+                     full_at: Annotated[float | None, Query(
+                         ge=1, le=1_000_000, allow_inf_nan=False,
+                         description="Free GPUs that score 100 (default 64).")] = None,
+                     rule: Annotated[Any, Depends(idle_rule_of)] = None) -> dict[str, Any]:
+    """The ACM placement scores per cluster as `gpufleet placement scores` renders them
+    (the AddOnPlacementScore's status), for the caller's clusters."""
+    rule = rule or answers.IdleRule()
+    with engine.connect() as conn:
+        objects = answers.placement_scores(
+            conn, now=inv.now_utc(), full_at=full_at or answers.FULL_AT,
+            clusters=scope.clusters, idle_threshold=rule.threshold,
+            idle_for=rule.for_seconds)
+    return _listing([{"cluster": o["metadata"]["namespace"], "name": o["metadata"]["name"],
+                      "scores": o["status"]["scores"],
+                      "valid_until": o["status"]["validUntil"]} for o in objects])
 
 
 def events(engine: ReadEngine, scope: CallerScope,

@@ -214,12 +214,45 @@ SyncRunList = listing(SyncRun, "SyncRunList")
 UsageList = listing(Usage, "UsageList")
 IdleList = listing(Idle, "IdleList")
 EventList = listing(Event, "EventList")
-_totals: dict[str, Any] = {c: (float, ...) for c in ("total", "active", "stale", "allocated",
-                                                     "free")}
+_totals: dict[str, Any] = {c: (float, ...) for c in usage.CAPACITY_FIGURES}
 CapacityTotals = create_model("CapacityTotals", __base__=Strict, **_totals)
-CapacityList = listing(Capacity, "CapacityList", fleet=(
+
+
+class CapacityFit(Strict):
+    """Where a job of N GPUs (or slices) fits in one cluster now (``capacity?fits=N``)."""
+
+    cluster: str
+    status: Literal[usage.FITS_STATUSES]  # type: ignore[valid-type]
+    free: int = Field(..., description="Healthy free GPUs (or slices) of the kind asked.")
+    largest_on_one_node: int = Field(..., description="The most of them on one node.")
+    reclaimable: int = Field(..., description="Allocated ones idle by the idle rule (not "
+                                              "counted as free).")
+    nodes: list[str] = Field(..., description="The nodes that can take the job (fits).")
+
+
+CapacityList = listing(Capacity | CapacityFit, "CapacityList", fleet=(
     CapacityTotals | None, Field(..., description="Fleet-wide totals (numbers, no names) for a "
                            "caller whose scope allows fleet counts; null otherwise.")))
+
+
+class Score(Strict):
+    """One score of an AddOnPlacementScore."""
+
+    name: str
+    value: int = Field(..., ge=-100, le=100)
+
+
+class PlacementScore(Strict):
+    """A cluster's ACM placement scores (the AddOnPlacementScore ``name`` in its namespace
+    on the hub)."""
+
+    cluster: str
+    name: str
+    scores: list[Score]
+    valid_until: str
+
+
+PlacementScoreList = listing(PlacementScore, "PlacementScoreList")
 FindingList = listing(Finding, "FindingList", generated_at=(Time, ...),
                       last_check_failed=(CheckFailure | None, Field(
                           ..., description="When and why the latest checks could not run "

@@ -377,12 +377,16 @@ def capacity_section(conn: Connection, *, scope: Scope = FULL) -> Section | None
     """GPU-equivalents by model now: total, active, stale, allocated, free, over the caller's
     clusters: the items of /api/v1/capacity, which it links to (the fleet's totals are that
     answer's ``fleet``, for a caller whose scope allows them)."""
-    rows = usage.capacity(conn, ("model",), clusters=scope.clusters)  # /api/v1/capacity's items
+    rows = usage.capacity(conn, ("model",), clusters=scope.clusters,  # /api/v1/capacity's
+                          now=inv.now_utc())
     if not rows:
         return None
-    return Section("capacity", "Capacity by model (GPU-equivalents)", [
+    return Section("capacity", "Capacity by model (GPU-equivalents; free: reporting, healthy, "
+                   "not allocated, not cordoned)", [
         ("model", "Model"), ("total", "Total"), ("active", "Active"), ("stale", "Stale"),
-        ("allocated", "Allocated"), ("free", "Free")],
+        ("failed", "Failed"),
+        ("allocated", "Allocated"), ("reclaimable", "Reclaimable (idle)"),
+        ("cordoned", "Cordoned"), ("free", "Free")],
         [{**r, "model": r.get("model") or "unknown"} for r in rows][:PAGE_ROWS],
         "No GPUs.", "/api/v1/capacity?by=model", len(rows))
 

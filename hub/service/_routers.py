@@ -160,6 +160,8 @@ def usage_router() -> ConfinedRouter:
                errors=(400, 503))
     router.add("/api/v1/capacity", api.capacity, models.CapacityList, visibility="scoped",
                errors=(400, 503), response_model_exclude_unset=True)
+    router.add("/api/v1/placement-scores", api.placement_scores, models.PlacementScoreList,
+               visibility="scoped", errors=(400, 503))
     return router
 
 

@@ -95,6 +95,11 @@ class ServeSettings:
     usage_max_backfill: float = 48 * 3600.0
     min_charge: float = 0.0
     prune_stale_after: float | None = None
+    # -- ACM placement scores after each sync (the leader's schedule only)
+    placement_scores: bool = False
+    placement_kubeconfig: str | None = None
+    placement_context: str | None = None
+    full_at: float = usage.FULL_AT
 
     def authenticator(self) -> Authenticator:
         return access(tokens_file=self.tokens_file, oidc_issuer=self.oidc_issuer,
@@ -127,7 +132,10 @@ def serve_settings(*, every: float, listen: str, reconcile: bool, workers: int |
                    max_age: float, push_interval: float, min_charge: float, window: float,
                    stale_after: float, lock_timeout: float, cluster_label: str,
                    db: str | None, idle_threshold: float, idle_for: float,
-                   hub: HubSettings) -> ServeSettings:
+                   hub: HubSettings, placement_scores: bool = False,
+                   placement_kubeconfig: str | None = None,
+                   placement_context: str | None = None,
+                   full_at: float = usage.FULL_AT) -> ServeSettings:
     """The settings `serve`'s options describe, or a one-line InputError (exit 2) for the
     first thing wrong with them, in the order an operator reads the options."""
     if every <= 0:
@@ -143,6 +151,7 @@ def serve_settings(*, every: float, listen: str, reconcile: bool, workers: int |
         raise InputError("--prune-stale-after must be longer than --stale-after")
     usage.check_settings(bucket=usage_bucket, push_interval=push_interval,
                          retention=usage_retention, max_backfill=usage_max_backfill)
+    usage.check_full_at(full_at)
     proxies = proxy_addresses(forwarded_allow_ips)
     price_table = usage.load_prices(prices) if prices else None
     try:
@@ -160,7 +169,9 @@ def serve_settings(*, every: float, listen: str, reconcile: bool, workers: int |
         reconcile=reconcile, instance_types=instance_types, max_age=max_age,
         push_interval=push_interval, window=window, usage_bucket=usage_bucket,
         usage_retention=usage_retention, usage_max_backfill=usage_max_backfill,
-        min_charge=min_charge, prune_stale_after=prune_stale_after)
+        min_charge=min_charge, prune_stale_after=prune_stale_after,
+        placement_scores=placement_scores, placement_kubeconfig=placement_kubeconfig,
+        placement_context=placement_context, full_at=full_at)
     auth = settings.authenticator()
     if not auth.enabled and not is_loopback(host) and not allow_unauthenticated:
         raise InputError(f"--listen {listen} is not a loopback address and no access is "
@@ -306,10 +317,28 @@ def service_jobs(engine: Engine, client: HubClient, settings: ServeSettings, *,
                 log.info("pruned %s %s", row["kind"], " ".join(
                     str(row[k]) for k in ("cluster", "node", "uuid", "slice") if row[k]))
 
+    def placement_job() -> None:
+        """The scores as the sync (and the usage after it) left the inventory, valid for
+        three intervals: a Placement stops trusting them when this leader stops."""
+        from hub import kube, onboard
+
+        with engine.connect() as conn:
+            objects = usage.placement_scores(
+                conn, now=inv.now_utc(), full_at=s.full_at, valid_for=3 * s.every,
+                idle_threshold=s.idle_rule.threshold, idle_for=s.idle_rule.for_seconds)
+        api = kube.hub_api_client(s.placement_kubeconfig, s.placement_context)
+        with api:
+            rows = onboard.apply_scores(api, objects)
+        log.info("placement scores: %d applied, %d skipped (no namespace on the hub)",
+                 sum(not r["action"].startswith("skipped") for r in rows),
+                 sum(r["action"].startswith("skipped") for r in rows))
+
     after: list[Callable[[], None]] = []
     if s.reconcile:
         after.append(reconcile_job)
     if s.prune_stale_after:
         after.append(prune_job)
     after.append(usage_job)
+    if s.placement_scores:  # after usage: reclaimable reads the newest bucket
+        after.append(placement_job)
     return Jobs(sync=sync, after_sync=after, findings=findings)

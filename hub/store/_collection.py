@@ -28,6 +28,7 @@ from hub.store._vendors import (
     EXPORTER_UP,
     KUBE_NODE_INFO,
     KUBE_NODE_LABELS,
+    KUBE_NODE_UNSCHEDULABLE,
     KUBE_STATE_METRICS,
     LEGACY,
     allocation_matches,
@@ -74,7 +75,7 @@ def _name(metric: str) -> str:
 def exporter_selectors() -> list[str]:
     """``match[]`` selectors of every GPU exporter series the hub reads: both dcgm namings,
     both AMD spellings, gpufleet's exporter health and allocation edges."""
-    kube = {KUBE_NODE_LABELS, KUBE_NODE_INFO}
+    kube = {KUBE_NODE_LABELS, KUBE_NODE_INFO, KUBE_NODE_UNSCHEDULABLE}
     return [_name(m) for m in allowlist_metrics() if m not in kube]
 
 
@@ -89,6 +90,7 @@ def kube_selectors() -> list[str]:
         f'{{__name__="{allocatable}",resource=~"{KSM_GPU_RESOURCES}"}}',
         _name(KUBE_NODE_LABELS),
         _name(KUBE_NODE_INFO),
+        _name(KUBE_NODE_UNSCHEDULABLE),
         *(f"{{{match}}}" for match in allocation_matches()),
         *(_name(rule["record"]) for rule in mcoa_recording_rules()),
     ]

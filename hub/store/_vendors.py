@@ -609,6 +609,8 @@ def allowlist_metrics() -> list[str]:
     # ... and each node's spec.providerID (kube_node_info's provider_id label), which joins
     # a cloud bill's lines to the node (`usage --bill`)
     names.add(KUBE_NODE_INFO)
+    # ... and whether a node is cordoned: its GPUs are not free (`capacity`, placement scores)
+    names.add(KUBE_NODE_UNSCHEDULABLE)
     return sorted(names)
 
 
@@ -626,6 +628,8 @@ KUBE_NODE_LABELS = "kube_node_labels"
 #: kube-state-metrics' node facts; its ``provider_id`` label is the node's spec.providerID
 KUBE_NODE_INFO = "kube_node_info"
 KUBE_PROVIDER_ID = "provider_id"
+#: kube-state-metrics' cordon: 1 where the Node's spec.unschedulable is true
+KUBE_NODE_UNSCHEDULABLE = "kube_node_spec_unschedulable"
 
 
 # -- MIG: how much of a GPU a slice is (issue 12) --------------------------------------------

@@ -24,12 +24,11 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from hub import inventory as inv
-from hub import store
 from hub.usage._bills import Bill, cloud_nodes, needs_nodes, node_prices
-from hub.usage._dra import claim_held
 from hub.usage._idle import IDLE_FOR_S, IDLE_THRESHOLD_PCT, idle_gpu_hours, idle_runs
 from hub.usage._ledger import rollup_days, rollup_sums
 from hub.usage._meter import BASES
+from hub.usage._placement import read_fleet, totals
 from hub.usage._prices import Prices, add_costs
 
 U = inv.usage
@@ -204,65 +203,24 @@ def usage_summary(conn: Connection, start: dt.datetime, end: dt.datetime,
     return out
 
 
-CAPACITY_FIGURES = ["total", "active", "stale", "allocated", "free"]
 CAPACITY_GROUPS = {"model": ["model"], "cluster": ["cluster"], "node": ["cluster", "node"]}
 
 
 def capacity(conn: Connection, by: Sequence[str] = ("model",), *,
-             clusters: Collection[str] | None = None) -> list[dict[str, Any]]:
-    """GPU-equivalents per group: total, active, stale, allocated now (an allocation the
-    latest sync that saw the GPU also saw, or a DRA claim the latest reconcile read: see
-    hub.usage._dra), free (active and not allocated). ``clusters``
-    limits it to those clusters (a caller whose scope hides fleet-wide counts)."""
-    g = inv.gpus
-    a = inv.allocations
-    select = sa.select(g.c.uuid, g.c.slice_key, g.c.cluster, g.c.node, g.c.model,
-                       g.c.mig_profile, g.c.memory_total_mib, g.c.state)
-    if clusters is not None:
-        select = select.where(g.c.cluster.in_(sorted(clusters)))
-    rows = conn.execute(select).all()
-    held = {(r.uuid, r.slice_key) for r in conn.execute(
-        sa.select(a.c.uuid, a.c.slice_key).join(
-            g, sa.and_(g.c.uuid == a.c.uuid, g.c.slice_key == a.c.slice_key,
-                       g.c.cluster == a.c.cluster, g.c.node == a.c.node,
-                       g.c.last_seen == a.c.last_seen)))}
-    held |= claim_held(conn, clusters, held)  # DRA nodes: claims the exporter did not label
-    parents = {r.uuid: r for r in rows if r.slice_key == ""}
-    sliced = {r.uuid for r in rows if r.slice_key != ""}
+             clusters: Collection[str] | None = None, now: dt.datetime | None = None,
+             max_age: float | None = None, idle_threshold: float = IDLE_THRESHOLD_PCT,
+             idle_for: float = IDLE_FOR_S) -> list[dict[str, Any]]:
+    """GPU-equivalents per group now: total, active, then each GPU in one of stale, failed,
+    allocated, cordoned, free (hub.usage._placement says which, the one reading of free the
+    fits answer and the placement scores share), and reclaimable, the idle part of
+    allocated (read only with ``now``). ``clusters`` limits it to those clusters (a caller
+    whose scope hides fleet-wide counts)."""
     cols: list[str] = []
     for name in by:
         cols += [c for c in CAPACITY_GROUPS[name] if c not in cols]
-    groups: dict[tuple, dict[str, Any]] = {}
-    for r in rows:
-        if r.slice_key == "" and r.uuid in sliced:
-            continue  # a MIG layout's parent counts through its slices
-        share = 1.0
-        model = r.model
-        if r.slice_key:
-            parent = parents.get(r.uuid)
-            model = model or (parent.model if parent else None)
-            share = store.mig_share(model, r.mig_profile, r.memory_total_mib,
-                                    parent.memory_total_mib if parent else None)
-        values = {"model": model, "cluster": r.cluster, "node": r.node}
-        k = tuple(values[c] for c in cols)
-        item = groups.setdefault(k, {**{c: values[c] for c in cols},
-                                     **dict.fromkeys(CAPACITY_FIGURES, 0.0)})
-        item["total"] += share
-        if r.state == inv.ACTIVE:
-            item["active"] += share
-            if (r.uuid, r.slice_key) in held:
-                item["allocated"] += share
-            else:
-                item["free"] += share
-        else:
-            item["stale"] += share
-    out = []
-    for k in sorted(groups, key=lambda t: tuple(x or "" for x in t)):
-        item = groups[k]
-        for f in CAPACITY_FIGURES:
-            item[f] = round(item[f], 6)
-        out.append(item)
-    return out
+    fleet = read_fleet(conn, clusters=clusters, now=now, max_age=max_age,
+                       idle_threshold=idle_threshold, idle_for=idle_for)
+    return totals(fleet.units, cols)
 
 
 def usage_frame(conn: Connection, start: dt.datetime, end: dt.datetime):  # -> pandas.DataFrame

@@ -180,4 +180,9 @@ def usage_summary(conn: Any, now: dt.datetime, threshold: float | None = None,
                                                 idle_for=for_seconds),
             "idle": usage.idle_allocated(conn, since, now, threshold=threshold,
                                          for_seconds=for_seconds),
-            "capacity": usage.capacity(conn, ["model"])}
+            "capacity": usage.capacity(conn, ["model"], now=now, idle_threshold=threshold,
+                                       idle_for=for_seconds),
+            # per cluster the largest job of whole GPUs that fits on one node now (MultiKueue
+            # managers ask it per worker cluster): `capacity --fits`'s reading of free
+            "fits": usage.fits(usage.read_fleet(conn, now=now, idle_threshold=threshold,
+                                                idle_for=for_seconds), 1)}

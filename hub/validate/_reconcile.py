@@ -121,6 +121,8 @@ class NodeView:
     #: spec.providerID (aws:///zone/i-..., gce://project/zone/name, azure:///...): the join
     #: of a cloud bill's lines to the node (`usage --bill`)
     provider_id: str | None = None
+    #: spec.unschedulable (a cordon): True or False where the source says, else None
+    unschedulable: bool | None = None
 
     @property
     def plugin_gpus(self) -> int:
@@ -176,6 +178,7 @@ class NodeResult:
     metrics_node: str | None = None  # the inventory's spelling, when it differs
     instance_type: str | None = None
     provider_id: str | None = None
+    unschedulable: bool | None = None  # cordoned: its GPUs are not free (`capacity`)
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -289,7 +292,8 @@ def node_from_object(cluster: str, obj: Mapping[str, Any],
     return NodeView(cluster, name, _gpu_resources(status.get("capacity"), what),
                     _gpu_resources(status.get("allocatable"), what),
                     _gpu_labels(labels, keep), instance_type=instance_type_of(labels),
-                    provider_id=str(spec.get("providerID") or "") or None)
+                    provider_id=str(spec.get("providerID") or "") or None,
+                    unschedulable=bool(spec.get("unschedulable")))
 
 
 def nodes_from_document(cluster: str, doc: Any, source: str,
@@ -378,6 +382,8 @@ def ksm_label(label: str) -> str:
 # kube-state-metrics resources the hub source asks for: GPU ones, and cpu to list every node
 # (one regex with what ACM's collection paths forward: hub.store._collection)
 KSM_GPU_RESOURCES = store.KSM_GPU_RESOURCES
+#: the ``kind`` of query 1's cordon rows (kube_node_spec_unschedulable)
+UNSCHEDULABLE = "unschedulable"
 
 
 def _ksm_wanted(keep: Collection[str]) -> list[str]:
@@ -390,7 +396,8 @@ def ksm_queries(window: str, cluster_label: str, keep: Collection[str] = ()) -> 
     """The fixed request set of ``--source hub``: resources, then labels, of every node.
 
     Query 1 returns capacity (GPU resources and cpu, so that a node without GPUs is known to
-    exist) and allocatable (GPU resources), tagged by a ``kind`` label. Query 2 returns the
+    exist), allocatable (GPU resources) and the cordon (kube_node_spec_unschedulable), tagged
+    by a ``kind`` label. Query 2 returns the
     labels the compare reads, where kube-state-metrics' label allowlist exposes them, and
     (from ``kube_node_info``, a row of its own) the node's provider id. Both
     group by the cluster label, node and resource: one row per node and resource, however
@@ -403,8 +410,10 @@ def ksm_queries(window: str, cluster_label: str, keep: Collection[str] = ()) -> 
         inner = f'last_over_time({metric}{{resource=~"{resources}"}}[{window}])'
         return f'label_replace(max by ({by}) ({inner}), "kind", "{kind}", "", "")'
 
+    cordon = (f'label_replace(max by ({by}) (last_over_time('
+              f'{store.KUBE_NODE_UNSCHEDULABLE}[{window}])), "kind", "{UNSCHEDULABLE}", "", "")')
     resources = (part(capacity, KSM_GPU_RESOURCES + "|cpu", "capacity") + " or "
-                 + part(allocatable, KSM_GPU_RESOURCES, "allocatable"))
+                 + part(allocatable, KSM_GPU_RESOURCES, "allocatable") + " or " + cordon)
     label_names = ", ".join(ksm_label(label) for label in _ksm_wanted(keep))
     labels = (f"max by ({cluster_label}, node, {label_names}, {store.KUBE_PROVIDER_ID}) "
               f"(last_over_time({store.KUBE_NODE_LABELS}[{window}]) or "
@@ -419,11 +428,15 @@ def nodes_from_ksm(resource_rows: Iterable[Mapping[str, Any]],
     """NodeViews from the two ``ksm_queries`` results, and the clusters they cover."""
     capacity: dict[tuple[str, str], dict[str, int]] = {}
     allocatable: dict[tuple[str, str], dict[str, int]] = {}
+    cordoned: dict[tuple[str, str], bool] = {}
     covered: set[str] = set()
     for row in resource_rows:
         metric = row.get("metric") or {}
         cluster, node = metric.get(cluster_label, ""), metric.get("node", "")
         if not cluster or not node:
+            continue
+        if metric.get("kind") == UNSCHEDULABLE:  # a fact about a node, not a resource
+            cordoned[(cluster, node)] = _count(row["value"][1], f"node {node} cordon") > 0
             continue
         covered.add(cluster)
         key = (cluster, node)
@@ -453,7 +466,8 @@ def nodes_from_ksm(resource_rows: Iterable[Mapping[str, Any]],
         views.append(NodeView(c, n, caps, allocatable.get((c, n), {}),
                               {k: v for k, v in found.items() if k not in INSTANCE_TYPE_LABELS},
                               instance_type=instance_type_of(found),
-                              provider_id=providers.get((c, n))))
+                              provider_id=providers.get((c, n)),
+                              unschedulable=cordoned.get((c, n))))
     return views, covered
 
 
@@ -846,6 +860,8 @@ def compare(views: Iterable[NodeView], observed: Iterable[ObservedNode], *,
         for view, obs in _pair(by_cluster.get(cluster, []), seen.get(cluster, [])):
             result = _by_instance_type(_node_result(cluster, view, obs, dra_visible), cluster,
                                        view, obs, catalog, dra_visible)
+            if result is not None and view is not None and view.unschedulable is not None:
+                result = replace(result, unschedulable=view.unschedulable)
             if result is not None:
                 nodes.append(result)
     nodes.sort(key=lambda r: (r.cluster, r.node))

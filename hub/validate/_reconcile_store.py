@@ -130,6 +130,7 @@ def save_run(conn: Connection, rec: Reconciliation, *, source: str, started_at: 
         "k8s_slices": r.k8s_slices, "observed_slices": r.observed_slices,
         "resources": resources_json(r.resources), "metrics_node": r.metrics_node,
         "reason": r.reason, "instance_type": r.instance_type, "provider_id": r.provider_id,
+        "unschedulable": r.unschedulable,
     } for r in rec.nodes]
     for start in range(0, len(rows), 5000):
         conn.execute(reconcile_results.insert(), rows[start:start + 5000])

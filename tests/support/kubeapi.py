@@ -88,6 +88,8 @@ KNOWN: dict[tuple[str, str, str], tuple[str, bool]] = {
     ("cluster.open-cluster-management.io", "v1beta2", "managedclustersetbindings"):
         ("ManagedClusterSetBinding", True),
     ("cluster.open-cluster-management.io", "v1", "managedclusters"): ("ManagedCluster", False),
+    ("cluster.open-cluster-management.io", "v1alpha1", "addonplacementscores"):
+        ("AddOnPlacementScore", True),
 }
 
 #: Dynamic Resource Allocation's resources (the same in v1, v1beta2 and v1beta1); a server
@@ -353,6 +355,8 @@ class KubeAPI:
         self.objects: dict[Key, dict[str, Any]] = {}
         #: per object: manager -> (operation "Apply" | "Update", the fields it owns)
         self.owners: dict[Key, dict[str, tuple[str, set[tuple[str, ...]]]]] = {}
+        #: per object: manager -> the status fields it applied through ``/status``
+        self.status_owners: dict[Key, dict[str, set[tuple[str, ...]]]] = {}
         self.kinds: dict[tuple[str, str, str], tuple[str, bool]] = dict(KNOWN)
         self.requests: list[LoggedRequest] = []
         self._failures: list[tuple[str, str, int, str]] = []
@@ -593,6 +597,50 @@ class KubeAPI:
         self.objects[key] = stored
         return (201 if current is None else 200), copy.deepcopy(stored)
 
+    def _apply_status(self, route: Route, current: dict[str, Any] | None, body: Any,
+                      query: dict[str, str]) -> tuple[int, dict[str, Any]]:
+        """Server-side apply on ``/status``: the manager owns the status fields of its body
+        (tracked apart from the main resource's, as kube-apiserver's managedFields say
+        ``subresource: status``); the object must exist, and nothing but status changes."""
+        manager = query.get("fieldManager") or ""
+        if not manager:
+            raise ApiError(422, "Invalid", "PatchOptions.meta.k8s.io \"\" is invalid: "
+                                           "fieldManager: Required value: is required for "
+                                           "apply patch")
+        if current is None:
+            raise self._not_found(route, route.name)
+        if not isinstance(body, dict):
+            raise ApiError(400, "BadRequest", "an apply patch must be an object")
+        key = self._key(route)
+        owners = self.status_owners.setdefault(key, {})
+        applied = _leaves(body.get("status") or {}, ("status",))
+        now = _leaves(current.get("status") or {}, ("status",))
+        conflicts = sorted((name, p) for p, v in applied.items()
+                           for name, paths in owners.items()
+                           if name != manager and p in paths and now.get(p) != v)
+        if conflicts and query.get("force") != "true":
+            raise ApiError(409, "Conflict", "Apply failed with conflicts: " + "; ".join(
+                f'conflict with "{n}": {_dotted(p)}' for n, p in conflicts),
+                {"name": route.name, "group": route.group, "kind": route.plural,
+                 "causes": [{"reason": "FieldManagerConflict",
+                             "message": f'conflict with "{n}"', "field": _dotted(p)}
+                            for n, p in conflicts]})
+        new = copy.deepcopy(current)
+        others = set().union(*(paths for name, paths in owners.items() if name != manager))
+        for path in owners.get(manager, set()) - set(applied) - others:
+            _remove_path(new, path)
+        for path, value in applied.items():
+            _set_path(new, path, value)
+        for name in list(owners):
+            if name != manager:
+                owners[name] -= {p for _, p in conflicts}
+        owners[manager] = set(applied)
+        if new.get("status") == current.get("status"):
+            return 200, copy.deepcopy(current)
+        stored = self._stamp(new, current)
+        self.objects[key] = stored
+        return 200, copy.deepcopy(stored)
+
     def _kind(self, route: Route) -> tuple[str, bool]:
         known = self.kinds.get((route.group, route.version, route.plural))
         if known is None:
@@ -649,6 +697,7 @@ class KubeAPI:
                     raise self._not_found(route, route.name)
                 del self.objects[self._key(route)]
                 self.owners.pop(self._key(route), None)
+                self.status_owners.pop(self._key(route), None)
                 if route.group in BUILTIN_GROUPS:
                     return 200, {"kind": "Status", "apiVersion": "v1", "metadata": {},
                                  "status": "Success",
@@ -656,7 +705,9 @@ class KubeAPI:
                                              "uid": current["metadata"]["uid"]}}
                 return 200, current
             if method == "PATCH" and content_type.split(";")[0].strip().lower() == \
-                    "application/apply-patch+yaml" and route.subresource != "status":
+                    "application/apply-patch+yaml":
+                if route.subresource == "status":
+                    return self._apply_status(route, current, body, query)
                 return self._apply(route, kind, namespaced, current, body, query)
             if method in ("PUT", "PATCH"):
                 if method == "PUT":
