@@ -19,6 +19,8 @@ from hub.usage._answers import (
     usage_summary,
 )
 from hub.usage._bills import Bill, describe_bill, load_bill, parse_bill
+from hub.usage._export import FOCUS_COLUMNS, ExportResult, export_usage, safe_cell
+from hub.usage._export import FORMATS as EXPORT_FORMATS
 from hub.usage._fold import fold_bucket
 from hub.usage._history import gpu_history
 from hub.usage._idle import (
@@ -64,6 +66,8 @@ __all__ = [
     "CAPACITY_GROUPS",
     "CONFIRM_BUCKETS",
     "COST_FIGURES",
+    "EXPORT_FORMATS",
+    "FOCUS_COLUMNS",
     "GROUPS",
     "IDLE_COLUMNS",
     "IDLE_FOR_S",
@@ -72,6 +76,7 @@ __all__ = [
     "USAGE_FIGURES",
     "Bill",
     "CollectResult",
+    "ExportResult",
     "IdleRule",
     "Prices",
     "apply_retention",
@@ -85,6 +90,7 @@ __all__ = [
     "day_starts",
     "describe",
     "describe_bill",
+    "export_usage",
     "fold_bucket",
     "gpu_history",
     "group_columns",
@@ -103,6 +109,7 @@ __all__ = [
     "replace_grid",
     "rollup_days",
     "rollup_sums",
+    "safe_cell",
     "summary_select",
     "unused_note",
     "usage_frame",

@@ -1,0 +1,286 @@
+"""`usage export`: the ledger's rows of a period as a file, Parquet (zstd) or CSV, in the
+ledger's own columns or in the FinOps FOCUS 1.x shape.
+
+A month of a large fleet is tens of millions of rows, so nothing holds the period: the
+database hands the rows over in chunks (a server-side cursor on PostgreSQL) and each chunk
+becomes one Parquet row group or a run of CSV lines. The file is written beside its target
+under a temporary name and renamed at the end: an error (or a kill) leaves the old file or
+none, never half of one.
+
+The rows are the buckets starting in [start, end), exactly what `usage --from --until` sums:
+an export's GPU-hours per group are that answer's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import datetime as dt
+import io
+import json
+import math
+import os
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from hub import inventory as inv
+from hub.common import InputError, format_duration, iso
+from hub.usage._bills import cloud_nodes, needs_nodes, node_prices
+from hub.usage._ledger import MAX_BUCKETS, ledger_bucket
+from hub.usage._prices import Prices
+
+FORMATS = ("parquet", "csv")
+#: rows per database fetch and per Parquet row group: ~10 MB of Python objects at a time
+CHUNK = 50_000
+U = inv.usage
+
+#: The FOCUS 1.x columns (FinOps Open Cost and Usage Specification) and gpufleet's own
+#: figures beside them, x_-prefixed as FOCUS asks of provider-specific columns.
+FOCUS_COLUMNS = [
+    "BilledCost", "EffectiveCost", "BillingCurrency", "ChargeCategory", "ChargePeriodStart",
+    "ChargePeriodEnd", "ConsumedQuantity", "ConsumedUnit", "ResourceId", "ResourceType",
+    "SkuId", "Tags", "x_GpuHours", "x_AllocatedGpuHours", "x_BusyGpuHours",
+    "x_SmActiveGpuHours", "x_EnergyKwh", "x_AvgUtilisationPct", "x_AllocationBasis",
+]
+_TIMES = {"bucket_start", "bucket_end", "ChargePeriodStart", "ChargePeriodEnd"}
+_TEXT = {"cluster", "node", "uuid", "slice", "namespace", "pod", "vendor", "model",
+         "allocation_basis", "BillingCurrency", "ChargeCategory", "ConsumedUnit", "ResourceId",
+         "ResourceType", "SkuId", "Tags", "x_AllocationBasis"}
+
+
+@dataclass
+class ExportResult:
+    rows: int
+    gpu_hours: float
+    path: Path
+
+
+def columns(focus: bool) -> list[str]:
+    return list(FOCUS_COLUMNS if focus else inv.USAGE_COLUMNS)
+
+
+def check_period(conn: Connection, start: dt.datetime, end: dt.datetime) -> None:
+    """At most MAX_BUCKETS of the ledger's buckets (an hour where it has none yet), the
+    limit a collect has: a typo'd year is refused, not streamed."""
+    bucket = ledger_bucket(conn) or 3600.0
+    span = (min(end, dt.datetime(9999, 1, 1)) - max(start, dt.datetime(1970, 1, 1)))
+    count = math.ceil(span.total_seconds() / bucket)
+    if count > MAX_BUCKETS:
+        raise InputError(f"the period holds {count:,} buckets of {format_duration(bucket)} "
+                         f"(at most {MAX_BUCKETS:,}); narrow --from/--until")
+
+
+def ledger_chunks(conn: Connection, start: dt.datetime, end: dt.datetime,
+                  chunk: int = CHUNK) -> Iterator[Sequence[sa.Row]]:
+    """The rows of buckets starting in [start, end), in the ledger's key order, ``chunk`` at
+    a time (PostgreSQL: a server-side cursor; SQLite reads as it is asked)."""
+    stmt = (sa.select(*[U.c[c] for c in inv.USAGE_COLUMNS])
+            .where(U.c.bucket_start >= start, U.c.bucket_start < end)
+            .order_by(U.c.bucket_start, U.c.cluster, U.c.node, U.c.uuid, U.c.slice,
+                      U.c.namespace, U.c.pod))
+    result = conn.execution_options(yield_per=chunk).execute(stmt)
+    yield from result.partitions(chunk)
+
+
+def _busy(r: sa.Row) -> float:
+    return r.gpu_hours * (r.avg_utilisation_pct or 0.0) / 100.0
+
+
+def focus_row(r: sa.Row, price: float | None, currency: str | None) -> dict[str, Any]:
+    """One ledger row as a FOCUS charge: the GPU (or MIG slice) is the resource, its model
+    the SKU, the GPU-hours the consumed quantity; cluster, node, namespace and pod are tags.
+    Cost is empty where no price applies (never 0: unbilled is not free)."""
+    tags = {k: getattr(r, k) for k in ("cluster", "node", "namespace", "pod")
+            if getattr(r, k)}
+    cost = None if price is None else r.gpu_hours * price
+    allocated = r.pod != ""
+    return {
+        "BilledCost": cost, "EffectiveCost": cost, "BillingCurrency": currency,
+        "ChargeCategory": "Usage", "ChargePeriodStart": r.bucket_start,
+        "ChargePeriodEnd": r.bucket_end, "ConsumedQuantity": r.gpu_hours,
+        "ConsumedUnit": "GPU-Hours",
+        "ResourceId": f"{r.uuid}/{r.slice}" if r.slice else r.uuid,
+        "ResourceType": "MIG slice" if r.slice else "GPU", "SkuId": r.model,
+        "Tags": json.dumps(tags, sort_keys=True, separators=(",", ":")),
+        "x_GpuHours": r.gpu_hours, "x_AllocatedGpuHours": r.gpu_hours if allocated else 0.0,
+        "x_BusyGpuHours": _busy(r),
+        "x_SmActiveGpuHours": (None if r.avg_sm_active_pct is None
+                               else r.gpu_hours * r.avg_sm_active_pct / 100.0),
+        "x_EnergyKwh": None if r.energy_wh is None else r.energy_wh / 1000.0,
+        "x_AvgUtilisationPct": r.avg_utilisation_pct,
+        "x_AllocationBasis": r.allocation_basis if allocated else None,
+    }
+
+
+class _Pricer:
+    """A ledger row's price per GPU-hour: its node's (instance type) before its model's."""
+
+    def __init__(self, conn: Connection, prices: Prices | None, start: dt.datetime,
+                 end: dt.datetime) -> None:
+        self.prices = prices
+        self.nodes: Mapping[tuple[str, str], float] = (
+            node_prices(cloud_nodes(conn), prices, None, start, end)
+            if needs_nodes(prices, None) else {})
+
+    def __call__(self, r: sa.Row) -> float | None:
+        if self.prices is None:
+            return None
+        node = self.nodes.get((r.cluster, r.node))
+        return node if node is not None else self.prices.price(r.cluster, r.model)
+
+
+# -- writers ----------------------------------------------------------------------------------
+def _arrow_schema(cols: Sequence[str]):  # -> pyarrow.Schema
+    import pyarrow as pa
+
+    def kind(c: str) -> Any:
+        if c in _TIMES:
+            return pa.timestamp("us", tz="UTC")
+        return pa.string() if c in _TEXT else pa.float64()
+
+    return pa.schema([(c, kind(c)) for c in cols])
+
+
+class _ParquetSink:
+    def __init__(self, fh: IO[bytes], cols: Sequence[str]) -> None:
+        import pyarrow.parquet as pq
+
+        self.cols, self.schema = list(cols), _arrow_schema(cols)
+        self.writer = pq.ParquetWriter(fh, self.schema, compression="zstd")
+
+    def write(self, rows: list[dict[str, Any]]) -> None:
+        import pyarrow as pa
+
+        data = {c: [_utc(r[c]) if c in _TIMES else r[c] for r in rows] for c in self.cols}
+        self.writer.write_table(pa.Table.from_pydict(data, schema=self.schema))
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def _utc(value: dt.datetime | None) -> dt.datetime | None:
+    return None if value is None else value.replace(tzinfo=dt.UTC)
+
+
+#: a cell a spreadsheet would run as a formula (CSV injection): = + - @, tab, carriage return
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def safe_cell(value: Any) -> Any:
+    """Text that a spreadsheet would take for a formula gets a leading quote (OWASP's advice);
+    numbers are left as numbers (a negative number is not text)."""
+    if isinstance(value, str) and value.startswith(FORMULA_START):
+        return "'" + value
+    return value
+
+
+class _CsvSink:
+    def __init__(self, fh: IO[bytes], cols: Sequence[str]) -> None:
+        self.text = io.TextIOWrapper(fh, encoding="utf-8", newline="")
+        self.cols = list(cols)
+        self.out = csv.writer(self.text, lineterminator="\n")
+        self.out.writerow(self.cols)
+
+    def write(self, rows: list[dict[str, Any]]) -> None:
+        self.out.writerows([[_csv(r[c]) for c in self.cols] for r in rows])
+
+    def close(self) -> None:
+        self.text.detach()  # flushed; the file itself is the caller's to close
+
+
+def _csv(value: Any) -> Any:
+    if value is None:
+        return ""
+    if isinstance(value, dt.datetime):
+        return iso(value)
+    if isinstance(value, float):
+        return repr(value)  # every digit: an export sums to the answer exactly
+    return safe_cell(value)
+
+
+# -- the file ---------------------------------------------------------------------------------
+def check_target(path: str, force: bool) -> Path:
+    target = Path(os.path.abspath(path))
+    if target.is_dir():
+        raise InputError(f"--out {path} is a directory")
+    if target.exists() and not force:
+        raise InputError(f"--out {path} exists; add --force to replace it")
+    if not target.parent.is_dir():
+        raise InputError(f"--out {path}: directory {target.parent} does not exist")
+    if not os.access(target.parent, os.W_OK):
+        raise InputError(f"--out {path}: directory {target.parent} is not writable")
+    return target
+
+
+@contextlib.contextmanager
+def atomic_file(target: Path, force: bool) -> Iterator[IO[bytes]]:
+    """A temporary file beside ``target``, renamed onto it once the block ends; removed on
+    any error. Without ``force`` a file that appeared meanwhile is not replaced."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp",
+                                   dir=target.parent)
+    except OSError as exc:
+        raise InputError(f"cannot write {target}: {exc.strerror}") from None
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        if force:
+            os.replace(tmp, target)
+        else:
+            os.link(tmp, target)  # fails, rather than replaces, if it exists by now
+            os.unlink(tmp)
+    except FileExistsError:
+        Path(tmp).unlink(missing_ok=True)
+        raise InputError(f"--out {target} appeared while exporting; add --force to replace "
+                         "it") from None
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise InputError(f"cannot write {target}: {exc.strerror}") from None
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def export_usage(conn: Connection, start: dt.datetime, end: dt.datetime, out: str, *,
+                 fmt: str, focus: bool = False, force: bool = False,
+                 prices: Prices | None = None, chunk: int = CHUNK,
+                 on_chunk: Callable[[int], None] | None = None) -> ExportResult:
+    """Write the ledger's rows of buckets starting in [start, end) to ``out``."""
+    if fmt not in FORMATS:
+        raise InputError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}")
+    if end <= start:
+        raise InputError("--until must be after --from")
+    target = check_target(out, force)
+    check_period(conn, start, end)
+    cols = columns(focus)
+    pricer = _Pricer(conn, prices, start, end) if focus else None
+    currency = prices.currency if prices is not None else None
+    rows = 0
+    hours = 0.0
+    with atomic_file(target, force) as fh:
+        sink = _ParquetSink(fh, cols) if fmt == "parquet" else _CsvSink(fh, cols)
+        try:
+            for part in ledger_chunks(conn, start, end, chunk):
+                if pricer is not None:
+                    batch = [focus_row(r, pricer(r), currency) for r in part]
+                else:
+                    batch = [dict(r._mapping) for r in part]
+                sink.write(batch)
+                rows += len(part)
+                hours += sum(r.gpu_hours for r in part)
+                if on_chunk:
+                    on_chunk(len(part))
+        finally:
+            sink.close()
+    return ExportResult(rows, hours, target)
