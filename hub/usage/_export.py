@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import datetime as dt
+import functools
 import io
 import json
 import math
@@ -36,8 +37,8 @@ from hub.usage._ledger import MAX_BUCKETS, ledger_bucket
 from hub.usage._prices import Prices
 
 FORMATS = ("parquet", "csv")
-#: rows per database fetch and per Parquet row group: ~10 MB of Python objects at a time
-CHUNK = 50_000
+#: rows per database fetch and per Parquet row group: a few MB of Python objects at a time
+CHUNK = 20_000
 U = inv.usage
 
 #: The FOCUS 1.x columns (FinOps Open Cost and Usage Specification) and gpufleet's own
@@ -88,34 +89,46 @@ def ledger_chunks(conn: Connection, start: dt.datetime, end: dt.datetime,
     yield from result.partitions(chunk)
 
 
-def _busy(r: sa.Row) -> float:
-    return r.gpu_hours * (r.avg_utilisation_pct or 0.0) / 100.0
-
-
-def focus_row(r: sa.Row, price: float | None, currency: str | None) -> dict[str, Any]:
-    """One ledger row as a FOCUS charge: the GPU (or MIG slice) is the resource, its model
-    the SKU, the GPU-hours the consumed quantity; cluster, node, namespace and pod are tags.
-    Cost is empty where no price applies (never 0: unbilled is not free)."""
-    tags = {k: getattr(r, k) for k in ("cluster", "node", "namespace", "pod")
-            if getattr(r, k)}
-    cost = None if price is None else r.gpu_hours * price
-    allocated = r.pod != ""
+def focus_columns(part: Sequence[sa.Row], prices: Sequence[float | None],
+                  currency: str | None) -> dict[str, list[Any]]:
+    """Ledger rows as FOCUS charges, column by column (no dict per row: a chunk's columns
+    are all that exists of it). The GPU (or MIG slice) is the resource, its model the SKU,
+    the GPU-hours the consumed quantity; cluster, node, namespace and pod are tags. Cost is
+    empty where no price applies (never 0: unbilled is not free)."""
+    hours = [r.gpu_hours for r in part]
+    held = [r.pod != "" for r in part]
     return {
-        "BilledCost": cost, "EffectiveCost": cost, "BillingCurrency": currency,
-        "ChargeCategory": "Usage", "ChargePeriodStart": r.bucket_start,
-        "ChargePeriodEnd": r.bucket_end, "ConsumedQuantity": r.gpu_hours,
-        "ConsumedUnit": "GPU-Hours",
-        "ResourceId": f"{r.uuid}/{r.slice}" if r.slice else r.uuid,
-        "ResourceType": "MIG slice" if r.slice else "GPU", "SkuId": r.model,
-        "Tags": json.dumps(tags, sort_keys=True, separators=(",", ":")),
-        "x_GpuHours": r.gpu_hours, "x_AllocatedGpuHours": r.gpu_hours if allocated else 0.0,
-        "x_BusyGpuHours": _busy(r),
-        "x_SmActiveGpuHours": (None if r.avg_sm_active_pct is None
-                               else r.gpu_hours * r.avg_sm_active_pct / 100.0),
-        "x_EnergyKwh": None if r.energy_wh is None else r.energy_wh / 1000.0,
-        "x_AvgUtilisationPct": r.avg_utilisation_pct,
-        "x_AllocationBasis": r.allocation_basis if allocated else None,
+        "BilledCost": (cost := [None if p is None else h * p
+                                for h, p in zip(hours, prices, strict=True)]),
+        "EffectiveCost": cost, "BillingCurrency": [currency] * len(part),
+        "ChargeCategory": ["Usage"] * len(part),
+        "ChargePeriodStart": [r.bucket_start for r in part],
+        "ChargePeriodEnd": [r.bucket_end for r in part], "ConsumedQuantity": hours,
+        "ConsumedUnit": ["GPU-Hours"] * len(part),
+        "ResourceId": [f"{r.uuid}/{r.slice}" if r.slice else r.uuid for r in part],
+        "ResourceType": ["MIG slice" if r.slice else "GPU" for r in part],
+        "SkuId": [r.model for r in part], "Tags": [_tags(r) for r in part],
+        "x_GpuHours": hours,
+        "x_AllocatedGpuHours": [h if a else 0.0 for h, a in zip(hours, held, strict=True)],
+        "x_BusyGpuHours": [r.gpu_hours * (r.avg_utilisation_pct or 0.0) / 100.0
+                           for r in part],
+        "x_SmActiveGpuHours": [None if r.avg_sm_active_pct is None
+                               else r.gpu_hours * r.avg_sm_active_pct / 100.0 for r in part],
+        "x_EnergyKwh": [None if r.energy_wh is None else r.energy_wh / 1000.0 for r in part],
+        "x_AvgUtilisationPct": [r.avg_utilisation_pct for r in part],
+        "x_AllocationBasis": [r.allocation_basis if a else None
+                              for r, a in zip(part, held, strict=True)],
     }
+
+
+def _tags(r: sa.Row) -> str:
+    return _tags_of(r.cluster, r.node, r.namespace, r.pod)
+
+
+@functools.lru_cache(maxsize=100_000)  # a GPU's placement repeats every bucket
+def _tags_of(cluster: str, node: str, namespace: str, pod: str) -> str:
+    tags = {"cluster": cluster, "namespace": namespace, "node": node, "pod": pod}
+    return json.dumps({k: v for k, v in tags.items() if v}, separators=(",", ":"))
 
 
 class _Pricer:
@@ -154,18 +167,14 @@ class _ParquetSink:
         self.cols, self.schema = list(cols), _arrow_schema(cols)
         self.writer = pq.ParquetWriter(fh, self.schema, compression="zstd")
 
-    def write(self, rows: list[dict[str, Any]]) -> None:
+    def write(self, data: dict[str, list[Any]]) -> None:
         import pyarrow as pa
 
-        data = {c: [_utc(r[c]) if c in _TIMES else r[c] for r in rows] for c in self.cols}
+        # naive datetimes are UTC here (the database's convention) as in pyarrow's UTC type
         self.writer.write_table(pa.Table.from_pydict(data, schema=self.schema))
 
     def close(self) -> None:
         self.writer.close()
-
-
-def _utc(value: dt.datetime | None) -> dt.datetime | None:
-    return None if value is None else value.replace(tzinfo=dt.UTC)
 
 
 #: a cell a spreadsheet would run as a formula (CSV injection): = + - @, tab, carriage return
@@ -187,8 +196,9 @@ class _CsvSink:
         self.out = csv.writer(self.text, lineterminator="\n")
         self.out.writerow(self.cols)
 
-    def write(self, rows: list[dict[str, Any]]) -> None:
-        self.out.writerows([[_csv(r[c]) for c in self.cols] for r in rows])
+    def write(self, data: dict[str, list[Any]]) -> None:
+        self.out.writerows(zip(*[[_csv(v) for v in data[c]] for c in self.cols],
+                               strict=True))
 
     def close(self) -> None:
         self.text.detach()  # flushed; the file itself is the caller's to close
@@ -273,10 +283,10 @@ def export_usage(conn: Connection, start: dt.datetime, end: dt.datetime, out: st
         try:
             for part in ledger_chunks(conn, start, end, chunk):
                 if pricer is not None:
-                    batch = [focus_row(r, pricer(r), currency) for r in part]
+                    data = focus_columns(part, [pricer(r) for r in part], currency)
                 else:
-                    batch = [dict(r._mapping) for r in part]
-                sink.write(batch)
+                    data = dict(zip(cols, map(list, zip(*part, strict=True)), strict=True))
+                sink.write(data)
                 rows += len(part)
                 hours += sum(r.gpu_hours for r in part)
                 if on_chunk:
