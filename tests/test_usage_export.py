@@ -126,6 +126,17 @@ def test_focus_export_names_charges_as_focus_does(db_url, tmp_path):
         if "pod" not in tags:
             assert r["x_AllocatedGpuHours"] == 0 and r["x_AllocationBasis"] is None
     assert any(r["ResourceType"] == "MIG slice" for r in rows)
+    # the same charges as CSV: FOCUS's header, the same GPU-hours per namespace
+    as_csv = tmp_path / "focus.csv"
+    assert _export(db_url, as_csv, "--format", "csv", "--focus").exit_code == 0
+    with as_csv.open(newline="") as fh:
+        lines = list(csv.DictReader(fh))
+    assert list(lines[0]) == usage.FOCUS_COLUMNS and len(lines) == len(rows)
+    assert {r["BilledCost"] for r in lines} == {""}  # no --prices: no cost, not 0
+    per_ns = _sums(lines, lambda r: json.loads(r["Tags"]).get("namespace"),
+                   lambda r: float(r["x_GpuHours"]))
+    assert per_ns == pytest.approx({n: r["gpu_hours"] for n, r in by_ns.items()}, abs=1e-5)
+    assert lines[0]["ChargePeriodStart"].endswith("Z")
 
 
 def test_the_rows_stream_in_chunks(tmp_path):
@@ -167,10 +178,19 @@ def test_bad_input_is_one_line_and_leaves_no_file(tmp_path):
     blocker.write_text("")
     r = _export(url, blocker / "x.csv", "--format", "csv")
     _one_line_no_file(r, "does not exist", tmp_path)
+    # a directory nobody may write to, root included (sysfs is read-only)
+    r = _export(url, Path("/sys/usage.csv"), "--format", "csv")
+    assert r.exit_code == 2 and len(r.stderr.strip().splitlines()) == 1, r.output
+    assert "cannot write /sys/usage.csv" in r.stderr or "is not writable" in r.stderr
+    assert not Path("/sys/usage.csv").exists()
     r = _export(url, tmp_path / "ages.parquet", "--format", "parquet",
                 period=("2000-01-01T00:00:00Z", "2026-01-01T00:00:00Z"))
     _one_line_no_file(r, "buckets of 1h (at most 100,000)", tmp_path)
     assert not (tmp_path / "ages.parquet").exists()
+    r = _export(url, tmp_path / "z.csv", "--format", "csv", period=(PERIOD[1], PERIOD[0]))
+    _one_line_no_file(r, "--until must be after --from", tmp_path)
+    r = _export(url, tmp_path / "z.csv", "--format", "csv", "--prices", str(kept))
+    _one_line_no_file(r, "add --focus", tmp_path)
     r = gpufleet("usage", "export", "--from", PERIOD[0], "--format", "csv", "--out",
                  str(tmp_path / "y.csv"), env={"GPUFLEET_DB": url})
     _one_line_no_file(r, "--until is required", tmp_path)
