@@ -221,3 +221,43 @@ def test_an_error_mid_export_leaves_no_file(tmp_path):
 ])
 def test_formula_cells_are_quoted(text, expected):
     assert usage.safe_cell(text) == expected
+
+
+def test_sigterm_mid_export_leaves_no_file(tmp_path):
+    """`usage export` stopped by SIGTERM (a pod's shutdown, a cron's timeout) while rows are
+    being written: the temporary file is removed and --out never appears."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    url = f"sqlite:///{tmp_path / 'inv.db'}"
+    _ledger(url, buckets=1)
+    engine = inv.make_engine(url)
+    with engine.begin() as conn:  # a month of 200 GPUs (144,000 rows), made in SQL at once
+        conn.exec_driver_sql(
+            "INSERT INTO usage (bucket_start, bucket_end, cluster, node, uuid, slice, "
+            "namespace, pod, vendor, model, gpu_share, gpu_hours, coverage) "
+            "WITH RECURSIVE h(k) AS (SELECT 0 UNION ALL SELECT k + 1 FROM h WHERE k < 719), "
+            "g(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM g WHERE i < 199) "
+            "SELECT strftime('%Y-%m-%d %H:%M:%S.000000', '2026-12-01', '+' || k || ' hours'), "
+            "strftime('%Y-%m-%d %H:%M:%S.000000', '2026-12-01', '+' || (k + 1) || ' hours'), "
+            "'c', 'n' || (i / 8), 'GPU-' || i, '', 'ns', 'p' || i, 'nvidia', 'H100', 1.0, 1.0, "
+            "1.0 FROM h CROSS JOIN g")
+    engine.dispose()
+    out = tmp_path / "month.csv"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hub", "usage", "export", "--db", url, "--from",
+         "2026-12-01T00:00:00Z", "--until", "2027-01-01T00:00:00Z", "--format", "csv",
+         "--focus", "--out", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    deadline = time.monotonic() + 60
+    while not [p for p in tmp_path.iterdir() if p.name.startswith(".month.csv.")]:
+        assert proc.poll() is None and not out.exists(), "finished before it could be stopped"
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode != 0, err
+    assert [p.name for p in tmp_path.iterdir() if not p.name.startswith("inv.db")] == []

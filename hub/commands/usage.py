@@ -301,13 +301,18 @@ def export(from_: str | None, until: str | None, fmt: str | None, focus: bool,
         raise InputError("--prices fills FOCUS's cost columns: add --focus")
     start, end = _iso(from_, "--from"), _iso(until, "--until")
     prices = answers.load_prices(prices_file) if prices_file else None
-    with database(db) as engine:
+    with database(db) as engine, on_sigterm(_stop_export):
         require_schema(engine)
         with engine.connect() as conn:
             result = answers.export_usage(conn, start, end, out, fmt=fmt, focus=focus,
                                           force=force, prices=prices)
     click.echo(f"usage export: {result.rows:,} rows, {result.gpu_hours:,.6g} GPU-hours "
                f"written to {result.path}", err=True)
+
+
+def _stop_export(signum: int, frame: Any) -> None:
+    """SIGTERM mid-export: unwind like Ctrl-C, so the temporary file is removed."""
+    raise KeyboardInterrupt
 
 
 def _required(value: str | None, flag: str) -> str:
