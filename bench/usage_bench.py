@@ -16,8 +16,12 @@ Prints two JSON lines.
    ``usage --by namespace --since 30d`` timed in process (query_s: the database's part, three
    runs), in a child (answer_s: the whole command, three runs) and ``usage --help`` (the
    process start and imports alone); the same answer from the hourly rows only for
-   comparison; the database's plan of the statement. On SQLite and, with --pg, PostgreSQL
-   (--pg auto starts a throwaway PostgreSQL 15 as the tests do).
+   comparison; the database's plan of the statement; the database's growth per GPU-hour
+   row (pg_database_size, or the SQLite file, before and after the fill and the rollup);
+   ``usage --since 365d`` on the same ledger (with --days 365 a year of rows); and
+   ``usage export`` of the whole period to Parquet (--focus) in a child: rows per second,
+   peak RSS, the file's bytes per row. On SQLite and, with --pg, PostgreSQL (--pg auto
+   starts a throwaway PostgreSQL 15 as the tests do).
 """
 
 from __future__ import annotations
@@ -207,16 +211,44 @@ def fill_ledger(engine, gpus: int, hours: int, base: dt.datetime) -> tuple[float
     return fill_s, max(took)
 
 
-def bench_answer(gpus: int, url: str) -> dict:
-    """`usage --by namespace --since 30d` over 30 days of hourly rows for ``gpus`` GPUs."""
+def db_size(engine, url: str) -> int:
+    """The database's size on disk: pg_database_size, or the SQLite file (and its WAL)."""
+    if engine.dialect.name == "postgresql":
+        with engine.connect() as conn:
+            return conn.execute(sa.select(sa.func.pg_database_size(
+                sa.func.current_database()))).scalar()
+    path = Path(url.removeprefix("sqlite:///"))
+    return sum(p.stat().st_size for p in (path, Path(f"{path}-wal")) if p.exists())
+
+
+def bench_export(url: str, start: dt.datetime, end: dt.datetime, rows: int,
+                 work: Path) -> dict:
+    """`usage export --format parquet --focus` of [start, end) in a child process."""
+    out = work / f"export-{os.getpid()}-{time.monotonic_ns()}.parquet"
+    fmt = "%Y-%m-%dT%H:%M:%SZ"
+    _, took, rss = child(["usage", "export", "--db", url, "--from", start.strftime(fmt),
+                          "--until", end.strftime(fmt), "--format", "parquet", "--focus",
+                          "--out", str(out)])
+    size = out.stat().st_size
+    out.unlink()
+    return {"export_s": round(took, 2), "export_rows_per_s": round(rows / max(took, 1e-9)),
+            "export_peak_rss_mb": round(rss, 1),
+            "parquet_bytes_per_row": round(size / max(rows, 1), 2)}
+
+
+def bench_answer(gpus: int, url: str, days: int = 30, work: Path | None = None) -> dict:
+    """`usage --by namespace --since 30d` (and 365d) over ``days`` days of hourly rows for
+    ``gpus`` GPUs, the ledger's bytes per row, and an export of it."""
     engine = inv.make_engine(url, create=True)
     inv.upgrade(engine)
     with engine.begin() as conn:  # the hourly grid, stored with the ledger as a collect does
         conn.execute(inv.usage_ledger.insert().values(key="bucket_seconds", value="3600"))
     now_hour = dt.datetime.now(dt.UTC).replace(tzinfo=None, minute=0, second=0,
                                                 microsecond=0)
-    fill_s, rebuild_day_s = fill_ledger(engine, gpus, 30 * 24,
-                                        now_hour - dt.timedelta(hours=30 * 24))
+    empty = db_size(engine, url)
+    fill_s, rebuild_day_s = fill_ledger(engine, gpus, days * 24,
+                                        now_hour - dt.timedelta(hours=days * 24))
+    grown = db_size(engine, url) - empty
     with engine.connect() as conn:
         if engine.dialect.name == "postgresql":
             conn.exec_driver_sql("ANALYZE")
@@ -239,6 +271,16 @@ def bench_answer(gpus: int, url: str) -> dict:
                                      rollup=False)
         hourly_s = time.perf_counter() - began
     plan = _plan(engine, now)
+    year = []
+    for _ in range(3):
+        now = inv.now_utc()
+        with engine.connect() as conn:
+            began = time.perf_counter()
+            usage.usage_summary(conn, now - dt.timedelta(days=365),
+                                now + dt.timedelta(seconds=1), ["namespace"])
+            year.append(time.perf_counter() - began)
+    exported = (bench_export(url, now_hour - dt.timedelta(hours=days * 24), now_hour, rows,
+                             work) if work is not None else {})
     wall = []
     for _ in range(3):
         out, took, rss = child(["usage", "--by", "namespace", "--since", "30d", "--db", url,
@@ -249,13 +291,15 @@ def bench_answer(gpus: int, url: str) -> dict:
     return {"figure": "usage --by namespace --since 30d", "database": engine.dialect.name,
             "gpus": gpus, "rows": rows, "rollup_rows": rollup_rows,
             "fill_s": round(fill_s, 1), "rollup_rebuild_day_s": round(rebuild_day_s, 3),
+            "days": days, "db_bytes_per_gpu_hour_row": round(grown / max(rows, 1), 1),
             "query_s": [round(t, 3) for t in times],
+            "query_365d_s": [round(t, 3) for t in year],
             "answer_s": [round(t, 3) for t in wall],
             "process_start_s": round(start_s, 3),
             "hourly_only_query_s": round(hourly_s, 3),
             "max_rel_diff_vs_hourly_only": _max_rel_diff(answer, hourly),
             "groups": len(json.loads(out)), "peak_rss_mb": round(rss, 1),
-            "load_avg": os.getloadavg(), "plan": plan}
+            **exported, "load_avg": os.getloadavg(), "plan": plan}
 
 
 def _max_rel_diff(a: list[dict], b: list[dict]) -> float | None:
@@ -283,10 +327,10 @@ def _plan(engine, now: dt.datetime) -> list[str]:
         return [r[0] for r in conn.exec_driver_sql("EXPLAIN " + sql)]
 
 
-def _pg_answer(gpus: int, server: str) -> dict:
+def _pg_answer(gpus: int, server: str, days: int, work: Path) -> dict:
     from tests.support.pg import create_database
 
-    return bench_answer(gpus, create_database(server, prefix="bench_"))
+    return bench_answer(gpus, create_database(server, prefix="bench_"), days, work)
 
 
 def main() -> None:
@@ -294,6 +338,8 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=1000, help="GPUs for the collect figure")
     parser.add_argument("--answer-gpus", type=int, default=1000,
                         help="GPUs x 30 days of ledger rows for the answer figure")
+    parser.add_argument("--days", type=int, default=30,
+                        help="days of hourly ledger rows for the answer figure (365: a year)")
     parser.add_argument("--pg", help="also time the answer on this PostgreSQL server URL "
                         "(without a database; one is created), or 'auto': start a throwaway "
                         "PostgreSQL 15 as the tests do")
@@ -310,15 +356,17 @@ def main() -> None:
             print(json.dumps(bench_collect(args.gpus, work, args.push, args.intervals)),
                   flush=True)
         if args.answer_gpus:
-            print(json.dumps(bench_answer(args.answer_gpus, f"sqlite:///{work / 'a.db'}")),
-                  flush=True)
+            print(json.dumps(bench_answer(args.answer_gpus, f"sqlite:///{work / 'a.db'}",
+                                          args.days, work)), flush=True)
             if args.pg == "auto":
                 from tests.support.pg import throwaway_server
 
                 with throwaway_server() as server:
-                    print(json.dumps(_pg_answer(args.answer_gpus, server)), flush=True)
+                    print(json.dumps(_pg_answer(args.answer_gpus, server, args.days, work)),
+                          flush=True)
             elif args.pg:
-                print(json.dumps(_pg_answer(args.answer_gpus, args.pg)), flush=True)
+                print(json.dumps(_pg_answer(args.answer_gpus, args.pg, args.days, work)),
+                      flush=True)
 
 
 if __name__ == "__main__":

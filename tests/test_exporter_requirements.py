@@ -27,7 +27,7 @@ from packaging.requirements import Requirement
 REPO = Path(__file__).resolve().parents[1]
 REQUIREMENTS = REPO / "spoke" / "requirements.txt"
 HUB_ONLY = {"pandas", "numpy", "kubernetes", "sqlalchemy", "alembic", "cramjam",
-            "prometheus-api-client", "jinja2", "rich", "pyjwt", "requests"}
+            "prometheus-api-client", "jinja2", "rich", "pyjwt", "requests", "pyarrow"}
 
 
 def _norm(name: str) -> str:

@@ -268,6 +268,59 @@ def collect(since: float | None, from_: str | None, until: str | None, bucket: f
                                f"{first.isoformat()}Z: {error}; the next collect retries them")
 
 
+@usage.command("export", cls=ConfiguredCommand)
+@click.option("--from", "from_", metavar="ISO", help="Start of the period (UTC), e.g. "
+              "2026-11-01T00:00:00Z: rows of buckets starting at or after it.")
+@click.option("--until", "until", metavar="ISO", help="End of the period (UTC): rows of "
+              "buckets starting before it.")
+@click.option("--format", "fmt", metavar="parquet|csv", help="parquet (zstd) or csv.")
+@click.option("--focus", is_flag=True, help="FinOps FOCUS 1.x columns (BilledCost, "
+              "ChargePeriodStart, ResourceId, SkuId, Tags, ...) and gpufleet's x_ columns "
+              "(x_GpuHours, x_BusyGpuHours, x_SmActiveGpuHours, x_EnergyKwh, "
+              "x_AllocationBasis) instead of the ledger's.")
+@click.option("--prices", "prices_file", metavar="FILE", type=click.Path(dir_okay=False),
+              help="With --focus: the price file of `usage --prices` fills BilledCost and "
+              "EffectiveCost (empty without a price).")
+@click.option("--out", metavar="FILE", help="The file to write (written whole, or not at "
+              "all).")
+@click.option("--force", is_flag=True, help="Replace --out if it exists.")
+@db_option
+def export(from_: str | None, until: str | None, fmt: str | None, focus: bool,
+           prices_file: str | None, out: str | None, force: bool, db: str | None,
+           **_: Any) -> None:
+    """Write the ledger's rows of a period to a Parquet or CSV file, for analysts and FinOps
+    tools: one row per GPU or MIG slice, allocation and bucket, streamed (a month of a large
+    fleet never sits in memory). Its GPU-hours are what `usage --from --until` sums.
+    """
+    from_, until = _required(from_, "--from"), _required(until, "--until")
+    fmt, out = _required(fmt, "--format"), _required(out, "--out")
+    if fmt not in answers.EXPORT_FORMATS:
+        raise InputError(f"--format {fmt!r} is not one of "
+                         f"{', '.join(answers.EXPORT_FORMATS)}")
+    if prices_file and not focus:
+        raise InputError("--prices fills FOCUS's cost columns: add --focus")
+    start, end = _iso(from_, "--from"), _iso(until, "--until")
+    prices = answers.load_prices(prices_file) if prices_file else None
+    with database(db) as engine, on_sigterm(_stop_export):
+        require_schema(engine)
+        with engine.connect() as conn:
+            result = answers.export_usage(conn, start, end, out, fmt=fmt, focus=focus,
+                                          force=force, prices=prices)
+    click.echo(f"usage export: {result.rows:,} rows, {result.gpu_hours:,.6g} GPU-hours "
+               f"written to {result.path}", err=True)
+
+
+def _stop_export(signum: int, frame: Any) -> None:
+    """SIGTERM mid-export: unwind like Ctrl-C, so the temporary file is removed."""
+    raise KeyboardInterrupt
+
+
+def _required(value: str | None, flag: str) -> str:
+    if not value:
+        raise InputError(f"{flag} is required")
+    return value
+
+
 def backfill_guard(max_backfill: float, bucket: float) -> None:
     """A catch-up can never hold more than MAX_BUCKETS buckets (refused before anything is
     asked, with the count): the limit of an explicit period, said about --max-backfill."""

@@ -18,6 +18,8 @@ from hub.usage._answers import (
     usage_summary,
 )
 from hub.usage._bills import Bill, describe_bill, load_bill, parse_bill
+from hub.usage._export import FOCUS_COLUMNS, ExportResult, export_usage, safe_cell
+from hub.usage._export import FORMATS as EXPORT_FORMATS
 from hub.usage._fold import fold_bucket
 from hub.usage._history import gpu_history
 from hub.usage._idle import (
@@ -80,8 +82,10 @@ __all__ = [
     "CAPACITY_GROUPS",
     "CONFIRM_BUCKETS",
     "COST_FIGURES",
+    "EXPORT_FORMATS",
     "FITS_COLUMNS",
     "FITS_STATUSES",
+    "FOCUS_COLUMNS",
     "FULL_AT",
     "GROUPS",
     "IDLE_COLUMNS",
@@ -93,6 +97,7 @@ __all__ = [
     "VALID_FOR_S",
     "Bill",
     "CollectResult",
+    "ExportResult",
     "Fleet",
     "IdleRule",
     "Prices",
@@ -111,6 +116,7 @@ __all__ = [
     "day_starts",
     "describe",
     "describe_bill",
+    "export_usage",
     "fits",
     "fold_bucket",
     "gpu_history",
@@ -132,6 +138,7 @@ __all__ = [
     "replace_grid",
     "rollup_days",
     "rollup_sums",
+    "safe_cell",
     "score_objects",
     "summary_select",
     "unused_note",

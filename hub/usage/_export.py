@@ -1,0 +1,296 @@
+"""`usage export`: the ledger's rows of a period as a file, Parquet (zstd) or CSV, in the
+ledger's own columns or in the FinOps FOCUS 1.x shape.
+
+A month of a large fleet is tens of millions of rows, so nothing holds the period: the
+database hands the rows over in chunks (a server-side cursor on PostgreSQL) and each chunk
+becomes one Parquet row group or a run of CSV lines. The file is written beside its target
+under a temporary name and renamed at the end: an error (or a kill) leaves the old file or
+none, never half of one.
+
+The rows are the buckets starting in [start, end), exactly what `usage --from --until` sums:
+an export's GPU-hours per group are that answer's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import datetime as dt
+import functools
+import io
+import json
+import math
+import os
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from hub import inventory as inv
+from hub.common import InputError, format_duration, iso
+from hub.usage._bills import cloud_nodes, needs_nodes, node_prices
+from hub.usage._ledger import MAX_BUCKETS, ledger_bucket
+from hub.usage._prices import Prices
+
+FORMATS = ("parquet", "csv")
+#: rows per database fetch and per Parquet row group: a few MB of Python objects at a time
+CHUNK = 20_000
+U = inv.usage
+
+#: The FOCUS 1.x columns (FinOps Open Cost and Usage Specification) and gpufleet's own
+#: figures beside them, x_-prefixed as FOCUS asks of provider-specific columns.
+FOCUS_COLUMNS = [
+    "BilledCost", "EffectiveCost", "BillingCurrency", "ChargeCategory", "ChargePeriodStart",
+    "ChargePeriodEnd", "ConsumedQuantity", "ConsumedUnit", "ResourceId", "ResourceType",
+    "SkuId", "Tags", "x_GpuHours", "x_AllocatedGpuHours", "x_BusyGpuHours",
+    "x_SmActiveGpuHours", "x_EnergyKwh", "x_AvgUtilisationPct", "x_AllocationBasis",
+]
+_TIMES = {"bucket_start", "bucket_end", "ChargePeriodStart", "ChargePeriodEnd"}
+_TEXT = {"cluster", "node", "uuid", "slice", "namespace", "pod", "vendor", "model",
+         "allocation_basis", "BillingCurrency", "ChargeCategory", "ConsumedUnit", "ResourceId",
+         "ResourceType", "SkuId", "Tags", "x_AllocationBasis"}
+
+
+@dataclass
+class ExportResult:
+    rows: int
+    gpu_hours: float
+    path: Path
+
+
+def columns(focus: bool) -> list[str]:
+    return list(FOCUS_COLUMNS if focus else inv.USAGE_COLUMNS)
+
+
+def check_period(conn: Connection, start: dt.datetime, end: dt.datetime) -> None:
+    """At most MAX_BUCKETS of the ledger's buckets (an hour where it has none yet), the
+    limit a collect has: a typo'd year is refused, not streamed."""
+    bucket = ledger_bucket(conn) or 3600.0
+    span = (min(end, dt.datetime(9999, 1, 1)) - max(start, dt.datetime(1970, 1, 1)))
+    count = math.ceil(span.total_seconds() / bucket)
+    if count > MAX_BUCKETS:
+        raise InputError(f"the period holds {count:,} buckets of {format_duration(bucket)} "
+                         f"(at most {MAX_BUCKETS:,}); narrow --from/--until")
+
+
+def ledger_chunks(conn: Connection, start: dt.datetime, end: dt.datetime,
+                  chunk: int = CHUNK) -> Iterator[Sequence[sa.Row]]:
+    """The rows of buckets starting in [start, end), in the ledger's key order, ``chunk`` at
+    a time (PostgreSQL: a server-side cursor; SQLite reads as it is asked)."""
+    stmt = (sa.select(*[U.c[c] for c in inv.USAGE_COLUMNS])
+            .where(U.c.bucket_start >= start, U.c.bucket_start < end)
+            .order_by(U.c.bucket_start, U.c.cluster, U.c.node, U.c.uuid, U.c.slice,
+                      U.c.namespace, U.c.pod))
+    result = conn.execution_options(yield_per=chunk).execute(stmt)
+    yield from result.partitions(chunk)
+
+
+def focus_columns(part: Sequence[sa.Row], prices: Sequence[float | None],
+                  currency: str | None) -> dict[str, list[Any]]:
+    """Ledger rows as FOCUS charges, column by column (no dict per row: a chunk's columns
+    are all that exists of it). The GPU (or MIG slice) is the resource, its model the SKU,
+    the GPU-hours the consumed quantity; cluster, node, namespace and pod are tags. Cost is
+    empty where no price applies (never 0: unbilled is not free)."""
+    hours = [r.gpu_hours for r in part]
+    held = [r.pod != "" for r in part]
+    return {
+        "BilledCost": (cost := [None if p is None else h * p
+                                for h, p in zip(hours, prices, strict=True)]),
+        "EffectiveCost": cost, "BillingCurrency": [currency] * len(part),
+        "ChargeCategory": ["Usage"] * len(part),
+        "ChargePeriodStart": [r.bucket_start for r in part],
+        "ChargePeriodEnd": [r.bucket_end for r in part], "ConsumedQuantity": hours,
+        "ConsumedUnit": ["GPU-Hours"] * len(part),
+        "ResourceId": [f"{r.uuid}/{r.slice}" if r.slice else r.uuid for r in part],
+        "ResourceType": ["MIG slice" if r.slice else "GPU" for r in part],
+        "SkuId": [r.model for r in part], "Tags": [_tags(r) for r in part],
+        "x_GpuHours": hours,
+        "x_AllocatedGpuHours": [h if a else 0.0 for h, a in zip(hours, held, strict=True)],
+        "x_BusyGpuHours": [r.gpu_hours * (r.avg_utilisation_pct or 0.0) / 100.0
+                           for r in part],
+        "x_SmActiveGpuHours": [None if r.avg_sm_active_pct is None
+                               else r.gpu_hours * r.avg_sm_active_pct / 100.0 for r in part],
+        "x_EnergyKwh": [None if r.energy_wh is None else r.energy_wh / 1000.0 for r in part],
+        "x_AvgUtilisationPct": [r.avg_utilisation_pct for r in part],
+        "x_AllocationBasis": [r.allocation_basis if a else None
+                              for r, a in zip(part, held, strict=True)],
+    }
+
+
+def _tags(r: sa.Row) -> str:
+    return _tags_of(r.cluster, r.node, r.namespace, r.pod)
+
+
+@functools.lru_cache(maxsize=100_000)  # a GPU's placement repeats every bucket
+def _tags_of(cluster: str, node: str, namespace: str, pod: str) -> str:
+    tags = {"cluster": cluster, "namespace": namespace, "node": node, "pod": pod}
+    return json.dumps({k: v for k, v in tags.items() if v}, separators=(",", ":"))
+
+
+class _Pricer:
+    """A ledger row's price per GPU-hour: its node's (instance type) before its model's."""
+
+    def __init__(self, conn: Connection, prices: Prices | None, start: dt.datetime,
+                 end: dt.datetime) -> None:
+        self.prices = prices
+        self.nodes: Mapping[tuple[str, str], float] = (
+            node_prices(cloud_nodes(conn), prices, None, start, end)
+            if needs_nodes(prices, None) else {})
+
+    def __call__(self, r: sa.Row) -> float | None:
+        if self.prices is None:
+            return None
+        node = self.nodes.get((r.cluster, r.node))
+        return node if node is not None else self.prices.price(r.cluster, r.model)
+
+
+# -- writers ----------------------------------------------------------------------------------
+def _arrow_schema(cols: Sequence[str]):  # -> pyarrow.Schema
+    import pyarrow as pa
+
+    def kind(c: str) -> Any:
+        if c in _TIMES:
+            return pa.timestamp("us", tz="UTC")
+        return pa.string() if c in _TEXT else pa.float64()
+
+    return pa.schema([(c, kind(c)) for c in cols])
+
+
+class _ParquetSink:
+    def __init__(self, fh: IO[bytes], cols: Sequence[str]) -> None:
+        import pyarrow.parquet as pq
+
+        self.cols, self.schema = list(cols), _arrow_schema(cols)
+        self.writer = pq.ParquetWriter(fh, self.schema, compression="zstd")
+
+    def write(self, data: dict[str, list[Any]]) -> None:
+        import pyarrow as pa
+
+        # naive datetimes are UTC here (the database's convention) as in pyarrow's UTC type
+        self.writer.write_table(pa.Table.from_pydict(data, schema=self.schema))
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+#: a cell a spreadsheet would run as a formula (CSV injection): = + - @, tab, carriage return
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def safe_cell(value: Any) -> Any:
+    """Text that a spreadsheet would take for a formula gets a leading quote (OWASP's advice);
+    numbers are left as numbers (a negative number is not text)."""
+    if isinstance(value, str) and value.startswith(FORMULA_START):
+        return "'" + value
+    return value
+
+
+class _CsvSink:
+    def __init__(self, fh: IO[bytes], cols: Sequence[str]) -> None:
+        self.text = io.TextIOWrapper(fh, encoding="utf-8", newline="")
+        self.cols = list(cols)
+        self.out = csv.writer(self.text, lineterminator="\n")
+        self.out.writerow(self.cols)
+
+    def write(self, data: dict[str, list[Any]]) -> None:
+        self.out.writerows(zip(*[[_csv(v) for v in data[c]] for c in self.cols],
+                               strict=True))
+
+    def close(self) -> None:
+        self.text.detach()  # flushed; the file itself is the caller's to close
+
+
+def _csv(value: Any) -> Any:
+    if value is None:
+        return ""
+    if isinstance(value, dt.datetime):
+        return iso(value)
+    if isinstance(value, float):
+        return repr(value)  # every digit: an export sums to the answer exactly
+    return safe_cell(value)
+
+
+# -- the file ---------------------------------------------------------------------------------
+def check_target(path: str, force: bool) -> Path:
+    target = Path(os.path.abspath(path))
+    if target.is_dir():
+        raise InputError(f"--out {path} is a directory")
+    if target.exists() and not force:
+        raise InputError(f"--out {path} exists; add --force to replace it")
+    if not target.parent.is_dir():
+        raise InputError(f"--out {path}: directory {target.parent} does not exist")
+    if not os.access(target.parent, os.W_OK):
+        raise InputError(f"--out {path}: directory {target.parent} is not writable")
+    return target
+
+
+@contextlib.contextmanager
+def atomic_file(target: Path, force: bool) -> Iterator[IO[bytes]]:
+    """A temporary file beside ``target``, renamed onto it once the block ends; removed on
+    any error. Without ``force`` a file that appeared meanwhile is not replaced."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp",
+                                   dir=target.parent)
+    except OSError as exc:
+        raise InputError(f"cannot write {target}: {exc.strerror}") from None
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        if force:
+            os.replace(tmp, target)
+        else:
+            os.link(tmp, target)  # fails, rather than replaces, if it exists by now
+            os.unlink(tmp)
+    except FileExistsError:
+        Path(tmp).unlink(missing_ok=True)
+        raise InputError(f"--out {target} appeared while exporting; add --force to replace "
+                         "it") from None
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise InputError(f"cannot write {target}: {exc.strerror}") from None
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def export_usage(conn: Connection, start: dt.datetime, end: dt.datetime, out: str, *,
+                 fmt: str, focus: bool = False, force: bool = False,
+                 prices: Prices | None = None, chunk: int = CHUNK,
+                 on_chunk: Callable[[int], None] | None = None) -> ExportResult:
+    """Write the ledger's rows of buckets starting in [start, end) to ``out``."""
+    if fmt not in FORMATS:
+        raise InputError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}")
+    if end <= start:
+        raise InputError("--until must be after --from")
+    target = check_target(out, force)
+    check_period(conn, start, end)
+    cols = columns(focus)
+    pricer = _Pricer(conn, prices, start, end) if focus else None
+    currency = prices.currency if prices is not None else None
+    rows = 0
+    hours = 0.0
+    with atomic_file(target, force) as fh:
+        sink = _ParquetSink(fh, cols) if fmt == "parquet" else _CsvSink(fh, cols)
+        try:
+            for part in ledger_chunks(conn, start, end, chunk):
+                if pricer is not None:
+                    data = focus_columns(part, [pricer(r) for r in part], currency)
+                else:
+                    data = dict(zip(cols, map(list, zip(*part, strict=True)), strict=True))
+                sink.write(data)
+                rows += len(part)
+                hours += sum(r.gpu_hours for r in part)
+                if on_chunk:
+                    on_chunk(len(part))
+        finally:
+            sink.close()
+    return ExportResult(rows, hours, target)
