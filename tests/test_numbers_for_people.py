@@ -56,7 +56,7 @@ def test_pages_round_for_people_and_json_has_no_float_noise(client):
         noisy = [t.strip()[:80] for t in _texts(page.text) if NOISE.search(t)]
         assert noisy == [], (path, noisy)
     page = http.get("/").text
-    assert "Capacity by model (GPU-equivalents)" in page
+    assert "Capacity by model (GPU-equivalents;" in page
     assert "GPU-equivalents, " in page and " GPUs, " not in page  # the chart's bar labels
     for path in ("/api/v1/gpus/GPU-late/history", "/api/v1/capacity?by=model",
                  "/api/v1/usage?by=gpu&since=24h", "/api/v1/idle?since=24h"):

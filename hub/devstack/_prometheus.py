@@ -15,6 +15,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 import warnings
@@ -227,6 +228,13 @@ class StaticServer(http.server.ThreadingHTTPServer):
         super().__init__(("127.0.0.1", port or 0), _Handler)
         self.source = source
         self.thread = threading.Thread(target=self.serve_forever, daemon=True)
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        """A scraper that hung up mid-answer (its timeout, a stopped agent) is not an error
+        of ours: only anything else prints its traceback."""
+        if isinstance(sys.exc_info()[1], ConnectionError | TimeoutError):
+            return
+        super().handle_error(request, client_address)  # type: ignore[arg-type]
 
     def respond(self, path: str) -> str | None:
         if path.split("?")[0] != "/metrics":

@@ -376,6 +376,11 @@ class ExporterTarget:
     port: int
     node_selector: dict[str, str]
 
+    @property
+    def service_dns(self) -> str:
+        """The exporter Service's name in cluster DNS (the agent's dns_sd target)."""
+        return f"{self.name}.{self.namespace}.svc"
+
 
 def exporter_targets(values: SpokeValues) -> list[ExporterTarget]:
     """Each vendor's exporter. A single vendor keeps the historical names (no suffix), so a
