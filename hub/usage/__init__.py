@@ -18,7 +18,7 @@ from hub.usage._answers import (
     usage_frame,
     usage_summary,
 )
-from hub.usage._bills import Bill, describe_bill, load_bill, parse_bill
+from hub.usage._bills import Bill, describe_bill, load_bill, parse_bill, showback_currency
 from hub.usage._fold import fold_bucket
 from hub.usage._history import gpu_history
 from hub.usage._idle import (
@@ -103,6 +103,7 @@ __all__ = [
     "replace_grid",
     "rollup_days",
     "rollup_sums",
+    "showback_currency",
     "summary_select",
     "unused_note",
     "usage_frame",
