@@ -25,6 +25,7 @@ from hub.common import (
     db_option,
     emit,
     env,
+    format_duration,
     hub_options,
     iso,
     lock_timeout_option,
@@ -36,6 +37,7 @@ from hub.common import (
     stale_after_option,
     to_json,
 )
+from hub.store import PRESETS, preset_query
 
 if TYPE_CHECKING:
     from hub.store import HubClient, HubSettings
@@ -163,19 +165,27 @@ def unknown_metrics(client: HubClient, expr: str) -> list[str]:
 
 
 @click.command(cls=ConfiguredCommand)
-@click.argument("expr")
+@click.argument("expr", required=False)
+@click.option("--preset", type=click.Choice(PRESETS), metavar="|".join(PRESETS),
+              help="Instead of EXPR, a question asked in every naming the vendor profiles know "
+                   "(both dcgm namings, both AMD spellings, gpufleet's own). gpus-per-cluster: "
+                   "GPUs reporting per cluster, each physical GPU once, a cluster silent for "
+                   "longer than --stale-after left out.")
+@stale_after_option
 @click.option("--range", "range_", type=DURATION, metavar="DURATION",
               help="Run a range query over the last DURATION (e.g. 1h) instead of an instant one.")
 @click.option("--step", type=DURATION, default="1m", show_default=True, metavar="DURATION",
               help="Resolution of a range query.")
+@cluster_label_option
 @hub_options
 @output_option()
-def query(expr: str, range_: float | None, step: float, output: str, **opts: Any) -> None:
-    """Run a PromQL expression against the hub store.
+def query(expr: str | None, preset: str | None, stale_after: float, range_: float | None,
+          step: float, cluster_label: str, output: str, **opts: Any) -> None:
+    """Run a PromQL expression (or a --preset) against the hub store.
 
     \b
     Examples:
-      gpufleet query 'count by (cluster) (DCGM_FI_DEV_GPU_UTIL)'
+      gpufleet query --preset gpus-per-cluster      # is every cluster reporting?
       gpufleet query 'avg(DCGM_FI_DEV_GPU_UTIL)' --range 1h --step 5m -o csv
 
     ``--range`` with ``-o csv`` writes prometheus-api-client's MetricRangeDataFrame (one row
@@ -184,6 +194,13 @@ def query(expr: str, range_: float | None, step: float, output: str, **opts: Any
     """
     if (range_ is not None and range_ <= 0) or step <= 0:
         raise InputError("--range and --step must be greater than 0")
+    if (expr is None) == (preset is None):
+        raise InputError("give a PromQL EXPR or --preset NAME (one of them)")
+    if preset is not None:
+        if stale_after <= 0:
+            raise InputError("--stale-after must be greater than 0")
+        expr = preset_query(preset, format_duration(stale_after), cluster_label)
+    assert expr is not None
     with hub_client(opts) as client:
         if range_:
             end = time.time()

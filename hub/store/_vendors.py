@@ -643,6 +643,33 @@ def cluster_count_query(window: str, cluster_label: str) -> str:
     return f"count by ({cluster_label}) ({arms})"
 
 
+#: `gpufleet query --preset NAME`: questions people ask of the store in every naming
+PRESETS = ("gpus-per-cluster",)
+
+
+def gpus_per_cluster_query(window: str, cluster_label: str) -> str:
+    """How many GPUs report per cluster, whatever their exporter calls its series: both dcgm
+    namings, both AMD spellings, gpufleet's own. A GPU counts when any of the series the
+    sync dates it by has a sample within ``window`` (``last_over_time``: a cluster silent
+    for longer drops out, where a plain selector would still count it for Prometheus' 5
+    minutes of look-back); each physical GPU counts once (``max by`` its identity folds its
+    MIG slices and its names, and the arms are joined with ``or``)."""
+    arms = []
+    for p in PROFILES:
+        ident = ", ".join([cluster_label, *(x for x in p.id_labels if x not in p.slice_labels)])
+        match = f"{p.device_matcher}, {labelled_matcher(cluster_label)}"
+        arms += [f"max by ({ident}) (last_over_time({name}{{{match}}}[{window}]))"
+                 for m in p.timestamp_metrics for name in p.names(m)]
+    return f"count by ({cluster_label}) ({' or '.join(arms)})"
+
+
+def preset_query(name: str, window: str, cluster_label: str) -> str:
+    """The PromQL of a `gpufleet query --preset` (PRESETS)."""
+    if name == "gpus-per-cluster":
+        return gpus_per_cluster_query(window, cluster_label)
+    raise KeyError(name)
+
+
 def profile(vendor: str) -> VendorProfile:
     for p in PROFILES:
         if p.vendor == vendor:
