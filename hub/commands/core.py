@@ -387,19 +387,27 @@ class UnknownGpu(GpufleetError):
 @db_option
 @output_option("table", "json")
 def gpu(uuid: str, db: str | None, output: str, **_: Any) -> None:
-    """One GPU by UUID: where it is, its MIG slices, events, allocations and recent usage.
+    """One GPU by UUID or a unique prefix of it (GPU-5c0f): where it is, its MIG slices,
+    events, allocations and recent usage.
 
-    An unknown UUID prints one line and exits 1.
+    An unknown UUID prints one line and exits 1; a prefix of several GPUs' UUIDs prints one
+    line naming some of them and exits 2.
     """
     with database(db) as engine:
         require_schema(engine)
         with engine.connect() as conn:
-            detail = usage.gpu_history(conn, uuid)
+            found = inv.uuids_starting(conn, uuid) if uuid else []
+            if len(found) > 1:
+                raise InputError(f"{uuid!r} starts more than one GPU's uuid ("
+                                 f"{', '.join(found[:2])}, ...): give more of it")
+            detail = usage.gpu_history(conn, found[0]) if found else None
     if detail is None:
         raise UnknownGpu(f"no GPU with uuid {uuid} in the inventory")
     if output == "json":
         click.echo(to_json(detail))
         return
+    detail["events"] = [{**e, "details": json.dumps(e["details"], sort_keys=True, default=str)
+                         if e.get("details") else ""} for e in detail["events"]]
     emit([detail["gpu"]], GPU_TABLE_COLUMNS, "table")
     for title, key, columns in (
         ("MIG slices", "slices", GPU_TABLE_COLUMNS),
