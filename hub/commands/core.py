@@ -242,7 +242,7 @@ def query(expr: str | None, preset: str | None, stale_after: float, range_: floa
 @hub_options
 @cluster_label_option
 @db_option
-@output_option("text", "json", default="text")
+@output_option("text", "json", default="text", json_is="one object")
 def sync(once: bool, every: float | None, stale_after: float, lock_timeout: float,
          query_concurrency: int, shard_size: int, cluster_label: str, db: str | None,
          output: str, **opts: Any) -> None:
@@ -385,7 +385,7 @@ class UnknownGpu(GpufleetError):
 @inventory_group.command("gpu", cls=ConfiguredCommand)
 @click.argument("uuid")
 @db_option
-@output_option("table", "json")
+@output_option("table", "json", json_is="one object")
 def gpu(uuid: str, db: str | None, output: str, **_: Any) -> None:
     """One GPU by UUID or a unique prefix of it (GPU-5c0f): where it is, its MIG slices,
     events, allocations and recent usage.

@@ -200,7 +200,7 @@ def usage(ctx: click.Context, since: float | None, from_: str | None, until: str
 @hub_options
 @cluster_label_option
 @db_option
-@output_option("text", "json", default="text")
+@output_option("text", "json", default="text", json_is="one object")
 def collect(since: float | None, from_: str | None, until: str | None, bucket: float,
             push_interval: float, min_charge: float, step: float | None,
             max_backfill: float,

@@ -331,7 +331,7 @@ def reconcile(ctx: click.Context, source: str | None, contexts: tuple[str, ...],
 @hub_options
 @cluster_label_option
 @db_option
-@output_option("table", "json", "markdown", "html")
+@output_option("table", "json", "markdown", "html", json_is="one object")
 @click.pass_context
 def report(ctx: click.Context, max_age: float, push_interval: float, window: float,
            idle_threshold: float, idle_for: float, naming_mix_for: float,
