@@ -281,14 +281,14 @@ def test_spoke_render_pins_dcgm_exporters_fields_in_the_chosen_naming(tmp_path, 
     import yaml
 
     from hub.onboard import metrics_keep_regex
-    from hub.store import dcgm_names
+    from hub.store import dcgm_collectors, dcgm_names
 
     out = tmp_path / "spoke"
     args = ["spoke", "render", "--cluster", "c1", "--vendor", "nvidia,amd",
             "--remote-write-url", "https://hub.example.com/api/v1/receive", "--out", str(out)]
     result = gpufleet(*args, *(["--dcgm-names", naming] if naming != "legacy" else []))
     assert result.exit_code == 0, result.output
-    files = {p.name: p.read_text() for p in out.iterdir()}
+    files = {str(p.relative_to(out)): p.read_text() for p in out.rglob("*") if p.is_file()}
     names = _csv_names(files)
     renamed = dcgm_names("dcgm-4.7")
     other = set(renamed.values()) if naming == "legacy" else set(renamed)
@@ -300,14 +300,19 @@ def test_spoke_render_pins_dcgm_exporters_fields_in_the_chosen_naming(tmp_path, 
                            "DCGM_FI_PROF_SM_UTIL_RATIO", "DCGM_FI_DEV_FB_CAPACITY_BYTES"]}
     assert set(wanted[naming]) <= set(names)
     keep = re.compile(metrics_keep_regex())
-    assert [n for n in names if not keep.fullmatch(n)] == []  # the agent drops none of them
-    policy = yaml.safe_load(files["clusterpolicy-dcgm-exporter.yaml"])
+    # the agent drops none of what gpufleet reads (dcgm-exporter's other default fields stay
+    # for the cluster's own consumers, not forwarded)
+    assert [n for n in wanted[naming] if not keep.fullmatch(n)] == []
+    ours = [r[0] for r in dcgm_collectors(naming) if r[2].startswith("read by gpufleet")]
+    assert ours and [n for n in ours if not keep.fullmatch(n)] == []
+    policy = yaml.safe_load(files["patches/clusterpolicy-dcgm-exporter.yaml"])
     cm = yaml.safe_load(files["dcgm-metrics-configmap.yaml"])
     assert policy["spec"] == {"dcgmExporter": {"config": {"name": cm["metadata"]["name"]}}}
     assert cm["metadata"]["namespace"] == "nvidia-gpu-operator"
     kustomization = yaml.safe_load(files["kustomization.yaml"])
-    assert {"dcgm-metrics-configmap.yaml", "clusterpolicy-dcgm-exporter.yaml"} <= set(
-        kustomization["resources"])
+    assert "dcgm-metrics-configmap.yaml" in kustomization["resources"]
+    # the GPU Operator's ClusterPolicy is patched, never listed: delete -k cannot delete it
+    assert not [r for r in kustomization["resources"] if "clusterpolicy" in r]
     bad = gpufleet(*args[:-1], str(tmp_path / "bad"), "--dcgm-names", "dcgm-5")
     assert bad.exit_code == 2 and "unknown dcgm naming (--dcgm-names) 'dcgm-5'" in bad.output
     assert not (tmp_path / "bad").exists()

@@ -114,3 +114,22 @@ def test_the_checks_catch_a_stale_name():
     assert not path_exists("hub/vendors.py") and path_exists("hub/store/_vendors.py")
     assert path_exists("spoke/namespace.yaml")  # a rendered file, not a source path
     assert not resolves("hub.checks") and resolves("hub.validate._checks")
+
+
+#: top-level folders a doc may point a reader to: the repository's own (shared/ is a working
+#: folder beside some checkouts, not part of the repository)
+OUTSIDE = re.compile(r"(?<![\w./-])(shared/[\w./-]*\w|/work/[\w./-]*|\.\./[\w./-]*)")
+
+
+def test_the_docs_point_to_no_file_outside_the_repository():
+    found = [f"{doc.name}:{n}: {m.group()}" for doc in docs()
+             for n, line in enumerate(doc.read_text().splitlines(), 1)
+             for m in OUTSIDE.finditer(line)]
+    assert found == [], found
+
+
+def test_the_docs_checkov_line_is_the_one_the_suite_runs_offline():
+    text = (REPO / "docs" / "onboarding.md").read_text()
+    [line] = [m.group(1) for m in INLINE_CODE.finditer(text)
+              if m.group(1).startswith("checkov -d ")]
+    assert "--skip-download" in line and "--config-file .checkov.yaml" in line

@@ -192,6 +192,81 @@ def test_a_dra_node_publishing_six_of_a_p5s_eight_gpus_loses_two():
     assert out["dra-ok"].status == "match"
 
 
+MISMATCH = rc.INSTANCE_TYPE_MISMATCH
+H100, L40S = "NVIDIA H100 80GB HBM3", "NVIDIA L40S"
+
+
+def seen_as(node: str, gpus: int, *models: str) -> ObservedNode:
+    return ObservedNode("c1", node, "active", gpus, 0, 0, "nvidia", T0,
+                        models=frozenset(models))
+
+
+def test_more_gpus_or_another_model_than_the_instance_type_has_is_a_finding():
+    h100 = nvidia_labels("NVIDIA-H100-80GB-HBM3", 8)
+    out = results([view("g6e", "g6e.12xlarge", "8", h100), view("p5-a100", "p5.48xlarge", "8"),
+                   view("p5", "p5.48xlarge", "8"), view("g6-l40s", "g6.12xlarge", "4")],
+                  [seen_as("g6e", 8, H100), seen_as("p5-a100", 8, "NVIDIA A100-SXM4-80GB"),
+                   seen_as("p5", 8, H100), seen_as("g6-l40s", 4, L40S)])
+    # a g6e.12xlarge is 4 × L40S: 8 × H100 is not what its label says, though both sides agree
+    g6e = out["g6e"]
+    assert (g6e.status, g6e.instance_type, g6e.expected_gpus) == (MISMATCH, "g6e.12xlarge", 4)
+    assert "instance type g6e.12xlarge has 4 GPUs (NVIDIA L40S, 48 GiB)" in g6e.reason
+    assert "the exporter reports 8; Kubernetes advertises 8" in g6e.reason
+    assert f"its GPUs report {H100}" in g6e.reason
+    # the right count of the wrong model; the catalog's L4 is not an L40S
+    assert out["p5-a100"].status == MISMATCH
+    assert "its GPUs report NVIDIA A100-SXM4-80GB" in out["p5-a100"].reason
+    assert out["g6-l40s"].status == MISMATCH and "NVIDIA L4," in out["g6-l40s"].reason
+    assert (out["p5"].status, out["p5"].expected_gpus) == ("match", 8)
+
+
+def test_model_families_compare_across_spellings():
+    assert rc.model_family("NVIDIA H100 80GB HBM3") == rc.model_family("NVIDIA H100 NVL")
+    assert rc.model_family("AMD Instinct MI300X") == rc.model_family("AMD Instinct MI300X OAM")
+    assert rc.model_family("Tesla T4") == "t4"
+    assert rc.model_family("NVIDIA L4") != rc.model_family("NVIDIA L40S")
+    assert rc.model_family("NVIDIA A10") != rc.model_family("NVIDIA A10G")
+    assert rc.model_family(None) is None
+
+
+def test_more_gpus_than_the_type_fails_the_run_as_an_error_finding():
+    rec = rc.compare([view("g6e", "g6e.12xlarge", "8")], [seen_as("g6e", 8, H100)],
+                     covered={"c1"}, catalog=CATALOG)
+    assert rec.failed
+    finding = checks.check_reconcile(checks.ReconcileFacts(T0, "kube", [
+        r.as_dict() for r in rec.nodes], []), T0, 3600)
+    assert [(f.severity, f.check) for f in finding] == [("error", MISMATCH)]
+
+
+def test_reconcile_table_shows_instance_type_and_expected_gpus(tmp_path):
+    h100 = nvidia_labels("NVIDIA-H100-80GB-HBM3", 8)
+    nodes = tmp_path / "nodes.json"
+    nodes.write_text(json.dumps({"kind": "List", "items": [
+        node_object("g6e-1", {"nvidia.com/gpu": "8"}, h100, instance="g6e.12xlarge"),
+        node_object("p5-ok", {"nvidia.com/gpu": "8"}, h100, instance="p5.48xlarge")]}))
+    db = f"sqlite:///{tmp_path / 'inv.db'}"
+    t = T0.replace(tzinfo=dt.UTC).timestamp()
+    engine = inventory.make_engine(db, create=True)
+    migrate.upgrade(engine)
+    with engine.begin() as conn:
+        inventory.apply_observations(conn, [
+            Observation("east", node, f"GPU-{node}-{i}", "nvidia", index=i, model=H100,
+                        sample_at=t) for node in ("g6e-1", "p5-ok") for i in range(8)], T0)
+    with engine.connect() as conn:
+        models = {o.node: o.models for o in store.observed_nodes(conn)}
+    engine.dispose()
+    assert models == {"g6e-1": frozenset({H100}), "p5-ok": frozenset({H100})}
+    table = gpufleet("reconcile", "--nodes-json", f"east={nodes}", "--db", db,
+                     env={"COLUMNS": "400"})  # one line per row, not a record per row
+    assert table.exit_code == 1, table.output
+    header, *lines = [line.split() for line in table.stdout.splitlines() if line.strip()]
+    assert header[:8] == ["CLUSTER", "NODE", "STATUS", "MODE", "INSTANCE_TYPE",
+                          "EXPECTED_GPUS", "K8S_GPUS", "OBSERVED_GPUS"]
+    rows = {line[1]: line[2:6] for line in lines if len(line) > 5}
+    assert rows["g6e-1"] == [MISMATCH, "whole", "g6e.12xlarge", "4"]
+    assert rows["p5-ok"] == ["match", "whole", "p5.48xlarge", "8"]
+
+
 def test_the_beta_label_and_types_without_gpus():
     obj = node_object("old", instance="x")
     del obj["metadata"]["labels"]["node.kubernetes.io/instance-type"]

@@ -148,3 +148,34 @@ def test_serve_refuses_a_prune_age_shorter_than_stale_after():
                       "--prune-stale-after", "30m", "--listen", "127.0.0.1:0")
     assert result.exit_code == 2
     assert "--prune-stale-after must be longer than --stale-after" in result.output
+
+
+def test_a_dry_run_needs_no_sync_lock_and_plans_exactly_what_prune_removes(fleet_db):
+    """A dry run only reads: it answers while a sync holds the lock, and its rows are the
+    rows the real prune removes, for every age and cluster filter."""
+    engine = _db.make_engine(fleet_db)
+    try:
+        with _db.locked_transaction(engine, 0.0):  # a sync in progress
+            dry = gpufleet("inventory", "prune", "--stale-for", "90d", "--dry-run", "--db",
+                           fleet_db, "-o", "json")
+            assert dry.exit_code == 0, dry.output
+            held = gpufleet("inventory", "prune", "--stale-for", "90d", "--db", fleet_db)
+            assert held.exit_code != 0 and "holds the inventory lock" in held.output
+        assert len(json.loads(dry.stdout)) == 8
+        for age, cluster in (("7d", None), ("90d", "west"), ("90d", None), ("365d", None)):
+            kw = {"stale_for": _db_seconds(age), "cluster": cluster, "now": NOW}
+            plan = inv.prune(engine, dry_run=True, **kw)
+            done = inv.prune(engine, **kw)
+            assert sorted(map(_key, plan.rows)) == sorted(map(_key, done.rows)), (age, cluster)
+            assert plan.dry_run and not done.dry_run
+    finally:
+        engine.dispose()
+
+
+def _db_seconds(text: str) -> float:
+    return float(text[:-1]) * 86400
+
+
+def _key(row: dict) -> tuple:
+    return (row["kind"], row["cluster"], row["node"] or "", row["uuid"] or "",
+            row["slice"] or "")

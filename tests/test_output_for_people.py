@@ -88,3 +88,18 @@ def test_long_error_details_are_cut_at_a_word_never_inside_one():
     assert shorten("a\nb   c") == "a b c"
     html = "<html>" + "x" * 400 + "</html>"
     assert len(shorten(html)) == 200  # one unbroken token: cut, but marked as cut
+
+
+def test_json_help_says_one_object_where_a_command_answers_with_one():
+    from tests.support.clirun import gpufleet as run
+
+    def said(*command: str) -> str:
+        out = run(*command, "--help", env={"COLUMNS": "400"})
+        assert out.exit_code == 0, out.output
+        return " ".join(out.stdout.split())
+
+    for command in (("report",), ("sync",), ("inventory", "gpu"), ("usage", "collect"),
+                    ("serve", "token", "create")):
+        assert "json is one object for scripts" in said(*command), command
+    for command in (("inventory", "gpus"), ("usage",), ("capacity",)):
+        assert "json is a list of objects for scripts" in said(*command), command

@@ -305,7 +305,12 @@ def test_acm_mixed_cluster_labels_both_gpu_operator_namespaces():
                 for m in by_kind(files, "ServiceMonitor")}
     assert monitors == {"nvidia-gpu-operator": "gpufleet-exporter-nvidia",
                         "kube-amd-gpu": "gpufleet-exporter-amd"}
-    assert {"spoke/namespace-nvidia.yaml", "spoke/namespace-amd.yaml"} <= set(files)
+    # the GPU operators' namespaces are patches of one label, never gpufleet's objects
+    assert {"spoke/patches/namespace-nvidia.yaml", "spoke/patches/namespace-amd.yaml"} <= set(
+        files)
+    assert all(labels == {"openshift.io/cluster-monitoring": "true"}
+               for labels in namespaces.values())
+    assert "namespace" not in files["spoke/kustomization.yaml"]
 
 
 def test_upstream_exporter_is_found_where_the_gpu_operator_runs_it():
@@ -415,8 +420,8 @@ def test_openshift_platform_lets_the_scc_choose_the_uid():
 def test_every_object_carries_the_recommended_labels(vendor, exporter, mode):
     files = render.render_spoke(values(vendor=vendor, exporter=exporter, mode=mode))
     for path, obj in objects(files).items():
-        if obj["kind"] == "ClusterPolicy":
-            continue  # the GPU Operator's object: we merge one field into it, never labels
+        if "patches/" in path:
+            continue  # the GPU Operator's objects: we patch fields into them, never our labels
         labels = obj["metadata"]["labels"]
         for key in ("name", "instance", "component", "part-of", "managed-by", "version"):
             assert labels.get(f"app.kubernetes.io/{key}"), f"{path} lacks {key}"
@@ -508,7 +513,8 @@ def test_acm_spoke_has_a_labelled_namespace_and_a_servicemonitor_only(exporter):
     else:  # dcgm-exporter's pinned collectors CSV and the ClusterPolicy field mounting it
         expected += ["ClusterPolicy", "ConfigMap"]
     assert kinds == sorted(expected)  # no agent, no remote-write: ACM's collector does that
-    namespace = yaml.safe_load(files["spoke/namespace.yaml"])
+    ns_file = "spoke/namespace.yaml" if exporter == "builtin" else "spoke/patches/namespace.yaml"
+    namespace = yaml.safe_load(files[ns_file])
     assert namespace["metadata"]["labels"]["openshift.io/cluster-monitoring"] == "true"
     monitor = one(files, "ServiceMonitor")
     service = one(files, "Service")

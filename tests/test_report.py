@@ -86,7 +86,9 @@ def test_markdown_fits_a_pull_request_comment():
     text = rpt.render(sample_report(), "markdown")
     assert text.startswith("## GPU fleet report\n")
     assert "| Cluster | Status | Newest sample | Age | Nodes reporting | GPUs |" in text
-    assert "&lt;script&gt;alert(\"x\")&lt;/script&gt;\\|\\`rm\\`" in text  # no HTML, no cell break
+    # no HTML, no cell break, and no HTML entities where the text is read unrendered
+    assert "\\<script>alert(\"x\")\\</script>\\|\\`rm\\`" in text
+    assert "&gt;" not in text and "&lt;" not in text and "&amp;" not in text
     assert "node stopped \\| reporting" in text and "❌ error" in text
     assert "more finding" not in text
     big = rpt.render(sample_report(5000), "markdown", max_findings=50)

@@ -432,3 +432,69 @@ def test_a_bill_is_streamed_and_folded_as_read(tmp_path):
     assert peak < size / 8, peak  # the text alone was the file's size, twice
     costs = bills.resource_costs(bill.lines, T0, T0 + dt.timedelta(hours=24))
     assert costs["aws/i-0"] == pytest.approx(tuple(want))
+
+
+# -- one currency per answer ---------------------------------------------------------------------
+def _rows(url: str, *args: str) -> Any:
+    out = gpufleet("usage", *PERIOD, "--by", "node", *args, "-o", "json",
+                   env={"GPUFLEET_DB": url})
+    return out, (json.loads(out.stdout) if out.exit_code == 0 else None)
+
+
+def test_the_bills_currency_shows_with_bill_alone(tmp_path):
+    url, _ = _fleet_db(tmp_path)
+    for name in ("aws-cur", "gcp-billing-export", "azure-cost-details"):
+        out, rows = _rows(url, "--bill", str(EXAMPLES / "bills" / f"{name}.csv"))
+        assert out.exit_code == 0, out.output
+        assert {r["currency"] for r in rows} == {"USD"}, name
+    table = gpufleet("usage", *PERIOD, "--bill", str(EXAMPLES / "bills" / "aws-cur.csv"),
+                     env={"GPUFLEET_DB": url})
+    assert table.exit_code == 0 and "USD" in table.stdout
+
+
+@pytest.mark.parametrize("price_currency, message", [
+    ("currency: EUR\n", "the bill is in USD and the price file in EUR"),
+    ("", "the price file names no currency (add `currency: USD`"),
+])
+def test_a_bill_and_prices_in_two_currencies_exit_2_naming_both(tmp_path, price_currency,
+                                                                 message):
+    url, _ = _fleet_db(tmp_path)
+    prices = tmp_path / "prices.yaml"
+    prices.write_text(f'{price_currency}"NVIDIA H100 80GB HBM3": 2.5\n')
+    out, _ = _rows(url, "--bill", str(EXAMPLES / "bills" / "aws-cur.csv"),
+                   "--prices", str(prices))
+    assert out.exit_code == 2 and message in out.stderr, out.output
+    assert "never sums two currencies" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and out.stdout == ""
+    # the same currency on both sides is one answer, in that currency
+    prices.write_text('currency: USD\n"NVIDIA H100 80GB HBM3": 2.5\n')
+    out, rows = _rows(url, "--bill", str(EXAMPLES / "bills" / "aws-cur.csv"),
+                      "--prices", str(prices))
+    assert out.exit_code == 0 and {r["currency"] for r in rows} == {"USD"}
+
+
+def test_a_bill_in_two_currencies_is_refused_naming_both(tmp_path):
+    text = (EXAMPLES / "bills" / "gcp-billing-export.csv").read_text().splitlines()
+    text[2] = text[2].replace(",USD,", ",EUR,")
+    with pytest.raises(InputError, match=r"lines in USD \(line 2\) and EUR \(line 3\)"):
+        bills.parse_bill("\n".join(text) + "\n", "bill")
+    with pytest.raises(InputError, match="currency 'dollars' is not an ISO 4217 code"):
+        bills.parse_bill("\n".join([text[0], text[1].replace(",USD,", ",dollars,")]), "bill")
+
+
+@given(bill=st.sampled_from([None, "USD", "EUR"]), prices=st.sampled_from([None, "USD", "EUR"]))
+def test_showback_currency_is_one_source_or_refused(bill, prices):
+    """Whatever the two sources say, an answer has one currency: the one both agree on, or a
+    refusal naming what each says."""
+    got_bill = bills.Bill(bills.AWS, [], currency=bill)
+    got_prices = usage.Prices({}, currency=prices)
+    if bill == prices:
+        assert bills.showback_currency(got_prices, got_bill) == bill
+    else:
+        with pytest.raises(InputError) as err:
+            bills.showback_currency(got_prices, got_bill)
+        for code in (bill, prices):
+            if code is not None:
+                assert code in str(err.value)
+    assert bills.showback_currency(None, got_bill) == bill
+    assert bills.showback_currency(got_prices, None) == prices

@@ -25,6 +25,7 @@ from hub.common import (
     db_option,
     emit,
     env,
+    format_duration,
     frame_to_csv,
     hub_options,
     iso,
@@ -37,6 +38,7 @@ from hub.common import (
     stale_after_option,
     to_json,
 )
+from hub.store import PRESETS, preset_query
 
 if TYPE_CHECKING:
     from hub.store import HubClient, HubSettings
@@ -164,19 +166,27 @@ def unknown_metrics(client: HubClient, expr: str) -> list[str]:
 
 
 @click.command(cls=ConfiguredCommand)
-@click.argument("expr")
+@click.argument("expr", required=False)
+@click.option("--preset", type=click.Choice(PRESETS), metavar="|".join(PRESETS),
+              help="Instead of EXPR, a question asked in every naming the vendor profiles know "
+                   "(both dcgm namings, both AMD spellings, gpufleet's own). gpus-per-cluster: "
+                   "GPUs reporting per cluster, each physical GPU once, a cluster silent for "
+                   "longer than --stale-after left out.")
+@stale_after_option
 @click.option("--range", "range_", type=DURATION, metavar="DURATION",
               help="Run a range query over the last DURATION (e.g. 1h) instead of an instant one.")
 @click.option("--step", type=DURATION, default="1m", show_default=True, metavar="DURATION",
               help="Resolution of a range query.")
+@cluster_label_option
 @hub_options
 @output_option()
-def query(expr: str, range_: float | None, step: float, output: str, **opts: Any) -> None:
-    """Run a PromQL expression against the hub store.
+def query(expr: str | None, preset: str | None, stale_after: float, range_: float | None,
+          step: float, cluster_label: str, output: str, **opts: Any) -> None:
+    """Run a PromQL expression (or a --preset) against the hub store.
 
     \b
     Examples:
-      gpufleet query 'count by (cluster) (DCGM_FI_DEV_GPU_UTIL)'
+      gpufleet query --preset gpus-per-cluster      # is every cluster reporting?
       gpufleet query 'avg(DCGM_FI_DEV_GPU_UTIL)' --range 1h --step 5m -o csv
 
     ``--range`` with ``-o csv`` writes prometheus-api-client's MetricRangeDataFrame (one row
@@ -185,6 +195,13 @@ def query(expr: str, range_: float | None, step: float, output: str, **opts: Any
     """
     if (range_ is not None and range_ <= 0) or step <= 0:
         raise InputError("--range and --step must be greater than 0")
+    if (expr is None) == (preset is None):
+        raise InputError("give a PromQL EXPR or --preset NAME (one of them)")
+    if preset is not None:
+        if stale_after <= 0:
+            raise InputError("--stale-after must be greater than 0")
+        expr = preset_query(preset, format_duration(stale_after), cluster_label)
+    assert expr is not None
     with hub_client(opts) as client:
         if range_:
             end = time.time()
@@ -226,7 +243,7 @@ def query(expr: str, range_: float | None, step: float, output: str, **opts: Any
 @hub_options
 @cluster_label_option
 @db_option
-@output_option("text", "json", default="text")
+@output_option("text", "json", default="text", json_is="one object")
 def sync(once: bool, every: float | None, stale_after: float, lock_timeout: float,
          query_concurrency: int, shard_size: int, cluster_label: str, db: str | None,
          output: str, **opts: Any) -> None:
@@ -369,21 +386,29 @@ class UnknownGpu(GpufleetError):
 @inventory_group.command("gpu", cls=ConfiguredCommand)
 @click.argument("uuid")
 @db_option
-@output_option("table", "json")
+@output_option("table", "json", json_is="one object")
 def gpu(uuid: str, db: str | None, output: str, **_: Any) -> None:
-    """One GPU by UUID: where it is, its MIG slices, events, allocations and recent usage.
+    """One GPU by UUID or a unique prefix of it (GPU-5c0f): where it is, its MIG slices,
+    events, allocations and recent usage.
 
-    An unknown UUID prints one line and exits 1.
+    An unknown UUID prints one line and exits 1; a prefix of several GPUs' UUIDs prints one
+    line naming some of them and exits 2.
     """
     with database(db) as engine:
         require_schema(engine)
         with engine.connect() as conn:
-            detail = usage.gpu_history(conn, uuid)
+            found = inv.uuids_starting(conn, uuid) if uuid else []
+            if len(found) > 1:
+                raise InputError(f"{uuid!r} starts more than one GPU's uuid ("
+                                 f"{', '.join(found[:2])}, ...): give more of it")
+            detail = usage.gpu_history(conn, found[0]) if found else None
     if detail is None:
         raise UnknownGpu(f"no GPU with uuid {uuid} in the inventory")
     if output == "json":
         click.echo(to_json(detail))
         return
+    detail["events"] = [{**e, "details": json.dumps(e["details"], sort_keys=True, default=str)
+                         if e.get("details") else ""} for e in detail["events"]]
     emit([detail["gpu"]], GPU_TABLE_COLUMNS, "table")
     for title, key, columns in (
         ("MIG slices", "slices", GPU_TABLE_COLUMNS),

@@ -110,6 +110,5 @@ def demo(clusters: int, nodes: int, gpus_per_node: int, workdir: Path, keep_runn
 
 def query_lines(g: str, hub_url: str) -> list[str]:
     """PromQL to try against a running demo hub."""
-    return [f"{g} query 'count by (cluster) (DCGM_FI_DEV_GPU_TEMP)' --hub-url {hub_url}",
-            f"{g} query 'avg by (cluster) (DCGM_FI_DEV_GPU_UTIL)' --range 5m --step 30s "
-            f"--hub-url {hub_url}"]
+    return [f"{g} query --preset gpus-per-cluster --hub-url {hub_url}",
+            f"{g} query --preset gpus-per-cluster --range 5m --step 30s --hub-url {hub_url}"]

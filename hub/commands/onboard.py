@@ -102,6 +102,11 @@ def _spoke_options(func: F) -> F:
                           "ConfigMap the GPU Operator's ClusterPolicy mounts) to the fields "
                           "gpufleet reads in this naming, so an operator upgrade (4.9 renames "
                           "them) cannot change the series. dcgm-4.7 needs DCGM >= 4.7."),
+        click.option("--dcgm-config-name", envvar=env("dcgm-config-name"), metavar="NAME",
+                     help="Upstream NVIDIA exporter whose ClusterPolicy already names a "
+                          "collectors ConfigMap (spec.dcgmExporter.config.name): keep it. "
+                          "Nothing of yours is declared or patched; dcgm-fields.csv lists "
+                          "the rows gpufleet reads, to add to NAME's CSV."),
         click.option("--acm-collection", envvar=env("acm-collection"), default="legacy",
                      show_default=True, metavar="legacy|mcoa|auto",
                      help="acm mode: which ACM collection path carries the series. legacy: "
@@ -139,7 +144,8 @@ def _spoke_kwargs(params: dict[str, Any]) -> dict[str, Any]:
     keys = ("vendor", "mode", "exporter", "remote_write_url", "remote_write_secret",
             "monitoring", "platform", "exporter_namespace", "exporter_selector",
             "agent_image", "exporter_image", "restrict_exporter_ingress", "reconcile_reader",
-            "kube_state_metrics", "dcgm_names", "acm_collection", "placement")
+            "kube_state_metrics", "dcgm_names", "dcgm_config_name", "acm_collection",
+            "placement")
     out = {key: params[key] for key in keys}
     out["acm_collection"] = _collection(params)
     return out

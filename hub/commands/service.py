@@ -237,7 +237,7 @@ def _names(values: tuple[str, ...], option: str) -> list[str]:
               help="Clusters the token may see (default: all).")
 @click.option("--namespaces", multiple=True, metavar="NS[,NS...]",
               help="Namespaces whose allocations it may see by name (default: all).")
-@output_option("text", "json", default="text")
+@output_option("text", "json", default="text", json_is="one object")
 def token_create(name: str, clusters: tuple[str, ...], namespaces: tuple[str, ...],
                  output: str, **_: Any) -> None:
     """Make a new token: prints it once, and the line to add to the tokens file.

@@ -143,6 +143,7 @@ def usage(ctx: click.Context, since: float | None, from_: str | None, until: str
     by = by or ("namespace",)
     prices = answers.load_prices(prices_file) if prices_file else None
     bill = answers.load_bill(bill_file) if bill_file else None
+    currency = answers.showback_currency(prices, bill)  # two currencies: exit 2 before reading
     missing: dict = {}
     priced: dict = {}
     with database(db) as engine:
@@ -155,8 +156,7 @@ def usage(ctx: click.Context, since: float | None, from_: str | None, until: str
                *(answers.COST_FIGURES if prices or bill else [])]
     columns = [*answers.group_columns(by), *figures]
     if prices is not None or bill is not None:  # a showback says its period and currency
-        stamp = {"period_start": start, "period_end": end,
-                 "currency": prices.currency if prices is not None else None}
+        stamp = {"period_start": start, "period_end": end, "currency": currency}
         rows = [{**row, **stamp} for row in rows]
         columns += list(stamp)
     if prices is not None:
@@ -200,7 +200,7 @@ def usage(ctx: click.Context, since: float | None, from_: str | None, until: str
 @hub_options
 @cluster_label_option
 @db_option
-@output_option("text", "json", default="text")
+@output_option("text", "json", default="text", json_is="one object")
 def collect(since: float | None, from_: str | None, until: str | None, bucket: float,
             push_interval: float, min_charge: float, step: float | None,
             max_backfill: float,

@@ -62,7 +62,8 @@ RECONCILE_COLUMNS = ["scope", "cluster", "node", "status", "mode", "k8s_gpus",
                      "k8s_allocatable", "expected_gpus", "observed_gpus", "k8s_slices",
                      "observed_slices", "reason", "metrics_node", "resources", "managed",
                      "available", "instance_type", "provider_id"]
-RECONCILE_TABLE = ["cluster", "node", "status", "mode", "k8s_gpus", "observed_gpus", "reason"]
+RECONCILE_TABLE = ["cluster", "node", "status", "mode", "instance_type", "expected_gpus",
+                   "k8s_gpus", "observed_gpus", "reason"]
 #: `--managed-clusters` given without a value: the kubeconfig's current context
 CURRENT_CONTEXT = "-"
 
@@ -222,12 +223,13 @@ def reconcile(ctx: click.Context, source: str | None, contexts: tuple[str, ...],
     missing_in_metrics, missing_in_kubernetes, count_mismatch, node_not_reporting,
     device_plugin_and_dra, gpus_missing_by_instance_type (the node's instance type, per
     the catalog shipped in gpufleet and --instance-types, has GPUs that neither Kubernetes
-    nor the exporter shows) or unknown. MIG (mixed and single strategy), time-slicing, AMD
-    partitions and Dynamic Resource Allocation (GPUs in ResourceSlices, read with --context
-    or --resourceslices-json; kube-state-metrics cannot show them, so through the hub a DRA
-    node is unknown) are understood. The run is stored for `gpufleet report`, and the DRA
-    claims it read for `gpufleet capacity`. Exits 1 when any node does not match (unknown
-    does not fail), or a managed cluster sends no GPU metrics.
+    nor the exporter shows), instance_type_mismatch (the node shows more GPUs than its
+    instance type has, or another model) or unknown. MIG (mixed and single strategy),
+    time-slicing, AMD partitions and Dynamic Resource Allocation (GPUs in ResourceSlices,
+    read with --context or --resourceslices-json; kube-state-metrics cannot show them, so
+    through the hub a DRA node is unknown) are understood. The run is stored for
+    `gpufleet report`, and the DRA claims it read for `gpufleet capacity`. Exits 1 when any
+    node does not match (unknown does not fail), or a managed cluster sends no GPU metrics.
 
     \b
     Examples:
@@ -329,7 +331,7 @@ def reconcile(ctx: click.Context, source: str | None, contexts: tuple[str, ...],
 @hub_options
 @cluster_label_option
 @db_option
-@output_option("table", "json", "markdown", "html")
+@output_option("table", "json", "markdown", "html", json_is="one object")
 @click.pass_context
 def report(ctx: click.Context, max_age: float, push_interval: float, window: float,
            idle_threshold: float, idle_for: float, naming_mix_for: float,

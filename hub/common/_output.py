@@ -18,8 +18,9 @@ import click
 FORMATS = ("table", "json", "csv")
 
 
-def output_option(*formats: str, default: str = "table"):
-    """The ``-o/--output`` option, with the formats a command supports."""
+def output_option(*formats: str, default: str = "table", json_is: str = "a list of objects"):
+    """The ``-o/--output`` option, with the formats a command supports; ``json_is`` says
+    what its json is ("one object" where a command answers with one)."""
     choices = formats or FORMATS
     return click.option(
         "-o",
@@ -28,7 +29,7 @@ def output_option(*formats: str, default: str = "table"):
         type=click.Choice(choices),
         default=default,
         show_default=True,
-        help="Output format. json is a list of objects for scripts.",
+        help=f"Output format. json is {json_is} for scripts.",
     )
 
 

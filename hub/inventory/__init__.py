@@ -60,6 +60,7 @@ from hub.inventory._reads import (
     page_events,
     page_gpus,
     read_only_engine,
+    uuids_starting,
 )
 from hub.inventory._reconcile_runs import (
     reconcile_claims,
@@ -168,5 +169,6 @@ __all__ = [
     "usage_flags",
     "usage_idle_daily",
     "usage_ledger",
+    "uuids_starting",
     "write_refused",
 ]

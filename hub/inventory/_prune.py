@@ -6,7 +6,8 @@ door that deletes, and only on request (`gpufleet inventory prune`, or `serve
 --prune-stale-after`): a row goes when it is stale and was last seen longer ago than the
 given age. A node goes only when none of its GPUs stay, a cluster only when none of its nodes
 stay, so what remains is always consistent. The pruning runs in one transaction under the sync
-lock, so it never interleaves with a sync; a dry run computes the same answer and rolls back.
+lock, so it never interleaves with a sync; a dry run only reads (prune_plan: the same answer
+from the same conditions), so it needs no lock and never waits for a running sync.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ class PruneResult:
                 f"before {self.cutoff.isoformat(timespec='seconds')}Z")
 
 
-def _gone(table: sa.Table, cutoff: dt.datetime, cluster: str | None) -> Any:
+def _gone(table: sa.FromClause, cutoff: dt.datetime, cluster: str | None) -> Any:
     cond = sa.and_(table.c.state == STALE, table.c.last_seen < cutoff)
     return sa.and_(cond, table.c.cluster == cluster) if cluster else cond
 
@@ -113,24 +114,45 @@ def prune_conn(conn: Connection, *, stale_for: float, cluster: str | None = None
     return result
 
 
-class _DryRun(Exception):
-    """Raised inside the transaction to roll a dry run back."""
+def prune_plan(conn: Connection, *, stale_for: float, cluster: str | None = None,
+               now: dt.datetime | None = None) -> PruneResult:
+    """What prune_conn would remove, by reads alone: a node goes when none of its GPUs
+    stays (each is gone or none exists), a cluster when none of its nodes stays."""
+    now = now or now_utc()
+    cutoff = now - dt.timedelta(seconds=stale_for)
+    result = PruneResult(cutoff=cutoff, dry_run=True)
+    for g in conn.execute(
+            sa.select(gpus.c.cluster, gpus.c.node, gpus.c.uuid, gpus.c.slice_key,
+                      gpus.c.last_seen).where(_gone(gpus, cutoff, cluster))
+            .order_by(gpus.c.cluster, gpus.c.node, gpus.c.uuid, gpus.c.slice_key)).mappings():
+        result.rows.append({"kind": "slice" if g["slice_key"] else "gpu",
+                            "cluster": g["cluster"], "node": g["node"], "uuid": g["uuid"],
+                            "slice": g["slice_key"] or None, "last_seen": g["last_seen"]})
+    n = nodes.alias("n")
+    keeps_gpu = sa.exists().where(gpus.c.cluster == n.c.cluster, gpus.c.node == n.c.node,
+                                  sa.not_(_gone(gpus, cutoff, cluster)))
+    node_goes = sa.and_(_gone(n, cutoff, cluster), ~keeps_gpu)
+    for row in conn.execute(sa.select(n.c.cluster, n.c.node, n.c.last_seen).where(node_goes)
+                            .order_by(n.c.cluster, n.c.node)).mappings():
+        result.rows.append({"kind": "node", "cluster": row["cluster"], "node": row["node"],
+                            "uuid": None, "slice": None, "last_seen": row["last_seen"]})
+    keeps_node = sa.exists().where(n.c.cluster == clusters.c.cluster, sa.not_(node_goes))
+    for c in conn.execute(sa.select(clusters.c.cluster, clusters.c.last_seen)
+                          .where(_gone(clusters, cutoff, cluster), ~keeps_node)
+                          .order_by(clusters.c.cluster)).mappings():
+        result.rows.append({"kind": "cluster", "cluster": c["cluster"], "node": None,
+                            "uuid": None, "slice": None, "last_seen": c["last_seen"]})
+    return result
 
 
 def prune(engine: Engine, *, stale_for: float, cluster: str | None = None,
           dry_run: bool = False, lock_timeout: float = 0.0,
           now: dt.datetime | None = None) -> PruneResult:
-    """Prune in one transaction under the sync lock; a dry run rolls everything back."""
+    """Prune in one transaction under the sync lock; a dry run only reads (no lock)."""
     if stale_for <= 0:
         raise InputError("--stale-for must be greater than 0")
-    result: PruneResult | None = None
-    try:
-        with locked_transaction(engine, lock_timeout) as conn:
-            result = prune_conn(conn, stale_for=stale_for, cluster=cluster, now=now)
-            if dry_run:
-                raise _DryRun
-    except _DryRun:
-        pass
-    assert result is not None
-    result.dry_run = dry_run
-    return result
+    if dry_run:
+        with engine.connect() as conn:
+            return prune_plan(conn, stale_for=stale_for, cluster=cluster, now=now)
+    with locked_transaction(engine, lock_timeout) as conn:
+        return prune_conn(conn, stale_for=stale_for, cluster=cluster, now=now)

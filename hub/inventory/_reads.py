@@ -79,6 +79,18 @@ def page_gpus(conn: Connection, *, cluster: str | None = None, node: str | None 
     return [gpu_item(r) for r in rows], last
 
 
+def uuids_starting(conn: Connection, prefix: str, limit: int = 3) -> list[str]:
+    """The uuid itself when the inventory has it, else up to ``limit`` uuids that start with
+    ``prefix`` (the page's search takes a prefix too): one is the GPU meant, more are
+    ambiguous. ``%`` and ``_`` in the prefix are literal."""
+    exact = conn.execute(sa.select(gpus.c.uuid).where(gpus.c.uuid == prefix).limit(1)).first()
+    if exact is not None:
+        return [prefix]
+    return list(conn.execute(
+        sa.select(gpus.c.uuid).where(gpus.c.uuid.startswith(prefix, autoescape=True))
+        .distinct().order_by(gpus.c.uuid).limit(limit)).scalars())
+
+
 def gpu_detail(conn: Connection, uuid: str, *, clusters: Collection[str] | None = None
                ) -> dict[str, Any] | None:
     """A GPU by uuid with its MIG slices; None when unknown.

@@ -146,6 +146,8 @@ class SpokeValues:
     kube_state_metrics: tuple[str, int] | None = None
     #: The naming the upstream dcgm-exporter is pinned to (its collectors CSV).
     dcgm_names: str = LEGACY
+    #: The user's own collectors ConfigMap the ClusterPolicy already names: never overwritten
+    dcgm_config_name: str | None = None
     #: acm mode: which ACM collection path carries the series (legacy allowlist or MCOA)
     acm_collection: str = LEGACY_COLLECTION
     #: MCOA: the placements annotation (``namespace/name,...``); None: MCOA's default
@@ -191,6 +193,7 @@ def spoke_values(
     reconcile_reader: bool = False,
     kube_state_metrics: str | None = None,
     dcgm_names: str | None = LEGACY,
+    dcgm_config_name: str | None = None,
     acm_collection: str | None = LEGACY_COLLECTION,
     placement: str | None = None,
     cluster_is_template: bool = False,
@@ -223,6 +226,9 @@ def spoke_values(
         exporter_ns = dns_label(exporter_namespace, "exporter namespace")
     else:  # each vendor's GPU operator namespace (VENDOR_DEPLOYMENT)
         exporter_ns = None
+    if dcgm_config_name and ("nvidia" not in vendors or exporter_ != "upstream"):
+        raise InputError("--dcgm-config-name is for an upstream NVIDIA exporter (the GPU "
+                         "Operator's dcgm-exporter)")
     if remote_write_url and mode_ != "remote-write":
         raise InputError("--remote-write-url is for remote-write mode: in acm mode ACM's "
                          "collector pushes to the hub it belongs to")
@@ -258,6 +264,8 @@ def spoke_values(
         # None is "not given"; an empty --dcgm-names is a mistake, not the default
         dcgm_names=_choice(LEGACY if dcgm_names is None else dcgm_names, DCGM_NAMINGS,
                            "dcgm naming (--dcgm-names)"),
+        dcgm_config_name=(_dns_subdomain(dcgm_config_name, "--dcgm-config-name")
+                          if dcgm_config_name else None),
         acm_collection=collection,
         placements=placements,
     )
@@ -461,7 +469,8 @@ def _spoke_names(values: SpokeValues) -> list[str]:
         names.add("exporter-networkpolicy.yaml")
     if builtin:
         names |= {"exporter-serviceaccount.yaml", "exporter-daemonset.yaml"}
-    elif "nvidia" in values.vendors:  # pin dcgm-exporter's series (--dcgm-names)
+    elif "nvidia" in values.vendors and values.dcgm_config_name is None:
+        # pin dcgm-exporter's series (--dcgm-names); a user's own config is left as it is
         names |= {"dcgm-metrics-configmap.yaml", "clusterpolicy-dcgm-exporter.yaml"}
     if values.mode == "remote-write":
         names |= {"agent-serviceaccount.yaml", "agent-role.yaml", "agent-rolebinding.yaml",
@@ -497,9 +506,34 @@ def spoke_manifests(values: SpokeValues) -> dict[str, str]:
             stem = name.removesuffix(".yaml")
             for target in context["exporters"]:
                 files[f"{stem}{target.suffix}.yaml"] = _render(template, **context, x=target)
+        elif name in _NOT_OURS:
+            files[f"{PATCHES}/{name}"] = _render(template, **context)
         else:
             files[name] = _render(template, **context)
     return files
+
+
+#: objects gpufleet changes but does not own (the GPU Operator's ClusterPolicy, its
+#: namespace): rendered under PATCHES/ as the fields gpufleet sets, applied with `kubectl
+#: patch` (an ACM policy: musthave on those fields), never listed by a kustomization, so
+#: `kubectl delete -k` to offboard deletes only gpufleet's own objects
+PATCHES = "patches"
+_NOT_OURS = {"clusterpolicy-dcgm-exporter.yaml"}
+
+
+def owned(files: dict[str, str]) -> list[str]:
+    """The manifests a kustomization lists: gpufleet's own objects, not the patches."""
+    return [name for name in files
+            if not name.startswith(f"{PATCHES}/") and name.endswith(".yaml")]
+
+
+def dcgm_fields_csv(values: SpokeValues) -> str:
+    """The collectors rows gpufleet reads, for a user's own ConfigMap (--dcgm-config-name)."""
+    rows = "".join(f"{name}, {kind}, {text}\n"
+                   for name, kind, text in dcgm_collectors(values.dcgm_names))
+    return (f"# Add these rows to the collectors CSV of ConfigMap {values.dcgm_config_name} "
+            "(the one your ClusterPolicy names),\n# keeping your own: gpufleet reads these "
+            f"fields ({values.dcgm_names} naming). docs/onboarding.md.\n{rows}")
 
 
 def _namespace_files(values: SpokeValues, context: dict[str, Any]) -> dict[str, str]:
@@ -509,8 +543,12 @@ def _namespace_files(values: SpokeValues, context: dict[str, Any]) -> dict[str, 
     for target in context["exporters"]:
         ns = values.namespace if values.mode == "remote-write" else target.namespace
         targets.setdefault(ns, target)
+    ours = values.mode == "remote-write" or values.exporter == "builtin"
+    if not ours and values.monitoring != "platform":
+        return {}  # the operator's namespace needs no label of ours: nothing to patch
+    where = "" if ours else f"{PATCHES}/"
     return {
-        ("namespace.yaml" if len(targets) == 1 else f"namespace{target.suffix}.yaml"):
+        f"{where}namespace{'' if len(targets) == 1 else target.suffix}.yaml":
             _render("templates/spoke/namespace.yaml.j2", **context, x=target, ns=ns)
         for ns, target in targets.items()
     }
@@ -575,11 +613,13 @@ def hub_objects(values: SpokeValues) -> dict[str, str]:
 def render_spoke(values: SpokeValues) -> dict[str, str]:
     """All files of ``gpufleet spoke render``: relative path -> text."""
     manifests = spoke_manifests(values)
+    if values.dcgm_config_name is not None:
+        manifests["dcgm-fields.csv"] = dcgm_fields_csv(values)
     if values.mode == "remote-write":
-        return {**manifests, "kustomization.yaml": _kustomization(manifests)}
+        return {**manifests, "kustomization.yaml": _kustomization(owned(manifests))}
     hub = hub_objects(values)
     files = {f"hub/{name}": text for name, text in hub.items()}
     files["hub/kustomization.yaml"] = _kustomization(hub)
     files.update({f"spoke/{name}": text for name, text in manifests.items()})
-    files["spoke/kustomization.yaml"] = _kustomization(manifests)
+    files["spoke/kustomization.yaml"] = _kustomization(owned(manifests))
     return files

@@ -99,6 +99,7 @@ def _usage_models() -> tuple[type[BaseModel], type[BaseModel], type[BaseModel]]:
     figures["allocation_basis"] = (Literal["interval", "estimated", "sampled"] | None, None)
     # showback, when the service has prices (serve --prices): null cost = a model unpriced
     costs: dict[str, Any] = {c: (Number, None) for c in usage.COST_FIGURES}
+    costs["currency"] = (Text, None)  # the price file's ISO 4217 code, null: it names none
     usage_row = create_model("Usage", __config__=ConfigDict(extra="allow"), **keys, **figures,
                              **costs)
     usage_row.__doc__ = ("GPU-hours of one group: the 'by' keys, then the figures "

@@ -576,6 +576,33 @@ def cluster_count_query(window: str, cluster_label: str) -> str:
     return f"count by ({cluster_label}) ({arms})"
 
 
+#: `gpufleet query --preset NAME`: questions people ask of the store in every naming
+PRESETS = ("gpus-per-cluster",)
+
+
+def gpus_per_cluster_query(window: str, cluster_label: str) -> str:
+    """How many GPUs report per cluster, whatever their exporter calls its series: both dcgm
+    namings, both AMD spellings, gpufleet's own. A GPU counts when any of the series the
+    sync dates it by has a sample within ``window`` (``last_over_time``: a cluster silent
+    for longer drops out, where a plain selector would still count it for Prometheus' 5
+    minutes of look-back); each physical GPU counts once (``max by`` its identity folds its
+    MIG slices and its names, and the arms are joined with ``or``)."""
+    arms = []
+    for p in PROFILES:
+        ident = ", ".join([cluster_label, *(x for x in p.id_labels if x not in p.slice_labels)])
+        match = f"{p.device_matcher}, {labelled_matcher(cluster_label)}"
+        arms += [f"max by ({ident}) (last_over_time({name}{{{match}}}[{window}]))"
+                 for m in p.timestamp_metrics for name in p.names(m)]
+    return f"count by ({cluster_label}) ({' or '.join(arms)})"
+
+
+def preset_query(name: str, window: str, cluster_label: str) -> str:
+    """The PromQL of a `gpufleet query --preset` (PRESETS)."""
+    if name == "gpus-per-cluster":
+        return gpus_per_cluster_query(window, cluster_label)
+    raise KeyError(name)
+
+
 def profile(vendor: str) -> VendorProfile:
     for p in PROFILES:
         if p.vendor == vendor:
@@ -762,25 +789,78 @@ def usage_queries(bucket: str, resolution: str, cluster_label: str,
     return out
 
 
+#: dcgm-exporter's default collectors (etc/default-counters.csv, the 25 uncommented rows, in
+#: the legacy naming): what every consumer of a GPU Operator's dcgm-exporter gets unless a
+#: custom CSV replaces the list. gpufleet's pinned CSV keeps them all (the OpenShift console's
+#: GPU dashboard, other teams' Grafana and alerts read them) and adds what the hub reads.
+DCGM_DEFAULT_COUNTERS: tuple[tuple[str, str, str], ...] = (
+    ("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz)."),
+    ("DCGM_FI_DEV_MEM_CLOCK", "gauge", "Memory clock frequency (in MHz)."),
+    ("DCGM_FI_DEV_MEMORY_TEMP", "gauge", "Memory temperature (in C)."),
+    ("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C)."),
+    ("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W)."),
+    ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter",
+     "Total energy consumption since boot (in mJ)."),
+    ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "Total number of PCIe retries."),
+    ("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %)."),
+    ("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "Memory utilization (in %)."),
+    ("DCGM_FI_DEV_ENC_UTIL", "gauge", "Encoder utilization (in %)."),
+    ("DCGM_FI_DEV_DEC_UTIL", "gauge", "Decoder utilization (in %)."),
+    ("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered."),
+    ("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB)."),
+    ("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB)."),
+    ("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "counter",
+     "Total number of NVLink bandwidth counters for all lanes."),
+    ("DCGM_FI_DEV_VGPU_LICENSE_STATUS", "gauge", "vGPU License status"),
+    ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "counter",
+     "Number of remapped rows for uncorrectable errors"),
+    ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "counter",
+     "Number of remapped rows for correctable errors"),
+    ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed"),
+    ("DCGM_FI_DRIVER_VERSION", "label", "Driver Version"),
+    ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge", "Ratio of time the graphics engine is active."),
+    ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "gauge",
+     "Ratio of cycles the tensor (HMMA) pipe is active."),
+    ("DCGM_FI_PROF_DRAM_ACTIVE", "gauge", "Ratio of cycles the device memory interface is "
+     "active sending or receiving data."),
+    ("DCGM_FI_PROF_PCIE_TX_BYTES", "counter", "The number of bytes of active pcie tx data "
+     "including both header and payload."),
+    ("DCGM_FI_PROF_PCIE_RX_BYTES", "counter", "The number of bytes of active pcie rx data "
+     "including both header and payload."),
+)
+
+
 def dcgm_collectors(naming: str) -> list[tuple[str, str, str]]:
-    """dcgm-exporter's collectors CSV rows (field, Prometheus type, help) for the fields the
-    hub reads, in one naming: what ``spoke render --dcgm-names`` pins, so that an operator
-    upgrade (4.9 renames the defaults) cannot change the series under the hub. DCGM 4.7
+    """dcgm-exporter's collectors CSV rows (field, Prometheus type, help): its default set
+    (DCGM_DEFAULT_COUNTERS) plus the fields the hub reads, in one naming: what ``spoke render
+    --dcgm-names`` pins, so that an operator upgrade (4.9 renames the defaults) cannot change
+    the series under the hub, and no consumer of the exporter loses a field it had. DCGM 4.7
     still resolves the legacy names; a 4.6 host engine does not know the new ones."""
     nvidia = profile("nvidia")
     spelled = dcgm_names(naming)
     units = {r.legacy: r.dcgm47_unit if naming == DCGM47 else r.legacy_unit
              for r in DCGM_RENAMES}
+    driver = DCGM_DRIVER_LABELS[1] if naming == DCGM47 else DCGM_DRIVER_LABELS[0]
+    rows: dict[str, tuple[str, str, str]] = {}
+    for legacy, kind, text in DCGM_DEFAULT_COUNTERS:
+        name = driver if legacy == DCGM_DRIVER_LABELS[0] else spelled.get(legacy, legacy)
+        unit = units.get(legacy)
+        if unit and "(in " in text:  # the help says the unit the name now arrives in
+            text = f"{text.split(' (in ')[0]} ({'a 0-1 ratio' if unit == '0-1' else 'in ' + unit})."
+        if name != legacy and kind == "counter" and not name.endswith("_TOTAL"):
+            kind = "gauge"  # 4.7's throughput in bytes per second is a rate, not a count
+        rows[name] = (name, kind, text)
     read = [*(m for ms in nvidia.value_fields.values() for m in ms),
             *nvidia.timestamp_metrics,
             # CLOCK_THROTTLE_REASONS is CLOCKS_EVENT_REASONS from DCGM 3.2 on
             *(ms[-1] if naming == DCGM47 else ms[0] for ms in nvidia.health_fields.values()),
             *(m for ms in USAGE_PROFILING_FIELDS["nvidia"].values() for m in ms)]
-    rows: dict[str, tuple[str, str, str]] = {}
     for legacy in read:
         if legacy in (FB_CAPACITY, "DCGM_FI_DEV_FB_TOTAL"):
             continue  # the size: 4.7's own field, added below; FB_TOTAL is not needed
         name = spelled.get(legacy, legacy)
+        if name in rows:
+            continue  # a default field: its own type and help
         kind = "counter" if name.endswith("_TOTAL") and "REMAP" not in name else "gauge"
         unit = units.get(legacy)
         rows[name] = (name, kind, f"read by gpufleet ({unit})" if unit else "read by gpufleet")

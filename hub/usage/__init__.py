@@ -17,7 +17,7 @@ from hub.usage._answers import (
     usage_frame,
     usage_summary,
 )
-from hub.usage._bills import Bill, describe_bill, load_bill, parse_bill
+from hub.usage._bills import Bill, describe_bill, load_bill, parse_bill, showback_currency
 from hub.usage._export import FOCUS_COLUMNS, ExportResult, export_usage, safe_cell
 from hub.usage._export import FORMATS as EXPORT_FORMATS
 from hub.usage._fold import fold_bucket
@@ -140,6 +140,7 @@ __all__ = [
     "rollup_sums",
     "safe_cell",
     "score_objects",
+    "showback_currency",
     "summary_select",
     "unused_note",
     "usage_frame",

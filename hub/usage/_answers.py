@@ -24,7 +24,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from hub import inventory as inv
-from hub.usage._bills import Bill, cloud_nodes, needs_nodes, node_prices
+from hub.usage._bills import Bill, cloud_nodes, needs_nodes, node_prices, showback_currency
 from hub.usage._idle import IDLE_FOR_S, IDLE_THRESHOLD_PCT, idle_gpu_hours, idle_runs
 from hub.usage._ledger import rollup_days, rollup_sums
 from hub.usage._meter import BASES
@@ -141,8 +141,10 @@ def usage_summary(conn: Connection, start: dt.datetime, end: dt.datetime,
     figure per group already judged over a longer period (a day of the daily chart).
     ``bill`` (and instance-type prices) price a node's GPU-hours at what its node-hour cost
     (hub/usage/_bills.py); ``node_priced`` (a dict) receives those prices per GPU-hour per
-    (cluster, node)."""
+    (cluster, node). Every cost row carries ``currency``: the bill's or the price file's
+    (showback_currency refuses the two in different currencies before anything is read)."""
     cols = group_columns(by)
+    currency = showback_currency(prices, bill)
     if bill is not None and prices is None:
         prices = Prices({})
     per_node = needs_nodes(prices, bill)
@@ -199,6 +201,7 @@ def usage_summary(conn: Connection, start: dt.datetime, end: dt.datetime,
         if prices is not None:
             row["cost"] = group["cost"]
             row["unpriced_gpu_hours"] = group["unpriced_gpu_hours"]
+            row["currency"] = currency
         out.append(_clean(row))
     return out
 

@@ -85,6 +85,7 @@ COLUMNS: dict[str, dict[str, tuple[str, ...]]] = {
         # the cluster's tag, where activated as a cost allocation tag
         "cluster?": ("resourceTags/aws:eks:cluster-name", "resourceTags/user:eks:cluster-name",
                      "resourceTags/user:cluster"),
+        "currency?": ("lineItem/CurrencyCode", "line_item_currency_code"),
     },
     GCP: {
         "resource": ("resource.name", "resource_name"),
@@ -94,6 +95,7 @@ COLUMNS: dict[str, dict[str, tuple[str, ...]]] = {
         "credits?": ("credits.amount", "credits_amount"),
         "project?": ("project.id", "project_id"),
         "zone?": ("location.zone", "location_zone"),
+        "currency?": ("currency",),
     },
     AZURE: {
         "resource": ("ResourceId", "InstanceId"),
@@ -102,6 +104,7 @@ COLUMNS: dict[str, dict[str, tuple[str, ...]]] = {
         "quantity": ("Quantity", "UsageQuantity"),
         "unit?": ("UnitOfMeasure",),
         "category?": ("MeterCategory",),
+        "currency?": ("BillingCurrency", "BillingCurrencyCode", "Currency"),
     },
 }
 #: the columns whose presence says which export a header is
@@ -137,6 +140,9 @@ class Bill:
     format: str
     lines: list[BillLine]
     read: int = 0  # VM lines read from the file, before folding
+    #: ISO 4217 code every line is billed in (the export's currency column); None: the export
+    #: has no such column, so the bill does not say
+    currency: str | None = None
 
 
 # -- reading ---------------------------------------------------------------------------------
@@ -368,24 +374,43 @@ def read_bill(handle: IO[str], source: str = "bill") -> Bill:
         folded: dict[tuple, BillLine] = {}
         shared: dict[Any, Any] = {}  # one object per resource name and time, not one a row
         read = 0
+        currencies: dict[str, int] = {}  # code -> first line that bills in it
         for row in reader:
             if not any(cell.strip() for cell in row):
                 continue
-            line = READERS[fmt](row, col, f"{source} line {reader.line_num}")
+            where = f"{source} line {reader.line_num}"
+            line = READERS[fmt](row, col, where)
             if line is not None:
                 read += 1
                 _fold(folded, shared, line)
+                code = _currency(_cells(row, col)("currency"), where)
+                if code is not None:
+                    currencies.setdefault(code, reader.line_num)
     except csv.Error as exc:
         raise InputError(f"{source} line {reader.line_num}: not CSV ({exc})") from None
     except UnicodeDecodeError:
         raise InputError(f"{source} is not a text (UTF-8) file") from None
+    if len(currencies) > 1:
+        (a, line_a), (b, line_b) = sorted(currencies.items(), key=lambda kv: kv[1])[:2]
+        raise InputError(f"{source}: lines in {a} (line {line_a}) and {b} (line {line_b}); "
+                         "one answer never sums two currencies: export one currency per bill")
     lines = list(folded.values())
-    return Bill(fmt, lines, read)
+    return Bill(fmt, lines, read, next(iter(currencies), None))
 
 
 def parse_bill(text: str, source: str = "bill") -> Bill:
     """:func:`read_bill` of a bill held as text."""
     return read_bill(io.StringIO(text.lstrip("\ufeff"), newline=""), source)
+
+
+def _currency(text: str, where: str) -> str | None:
+    """The ISO 4217 code of a line's currency cell (None where blank)."""
+    code = text.strip().upper()
+    if not code:
+        return None
+    if not (len(code) == 3 and code.isascii() and code.isalpha()):
+        raise InputError(f"{where}: currency {text.strip()!r} is not an ISO 4217 code")
+    return code
 
 
 def load_bill(path: str | Path) -> Bill:
@@ -509,6 +534,23 @@ def node_prices(nodes: Iterable[CloudNode], prices: Prices | None, bill: Bill | 
             if hourly is not None:
                 out[(node.cluster, node.node)] = check_price(hourly / gpus, where)
     return out
+
+
+def showback_currency(prices: Prices | None, bill: Bill | None) -> str | None:
+    """The one currency of a showback's costs: the bill's, the price file's, or both where
+    they agree. A bill and a price file in two currencies (or one naming its currency and the
+    other not) would sum two currencies in one cost: a one-line InputError names both."""
+    if bill is None:
+        return prices.currency if prices is not None else None
+    if prices is None or prices.currency == bill.currency:
+        return bill.currency
+    bill_says = f"in {bill.currency}" if bill.currency else "without a currency column"
+    file_says = (f"in {prices.currency}" if prices.currency
+                 else f"names no currency (add `currency: {bill.currency}` if its prices "
+                      f"are in {bill.currency})")
+    raise InputError(f"the bill is {bill_says} and the price file {file_says}: one answer "
+                     "never sums two currencies; give --bill and --prices in one currency, or "
+                     "either alone")
 
 
 def needs_nodes(prices: Prices | None, bill: Bill | None) -> bool:

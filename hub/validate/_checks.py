@@ -379,6 +379,8 @@ RECONCILE_SEVERITY = {
     "device_plugin_and_dra": WARNING,
     # GPUs the node's instance type has that neither Kubernetes nor the exporter shows
     "gpus_missing_by_instance_type": ERROR,
+    # more GPUs than the node's instance type has, or another model
+    "instance_type_mismatch": ERROR,
     "unknown": INFO,
 }
 

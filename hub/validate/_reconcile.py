@@ -45,6 +45,7 @@ from hub.kube import (
     Catalog,
     ClaimAllocation,
     DraNode,
+    InstanceType,
     SliceError,
     claim_allocations,
     claimed_devices,
@@ -84,6 +85,9 @@ DEVICE_PLUGIN_AND_DRA = "device_plugin_and_dra"
 #: the node's instance type (hub.kube's catalog) has GPUs that neither Kubernetes nor the
 #: exporter shows: a device plugin or driver that never started, GPUs fallen off the bus
 GPUS_MISSING_BY_INSTANCE_TYPE = "gpus_missing_by_instance_type"
+#: the node shows more GPUs than its instance type has, or GPUs of another model: a wrong
+#: instance-type label, a node the catalog or the inventory mistakes for another
+INSTANCE_TYPE_MISMATCH = "instance_type_mismatch"
 #: node statuses that do not fail `gpufleet reconcile`
 NODE_PASSING = (MATCH, UNKNOWN)
 
@@ -150,6 +154,9 @@ class ObservedNode:
     uuids: frozenset[str] = frozenset()
     #: normalised PCI bus ids of its active GPUs, where the exporter labels them (AMD's DRA key)
     pci_bus_ids: frozenset[str] = frozenset()
+    #: the models its active GPUs report (modelName, card_series): what the instance type's
+    #: catalog entry is checked against
+    models: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -769,9 +776,23 @@ def _by_instance_type(result: NodeResult | None, cluster: str, view: NodeView | 
         return replace(result, **extra) if result is not None else None
     extra["expected_gpus"] = entry.gpus
     metrics = obs.gpus if obs is not None and obs.state == ACTIVE else 0
+    k8s = _k8s_physical(view)
+    beyond = _beyond_type(entry, obs if metrics else None, k8s, metrics)
+    if beyond is not None:
+        where = "instance type" if by_type else "server model (label selector)"
+        source = f" (per {entry.source})" if entry.source else ""
+        reason = f"{where} {named} has {entry.describe()}{source}, yet {beyond}"
+        reason += ": a wrong instance-type label, or a catalog entry to correct"
+        if result is not None and result.status != MATCH:
+            reason += f"; {result.reason}"
+        if result is not None:
+            return replace(result, status=INSTANCE_TYPE_MISMATCH, reason=reason, **extra)
+        return NodeResult(cluster, view.node, INSTANCE_TYPE_MISMATCH, "none",
+                          k8s_gpus=view.gpus, observed_gpus=obs.gpus if obs else None,
+                          reason=reason,
+                          resources=dict(sorted(view.capacity.items())), **extra)
     if metrics >= entry.gpus:  # the exporter shows them all: nothing to count on this side
         return replace(result, **extra) if result is not None else None
-    k8s = _k8s_physical(view)
     k8s_shown = entry.gpus if k8s is None else k8s  # cannot tell: take Kubernetes' word
     lost = entry.gpus - max(k8s_shown, metrics)
     if lost <= 0:
@@ -794,6 +815,37 @@ def _by_instance_type(result: NodeResult | None, cluster: str, view: NodeView | 
                       reason=reason, resources=resources,
                       metrics_node=obs.node if obs and obs.node != view.node else None,
                       **extra)
+
+
+#: words of a model name that say the vendor or brand, not which GPU it is
+_BRAND_WORDS = frozenset({"nvidia", "amd", "tesla", "instinct", "radeon", "geforce", "quadro"})
+
+
+def model_family(model: str | None) -> str | None:
+    """The word of a model name that says which GPU it is, lower-cased: "h100" of "NVIDIA
+    H100 80GB HBM3", "mi300x" of "AMD Instinct MI300X OAM", "l4" (not "l40s") of "NVIDIA L4":
+    the catalog and the exporter spell the rest (form factor, memory) each their own way."""
+    for word in re.split(r"[^0-9a-z]+", (model or "").lower()):
+        if word and word not in _BRAND_WORDS:
+            return word
+    return None
+
+
+def _beyond_type(entry: InstanceType, obs: ObservedNode | None, k8s: int | None,
+                 metrics: int) -> str | None:
+    """What the node shows beyond its catalog entry (more GPUs than the type has, or GPUs of
+    another model), in words; None when nothing."""
+    found = []
+    if metrics > entry.gpus:
+        found.append(f"the exporter reports {metrics}")
+    if k8s is not None and k8s > entry.gpus:
+        found.append(f"Kubernetes advertises {k8s}")
+    want = model_family(entry.model)
+    others = sorted(m for m in (obs.models if obs is not None else ())
+                    if want is not None and model_family(m) not in (None, want))
+    if others:
+        found.append(f"its GPUs report {', '.join(others)}")
+    return "; ".join(found) if found else None
 
 
 def _managed(mc: ManagedCluster | None) -> str:

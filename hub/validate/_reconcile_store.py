@@ -79,13 +79,28 @@ def observed_nodes(conn: Connection) -> list[ObservedNode]:
         .order_by(nodes.c.cluster, nodes.c.node)
     )
     uuids, pci_ids = _identities(conn)
+    models = _models(conn)
     return [
         ObservedNode(r.cluster, r.node, r.state, r.gpus or 0, r.slices or 0, r.mig_gpus or 0,
                      r.vendor, r.last_sample_at,
                      frozenset(uuids.get((r.cluster, r.node), ())),
-                     frozenset(pci_ids.get((r.cluster, r.node), ())))
+                     frozenset(pci_ids.get((r.cluster, r.node), ())),
+                     frozenset(models.get((r.cluster, r.node), ())))
         for r in conn.execute(stmt)
     ]
+
+
+def _models(conn: Connection) -> dict[tuple[str, str], set[str]]:
+    """Per node, the models its active whole GPUs report: what its instance type's catalog
+    entry is checked against (a slice's model is its parent's)."""
+    out: dict[tuple[str, str], set[str]] = {}
+    rows = conn.execute(
+        sa.select(gpus.c.cluster, gpus.c.node, gpus.c.model)
+        .where(gpus.c.state == inv.ACTIVE, gpus.c.slice_key == "",
+               gpus.c.model.is_not(None)).distinct())
+    for r in rows:
+        out.setdefault((r.cluster, r.node), set()).add(r.model)
+    return out
 
 
 def _identities(conn: Connection) -> tuple[dict[tuple[str, str], set[str]],

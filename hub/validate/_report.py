@@ -110,12 +110,15 @@ _ICON = {ERROR: "❌ error", WARNING: "⚠️ warning", INFO: "ℹ️ info", "ok
 
 
 def _md(value: Any) -> str:
-    """One table cell: no line breaks, no pipes, no HTML (PR comments render it)."""
+    """One table cell: no line breaks, no pipes, no HTML (PR comments render it). Markdown's
+    own backslash escapes, not HTML entities: a tag needs a ``<`` and an entity an ``&``, and
+    ``\\<`` reads as ``<`` where the text is shown unrendered (a chat, a terminal), where
+    ``&gt;`` would not; ``>`` inside a cell is plain text."""
     if value is None:
         return ""
     text = str(iso(value) if isinstance(value, dt.datetime) else value)
     text = " ".join(text.split())
-    for raw, escaped in (("&", "&amp;"), ("<", "&lt;"), (">", "&gt;"), ("|", "\\|"),
+    for raw, escaped in (("\\", "\\\\"), ("&", "\\&"), ("<", "\\<"), ("|", "\\|"),
                          ("`", "\\`")):
         text = text.replace(raw, escaped)
     return text

@@ -31,7 +31,7 @@ def objects(files: dict[str, str]) -> dict[str, dict[str, Any]]:
     import yaml
 
     return {path: yaml.safe_load(text) for path, text in files.items()
-            if not path.endswith("kustomization.yaml")}
+            if path.endswith(".yaml") and not path.endswith("kustomization.yaml")}
 
 
 def by_kind(files: dict[str, str], kind: str) -> list[dict[str, Any]]:
