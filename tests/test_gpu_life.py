@@ -104,7 +104,7 @@ class Model:
             if new != old and not (old is None and new == "ok"):
                 self.health_changes.setdefault(uuid, []).append((old, new))
             self.health[uuid] = new
-        for slot, uuid in previous.items():
+        for uuid in previous.values():
             if uuid not in placed.values() and uuid in before_alloc:
                 self.stale_allocated[uuid] = self.stale_allocated.get(uuid, 0) + 1
         self.sightings.append((now, dict(placed)))

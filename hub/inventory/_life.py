@@ -134,9 +134,11 @@ def write_placements(conn: Connection, known: Mapping[tuple[str, str], HeldGpu],
     for batch in _batches({"c": o.cluster, "n": o.node, "s": o.slot, "u": o.uuid}
                           for o in opening if o.slot is not None):
         conn.execute(theirs, batch)
-    for batch in _batches({"uuid": o.uuid, "cluster": o.cluster, "node": o.node,
-                           "slot": o.slot, "since": now, "until": None} for o in opening):
-        conn.execute(p.insert(), batch)
+    rows: Iterator[dict[str, Any]] = (
+        {"uuid": o.uuid, "cluster": o.cluster, "node": o.node, "slot": o.slot, "since": now,
+         "until": None} for o in opening)
+    for rows_batch in _batches(rows):
+        conn.execute(p.insert(), rows_batch)
     return replaced
 
 
