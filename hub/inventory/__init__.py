@@ -62,8 +62,10 @@ from hub.inventory._life import (
     gpu_placements,
     lemon_columns,
     lemons,
+    mask_evidence,
     parse_by,
     placements,
+    reserved_by,
 )
 from hub.inventory._migrate import (
     current,
@@ -170,6 +172,7 @@ __all__ = [
     "list_sync_runs",
     "locked_transaction",
     "make_engine",
+    "mask_evidence",
     "nodes",
     "now_utc",
     "open_engine",
@@ -187,6 +190,7 @@ __all__ = [
     "reconcile_results",
     "reconcile_runs",
     "refused_inputs",
+    "reserved_by",
     "run_sync",
     "safe_url",
     "schedule_lease",

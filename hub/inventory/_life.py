@@ -272,6 +272,7 @@ class _Failure:
     node: str | None
     slot: str | None
     what: str
+    namespaces: tuple[str, ...] = ()
 
 
 def _failures(conn: Connection, start: dt.datetime, clusters: Collection[str] | None
@@ -295,7 +296,7 @@ def _failures(conn: Connection, start: dt.datetime, clusters: Collection[str] | 
         elif r["type"] == "stale" and d.get("allocated"):
             out.append(_Failure(r["at"], "stale", r["uuid"], *where,
                                 "stopped reporting while allocated to "
-                                + ", ".join(d["allocated"])))
+                                + ", ".join(d["allocated"]), tuple(d["allocated"])))
     return out
 
 
@@ -351,7 +352,8 @@ def lemons(conn: Connection, *, since: float, by: str, now: dt.datetime,
                                     "evidence": []})
         row["stale_allocated" if f.kind == "stale" else f.kind] += 1
         row["evidence"].append({"at": f.at, "uuid": f.uuid, "cluster": f.cluster,
-                                "node": f.node, "what": f.what})
+                                "node": f.node, "what": f.what,
+                                "namespaces": list(f.namespaces)})
     out = []
     for key, row in rows.items():
         seconds = service.get(key, 0.0)
@@ -371,6 +373,31 @@ def lemons(conn: Connection, *, since: float, by: str, now: dt.datetime,
     out.sort(key=lambda r: (-r["per_gpu_month"], -r["failures"],
                             [str(r[k]) for k in LEMON_KEYS[by]]))
     return out
+
+
+def mask_evidence(rows: list[dict[str, Any]], allowed: Collection[str]
+                  ) -> list[dict[str, Any]]:
+    """Lemon rows as a namespace-scoped caller sees them: another team's namespace in the
+    evidence reads "other" (the row itself is a GPU the caller's namespaces hold)."""
+    out = []
+    for row in rows:
+        evidence = []
+        for item in row["evidence"]:
+            if item["namespaces"]:
+                names = sorted({n if n in allowed else "other" for n in item["namespaces"]})
+                item = {**item, "namespaces": names,
+                        "what": "stopped reporting while allocated to " + ", ".join(names)}
+            evidence.append(item)
+        out.append({**row, "evidence": evidence})
+    return out
+
+
+def reserved_by(conn: Connection, namespaces: Collection[str]) -> set[str]:
+    """GPUs (uuids) these namespaces hold or held: what a namespace-scoped caller may see
+    ranked, never another team's."""
+    a = allocations
+    return set(conn.execute(sa.select(a.c.uuid).where(a.c.namespace.in_(sorted(namespaces)))
+                            .distinct()).scalars())
 
 
 # -- fleet states ---------------------------------------------------------------------------
