@@ -325,3 +325,72 @@ def test_upgrade_gives_every_known_gpu_an_open_placement_and_prune_takes_it(db_u
             assert [e["type"] for e in inv.list_events(conn, uuid="GPU-old")] == ["pruned"]
     finally:
         engine.dispose()
+
+
+# -- the service: its API, its GPU page and a team's scope ------------------------------------
+def _life_db(url: str) -> None:
+    """team-a holds GPU-0 (east/n1), which failed; team-b held GPU-2 (east/n2), lost while
+    allocated and replaced by GPU-3."""
+    engine = _db.make_engine(url, create=True)
+    migrate.ensure_schema(engine)
+    now = dt.datetime.now(dt.UTC).replace(tzinfo=None) - 3 * HOUR
+    allocated = {"GPU-0"}
+    _sync(engine, now, {SLOTS[0]: "GPU-0", SLOTS[2]: "GPU-2"}, {}, allocated, 86400)
+    with engine.begin() as conn:  # team-b's pod on GPU-2
+        conn.execute(inv.allocations.insert().values(
+            cluster="east", node="n2", uuid="GPU-2", slice_key="", namespace="team-b",
+            pod="train", container="main", first_seen=now, last_seen=now))
+    _sync(engine, now + HOUR, {SLOTS[0]: "GPU-0"}, {"GPU-0": "failed"}, allocated, 86400)
+    _sync(engine, now + 2 * HOUR, {SLOTS[0]: "GPU-0", SLOTS[2]: "GPU-3"},
+          {"GPU-0": "failed"}, allocated, 86400)
+    engine.dispose()
+
+
+def test_api_page_and_scope_show_the_same_life(tmp_path):
+    import yaml
+
+    from hub.service import Authenticator, TokenFile, token_entry
+    from tests.support.asgi import page_client
+
+    url = f"sqlite:///{tmp_path / 'inv.db'}"
+    _life_db(url)
+    tokens = tmp_path / "tokens.yaml"
+    tokens.write_text(yaml.safe_dump({"tokens": [
+        token_entry("admin", "gpf_admin-token"),
+        token_entry("team-a", "gpf_team-a-token", namespaces=["team-a"])]}))
+    client = page_client(url, auth=Authenticator(tokens=TokenFile(tokens)))
+    admin = {"Authorization": "Bearer gpf_admin-token"}
+    team = {"Authorization": "Bearer gpf_team-a-token"}
+
+    ranked = client.get("/api/v1/lemons", headers=admin).json()["items"]
+    engine = _db.make_engine(url)
+    with engine.connect() as conn:
+        cli = inv.lemons(conn, since=inv.LEMON_SINCE_S, by="gpu", now=inv.now_utc())
+    engine.dispose()
+    assert [(r["uuid"], r["failures"]) for r in ranked] == [
+        (r["uuid"], r["failures"]) for r in cli] and {r["uuid"] for r in cli} == {
+        "GPU-0", "GPU-2"}
+    lost = next(r for r in ranked if r["uuid"] == "GPU-2")
+    assert (lost["replaced"], lost["stale_allocated"]) == (1, 1)
+    assert any("team-b" in e["what"] for e in lost["evidence"])
+    # team-a sees its own GPU's failures, not team-b's lemon by name
+    mine = client.get("/api/v1/lemons", headers=team).json()["items"]
+    assert [r["uuid"] for r in mine] == ["GPU-0"] and "team-b" not in json.dumps(mine)
+    assert client.get("/api/v1/lemons", headers=team,
+                      params={"by": "slot"}).json()["items"][0]["slot"] == SLOTS[0][2]
+    assert client.get("/api/v1/lemons", headers=admin,
+                      params={"by": "rack"}).status_code in (400, 422)
+
+    whole = client.get("/api/v1/states", headers=admin).json()["items"]
+    assert whole == [{"delivered": 3, "healthy": 1, "reserved": 1, "active": 1}]
+    theirs = client.get("/api/v1/states", headers=team,
+                        params={"by": "namespace"}).json()["items"]
+    assert theirs == [{"namespace": "team-a", "delivered": 1, "healthy": 0, "reserved": 1,
+                       "active": 1}]
+    assert client.get("/api/v1/states", headers=admin,
+                      params={"by": "team"}).status_code == 400
+
+    history = client.get("/api/v1/gpus/GPU-2/history", headers=admin).json()
+    assert [(p["node"], p["slot"]) for p in history["placements"]] == [("n2", SLOTS[2][2])]
+    page = client.get("/gpus/GPU-0", headers=admin).text
+    assert "Where it sat" in page and "Health history" in page and "failed" in page
