@@ -123,16 +123,21 @@ def write_placements(conn: Connection, known: Mapping[tuple[str, str], HeldGpu],
         opening += [o for o in back if o.uuid not in still]
     if not opening:
         return []
-    replaced = list(_replaced(conn, opening, seen, known, now, replaced_within))
+    holders = _holders(conn, opening, now)
+    replaced = list(_replaced(opening, holders, seen, known, now, replaced_within))
     p = placements
     mine = p.update().where(p.c.uuid == sa.bindparam("u"), p.c.until.is_(None)).values(until=now)
     for batch in _batches({"u": o.uuid} for o in opening if o.known):
         conn.execute(mine, batch)
+    # only slots another GPU still holds open (none on a first sync: no per-GPU statement)
     theirs = p.update().where(p.c.cluster == sa.bindparam("c"), p.c.node == sa.bindparam("n"),
                               p.c.slot == sa.bindparam("s"), p.c.uuid != sa.bindparam("u"),
                               p.c.until.is_(None)).values(until=now)
-    for batch in _batches({"c": o.cluster, "n": o.node, "s": o.slot, "u": o.uuid}
-                          for o in opening if o.slot is not None):
+    taken: Iterator[dict[str, Any]] = (
+        {"c": o.cluster, "n": o.node, "s": o.slot, "u": o.uuid} for o in opening
+        if any(uuid != o.uuid and until is None
+               for until, uuid in holders.get((o.cluster, o.node, o.slot), ())))
+    for batch in _batches(taken):
         conn.execute(theirs, batch)
     rows: Iterator[dict[str, Any]] = (
         {"uuid": o.uuid, "cluster": o.cluster, "node": o.node, "slot": o.slot, "since": now,
@@ -142,28 +147,39 @@ def write_placements(conn: Connection, known: Mapping[tuple[str, str], HeldGpu],
     return replaced
 
 
-def _replaced(conn: Connection, opening: list[_Opening],
+Holders = dict[tuple[str, str, "str | None"], list[tuple["dt.datetime | None", str]]]
+
+
+def _holders(conn: Connection, opening: list[_Opening], now: dt.datetime) -> Holders:
+    """(cluster, node, slot) -> [(until, uuid)] of every placement in the slots GPUs open
+    into, one query a batch (an empty table on a first sync answers at once)."""
+    p = placements
+    out: Holders = {}
+    if not conn.execute(sa.select(p.c.id).limit(1)).first():
+        return out
+    slots = sorted({(o.cluster, o.node, o.slot) for o in opening if o.slot is not None})
+    for chunk in _batches(slots):
+        stmt = sa.select(p.c.cluster, p.c.node, p.c.slot, p.c.uuid, p.c.until).where(
+            sa.tuple_(p.c.cluster, p.c.node, p.c.slot).in_(chunk))
+        for cluster, node, slot, uuid, until in conn.execute(stmt):
+            out.setdefault((cluster, node, slot), []).append((until, uuid))
+    return out
+
+
+def _replaced(opening: list[_Opening], holders: Holders,
               seen: Mapping[tuple[str, str], Observation],
               known: Mapping[tuple[str, str], HeldGpu], now: dt.datetime,
               within: float) -> Iterator[dict[str, Any]]:
     """One event per opening into a slot another identity held within ``within``: the
     latest other holder, unless it still reports from that very slot (two parts claiming
     one slot is a labelling fault, not a swap)."""
-    slotted = [o for o in opening if o.slot is not None]
-    if not slotted:
-        return
-    p = placements
-    latest: dict[tuple[str, str, str], list[tuple[dt.datetime, str]]] = {}
-    for chunk in _batches(sorted({(o.cluster, o.node, o.slot) for o in slotted})):
-        stmt = sa.select(p.c.cluster, p.c.node, p.c.slot, p.c.uuid, p.c.until).where(
-            sa.tuple_(p.c.cluster, p.c.node, p.c.slot).in_(chunk))
-        for cluster, node, slot, uuid, until in conn.execute(stmt):
-            latest.setdefault((cluster, node, slot), []).append((until or now, uuid))
     cutoff = now - dt.timedelta(seconds=within)
-    for o in slotted:
-        assert o.slot is not None
-        held = sorted((h for h in latest.get((o.cluster, o.node, o.slot), ())
-                       if h[1] != o.uuid), reverse=True)
+    for o in opening:
+        if o.slot is None:
+            continue
+        held = sorted(((until or now, uuid) for until, uuid
+                       in holders.get((o.cluster, o.node, o.slot), ()) if uuid != o.uuid),
+                      reverse=True)
         if not held or held[0][0] < cutoff:
             continue
         old = held[0][1]
