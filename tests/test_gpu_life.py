@@ -394,3 +394,12 @@ def test_api_page_and_scope_show_the_same_life(tmp_path):
     assert [(p["node"], p["slot"]) for p in history["placements"]] == [("n2", SLOTS[2][2])]
     page = client.get("/gpus/GPU-0", headers=admin).text
     assert "Where it sat" in page and "Health history" in page and "failed" in page
+    # the live page ranks as the API does; team-a's shows its own GPU only
+    from tests.support.browser import Dom
+
+    live = Dom(client.get("/", headers=admin).text)
+    assert [r["uuid"] for r in live.table("lemons")] == [r["uuid"] for r in ranked]
+    assert [r["delivered"] for r in live.table("states")] == ["3"]
+    theirs_page = client.get("/", headers=team).text
+    assert [r["uuid"] for r in Dom(theirs_page).table("lemons")] == ["GPU-0"]
+    assert "team-b" not in theirs_page and "GPU-2" not in theirs_page
