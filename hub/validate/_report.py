@@ -20,7 +20,7 @@ from typing import Any
 
 from hub import common
 from hub.common import InputError, html_environment, iso, to_json, to_table
-from hub.inventory._life import STATES
+from hub.inventory import STATES
 from hub.validate._checks import ERROR, INFO, SEVERITIES, WARNING, Finding, human
 
 FORMATS = ("table", "json", "markdown", "html")
