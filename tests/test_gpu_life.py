@@ -403,3 +403,24 @@ def test_api_page_and_scope_show_the_same_life(tmp_path):
     theirs_page = client.get("/", headers=team).text
     assert [r["uuid"] for r in Dom(theirs_page).table("lemons")] == ["GPU-0"]
     assert "team-b" not in theirs_page and "GPU-2" not in theirs_page
+
+
+def test_a_finding_names_each_gpu_and_slot_past_the_lemon_threshold():
+    from hub.validate._checks import check_lemons
+
+    engine = _memory_engine()
+    placed = {SLOTS[0]: "GPU-0"}
+    _sync(engine, T0, placed, {}, set(), 86400)
+    _sync(engine, T0 + HOUR, placed, {"GPU-0": "failed"}, set(), 86400)
+    _sync(engine, T0 + 2 * HOUR, {SLOTS[0]: "GPU-1"}, {}, set(), 86400)
+    now = T0 + 3 * HOUR
+    with engine.connect() as conn:
+        by_gpu = inv.lemons(conn, since=86400, by="gpu", now=now)
+        by_slot = inv.lemons(conn, since=86400, by="slot", now=now)
+    # two failures of GPU-0 over at least a day's service: 60 a GPU-month
+    assert [(r["uuid"], r["failures"], r["per_gpu_month"]) for r in by_gpu] == [
+        ("GPU-0", 2, 60.0)]
+    found = sorted((f.check, f.gpu, f.node) for f in check_lemons(by_gpu, by_slot, 59))
+    assert found == [("lemon_gpu", "GPU-0", "n1"), ("lemon_slot", None, "n1")]
+    assert check_lemons(by_gpu, by_slot, 60) == []  # past, not at, the threshold
+    engine.dispose()
