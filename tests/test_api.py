@@ -384,8 +384,21 @@ def test_metrics_expose_the_documented_families(served):
     assert families["gpufleet_sync_failures"].type == "counter"
     gpus = {(s.labels["cluster"], s.labels["state"]): s.value
             for s in families["gpufleet_gpus"].samples}
-    assert gpus == {("east", "active"): 17, ("east", "stale"): 0, ("west", "active"): 4,
-                    ("west", "stale"): 0, ("amd", "active"): 5, ("amd", "stale"): 0}
+    # the fleet states (issue 38): reserved are the GPUs pods hold, none idle yet
+    held: dict[str, set[str]] = {}
+    for a in served.json("/api/v1/allocations", limit=1000)["items"]:
+        held.setdefault(a["cluster"], set()).add(a["uuid"])
+    expected = {}
+    for cluster, known in (("east", 17), ("west", 4), ("amd", 5)):
+        reserved = len(held.get(cluster, ()))
+        expected.update({(cluster, "delivered"): known, (cluster, "healthy"): known,
+                         (cluster, "reserved"): reserved, (cluster, "active"): reserved,
+                         (cluster, "stale"): 0})
+    assert gpus == expected and 0 < sum(len(v) for v in held.values()) < 26
+    states = served.json("/api/v1/states", by="cluster")["items"]
+    assert {(r["cluster"], k): r[k] for r in states for k in
+            ("delivered", "healthy", "reserved", "active")} == {
+        k: v for k, v in expected.items() if k[1] != "stale"}
     findings = {s.labels["severity"]: s.value for s in families["gpufleet_findings"].samples}
     assert findings == {"error": 0, "warning": 0, "info": 0}
     samples = {s.name: s.value for f in families.values() for s in f.samples if not s.labels}

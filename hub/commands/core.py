@@ -16,6 +16,7 @@ from hub import usage
 from hub.common import (
     DURATION,
     EXIT_FINDINGS,
+    PERCENT,
     ConfiguredCommand,
     ConfiguredGroup,
     GpufleetError,
@@ -237,6 +238,10 @@ def query(expr: str | None, preset: str | None, stale_after: float, range_: floa
 @click.option("--every", type=DURATION, envvar=env("every"), metavar="DURATION",
               help="Keep running, one sync every DURATION (e.g. 5m).")
 @stale_after_option
+@click.option("--replaced-within", type=DURATION, default="7d", show_default=True,
+              envvar=env("replaced-within"), metavar="DURATION",
+              help="A new GPU in a slot another GPU held this recently is a `replaced` event "
+                   "(slot, old, new); the two keep separate histories.")
 @lock_timeout_option
 @query_concurrency_option
 @shard_size_option
@@ -244,9 +249,9 @@ def query(expr: str | None, preset: str | None, stale_after: float, range_: floa
 @cluster_label_option
 @db_option
 @output_option("text", "json", default="text", json_is="one object")
-def sync(once: bool, every: float | None, stale_after: float, lock_timeout: float,
-         query_concurrency: int, shard_size: int, cluster_label: str, db: str | None,
-         output: str, **opts: Any) -> None:
+def sync(once: bool, every: float | None, stale_after: float, replaced_within: float,
+         lock_timeout: float, query_concurrency: int, shard_size: int, cluster_label: str,
+         db: str | None, output: str, **opts: Any) -> None:
     """Fill the inventory database from the hub (one transaction per sync).
 
     Counts GPUs per cluster (one request), then issues a fixed set of PromQL queries per
@@ -264,6 +269,7 @@ def sync(once: bool, every: float | None, stale_after: float, lock_timeout: floa
         raise InputError("--stale-after must be greater than 0")
     if every is not None and every <= 0:
         raise InputError("--every must be greater than 0 (leave it out to sync once)")
+    inv.check_within(replaced_within)
     with hub_client(opts) as client, database(db, create=True) as engine:
         while True:
             try:  # at scale a sync takes a while: a bar on a terminal, silent when piped
@@ -271,7 +277,8 @@ def sync(once: bool, every: float | None, stale_after: float, lock_timeout: floa
                     result = run_sync(engine, client, stale_after=stale_after,
                                       cluster_label=cluster_label, lock_timeout=lock_timeout,
                                       query_concurrency=query_concurrency,
-                                      shard_size=shard_size)
+                                      shard_size=shard_size,
+                                      replaced_within=replaced_within)
             except UnavailableError as exc:
                 if not every:
                     raise
@@ -388,7 +395,8 @@ class UnknownGpu(GpufleetError):
 @db_option
 @output_option("table", "json", json_is="one object")
 def gpu(uuid: str, db: str | None, output: str, **_: Any) -> None:
-    """One GPU by UUID or a unique prefix of it (GPU-5c0f): where it is, its MIG slices,
+    """One GPU by UUID, a unique prefix of it (GPU-5c0f) or its serial: where it is, where it
+    sat (placements: cluster, node, slot, from, until), its health history, MIG slices,
     events, allocations and recent usage.
 
     An unknown UUID prints one line and exits 1; a prefix of several GPUs' UUIDs prints one
@@ -411,6 +419,8 @@ def gpu(uuid: str, db: str | None, output: str, **_: Any) -> None:
                          if e.get("details") else ""} for e in detail["events"]]
     emit([detail["gpu"]], GPU_TABLE_COLUMNS, "table")
     for title, key, columns in (
+        ("placements", "placements", inv.PLACEMENT_COLUMNS),
+        ("health history", "health", inv.HEALTH_COLUMNS),
         ("MIG slices", "slices", GPU_TABLE_COLUMNS),
         ("events", "events", inv.EVENT_COLUMNS),
         ("allocations", "allocations", inv.ALLOCATION_COLUMNS),
@@ -418,6 +428,85 @@ def gpu(uuid: str, db: str | None, output: str, **_: Any) -> None:
     ):
         click.echo(f"\n{title}:")
         emit(detail[key], columns, "table")
+
+
+def _evidence_text(evidence: list[dict[str, Any]], most: int = 3) -> str:
+    """A row's evidence in a table cell: the newest few, and how many more -o json has."""
+    shown = [f"{iso(e['at'])} {e['uuid']}: {e['what']}" for e in evidence[-most:]]
+    more = len(evidence) - len(shown)
+    return "; ".join(shown) + (f" (+{more} more)" if more > 0 else "")
+
+
+@inventory_group.command("lemons", cls=ConfiguredCommand)
+@click.option("--since", type=DURATION, default="90d", show_default=True, metavar="DURATION",
+              help="Count failures and time in service over the last DURATION.")
+@click.option("--by", "by", default="gpu", show_default=True, metavar="gpu|node|slot|model",
+              help="Rank physical GPUs, nodes, slots (cluster, node, PCI bus) or models.")
+@db_option
+@output_option()
+def lemons(since: float, by: str, db: str | None, output: str, **_: Any) -> None:
+    """GPUs (nodes, slots, models) that fail most, by failures per GPU-month in service.
+
+    \b
+    A failure is one of:
+      health    the GPU turned degraded or failed (XID, ECC double-bit errors,
+                row-remap failure, fell off the bus, the exporter's own health)
+      replaced  another GPU took its slot (held against the part taken out)
+      stale     it stopped reporting while a pod held it
+    Time in service is its placements' time within --since (at least a day is
+    counted, so a GPU seen for minutes does not top the list). Each row carries its
+    evidence (the table shows the newest three; -o json has all). Only rows with a
+    failure are listed.
+    """
+    inv.check_since(since)
+    [key] = inv.parse_by(by, inv.LEMON_BY, many=False)
+    with database(db) as engine:
+        require_schema(engine)
+        with engine.connect() as conn:
+            rows = inv.lemons(conn, since=since, by=key, now=inv.now_utc())
+    if output != "json":
+        rows = [{**r, "evidence": _evidence_text(r["evidence"])} for r in rows]
+    emit(rows, inv.lemon_columns(key), output)
+
+
+@inventory_group.command("states", cls=ConfiguredCommand)
+@click.option("--by", "by", default="", metavar="cluster,model,namespace",
+              help="Group by any of cluster, model, namespace (comma-separated); default: "
+                   "the whole fleet.")
+@click.option("--idle-threshold", type=PERCENT, default=usage.IDLE_THRESHOLD_PCT,
+              show_default=True, envvar="GPUFLEET_IDLE_THRESHOLD",
+              help="Average utilisation % under which an allocated bucket is idle.")
+@click.option("--idle-for", type=DURATION, default="2h", show_default=True, metavar="DURATION",
+              envvar="GPUFLEET_IDLE_FOR",
+              help="A reserved GPU idle this long in a row is not active.")
+@db_option
+@output_option()
+def states(by: str, idle_threshold: float, idle_for: float, db: str | None, output: str,
+           **_: Any) -> None:
+    """The fleet's physical GPUs as delivered, healthy, reserved and active.
+
+    \b
+    delivered  what should be there: per node the most of Kubernetes' count at the
+               latest reconcile, its instance type's catalog count and the GPUs known
+               there (reporting or stale)
+    healthy    reporting and not failed
+    reserved   reporting and held by a pod (an allocation seen at the latest sync)
+    active     reserved and not idle (under --idle-threshold for --idle-for, from the
+               usage ledger: without `usage collect` no GPU reads as idle)
+    Healthy and reserved never exceed delivered, nor active reserved: each is a count
+    of one GPU's flags. --by namespace puts each GPU under the namespace holding it
+    (none: not reserved).
+    """
+    keys = inv.parse_by(by, inv.STATE_BY, many=True) if by.strip() else ()
+    if idle_for <= 0:
+        raise InputError("--idle-for must be greater than 0")
+    with database(db) as engine:
+        require_schema(engine)
+        with engine.connect() as conn:
+            now = inv.now_utc()
+            idle = usage.idle_now(conn, now, threshold=idle_threshold, for_seconds=idle_for)
+            rows = inv.fleet_states(conn, by=keys, idle=idle)
+    emit(rows, [*keys, *inv.STATES], output)
 
 
 @inventory_group.command("prune", cls=ConfiguredCommand)

@@ -324,6 +324,10 @@ def reconcile(ctx: click.Context, source: str | None, contexts: tuple[str, ...],
                    "is older than this is silent, an error: the age at which ACM's own "
                    "ManagedClusterMetricsMissing fires. A cluster in maintenance_mode may be "
                    "silent (info).")
+@click.option("--lemon-threshold", type=float, default=2.0, show_default=True,
+              metavar="N", envvar=env("lemon-threshold"),
+              help="A GPU or slot failing more than N times a GPU-month in service over the "
+                   "last 90 days is a finding (`gpufleet inventory lemons` ranks them).")
 @click.option("--max-findings", type=click.IntRange(1), default=50, show_default=True,
               help="Findings listed in -o markdown (the rest are counted).")
 @click.option("--out", metavar="FILE",
@@ -335,7 +339,8 @@ def reconcile(ctx: click.Context, source: str | None, contexts: tuple[str, ...],
 @click.pass_context
 def report(ctx: click.Context, max_age: float, push_interval: float, window: float,
            idle_threshold: float, idle_for: float, naming_mix_for: float,
-           acm_silent_after: float, max_findings: int, out: str | None,
+           acm_silent_after: float, lemon_threshold: float, max_findings: int,
+           out: str | None,
            cluster_label: str, db: str | None, output: str, **opts: Any) -> None:
     """Check the latest data and print findings with a per-cluster summary.
 
@@ -356,6 +361,7 @@ def report(ctx: click.Context, max_age: float, push_interval: float, window: flo
     if max_age <= 0 or push_interval <= 0 or window <= 0 or acm_silent_after <= 0:
         raise InputError("--max-age, --push-interval, --window and --acm-silent-after must "
                          "be greater than 0")
+    inv.check_threshold(lemon_threshold)
     with database(db) as engine:
         if opts.get("hub_url"):
             with hub_client(opts) as client:
@@ -364,14 +370,16 @@ def report(ctx: click.Context, max_age: float, push_interval: float, window: flo
                                            cluster_label=cluster_label,
                                            idle_threshold=idle_threshold, idle_for=idle_for,
                                            naming_mix_for=naming_mix_for,
-                                           acm_silent_after=acm_silent_after)
+                                           acm_silent_after=acm_silent_after,
+                                           lemon_threshold=lemon_threshold)
         else:
             assessed = validation.assess(engine, None, max_age=max_age,
                                        push_interval=push_interval, window=window,
                                        cluster_label=cluster_label,
                                        idle_threshold=idle_threshold, idle_for=idle_for,
                                        naming_mix_for=naming_mix_for,
-                                       acm_silent_after=acm_silent_after)
+                                       acm_silent_after=acm_silent_after,
+                                       lemon_threshold=lemon_threshold)
     facts, findings, now = assessed.facts, assessed.findings, assessed.now
     hub_url, hub_failure = assessed.hub_url, assessed.hub_failure
     run = facts.reconcile

@@ -123,7 +123,8 @@ allocations = sa.Table(
 )
 
 #: What happened to a GPU, written by the sync in its transaction (and by prune): appeared,
-#: stale, returned, moved, changed, pruned. ``details`` is a JSON object (from/to, field/old/new).
+#: stale, returned, moved, changed, pruned; health (old, new, reasons) and replaced (slot,
+#: old, new: hub/inventory/_life.py). ``details`` is a JSON object (from/to, field/old/new).
 events = sa.Table(
     "events", metadata,
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
@@ -137,7 +138,8 @@ events = sa.Table(
     sa.Index("ix_events_at", "at"),
     sa.Index("ix_events_uuid_at", "uuid", "at"),
 )
-EVENT_TYPES = ("appeared", "stale", "returned", "moved", "changed", "pruned")
+EVENT_TYPES = ("appeared", "stale", "returned", "moved", "changed", "pruned", "health",
+               "replaced")
 
 sync_runs = sa.Table(
     "sync_runs", metadata,
@@ -480,6 +482,8 @@ def _seen_events(known: Mapping[tuple[str, str], HeldGpu],
                  ) -> Iterator[dict[str, Any]]:
     """The events of what ``seen`` holds (every slice of a GPU is in the same ``seen``: a
     GPU's slices report from one node, so from one shard of a sync)."""
+    from hub.inventory._life import health_event
+
     layout_new: dict[str, list[str]] = {}
     for uuid, key in seen:
         if key:
@@ -488,6 +492,8 @@ def _seen_events(known: Mapping[tuple[str, str], HeldGpu],
         uuid, key = ident
         row = known.get(ident)
         where = (obs.cluster, obs.node, uuid, key)
+        if not key and (health := health_event(obs, row, now)) is not None:
+            yield health
         if row is None:
             yield _event(now, "appeared", *where)
             continue
@@ -541,8 +547,14 @@ class InventoryWriter:
     is chosen among all (as one unsharded write would).
     """
 
-    def __init__(self, conn: Connection, now: dt.datetime) -> None:
+    def __init__(self, conn: Connection, now: dt.datetime, *,
+                 replaced_within: float | None = None) -> None:
+        from hub.inventory import _life
+
         self.conn, self.now = conn, now
+        self._life = _life
+        self.replaced_within = (_life.REPLACED_WITHIN_S if replaced_within is None
+                                else replaced_within)
         self.seen = array("q")  # hash((uuid, slice_key)) of every GPU a group wrote
         self.counts = {"clusters": 0, "nodes": 0, "gpus": 0, "events": 0}
 
@@ -612,6 +624,8 @@ class InventoryWriter:
         _write_gpus(self.conn, ((key, _gpu_row(obs, beside.get(key), now))
                                 for key, obs in seen.items()), known)
         self._events(_seen_events(known, seen, _layout(known), now))
+        self._events(self._life.write_placements(self.conn, known, seen, now,
+                                                 self.replaced_within))
         self.seen.extend(map(hash, seen))
 
     def _events(self, rows: Iterable[dict[str, Any]]) -> None:
@@ -635,9 +649,11 @@ class InventoryWriter:
         # Active rows this sync did not write: seen unchanged, or gone. One streamed pass
         # (paging in key order had SQLite sort every active row once a page), keeping the
         # gone only: memory follows what went stale this sync, not the fleet.
-        gone: list[tuple[str, str, str, str]] = []  # uuid, slice_key, cluster, node
+        # uuid, slice_key, cluster, node, last_seen
+        gone: list[tuple[str, str, str, str, dt.datetime]] = []
         result = conn.execute(
-            sa.select(gpus.c.uuid, gpus.c.slice_key, gpus.c.cluster, gpus.c.node)
+            sa.select(gpus.c.uuid, gpus.c.slice_key, gpus.c.cluster, gpus.c.node,
+                      gpus.c.last_seen)
             .where(gpus.c.state == ACTIVE, gpus.c.last_seen < now)
             .execution_options(yield_per=BATCH))
         for rows in result.partitions():
@@ -651,10 +667,15 @@ class InventoryWriter:
                 gone += (tuple(r) for r in rows)
         stale = (gpus.update().where(*(gpus.c[c] == sa.bindparam(f"k_{c}") for c in GPU_KEY))
                  .values(state=STALE))
-        for batch in _batches({"k_uuid": uuid, "k_slice_key": key} for uuid, key, _, _ in gone):
+        for batch in _batches({"k_uuid": uuid, "k_slice_key": key}
+                              for uuid, key, _, _, _ in gone):
             conn.execute(stale, batch)
-        self._events(_event(now, "stale", cluster, node, uuid, key)
-                     for uuid, key, cluster, node in gone)
+        # a physical GPU lost while a pod held it: the stale event says whose (lemons)
+        held = self._life.allocated_at_last_sight(
+            conn, ((uuid, last) for uuid, key, _, _, last in gone if not key))
+        self._events(_event(now, "stale", cluster, node, uuid, key,
+                            **({"allocated": held[uuid]} if uuid in held and not key else {}))
+                     for uuid, key, cluster, node, _ in gone)
         # every row still active was seen by this sync (the gone ones just turned stale)
         conn.execute(gpus.update().where(gpus.c.state == ACTIVE, gpus.c.last_seen < now)
                      .values(last_seen=now))
@@ -754,9 +775,12 @@ class HeldPlace(NamedTuple):
     model: str | None
     memory_total_mib: float | None
     driver_version: str | None
+    health: str | None
+    health_reasons: str | None
 
 
 _HELD = [GPU_COMPARE.index(c) for c in HeldPlace._fields]
+_PCI, _INDEX = GPU_COMPARE.index("pci_bus_id"), GPU_COMPARE.index("gpu_index")
 
 
 class HeldGpu:
@@ -765,10 +789,10 @@ class HeldGpu:
     HeldGpus ~220 bytes a GPU (370 as one tuple under a tuple key), where the row itself
     is ~1 kB: the write holds one for every GPU of a group."""
 
-    __slots__ = ("digest", "same")
+    __slots__ = ("digest", "same", "slot")
 
-    def __init__(self, same: HeldPlace, digest: int) -> None:
-        self.same, self.digest = same, digest
+    def __init__(self, same: HeldPlace, digest: int, slot: str | None = None) -> None:
+        self.same, self.digest, self.slot = same, digest, slot
 
     # its HeldPlace's fields (a property in C: the write reads them for every GPU)
     cluster = property(operator.attrgetter("same.cluster"))
@@ -777,6 +801,8 @@ class HeldGpu:
     model = property(operator.attrgetter("same.model"))
     memory_total_mib = property(operator.attrgetter("same.memory_total_mib"))
     driver_version = property(operator.attrgetter("same.driver_version"))
+    health = property(operator.attrgetter("same.health"))
+    health_reasons = property(operator.attrgetter("same.health_reasons"))
 
 
 class HeldGpus(MutableMapping[tuple[str, str], HeldGpu]):
@@ -842,8 +868,11 @@ def held_gpus(conn: Connection, uuids: Collection[str]) -> HeldGpus:
             # repeated strings (cluster, node, state, model, driver): one object each
             same = HeldPlace._make(intern(v) if type(v) is str else v
                                    for v in (values[i] for i in _HELD))
+            # the slot (hub.inventory._life.slot_of): bus ids repeat from node to node
+            slot = (intern(values[_PCI][:32]) if values[_PCI]
+                    else None if values[_INDEX] is None else f"index {values[_INDEX]}")
             out[(row[0], intern(row[1]))] = HeldGpu(places.setdefault(same, same),
-                                                    _digest(values))
+                                                    _digest(values), slot)
     return out
 
 

@@ -60,7 +60,8 @@ def record_pruned_events(conn: Connection, removed_gpus: list[dict[str, Any]],
                          at: dt.datetime) -> None:
     """One ``pruned`` event per removed GPU or slice, in the prune's own transaction.
 
-    Events are never pruned: the history of a GPU survives its inventory row.
+    The GPU's placements and health events go with it (hub.inventory._life.prune_life);
+    its other events stay: what happened in the fleet survives the inventory row.
     """
     if not removed_gpus:
         return
@@ -95,6 +96,10 @@ def prune_conn(conn: Connection, *, stale_for: float, cluster: str | None = None
                       allocations.c.slice_key)
             .in_(sa.select(*key).where(_gone(gpus, cutoff, cluster)))))
         conn.execute(gpus.delete().where(_gone(gpus, cutoff, cluster)))
+        # its placements and health history are kept with the GPU, so they go with it
+        from hub.inventory._life import prune_life
+
+        prune_life(conn, {g["uuid"] for g in gone_gpus if not g["slice_key"]})
     record_pruned_events(conn, gone_gpus, now)
     still_has_gpu = sa.exists().where(gpus.c.cluster == nodes.c.cluster,
                                       gpus.c.node == nodes.c.node)

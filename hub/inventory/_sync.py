@@ -377,7 +377,8 @@ def run_sync(engine: Engine, client: HubClient, *, stale_after: float = 600.0,
              cluster_label: str = "cluster", lock_timeout: float = 0.0,
              query_concurrency: int = DEFAULT_QUERY_CONCURRENCY,
              shard_size: int = DEFAULT_SHARD_SIZE,
-             fence: Callable[[Connection], None] | None = None) -> SyncResult:
+             fence: Callable[[Connection], None] | None = None,
+             replaced_within: float | None = None) -> SyncResult:
     """Run one sync. Raises a GpufleetError (with its exit code) when it fails.
 
     The hub is asked first, outside any lock: other writers (reconcile, another sync) never
@@ -399,7 +400,8 @@ def run_sync(engine: Engine, client: HubClient, *, stale_after: float = 600.0,
                 if fence is not None:
                     fence(conn)
                 now = inventory.now_utc()
-                writer = inventory.InventoryWriter(conn, now)
+                writer = inventory.InventoryWriter(conn, now,
+                                                   replaced_within=replaced_within)
                 held: list[Observation] = []
                 for group in fetched.groups():
                     held += writer.add(group, fetched.contested)

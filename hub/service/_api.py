@@ -489,3 +489,44 @@ def gpu_history(engine: ReadEngine, scope: CallerScope, uuid: UuidPath) -> dict[
     if found is None or not scope.allows_cluster(found["gpu"].get("cluster")):
         raise ApiError(404, f"unknown GPU {uuid[:128]!r}")
     return found
+
+
+# -- a GPU's life: fleet states and lemons (issue 38) --------------------------------------------
+def states(engine: ReadEngine, scope: CallerScope,
+           by: Annotated[str | None, _text("Group by, comma-separated: cluster, model, "
+                                           "namespace (default: the whole fleet).",
+                                           max_length=128)] = None,
+           rule: Annotated[Any, Depends(idle_rule_of)] = None) -> dict[str, Any]:
+    """Physical GPUs delivered, healthy, reserved and active (reserved and not idle by the
+    service's idle rule), with Healthy, Reserved ⊆ Delivered and Active ⊆ Reserved in every
+    group. A namespace-scoped caller counts the GPUs its namespaces reserve."""
+    keys = tuple(_by(by, inv.STATE_BY, "")) if by else ()
+    if len(set(keys)) != len(keys):
+        raise ApiError(400, "by: each group once")
+    with engine.connect() as conn:
+        idle = answers.idle_now(conn, inv.now_utc(), threshold=rule.threshold,
+                                for_seconds=rule.for_seconds, clusters=scope.clusters)
+        return _listing(inv.fleet_states(conn, by=keys, idle=idle, clusters=scope.clusters,
+                                         namespaces=scope.namespaces))
+
+
+def lemons(engine: ReadEngine, scope: CallerScope,
+           since: Annotated[str | None, _text("Look back this long (a DURATION, default "
+                                              "90d).", max_length=64)] = None,
+           by: Annotated[Literal["gpu", "node", "slot", "model"], Query(
+               description="Rank GPUs, nodes, slots or models (default gpu).")] = "gpu"
+           ) -> dict[str, Any]:
+    """GPUs (nodes, slots, models) by failures per GPU-month in service, with the evidence
+    of each row; a namespace-scoped caller sees only the GPUs its namespaces hold or held,
+    and another team's namespace in the evidence as 'other'."""
+    seconds = _duration("since", since) if since else inv.LEMON_SINCE_S
+    if seconds <= 0:
+        raise ApiError(400, "since must be greater than 0")
+    with engine.connect() as conn:
+        uuids = (inv.reserved_by(conn, scope.namespaces)
+                 if scope.namespaces is not None else None)
+        rows = inv.lemons(conn, since=seconds, by=by, now=inv.now_utc(),
+                          clusters=scope.clusters, uuids=uuids)
+    if scope.namespaces is not None:
+        rows = inv.mask_evidence(rows, scope.namespaces)
+    return _listing(rows)

@@ -34,6 +34,10 @@ ALLOCATION_COLUMNS = [("uuid", "GPU"), ("mig_profile", "MIG slice"), ("namespace
                       ("pod", "Pod"), ("container", "Container"), ("last_seen", "Last seen")]
 EVENT_COLUMNS = [("at", "When"), ("type", "Event"), ("cluster", "Cluster"), ("node", "Node"),
                  ("slice", "Slice"), ("details", "Details")]
+PLACEMENT_COLUMNS = [("cluster", "Cluster"), ("node", "Node"), ("slot", "Slot (PCI bus)"),
+                     ("from", "From"), ("until", "Until")]
+HEALTH_COLUMNS = [("at", "When"), ("cluster", "Cluster"), ("node", "Node"), ("old", "Was"),
+                  ("new", "Became"), ("reasons", "Reasons")]
 USAGE_COLUMNS = [("bucket_start", "Hour"), ("slice", "Slice"), ("namespace", "Namespace"),
                  ("pod", "Pod"), ("gpu_hours", "GPU-hours"),
                  ("avg_utilisation_pct", "Utilisation %"), ("energy_wh", "Energy Wh"),
@@ -152,6 +156,14 @@ def gpu_page(conn: Connection, uuid: str, scope: Scope) -> DetailPage:
                                       (uuid, gpu_href(uuid))], json, [
         Section("facts", "GPU", FACT_COLUMNS,
                 _facts({k: v for k, v in gpu.items() if k not in ("uuid",)}), "", json[0]),
+        # its life (issue 38): where it sat, and every change of its health, so a repaired
+        # GPU keeps its record and the part that replaced it has its own
+        Section("placements", "Where it sat", PLACEMENT_COLUMNS,
+                [_shown(p) for p in history["placements"]], "No placement recorded.",
+                json[1], len(history["placements"])),
+        Section("health", "Health history", HEALTH_COLUMNS,
+                [_shown(h) for h in history["health"]], "No change of health recorded.",
+                json[1], len(history["health"])),
         Section("slices", "MIG slices", GPU_COLUMNS, _gpu_rows(detail["slices"]),
                 "Not split into MIG slices.", json[0], len(detail["slices"])),
         Section("allocations", "Pods on this GPU", ALLOCATION_COLUMNS,

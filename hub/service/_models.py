@@ -136,11 +136,38 @@ class GpuDetail(Strict):
     also_seen_on: list[Place]
 
 
+class Placement(Strict):
+    """Where a physical GPU sat, from when until when (null: it is there now)."""
+
+    cluster: str
+    node: str
+    slot: Text
+    from_: Time = Field(..., alias="from")
+    until: Time
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True,
+                              serialize_by_alias=True)
+
+
+class HealthChange(Strict):
+    """A change of a GPU's health: old, new and the reasons (XID, ECC, row remap, ...)."""
+
+    at: Time
+    cluster: Text
+    node: Text
+    old: Health | None
+    new: Health | None
+    reasons: Text
+
+
 class GpuHistory(Strict):
-    """One GPU's story: where it is, its slices, events, allocations and recent usage."""
+    """One GPU's story: where it is, where it sat, its health history, its slices, events,
+    allocations and recent usage."""
 
     gpu: Gpu  # type: ignore[valid-type]
     slices: list[Gpu]  # type: ignore[valid-type]
+    placements: list[Placement]
+    health: list[HealthChange]
     events: list[Event]  # type: ignore[valid-type]
     allocations: list[dict[str, Any]]
     usage: list[dict[str, Any]]
@@ -214,6 +241,53 @@ AllocationList = listing(Allocation, "AllocationList")
 SyncRunList = listing(SyncRun, "SyncRunList")
 UsageList = listing(Usage, "UsageList")
 IdleList = listing(Idle, "IdleList")
+
+
+class States(BaseModel):
+    """Physical GPUs of one group: delivered ⊇ healthy, reserved; reserved ⊇ active."""
+
+    model_config = ConfigDict(extra="forbid")
+    cluster: Text = None
+    model: Text = None
+    namespace: Text = None
+    delivered: int
+    healthy: int
+    reserved: int
+    active: int
+
+
+class LemonEvidence(Strict):
+    """One failure behind a lemon row."""
+
+    at: Time
+    uuid: str
+    cluster: Text
+    node: Text
+    what: str
+    namespaces: list[str]
+
+
+class Lemon(BaseModel):
+    """A GPU, node, slot or model with its failures per GPU-month in service."""
+
+    model_config = ConfigDict(extra="forbid")
+    uuid: Text = None
+    model: Text = None
+    cluster: Text = None
+    node: Text = None
+    slot: Text = None
+    gpus: int
+    gpu_months: float
+    failures: int
+    health: int
+    replaced: int
+    stale_allocated: int
+    per_gpu_month: float
+    evidence: list[LemonEvidence]
+
+
+StateList = listing(States, "StateList")
+LemonList = listing(Lemon, "LemonList")
 EventList = listing(Event, "EventList")
 _totals: dict[str, Any] = {c: (float, ...) for c in usage.CAPACITY_FIGURES}
 CapacityTotals = create_model("CapacityTotals", __base__=Strict, **_totals)

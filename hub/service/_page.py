@@ -391,6 +391,42 @@ def capacity_section(conn: Connection, *, scope: Scope = FULL) -> Section | None
         "No GPUs.", "/api/v1/capacity?by=model", len(rows))
 
 
+@section_source(visibility="scoped")
+def states_section(conn: Connection, *, scope: Scope = FULL,
+                   rule: Any = None) -> Section | None:
+    """Delivered, healthy, reserved and active GPUs by cluster (issue 38): the items of
+    /api/v1/states?by=cluster, read by the same function with the caller's scope."""
+    rule = rule or usage.IdleRule()
+    idle = usage.idle_now(conn, inv.now_utc(), threshold=rule.threshold,
+                          for_seconds=rule.for_seconds, clusters=scope.clusters)
+    rows = inv.fleet_states(conn, by=("cluster",), idle=idle, clusters=scope.clusters,
+                            namespaces=scope.namespaces)
+    if not rows:
+        return None
+    return Section("states", "Fleet states (physical GPUs)", [
+        ("cluster", "Cluster"), ("delivered", "Delivered"), ("healthy", "Healthy"),
+        ("reserved", "Reserved"), ("active", "Active")], rows[:PAGE_ROWS], "No GPUs.",
+        "/api/v1/states?by=cluster", len(rows))
+
+
+@section_source(visibility="scoped")
+def lemons_section(conn: Connection, *, scope: Scope = FULL) -> Section | None:
+    """GPUs by failures per GPU-month in service over 90 days (issue 38): the ranking of
+    /api/v1/lemons, a namespace-scoped caller's own GPUs only."""
+    uuids = inv.reserved_by(conn, scope.namespaces) if scope.namespaces is not None else None
+    rows = inv.lemons(conn, since=inv.LEMON_SINCE_S, by="gpu", now=inv.now_utc(),
+                      clusters=scope.clusters, uuids=uuids)
+    if scope.namespaces is not None:
+        rows = inv.mask_evidence(rows, scope.namespaces)
+    shown = [{**r, "evidence": "; ".join(e["what"] for e in r["evidence"][-3:]),
+              "_href": _gpu_href(r["uuid"])} for r in rows]
+    return Section("lemons", "GPUs that fail most, last 90 days", [
+        ("cluster", "Cluster"), ("node", "Node"), ("uuid", "GPU"), ("model", "Model"),
+        ("failures", "Failures"), ("per_gpu_month", "A GPU-month"),
+        ("evidence", "Latest evidence")], shown[:PAGE_ROWS], "No GPU failed.",
+        "/api/v1/lemons", len(shown))
+
+
 # -- charts (issue 22): one section per chart, each drawn from data read for the scope ------
 #: days of the GPU-hours-per-day chart, today included
 CHART_DAYS = 14
@@ -468,6 +504,7 @@ USAGE_SECTIONS: tuple[SectionSource, ...] = (
     usage_by_day_chart, utilisation_chart, usage_section,
     idle_chart, idle_section,
     capacity_chart, capacity_section,
+    states_section, lemons_section,
 )
 
 

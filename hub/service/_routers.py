@@ -162,6 +162,11 @@ def usage_router() -> ConfinedRouter:
                errors=(400, 503), response_model_exclude_unset=True)
     router.add("/api/v1/placement-scores", api.placement_scores, models.PlacementScoreList,
                visibility="scoped", errors=(400, 503))
+    # a GPU's life (issue 38): a states row carries the keys of its grouping only
+    router.add("/api/v1/states", api.states, models.StateList, visibility="scoped",
+               errors=(400, 503), response_model_exclude_unset=True)
+    router.add("/api/v1/lemons", api.lemons, models.LemonList, visibility="scoped",
+               errors=(400, 503), response_model_exclude_unset=True)
     return router
 
 

@@ -192,8 +192,9 @@ class _InventoryCollector(Collector):
             else:
                 ok.add_metric([], 1)
                 gpus = GaugeMetricFamily(
-                    "gpufleet_gpus", "Physical GPUs in the inventory by cluster and state "
-                    "(MIG slices not counted).", labels=["cluster", "state"])
+                    "gpufleet_gpus", "Physical GPUs by cluster and state: delivered, healthy, "
+                    "reserved, active (reserved and not idle), and stale (known, not "
+                    "reporting); MIG slices not counted.", labels=["cluster", "state"])
                 for cluster, state, count in counts:
                     gpus.add_metric([cluster, state], count)
                 yield gpus
@@ -562,8 +563,18 @@ def build_service(jobs: Jobs, *, every: float, engine: Engine, host: str = "127.
                           leader=leader, latest_sync=latest_sync)
 
     def counts() -> list[tuple[str, str, int]]:
+        """Per cluster the fleet states (delivered, healthy, reserved, active: issue 38) by
+        the service's idle rule, and the stale GPUs."""
+        from hub import usage
+
         with engine.connect() as conn:
-            return inv.gpu_counts(conn)
+            stale = [row for row in inv.gpu_counts(conn) if row[1] == inv.STALE]
+            rule = idle_rule or usage.IdleRule()
+            idle = usage.idle_now(conn, inv.now_utc(), threshold=rule.threshold,
+                                  for_seconds=rule.for_seconds)
+            states = inv.fleet_states(conn, by=("cluster",), idle=idle)
+        return sorted([*stale, *((r["cluster"], state, r[state]) for r in states
+                                 for state in inv.STATES)])
 
     metrics.watch(counts, lambda: scheduler.state.findings)
     app = build_app(engine, health=scheduler.health, findings=scheduler.findings,

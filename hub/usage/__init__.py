@@ -29,6 +29,7 @@ from hub.usage._idle import (
     IdleRule,
     idle_allocated,
     idle_gpu_hours,
+    idle_now,
     idle_runs,
 )
 from hub.usage._ledger import (
@@ -123,6 +124,7 @@ __all__ = [
     "group_columns",
     "idle_allocated",
     "idle_gpu_hours",
+    "idle_now",
     "idle_runs",
     "ledger_bucket",
     "load_bill",

@@ -290,3 +290,17 @@ def idle_allocated(conn: Connection, start: dt.datetime, end: dt.datetime, *,
             for run in idle_runs(conn, start, end, threshold=threshold,
                                  for_seconds=for_seconds, clusters=clusters,
                                  namespaces=namespaces)]
+
+
+def idle_now(conn: Connection, now: dt.datetime, *, threshold: float = IDLE_THRESHOLD_PCT,
+             for_seconds: float = IDLE_FOR_S,
+             clusters: Collection[str] | None = None) -> set[str]:
+    """GPUs (uuids) idle now by the one idle rule: an idle run of at least ``for_seconds``
+    reaching the latest ended buckets (two hours' slack for the ledger's lag). What the
+    fleet states take off ``active`` (hub.inventory.fleet_states)."""
+    slack = dt.timedelta(hours=2)
+    start = now - dt.timedelta(seconds=for_seconds) - slack - dt.timedelta(hours=1)
+    return {run["uuid"] for run in idle_runs(conn, start, now + dt.timedelta(seconds=1),
+                                              threshold=threshold, for_seconds=for_seconds,
+                                              clusters=clusters)
+            if run["idle_until"] >= now - slack}

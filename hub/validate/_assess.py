@@ -73,7 +73,8 @@ def assess(engine: Engine, client: HubClient | None, *, max_age: float, push_int
            window: float, cluster_label: str, idle_threshold: float | None = None,
            idle_for: float | None = None,
            naming_mix_for: float = checks.NAMING_MIX_FOR,
-           acm_silent_after: float = checks.ACM_SILENT_AFTER) -> Assessment:
+           acm_silent_after: float = checks.ACM_SILENT_AFTER,
+           lemon_threshold: float = checks.LEMON_THRESHOLD) -> Assessment:
     """Run every check on the latest inventory (and the hub's recent history, given a client).
 
     A hub that fails is not fatal here: the assessment carries an error finding and the
@@ -107,6 +108,13 @@ def assess(engine: Engine, client: HubClient | None, *, max_age: float, push_int
         usage_view = usage_summary(conn, now, *rule)
         findings += idle_allocated_findings(usage_view["idle"], rule[0])
         findings += metering_findings(conn, now - dt.timedelta(seconds=IDLE_LOOKBACK))
+        findings += checks.check_lemons(
+            inv.lemons(conn, since=inv.LEMON_SINCE_S, by="gpu", now=now),
+            inv.lemons(conn, since=inv.LEMON_SINCE_S, by="slot", now=now), lemon_threshold)
+        # the fleet's delivered / healthy / reserved / active GPUs (issue 38), per cluster
+        usage_view["states"] = inv.fleet_states(
+            conn, by=("cluster",),
+            idle=usage.idle_now(conn, now, threshold=rule[0], for_seconds=rule[1]))
     if failure is not None:
         findings.insert(0, checks.Finding(checks.ERROR, "hub", "hub checks failed: "
                                           + failure.format_message()))

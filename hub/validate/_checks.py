@@ -370,6 +370,31 @@ def check_gpu_health(gpus: Sequence[GpuFacts]) -> list[Finding]:
     return out
 
 
+#: failures per GPU-month in service past which a GPU or slot is a lemon (`--lemon-threshold`)
+LEMON_THRESHOLD = 2.0
+
+
+def check_lemons(by_gpu: Sequence[dict[str, Any]], by_slot: Sequence[dict[str, Any]],
+                 threshold: float = LEMON_THRESHOLD) -> list[Finding]:
+    """GPUs and slots that fail more often than ``threshold`` a GPU-month (the rows of
+    hub.inventory.lemons): a part to RMA, or a slot (riser, cable, board) that kills parts."""
+    out = []
+    for row in by_gpu:
+        if row["per_gpu_month"] > threshold:
+            out.append(Finding(WARNING, "lemon_gpu", (
+                f"{row['failures']} failure(s) ({row['health']} health, {row['replaced']} "
+                f"replaced, {row['stale_allocated']} lost while allocated): "
+                f"{row['per_gpu_month']:g} a GPU-month, over {threshold:g}"),
+                row["cluster"], row["node"], row["uuid"]))
+    for row in by_slot:
+        if row["per_gpu_month"] > threshold and row["slot"] is not None:
+            out.append(Finding(WARNING, "lemon_slot", (
+                f"slot {row['slot']}: {row['failures']} failure(s) of {row['gpus']} GPU(s) "
+                f"in it: {row['per_gpu_month']:g} a GPU-month, over {threshold:g}"),
+                row["cluster"], row["node"]))
+    return out
+
+
 #: severity of each node status of a reconcile run
 RECONCILE_SEVERITY = {
     "count_mismatch": ERROR,

@@ -20,6 +20,7 @@ from typing import Any
 
 from hub import common
 from hub.common import InputError, html_environment, iso, to_json, to_table
+from hub.inventory import STATES
 from hub.validate._checks import ERROR, INFO, SEVERITIES, WARNING, Finding, human
 
 FORMATS = ("table", "json", "markdown", "html")
@@ -98,6 +99,9 @@ def render_table(report: Report) -> str:
     cols = ["cluster", "status", "state", "last_sample_at", "age", "nodes_reporting", "gpus",
             "seen_through", "cards"]
     parts.append(to_table(rows, cols, title="clusters") if rows else "(no clusters)\n")
+    states = (report.usage or {}).get("states")
+    if states:
+        parts.append(to_table(states, ["cluster", *STATES], title="fleet states"))
     findings = [f.as_dict() for f in report.findings]
     parts.append(to_table(findings, FINDING_COLUMNS, title="findings") if findings
                  else "(no findings)\n")
@@ -139,6 +143,12 @@ def _markdown(report: Report, max_findings: int, max_clusters: int) -> str:
         lines.append(f"\n_…and {len(summary) - max_clusters} more clusters._")
     if not summary:
         lines.append("| _no clusters_ | | | | | |")
+    states = (report.usage or {}).get("states")
+    if states:
+        lines += ["", "### Fleet states", "",
+                  "| Cluster | Delivered | Healthy | Reserved | Active |", "|---|---|---|---|---|"]
+        lines += [f"| {_md(r['cluster'])} | {r['delivered']} | {r['healthy']} | "
+                  f"{r['reserved']} | {r['active']} |" for r in states[:max_clusters]]
     lines += ["", "### Findings", ""]
     if report.findings:
         lines += ["| Severity | Check | Cluster | Node | GPU | Message |",
