@@ -153,7 +153,7 @@ AMD_FIELDS: tuple[Field, ...] = (
 AMD_NODES_TOTAL = Field("gpu_nodes_total", "Number of GPUs on the node.", lambda r: None)
 
 # The exporter's own health. The hub's checks and the ACM allowlist read these names
-# (hub/store/_vendors.py EXPORTER_HEALTH_METRICS), so renaming one is a breaking change.
+# (hub/store/_fields.py EXPORTER_HEALTH_METRICS), so renaming one is a breaking change.
 UP = "gpufleet_exporter_up"
 COLLECT_ERRORS = "gpufleet_exporter_collect_errors"  # counter; exposed with _total
 LAST_COLLECT = "gpufleet_exporter_last_collect_timestamp_seconds"
@@ -162,7 +162,7 @@ BUILD_INFO = "gpufleet_exporter_build_info"
 #: node label of the health series, so the hub can tell which node's exporter is failing
 HEALTH_NODE_LABEL = "hostname"
 #: Allocation edges (spoke/_edges.py), per GPU or slice and pod, with the vendor's GPU and pod
-#: labels; the hub reads them under the same names (hub/store/_vendors.py EDGE_START/EDGE_END)
+#: labels; the hub reads them under the same names (hub/store/_allocation.py EDGE_START/EDGE_END)
 EDGE_START = "gpufleet_allocation_start_timestamp_seconds"
 EDGE_END = "gpufleet_allocation_end_timestamp_seconds"
 

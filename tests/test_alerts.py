@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hub.store import _vendors as vendors
+from hub import store as vendors
 from hub.validate import _alerts as alerts
 from tests.support.clirun import gpufleet
 from tests.support.samples import FIXTURES

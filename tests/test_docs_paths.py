@@ -111,7 +111,7 @@ def test_every_dotted_module_named_in_docstrings_and_inline_code_exists():
 
 
 def test_the_checks_catch_a_stale_name():
-    assert not path_exists("hub/vendors.py") and path_exists("hub/store/_vendors.py")
+    assert not path_exists("hub/vendors.py") and path_exists("hub/store/_profiles.py")
     assert path_exists("spoke/namespace.yaml")  # a rendered file, not a source path
     assert not resolves("hub.checks") and resolves("hub.validate._checks")
 

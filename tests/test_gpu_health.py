@@ -9,11 +9,11 @@ import pytest
 import sqlalchemy as sa
 from alembic import command
 
+from hub import store as vendors
 from hub.inventory import _db as inventory
 from hub.inventory import _health as health
 from hub.inventory import _migrate as migrate
 from hub.inventory._normalize import FleetBuilder
-from hub.store import _vendors as vendors
 from hub.validate._checks import GpuFacts, check_gpu_health
 from spoke import Exporter, SimBackend
 from spoke._sim import parse_fault

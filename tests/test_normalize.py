@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
+from hub import store as vendors
 from hub.inventory._normalize import FleetBuilder
-from hub.store import _vendors as vendors
 
 NV = vendors.profile("nvidia")
 AMD = vendors.profile("amd")

@@ -1,6 +1,6 @@
 """GPU health from the exporters' health fields (pure): ok, degraded or failed, with reasons.
 
-The inputs are vendor-neutral (``hub.store._vendors`` maps dcgm's XID_ERRORS, ECC and
+The inputs are vendor-neutral (``hub.store._profiles`` maps dcgm's XID_ERRORS, ECC and
 remapped-row fields and AMD's gpu_health/ECC onto them). The verdict follows what NVIDIA's
 XID catalogue and DCGM's health checks treat as needing a drain and reset versus a look:
 

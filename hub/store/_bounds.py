@@ -17,10 +17,9 @@ import re
 import sys
 from collections.abc import Mapping
 
-from hub.store._vendors import (
+from hub.store._fields import (
     CLOCKS_EVENT_REASONS,
     DEVICE_HEALTH,
-    DRAM_ACTIVE,
     ECC_DBE,
     ENGINE_ACTIVE,
     LAST_XID,
@@ -30,11 +29,10 @@ from hub.store._vendors import (
     MEMORY_USED,
     POWER,
     ROW_REMAP_FAILURE,
-    SM_ACTIVE,
     TEMPERATURE,
-    TENSOR_ACTIVE,
     UTILISATION,
 )
+from hub.store._usage import DRAM_ACTIVE, SM_ACTIVE, TENSOR_ACTIVE
 
 #: No GPU has a terabyte of memory yet (B300 and MI355X: 288 GB); a reading above is not one.
 MEMORY_CEILING_MIB = float(1 << 20)

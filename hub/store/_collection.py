@@ -22,20 +22,25 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 
-from hub.store._vendors import (
-    BOTH,
-    DCGM47,
+from hub.common import DCGM_DRIVER_LABELS, DCGM_RENAMES
+from hub.common import DCGM_FB_CAPACITY as FB_CAPACITY
+from hub.store._allocation import (
+    EDGE_END,
+    EDGE_START,
+    allocation_matches,
+    allocation_recording_rules,
+)
+from hub.store._fields import (
+    EXPORTER_HEALTH_METRICS,
     EXPORTER_UP,
     KUBE_NODE_INFO,
     KUBE_NODE_LABELS,
     KUBE_NODE_UNSCHEDULABLE,
     KUBE_STATE_METRICS,
-    LEGACY,
-    allocation_matches,
-    allocation_recording_rules,
-    allowlist_metrics,
-    cluster_count_query,
 )
+from hub.store._naming import BOTH, DCGM47, LEGACY, dcgm_names
+from hub.store._profiles import PROFILES, cluster_count_query, profile
+from hub.store._usage import USAGE_PROFILING_FIELDS
 
 LEGACY_COLLECTION, MCOA_COLLECTION = "legacy", "mcoa"
 #: ``--acm-collection``: the two paths, and ``auto`` (read the hub's MultiClusterObservability)
@@ -194,3 +199,108 @@ def acm_view(sources: Mapping[str, int]) -> str | None:
     if sources.get(ACM_MAINTENANCE):
         return "maintenance"
     return "managed" if sources.get(ACM_MANAGED) else None
+
+
+# -- what dcgm-exporter collects where a spoke pins its CSV ------------------------------
+#: dcgm-exporter's default collectors (etc/default-counters.csv, the 25 uncommented rows, in
+#: the legacy naming): what every consumer of a GPU Operator's dcgm-exporter gets unless a
+#: custom CSV replaces the list. gpufleet's pinned CSV keeps them all (the OpenShift console's
+#: GPU dashboard, other teams' Grafana and alerts read them) and adds what the hub reads.
+DCGM_DEFAULT_COUNTERS: tuple[tuple[str, str, str], ...] = (
+    ("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz)."),
+    ("DCGM_FI_DEV_MEM_CLOCK", "gauge", "Memory clock frequency (in MHz)."),
+    ("DCGM_FI_DEV_MEMORY_TEMP", "gauge", "Memory temperature (in C)."),
+    ("DCGM_FI_DEV_GPU_TEMP", "gauge", "GPU temperature (in C)."),
+    ("DCGM_FI_DEV_POWER_USAGE", "gauge", "Power draw (in W)."),
+    ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "counter",
+     "Total energy consumption since boot (in mJ)."),
+    ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "counter", "Total number of PCIe retries."),
+    ("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %)."),
+    ("DCGM_FI_DEV_MEM_COPY_UTIL", "gauge", "Memory utilization (in %)."),
+    ("DCGM_FI_DEV_ENC_UTIL", "gauge", "Encoder utilization (in %)."),
+    ("DCGM_FI_DEV_DEC_UTIL", "gauge", "Decoder utilization (in %)."),
+    ("DCGM_FI_DEV_XID_ERRORS", "gauge", "Value of the last XID error encountered."),
+    ("DCGM_FI_DEV_FB_FREE", "gauge", "Framebuffer memory free (in MiB)."),
+    ("DCGM_FI_DEV_FB_USED", "gauge", "Framebuffer memory used (in MiB)."),
+    ("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "counter",
+     "Total number of NVLink bandwidth counters for all lanes."),
+    ("DCGM_FI_DEV_VGPU_LICENSE_STATUS", "gauge", "vGPU License status"),
+    ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "counter",
+     "Number of remapped rows for uncorrectable errors"),
+    ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "counter",
+     "Number of remapped rows for correctable errors"),
+    ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "gauge", "Whether remapping of rows has failed"),
+    ("DCGM_FI_DRIVER_VERSION", "label", "Driver Version"),
+    ("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "gauge", "Ratio of time the graphics engine is active."),
+    ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "gauge",
+     "Ratio of cycles the tensor (HMMA) pipe is active."),
+    ("DCGM_FI_PROF_DRAM_ACTIVE", "gauge", "Ratio of cycles the device memory interface is "
+     "active sending or receiving data."),
+    ("DCGM_FI_PROF_PCIE_TX_BYTES", "counter", "The number of bytes of active pcie tx data "
+     "including both header and payload."),
+    ("DCGM_FI_PROF_PCIE_RX_BYTES", "counter", "The number of bytes of active pcie rx data "
+     "including both header and payload."),
+)
+
+
+def dcgm_collectors(naming: str) -> list[tuple[str, str, str]]:
+    """dcgm-exporter's collectors CSV rows (field, Prometheus type, help): its default set
+    (DCGM_DEFAULT_COUNTERS) plus the fields the hub reads, in one naming: what ``spoke render
+    --dcgm-names`` pins, so that an operator upgrade (4.9 renames the defaults) cannot change
+    the series under the hub, and no consumer of the exporter loses a field it had. DCGM 4.7
+    still resolves the legacy names; a 4.6 host engine does not know the new ones."""
+    nvidia = profile("nvidia")
+    spelled = dcgm_names(naming)
+    units = {r.legacy: r.dcgm47_unit if naming == DCGM47 else r.legacy_unit
+             for r in DCGM_RENAMES}
+    driver = DCGM_DRIVER_LABELS[1] if naming == DCGM47 else DCGM_DRIVER_LABELS[0]
+    rows: dict[str, tuple[str, str, str]] = {}
+    for legacy, kind, text in DCGM_DEFAULT_COUNTERS:
+        name = driver if legacy == DCGM_DRIVER_LABELS[0] else spelled.get(legacy, legacy)
+        unit = units.get(legacy)
+        if unit and "(in " in text:  # the help says the unit the name now arrives in
+            text = f"{text.split(' (in ')[0]} ({'a 0-1 ratio' if unit == '0-1' else 'in ' + unit})."
+        if name != legacy and kind == "counter" and not name.endswith("_TOTAL"):
+            kind = "gauge"  # 4.7's throughput in bytes per second is a rate, not a count
+        rows[name] = (name, kind, text)
+    read = [*(m for ms in nvidia.value_fields.values() for m in ms),
+            *nvidia.timestamp_metrics,
+            # CLOCK_THROTTLE_REASONS is CLOCKS_EVENT_REASONS from DCGM 3.2 on
+            *(ms[-1] if naming == DCGM47 else ms[0] for ms in nvidia.health_fields.values()),
+            *(m for ms in USAGE_PROFILING_FIELDS["nvidia"].values() for m in ms)]
+    for legacy in read:
+        if legacy in (FB_CAPACITY, "DCGM_FI_DEV_FB_TOTAL"):
+            continue  # the size: 4.7's own field, added below; FB_TOTAL is not needed
+        name = spelled.get(legacy, legacy)
+        if name in rows:
+            continue  # a default field: its own type and help
+        kind = "counter" if name.endswith("_TOTAL") and "REMAP" not in name else "gauge"
+        unit = units.get(legacy)
+        rows[name] = (name, kind, f"read by gpufleet ({unit})" if unit else "read by gpufleet")
+    if naming == DCGM47:
+        rows[FB_CAPACITY] = (FB_CAPACITY, "gauge", "read by gpufleet (bytes)")
+    return list(rows.values())
+
+
+# -- the one list of names the collection paths and alert rules carry -----------------------
+#: Metric names the hub's sync and checks read, for both vendors: the single source of the
+#: ACM allowlist (``observability-metrics-custom-allowlist``), MCOA's selectors and alert rules.
+def allowlist_metrics() -> list[str]:
+    names: set[str] = set()
+    for p in PROFILES:
+        metrics = [*(m for ms in p.value_fields.values() for m in ms), *p.timestamp_metrics,
+                   *(m for ms in p.health_fields.values() for m in ms),
+                   *(m for ms in USAGE_PROFILING_FIELDS.get(p.vendor, {}).values() for m in ms)]
+        names.update(name for m in metrics for name in p.names(m))
+    names.update(EXPORTER_HEALTH_METRICS)
+    # gpufleet's exporter's allocation edges: per GPU pod only, bounded by the GPUs
+    names.update((EDGE_START, EDGE_END))
+    # reconcile --source hub reads node labels (MIG strategy, time-slicing replicas) from
+    # kube-state-metrics; ACM's default allowlist forwards the capacity series, not these.
+    names.add(KUBE_NODE_LABELS)
+    # ... and each node's spec.providerID (kube_node_info's provider_id label), which joins
+    # a cloud bill's lines to the node (`usage --bill`)
+    names.add(KUBE_NODE_INFO)
+    # ... and whether a node is cordoned: its GPUs are not free (`capacity`, placement scores)
+    names.add(KUBE_NODE_UNSCHEDULABLE)
+    return sorted(names)

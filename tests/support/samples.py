@@ -34,7 +34,7 @@ def series_count(names: list[str]) -> int:
 
 #: legacy unit -> dcgm-4.7 unit: what one legacy unit is in the new one (FIELD_NOTES, fourth
 #: round), written here from the units, not from the hub's factors, so a wrong factor in
-#: hub/store/_vendors.py shows as a wrong figure
+#: hub/store/_profiles.py shows as a wrong figure
 _NEW_PER_LEGACY = {("%", "0-1"): 0.01, ("MiB", "bytes"): 2.0 ** 20, ("MHz", "Hz"): 1e6,
                    ("mJ", "J"): 1e-3, ("MB/s", "B/s"): 1e6}
 
