@@ -15,12 +15,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -452,6 +453,25 @@ def measure_freshness(engine, client: HubClient, probe: ProbeBackend, node: Node
     raise TimeoutError("the marked GPU value never reached the inventory")
 
 
+@contextlib.contextmanager
+def exporter_log(path: Path) -> Iterator[None]:
+    """The simulated exporters' log lines go to ``path``, not the demo's story: a GPU's XID
+    is the report's to tell (with its health and what to do), and Python's last-resort
+    handler printed it mid-story as a stray ``XID 79 on GPU ...``."""
+    logger = logging.getLogger("spoke")
+    handler = logging.FileHandler(path, delay=True)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    propagate = logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
+        handler.close()
+
+
 def _last_line(text: str) -> str:
     lines = [line for line in text.strip().splitlines() if line.strip()]
     return lines[-1] if lines else "no output"
@@ -503,7 +523,7 @@ def run(*, clusters: int, nodes: int, gpus_per_node: int, workdir: Path, say: Sa
     db_url = f"sqlite:///{workdir / 'inventory.db'}"
     report = workdir / "report.html"
     fleet = Fleet()
-    with on_sigterm(_interrupt):
+    with on_sigterm(_interrupt), exporter_log(workdir / "exporters.log"):
         try:
             hub = start_fleet(p, workdir, fleet, say, acm_profile, hub_port, progress)
             client = HubClient(hub.url)
