@@ -82,8 +82,8 @@ def signals_held() -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        for sig in dict.fromkeys(caught):
-            signal.raise_signal(sig)
+        for signum in dict.fromkeys(caught):
+            signal.raise_signal(signum)
 
 
 class PrometheusProcess:
