@@ -108,6 +108,8 @@ def test_demo_runs_end_to_end_twice_and_leaves_nothing_running(tmp_path):
     assert f"HTML report         {workdir / 'report.html'}" in out
     assert "End-to-end freshness" in out
     assert "prod-west goes silent" in err
+    assert "XID 79 on GPU" not in err  # the exporters' log is exporters.log, not the story
+    assert "XID 79 on GPU" in (workdir / "exporters.log").read_text()
     assert "count_mismatch" in err  # the deliberate mismatch is found
     assert "prod-east/prod-east-dra-01: DRA node matched (k8s publishes 2 GPUs through DRA" \
         in err
