@@ -108,6 +108,8 @@ def test_demo_runs_end_to_end_twice_and_leaves_nothing_running(tmp_path):
     assert f"HTML report         {workdir / 'report.html'}" in out
     assert "End-to-end freshness" in out
     assert "prod-west goes silent" in err
+    assert "XID 79 on GPU" not in err  # the exporters' log is exporters.log, not the story
+    assert "XID 79 on GPU" in (workdir / "exporters.log").read_text()
     assert "count_mismatch" in err  # the deliberate mismatch is found
     assert "prod-east/prod-east-dra-01: DRA node matched (k8s publishes 2 GPUs through DRA" \
         in err
@@ -280,3 +282,36 @@ def test_the_demo_waits_for_a_ledger_row_of_every_active_gpu(tmp_path):
     metered("GPU-b")
     assert demo._unmetered(engine) == 0
     engine.dispose()
+
+
+def test_a_gpus_xid_is_logged_to_a_file_not_the_demos_story(tmp_path, capfd):
+    """Issue 37: the failed GPU's exporter printed a stray `XID 79 on GPU ...` mid-story;
+    the report tells it (health failed, replace the GPU), the line goes to exporters.log."""
+    p = demo.plan(3, 4, 8, dcgm_47=False)
+    [faulty] = [n for n in p.nodes if n.faults]
+    log = tmp_path / "exporters.log"
+    with demo.exporter_log(log):
+        exporter = demo.node_exporter(faulty)
+        for _ in range(3):
+            exporter.collect_once()
+    assert "XID" not in capfd.readouterr().err
+    assert re.search(r"WARNING spoke\.\S+: XID 79 on GPU GPU-", log.read_text())
+
+
+def test_sigterm_while_the_fleet_starts_leaves_no_prometheus(tmp_path):
+    """Issue 37: SIGTERM just after the first cluster's agent started left another agent
+    Prometheus running (a signal between its fork and the demo holding it), 2 tries in 6."""
+    for attempt in range(3):
+        workdir = tmp_path / f"demo-{attempt}"
+        proc = run_demo(workdir, "--clusters", "3")
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if re.match(r"> cluster \S+: \d+ nodes", line):
+                time.sleep(0.01 * attempt)  # just after, at a few points of the next start
+                proc.send_signal(signal.SIGTERM)
+                break
+        else:
+            pytest.fail(f"the demo never started a cluster: {proc.communicate()}")
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130 and "Traceback" not in err, err
+        assert leftovers(workdir) == []

@@ -32,12 +32,14 @@ DEMO_HUB_PORT = 19090
 @click.option("--hub-port", type=click.IntRange(0, 65535), default=DEMO_HUB_PORT, show_default=True,
               help="Loopback port of the demo's hub Prometheus, the same on every run so the "
                    "commands it suggests reach the next `demo --keep-running`; 0 picks a "
-                   "free one.")
+                   "free one, as does a taken default (another demo running). "
+                   "GPUFLEET_HUB_PORT sets it too.")
 @click.option("--keep-running", is_flag=True,
               help="Leave the fleet running at the end so you can try the PromQL; it keeps "
                    "syncing and collecting usage as `serve` does. Ctrl-C stops.")
-def demo(clusters: int, nodes: int, gpus_per_node: int, workdir: Path, keep_running: bool,
-         acm_profile: bool, hub_port: int, **_: Any) -> None:
+@click.pass_context
+def demo(ctx: click.Context, clusters: int, nodes: int, gpus_per_node: int, workdir: Path,
+         keep_running: bool, acm_profile: bool, hub_port: int, **_: Any) -> None:
     """Run a local multi-cluster GPU fleet end to end, on loopback.
 
     Starts a hub Prometheus with the remote-write receiver, one Prometheus agent per cluster
@@ -72,6 +74,8 @@ def demo(clusters: int, nodes: int, gpus_per_node: int, workdir: Path, keep_runn
             result = devstack.run(clusters=clusters, nodes=nodes, gpus_per_node=gpus_per_node,
                               workdir=workdir, say=say, progress=step, keep_running=keep_running,
                               acm_profile=acm_profile, hub_port=hub_port,
+                              port_chosen=ctx.get_parameter_source("hub_port")
+                              is not click.core.ParameterSource.DEFAULT,
                               try_next=lambda url: query_lines(g, url))
     except TimeoutError as exc:
         raise UnavailableError(f"demo: {exc}") from None
@@ -96,6 +100,7 @@ def demo(clusters: int, nodes: int, gpus_per_node: int, workdir: Path, keep_runn
         click.echo(f"  {g} {' '.join(args)}   # {title}")
     click.echo(f"  {g} {' '.join(devstack.report_args(db))} -o markdown   # the demo's "
                "report rules")
+    hub_port = result.hub_port  # 0 when the default port was taken and a free one served
     again = "" if hub_port == DEMO_HUB_PORT else f" --hub-port {hub_port}"
     if hub_port:
         click.echo(f"The demo's hub ({result.hub_url}) stopped with it; "

@@ -152,6 +152,9 @@ def usage(ctx: click.Context, since: float | None, from_: str | None, until: str
             rows = answers.usage_summary(conn, start, end, by, idle_threshold,
                                          idle_for=idle_for, prices=prices,
                                          missing=missing, bill=bill, node_priced=priced)
+            span = None if rows else answers.ledger_span(conn)
+    if not rows:
+        click.echo(f"note: {_why_none(span, start, end)}", err=True)
     figures = [*answers.USAGE_FIGURES,
                *(answers.COST_FIGURES if prices or bill else [])]
     columns = [*answers.group_columns(by), *figures]
@@ -169,6 +172,18 @@ def usage(ctx: click.Context, since: float | None, from_: str | None, until: str
         click.echo(f"note: {answers.describe_bill(bill, priced)}", err=True)
     if note := answers.missing_note(missing):
         click.echo(f"note: {note}", err=True)
+
+
+def _why_none(span: tuple[dt.datetime, dt.datetime] | None, start: dt.datetime,
+              end: dt.datetime) -> str:
+    """Why `usage` has no row: a first hour is collected only after it ends, which a new
+    user cannot guess from "(none)"."""
+    if span is None:
+        return ("the usage ledger is empty: `gpufleet usage collect` (or `serve`) writes a "
+                "bucket once it has ended, so the first hour shows after it ends")
+    return (f"no usage in {start.isoformat()}Z to {end.isoformat()}Z; the ledger holds "
+            f"{span[0].isoformat()}Z to {span[1].isoformat()}Z (a bucket is collected once "
+            "it has ended)")
 
 
 @usage.command("collect", cls=ConfiguredCommand)
@@ -261,7 +276,7 @@ def collect(since: float | None, from_: str | None, until: str | None, bucket: f
     if output == "json":
         click.echo(to_json(result.as_dict()))
     else:
-        click.echo(answers.describe(result, push_interval))
+        click.echo(answers.describe(result, push_interval, bucket=bucket, now=time.time()))
     if result.failed:
         first, error = result.failed[0]
         raise UnavailableError(f"{len(result.failed)} bucket(s) not collected, first "

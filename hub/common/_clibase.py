@@ -17,6 +17,23 @@ from hub.common._errors import InputError
 from hub.common._textfiles import parse_yaml, read_text, refuse_nul
 
 CONFIG_ENV = "GPUFLEET_CONFIG"
+ENV_PREFIX = "GPUFLEET_"
+
+
+def option_envvar(param: click.Option) -> str | None:
+    """The variable an option is read from: its own, else ``GPUFLEET_`` and its first long
+    name (``--hub-port``: ``GPUFLEET_HUB_PORT``), so every option honours one, as the README
+    says, without each command having to remember to declare it."""
+    long = next((o for o in param.opts if o.startswith("--")), None)
+    if long is None or long in ("--help", "--version"):
+        return None
+    return ENV_PREFIX + long[2:].upper().replace("-", "_")
+
+
+def give_envvars(command: click.Command) -> None:
+    for param in command.params:
+        if isinstance(param, click.Option) and not param.envvar:
+            param.envvar = option_envvar(param)
 
 
 def _config_path(args: list[str], parent: click.Context | None) -> str | None:
@@ -46,6 +63,15 @@ def _long_names(command: click.Command) -> dict[str, str]:
                 out[opt[2:].replace("-", "_")] = param.name or ""
         out.setdefault(param.name or "", param.name or "")
     return out
+
+
+def _as_declared(param: click.Parameter | None, value: Any) -> Any:
+    """A scalar for a repeatable option (``by: cluster``, as people write YAML) as the
+    one-item list click expects; click refuses it with "Value must be an iterable"."""
+    if param is not None and (getattr(param, "multiple", False) or param.nargs != 1) \
+            and isinstance(value, str | int | float | bool):
+        return [value]
+    return value
 
 
 def _all_option_names(command: click.Command) -> dict[str, str]:
@@ -81,7 +107,10 @@ def load_config(path: str, root: click.Command,
         if name == "config" or (name not in own and name not in (known or {})):
             raise InputError(f"config file {path}: unknown option {key!r}")
         refuse_nul(value, f"{what}: {key}")
-        values[own.get(name) or (known or {}).get(name) or name] = value
+        dest = own.get(name) or (known or {}).get(name) or name
+        declared = next((p for p in command.params if p.name == dest), None) \
+            if command is not None else None
+        values[dest] = _as_declared(declared, value)
     return values
 
 
@@ -99,6 +128,7 @@ class ConfiguredCommand(click.Command):
                     help="YAML file of option values (keys are long option names).",
                 )
             )
+        give_envvars(self)
 
     def make_context(self, info_name, args, parent=None, **extra):
         path = _config_path(list(args), parent)
@@ -112,6 +142,10 @@ class ConfiguredGroup(click.Group):
     """A group whose subcommands are ConfiguredCommands and which passes --config down."""
 
     command_class = ConfiguredCommand
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        give_envvars(self)
 
     def make_context(self, info_name, args, parent=None, **extra):
         # A group's own default_map would be keyed by subcommand; subcommands load the file.

@@ -15,11 +15,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
+import os
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +38,7 @@ from hub.common import (
     on_sigterm,
 )
 from hub.devstack._acm import MetricsCollector, hub_args
-from hub.devstack._prometheus import PrometheusProcess, hub_config, start_agent
+from hub.devstack._prometheus import PrometheusProcess, agent_process, hub_config
 from hub.inventory import run_sync
 from hub.store import HubClient
 
@@ -242,13 +244,37 @@ def node_list(p: Plan, cluster: str) -> dict[str, Any]:
 
 
 def prepare_workdir(workdir: Path) -> None:
-    """A fresh directory; only one that a previous demo made is ever emptied."""
+    """A fresh directory; only one that a previous demo made, and that no running demo
+    still uses, is ever emptied."""
     if workdir.exists():
         if not (workdir / MARKER).exists() and any(workdir.iterdir()):
             raise InputError(f"--workdir {workdir} is not empty and was not made by the demo")
+        owner = running_owner(workdir)
+        if owner is not None:
+            raise InputError(f"--workdir {workdir} is in use by a running demo (pid {owner}); "
+                             "give another --workdir")
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True)
-    (workdir / MARKER).write_text("made by gpufleet demo; emptied on the next run\n")
+    (workdir / MARKER).write_text("made by gpufleet demo; emptied on the next run\n"
+                                  f"pid {os.getpid()}\n")
+
+
+def running_owner(workdir: Path) -> int | None:
+    """The pid of the demo running in ``workdir`` (its marker names it), None when that
+    process is gone: a second demo in the same directory would empty the first's files."""
+    import re
+
+    with contextlib.suppress(OSError):
+        found = re.search(r"^pid (\d+)$", (workdir / MARKER).read_text(), re.M)
+        if found and int(found[1]) != os.getpid():
+            try:
+                os.kill(int(found[1]), 0)
+            except ProcessLookupError:
+                return None
+            except PermissionError:  # alive, another user's
+                pass
+            return int(found[1])
+    return None
 
 
 @dataclass
@@ -261,6 +287,8 @@ class Result:
     report_exit: int
     clusters: list[dict[str, Any]]
     elapsed_s: float
+    #: the fixed port the hub ran on; 0 when it took a free one (the default was taken)
+    hub_port: int = 0
 
 
 class Fleet:
@@ -363,8 +391,8 @@ def start_fleet(p: Plan, workdir: Path, fleet: Fleet, say: Say,
     for node in p.nodes:
         exporter = node_exporter(node, attributed=node is p.attributed)
         fleet.probes.append(exporter.backend)
-        exporter.start()
         fleet.exporters.append(exporter)
+        exporter.start()
         server = MetricsServer(exporter, "127.0.0.1", 0).start()
         fleet.servers.append(server)
         node.target = server.url.removeprefix("http://")
@@ -383,9 +411,10 @@ def start_fleet(p: Plan, workdir: Path, fleet: Fleet, say: Say,
                 f"collector pushing every {ACM_PUSH:g}s with cluster and clusterID, "
                 "no staleness markers")
             continue
-        agent = start_agent(workdir / f"agent-{cluster}", cluster, targets, hub.url)
-        fleet.procs.append(agent)
+        agent = agent_process(workdir / f"agent-{cluster}", cluster, targets, hub.url)
+        fleet.procs.append(agent)  # held before it runs: a SIGTERM meanwhile still stops it
         fleet.agents[cluster] = agent
+        agent.start()
         one_more()
         say(f"cluster {cluster}: {len(targets)} nodes ({', '.join(vendors)}), agent pushing "
             f"with cluster={cluster}")
@@ -424,6 +453,25 @@ def measure_freshness(engine, client: HubClient, probe: ProbeBackend, node: Node
     raise TimeoutError("the marked GPU value never reached the inventory")
 
 
+@contextlib.contextmanager
+def exporter_log(path: Path) -> Iterator[None]:
+    """The simulated exporters' log lines go to ``path``, not the demo's story: a GPU's XID
+    is the report's to tell (with its health and what to do), and Python's last-resort
+    handler printed it mid-story as a stray ``XID 79 on GPU ...``."""
+    logger = logging.getLogger("spoke")
+    handler = logging.FileHandler(path, delay=True)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    propagate = logger.propagate
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.propagate = propagate
+        handler.close()
+
+
 def _last_line(text: str) -> str:
     lines = [line for line in text.strip().splitlines() if line.strip()]
     return lines[-1] if lines else "no output"
@@ -454,22 +502,29 @@ def port_free(port: int) -> bool:
 
 def run(*, clusters: int, nodes: int, gpus_per_node: int, workdir: Path, say: Say,
         progress: Callable[[str, int, int], None], keep_running: bool = False,
-        acm_profile: bool = False, hub_port: int = DEMO_HUB_PORT,
+        acm_profile: bool = False, hub_port: int = DEMO_HUB_PORT, port_chosen: bool = True,
         try_next: Callable[[str], list[str]] = lambda hub_url: []) -> Result:
+    """The demo; ``port_chosen``: the user named ``hub_port`` (flag or environment), so a
+    taken one is an error; the default port, when taken, gives way to a free one."""
     started = time.monotonic()
     if clusters < 2 or nodes < 1 or gpus_per_node < 1:
         raise InputError("the demo needs at least 2 clusters, 1 node and 1 GPU per node")
     p = plan(clusters, nodes, gpus_per_node)
     workdir = workdir.resolve()
+    # before the workdir is touched: a second demo must not empty the first one's files
+    if hub_port and not port_free(hub_port):
+        if port_chosen:
+            raise UnavailableError(f"demo: port {hub_port} is taken (another demo still "
+                                   "running?); --hub-port 0 picks a free one")
+        say(f"port {hub_port} is taken (another demo still running?); the hub takes a free "
+            "one")
+        hub_port = 0
     prepare_workdir(workdir)
     db_url = f"sqlite:///{workdir / 'inventory.db'}"
     report = workdir / "report.html"
     fleet = Fleet()
-    with on_sigterm(_interrupt):
+    with on_sigterm(_interrupt), exporter_log(workdir / "exporters.log"):
         try:
-            if hub_port and not port_free(hub_port):
-                raise UnavailableError(f"demo: port {hub_port} is taken (another demo still "
-                                       "running?); --hub-port 0 picks a free one")
             hub = start_fleet(p, workdir, fleet, say, acm_profile, hub_port, progress)
             client = HubClient(hub.url)
             engine = inv.make_engine(db_url, create=True)
@@ -517,7 +572,7 @@ def run(*, clusters: int, nodes: int, gpus_per_node: int, workdir: Path, say: Sa
         finally:
             fleet.close()
     return Result(db_url, report, hub.url, freshness, reconcile_counts, report_exit,
-                  cluster_rows, time.monotonic() - started)
+                  cluster_rows, time.monotonic() - started, hub_port)
 
 
 def wait_until_older(cluster: str, quiet_since: float, seconds: float,

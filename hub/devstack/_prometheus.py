@@ -63,6 +63,30 @@ def require_binary(name: str) -> str:
     return path
 
 
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """SIGTERM and SIGINT wait until the block ends, then act as they would have.
+
+    The block is short (a fork and an exec): long enough for a signal to land between the
+    child's start and ``self.proc`` naming it, which left an agent Prometheus running that
+    no one could stop. Only the main thread receives signals, so elsewhere this does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    held = (signal.SIGTERM, signal.SIGINT)
+    previous = {sig: signal.signal(sig, lambda signum, frame: caught.append(signum))
+                for sig in held}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for signum in dict.fromkeys(caught):
+            signal.raise_signal(signum)
+
+
 class PrometheusProcess:
     """One ``prometheus`` process with its own data directory and port."""
 
@@ -118,7 +142,8 @@ class PrometheusProcess:
             args += [f"--storage.tsdb.path={data}", "--web.enable-remote-write-receiver"]
         args += self.extra_args
         log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(args, stdout=log, stderr=log, start_new_session=True)
+        with signals_held():  # a Ctrl-C inside Popen would orphan the child it just forked
+            self.proc = subprocess.Popen(args, stdout=log, stderr=log, start_new_session=True)
         try:
             self.wait_ready(timeout)
         except BaseException:  # Ctrl-C or not ready: never leave the process behind
@@ -194,10 +219,17 @@ def agent_config(cluster: str, targets: list[str], remote_write_url: str, *,
     }
 
 
+def agent_process(workdir: Path, cluster: str, targets: list[str], hub_url: str,
+                  **kwargs) -> PrometheusProcess:
+    """A spoke's agent, not started yet: a caller that must stop whatever it started holds
+    it before it runs (see the demo's Fleet)."""
+    config = agent_config(cluster, targets, f"{hub_url}/api/v1/write", **kwargs)
+    return PrometheusProcess(workdir, config, agent=True)
+
+
 def start_agent(workdir: Path, cluster: str, targets: list[str], hub_url: str,
                 **kwargs) -> PrometheusProcess:
-    config = agent_config(cluster, targets, f"{hub_url}/api/v1/write", **kwargs)
-    return PrometheusProcess(workdir, config, agent=True).start()
+    return agent_process(workdir, cluster, targets, hub_url, **kwargs).start()
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):

@@ -132,7 +132,7 @@ def build_app(engine: Engine, *, health: Callable[[], tuple[bool, dict[str, Any]
         routers_.findings_router(findings, check_failure),
         routers_.usage_router(),
         routers_.history_router(),
-        routers_.detail_pages_router(),
+        routers_.detail_pages_router(findings),
     ]
     if login is not None:
         routers.append(routers_.signin_router(login))

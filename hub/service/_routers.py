@@ -216,28 +216,35 @@ def pages_router(*, findings: Findings, page_sections: Sequence[SectionSource], 
     return router
 
 
-def detail_pages_router() -> ConfinedRouter:
-    """One cluster, node or GPU as a page of its own (HTML)."""
+def detail_pages_router(findings: Findings = lambda: ([], None)) -> ConfinedRouter:
+    """One cluster, node or GPU as a page of its own (HTML), with the findings of the
+    latest checks about it (``findings``: the service's, as the live page reads them)."""
     router = ConfinedRouter()
 
     def cluster_page(engine: ReadEngine, scope: CallerScope,
-                     cluster: Annotated[str, Path(pattern=api.TEXT_PATTERN)]) -> DetailPage:
-        """One cluster: its nodes and GPUs (HTML), the JSON one click away."""
+                     cluster: Annotated[str, Path(pattern=api.TEXT_PATTERN)],
+                     continue_: api.ContinueParam = None) -> DetailPage:
+        """One cluster: its findings, unhealthy GPUs, nodes and GPUs a page at a time
+        (HTML), the JSON one click away."""
+        after = api.decode_token(continue_) if continue_ else None
         with engine.connect() as conn:
-            return detail.cluster_page(conn, cluster, scope)
+            return detail.cluster_page(conn, cluster, scope, findings(), after=after)
 
     def node_page(engine: ReadEngine, scope: CallerScope,
                   cluster: Annotated[str, Path(pattern=api.TEXT_PATTERN)],
                   node: Annotated[str, Path(pattern=api.TEXT_PATTERN)]) -> DetailPage:
-        """One node: its GPUs and the pods on them (HTML), the JSON one click away."""
+        """One node: its findings, Kubernetes' GPU count, its GPUs and the pods on them
+        (HTML), the JSON one click away."""
         with engine.connect() as conn:
-            return detail.node_page(conn, cluster, node, scope)
+            return detail.node_page(conn, cluster, node, scope, findings())
 
-    def gpu_page(engine: ReadEngine, scope: CallerScope, uuid: api.UuidPath) -> DetailPage:
-        """One GPU: where it is, its slices, pods, usage and events (HTML), the JSON one click
-        away."""
+    def gpu_page(request: Request, engine: ReadEngine, scope: CallerScope,
+                 uuid: api.UuidPath) -> DetailPage:
+        """One GPU: where it is, its health, findings, idle time, slices, pods, usage and
+        events (HTML), the JSON one click away."""
         with engine.connect() as conn:
-            return detail.gpu_page(conn, uuid, scope)
+            return detail.gpu_page(conn, uuid, scope, findings(),
+                                   rule=getattr(request.app.state, "idle_rule", None))
 
     # browser pages: in the app (and its scope step), not in the API's description
     for path, endpoint in (("/clusters/{cluster}", cluster_page),

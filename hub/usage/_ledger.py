@@ -712,10 +712,16 @@ def rebuild_days(conn: Connection, days: Iterable[dt.datetime]) -> None:
             ["day", *ROLLUP_KEYS, *[c.name for c in sums]], select))
 
 
-def describe(result: CollectResult, push_interval: float) -> str:
-    """The one-line summary `usage collect` prints (and the demo)."""
+def describe(result: CollectResult, push_interval: float, *, bucket: float | None = None,
+             now: float | None = None) -> str:
+    """The one-line summary `usage collect` prints (and the demo). With ``bucket`` and
+    ``now``, a collect that wrote no row says when the current bucket will be collected: on
+    a fresh install every bucket before the spokes pushed is empty, and "0 rows" alone reads
+    as broken."""
     text = (f"usage collect: {len(result.collected)} buckets, {result.rows} rows "
             f"({result.requests} requests), {result.removed} old rows removed")
+    if not result.rows and not result.failed and bucket and now is not None:
+        text += "; " + next_bucket_note(bucket, push_interval, now)
     if result.clipped:
         text += (f"; {result.clipped} bucket(s) not ended a push interval "
                  f"({human_duration(push_interval)}) ago were left for a later collect, "
@@ -727,6 +733,24 @@ def describe(result: CollectResult, push_interval: float) -> str:
         text += (f"; stopped: {result.stopped} bucket(s) left, the next collect resumes "
                  "with them")
     return text
+
+
+def next_bucket_note(bucket: float, push_interval: float, now: float) -> str:
+    """When the bucket running at ``now`` (epoch seconds) can be collected: after it ends
+    and its last push has arrived."""
+    end = (math.floor(now / bucket) + 1) * bucket
+    ready = dt.datetime.fromtimestamp(end + push_interval, dt.UTC).replace(tzinfo=None)
+    started = dt.datetime.fromtimestamp(end - bucket, dt.UTC).replace(tzinfo=None)
+    return (f"no GPU samples in the buckets that have ended; a bucket is collected once it "
+            f"has ended, so the current one (from {started.isoformat()}Z) is collected after "
+            f"{ready.isoformat()}Z")
+
+
+def ledger_span(conn: Connection) -> tuple[dt.datetime, dt.datetime] | None:
+    """The first bucket's start and the last one's end in the ledger; None when empty."""
+    first, last = conn.execute(sa.select(sa.func.min(usage.c.bucket_start),
+                                         sa.func.max(usage.c.bucket_end))).one()
+    return None if first is None else (first, last)
 
 
 def _ledger_has(conn: Connection, start: dt.datetime, end: dt.datetime) -> bool:
