@@ -73,6 +73,17 @@ def test_thanos_refusing_a_partial_answer_is_unavailable_not_the_users_promql():
     assert failed.value.exit_code == 2
 
 
+def test_a_store_closing_under_the_query_is_unavailable_not_the_users_promql():
+    """A Prometheus shut down mid-sync answers 422 "execution" about its own storage: the
+    hub failing (exit 3), as CI saw it under load, never a query to fix (exit 2)."""
+    closing = json_response(422, {"status": "error", "errorType": "execution", "error":
+                                  "open block querier for head range head (mint: 1, maxt: 2): "
+                                  "open chunk reader: can't read from a closed head"})
+    with pytest.raises(PartialResponse) as failed:
+        mock_client(answering(closing)).query("up")
+    assert failed.value.exit_code == 3
+
+
 @pytest.mark.parametrize("failure, message", [
     (requests.ReadTimeout("read timed out"), "did not answer within 0.5s (--read-timeout)"),
     (requests.ConnectTimeout("connect timed out"),

@@ -100,7 +100,7 @@ def test_hub_stopped_during_a_sync(hub, synced, front):
         return forward(hub.url, req)
 
     result = gpufleet("sync", "--hub-url", front(stop_after_two).url, env=env)
-    assert result.exit_code == 3
+    assert result.exit_code == 3, result.stderr
     # 502 from the front, or 503 from the hub shutting down under a concurrent request
     assert re.search("answered 50[23]", one_line(result.stderr))
     assert_unchanged_with_failed_run(env, before, "answered 50")

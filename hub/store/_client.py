@@ -520,8 +520,11 @@ def _store_failure(body: dict[str, Any]) -> bool:
     the text: that is the hub being unavailable in part (exit 3), never a query to fix (exit 2).
     """
     error = str(body.get("error") or "")
+    # ... and a Prometheus whose storage is closing under the query (shut down mid-sync)
+    # says so the same way: its head or blocks could not be read
     return body.get("errorType") == "execution" and any(
-        marker in error for marker in ("expanding series", "rpc error", "store"))
+        marker in error for marker in ("expanding series", "rpc error", "store",
+                                       "closed head", "block querier", "chunk reader"))
 
 
 
