@@ -80,6 +80,7 @@ from hub.inventory._usage_tables import (
     DAY,
     ROLLUP_IDLE_THRESHOLD,
     USAGE_COLUMNS,
+    UsageKeys,
     day_of,
     recent_usage,
     usage,
@@ -88,6 +89,10 @@ from hub.inventory._usage_tables import (
     usage_flags,
     usage_idle_daily,
     usage_ledger,
+    usage_places,
+    usage_pods,
+    usage_rows,
+    write_usage_rows,
 )
 
 __all__ = [
@@ -113,6 +118,7 @@ __all__ = [
     "PruneResult",
     "Shard",
     "SyncResult",
+    "UsageKeys",
     "add_session",
     "allocations",
     "clusters_table",
@@ -168,5 +174,9 @@ __all__ = [
     "usage_flags",
     "usage_idle_daily",
     "usage_ledger",
+    "usage_places",
+    "usage_pods",
+    "usage_rows",
     "write_refused",
+    "write_usage_rows",
 ]
