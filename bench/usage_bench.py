@@ -169,7 +169,8 @@ def _has_dbstat(conn) -> bool:
 
 
 # GPU i: cluster c{i//400}, node n{i//8}; even GPUs held by team-{i%20}/job-{i}, odd ones
-# unallocated; utilisation (i % 10) x 10 % (so a tenth of the allocated GPUs are idle). The
+# unallocated; utilisation (i % 10) x 10 % (so a tenth of the allocated GPUs are idle); the
+# figures a collect writes for a DCGM GPU without profiling counters (memory, power, maxima). The
 # ledger's tables (hub/inventory/_usage_tables.py) are filled as a collect would: the
 # dictionaries once, the bucket marks, then the rows with their keys (place i + 1; pod i + 2
 # or 1 for the unallocated '', '').
@@ -190,11 +191,13 @@ SELECT strftime('%Y-%m-%d %H:%M:%S.000000', :base, '+' || k || ' hours'),
   strftime('%Y-%m-%d %H:%M:%S.000000', :base, '+' || (k + 1) || ' hours'), :gpus, 19
 FROM h""",
         """INSERT INTO usage_rows (bucket_start, place, pod, gpu_hours, coverage,
-  avg_utilisation_pct, energy_wh, basis)
+  avg_utilisation_pct, max_utilisation_pct, avg_memory_used_mib, max_memory_used_mib,
+  avg_power_w, energy_wh, basis)
 WITH RECURSIVE h(k) AS (SELECT 0 UNION ALL SELECT k + 1 FROM h WHERE k < :hours - 1),
 g(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM g WHERE i < :gpus - 1)
 SELECT strftime('%Y-%m-%d %H:%M:%S.000000', :base, '+' || k || ' hours'), i + 1,
-  CASE WHEN i % 2 = 0 THEN i + 2 ELSE 1 END, 1.0, 1.0, (i % 10) * 10.0, 300.0, 2
+  CASE WHEN i % 2 = 0 THEN i + 2 ELSE 1 END, 1.0, 1.0, (i % 10) * 10.0,
+  (i % 10) * 10.0 + 5.5, 40000.0 + i, 41000.0 + i, 300.0 + (i % 50), 300.0 + (i % 50), 2
 FROM h CROSS JOIN g"""],
     "postgresql": [
         """INSERT INTO usage_places (id, cluster, node, uuid, slice, vendor, model, gpu_share)
@@ -209,9 +212,11 @@ SELECT CAST(:base AS timestamp) + k * interval '1 hour',
   CAST(:base AS timestamp) + (k + 1) * interval '1 hour', :gpus, 19
 FROM generate_series(0, :hours - 1) k""",
         """INSERT INTO usage_rows (bucket_start, place, pod, gpu_hours, coverage,
-  avg_utilisation_pct, energy_wh, basis)
+  avg_utilisation_pct, max_utilisation_pct, avg_memory_used_mib, max_memory_used_mib,
+  avg_power_w, energy_wh, basis)
 SELECT CAST(:base AS timestamp) + k * interval '1 hour', i + 1,
-  CASE WHEN i % 2 = 0 THEN i + 2 ELSE 1 END, 1.0, 1.0, (i % 10) * 10.0, 300.0, 2
+  CASE WHEN i % 2 = 0 THEN i + 2 ELSE 1 END, 1.0, 1.0, (i % 10) * 10.0,
+  (i % 10) * 10.0 + 5.5, 40000.0 + i, 41000.0 + i, 300.0 + (i % 50), 300.0 + (i % 50), 2
 FROM generate_series(0, :hours - 1) k CROSS JOIN generate_series(0, :gpus - 1) i"""],
 }
 
