@@ -132,7 +132,9 @@ def bench_collect(gpus: int, work: Path, push: float = 300.0, intervals: bool = 
                                   .group_by(inv.usage.c.allocation_basis)).all())
         page_size = conn.exec_driver_sql("PRAGMA page_size").scalar()
         stat = _has_dbstat(conn)
-        ledger = _bytes(conn, ("usage", "ix_usage_uuid_bucket", "sqlite_autoindex_usage_1"))
+        ledger = _bytes(conn, ("usage_rows", "ix_usage_rows_bucket", "ix_usage_rows_place",
+                               "usage_places", "ix_usage_places_uuid", "usage_pods",
+                               "sqlite_autoindex_usage_pods_1"))
         rollup = _bytes(conn, ("usage_daily", "ix_usage_daily_day"))
     engine.dispose()
     per = 1000 / max(gpu_hours, 1e-9)
@@ -166,29 +168,56 @@ def _has_dbstat(conn) -> bool:
         return False
 
 
-LEDGER_COLUMNS = ("bucket_start, bucket_end, cluster, node, uuid, slice, namespace, pod, "
-                  "vendor, model, gpu_share, gpu_hours, avg_utilisation_pct, coverage, energy_wh")
 # GPU i: cluster c{i//400}, node n{i//8}; even GPUs held by team-{i%20}/job-{i}, odd ones
-# unallocated; utilisation (i % 10) x 10 % (so a tenth of the allocated GPUs are idle).
+# unallocated; utilisation (i % 10) x 10 % (so a tenth of the allocated GPUs are idle); the
+# figures a collect writes for a DCGM GPU without profiling counters (memory, power, maxima). The
+# ledger's tables (hub/inventory/_usage_tables.py) are filled as a collect would: the
+# dictionaries once, the bucket marks, then the rows with their keys (place i + 1; pod i + 2
+# or 1 for the unallocated '', '').
 FILL_SQL = {
-    "sqlite": f"""INSERT INTO usage ({LEDGER_COLUMNS})
-WITH RECURSIVE h(k) AS (SELECT 0 UNION ALL SELECT k + 1 FROM h WHERE k < :hours - 1),
-g(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM g WHERE i < :gpus - 1)
+    "sqlite": [
+        """INSERT INTO usage_places (id, cluster, node, uuid, slice, vendor, model, gpu_share)
+WITH RECURSIVE g(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM g WHERE i < :gpus - 1)
+SELECT i + 1, 'c' || (i / 400), 'n' || (i / 8), printf('GPU-%08d', i), '', 'nvidia',
+  'NVIDIA H100 80GB HBM3', 1.0 FROM g""",
+        """INSERT INTO usage_pods (id, namespace, pod)
+WITH RECURSIVE g(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM g WHERE i < :gpus - 1)
+SELECT 1, '', '' UNION ALL SELECT i + 2, 'team-' || (i % 20), 'job-' || i FROM g
+WHERE i % 2 = 0""",
+        """INSERT INTO usage_buckets (bucket_start, bucket_end, collected_at, rows, requests)
+WITH RECURSIVE h(k) AS (SELECT 0 UNION ALL SELECT k + 1 FROM h WHERE k < :hours - 1)
 SELECT strftime('%Y-%m-%d %H:%M:%S.000000', :base, '+' || k || ' hours'),
   strftime('%Y-%m-%d %H:%M:%S.000000', :base, '+' || (k + 1) || ' hours'),
-  'c' || (i / 400), 'n' || (i / 8), printf('GPU-%08d', i), '',
-  CASE WHEN i % 2 = 0 THEN 'team-' || (i % 20) ELSE '' END,
-  CASE WHEN i % 2 = 0 THEN 'job-' || i ELSE '' END, 'nvidia', 'NVIDIA H100 80GB HBM3',
-  1.0, 1.0, (i % 10) * 10.0, 1.0, 300.0
-FROM h CROSS JOIN g""",
-    "postgresql": f"""INSERT INTO usage ({LEDGER_COLUMNS})
+  strftime('%Y-%m-%d %H:%M:%S.000000', :base, '+' || (k + 1) || ' hours'), :gpus, 19
+FROM h""",
+        """INSERT INTO usage_rows (bucket_start, place, pod, gpu_hours, coverage,
+  avg_utilisation_pct, max_utilisation_pct, avg_memory_used_mib, max_memory_used_mib,
+  avg_power_w, energy_wh, basis)
+WITH RECURSIVE h(k) AS (SELECT 0 UNION ALL SELECT k + 1 FROM h WHERE k < :hours - 1),
+g(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM g WHERE i < :gpus - 1)
+SELECT strftime('%Y-%m-%d %H:%M:%S.000000', :base, '+' || k || ' hours'), i + 1,
+  CASE WHEN i % 2 = 0 THEN i + 2 ELSE 1 END, 1.0, 1.0, (i % 10) * 10.0,
+  (i % 10) * 10.0 + 5.5, 40000.0 + i, 41000.0 + i, 300.0 + (i % 50), 300.0 + (i % 50), 2
+FROM h CROSS JOIN g"""],
+    "postgresql": [
+        """INSERT INTO usage_places (id, cluster, node, uuid, slice, vendor, model, gpu_share)
+SELECT i + 1, 'c' || (i / 400), 'n' || (i / 8), 'GPU-' || lpad(i::text, 8, '0'), '',
+  'nvidia', 'NVIDIA H100 80GB HBM3', 1.0 FROM generate_series(0, :gpus - 1) i""",
+        """INSERT INTO usage_pods (id, namespace, pod)
+SELECT 1, '', '' UNION ALL SELECT i + 2, 'team-' || (i % 20), 'job-' || i
+FROM generate_series(0, :gpus - 1) i WHERE i % 2 = 0""",
+        """INSERT INTO usage_buckets (bucket_start, bucket_end, collected_at, rows, requests)
 SELECT CAST(:base AS timestamp) + k * interval '1 hour',
   CAST(:base AS timestamp) + (k + 1) * interval '1 hour',
-  'c' || (i / 400), 'n' || (i / 8), 'GPU-' || lpad(i::text, 8, '0'), '',
-  CASE WHEN i % 2 = 0 THEN 'team-' || (i % 20) ELSE '' END,
-  CASE WHEN i % 2 = 0 THEN 'job-' || i ELSE '' END, 'nvidia', 'NVIDIA H100 80GB HBM3',
-  1.0, 1.0, (i % 10) * 10.0, 1.0, 300.0
-FROM generate_series(0, :hours - 1) k CROSS JOIN generate_series(0, :gpus - 1) i""",
+  CAST(:base AS timestamp) + (k + 1) * interval '1 hour', :gpus, 19
+FROM generate_series(0, :hours - 1) k""",
+        """INSERT INTO usage_rows (bucket_start, place, pod, gpu_hours, coverage,
+  avg_utilisation_pct, max_utilisation_pct, avg_memory_used_mib, max_memory_used_mib,
+  avg_power_w, energy_wh, basis)
+SELECT CAST(:base AS timestamp) + k * interval '1 hour', i + 1,
+  CASE WHEN i % 2 = 0 THEN i + 2 ELSE 1 END, 1.0, 1.0, (i % 10) * 10.0,
+  (i % 10) * 10.0 + 5.5, 40000.0 + i, 41000.0 + i, 300.0 + (i % 50), 300.0 + (i % 50), 2
+FROM generate_series(0, :hours - 1) k CROSS JOIN generate_series(0, :gpus - 1) i"""],
 }
 
 
@@ -198,8 +227,9 @@ def fill_ledger(engine, gpus: int, hours: int, base: dt.datetime) -> tuple[float
     rebuild of one whole day, what collect pays at a day's last bucket)."""
     started = time.perf_counter()
     with engine.begin() as conn:
-        conn.execute(sa.text(FILL_SQL[engine.dialect.name]),
-                     {"hours": hours, "gpus": gpus, "base": base.isoformat(sep=" ")})
+        for sql in FILL_SQL[engine.dialect.name]:
+            conn.execute(sa.text(sql), {"hours": hours, "gpus": gpus,
+                                        "base": base.isoformat(sep=" ")})
     fill_s = time.perf_counter() - started
     days = sorted({inv.day_of(base + dt.timedelta(hours=h)) for h in range(hours)})
     took = []

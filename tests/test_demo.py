@@ -272,10 +272,13 @@ def test_the_demo_waits_for_a_ledger_row_of_every_active_gpu(tmp_path):
 
     def metered(uuid: str) -> None:
         with engine.begin() as conn:
-            conn.execute(inv.usage.insert().values(
+            inv.write_usage_rows(conn, [dict(
                 bucket_start=t0, cluster="east", node="e1", uuid=uuid, slice="", namespace="",
-                pod="", bucket_end=t0 + dt.timedelta(seconds=12), vendor="nvidia",
-                gpu_share=1.0, gpu_hours=12 / 3600, coverage=1.0))
+                pod="", vendor="nvidia", model=None, gpu_share=1.0, gpu_hours=12 / 3600,
+                coverage=1.0)])
+            inv.upsert(conn, inv.usage_buckets, [dict(
+                bucket_start=t0, bucket_end=t0 + dt.timedelta(seconds=12), collected_at=t0,
+                rows=1, requests=0)], update=("rows",))
 
     metered("GPU-a")
     assert demo._unmetered(engine) == 1

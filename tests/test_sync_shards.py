@@ -20,6 +20,7 @@ from hub import store
 from hub.common import UnavailableError
 from hub.inventory import _db as inventory
 from hub.inventory import run_sync
+from hub.inventory import usage as usage_view
 from hub.inventory._normalize import Observation
 from hub.inventory._sync import plan_shards
 from hub.store import HubClient
@@ -345,7 +346,7 @@ def test_a_sharded_usage_collect_writes_what_an_unsharded_one_writes(tmp_path):
             per_bucket = len(bucket_queries(HOUR, 300.0, 300.0, "cluster", allocations=False))
             assert result.requests == 1 + 2 * per_bucket * (1 if name == "whole" else 2)
             with engine.connect() as conn:
-                table = inventory.metadata.tables["usage"]
+                table = usage_view
                 ledgers[name] = sorted((tuple(r) for r in conn.execute(sa.select(table))),
                                        key=repr)
             engine.dispose()

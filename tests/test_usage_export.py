@@ -236,15 +236,24 @@ def test_sigterm_mid_export_leaves_no_file(tmp_path):
     _ledger(url, buckets=1)
     engine = inv.make_engine(url)
     with engine.begin() as conn:  # a month of 200 GPUs (144,000 rows), made in SQL at once
+        hours = ("WITH RECURSIVE h(k) AS (SELECT 0 UNION ALL SELECT k + 1 FROM h WHERE "
+                 "k < 719) ")
+        gpus = "WITH RECURSIVE g(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM g WHERE i < 199) "
+        at = "strftime('%Y-%m-%d %H:%M:%S.000000', '2026-12-01', '+' || {} || ' hours')"
         conn.exec_driver_sql(
-            "INSERT INTO usage (bucket_start, bucket_end, cluster, node, uuid, slice, "
-            "namespace, pod, vendor, model, gpu_share, gpu_hours, coverage) "
-            "WITH RECURSIVE h(k) AS (SELECT 0 UNION ALL SELECT k + 1 FROM h WHERE k < 719), "
-            "g(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM g WHERE i < 199) "
-            "SELECT strftime('%Y-%m-%d %H:%M:%S.000000', '2026-12-01', '+' || k || ' hours'), "
-            "strftime('%Y-%m-%d %H:%M:%S.000000', '2026-12-01', '+' || (k + 1) || ' hours'), "
-            "'c', 'n' || (i / 8), 'GPU-' || i, '', 'ns', 'p' || i, 'nvidia', 'H100', 1.0, 1.0, "
-            "1.0 FROM h CROSS JOIN g")
+            "INSERT INTO usage_places (id, cluster, node, uuid, slice, vendor, model, "
+            f"gpu_share) {gpus} SELECT 1000 + i, 'c', 'n' || (i / 8), 'GPU-' || i, '', "
+            "'nvidia', 'H100', 1.0 FROM g")
+        conn.exec_driver_sql(f"INSERT INTO usage_pods (id, namespace, pod) {gpus} "
+                             "SELECT 1000 + i, 'ns', 'p' || i FROM g")
+        conn.exec_driver_sql(
+            "INSERT INTO usage_buckets (bucket_start, bucket_end, collected_at, rows, "
+            f"requests) {hours} SELECT {at.format('k')}, {at.format('(k + 1)')}, "
+            f"{at.format('(k + 1)')}, 200, 1 FROM h")
+        conn.exec_driver_sql(
+            "INSERT INTO usage_rows (bucket_start, place, pod, gpu_hours, coverage, basis) "
+            f"{hours}, g(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM g WHERE i < 199) "
+            f"SELECT {at.format('k')}, 1000 + i, 1000 + i, 1.0, 1.0, 2 FROM h CROSS JOIN g")
     engine.dispose()
     out = tmp_path / "month.csv"
     proc = subprocess.Popen(

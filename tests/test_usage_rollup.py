@@ -143,9 +143,9 @@ def test_rollup_answers_equal_the_hourly_ledger(db_url):
                                     DAY0 + dt.timedelta(days=3), ["cluster"])
     # whole days are read from the rollup alone: without their hourly rows, the same answer
     with engine.begin() as conn:
-        conn.execute(inv.usage.delete().where(
-            inv.usage.c.bucket_start >= DAY0 + dt.timedelta(days=2),
-            inv.usage.c.bucket_start < DAY0 + dt.timedelta(days=3)))
+        conn.execute(inv.usage_rows.delete().where(
+            inv.usage_rows.c.bucket_start >= DAY0 + dt.timedelta(days=2),
+            inv.usage_rows.c.bucket_start < DAY0 + dt.timedelta(days=3)))
     # (idle GPU-hours excepted: they are idle runs, read from the ledger by hub.usage's one
     # idle function, and the rollup cannot say where a run starts)
     def sums(rows: list[dict]) -> list[dict]:

@@ -56,7 +56,8 @@ def fresh(url: str) -> None:
     engine = inv.make_engine(url, create=True)
     inv.ensure_schema(engine)
     with engine.begin() as conn:
-        for table in (inv.usage, inv.usage_buckets, inv.usage_daily, inv.usage_ledger):
+        for table in (inv.usage_rows, inv.usage_places, inv.usage_pods, inv.usage_buckets,
+                      inv.usage_daily, inv.usage_ledger):
             conn.execute(table.delete())
     engine.dispose()
 

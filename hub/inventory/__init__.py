@@ -102,6 +102,7 @@ from hub.inventory._usage_tables import (
     DAY,
     ROLLUP_IDLE_THRESHOLD,
     USAGE_COLUMNS,
+    UsageKeys,
     day_of,
     recent_usage,
     usage,
@@ -110,6 +111,10 @@ from hub.inventory._usage_tables import (
     usage_flags,
     usage_idle_daily,
     usage_ledger,
+    usage_places,
+    usage_pods,
+    usage_rows,
+    write_usage_rows,
 )
 
 __all__ = [
@@ -142,6 +147,7 @@ __all__ = [
     "PruneResult",
     "Shard",
     "SyncResult",
+    "UsageKeys",
     "add_session",
     "allocations",
     "check_since",
@@ -209,6 +215,10 @@ __all__ = [
     "usage_flags",
     "usage_idle_daily",
     "usage_ledger",
+    "usage_places",
+    "usage_pods",
+    "usage_rows",
     "uuids_starting",
     "write_refused",
+    "write_usage_rows",
 ]

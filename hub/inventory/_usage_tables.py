@@ -1,7 +1,9 @@
 """The usage ledger's tables. The inventory owns every table (one metadata, one migration
 chain, one prune); the ledger's writer and readers live in hub/usage (hub/usage/_ledger.py).
 
-- ``usage``: one row per GPU or MIG slice, allocation and bucket;
+- ``usage``: one row per GPU or MIG slice, allocation and bucket, as readers see it: a view
+  over ``usage_rows`` (the figures and small integer keys) joined to its dictionaries
+  ``usage_places`` and ``usage_pods`` and to the bucket marks;
 - ``usage_buckets``: which buckets are collected (a bucket is written whole or not at all);
 - ``usage_daily``: the rollup, per UTC day, of the ledger's rows (rebuilt with every write);
 - ``usage_flags``: what the meter corrected in a bucket, naming the pod;
@@ -12,43 +14,121 @@ chain, one prune); the ledger's writer and readers live in hub/usage (hub/usage/
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from hub.common import json_number
-from hub.inventory._db import metadata
+from hub.inventory._db import _batches, metadata
 
-usage = sa.Table(
-    "usage", metadata,
-    sa.Column("bucket_start", sa.DateTime, primary_key=True),
-    sa.Column("cluster", sa.String(253), primary_key=True),
-    sa.Column("node", sa.String(253), primary_key=True),
-    sa.Column("uuid", sa.String(128), primary_key=True),
-    sa.Column("slice", sa.String(64), primary_key=True),  # '' = the whole GPU
-    sa.Column("namespace", sa.String(253), primary_key=True),  # '' = unallocated
-    sa.Column("pod", sa.String(253), primary_key=True),
-    sa.Column("bucket_end", sa.DateTime, nullable=False),
+#: What a ledger row refers to, once: the GPU or MIG slice where it was (cluster, node, uuid,
+#: slice), what it is (vendor, model) and the share of a GPU it counts for. A row holds the
+#: small key instead of the strings, which a year of hourly rows would otherwise repeat
+#: thousands of times (issue 40). An entry changes never: another model or share is another
+#: entry. Entries are added under the ledger's lock (write_usage_rows), so no unique
+#: constraint is needed (and model may be NULL, which a unique key would not tell apart).
+usage_places = sa.Table(
+    "usage_places", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("cluster", sa.String(253), nullable=False),
+    sa.Column("node", sa.String(253), nullable=False),
+    sa.Column("uuid", sa.String(128), nullable=False),
+    sa.Column("slice", sa.String(64), nullable=False),  # '' = the whole GPU
     sa.Column("vendor", sa.String(16), nullable=False),
     sa.Column("model", sa.String(128)),
     sa.Column("gpu_share", sa.Float, nullable=False),
+    sa.Index("ix_usage_places_uuid", "uuid"),
+)
+
+#: Who held it: namespace and pod ('' and '' = unallocated time).
+usage_pods = sa.Table(
+    "usage_pods", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("namespace", sa.String(253), nullable=False),
+    sa.Column("pod", sa.String(253), nullable=False),
+    sa.UniqueConstraint("namespace", "pod", name="uq_usage_pods"),
+)
+
+#: The ledger's rows as stored: one per GPU or MIG slice, allocation and bucket, with the
+#: figures only (the bucket's end is its usage_buckets mark's). Columns are ordered so that
+#: PostgreSQL pads nothing (8-byte first, the 2-byte basis last). Two indexes: a BRIN on
+#: bucket_start on PostgreSQL (a few pages for a year: rows arrive in bucket order, and every
+#: answer asks a period), a B-tree on SQLite; and one on place for a GPU's own history (its
+#: keys repeat, so PostgreSQL's deduplicated B-tree stores a few bytes a row).
+usage_rows = sa.Table(
+    "usage_rows", metadata,
+    sa.Column("bucket_start", sa.DateTime, nullable=False),
+    sa.Column("place", sa.Integer, nullable=False),
+    sa.Column("pod", sa.Integer, nullable=False),
     sa.Column("gpu_hours", sa.Float, nullable=False),
+    sa.Column("coverage", sa.Float, nullable=False),
     sa.Column("avg_utilisation_pct", sa.Float),
     sa.Column("max_utilisation_pct", sa.Float),
     sa.Column("avg_memory_used_mib", sa.Float),
     sa.Column("max_memory_used_mib", sa.Float),
     sa.Column("avg_power_w", sa.Float),
     sa.Column("energy_wh", sa.Float),
-    sa.Column("coverage", sa.Float, nullable=False),
     # profiling counters (DCGM_FI_PROF_*, AMD's equivalents); NULL where not exported
     sa.Column("avg_sm_active_pct", sa.Float),
     sa.Column("avg_tensor_active_pct", sa.Float),
     sa.Column("avg_dram_active_pct", sa.Float),
-    # how the allocated time was measured: interval | estimated | sampled (hub/usage/_meter.py)
-    sa.Column("allocation_basis", sa.String(16), nullable=False, server_default="sampled"),
-    sa.Index("ix_usage_uuid_bucket", "uuid", "bucket_start"),
+    # how the allocated time was measured: 0 interval, 1 estimated, 2 sampled (BASES)
+    sa.Column("basis", sa.SmallInteger, nullable=False),
+    sa.Index("ix_usage_rows_bucket", "bucket_start", postgresql_using="brin",
+             postgresql_with={"autosummarize": "on"}),
+    sa.Index("ix_usage_rows_place", "place"),
 )
+
+#: allocation_basis by its stored code (hub/usage/_meter.py's BASES, least exact last).
+BASIS_CODES = ("interval", "estimated", "sampled")
+FIGURES = ["gpu_hours", "coverage", "avg_utilisation_pct", "max_utilisation_pct",
+           "avg_memory_used_mib", "max_memory_used_mib", "avg_power_w", "energy_wh",
+           "avg_sm_active_pct", "avg_tensor_active_pct", "avg_dram_active_pct"]
+# the figures in the order the ledger's table had them (a row read whole is the same tuple)
+VIEW_FIGURES = ["gpu_hours", "avg_utilisation_pct", "max_utilisation_pct",
+                "avg_memory_used_mib", "max_memory_used_mib", "avg_power_w", "energy_wh",
+                "coverage", "avg_sm_active_pct", "avg_tensor_active_pct",
+                "avg_dram_active_pct"]
+PLACE_KEYS = ["cluster", "node", "uuid", "slice", "vendor", "model", "gpu_share"]
+
+#: The ledger as every reader sees it: a view joining the rows to their dictionaries and
+#: bucket marks, with the columns (and names) one row per GPU, allocation and bucket always
+#: had, so answers, idle runs, exports, the rollup's rebuild and the pages read it as before.
+#: Only the writer (write_usage_rows, hub/usage/_ledger.py) touches the tables under it.
+USAGE_VIEW = """CREATE VIEW usage AS
+SELECT r.bucket_start, p.cluster, p.node, p.uuid, p.slice, d.namespace, d.pod, b.bucket_end,
+  p.vendor, p.model, p.gpu_share, {figures},
+  CASE r.basis WHEN 0 THEN 'interval' WHEN 1 THEN 'estimated' ELSE 'sampled' END
+    AS allocation_basis
+FROM usage_rows r
+  JOIN usage_places p ON p.id = r.place
+  JOIN usage_pods d ON d.id = r.pod
+  JOIN usage_buckets b ON b.bucket_start = r.bucket_start""".format(
+    figures=", ".join(f"r.{f}" for f in VIEW_FIGURES))
+DROP_USAGE_VIEW = "DROP VIEW IF EXISTS usage"
+# a schema made from the metadata (tests, `metadata().create_all`) has the view too
+sa.event.listen(metadata, "after_create", sa.DDL(USAGE_VIEW))
+sa.event.listen(metadata, "before_drop", sa.DDL(DROP_USAGE_VIEW))
+
+usage = sa.Table(
+    "usage", sa.MetaData(),  # the view: not on the inventory's metadata, never created as a table
+    sa.Column("bucket_start", sa.DateTime),
+    sa.Column("cluster", sa.String(253)),
+    sa.Column("node", sa.String(253)),
+    sa.Column("uuid", sa.String(128)),
+    sa.Column("slice", sa.String(64)),  # '' = the whole GPU
+    sa.Column("namespace", sa.String(253)),  # '' = unallocated
+    sa.Column("pod", sa.String(253)),
+    sa.Column("bucket_end", sa.DateTime),
+    sa.Column("vendor", sa.String(16)),
+    sa.Column("model", sa.String(128)),
+    sa.Column("gpu_share", sa.Float),
+    *[sa.Column(f, sa.Float) for f in VIEW_FIGURES],
+    sa.Column("allocation_basis", sa.String(16)),
+)
+
 
 usage_buckets = sa.Table(
     "usage_buckets", metadata,
@@ -141,6 +221,51 @@ USAGE_COLUMNS = [
     "avg_memory_used_mib", "max_memory_used_mib", "avg_power_w", "energy_wh", "coverage",
     "avg_sm_active_pct", "avg_tensor_active_pct", "avg_dram_active_pct", "allocation_basis",
 ]
+
+
+class UsageKeys:
+    """The dictionaries' keys of one write: loaded once, extended as rows bring new places
+    and pods (the caller holds the ledger's lock: no other writer adds entries meanwhile)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.places: dict[tuple, int] = {
+            tuple(r[1:]): r[0] for r in conn.execute(
+                sa.select(usage_places.c.id, *[usage_places.c[k] for k in PLACE_KEYS]))}
+        self.pods: dict[tuple, int] = {
+            (r.namespace, r.pod): r.id for r in conn.execute(sa.select(usage_pods))}
+
+    def resolve(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
+        """Add the entries these rows need and are missing (one INSERT per dictionary)."""
+        for table, known, keys in ((usage_places, self.places, PLACE_KEYS),
+                                   (usage_pods, self.pods, ["namespace", "pod"])):
+            new = {tuple(r[k] for k in keys) for r in rows} - known.keys()
+            if not new:
+                continue
+            last = max(known.values(), default=0)
+            conn.execute(table.insert(), [dict(zip(keys, k, strict=True)) for k in sorted(
+                new, key=lambda k: tuple((v is None, v) for v in k))])
+            for r in conn.execute(sa.select(table.c.id, *[table.c[k] for k in keys])
+                                  .where(table.c.id > last)):
+                known[tuple(r[1:])] = r[0]
+
+
+def write_usage_rows(conn: Connection, rows: Iterable[Mapping[str, Any]],
+                     keys: UsageKeys | None = None) -> int:
+    """Store ledger rows (as the ``usage`` view shows them; bucket_end is the bucket mark's,
+    written by the caller) in usage_rows, their strings as dictionary keys. ``rows`` may be a
+    generator: it is written a batch at a time. Returns how many."""
+    keys = keys or UsageKeys(conn)
+    count = 0
+    for batch in _batches(dict(r) for r in rows):
+        keys.resolve(conn, batch)
+        conn.execute(usage_rows.insert(), [{
+            "bucket_start": r["bucket_start"],
+            "place": keys.places[tuple(r.get(k) for k in PLACE_KEYS)],
+            "pod": keys.pods[(r["namespace"], r["pod"])],
+            "basis": BASIS_CODES.index(r.get("allocation_basis") or "sampled"),
+            **{f: r.get(f) for f in FIGURES}} for r in batch])
+        count += len(batch)
+    return count
 
 
 def day_of(moment: dt.datetime) -> dt.datetime:

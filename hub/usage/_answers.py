@@ -58,6 +58,14 @@ def _clean(row: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
+def _settled(value: float, digits: int) -> float:
+    """``value`` rounded to ``digits`` decimals after its last few bits of floating-point
+    noise are settled: a database sums a group's rows in whatever order its plan reads them,
+    and a figure on a decimal tie (24.8825) must not come out 24.882 one way and 24.883 the
+    other (the rollup's day sums and the hourly rows' one sum are added in other orders)."""
+    return round(round(value, digits + 4), digits)
+
+
 def _blank(value: Any) -> Any:
     return None if value == "" else value
 
@@ -181,21 +189,21 @@ def usage_summary(conn: Connection, start: dt.datetime, end: dt.datetime,
     for group in groups.values():
         row = {c: group[c] for c in cols}
         for f in ("gpu_hours", "allocated_gpu_hours", "busy_gpu_hours"):
-            row[f] = round(group[f], 6)
-        row["idle_allocated_gpu_hours"] = round(
+            row[f] = _settled(group[f], 6)
+        row["idle_allocated_gpu_hours"] = _settled(
             idle.get(tuple(_blank(group[c]) for c in cols), 0.0), 6)
-        row["avg_utilisation_pct"] = (round(100.0 * group["busy_gpu_hours"] /
+        row["avg_utilisation_pct"] = (_settled(100.0 * group["busy_gpu_hours"] /
                                             group["gpu_hours"], 3)
                                       if group["gpu_hours"] else None)
         # SM activity only over the GPU-hours that exported it: null where none did
         measured = group["sm_measured_gpu_hours"]
-        row["sm_active_gpu_hours"] = (round(group["sm_active_gpu_hours"], 6)
+        row["sm_active_gpu_hours"] = (_settled(group["sm_active_gpu_hours"], 6)
                                       if measured else None)
-        row["avg_sm_active_pct"] = (round(100.0 * group["sm_active_gpu_hours"] / measured, 3)
+        row["avg_sm_active_pct"] = (_settled(100.0 * group["sm_active_gpu_hours"] / measured, 3)
                                     if measured else None)
         # likewise energy: null where no GPU-hour of the group reported power (missing is
         # not zero); a group with some measured hours keeps the energy they measured
-        row["energy_kwh"] = (round(group["energy_wh"] / 1000.0, 6)
+        row["energy_kwh"] = (_settled(group["energy_wh"] / 1000.0, 6)
                              if group["energy_measured_gpu_hours"] else None)
         row["allocation_basis"] = None if group[RANK] is None else BASES[group[RANK]]
         if prices is not None:

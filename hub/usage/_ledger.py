@@ -67,7 +67,11 @@ from hub.inventory import (
     usage_flags,
     usage_idle_daily,
     usage_ledger,
+    usage_places,
+    usage_pods,
+    usage_rows,
     write_refused,
+    write_usage_rows,
 )
 from hub.usage._fold import fold_bucket, utc
 from hub.usage._meter import BASES
@@ -185,7 +189,9 @@ def replace_grid(engine: Engine, bucket: float, lock_timeout: float = 60.0) -> i
 
 
 def _start_over(conn: Connection, bucket: float) -> int:
-    removed = conn.execute(usage.delete()).rowcount or 0
+    removed = conn.execute(usage_rows.delete()).rowcount or 0
+    conn.execute(usage_places.delete())
+    conn.execute(usage_pods.delete())
     conn.execute(usage_flags.delete())
     conn.execute(usage_buckets.delete())
     conn.execute(usage_daily.delete())
@@ -590,20 +596,19 @@ def write_bucket(conn: Connection, start: float, bucket: float,
     collected (the caller holds the ledger's lock and commits all of it at once). ``rows``
     may be read once (a shard at a time): then ``count`` says how many. ``refused``: what
     its answers left out, per cluster (replaced with the bucket)."""
-    if count is None:
-        rows = list(rows)
-        count = len(rows)
     begin = utc(start)
-    conn.execute(usage.delete().where(usage.c.bucket_start == begin))
-    insert_rows(conn, usage, rows)
+    conn.execute(usage_rows.delete().where(usage_rows.c.bucket_start == begin))
+    written = write_usage_rows(conn, rows)
+    count = written if count is None else count
     conn.execute(usage_flags.delete().where(usage_flags.c.bucket_start == begin))
     insert_rows(conn, usage_flags, _one_per_pod(begin, flags))
     write_refused(conn, "usage", begin, refused or store.Refused())
-    rebuild_days(conn, [day_of(begin)])
+    # the mark before the rollup: the ledger's view takes each row's end from it
     upsert(conn, usage_buckets, [{
         "bucket_start": begin, "bucket_end": utc(start + bucket), "collected_at": now_utc(),
         "rows": count, "requests": requests}],
         update=("bucket_end", "collected_at", "rows", "requests"))
+    rebuild_days(conn, [day_of(begin)])
 
 
 def _one_per_pod(begin: dt.datetime,
@@ -624,7 +629,8 @@ def _one_per_pod(begin: dt.datetime,
 
 def apply_retention(conn: Connection, before: float) -> int:
     cut = utc(before)
-    removed = conn.execute(usage.delete().where(usage.c.bucket_start < cut)).rowcount or 0
+    removed = conn.execute(usage_rows.delete().where(usage_rows.c.bucket_start < cut)
+                           ).rowcount or 0
     conn.execute(usage_flags.delete().where(usage_flags.c.bucket_start < cut))
     conn.execute(usage_buckets.delete().where(usage_buckets.c.bucket_start < cut))
     conn.execute(usage_daily.delete().where(usage_daily.c.day < day_of(cut)))
