@@ -30,6 +30,8 @@ from hub.common import (
     output_option,
     parse_duration,
     push_interval_option,
+    query_concurrency_option,
+    shard_size_option,
     stale_after_option,
     window_option,
 )
@@ -128,6 +130,8 @@ class _ServeGroup(ConfiguredCommand, click.Group):
 @window_option
 @stale_after_option
 @lock_timeout_option
+@query_concurrency_option
+@shard_size_option
 @hub_options
 @cluster_label_option
 @db_option
@@ -144,7 +148,8 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool, worker
           stale_after: float,
           lock_timeout: float, cluster_label: str, db: str | None, idle_threshold: float,
           idle_for: float, placement_scores: bool, placement_kubeconfig: str | None,
-          placement_context: str | None, full_at: float, **opts: Any) -> None:
+          placement_context: str | None, full_at: float, query_concurrency: int,
+          shard_size: int, **opts: Any) -> None:
     """Run the hub service: sync on a schedule and serve the inventory over HTTP.
 
     \b
@@ -192,7 +197,8 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool, worker
         stale_after=stale_after, lock_timeout=lock_timeout, cluster_label=cluster_label, db=db,
         idle_threshold=idle_threshold, idle_for=idle_for, hub=hub_settings(opts),
         placement_scores=placement_scores, placement_kubeconfig=placement_kubeconfig,
-        placement_context=placement_context, full_at=full_at)
+        placement_context=placement_context, full_at=full_at, shard_size=shard_size,
+        query_concurrency=query_concurrency)
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for handler in logging.getLogger().handlers:  # no URL password in any line, whoever logs
