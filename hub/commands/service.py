@@ -171,8 +171,9 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool, worker
     loopback only.
     /api/v1/allocations lists who uses which GPU.
 
-    After each successful sync it runs the checks of `gpufleet report` (served at
-    /api/v1/findings and as gpufleet_findings) and, with --reconcile, a reconcile from
+    After each successful sync it runs the checks of `gpufleet report` (written to the
+    database, from where every worker and replica serves them at /api/v1/findings and as
+    gpufleet_findings; "not checked yet" until they first ran) and, with --reconcile, a reconcile from
     kube-state-metrics through the hub; with --placement-scores, the ACM placement scores
     (valid for three --every). Syncs take the same lock as `gpufleet sync`, so a
     CronJob or a second service on the same database never runs beside it. SIGTERM stops it
