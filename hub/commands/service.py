@@ -173,9 +173,9 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool, worker
 
     After each successful sync it runs the checks of `gpufleet report` (written to the
     database, from where every worker and replica serves them at /api/v1/findings and as
-    gpufleet_findings; "not checked yet" until they first ran) and, with --reconcile, a reconcile from
-    kube-state-metrics through the hub; with --placement-scores, the ACM placement scores
-    (valid for three --every). Syncs take the same lock as `gpufleet sync`, so a
+    gpufleet_findings; "not checked yet" until they first ran) and, with --reconcile, a
+    reconcile from kube-state-metrics through the hub; with --placement-scores, the ACM
+    placement scores (valid for three --every). Syncs take the same lock as `gpufleet sync`, so a
     CronJob or a second service on the same database never runs beside it. SIGTERM stops it
     cleanly (exit 0); Ctrl-C exits 130.
 

@@ -149,7 +149,7 @@ def health(state: SyncState, every: float, now: float,
                                 "gpus": result.gpus, "requests": result.requests}
     reason = None
     if state.unreadable is not None:
-        reason = f"cannot read the inventory database: {state.unreadable}"
+        reason = f"cannot read the inventory database: {public_error(state.unreadable)}"
     elif state.last_success_at is None:
         reason = "never synced yet"
     elif now - state.last_success_at > 2 * every + slack:
