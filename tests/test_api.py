@@ -358,7 +358,8 @@ def test_sync_runs_latest_first(served):
 def test_findings_are_empty_until_checks_are_configured(served):
     assert served.json("/api/v1/findings") == {"items": [], "continue": None,
                                                "generated_at": None,
-                                               "last_check_failed": None}
+                                               "last_check_failed": None,
+                                               "checks": "not checked yet"}
 
 
 def test_the_api_engine_cannot_write(served):

@@ -311,6 +311,47 @@ def test_a_test_stands_in_for_the_caller_through_dependency_overrides(app):
     assert client.get("/api/v1/gpus").status_code == 401  # the override is gone
 
 
+def test_the_scope_and_the_engine_are_overridden_as_fastapi_documents(app, tmp_path):
+    """``scope_of`` and ``engine_of`` are dependencies like ``identify``: an override of
+    either is what the routes answer from (the scope confines the answer, as a token of
+    that scope would; the engine is the database read), and the override's end ends it."""
+    from fastapi import Request
+
+    from hub.service._auth import Scope
+    from hub.service._deps import engine_of, scope_of
+
+    client = _client(app)
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+    everything = {g["uuid"] for g in client.get("/api/v1/gpus", headers=admin).json()["items"]}
+    assert "GPU-west-1" in everything
+    app.dependency_overrides[scope_of] = lambda: Scope("east only", frozenset({"east"}),
+                                                       None)
+    try:
+        gpus = client.get("/api/v1/gpus", headers=admin)
+        assert gpus.status_code == 200
+        assert {g["cluster"] for g in gpus.json()["items"]} == {"east"}
+        assert client.get("/api/v1/gpus/GPU-west-1", headers=admin).status_code == 404
+        assert "west-hidden" not in client.get("/api/v1/clusters", headers=admin).text
+    finally:
+        app.dependency_overrides.clear()
+    empty = f"sqlite:///{tmp_path / 'empty.db'}"
+    migrate.ensure_schema(inventory.make_engine(empty, create=True))
+    other = read_only_engine(empty)
+
+    async def elsewhere(request: Request) -> Any:  # an async override taking the request
+        assert request.url.path.startswith("/api/v1/")
+        return other
+
+    app.dependency_overrides[engine_of] = elsewhere
+    try:
+        assert client.get("/api/v1/gpus", headers=admin).json()["items"] == []
+    finally:
+        app.dependency_overrides.clear()
+        other.dispose()
+    after = {g["uuid"] for g in client.get("/api/v1/gpus", headers=admin).json()["items"]}
+    assert after == everything
+
+
 def test_a_page_section_is_shown_to_a_team_only_when_declared_scoped(tmp_path):
     """A section of the live page says who it is for, as a route does: one declared
     ``scoped`` is read with the team's scope; one that declares nothing reads the whole

@@ -22,6 +22,7 @@ import requests
 import yaml
 
 from hub.common import counts_line
+from hub.inventory import _db as inventory
 from hub.inventory._sync import SyncResult
 from hub.service import (
     USAGE_SECTIONS,
@@ -55,6 +56,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     import time
 
     from hub.service import SignInLimit
+    from hub.service.runtime import checks_recorder
 
     tmp = tmp_path_factory.mktemp("page-scope")
     url = _inventory(tmp)
@@ -66,7 +68,10 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     def no_sync() -> SyncResult:  # the inventory is written; nothing to ask a hub
         return SyncResult(now, now, 0, 2, 3, 4)
 
-    started = build_service(Jobs(sync=no_sync, findings=lambda: PAGE_FINDINGS), every=3600.0,
+    # the leader writes its checks to the database, where every process reads them
+    record = checks_recorder(inventory.make_engine(url))
+    started = build_service(Jobs(sync=no_sync, findings=lambda: PAGE_FINDINGS,
+                                 record_checks=record), every=3600.0,
                             engine=read_only_engine(url), process_metrics=False,
                             page_sections=USAGE_SECTIONS,
                             auth=Authenticator(tokens=TokenFile(tokens)),

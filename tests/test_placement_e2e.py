@@ -162,7 +162,7 @@ def test_placement_apply_writes_the_status_by_server_side_apply(synced, kube):
 
 def test_serve_writes_the_scores_after_each_sync_valid_for_three_intervals(synced, kube):
     from hub.inventory import make_engine
-    from hub.service._settings import ServeSettings, service_jobs
+    from hub.service import ServeSettings, service_jobs
     from hub.store import HubClient
 
     kube.put_object({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "whole"}})

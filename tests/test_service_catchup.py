@@ -9,7 +9,7 @@ import logging
 import sqlalchemy as sa
 
 from hub import inventory as inv
-from hub.service._settings import ServeSettings, service_jobs
+from hub.service import ServeSettings, service_jobs
 from hub.store import HubClient
 
 T0 = 28_333_333 * 60.0  # the buckets of a minute line up with it

@@ -305,3 +305,46 @@ def test_findings_api_says_when_the_last_check_failed_and_when_findings_were_mad
     clock.now += 60
     scheduler.tick()  # back: the failure is history
     assert answer()["last_check_failed"] is None
+
+
+class Follower:
+    """A leadership this process never gets (another process leads)."""
+
+    def acquire(self) -> bool:
+        return False
+
+    def holds(self) -> bool:
+        return False
+
+    def fence(self, conn: Any) -> None:
+        raise AssertionError("a follower writes nothing")
+
+    def release(self) -> None:
+        pass
+
+
+def test_a_follower_never_runs_the_checks_nor_the_sync():
+    """Followers serve what the leader wrote; they never ask the hub (the checks were 7
+    PromQL queries per new sync in every follower)."""
+    asked: list[str] = []
+    clock = Clock()
+    jobs = Jobs(sync=lambda: asked.append("sync") or result(),  # type: ignore[func-returns-value]
+                findings=lambda: asked.append("findings") or [],  # type: ignore[func-returns-value]
+                record_checks=lambda **outcome: asked.append("record"))
+    scheduler = Scheduler(jobs, 60.0, clock=clock, leader=Follower())
+    delays = drive(scheduler, clock, 10)
+    assert asked == [] and delays == [2.0] * 10
+    assert scheduler.state.leader is False
+
+
+def test_the_leader_writes_the_checks_outcome_where_every_process_reads_it():
+    written: list[dict[str, Any]] = []
+    scheduler, clock, _, _ = scheduler_for(
+        [result(), down()], findings=lambda: [finding("warning")],
+        record_checks=lambda **outcome: written.append(outcome))
+    scheduler.tick()
+    assert written == [{"findings": [finding("warning")], "checked_at": T0}]
+    clock.now += 60
+    scheduler.tick()
+    assert written[1]["failed_at"] == T0 + 60
+    assert written[1]["error"].startswith("sync failed, no checks ran: hub http://hub:9090")

@@ -30,6 +30,8 @@ from hub.common import (
     output_option,
     parse_duration,
     push_interval_option,
+    query_concurrency_option,
+    shard_size_option,
     stale_after_option,
     window_option,
 )
@@ -128,6 +130,8 @@ class _ServeGroup(ConfiguredCommand, click.Group):
 @window_option
 @stale_after_option
 @lock_timeout_option
+@query_concurrency_option
+@shard_size_option
 @hub_options
 @cluster_label_option
 @db_option
@@ -144,7 +148,8 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool, worker
           stale_after: float,
           lock_timeout: float, cluster_label: str, db: str | None, idle_threshold: float,
           idle_for: float, placement_scores: bool, placement_kubeconfig: str | None,
-          placement_context: str | None, full_at: float, **opts: Any) -> None:
+          placement_context: str | None, full_at: float, query_concurrency: int,
+          shard_size: int, **opts: Any) -> None:
     """Run the hub service: sync on a schedule and serve the inventory over HTTP.
 
     \b
@@ -166,10 +171,11 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool, worker
     loopback only.
     /api/v1/allocations lists who uses which GPU.
 
-    After each successful sync it runs the checks of `gpufleet report` (served at
-    /api/v1/findings and as gpufleet_findings) and, with --reconcile, a reconcile from
-    kube-state-metrics through the hub; with --placement-scores, the ACM placement scores
-    (valid for three --every). Syncs take the same lock as `gpufleet sync`, so a
+    After each successful sync it runs the checks of `gpufleet report` (written to the
+    database, from where every worker and replica serves them at /api/v1/findings and as
+    gpufleet_findings; "not checked yet" until they first ran) and, with --reconcile, a
+    reconcile from kube-state-metrics through the hub; with --placement-scores, the ACM
+    placement scores (valid for three --every). Syncs take the same lock as `gpufleet sync`, so a
     CronJob or a second service on the same database never runs beside it. SIGTERM stops it
     cleanly (exit 0); Ctrl-C exits 130.
 
@@ -192,7 +198,8 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool, worker
         stale_after=stale_after, lock_timeout=lock_timeout, cluster_label=cluster_label, db=db,
         idle_threshold=idle_threshold, idle_for=idle_for, hub=hub_settings(opts),
         placement_scores=placement_scores, placement_kubeconfig=placement_kubeconfig,
-        placement_context=placement_context, full_at=full_at)
+        placement_context=placement_context, full_at=full_at, shard_size=shard_size,
+        query_concurrency=query_concurrency)
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for handler in logging.getLogger().handlers:  # no URL password in any line, whoever logs

@@ -22,7 +22,8 @@ MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 #: completes it.
 TABLE_MODULES = ("hub.inventory._db", "hub.inventory._reconcile_runs",
                  "hub.inventory._usage_tables", "hub.inventory._sessions",
-                 "hub.inventory._lease", "hub.inventory._life")
+                 "hub.inventory._lease", "hub.inventory._life",
+                 "hub.inventory._service_state")
 
 
 def metadata() -> sa.MetaData:
@@ -35,7 +36,7 @@ def metadata() -> sa.MetaData:
 
 
 #: The newest migration's revision (tests check it is Alembic's head of migrations/).
-HEAD = "0025"
+HEAD = "0026"
 
 
 def _config(connection=None):  # -> alembic.config.Config

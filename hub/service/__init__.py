@@ -1,5 +1,10 @@
 """`gpufleet serve`: the scheduler that syncs and checks on a schedule, its health and
 metrics, and the read-only JSON API over the inventory (FastAPI on uvicorn).
+
+Two wings: the runtime (hub/service/runtime: the schedule, its leadership and the jobs that
+write) and the HTTP readers (the app, routers, handlers, pages, sign-in), which answer from
+what the runtime wrote to the database (hub/service/_status.py), so every worker and replica
+answers alike.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from hub.service._session import (
     MAX_PER_TOKEN,
     MAX_SESSIONS,
     DbSessions,
+    DbSignInLimit,
     Sessions,
     SessionsFull,
     SignInLimit,
@@ -38,10 +44,10 @@ from hub.service._settings import (
     access,
     proxy_addresses,
     serve_settings,
-    service_jobs,
 )
 from hub.service._tls import TlsFiles
 from hub.service._workers import serve
+from hub.service.runtime import service_jobs
 
 __all__ = [
     "FULL",
@@ -51,6 +57,7 @@ __all__ = [
     "USAGE_SECTIONS",
     "Authenticator",
     "DbSessions",
+    "DbSignInLimit",
     "Jobs",
     "OidcVerifier",
     "Scope",

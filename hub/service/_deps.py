@@ -3,10 +3,12 @@ its scope, the idle rule, the prices) and the typed query and path parameters wi
 OpenAPI description and bounds.
 
 One module, so a handler's signature reads as what it takes, and a test swaps any of them
-through ``app.dependency_overrides`` (e.g. ``{identify: lambda: a_team_caller}``): the routes
-depend on these very functions. They read the app's state, set once by the app factory
-(``hub.service._app.build_app``); none of them checks anything beyond what it reads (the
-request's guard is ``hub.service._guard``).
+through ``app.dependency_overrides`` (e.g. ``{identify: lambda: a_team_caller}``,
+``{scope_of: lambda: a_scope}``, ``{engine_of: lambda: another_engine}``): the routes depend
+on these very functions. (The route wrapper supplies the scope and the engine itself, for
+speed, and applies their overrides as FastAPI would: hub/service/_routing.py.) They read
+the app's state, set once by the app factory (``hub.service._app.build_app``); none of them
+checks anything beyond what it reads (the request's guard is ``hub.service._guard``).
 """
 
 from __future__ import annotations

@@ -329,6 +329,10 @@ class PlacementScore(Strict):
 
 PlacementScoreList = listing(PlacementScore, "PlacementScoreList")
 FindingList = listing(Finding, "FindingList", generated_at=(Time, ...),
+                      checks=(Literal["checked", "not checked yet"], Field(
+                          ..., description="'not checked yet' until the checks first ran "
+                                           "(an empty list then means nothing, not 'all "
+                                           "well'); 'checked' after.")),
                       last_check_failed=(CheckFailure | None, Field(
                           ..., description="When and why the latest checks could not run "
                                            "(the hub unreachable, ...); null when they ran "

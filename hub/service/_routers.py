@@ -42,6 +42,7 @@ from hub.service._routing import ConfinedRouter, Html, Page, Text
 from hub.service._session import MAX_FORM, MAX_TOKEN, Login
 from hub.service._wire import Json, Kept
 
+NOT_CHECKED = "not checked yet"
 #: seconds a client has to send the sign-in form's body once its headers are in
 BODY_TIMEOUT = 10.0
 Findings = Callable[[], tuple[list[dict[str, Any]], float | None]]
@@ -143,7 +144,8 @@ def findings_router(findings: Findings,
         page = api.page_items([{"namespace": None, **f, "checked_at": when} for f in selected],
                               api.text_key("cluster", "node", "gpu", "check", "message"),
                               continue_, limit, "f1", 5)
-        return Json({**page, "generated_at": when, "last_check_failed": last_failure})
+        return Json({**page, "generated_at": when, "last_check_failed": last_failure,
+                     "checks": "checked" if when is not None else NOT_CHECKED})
 
     router.add("/api/v1/findings", findings_, models.FindingList, visibility="scoped")
     return router

@@ -21,6 +21,7 @@ so a kept answer is only ever one scope's and the confine step is still the wrap
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import typing
 from collections.abc import Callable
@@ -44,6 +45,8 @@ from hub.service._wire import Json, Kept, Stored
 
 #: set on a guarded handler: include_router hands it over again, and it is wrapped once
 _GUARDED = "__gpufleet_guarded__"
+#: set on a request whose engine is an override's: its answers are neither kept nor found
+OVERRIDDEN = "engine_overridden"
 
 
 @dataclass
@@ -85,7 +88,8 @@ def _guarded(endpoint: Callable[..., Any], visibility: Visibility) -> Callable[.
     parameters = [p.replace(annotation=hints.get(p.name, p.annotation))
                   for p in signature.parameters.values()]
     # the caller, its scope and the engine come from the wrapper's own caller and the app,
-    # not from a FastAPI dependency each (solving them was a fifth of a cheap request)
+    # not from a FastAPI dependency each (solving them was a fifth of a cheap request);
+    # ``app.dependency_overrides`` of scope_of and engine_of still apply (:func:`_overridden`)
     supplied = {} if visibility == "public" else {
         p.name: what for p in parameters if (what := _supplied(p.annotation)) is not None}
     parameters = [p for p in parameters if p.name not in supplied]
@@ -101,21 +105,27 @@ def _guarded(endpoint: Callable[..., Any], visibility: Visibility) -> Callable[.
 
     def answer(caller: Caller | None, request: Request, result: Any) -> Any:
         if isinstance(result, Kept):
-            return kept(caller, request, result)
+            if getattr(request.state, OVERRIDDEN, False):  # not the app's database: not kept
+                result = result.compute()
+            else:
+                return kept(caller, request, result)
         return finish(caller, result)
 
-    def take(kwargs: dict[str, Any]) -> tuple[Caller | None, Request]:
+    async def take(kwargs: dict[str, Any]) -> tuple[Caller | None, Request]:
         caller = kwargs.pop("_caller", None)
         request = kwargs[own] if own is not None else kwargs.pop("_request")
+        engine = request.app.state.engine
+        if request.app.dependency_overrides and visibility != "public":
+            caller, engine = await _overridden(request, caller, engine)
         admit(caller, visibility)
         for name, what in supplied.items():
             kwargs[name] = (caller if what == "caller" else caller.scope if what == "scope"
-                            else request.app.state.engine)
+                            else engine)
         return caller, request
 
     if inspect.iscoroutinefunction(endpoint):
         async def wrapper(**kwargs: Any) -> Any:
-            caller, request = take(kwargs)
+            caller, request = await take(kwargs)
             result = await endpoint(**kwargs)
             if isinstance(result, Kept):  # a database read: in the thread pool
                 return await run_in_threadpool(answer, caller, request, result)
@@ -126,9 +136,10 @@ def _guarded(endpoint: Callable[..., Any], visibility: Visibility) -> Callable[.
         # reads never wait; PostgreSQL's are awaited), and only a missing one is computed
         # in the thread pool (the trip there and back was a third of a kept answer's cost)
         async def wrapper(**kwargs: Any) -> Any:  # type: ignore[misc]
-            caller, request = take(kwargs)
+            caller, request = await take(kwargs)
             result = endpoint(**kwargs)
-            found = await kept_now(caller, request, result)
+            found = (None if getattr(request.state, OVERRIDDEN, False)
+                     else await kept_now(caller, request, result))
             if found is not None:
                 return found
             return await run_in_threadpool(answer, caller, request, result)
@@ -138,7 +149,7 @@ def _guarded(endpoint: Callable[..., Any], visibility: Visibility) -> Callable[.
         # FastAPI checks a plain answer against its model on the way out without another
         # trip through the pool.
         async def wrapper(**kwargs: Any) -> Any:  # type: ignore[misc]
-            caller, request = take(kwargs)
+            caller, request = await take(kwargs)
             return await run_in_threadpool(lambda: answer(caller, request, endpoint(**kwargs)))
 
     wrapper.__signature__ = signature.replace(  # type: ignore[attr-defined]
@@ -147,6 +158,47 @@ def _guarded(endpoint: Callable[..., Any], visibility: Visibility) -> Callable[.
     wrapper.__doc__ = endpoint.__doc__
     setattr(wrapper, _GUARDED, True)
     return wrapper
+
+
+async def _overridden(request: Request, caller: Caller | None, engine: Any
+                      ) -> tuple[Caller | None, Any]:
+    """The caller and engine with ``app.dependency_overrides`` of :func:`scope_of` and
+    :func:`engine_of` applied, as FastAPI would apply them to a route that declared them
+    (``identify``'s is FastAPI's own: the wrapper declares it). An overridden scope is the
+    caller's everywhere: the handler's ``scope``, the confine step and the kept answers'
+    key, so the route answers exactly as it would to a token of that scope."""
+    overrides = request.app.dependency_overrides
+    if scope_of in overrides and caller is not None:
+        scope = await _call(overrides[scope_of], request, caller)
+        caller = dataclasses.replace(caller, scope=scope)
+    if engine_of in overrides:
+        engine = await _call(overrides[engine_of], request, caller)
+        setattr(request.state, OVERRIDDEN, True)  # the kept answers are the app's engine's
+    return caller, engine
+
+
+async def _call(override: Callable[..., Any], request: Request, caller: Caller | None
+                ) -> Any:
+    """An override called as a dependency: with the request and the caller where its
+    parameters ask for them (by annotation), nothing else."""
+    try:
+        hints = typing.get_type_hints(override, include_extras=True)
+    except (NameError, TypeError):  # a name its module does not hold (imported locally)
+        hints = {}
+    kwargs: dict[str, Any] = {}
+    for parameter in inspect.signature(override).parameters.values():
+        annotation = hints.get(parameter.name, parameter.annotation)
+        if typing.get_origin(annotation) is Annotated:
+            annotation = typing.get_args(annotation)[0]
+        if annotation in (Request, "Request"):
+            kwargs[parameter.name] = request
+        elif annotation in (Caller, "Caller"):
+            kwargs[parameter.name] = caller
+        elif parameter.default is inspect.Parameter.empty:
+            raise TypeError(f"dependency override {override!r}: parameter {parameter.name!r} "
+                            "must be the Request or the Caller")
+    value = override(**kwargs)
+    return await value if inspect.isawaitable(value) else value
 
 
 def _supplied(annotation: Any) -> str | None:

@@ -2,22 +2,23 @@
 that puts it beside the HTTP side.
 
 The schedule is a plain object, :class:`Scheduler`, over plain callables (:class:`Jobs`): the
-sync, the jobs that follow a successful sync (reconcile, prune, usage collect) and the
-findings provider (report checks). Time comes in as ``clock`` and ``sleep`` so tests drive
-hours of schedule in microseconds. The scheduler knows nothing about HTTP: it keeps a state
-(health, findings, the last failed check) that the HTTP side only reads. The two meet at the
-end of this module: :class:`ServiceMetrics` is the registry ``/metrics`` serves (with its
-content negotiation and the API's refusal counter), and :func:`build_service` builds the app
-(hub.service._app) over the scheduler's state and the server (hub.service._serve);
-:class:`Service` runs the scheduler and the server on threads for the command.
+sync, the jobs that follow a successful sync (reconcile, prune, usage collect), the
+findings provider (report checks) and where their outcome is written (``record_checks``:
+the database, hub/service/runtime). Time comes in as ``clock`` and ``sleep`` so tests drive
+hours of schedule in microseconds. The scheduler knows nothing about HTTP. The HTTP side
+reads what the schedule wrote, from the database (hub.service._status.SharedStatus), never
+this process's memory: every worker and replica answers alike. The two meet at the end of
+this module: :class:`ServiceMetrics` is the registry ``/metrics`` serves (with its content
+negotiation and the API's refusal counter), and :func:`build_service` builds the app
+(hub.service._app) over the shared status and the server (hub.service._serve);
+:class:`Service` runs the scheduler, the status's refresh and the server on threads for the
+command.
 
 Retries are deterministic on purpose: a failed sync is retried after 5 s, 10 s, 20 s ...
 capped at the interval, with no jitter. However many processes serve one database (workers,
-replicas), one leads (hub.service._leader) and runs the schedule; the others only serve, and
-follow: they read the leader's latest successful sync from the database (for /healthz) and
-run the findings once per new sync, so every process serves the same answers. There is no
-herd to spread out, and a fixed sequence is what an operator reading the log and the tests
-expect.
+replicas), one leads (hub.service._leader) and runs the schedule, checks included; the
+others only serve what it wrote, and never ask the hub. There is no herd to spread out, and
+a fixed sequence is what an operator reading the log and the tests expect.
 """
 
 from __future__ import annotations
@@ -70,12 +71,16 @@ class Jobs:
     ``after_sync`` run in order after each successful sync (reconcile goes here); one failing
     is logged and counted, and the others still run. ``findings`` is called after them and
     its answer is kept until the next one: /api/v1/findings and the gpufleet_findings metric
-    serve that copy, so a scrape or an API call never runs the checks.
+    serve that copy, so a scrape or an API call never runs the checks. ``record_checks``
+    writes the checks' outcome where every process reads it (the database), with the
+    keywords of hub.inventory.write_checks: ``findings`` and ``checked_at`` after a run,
+    ``failed_at`` and ``error`` when the checks could not run.
     """
 
     sync: Callable[[], SyncResult]
     after_sync: list[Callable[[], None]] = field(default_factory=list)
     findings: Callable[[], list[Finding]] | None = None
+    record_checks: Callable[..., None] | None = None
 
 
 @dataclass(frozen=True)
@@ -144,7 +149,7 @@ def health(state: SyncState, every: float, now: float,
                                 "gpus": result.gpus, "requests": result.requests}
     reason = None
     if state.unreadable is not None:
-        reason = f"cannot read the inventory database: {state.unreadable}"
+        reason = f"cannot read the inventory database: {public_error(state.unreadable)}"
     elif state.last_success_at is None:
         reason = "never synced yet"
     elif now - state.last_success_at > 2 * every + slack:
@@ -285,8 +290,7 @@ class Scheduler:
                  sleep: Callable[[float], Any] | None = None,
                  backoff: float = DEFAULT_BACKOFF, metrics: ServiceMetrics | None = None,
                  leader: Leadership | None = None,
-                 latest_sync: Callable[[], tuple[Any, float, SyncResult] | None] | None = None
-                 ) -> None:
+                 on_change: Callable[[], Any] = lambda: None) -> None:
         if every <= 0:
             raise InputError("--every must be greater than 0")
         self.jobs = jobs
@@ -300,10 +304,8 @@ class Scheduler:
         self._state = SyncState(started_at=clock())
         #: None: this process always leads (one alone on its database, tests)
         self.leader = leader
-        #: (id, finished at, result) of the latest successful sync in the database: a
-        #: follower's view of the leader's work
-        self.latest_sync = latest_sync
-        self._followed: Any = None
+        #: called once a sync's outcome or the checks' are written (the readers' refresh)
+        self.on_change = on_change
         #: how often a follower tries to lead and looks for a new sync: the longest a dead
         #: leader's schedule waits for another process to take it over
         self.follow_every = min(self.every, FOLLOW_EVERY)
@@ -361,14 +363,17 @@ class Scheduler:
             message = describe_error(exc)
             failures = self.state.consecutive_failures + 1
             delay = self.retry_delay(failures)
+            failed_at = self.clock()
             self._update(last_error=message, consecutive_failures=failures, lock_held=False,
-                         checks_failed_at=self.clock(),
+                         checks_failed_at=failed_at,
                          checks_error=f"sync failed, no checks ran: {message}")
             if self.metrics:
                 self.metrics.failures.inc()
                 self.metrics.sync_duration.observe(max(0.0, self.clock() - started))
             log.warning("sync failed (%d in a row), retrying in %gs: %s", failures, delay,
                         message)
+            self._record(failed_at=failed_at, error=f"sync failed, no checks ran: {message}")
+            self.on_change()
             return self._next(delay)
         finished = self.clock()
         self._update(last_success_at=finished, last_result=result, last_error=None,
@@ -380,6 +385,7 @@ class Scheduler:
         log.info("sync ok: %d clusters, %d nodes, %d GPUs (%d requests, %.1fs)%s",
                  result.clusters, result.nodes, result.gpus, result.requests, took,
                  f"; {result.note}" if getattr(result, "note", None) else "")
+        self.on_change()
         self._after_sync()
         return self._next(max(0.0, started + self.every - self.clock()))
 
@@ -399,12 +405,22 @@ class Scheduler:
         if self.jobs.findings is not None and not self._stop.is_set():
             provider = self.jobs.findings
             found = self._guarded("findings", lambda: list(provider()))
+            at = self.clock()
             if found is not None:
-                self._update(findings=tuple(found), findings_at=self.clock())
+                self._update(findings=tuple(found), findings_at=at)
+                self._record(findings=found, checked_at=at)
             else:
-                self._update(checks_failed_at=self.clock(),
-                             checks_error="the checks failed after a successful sync "
-                                          "(see the service log)")
+                error = "the checks failed after a successful sync (see the service log)"
+                self._update(checks_failed_at=at, checks_error=error)
+                self._record(failed_at=at, error=error)
+            self.on_change()
+
+    def _record(self, **outcome: Any) -> None:
+        """The checks' outcome where every process reads it; a failed write is logged and
+        counted (the readers keep the previous outcome, and the next run writes again)."""
+        if self.jobs.record_checks is not None:
+            record = self.jobs.record_checks
+            self._guarded("record_checks", lambda: record(**outcome))
 
     def _guarded(self, name: str, job: Callable[[], Any]) -> Any:
         try:
@@ -419,8 +435,7 @@ class Scheduler:
         """Tick until :meth:`stop`; the first sync starts at once (in the leader)."""
         try:
             while not self._stop.is_set():
-                if not self._leads():
-                    self._follow()
+                if not self._leads():  # a follower serves what the leader wrote, no more
                     if not self._stop.is_set():
                         self.sleep(self.follow_every)
                     continue
@@ -449,32 +464,6 @@ class Scheduler:
                 self.metrics.leader.set(1 if leads else 0)
         return leads
 
-    def _follow(self) -> None:
-        """A follower's turn: the leader's latest successful sync, and the findings once
-        per new sync or reconcile run (what the leader serves, from the same database and
-        hub)."""
-        if self.latest_sync is None:
-            return
-        try:
-            latest = self.latest_sync()
-        except Exception as exc:
-            message = describe_error(exc)
-            log.warning("follower: cannot read the latest sync: %s", message)
-            self._update(unreadable=message)
-            return
-        if self.state.unreadable is not None:
-            self._update(unreadable=None)
-        if latest is None or latest[0] == self._followed:
-            return
-        self._followed = latest[0]
-        self._update(last_success_at=latest[1], last_result=latest[2], last_error=None,
-                     consecutive_failures=0, lock_held=False)
-        if self.jobs.findings is not None:
-            provider = self.jobs.findings
-            found = self._guarded("findings", lambda: list(provider()))
-            if found is not None:
-                self._update(findings=tuple(found), findings_at=self.clock())
-
     def stop(self) -> None:
         self._stop.set()
 
@@ -485,14 +474,24 @@ class Scheduler:
 
 # -- the service ------------------------------------------------------------------------------
 class Service:
-    """A scheduler and the API server on their own threads."""
+    """A scheduler, the shared status's refresh and the API server on their own threads."""
 
-    def __init__(self, scheduler: Scheduler, server: Server, engine: Engine) -> None:
+    def __init__(self, scheduler: Scheduler, server: Server, engine: Engine,
+                 status: Any = None) -> None:
         self.scheduler = scheduler
         self.server = server
         self.engine = engine
+        #: hub.service._status.SharedStatus: what the HTTP side serves
+        self.status = status
         self._thread = threading.Thread(target=self._run_scheduler, name="scheduler",
                                         daemon=True)
+        self._refreshing = threading.Event()
+        self._refresh = threading.Thread(target=self._run_refresh, name="status",
+                                         daemon=True)
+
+    def _run_refresh(self) -> None:
+        if self.status is not None:
+            self.status.run(self._refreshing)
 
     def _run_scheduler(self) -> None:
         try:
@@ -510,7 +509,10 @@ class Service:
         return self.server.url
 
     def start(self) -> Service:
+        if self.status is not None:
+            self.status.refresh()  # the first answers already from the database
         self.server.start()
+        self._refresh.start()
         self._thread.start()
         return self
 
@@ -522,6 +524,7 @@ class Service:
         so the database rolls it back and nothing is half-written.
         """
         self.scheduler.stop()
+        self._refreshing.set()
         self._thread.join(timeout)
         self.server.stop()
 
@@ -542,25 +545,16 @@ def build_service(jobs: Jobs, *, every: float, engine: Engine, host: str = "127.
     with ``auth`` configured). ``forwarded_allow_ips``: the proxies whose X-Forwarded-For is
     believed (none: the connection's own address is the client's). ``leader``: the lock that
     decides whether this process runs the schedule (None: it always does)."""
+    from hub.service._status import SharedStatus
+
     metrics = ServiceMetrics(process=process_metrics)
-
-    def latest_sync() -> tuple[Any, float, SyncResult] | None:
-        """The leader's latest successful sync, keyed with its latest reconcile run too:
-        the checks read both, and the reconcile follows the sync."""
-        runs = inv.sync_runs
-        with engine.connect() as conn:
-            row = conn.execute(sa.select(runs).where(runs.c.status == "ok")
-                               .order_by(runs.c.id.desc()).limit(1)).first()
-            reconciled = conn.execute(sa.select(sa.func.max(inv.reconcile_runs.c.id))).scalar()
-        if row is None or row.finished_at is None:
-            return None
-        result = SyncResult(row.started_at, row.finished_at, row.requests, row.clusters or 0,
-                            row.nodes or 0, row.gpus or 0, row.error, row.shards or 1)
-        return ((row.id, reconciled), row.finished_at.replace(tzinfo=dt.UTC).timestamp(),
-                result)
-
+    follow = min(float(every), FOLLOW_EVERY)
+    # several processes on one database: each may be a refresh behind it
+    status = SharedStatus(engine, every, clock=clock, refresh=follow,
+                          slack=follow if leader is not None else 0.0)
     scheduler = Scheduler(jobs, every, clock=clock, backoff=backoff, metrics=metrics,
-                          leader=leader, latest_sync=latest_sync)
+                          leader=leader, on_change=status.refresh)
+    metrics.last_success.set_function(status.last_success)
 
     def counts() -> list[tuple[str, str, int]]:
         """Per cluster the fleet states (delivered, healthy, reserved, active: issue 38) by
@@ -576,9 +570,9 @@ def build_service(jobs: Jobs, *, every: float, engine: Engine, host: str = "127.
         return sorted([*stale, *((r["cluster"], state, r[state]) for r in states
                                  for state in inv.STATES)])
 
-    metrics.watch(counts, lambda: scheduler.state.findings)
-    app = build_app(engine, health=scheduler.health, findings=scheduler.findings,
-                    metrics=metrics.negotiate, check_failure=scheduler.check_failure,
+    metrics.watch(counts, lambda: status.findings()[0])
+    app = build_app(engine, health=status.health, findings=status.findings,
+                    metrics=metrics.negotiate, check_failure=status.check_failure,
                     page_sections=page_sections, auth=auth, metrics_open=metrics_open,
                     on_refused=lambda reason: metrics.refused.labels(reason).inc(),
                     sessions=sessions, secure_cookies=tls is not None, prices=prices,
@@ -586,4 +580,4 @@ def build_service(jobs: Jobs, *, every: float, engine: Engine, host: str = "127.
     server = Server(app, host, port, tls=tls, forwarded_allow_ips=forwarded_allow_ips,
                     sock=sock)
     metrics.registry.register(ServerCollector(server.guard, tls))
-    return Service(scheduler, server, engine)
+    return Service(scheduler, server, engine, status)

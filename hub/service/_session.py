@@ -20,7 +20,8 @@ oldest going first, and the service at most ``MAX_SESSIONS``. When that is full,
 session of whoever holds the most makes room (the new person's own oldest if it is them):
 one person, or a few, cannot keep everyone else out; only ``MAX_SESSIONS`` different people
 signed in at once make a new sign-in wait (503). Failed sign-ins are limited per token
-tried and in all, with backoff (:class:`SignInLimit`), not per client address alone: behind
+tried and in all, with backoff (:class:`SignInLimit`; :class:`DbSignInLimit` beside
+:class:`DbSessions`, counted across every process), not per client address alone: behind
 an ingress every browser shares one; and no limit ever refuses a valid token. Tokens
 and session ids are never logged, never put in a URL, and never echoed in an answer.
 Sign-in and sign-out are form posts checked for a same-origin request (``Sec-Fetch-Site`` and
@@ -67,6 +68,8 @@ SIGN_IN_WINDOW = 60.0
 SIGN_IN_GLOBAL_BURST = 30
 #: the longest a lockout grows to (it doubles while failures go on)
 SIGN_IN_MAX_BACKOFF = 3600.0
+#: the key of the failures in all (never a token's: those start "sha256:")
+ALL_KEYS = "*"
 #: the largest sign-in form read: a JWT with many groups is a few KiB
 MAX_FORM = 16 * 1024
 MAX_TOKEN = 8192
@@ -252,6 +255,18 @@ class _Strikes:
     lockouts: int = 0
 
 
+def _strike(strikes: _Strikes, limit: int, now: float, window: float,
+            max_backoff: float) -> None:
+    """One more failure: ``limit`` of them within ``window`` lock for a window, doubling on
+    each lockout that follows (at most ``max_backoff``) until a window passes clean."""
+    strikes.failures = [t for t in strikes.failures if now - t < window] + [now]
+    if len(strikes.failures) >= limit and strikes.locked_until <= now:
+        clean = now - strikes.locked_until >= window and strikes.lockouts
+        strikes.lockouts = 1 if clean else strikes.lockouts + 1
+        strikes.locked_until = now + min(max_backoff, window * 2 ** (strikes.lockouts - 1))
+        strikes.failures = []
+
+
 class SignInLimit:
     """Failed sign-ins, counted by the token tried rather than where it comes from (behind
     an ingress or router every browser shares one address, and 10 mistakes of one person
@@ -283,13 +298,7 @@ class SignInLimit:
         self._lock = threading.Lock()
 
     def _strike(self, strikes: _Strikes, limit: int, now: float) -> None:
-        strikes.failures = [t for t in strikes.failures if now - t < self.window] + [now]
-        if len(strikes.failures) >= limit and strikes.locked_until <= now:
-            clean = now - strikes.locked_until >= self.window and strikes.lockouts
-            strikes.lockouts = 1 if clean else strikes.lockouts + 1
-            strikes.locked_until = now + min(self.max_backoff,
-                                             self.window * 2 ** (strikes.lockouts - 1))
-            strikes.failures = []
+        _strike(strikes, limit, now, self.window, self.max_backoff)
 
     def wait(self, key: str) -> float:
         """Seconds until a sign-in with the token of ``key`` is heard again (0: now)."""
@@ -318,6 +327,65 @@ class SignInLimit:
     def succeeded(self, key: str) -> None:
         with self._lock:
             self._keys.pop(key, None)
+
+
+class DbSignInLimit:
+    """:class:`SignInLimit`'s rules, counted in the inventory database (``sign_in_strikes``)
+    rather than in one process's memory: every worker and replica of `serve` counts the same
+    failures, so the documented 5 failures per token hold for the whole deployment (in
+    memory, 2 replicas of 2 workers allowed 4 times as many). Wall time (``clock``), since
+    the processes compare it; a key's strikes are read and written in one transaction, its
+    row locked meanwhile (PostgreSQL), so two processes counting one token lose no failure.
+    Keys not seen for a day past the longest lockout are removed as failures come in."""
+
+    def __init__(self, engine: Engine, *, burst: int = SIGN_IN_BURST,
+                 window: float = SIGN_IN_WINDOW, global_burst: int = SIGN_IN_GLOBAL_BURST,
+                 max_backoff: float = SIGN_IN_MAX_BACKOFF,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.engine = engine
+        self.burst = burst
+        self.window = window
+        self.global_burst = global_burst
+        self.max_backoff = max_backoff
+        self.clock = clock
+
+    def _locked_until(self, key: str) -> float:
+        with self.engine.connect() as conn:
+            row = inv.read_strikes(conn, key)
+        return row[1] if row is not None else 0.0
+
+    def wait(self, key: str) -> float:
+        """Seconds until a sign-in with the token of ``key`` is heard again (0: now)."""
+        return max(0.0, self._locked_until(key) - self.clock())
+
+    def spraying(self) -> float:
+        """Seconds a failed sign-in still answers 429 for the failures in all (0: none)."""
+        return max(0.0, self._locked_until(ALL_KEYS) - self.clock())
+
+    def allow(self, key: str) -> bool:
+        return self.wait(key) <= 0
+
+    def failed(self, key: str) -> None:
+        try:
+            self._count(key)
+        except sa.exc.IntegrityError:  # another process added the key's first row first
+            self._count(key)
+
+    def _count(self, key: str) -> None:
+        now = self.clock()
+        with self.engine.begin() as conn:
+            # the same order everywhere (the token, then all): no two transactions deadlock
+            for name, limit in ((key, self.burst), (ALL_KEYS, self.global_burst)):
+                row = inv.read_strikes(conn, name, for_update=True)
+                strikes = _Strikes(*row) if row is not None else _Strikes([])
+                _strike(strikes, limit, now, self.window, self.max_backoff)
+                inv.write_strikes(conn, name, strikes.failures, strikes.locked_until,
+                                  strikes.lockouts, now)
+            inv.forget_strikes(conn, unseen_since=now - self.max_backoff - 86400.0)
+
+    def succeeded(self, key: str) -> None:
+        with self.engine.begin() as conn:
+            inv.forget_strikes(conn, key)
 
 
 def session_id(cookie_header: str | None) -> str | None:
@@ -357,12 +425,15 @@ class Login:
 
     def __init__(self, auth: Authenticator, sessions: Sessions | DbSessions, *,
                  secure: bool = False, on_refused: Callable[[str], None] = lambda reason: None,
-                 limit: SignInLimit | None = None) -> None:
+                 limit: SignInLimit | DbSignInLimit | None = None) -> None:
         self.auth = auth
         self.sessions = sessions
         self.secure = secure
         self.on_refused = on_refused
-        self.limit = limit or SignInLimit()
+        if limit is None:  # sessions in the database: failures counted there too
+            limit = (DbSignInLimit(sessions.engine) if isinstance(sessions, DbSessions)
+                     else SignInLimit())
+        self.limit = limit
 
     # -- the session behind a request -------------------------------------------------------
     def caller(self, cookie_header: str | None) -> tuple[Caller, str]:

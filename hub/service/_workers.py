@@ -39,7 +39,8 @@ from hub.service._page import usage_sections
 from hub.service._scheduler import Service, build_service, describe_error
 from hub.service._serve import bind
 from hub.service._session import DbSessions
-from hub.service._settings import ServeSettings, service_jobs
+from hub.service._settings import ServeSettings
+from hub.service.runtime import service_jobs
 from hub.store import HubClient
 
 log = logging.getLogger("gpufleet.service")
