@@ -94,7 +94,7 @@ def ask(session: requests.Session, url: str) -> dict[str, Any]:
     return answers
 
 
-def everyone(urls: list[str], sessions: list[list[requests.Session]], *, tries: int = 6
+def everyone(urls: list[str], sessions: list[list[requests.Session]], *, tries: int = 15
              ) -> list[dict[str, Any]]:
     """Every connection's answers, once a round of them agrees (a sync that lands in the
     middle of a round moves the sync runs and times: that round is asked again)."""
@@ -106,7 +106,8 @@ def everyone(urls: list[str], sessions: list[list[requests.Session]], *, tries: 
             return rounds
         time.sleep(1.0)
     diff = {k for a in compared for k in a if a[k] != compared[0][k]}
-    raise AssertionError(f"the processes disagree on {sorted(diff)}")
+    seen = {k: sorted({repr(a[k])[:300] for a in compared}) for k in sorted(diff)}
+    raise AssertionError(f"the processes disagree on {seen}")
 
 
 def latest_ok(db: str) -> float:
