@@ -13,9 +13,17 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from hub import usage
-from hub.inventory import _db, usage_buckets, usage_daily, usage_idle_daily, usage_ledger
+from hub.inventory import (
+    _db,
+    usage_buckets,
+    usage_daily,
+    usage_idle_daily,
+    usage_ledger,
+    usage_places,
+    usage_pods,
+    usage_rows,
+)
 from hub.inventory import _migrate as migrate
-from hub.inventory import usage_places, usage_pods, usage_rows
 from hub.usage import write_bucket
 
 HOUR = dt.timedelta(hours=1)
