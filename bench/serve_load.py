@@ -47,8 +47,8 @@ sys.path.insert(0, str(ROOT))
 
 from hub import inventory as inv  # noqa: E402
 from hub.devstack import free_port  # noqa: E402
-from hub.inventory._db import apply_observations  # noqa: E402
 from hub.inventory._normalize import Observation  # noqa: E402
+from hub.inventory._writer import apply_observations  # noqa: E402
 from hub.service import token_entry  # noqa: E402
 
 TOKEN = "gpf_serve-load-bench-token"

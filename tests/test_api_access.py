@@ -44,6 +44,7 @@ from hub.common import BackgroundHTTPServer, InputError
 from hub.devstack import free_port
 from hub.inventory import _db as inventory
 from hub.inventory import read_only_engine, run_sync
+from hub.inventory._writer import apply_observations
 from hub.service import (
     Authenticator,
     Jobs,
@@ -939,7 +940,7 @@ def _ledger_db(tmp_path: Path) -> str:
     now = inventory.now_utc().replace(minute=0, second=0, microsecond=0)
     teams = (("c-a", "GPU-a", "team-a", "train-a", 90.0), ("c-b", "GPU-b", "team-b", "idle-b", 0.0))
     with engine.begin() as conn:
-        inventory.apply_observations(conn, [
+        apply_observations(conn, [
             Observation(cluster, "n1", uuid, "nvidia", index=0, model="H100",
                         allocations={(ns, pod, "main")})
             for cluster, uuid, ns, pod, _ in teams], now)

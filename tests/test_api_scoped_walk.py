@@ -25,6 +25,7 @@ from hub.inventory import _db as inventory
 from hub.inventory import _migrate as migrate
 from hub.inventory import list_allocations
 from hub.inventory._normalize import Observation
+from hub.inventory._writer import apply_observations
 from hub.service import (
     USAGE_SECTIONS,
     Authenticator,
@@ -72,12 +73,12 @@ def _inventory(tmp: Path) -> str:
         ("west-hidden", "west-node-x", "GPU-west-1", {("team-c", "west-pod-c", "main")}),
     ]
     with engine.begin() as conn:
-        inventory.apply_observations(conn, [
+        apply_observations(conn, [
             *(Observation(c, n, u, "nvidia", index=0, model="H100", allocations=a)
               for c, n, u, a in placed),
             Observation("west-hidden", "west-node-x", "GPU-mover", "nvidia", index=1,
                         model="H100")], now - dt.timedelta(hours=2))
-        inventory.apply_observations(conn, [  # the mover is in east now: a `moved` event
+        apply_observations(conn, [  # the mover is in east now: a `moved` event
             *(Observation(c, n, u, "nvidia", index=0, model="H100", allocations=a)
               for c, n, u, a in placed),
             Observation("east", "east-n2", "GPU-mover", "nvidia", index=1, model="H100",

@@ -22,6 +22,7 @@ from hub.common import _charts as charts
 from hub.inventory import _db
 from hub.inventory import _migrate as migrate
 from hub.inventory._normalize import Observation
+from hub.inventory._writer import apply_observations
 from hub.usage import write_bucket
 from tests.support.browser import Browser, Dom
 from tests.support.clirun import gpufleet
@@ -174,10 +175,10 @@ def _fleet(url: str, now: dt.datetime, hours: int = 60) -> None:
     users = [("GPU-a0", "team-a", "train-0", 80.0), ("GPU-a1", "team-a", "train-1", 80.0),
              ("GPU-b0", "team-b", "notebook", 0.0), ("GPU-free", "", "", 2.0)]
     with engine.begin() as conn:
-        _db.apply_observations(conn, [
+        apply_observations(conn, [
             Observation("gone", f"old-{i // 8}", f"GPU-gone-{i}", "nvidia", index=i % 8,
                         model="A100") for i in range(40)], now - 2 * 24 * HOUR)
-        _db.apply_observations(conn, [
+        apply_observations(conn, [
             Observation("c1", "n1", uuid, "nvidia", index=i, model="H100",
                         allocations={(ns, pod, "main")} if pod else set())
             for i, (uuid, ns, pod, _) in enumerate(users)], now)

@@ -15,8 +15,8 @@ from hub import inventory as inv
 from hub import usage
 from hub.common import csv_cell, frame_to_csv
 from hub.common._output import to_csv
-from hub.inventory import _db
 from hub.inventory._normalize import Observation
+from hub.inventory._writer import apply_observations
 from hub.store import range_frame
 from tests.support.clirun import gpufleet
 
@@ -100,7 +100,7 @@ def test_inventory_allocations_csv_escapes_what_a_spoke_names(tmp_path: Path):
     engine = inv.make_engine(url, create=True)
     inv.ensure_schema(engine)
     with engine.begin() as conn:
-        _db.apply_observations(conn, [
+        apply_observations(conn, [
             Observation("east", "n1", f"GPU-{i}", "nvidia", index=i, model="H100",
                         allocations={(name, name, name)})
             for i, name in enumerate(HOSTILE)], _naive(T0))

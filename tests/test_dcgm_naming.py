@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 
 from hub import inventory as inv
 from hub import usage
-from hub.inventory._db import apply_observations
 from hub.inventory._normalize import Observation
+from hub.inventory._writer import apply_observations
 from hub.store import DCGM_RENAMES, HubClient, HubSettings, profile
 from tests.support.backfill import backfilled_hub, openmetrics
 from tests.support.clirun import gpufleet, gpufleet_json

@@ -16,9 +16,9 @@ import sqlalchemy as sa
 
 from hub import inventory as inv
 from hub.devstack import _demo as demo
-from hub.inventory import _db
 from hub.inventory import _migrate as migrate
 from hub.inventory._normalize import Observation
+from hub.inventory._writer import apply_observations
 from tests.support.clirun import gpufleet, gpufleet_json
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -264,9 +264,9 @@ def test_the_demo_waits_for_a_ledger_row_of_every_active_gpu(tmp_path):
     migrate.ensure_schema(engine)
     t0 = dt.datetime(2026, 3, 1, 12, 0)
     with engine.begin() as conn:
-        _db.apply_observations(conn, [Observation("east", "e1", u, "nvidia", sample_at=1e9)
+        apply_observations(conn, [Observation("east", "e1", u, "nvidia", sample_at=1e9)
                                       for u in ("GPU-a", "GPU-b", "GPU-gone")], t0)
-        _db.apply_observations(conn, [Observation("east", "e1", u, "nvidia", sample_at=1e9)
+        apply_observations(conn, [Observation("east", "e1", u, "nvidia", sample_at=1e9)
                                       for u in ("GPU-a", "GPU-b")], t0 + dt.timedelta(minutes=5))
     assert demo._unmetered(engine) == 2  # the stale GPU-gone is not waited for
 

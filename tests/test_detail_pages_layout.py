@@ -9,6 +9,7 @@ import datetime as dt
 from hub.inventory import _db
 from hub.inventory import _migrate as migrate
 from hub.inventory._normalize import Observation
+from hub.inventory._writer import apply_observations
 from tests.support.asgi import page_client
 from tests.support.browser import Browser, Dom
 
@@ -20,7 +21,7 @@ def _inventory(url: str) -> None:
     migrate.ensure_schema(engine)
     now = dt.datetime(2026, 11, 20, 12)
     with engine.begin() as conn:
-        _db.apply_observations(conn, [
+        apply_observations(conn, [
             Observation("prod-east", f"prod-east-gpu-{n:02d}",
                         f"GPU-{n:02d}{i:02d}a1b2-c3d4-e5f6-0718-293a4b5c6d7e", "nvidia",
                         index=i, model="NVIDIA H100 80GB HBM3")

@@ -14,6 +14,7 @@ from urllib.parse import quote
 from hub.inventory import _db
 from hub.inventory._normalize import Observation
 from hub.inventory._reconcile_runs import reconcile_results, reconcile_runs
+from hub.inventory._writer import apply_observations
 from tests.support.asgi import no_metrics, page_client
 from tests.support.browser import Browser, Dom
 from tests.test_idle_agreement import _ledger
@@ -36,8 +37,8 @@ def _fleet(url: str, now: dt.datetime) -> None:
            *(Observation("mig", "mig-n1", "GPU-mig-0", "nvidia", mig_profile="3g.40gb",
                          mig_instance=str(k), index=0, model=H100) for k in (1, 2))]
     with engine.begin() as conn:
-        _db.apply_observations(conn, big, now)
-        _db.apply_observations(conn, mig, now)
+        apply_observations(conn, big, now)
+        apply_observations(conn, mig, now)
         run = conn.execute(reconcile_runs.insert().values(
             started_at=now, finished_at=now, source="file", managed_clusters=False,
             clusters=1, nodes=2, problems=1)).inserted_primary_key[0]

@@ -18,7 +18,7 @@ import yaml
 from prometheus_client import generate_latest
 
 from hub.cli import cli
-from hub.inventory import _db
+from hub.inventory._writer import apply_observations
 from hub.service._scheduler import Jobs, build_service
 from spoke._exporter import Exporter
 from spoke._sim import SimBackend
@@ -76,7 +76,7 @@ def metric_names(tmp_path: Path) -> set[str]:
     engine = inv.make_engine(url, create=True)
     inv.ensure_schema(engine)
     with engine.begin() as conn:
-        _db.apply_observations(conn, [Observation("east", "a", "GPU-1", "nvidia")],
+        apply_observations(conn, [Observation("east", "a", "GPU-1", "nvidia")],
                                inv.now_utc())
     from hub.service import TlsFiles
     from tests.test_api_access import make_cert

@@ -2,13 +2,17 @@
 path in docs/*.md, README.md, the templates or a docstring or comment of hub/, spoke/ and
 bench/, and every dotted ``hub.x.y`` name in a docstring or comment, in the templates and in
 the docs' inline code (a template's comment lands in every rendered manifest). A rename that
-leaves them behind sends readers to modules that are gone."""
+leaves them behind sends readers to modules that are gone. A source file the docs name
+without its folder (`_ledger.py`) must be the one file of that name in the repository: a
+name that is gone, or that several folders hold (`__init__.py`, `cli.py`), leaves the reader
+to guess."""
 
 from __future__ import annotations
 
 import ast
 import importlib
 import io
+import os
 import re
 import tokenize
 from collections.abc import Iterator
@@ -20,6 +24,10 @@ DOTTED = re.compile(r"(?<![\w./-])((?:hub|spoke)(?:\.[A-Za-z_]\w*)+)")
 INLINE_CODE = re.compile(r"`([^`\n]+)`")
 #: the wheel's layout (pyproject force-include), not a source path
 WHEEL_ONLY = ("hub/_bundled",)
+#: a source file named without its folder: `_vendors.py`, `deployment.yaml.j2`, `run.sh`
+BARE = re.compile(r"(?<![\w./-])(\w[\w.-]*\.(?:py|j2|sh))\b(?![\w/-])")
+#: folders of the working tree that are no part of the repository's sources
+NOT_SOURCES = frozenset({"__pycache__", "shared", "node_modules", "build", "dist"})
 
 
 def docs() -> list[Path]:
@@ -60,6 +68,29 @@ def path_exists(name: str) -> bool:
         return True
     rendered = Path(name).name
     return rendered.endswith(".yaml") and any((REPO / "templates").rglob(rendered + ".j2"))
+
+
+def files_named() -> dict[str, list[str]]:
+    """Every file of the repository by its bare name (dot-folders, caches and working
+    folders left out)."""
+    found: dict[str, list[str]] = {}
+    for top, dirs, names in os.walk(REPO):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in NOT_SOURCES
+                   and not d.endswith(".egg-info")]
+        for name in names:
+            found.setdefault(name, []).append(str((Path(top) / name).relative_to(REPO)))
+    return found
+
+
+def bare_misses(line: str, known: dict[str, list[str]]) -> list[str]:
+    """The bare file names in ``line`` that are not exactly one file, each with what it is."""
+    misses = []
+    for name in BARE.findall(line):
+        held = sorted(known.get(name, []))
+        if len(held) != 1:
+            where = ", ".join(held[:3]) + (f" and {len(held) - 3} more" if len(held) > 3 else "")
+            misses.append(f"{name} ({where or 'no such file'})")
+    return misses
 
 
 def resolves(name: str) -> bool:
@@ -110,10 +141,26 @@ def test_every_dotted_module_named_in_docstrings_and_inline_code_exists():
     assert not missing, "\n".join(missing)
 
 
+def test_every_bare_file_name_in_the_docs_is_one_file_of_the_repository():
+    known = files_named()
+    missing = [f"{doc.relative_to(REPO)}:{n}: {miss}" for doc in docs()
+               for n, line in enumerate(doc.read_text().splitlines(), 1)
+               for miss in bare_misses(line, known)]
+    assert not missing, "give each its folder:\n" + "\n".join(missing)
+
+
 def test_the_checks_catch_a_stale_name():
     assert not path_exists("hub/vendors.py") and path_exists("hub/store/_profiles.py")
     assert path_exists("spoke/namespace.yaml")  # a rendered file, not a source path
     assert not resolves("hub.checks") and resolves("hub.validate._checks")
+    known = files_named()
+    assert bare_misses("`_ledger.py` writes, `_fold.py` folds", known) == []
+    assert bare_misses("the fields live in `_vendors.py`", known) == [
+        "_vendors.py (no such file)"]
+    [twice] = bare_misses("the click layer in `cli.py`", known)
+    assert twice.startswith("cli.py (") and "hub/cli.py" in twice and "spoke/cli.py" in twice
+    # a path is the other check's: a bare name is one without its folder
+    assert bare_misses("see hub/store/_vendors.py and docs/x.md", known) == []
 
 
 #: top-level folders a doc may point a reader to: the repository's own (shared/ is a working

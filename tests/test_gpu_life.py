@@ -19,6 +19,7 @@ from hub import inventory as inv
 from hub.inventory import _db
 from hub.inventory import _migrate as migrate
 from hub.inventory._normalize import Observation
+from hub.inventory._writer import InventoryWriter
 from tests.support.clirun import gpufleet, gpufleet_json
 from tests.support.promql import wait_for, wait_silent
 
@@ -48,7 +49,7 @@ def _sync(engine: sa.Engine, now: dt.datetime, placed: dict[tuple, str],
                                allocations=frozenset({("team-a", f"p-{uuid}", "main")})
                                if uuid in allocated else frozenset()))
     with engine.begin() as conn:
-        writer = _db.InventoryWriter(conn, now, replaced_within=within)
+        writer = InventoryWriter(conn, now, replaced_within=within)
         writer.add(obs)
         writer.finish()
 

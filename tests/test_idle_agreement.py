@@ -20,6 +20,7 @@ from hub.inventory import _db
 from hub.inventory import _migrate as migrate
 from hub.inventory._normalize import Observation
 from hub.inventory._sync import SyncResult
+from hub.inventory._writer import apply_observations
 from hub.service import USAGE_SECTIONS, Jobs, build_service, read_only_engine
 from hub.usage import write_bucket
 from tests.support.browser import Dom
@@ -67,7 +68,7 @@ def _ledger(url: str, now: dt.datetime) -> None:
                 "max_memory_used_mib": 1000.0, "avg_power_w": 300.0,
                 "energy_wh": 300.0 * share * covered, "coverage": covered})
     with engine.begin() as conn:
-        _db.apply_observations(conn, [
+        apply_observations(conn, [
             Observation("c1", "n1", uuid, "nvidia", index=i, model="NVIDIA H100 80GB HBM3",
                         allocations={(ns, pod, "main")} if pod else set())
             for i, (uuid, _s, ns, pod, _sh, _h) in enumerate(LEDGER) if not _s], now)

@@ -17,6 +17,7 @@ from hub.common import InputError
 from hub.inventory import _db as inventory
 from hub.inventory import _migrate as migrate
 from hub.inventory._normalize import Observation
+from hub.inventory._writer import apply_observations
 from hub.kube import INSTANCE_TYPE_LABELS, load_catalog, parse_catalog, shipped_catalog
 from hub.service import ServeSettings, service_jobs
 from hub.store import HubClient
@@ -249,7 +250,7 @@ def test_reconcile_table_shows_instance_type_and_expected_gpus(tmp_path):
     engine = inventory.make_engine(db, create=True)
     migrate.upgrade(engine)
     with engine.begin() as conn:
-        inventory.apply_observations(conn, [
+        apply_observations(conn, [
             Observation("east", node, f"GPU-{node}-{i}", "nvidia", index=i, model=H100,
                         sample_at=t) for node in ("g6e-1", "p5-ok") for i in range(8)], T0)
     with engine.connect() as conn:
@@ -327,7 +328,7 @@ def _seed(db: str, gpus: dict[str, int]) -> None:
     try:
         migrate.upgrade(engine)
         with engine.begin() as conn:
-            inventory.apply_observations(conn, [
+            apply_observations(conn, [
                 Observation("east", node, f"GPU-{node}-{i}", "nvidia", index=i, sample_at=t)
                 for node, n in gpus.items() for i in range(n)], T0)
     finally:

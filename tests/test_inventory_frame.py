@@ -6,8 +6,8 @@ import pytest
 
 from hub import inventory as inv
 from hub.common import InputError
-from hub.inventory import _db
 from hub.inventory._normalize import Observation
+from hub.inventory._writer import apply_observations
 
 
 def test_inventory_frames_hold_what_the_cli_lists(tmp_path):
@@ -20,7 +20,7 @@ def test_inventory_frames_hold_what_the_cli_lists(tmp_path):
                         utilisation_pct=0.0, sample_at=1.8e9),
             Observation("west", "n9", "amd-1", "amd", index=0, sample_at=1.8e9)]
     with engine.begin() as conn:
-        _db.apply_observations(conn, seen, inv.now_utc())
+        apply_observations(conn, seen, inv.now_utc())
     with engine.connect() as conn:
         gpus = inv.inventory_frame(conn)
         assert list(gpus.columns) == inv.GPU_COLUMNS

@@ -9,6 +9,7 @@ import json
 from hub.inventory import _db
 from hub.inventory import _migrate as migrate
 from hub.inventory._normalize import Observation
+from hub.inventory._writer import apply_observations
 from tests.support.clirun import gpufleet
 
 T0 = dt.datetime(2026, 11, 20, 12, 0, 0)
@@ -18,11 +19,11 @@ def _db_with(url: str) -> str:
     engine = _db.make_engine(url, create=True)
     migrate.ensure_schema(engine)
     with engine.begin() as conn:
-        _db.apply_observations(conn, [
+        apply_observations(conn, [
             Observation("east", "n1", uuid, "nvidia", index=i, driver_version="550.54.15")
             for i, uuid in enumerate(("GPU-5c0f1111", "GPU-77aa0001", "GPU-77aa0002",
                                       "GPU-1_%x"))], T0)
-        _db.apply_observations(conn, [
+        apply_observations(conn, [
             Observation("east", "n2", "GPU-5c0f1111", "nvidia", index=0,
                         driver_version="550.54.15")], T0 + dt.timedelta(minutes=5))
     engine.dispose()

@@ -16,6 +16,7 @@ from hub import inventory as inv
 from hub.inventory import _db
 from hub.inventory import _migrate as migrate
 from hub.inventory._normalize import Observation
+from hub.inventory._writer import apply_observations
 from hub.service import ServeSettings, service_jobs
 from hub.store import HubClient
 from tests.support.clirun import gpufleet
@@ -36,7 +37,7 @@ def fleet_db(db_url: str) -> str:
     engine = _db.make_engine(db_url, create=True)
     migrate.ensure_schema(engine)
     with engine.begin() as conn:
-        _db.apply_observations(conn, [
+        apply_observations(conn, [
             _obs("east", "e1", "GPU-e1", allocations={("team-a", "train-0", "main")}),
             _obs("east", "e1", "GPU-e1", mig_profile="3g.40gb", mig_instance="1",
                  allocations={("team-a", "train-0", "main")}),
@@ -45,9 +46,9 @@ def fleet_db(db_url: str) -> str:
             _obs("west", "w1", "GPU-w1"),
             _obs("west", "w-recent", "GPU-wrecent"),
         ], LONG_AGO)
-        _db.apply_observations(conn, [_obs("west", "w1", "GPU-w1"),
+        apply_observations(conn, [_obs("west", "w1", "GPU-w1"),
                                       _obs("west", "w-recent", "GPU-wrecent")], RECENTLY)
-        _db.apply_observations(conn, [_obs("west", "w1", "GPU-w1")], NOW)
+        apply_observations(conn, [_obs("west", "w1", "GPU-w1")], NOW)
     engine.dispose()
     return db_url
 

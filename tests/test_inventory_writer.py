@@ -14,6 +14,7 @@ from hub.inventory import _db as inv
 from hub.inventory import _migrate as migrate
 from hub.inventory._db import BATCH
 from hub.inventory._normalize import Observation
+from hub.inventory._writer import InventoryWriter
 
 T0 = dt.datetime(2026, 3, 1, 12, 0)
 T1 = T0 + dt.timedelta(minutes=5)
@@ -27,7 +28,7 @@ def _engine(url: str) -> sa.Engine:
 
 def _write(engine: sa.Engine, groups: list[list[Observation]], now: dt.datetime) -> dict:
     with engine.begin() as conn:
-        writer = inv.InventoryWriter(conn, now)
+        writer = InventoryWriter(conn, now)
         for group in groups:
             writer.add(group)
         return writer.finish()

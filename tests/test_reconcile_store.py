@@ -10,6 +10,7 @@ from alembic.runtime.migration import MigrationContext
 from hub.inventory import _db as inventory
 from hub.inventory import _migrate as migrate
 from hub.inventory._normalize import Observation
+from hub.inventory._writer import apply_observations
 from hub.validate import _reconcile as rc
 from hub.validate import _reconcile_store as store
 from tests.support.clirun import gpufleet
@@ -51,10 +52,10 @@ def test_observed_nodes_count_active_gpus_and_slices(db_url):
     try:
         migrate.upgrade(engine)
         with engine.begin() as conn:
-            inventory.apply_observations(conn, _observations(), NOW)
+            apply_observations(conn, _observations(), NOW)
         later = NOW + dt.timedelta(minutes=5)
         with engine.begin() as conn:  # GPU-3 disappears
-            inventory.apply_observations(
+            apply_observations(
                 conn, [o for o in _observations() if o.uuid != "GPU-3"], later)
         with engine.connect() as conn:
             observed = {o.node: o for o in store.observed_nodes(conn)}

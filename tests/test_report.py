@@ -12,6 +12,7 @@ from hub.common import InputError
 from hub.inventory import _db as inventory
 from hub.inventory import _migrate as migrate
 from hub.inventory._normalize import Observation
+from hub.inventory._writer import apply_observations
 from hub.validate import _checks as checks
 from hub.validate import _reconcile as rc
 from hub.validate import _reconcile_store as store
@@ -134,7 +135,7 @@ def _fill(url: str, *, stale_cluster: bool = True) -> None:
         if stale_cluster:
             obs.append(Observation("west", "x", "GPU-x", "nvidia", index=0, sample_at=t - 7200))
         with engine.begin() as conn:
-            inventory.apply_observations(conn, obs, now)
+            apply_observations(conn, obs, now)
             inventory.record_run(conn, started_at=now, status="ok", requests=17)
             rec = rc.compare([rc.NodeView("east", "a", {"nvidia.com/gpu": 2})],
                              store.observed_nodes(conn), covered={"east"},

@@ -8,6 +8,7 @@ import datetime as dt
 from hub.inventory import _db as inventory
 from hub.inventory import _migrate as migrate
 from hub.inventory._normalize import Observation
+from hub.inventory._writer import apply_observations
 from hub.service import build_app, read_only_engine
 from hub.service._memo import Memo
 from tests.support.asgi import AppClient, no_metrics
@@ -22,7 +23,7 @@ def test_capacity_follows_a_sync_at_once_and_is_not_recomputed_in_between(tmp_pa
     writer = inventory.make_engine(url, create=True)
     migrate.ensure_schema(writer)
     with writer.begin() as conn:
-        inventory.apply_observations(conn, [_gpu("GPU-1")], inventory.now_utc())
+        apply_observations(conn, [_gpu("GPU-1")], inventory.now_utc())
     engine = read_only_engine(url)
     made = build_app(engine, health=lambda: (True, {}), findings=lambda: ([], None),
                      metrics=no_metrics)
@@ -33,7 +34,7 @@ def test_capacity_follows_a_sync_at_once_and_is_not_recomputed_in_between(tmp_pa
             assert status == 200 and body["items"][0]["total"] == 1.0
         assert made.state.memo.computed == 1
         with writer.begin() as conn:  # a sync: a new GPU appears (an event is written)
-            inventory.apply_observations(conn, [_gpu("GPU-1"), _gpu("GPU-2")],
+            apply_observations(conn, [_gpu("GPU-1"), _gpu("GPU-2")],
                                          inventory.now_utc() + dt.timedelta(minutes=5))
         status, body = app.handle("/api/v1/capacity")
         assert body["items"][0]["total"] == 2.0 and made.state.memo.computed == 2

@@ -17,6 +17,7 @@ import requests
 from hub.inventory import _db
 from hub.inventory import _migrate as migrate
 from hub.inventory._normalize import Observation
+from hub.inventory._writer import apply_observations
 from hub.service import ServeSettings, build_service, read_only_engine, service_jobs
 from hub.store import HubClient
 from tests.support.browser import Dom, chromium_dom
@@ -41,7 +42,7 @@ def test_the_live_page_matches_the_api(hub, fleet, tmp_path):
     migrate.ensure_schema(engine)
     long_ago = _db.now_utc() - dt.timedelta(days=2)
     with engine.begin() as conn:  # a cluster that has since been switched off
-        _db.apply_observations(conn, [
+        apply_observations(conn, [
             Observation("gone", "old-node", f"GPU-gone-{i}", "nvidia", index=i,
                         allocations={(HOSTILE_NS, "pod-0", "main")},
                         health=("failed", "degraded", "ok")[i],
@@ -182,7 +183,7 @@ def test_the_usage_sections_serve_shows_agree_with_the_api(tmp_path):
     migrate.ensure_schema(engine)
     now = _db.now_utc().replace(minute=0, second=0, microsecond=0)
     with engine.begin() as conn:
-        _db.apply_observations(conn, [
+        apply_observations(conn, [
             Observation("c1", "n1", "GPU-busy", "nvidia", index=0, model="H100",
                         allocations={("team-a", "train-0", "main")}),
             Observation("c1", "n1", "GPU-idle", "nvidia", index=1, model="H100",

@@ -21,6 +21,7 @@ from fastapi.routing import APIRoute
 from hub.inventory import _db as inventory
 from hub.inventory import _migrate as migrate
 from hub.inventory._normalize import Observation
+from hub.inventory._writer import apply_observations
 from hub.service import build_app, read_only_engine
 from hub.service._memo import LoopVersion, read_version
 from tests.support.asgi import AppClient, no_metrics
@@ -80,7 +81,7 @@ def test_kept_answers_are_kept_per_scope_and_follow_a_good_sync_at_once(tmp_path
     migrate.ensure_schema(writer)
     now = inventory.now_utc()
     with writer.begin() as conn:
-        inventory.apply_observations(conn, [_gpu("east", "GPU-e1"), _gpu("west", "GPU-w1")],
+        apply_observations(conn, [_gpu("east", "GPU-e1"), _gpu("west", "GPU-w1")],
                                      now)
     tokens = tmp_path / "tokens.yaml"
     tokens.write_text(yaml.safe_dump({"tokens": [
@@ -112,7 +113,7 @@ def test_kept_answers_are_kept_per_scope_and_follow_a_good_sync_at_once(tmp_path
 
         later = now + dt.timedelta(minutes=5)
         with writer.begin() as conn:  # a good sync: a GPU appears in east
-            inventory.apply_observations(conn, [_gpu("east", "GPU-e1"), _gpu("east", "GPU-e2"),
+            apply_observations(conn, [_gpu("east", "GPU-e1"), _gpu("east", "GPU-e2"),
                                                 _gpu("west", "GPU-w1")], later)
             inventory.record_run(conn, started_at=later, status="ok", requests=3)
         assert uuids(TEAM) == ["GPU-e1", "GPU-e2"]

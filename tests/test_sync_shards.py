@@ -23,6 +23,7 @@ from hub.inventory import run_sync
 from hub.inventory import usage as usage_view
 from hub.inventory._normalize import Observation
 from hub.inventory._sync import plan_shards
+from hub.inventory._writer import apply_observations
 from hub.store import HubClient
 from tests.support.backfill import backfilled_hub, openmetrics
 from tests.support.httpstub import Request, Response, StubServer, forward, json_response
@@ -119,7 +120,7 @@ def seed(db: str) -> None:
 
     migrate.ensure_schema(engine)
     with engine.begin() as conn:
-        inventory.apply_observations(conn, [
+        apply_observations(conn, [
             Observation("gone", "g1", "GPU-gone", "nvidia", sample_at=T_END - 7200),
             Observation("gone", "g2", "GPU-twin", "nvidia", sample_at=T_END - 7200),
         ], dt.datetime(2026, 1, 1))

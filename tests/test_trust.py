@@ -9,6 +9,7 @@ import pytest
 from hub import inventory as inv
 from hub.common import InputError
 from hub.inventory import _db
+from hub.inventory._writer import apply_observations
 from tests.support.clirun import gpufleet, gpufleet_json
 from tests.support.httpstub import Request, Response, StubServer, json_response
 from tests.support.promql import wait_for
@@ -181,10 +182,10 @@ def test_a_silent_cluster_shows_what_was_last_known_and_is_never_green(tmp_path)
         then = inv.now_utc() - dt.timedelta(seconds=60)
         t = then.replace(tzinfo=dt.UTC).timestamp()
         with engine.begin() as conn:
-            _db.apply_observations(conn, [Observation("east", "a", f"GPU-{i}", "nvidia",
+            apply_observations(conn, [Observation("east", "a", f"GPU-{i}", "nvidia",
                                                       index=i, sample_at=t) for i in range(32)],
                                    then)
-            _db.apply_observations(conn, [], inv.now_utc())  # the cluster went silent
+            apply_observations(conn, [], inv.now_utc())  # the cluster went silent
             _db.record_run(conn, started_at=inv.now_utc(), status="ok", requests=1)
     finally:
         engine.dispose()

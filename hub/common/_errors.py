@@ -1,4 +1,4 @@
-"""Exceptions that carry the CLI's exit codes (see DESIGN.md).
+"""Exceptions that carry the CLI's exit codes (0 ok, 1 findings, 2 input, 3 unavailable).
 
 They subclass ``click.ClickException`` so a command can raise them from deep inside plain
 functions and the user still gets one line and the documented exit code, never a traceback.

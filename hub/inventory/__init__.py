@@ -27,7 +27,6 @@ from hub.inventory._db import (
     list_clusters,
     list_events,
     list_gpus,
-    list_nodes,
     list_refused,
     list_sync_runs,
     locked_transaction,
@@ -78,6 +77,7 @@ from hub.inventory._prune import PruneResult, prune
 from hub.inventory._reads import (
     gpu_counts,
     gpu_detail,
+    list_nodes,
     page_events,
     page_gpus,
     read_only_engine,

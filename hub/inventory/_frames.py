@@ -12,11 +12,12 @@ from sqlalchemy.engine import Connection
 
 from hub.common import InputError
 from hub.inventory import _db as db
+from hub.inventory._reads import list_nodes
 
 #: what inventory_frame can return, and the columns of each (those of `inventory <what>`)
 FRAMES: dict[str, tuple[Any, list[str]]] = {
     "gpus": (db.list_gpus, db.GPU_COLUMNS),
-    "nodes": (db.list_nodes, db.NODE_COLUMNS),
+    "nodes": (list_nodes, db.NODE_COLUMNS),
     "clusters": (db.list_clusters, db.CLUSTER_COLUMNS),
     "allocations": (db.list_allocations, db.ALLOCATION_COLUMNS),
 }

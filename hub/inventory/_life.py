@@ -7,7 +7,7 @@ put in its place keep two histories. The slot (cluster, node, PCI bus id) is whe
 placement was, and a new identity in a slot another held within ``replaced_within`` writes
 one ``replaced`` event (slot, old, new), so the two stay apart and yet the swap is on record.
 
-The sync's writer (hub.inventory._db.InventoryWriter) calls :func:`write_placements` for
+The sync's writer (hub.inventory._writer.InventoryWriter) calls :func:`write_placements` for
 each group with what it already holds of the group's GPUs: a placement is read and written
 only when a GPU appears or changes place, so a steady-state sync costs nothing here.
 """
@@ -35,7 +35,7 @@ from hub.inventory._db import (
 )
 
 if TYPE_CHECKING:
-    from hub.inventory._db import HeldGpu
+    from hub.inventory._held import HeldGpu
     from hub.inventory._normalize import Observation
 
 #: a new identity in a slot another held this recently replaced it (`sync --replaced-within`)

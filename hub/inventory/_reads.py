@@ -1,5 +1,7 @@
 """The inventory as the service reads it: a read-only engine, GPUs a page at a time, one
-GPU with its places, GPU counts, events a page at a time.
+GPU with its places, GPU counts, events a page at a time; and the nodes, each with how
+Kubernetes publishes its GPUs as the latest reconcile read it (so the schema in _db.py
+never reaches up to the reconcile tables).
 
 The service's JSON handlers, its pages and its /metrics all read through these; a scoped
 caller's reach comes in as plain ``clusters`` (None: every cluster), never as the service's
@@ -16,7 +18,19 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
-from hub.inventory._db import ACTIVE, STALE, event_item, events, gpu_item, gpus, make_engine
+from hub.inventory._db import (
+    ACTIVE,
+    STALE,
+    _gpu_counts,
+    _where_cluster,
+    event_item,
+    events,
+    gpu_item,
+    gpus,
+    make_engine,
+    nodes,
+)
+from hub.inventory._reconcile_runs import reconcile_results
 
 #: a GPU row's primary key, the order of a page of GPUs
 GPU_KEY = (gpus.c.cluster, gpus.c.node, gpus.c.uuid,
@@ -174,3 +188,34 @@ def page_events(conn: Connection, *, since: dt.datetime | None = None,
     more = len(rows) > limit
     rows = rows[:limit]
     return [event_item(r) for r in rows], rows[-1]["id"] if more else None
+
+
+def list_nodes(conn: Connection, cluster: str | None = None) -> list[dict[str, Any]]:
+    """One row per node; ``gpus_via`` says how Kubernetes publishes its GPUs as the latest
+    reconcile that judged the node read it: ``dra`` (ResourceSlices), ``device-plugin``,
+    ``dra+device-plugin``; None before any reconcile saw the node or when it saw none."""
+    results = reconcile_results  # each node as the reconcile runs judged it
+    counts = _gpu_counts(gpus.c.cluster, gpus.c.node, cluster=cluster)
+    latest = (sa.select(results.c.cluster, results.c.node,
+                        sa.func.max(results.c.run_id).label("run_id"))
+              .group_by(results.c.cluster, results.c.node).subquery())
+    mode = (sa.select(results.c.cluster, results.c.node, results.c.mode)
+            .join(latest, sa.and_(latest.c.cluster == results.c.cluster,
+                                  latest.c.node == results.c.node,
+                                  latest.c.run_id == results.c.run_id)).subquery())
+    joined = nodes.outerjoin(counts, sa.and_(counts.c.cluster == nodes.c.cluster,
+                                             counts.c.node == nodes.c.node)
+                             ).outerjoin(mode, sa.and_(mode.c.cluster == nodes.c.cluster,
+                                                       mode.c.node == nodes.c.node))
+    via = sa.case((mode.c.mode.in_(("dra", "dra+device-plugin")), mode.c.mode),
+                  (sa.or_(mode.c.mode.is_(None), mode.c.mode == "none"), None),
+                  else_="device-plugin")
+    stmt = _where_cluster(
+        sa.select(nodes.c.cluster, nodes.c.node,
+                  sa.func.coalesce(counts.c.gpus, 0).label("gpus"),
+                  sa.func.coalesce(counts.c.stale_gpus, 0).label("stale_gpus"),
+                  nodes.c.state, nodes.c.last_seen, nodes.c.last_sample_at,
+                  via.label("gpus_via")
+                  ).select_from(joined), nodes, cluster,
+    ).order_by(nodes.c.cluster, nodes.c.node)
+    return [dict(r) for r in conn.execute(stmt).mappings()]

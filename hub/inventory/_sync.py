@@ -46,6 +46,7 @@ from hub.common import (
 from hub.inventory import _db as inventory
 from hub.inventory import _migrate as migrate
 from hub.inventory._normalize import FleetBuilder, Observation, Unlabelled
+from hub.inventory._writer import InventoryWriter
 
 if TYPE_CHECKING:
     from hub.store import HubClient, QueryResult
@@ -400,8 +401,7 @@ def run_sync(engine: Engine, client: HubClient, *, stale_after: float = 600.0,
                 if fence is not None:
                     fence(conn)
                 now = inventory.now_utc()
-                writer = inventory.InventoryWriter(conn, now,
-                                                   replaced_within=replaced_within)
+                writer = InventoryWriter(conn, now, replaced_within=replaced_within)
                 held: list[Observation] = []
                 for group in fetched.groups():
                     held += writer.add(group, fetched.contested)

@@ -1,7 +1,11 @@
-"""Which one of the service's processes runs the schedule (sync, usage collect, prune).
+"""Which one of the service's processes runs the schedule (sync, reconcile, usage collect,
+prune, placement scores) and writes the checks' outcome.
 
 `gpufleet serve --workers N` runs N processes, and a deployment runs replicas of it: every
-one of them serves, exactly one syncs. The one that syncs holds a *lease*, a row in the
+one of them serves, exactly one runs the schedule. What it finds (the sync's runs, the
+checks: hub.service.runtime.checks_recorder) goes into the database, and every process
+answers from there (hub/service/_status.py), so no reader needs the leader. The leader holds
+a *lease*, a row in the
 database (``schedule_lease``, hub/inventory/_lease.py) with an epoch and an expiry that its
 heartbeat pushes forward every beat (2 s). Two ways end a term:
 
@@ -12,10 +16,10 @@ heartbeat pushes forward every beat (2 s). Two ways end a term:
 * the holder hangs (SIGSTOP, a frozen host, a dead NFS mount): it keeps its lock but stops
   renewing, and a follower takes the lease over once it has expired (``LEASE_BEATS`` beats).
 
-Each takeover raises the epoch, and the sync checks it inside its own write transaction
-(:meth:`Lease.fence`): a holder that wakes up after losing the lease writes nothing, and its
-next turn finds the row taken and steps down. A lock alone could not do that: a hung process
-holds it for ever.
+Each takeover raises the epoch, and the sync and the checks' write check it inside their
+own transaction (:meth:`Lease.fence`): a holder that wakes up after losing the lease writes
+nothing, and its next turn finds the row taken and steps down. A lock alone could not do
+that: a hung process holds it for ever.
 
 The sync's own transaction lock still guards every write (a `gpufleet sync` CronJob beside
 the service waits or skips as before); the lease keeps the followers from even asking the

@@ -7,6 +7,12 @@ store's own error message in a repr. The session is the I/O seam: tests and the 
 their own (``session=``), exactly like an httpx transport; :meth:`HubClient.prometheus_connect`
 gives report code a ``PrometheusConnect`` on the same session when DataFrames are wanted.
 
+It carries questions and streams answers (:class:`StreamedRows`), and writes no query of its
+own: what to ask lives beside it, split by its reader (fields and identities in _fields.py,
+dcgm's namings in _naming.py, vendor profiles and the sync's queries in _profiles.py, usage
+in _usage.py, allocation in _allocation.py, MIG in _mig.py, ACM's collection paths in
+_collection.py, the door for values and labels in _bounds.py).
+
 No secret (token, URL credentials, key) is ever part of an exception message or log line.
 """
 
