@@ -8,7 +8,13 @@ from __future__ import annotations
 
 import datetime as dt
 import importlib
+import os
 import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -161,4 +167,48 @@ def test_retention_drops_whole_months_with_the_answer_of_deleted_rows(db_url):
                     usage.write_bucket(conn, ts(start), HOUR, rows, 9)
         assert answers(fresh)["usage"] == kept["usage"]
         fresh.dispose()
+    engine.dispose()
+
+
+def test_db_upgrade_killed_mid_move_finishes_when_run_again(pg_url):
+    """A real `gpufleet db upgrade` killed (SIGKILL) while it moves the ledger: held up by
+    a lock on the last old table it empties, after it committed days of rows, then killed.
+    The schema is still 0026; the next `db upgrade` finishes with the answers of before."""
+    engine = ledger_at_0026(pg_url)
+    before = answers(engine)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hub", "db", "upgrade", "--db", pg_url],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    holder = engine.connect()
+    try:
+        deadline = time.monotonic() + 60
+        while not holder.execute(sa.text(
+                "SELECT to_regclass('usage_rows_0026') IS NOT NULL")).scalar():
+            holder.rollback()
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.005)
+        holder.execute(sa.text("LOCK TABLE usage_idle_daily_0026 IN ACCESS EXCLUSIVE MODE"))
+        # (another connection: pg_stat_activity stays as it was within a transaction)
+        with engine.connect() as watch:
+            while not watch.execute(sa.text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                    "AND query LIKE '%usage_idle_daily_0026%'")).scalar():
+                watch.rollback()
+                assert time.monotonic() < deadline and proc.poll() is None
+                time.sleep(0.05)
+            moved = watch.execute(sa.text("SELECT count(*) FROM usage_rows")).scalar()
+        assert moved == len(STARTS) * 12  # the hourly rows moved, days committed
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        holder.rollback()
+        holder.close()
+    assert current(engine) == "0026"
+    result = subprocess.run(
+        [sys.executable, "-m", "hub", "db", "upgrade", "--db", pg_url], capture_output=True,
+        text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert result.returncode == 0 and f"0026 -> {HEAD}" in result.stdout, result.stderr
+    assert answers(engine) == before
     engine.dispose()
