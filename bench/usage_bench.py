@@ -227,6 +227,9 @@ def fill_ledger(engine, gpus: int, hours: int, base: dt.datetime) -> tuple[float
     rebuild of one whole day, what collect pays at a day's last bucket)."""
     started = time.perf_counter()
     with engine.begin() as conn:
+        # the months' partitions on PostgreSQL, as the writer makes them
+        inv.ensure_partitions(conn, [base + dt.timedelta(hours=h) for h in range(0, hours, 24)]
+                              + [base + dt.timedelta(hours=hours - 1)])
         for sql in FILL_SQL[engine.dialect.name]:
             conn.execute(sa.text(sql), {"hours": hours, "gpus": gpus,
                                         "base": base.isoformat(sep=" ")})

@@ -73,6 +73,13 @@ from hub.inventory._migrate import (
     upgrade,
 )
 from hub.inventory._normalize import UNLABELLED_SERIES
+from hub.inventory._partitions import (
+    drop_partitions_before,
+    ensure_ahead,
+    ensure_partitions,
+    next_month,
+    partitions,
+)
 from hub.inventory._prune import PruneResult, prune
 from hub.inventory._reads import (
     gpu_counts,
@@ -170,7 +177,10 @@ __all__ = [
     "clusters_table",
     "current",
     "day_of",
+    "drop_partitions_before",
     "drop_session",
+    "ensure_ahead",
+    "ensure_partitions",
     "ensure_schema",
     "events",
     "fleet_states",
@@ -198,12 +208,14 @@ __all__ = [
     "locked_transaction",
     "make_engine",
     "mask_evidence",
+    "next_month",
     "nodes",
     "now_utc",
     "open_engine",
     "page_events",
     "page_gpus",
     "parse_by",
+    "partitions",
     "placements",
     "plan_shards",
     "prune",

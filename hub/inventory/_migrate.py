@@ -7,6 +7,7 @@ script (about half a second of its start-up).
 
 from __future__ import annotations
 
+import datetime as dt
 import importlib
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -36,7 +37,7 @@ def metadata() -> sa.MetaData:
 
 
 #: The newest migration's revision (tests check it is Alembic's head of migrations/).
-HEAD = "0026"
+HEAD = "0027"
 
 
 def _config(connection=None):  # -> alembic.config.Config
@@ -63,8 +64,12 @@ def current(engine: Engine) -> str | None:
         return conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar()
 
 
-def upgrade(engine: Engine) -> tuple[str | None, str]:
-    """Bring the schema to head; returns (before, after)."""
+def upgrade(engine: Engine, now: dt.datetime | None = None) -> tuple[str | None, str]:
+    """Bring the schema to head and create the ledger's partitions of this month (``now``,
+    naive UTC) and the next on PostgreSQL; returns (before, after)."""
+    from hub.inventory._db import now_utc
+    from hub.inventory._partitions import ensure_ahead
+
     before = current(engine)
     # Two syncs on an empty database would both create the schema and the loser would crash
     # on alembic_version's key: migrate under the sync's own lock (PostgreSQL advisory lock,
@@ -73,6 +78,7 @@ def upgrade(engine: Engine) -> tuple[str | None, str]:
 
     with _locked(engine) as conn:
         command.upgrade(_config(conn), "head")
+        ensure_ahead(conn, now or now_utc())
     return before, head()
 
 
@@ -85,10 +91,17 @@ def _locked(engine: Engine) -> Iterator[Connection]:
                                                 sqlite_busy_ms=60_000) as conn, conn.begin():
             yield conn
         return
-    with engine.connect() as conn, conn.begin():
+    # not `conn.begin()` as a context: a migration that moves rows in batches (0027) commits
+    # each batch, and what follows its last commit must be committed too
+    with engine.connect() as conn:
         if engine.dialect.name == "postgresql":
             conn.execute(sa.select(sa.func.pg_advisory_xact_lock(LOCK_KEY)))
-        yield conn
+        try:
+            yield conn
+        except BaseException:
+            conn.rollback()
+            raise
+        conn.commit()
 
 
 def ensure_schema(engine: Engine) -> None:

@@ -22,6 +22,7 @@ from sqlalchemy.engine import Connection
 
 from hub.common import json_number
 from hub.inventory._db import _batches, metadata
+from hub.inventory._partitions import ensure_partitions, month_of
 
 #: What a ledger row refers to, once: the GPU or MIG slice where it was (cluster, node, uuid,
 #: slice), what it is (vendor, model) and the share of a GPU it counts for. A row holds the
@@ -79,6 +80,8 @@ usage_rows = sa.Table(
     sa.Index("ix_usage_rows_bucket", "bucket_start", postgresql_using="brin",
              postgresql_with={"autosummarize": "on"}),
     sa.Index("ix_usage_rows_place", "place"),
+    # monthly partitions on PostgreSQL (hub/inventory/_partitions.py)
+    postgresql_partition_by="RANGE (bucket_start)",
 )
 
 #: allocation_basis by its stored code (hub/usage/_meter.py's BASES, least exact last).
@@ -176,6 +179,7 @@ usage_daily = sa.Table(
     # 2 sampled; NULL: none allocated)
     sa.Column("allocation_basis_rank", sa.Integer),
     sa.Index("ix_usage_daily_day", "day"),
+    postgresql_partition_by="RANGE (day)",
 )
 
 #: Per day and GPU or slice and pod: its idle allocated buckets at ROLLUP_IDLE_THRESHOLD (a pod
@@ -199,6 +203,7 @@ usage_idle_daily = sa.Table(
     sa.Column("gpu_hours", sa.Float, nullable=False),
     sa.Column("busy", sa.Float, nullable=False),  # sum of gpu_hours x utilisation %
     sa.Index("ix_usage_idle_daily_day", "day"),
+    postgresql_partition_by="RANGE (day)",
 )
 
 #: What the meter corrected in a bucket, one row per pod and kind (hub/usage/_meter.py): a
@@ -233,6 +238,8 @@ class UsageKeys:
                 sa.select(usage_places.c.id, *[usage_places.c[k] for k in PLACE_KEYS]))}
         self.pods: dict[tuple, int] = {
             (r.namespace, r.pod): r.id for r in conn.execute(sa.select(usage_pods))}
+        #: months whose partitions this write has made sure of (PostgreSQL)
+        self.months: set[dt.datetime] = set()
 
     def resolve(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
         """Add the entries these rows need and are missing (one INSERT per dictionary)."""
@@ -258,6 +265,9 @@ def write_usage_rows(conn: Connection, rows: Iterable[Mapping[str, Any]],
     count = 0
     for batch in _batches(dict(r) for r in rows):
         keys.resolve(conn, batch)
+        months = {month_of(r["bucket_start"]) for r in batch} - keys.months
+        ensure_partitions(conn, months)
+        keys.months |= months
         conn.execute(usage_rows.insert(), [{
             "bucket_start": r["bucket_start"],
             "place": keys.places[tuple(r.get(k) for k in PLACE_KEYS)],

@@ -53,10 +53,14 @@ from hub.inventory import (
     STALE,
     Shard,
     day_of,
+    drop_partitions_before,
+    ensure_ahead,
     gpus,
     insert_rows,
     locked_transaction,
+    next_month,
     now_utc,
+    partitions,
     plan_shards,
     refused_inputs,
     shard_error,
@@ -597,6 +601,7 @@ def write_bucket(conn: Connection, start: float, bucket: float,
     may be read once (a shard at a time): then ``count`` says how many. ``refused``: what
     its answers left out, per cluster (replaced with the bucket)."""
     begin = utc(start)
+    ensure_ahead(conn, begin)  # its month's partitions and the next's (PostgreSQL)
     conn.execute(usage_rows.delete().where(usage_rows.c.bucket_start == begin))
     written = write_usage_rows(conn, rows)
     count = written if count is None else count
@@ -628,8 +633,13 @@ def _one_per_pod(begin: dt.datetime,
 
 
 def apply_retention(conn: Connection, before: float) -> int:
+    """Remove the ledger's rows, marks, flags and rollups before ``before``. On PostgreSQL
+    the months wholly before the cut go as whole partitions (their rows counted from their
+    buckets' marks, without reading them); the rows of the month the cut falls in are
+    deleted one by one, as on SQLite. Returns the rows removed."""
     cut = utc(before)
-    removed = conn.execute(usage_rows.delete().where(usage_rows.c.bucket_start < cut)
+    removed = _drop_months(conn, cut)
+    removed += conn.execute(usage_rows.delete().where(usage_rows.c.bucket_start < cut)
                            ).rowcount or 0
     conn.execute(usage_flags.delete().where(usage_flags.c.bucket_start < cut))
     conn.execute(usage_buckets.delete().where(usage_buckets.c.bucket_start < cut))
@@ -640,6 +650,23 @@ def apply_retention(conn: Connection, before: float) -> int:
     if removed:
         rebuild_days(conn, [day_of(cut)])  # the day the cut falls in lost its first hours
     return removed
+
+
+def _drop_months(conn: Connection, cut: dt.datetime) -> int:
+    """Drop the ledger's partitions of the months wholly before ``cut`` (PostgreSQL; none
+    on SQLite); returns how many rows they held, as their buckets' marks say."""
+    months = partitions(conn, "usage_rows")
+    gone = [m for m in months if next_month(m) <= cut]
+    removed = 0
+    for month in gone:
+        removed += conn.execute(sa.select(sa.func.coalesce(sa.func.sum(usage_buckets.c.rows),
+                                                           0)).where(
+            usage_buckets.c.bucket_start >= month,
+            usage_buckets.c.bucket_start < next_month(month))).scalar() or 0
+    drop_partitions_before(conn, "usage_rows", cut)
+    drop_partitions_before(conn, "usage_daily", day_of(cut))
+    drop_partitions_before(conn, "usage_idle_daily", day_of(cut))
+    return int(removed)
 
 
 def rollup_sums(table: sa.Table, when: sa.ColumnElement) -> list[sa.ColumnElement]:
