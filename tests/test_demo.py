@@ -131,6 +131,12 @@ def test_demo_runs_end_to_end_twice_and_leaves_nothing_running(tmp_path):
     # command (printed with its flags) lists the same GPU
     assert "notebook-idle" in err.split("idle (allocated")[1].split("capacity --by")[0]
     assert "notebook-idle" in html and "No idle allocated" not in html
+    # metered allocation: kube-state-metrics gives the training pod's own edges, so its
+    # namespace's hours are measured by interval, not by the samples that carried its labels
+    by_ns = {r["namespace"]: r for r in gpufleet_json("usage", "--since", "1h", "--by",
+                                                      "namespace", "--db", db)}
+    assert by_ns["ml-team"]["allocation_basis"] == "interval", by_ns
+    assert by_ns["research"]["allocation_basis"] == "sampled", by_ns
     [suggested] = [line for line in out.splitlines() if " idle --since 1h" in line]
     assert "--for 12s" in suggested
     # one bucket grid end to end

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import time
 
 import pytest
 import sqlalchemy as sa
@@ -272,6 +273,59 @@ def test_scenario_swap_and_repair_through_real_syncs(hub, fleet, db_url):
         {"cluster": "west", "delivered": 1, "healthy": 1, "reserved": 0, "active": 0}]
 
 
+def test_serve_passes_replaced_within_to_its_sync_and_the_lemon_threshold_to_its_checks(
+        hub, fleet, tmp_path):
+    """serve's jobs take `--replaced-within` and `--lemon-threshold` as `sync` and `report`
+    do: the same swap is a `replaced` event and GPU-A a lemon under the defaults, neither
+    with a one-second window and a threshold of 1000 failures a GPU-month."""
+    from hub.service import ServeSettings, service_jobs
+    from hub.store import HubClient
+
+    east = {"text": gpu_text("GPU-A", "n1", "0000:18:00.0")}
+    west = {"text": ""}
+    fleet("east", [lambda: east["text"]])
+    fleet("west", [lambda: west["text"]])
+    wait_for(hub.url, 'DCGM_FI_DEV_XID_ERRORS{cluster="east", UUID="GPU-A"} == 0', bool)
+    client = HubClient(hub.url)
+    engines = {name: _db.make_engine(f"sqlite:///{tmp_path / name}.db", create=True)
+               for name in ("defaults", "strict")}
+    jobs = {"defaults": service_jobs(engines["defaults"], client,
+                                     ServeSettings(stale_after=3.0)),
+            "strict": service_jobs(engines["strict"], client,
+                                   ServeSettings(stale_after=3.0, replaced_within=1.0,
+                                                 lemon_threshold=1000.0))}
+    for engine in engines.values():
+        migrate.upgrade(engine)
+
+    def sync_both() -> None:
+        for job in jobs.values():
+            job.sync()
+
+    sync_both()
+    east["text"] = gpu_text("GPU-A", "n1", "0000:18:00.0", xid=79)
+    wait_for(hub.url, 'DCGM_FI_DEV_XID_ERRORS{cluster="east", UUID="GPU-A"} == 79', bool)
+    sync_both()
+    east["text"] = ""  # GPU-A is pulled, repaired and back in west; GPU-B takes its slot later
+    west["text"] = gpu_text("GPU-A", "w7", "0000:3b:00.0")
+    wait_for(hub.url, 'DCGM_FI_DEV_XID_ERRORS{cluster="west", UUID="GPU-A"} == 0', bool)
+    wait_silent(hub.url, 'DCGM_FI_DEV_GPU_TEMP{cluster="east", UUID="GPU-A"}', "3s")
+    sync_both()
+    time.sleep(1.5)
+    east["text"] = gpu_text("GPU-B", "n1", "0000:18:00.0")
+    wait_for(hub.url, 'DCGM_FI_DEV_GPU_TEMP{cluster="east", UUID="GPU-B"}', bool)
+    sync_both()
+    replaced, lemons = {}, {}
+    for name, engine in engines.items():
+        with engine.connect() as conn:
+            replaced[name] = [e["details"]["new"]
+                              for e in inv.list_events(conn, type_="replaced")]
+        findings = jobs[name].findings()  # type: ignore[misc]
+        lemons[name] = sorted(f["check"] for f in findings if f["check"].startswith("lemon"))
+        engine.dispose()
+    assert replaced == {"defaults": ["GPU-B"], "strict": []}
+    assert lemons["defaults"] and lemons["strict"] == []
+
+
 # -- bad input ------------------------------------------------------------------------------
 @pytest.mark.parametrize("args", [
     ("inventory", "lemons", "--since", "0s"),
@@ -284,6 +338,10 @@ def test_scenario_swap_and_repair_through_real_syncs(hub, fleet, db_url):
     ("sync", "--replaced-within", "400d"),
     ("report", "--lemon-threshold", "0"),
     ("report", "--lemon-threshold", "nan"),
+    ("serve", "--replaced-within", "0s"),
+    ("serve", "--replaced-within", "400d"),
+    ("serve", "--lemon-threshold", "0"),
+    ("serve", "--lemon-threshold", "nan"),
 ])
 def test_out_of_range_is_one_line_and_exit_2(args, tmp_path):
     db = f"sqlite:///{tmp_path / 'inventory.db'}"

@@ -13,6 +13,7 @@ from alembic import command
 from hub import inventory as inv
 from hub.inventory import _migrate as migrate
 from hub.inventory._migrate import _config
+from spoke import Exporter, SimBackend
 from tests.support.clirun import gpufleet, gpufleet_json
 from tests.support.promql import wait_for, wait_silent
 
@@ -132,3 +133,40 @@ def test_migration_0005_folds_a_moved_gpu_and_keeps_rows(db_url):
         assert len(inv.list_allocations(conn)) == 1
         assert inv.list_events(conn) == []
     engine.dispose()
+
+
+
+def test_a_mig_gpu_whose_slices_arrive_a_sync_later_has_no_changed_layout(hub, fleet, db_url):
+    """The demo's first syncs run as series arrive: a MIG GPU's own series were in the hub
+    before its slices', and every MIG GPU had a `changed mig_layout` ("" to its slices) one
+    second after `appeared`. The first slices a GPU shows record its layout (their own
+    `appeared` events say so); a later change of them is a `changed` event."""
+    backend = SimBackend(gpus=1, mig="3g.40gb,3g.40gb", node="n1")
+    backend.open()
+    exporter = Exporter(backend, hostname="n1", interval=30)
+    phase = {"slices": False}
+
+    def text() -> str:
+        lines = exporter.collect_once().text.decode().splitlines()
+        return "\n".join(ln for ln in lines if phase["slices"] or "GPU_I_ID" not in ln) + "\n"
+
+    fleet("c1", [text])
+    env = {"GPUFLEET_HUB_URL": hub.url, "GPUFLEET_DB": db_url, "GPUFLEET_STALE_AFTER": "3s"}
+    wait_for(hub.url, 'count(DCGM_FI_DEV_FB_FREE{cluster="c1"})',
+             lambda r: bool(r) and r[0]["value"][1] == "1")
+    assert gpufleet("sync", env=env).exit_code == 0
+    phase["slices"] = True
+    wait_for(hub.url, 'count(DCGM_FI_DEV_FB_FREE{cluster="c1", GPU_I_ID!=""})',
+             lambda r: bool(r) and r[0]["value"][1] == "2")
+    assert gpufleet("sync", env=env).exit_code == 0
+    events = gpufleet_json("inventory", "events", "--since", "1h", env=env)
+    assert sorted((e["type"], e["slice"] or "") for e in events) == [
+        ("appeared", ""), ("appeared", "3g.40gb/1"), ("appeared", "3g.40gb/2")]
+
+    # the layout it recorded changes: one slice goes (MIG reconfigured), one `changed`
+    phase["slices"] = False
+    wait_silent(hub.url, 'DCGM_FI_DEV_FB_FREE{cluster="c1", GPU_I_ID!=""}', "3s")
+    assert gpufleet("sync", env=env).exit_code == 0
+    changed = gpufleet_json("inventory", "events", "--type", "changed", env=env)
+    assert [e["details"] for e in changed] == [
+        {"field": "mig_layout", "old": "3g.40gb/1 3g.40gb/2", "new": ""}]

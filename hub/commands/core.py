@@ -35,6 +35,7 @@ from hub.common import (
     parse_duration,
     progress,
     query_concurrency_option,
+    replaced_within_option,
     shard_size_option,
     stale_after_option,
     to_json,
@@ -238,10 +239,7 @@ def query(expr: str | None, preset: str | None, stale_after: float, range_: floa
 @click.option("--every", type=DURATION, envvar=env("every"), metavar="DURATION",
               help="Keep running, one sync every DURATION (e.g. 5m).")
 @stale_after_option
-@click.option("--replaced-within", type=DURATION, default="7d", show_default=True,
-              envvar=env("replaced-within"), metavar="DURATION",
-              help="A new GPU in a slot another GPU held this recently is a `replaced` event "
-                   "(slot, old, new); the two keep separate histories.")
+@replaced_within_option
 @lock_timeout_option
 @query_concurrency_option
 @shard_size_option

@@ -24,6 +24,7 @@ from hub.common import (
     db_option,
     env,
     hub_options,
+    lemon_threshold_option,
     lock_timeout_option,
     max_age_option,
     min_charge_option,
@@ -31,6 +32,7 @@ from hub.common import (
     parse_duration,
     push_interval_option,
     query_concurrency_option,
+    replaced_within_option,
     shard_size_option,
     stale_after_option,
     window_option,
@@ -129,6 +131,8 @@ class _ServeGroup(ConfiguredCommand, click.Group):
 @min_charge_option
 @window_option
 @stale_after_option
+@replaced_within_option
+@lemon_threshold_option
 @lock_timeout_option
 @query_concurrency_option
 @shard_size_option
@@ -145,7 +149,7 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool, worker
           usage_max_backfill: float, prices: str | None, prune_stale_after: float | None,
           instance_types: str | None,
           max_age: float, push_interval: float, min_charge: float, window: float,
-          stale_after: float,
+          stale_after: float, replaced_within: float, lemon_threshold: float,
           lock_timeout: float, cluster_label: str, db: str | None, idle_threshold: float,
           idle_for: float, placement_scores: bool, placement_kubeconfig: str | None,
           placement_context: str | None, full_at: float, query_concurrency: int,
@@ -195,8 +199,10 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool, worker
         usage_retention=usage_retention, usage_max_backfill=usage_max_backfill, prices=prices,
         prune_stale_after=prune_stale_after, instance_types=instance_types, max_age=max_age,
         push_interval=push_interval, min_charge=min_charge, window=window,
-        stale_after=stale_after, lock_timeout=lock_timeout, cluster_label=cluster_label, db=db,
-        idle_threshold=idle_threshold, idle_for=idle_for, hub=hub_settings(opts),
+        stale_after=stale_after, replaced_within=replaced_within,
+        lemon_threshold=lemon_threshold, lock_timeout=lock_timeout,
+        cluster_label=cluster_label, db=db, idle_threshold=idle_threshold, idle_for=idle_for,
+        hub=hub_settings(opts),
         placement_scores=placement_scores, placement_kubeconfig=placement_kubeconfig,
         placement_context=placement_context, full_at=full_at, shard_size=shard_size,
         query_concurrency=query_concurrency)

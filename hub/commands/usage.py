@@ -449,3 +449,10 @@ def capacity(by: tuple[str, ...], fits: int | None, model: str | None, mig: str 
         return
     cols = [c for name in by for c in answers.CAPACITY_GROUPS[name]]
     emit(rows, [*dict.fromkeys(cols), *answers.CAPACITY_FIGURES], output)
+    if output == "table" and rows:  # 69.8571 beside the sync's whole GPUs, said what it is
+        click.echo(CAPACITY_FOOTER)
+
+
+#: under capacity's table: its figures are not the whole GPUs `sync` and `inventory` count
+CAPACITY_FOOTER = ("GPU-equivalents (a MIG slice is its share of the GPU; sync and inventory "
+                   "count whole GPUs)")

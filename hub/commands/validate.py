@@ -30,6 +30,7 @@ from hub.common import (
     emit,
     env,
     hub_options,
+    lemon_threshold_option,
     max_age_option,
     output_option,
     parse_json,
@@ -324,10 +325,7 @@ def reconcile(ctx: click.Context, source: str | None, contexts: tuple[str, ...],
                    "is older than this is silent, an error: the age at which ACM's own "
                    "ManagedClusterMetricsMissing fires. A cluster in maintenance_mode may be "
                    "silent (info).")
-@click.option("--lemon-threshold", type=float, default=2.0, show_default=True,
-              metavar="N", envvar=env("lemon-threshold"),
-              help="A GPU or slot failing more than N times a GPU-month in service over the "
-                   "last 90 days is a finding (`gpufleet inventory lemons` ranks them).")
+@lemon_threshold_option
 @click.option("--max-findings", type=click.IntRange(1), default=50, show_default=True,
               help="Findings listed in -o markdown (the rest are counted).")
 @click.option("--out", metavar="FILE",

@@ -163,6 +163,20 @@ shard_size_option = click.option(
          "per-query limits and memory follows the shard, not the fleet.",
 )
 
+replaced_within_option = click.option(
+    "--replaced-within", type=DURATION, default="7d", show_default=True,
+    envvar=env("replaced-within"), metavar="DURATION",
+    help="A new GPU in a slot another GPU held this recently is a `replaced` event "
+         "(slot, old, new); the two keep separate histories.",
+)
+
+lemon_threshold_option = click.option(
+    "--lemon-threshold", type=float, default=2.0, show_default=True,
+    metavar="N", envvar=env("lemon-threshold"),
+    help="A GPU or slot failing more than N times a GPU-month in service over the "
+         "last 90 days is a finding (`gpufleet inventory lemons` ranks them).",
+)
+
 max_age_option = click.option(
     "--max-age", type=DURATION, default="1h", show_default=True, envvar=env("max-age"),
     metavar="DURATION",

@@ -132,6 +132,24 @@ class DemoPods:
         return out
 
 
+#: the pod kube-state-metrics shows holding a GPU of the attributed node (DemoPods' GPU 1),
+#: so the usage of the demo shows a metered allocation (allocation_basis `interval`)
+METERED_POD = DemoPods.PODS[1]
+
+
+def ksm_text(node: str, started: float) -> str:
+    """kube-state-metrics' series of the metered pod (requests, start time, phase), as a
+    cluster's kube-state-metrics exposes them: the allocation's own edges, exact at any
+    push interval (hub/usage/_meter.py)."""
+    namespace, pod, container = METERED_POD
+    key = f'namespace="{namespace}",pod="{pod}",uid="demo-{pod}"'
+    return (f'kube_pod_container_resource_requests{{{key},container="{container}",'
+            f'node="{node}",resource="nvidia_com_gpu",unit="integer"}} 1\n'
+            f"kube_pod_start_time{{{key}}} {started:.0f}\n"
+            f'kube_pod_status_phase{{{key},phase="Running"}} 1\n'
+            f'kube_pod_status_phase{{{key},phase="Pending"}} 0\n')
+
+
 @dataclass
 class Node:
     cluster: str
@@ -369,6 +387,7 @@ def start_fleet(p: Plan, workdir: Path, fleet: Fleet, say: Say,
                 ) -> PrometheusProcess:
     """Start the hub (on ``hub_port``; 0: a free one), the exporters and the agents, with
     a progress step for each (the set-up is the slow part on a small machine)."""
+    from hub.devstack._prometheus import StaticServer
     from spoke import MetricsServer
 
     total, started = 1 + len(p.nodes) + len(p.clusters), 0
@@ -397,8 +416,17 @@ def start_fleet(p: Plan, workdir: Path, fleet: Fleet, say: Say,
         fleet.servers.append(server)
         node.target = server.url.removeprefix("http://")
         one_more()
+    ksm: dict[str, str] = {}  # cluster -> its kube-state-metrics (the attributed node's)
+    if (metered := p.attributed) is not None:
+        text = ksm_text(metered.name, time.time() - 60)  # the pod ran before the demo began
+        ksm_server = StaticServer(text).start()
+        fleet.servers.append(ksm_server)
+        ksm[metered.cluster] = ksm_server.target
+        say(f"cluster {metered.cluster}: kube-state-metrics shows {'/'.join(METERED_POD[:2])} "
+            f"holding a GPU of {metered.name} (its usage is metered from the pod's own edges)")
     for cluster in p.clusters:
         targets = [n.target for n in p.nodes if n.cluster == cluster]
+        targets += [ksm[cluster]] if cluster in ksm else []
         vendors = sorted({n.vendor for n in p.nodes if n.cluster == cluster})
         if any(n.naming != "legacy" for n in p.nodes if n.cluster == cluster):
             vendors = [v if v != "nvidia" else "nvidia on dcgm-exporter 4.9 names" for v in vendors]

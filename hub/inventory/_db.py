@@ -453,7 +453,9 @@ NODE_COLUMNS = ["cluster", "node", "gpus", "stale_gpus", "state", "last_seen", "
 #: gpufleet exporter, joined by " + "; card info only; none); cards: GPU cards node-exporter
 #: (or OpenShift's accelerator series) counts there, whatever the exporter sends; acm: how
 #: ACM lists the cluster (managed | maintenance; None: not in acm_managed_cluster_labels)
-CLUSTER_COLUMNS = ["cluster", "nodes", "gpus", "stale_gpus", "state", "last_seen",
+#: nodes: nodes reporting (active); known_nodes: every node it has had, stale ones too, so a
+#: silent cluster reads "0 of 4" as the report's "0/4 reporting" does, not a bare 0
+CLUSTER_COLUMNS = ["cluster", "nodes", "known_nodes", "gpus", "stale_gpus", "state", "last_seen",
                    "last_sample_at", "naming", "naming_since", "seen_through", "cards",
                    "acm"]
 ALLOCATION_COLUMNS = ["cluster", "node", "uuid", "mig_profile", "namespace", "pod", "container",
@@ -496,14 +498,18 @@ def _gpu_counts(*keys: sa.Column, cluster: str | None) -> sa.Subquery:
 
 
 def list_clusters(conn: Connection, cluster: str | None = None) -> list[dict[str, Any]]:
-    active_query = sa.select(nodes.c.cluster, sa.func.count().label("nodes")).where(
-        nodes.c.state == ACTIVE).group_by(nodes.c.cluster)
+    active_query = sa.select(
+        nodes.c.cluster,
+        sa.func.sum(sa.case((nodes.c.state == ACTIVE, 1), else_=0)).label("nodes"),
+        sa.func.count().label("known_nodes"),
+    ).group_by(nodes.c.cluster)
     active_nodes = _where_cluster(active_query, nodes, cluster).subquery()
     counts = _gpu_counts(gpus.c.cluster, cluster=cluster)
     joined = clusters.outerjoin(active_nodes, active_nodes.c.cluster == clusters.c.cluster
                                 ).outerjoin(counts, counts.c.cluster == clusters.c.cluster)
     stmt = _where_cluster(
         sa.select(clusters.c.cluster, sa.func.coalesce(active_nodes.c.nodes, 0).label("nodes"),
+                  sa.func.coalesce(active_nodes.c.known_nodes, 0).label("known_nodes"),
                   sa.func.coalesce(counts.c.gpus, 0).label("gpus"),
                   sa.func.coalesce(counts.c.stale_gpus, 0).label("stale_gpus"),
                   clusters.c.state, clusters.c.last_seen, clusters.c.last_sample_at,
@@ -530,7 +536,7 @@ def _with_sources(conn: Connection, rows: list[dict[str, Any]],
     known = {r["cluster"] for r in rows}
     for name, found in sources.items():
         if name not in known and store.known_cards(found) and cluster in (None, name):
-            rows.append({"cluster": name, "nodes": 0, "gpus": 0, "stale_gpus": 0,
+            rows.append({"cluster": name, "nodes": 0, "known_nodes": 0, "gpus": 0, "stale_gpus": 0,
                          "state": None, "last_seen": None, "last_sample_at": None,
                          "naming": None, "naming_since": None})
     for row in rows:

@@ -139,11 +139,14 @@ def _same(old: Any, new: Any, fld: str = "") -> bool:
 
 
 def _layout(known: Mapping[tuple[str, str], HeldGpu]) -> dict[str, list[str]]:
-    """The MIG slices the table holds as active, per GPU uuid (few: MIG GPUs only)."""
+    """The MIG slices the table holds as active, per GPU uuid (few: MIG GPUs only); a GPU
+    whose slices all went stale is there with none, one never seen with slices is absent."""
     layout: dict[str, list[str]] = {}
     for (uuid, key), row in known.items():
-        if key and row.state == ACTIVE:
-            layout.setdefault(uuid, []).append(key)
+        if key:
+            keys = layout.setdefault(uuid, [])
+            if row.state == ACTIVE:
+                keys.append(key)
     return layout
 
 
@@ -176,8 +179,11 @@ def _seen_events(known: Mapping[tuple[str, str], HeldGpu],
             new, old = getattr(obs, fld), getattr(row, fld)
             if new is not None and old is not None and not _same(old, new, fld):
                 yield _event(now, "changed", *where, field=fld, old=old, new=new)
-        if not key:
-            before = sorted(layout_old.get(uuid, []))
+        # the first slices a GPU shows record its layout (their `appeared` events say so):
+        # its own series often reach the hub a sync before its slices' (the demo's first
+        # syncs had a `changed mig_layout` for every MIG GPU a second after `appeared`)
+        if not key and uuid in layout_old:
+            before = sorted(layout_old[uuid])
             after = sorted(layout_new.get(uuid, []))
             if before != after:
                 yield _event(now, "changed", *where, field="mig_layout",

@@ -55,7 +55,7 @@ def _model(name: str, columns: Sequence[str], types: Mapping[str, Any],
     return model
 
 
-_COUNTED = {"nodes": int, "gpus": int, "stale_gpus": int, "state": State,
+_COUNTED = {"nodes": int, "known_nodes": int, "gpus": int, "stale_gpus": int, "state": State,
             "last_seen": Time, "last_sample_at": Time, "cluster": str, "node": str,
             # which dcgm naming a cluster's NVIDIA GPUs send (None: no NVIDIA GPU synced)
             "naming": Literal["legacy", "dcgm-4.7", "both"] | None,

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from hub import inventory as inv
 from hub import usage
 from hub.common import (
     QUERY_CONCURRENCY,
@@ -76,6 +77,9 @@ class ServeSettings:
     # -- the schedule
     every: float = 300.0
     stale_after: float = 600.0
+    #: the sync's `replaced` window and the checks' lemon line, as `sync` and `report` take
+    replaced_within: float = 7 * 86400.0
+    lemon_threshold: float = 2.0
     cluster_label: str = "cluster"
     lock_timeout: float = 0.0
     #: the sync's shards (GPUs each) and how many of their queries run at once: the
@@ -134,13 +138,17 @@ def serve_settings(*, every: float, listen: str, reconcile: bool, workers: int |
                    placement_context: str | None = None,
                    full_at: float = usage.FULL_AT,
                    shard_size: int = SHARD_SIZE,
-                   query_concurrency: int = QUERY_CONCURRENCY) -> ServeSettings:
+                   query_concurrency: int = QUERY_CONCURRENCY,
+                   replaced_within: float = 7 * 86400.0,
+                   lemon_threshold: float = 2.0) -> ServeSettings:
     """The settings `serve`'s options describe, or a one-line InputError (exit 2) for the
     first thing wrong with them, in the order an operator reads the options."""
     if every <= 0:
         raise InputError("--every must be greater than 0")
     if stale_after <= 0:
         raise InputError("--stale-after must be greater than 0")
+    inv.check_within(replaced_within)
+    inv.check_threshold(lemon_threshold)
     if session_ttl <= 0:
         raise InputError("--session-ttl must be greater than 0")
     if not oidc_scope_claim.strip() or not oidc_scope_claim.isprintable():
@@ -171,7 +179,8 @@ def serve_settings(*, every: float, listen: str, reconcile: bool, workers: int |
         min_charge=min_charge, prune_stale_after=prune_stale_after,
         placement_scores=placement_scores, placement_kubeconfig=placement_kubeconfig,
         placement_context=placement_context, full_at=full_at, shard_size=shard_size,
-        query_concurrency=query_concurrency)
+        query_concurrency=query_concurrency, replaced_within=replaced_within,
+        lemon_threshold=lemon_threshold)
     auth = settings.authenticator()
     if not auth.enabled and not is_loopback(host) and not allow_unauthenticated:
         raise InputError(f"--listen {listen} is not a loopback address and no access is "

@@ -301,9 +301,6 @@ def report_facts(conn: Connection, now: dt.datetime) -> Facts:
     for g in gpu_facts:
         if g.state != inv.ACTIVE:
             stale_per_node[(g.cluster, g.node)] = stale_per_node.get((g.cluster, g.node), 0) + 1
-    known_nodes: dict[str, int] = {}
-    for n in node_rows:
-        known_nodes[n["cluster"]] = known_nodes.get(n["cluster"], 0) + 1
     runs = inv.list_sync_runs(conn, limit=1)
     last_sync = SyncFacts(runs[0]["started_at"], runs[0]["status"], runs[0]["error"]) \
         if runs else None
@@ -317,7 +314,7 @@ def report_facts(conn: Connection, now: dt.datetime) -> Facts:
     return Facts(
         now=now,
         clusters=[ClusterFacts(c["cluster"], c["state"], c["last_sample_at"], c["nodes"],
-                               known_nodes.get(c["cluster"], 0), c["gpus"], c["stale_gpus"],
+                               c["known_nodes"], c["gpus"], c["stale_gpus"],
                                c["naming"], c["naming_since"], c["seen_through"],
                                c["cards"], c["acm"])
                   for c in clusters],

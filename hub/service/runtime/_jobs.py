@@ -67,6 +67,7 @@ def service_jobs(engine: Engine, client: HubClient, settings: ServeSettings, *,
         return run_sync(engine, client, stale_after=s.stale_after, cluster_label=s.cluster_label,
                         lock_timeout=s.lock_timeout, shard_size=s.shard_size,
                         query_concurrency=s.query_concurrency,
+                        replaced_within=s.replaced_within,
                         fence=leader.fence if leader is not None else None)
 
     def reconcile_job() -> None:
@@ -78,7 +79,8 @@ def service_jobs(engine: Engine, client: HubClient, settings: ServeSettings, *,
     def findings() -> list[dict[str, Any]]:
         assessed = validation.assess(engine, client, max_age=s.max_age,
                                      push_interval=s.push_interval, window=s.window,
-                                     cluster_label=s.cluster_label)
+                                     cluster_label=s.cluster_label,
+                                     lemon_threshold=s.lemon_threshold)
         # with the namespace a finding's message names, so the API can keep it from others
         return [{**f.as_dict(), "namespace": f.namespace} for f in assessed.findings]
 
