@@ -10,6 +10,7 @@ from hub.commands.usage import CAPACITY_FOOTER
 from hub.inventory import _db as inv
 from hub.inventory import _migrate as migrate
 from hub.inventory._normalize import Observation
+from hub.inventory._writer import InventoryWriter
 from tests.support.clirun import gpufleet
 
 
@@ -19,7 +20,7 @@ def test_capacity_table_says_its_figures_are_gpu_equivalents(tmp_path):
     migrate.ensure_schema(engine)
     h100 = dict(model="NVIDIA H100 80GB HBM3", sample_at=1.0e9)
     with engine.begin() as conn:
-        writer = inv.InventoryWriter(conn, inv.now_utc())
+        writer = InventoryWriter(conn, inv.now_utc())
         writer.add([
             Observation("c1", "n1", "GPU-whole", "nvidia", memory_total_mib=81559.0, **h100),
             Observation("c1", "n1", "GPU-mig", "nvidia", memory_total_mib=81559.0, **h100),

@@ -9,6 +9,7 @@ import datetime as dt
 from hub.inventory import _db as inv
 from hub.inventory import _migrate as migrate
 from hub.inventory._normalize import Observation
+from hub.inventory._writer import InventoryWriter
 from hub.service._models import Cluster
 from hub.validate import summarize
 from hub.validate._reconcile_store import report_facts
@@ -30,7 +31,7 @@ def test_a_silent_cluster_shows_its_known_nodes_as_the_report_does(db_url):
     west = [_gpu("west", "w1", "GPU-w1"), _gpu("west", "w2", "GPU-w2")]
     for now, seen in ((T0, east + west), (T1, west[:1])):  # east goes silent, w2 too
         with engine.begin() as conn:
-            writer = inv.InventoryWriter(conn, now)
+            writer = InventoryWriter(conn, now)
             writer.add(seen)
             writer.finish()
     with engine.connect() as conn:
@@ -48,7 +49,8 @@ def test_a_silent_cluster_shows_its_known_nodes_as_the_report_does(db_url):
     assert [(r["cluster"], r["nodes"], r["known_nodes"])
             for r in gpufleet_json("inventory", "clusters", env=env)] == [
         ("east", 0, 4), ("west", 1, 2)]
-    table = gpufleet("inventory", "clusters", env=env)
+    # wide enough that the table is a table, not a record per row (as on a narrow terminal)
+    table = gpufleet("inventory", "clusters", env={**env, "COLUMNS": "300"})
     assert table.exit_code == 0, table.output
     header, east_line = table.output.splitlines()[:2]
     assert header.split()[:3] == ["CLUSTER", "NODES", "KNOWN_NODES"]
