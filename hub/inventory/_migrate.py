@@ -92,16 +92,25 @@ def _locked(engine: Engine) -> Iterator[Connection]:
             yield conn
         return
     # not `conn.begin()` as a context: a migration that moves rows in batches (0027) commits
-    # each batch, and what follows its last commit must be committed too
+    # each batch, and what follows its last commit must be committed too. So the lock is the
+    # session's (held across those commits, released at the end), not the transaction's: a
+    # transaction lock went with the first batch's commit, and a second sync on an empty
+    # database then migrated beside the first (alembic_version 0026 -> 0027 found 0 rows).
     with engine.connect() as conn:
-        if engine.dialect.name == "postgresql":
-            conn.execute(sa.select(sa.func.pg_advisory_xact_lock(LOCK_KEY)))
+        postgresql = engine.dialect.name == "postgresql"
+        if postgresql:
+            conn.execute(sa.select(sa.func.pg_advisory_lock(LOCK_KEY)))
         try:
-            yield conn
-        except BaseException:
-            conn.rollback()
-            raise
-        conn.commit()
+            try:
+                yield conn
+            except BaseException:
+                conn.rollback()
+                raise
+            conn.commit()
+        finally:
+            if postgresql:
+                conn.execute(sa.select(sa.func.pg_advisory_unlock(LOCK_KEY)))
+                conn.commit()
 
 
 def ensure_schema(engine: Engine) -> None:
