@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -128,3 +129,33 @@ def test_parse_listen(text, expected):
 def test_parse_listen_rejects(text):
     with pytest.raises(ValueError, match="invalid"):
         parse_listen(text)
+
+
+def test_a_scraper_that_hangs_up_leaves_no_traceback(capsys):
+    """The demo's agents stop while they scrape: the exporter's server says nothing of the
+    broken pipe (any other error still prints its traceback)."""
+    import http.server
+
+    import requests
+
+    from hub.common import BackgroundHTTPServer
+
+    class Failing(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path == "/gone":
+                raise BrokenPipeError(32, "Broken pipe")
+            raise ValueError("a bug of ours")
+
+        def log_message(self, format: str, *args: object) -> None:
+            return
+
+    server = BackgroundHTTPServer("127.0.0.1", 0, Failing).start()
+    try:
+        for path in ("/gone", "/bug"):
+            with contextlib.suppress(requests.RequestException):
+                requests.get(server.url + path, timeout=5)
+    finally:
+        server.stop()
+    err = capsys.readouterr().err
+    assert "BrokenPipeError" not in err
+    assert "ValueError: a bug of ours" in err

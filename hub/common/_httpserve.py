@@ -10,6 +10,7 @@ from __future__ import annotations
 import http.server
 import socket
 import socketserver
+import sys
 import threading
 
 
@@ -48,6 +49,14 @@ class BackgroundHTTPServer(http.server.ThreadingHTTPServer):
         socketserver.TCPServer.server_bind(self)
         host, port = self.server_address[:2]
         self.server_name, self.server_port = str(host), int(port)
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        """A client that hung up mid-answer (a scraper's timeout, an agent stopped while it
+        scraped) is not our error: no traceback for it on the exporter's or the demo's
+        output. Anything else still prints one."""
+        if isinstance(sys.exc_info()[1], ConnectionError | TimeoutError):
+            return
+        super().handle_error(request, client_address)  # type: ignore[arg-type]
 
     @property
     def port(self) -> int:
