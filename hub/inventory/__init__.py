@@ -77,6 +77,7 @@ from hub.inventory._partitions import (
     drop_partitions_before,
     ensure_ahead,
     ensure_partitions,
+    month_of,
     next_month,
     partitions,
 )
@@ -208,6 +209,7 @@ __all__ = [
     "locked_transaction",
     "make_engine",
     "mask_evidence",
+    "month_of",
     "next_month",
     "nodes",
     "now_utc",

@@ -228,27 +228,48 @@ USAGE_COLUMNS = [
 ]
 
 
-class UsageKeys:
-    """The dictionaries' keys of one write: loaded once, extended as rows bring new places
-    and pods (the caller holds the ledger's lock: no other writer adds entries meanwhile)."""
+#: keys looked up in one IN (4 parameters each: well under SQLite's 32,766 and
+#: PostgreSQL's 65,535 parameters a statement)
+FIND_CHUNK = 1000
 
-    def __init__(self, conn: Connection) -> None:
-        self.places: dict[tuple, int] = {
-            tuple(r[1:]): r[0] for r in conn.execute(
-                sa.select(usage_places.c.id, *[usage_places.c[k] for k in PLACE_KEYS]))}
-        self.pods: dict[tuple, int] = {
-            (r.namespace, r.pod): r.id for r in conn.execute(sa.select(usage_pods))}
+
+class UsageKeys:
+    """The dictionaries' keys of one write, read as its rows need them: a bucket reads the
+    entries of its own places and pods, never the whole dictionaries (``usage_pods`` holds
+    every pod the ledger has ever billed: read whole, it made each bucket's write grow with
+    the ledger's history). The caller holds the ledger's lock: no other writer adds entries
+    meanwhile."""
+
+    #: the columns that find a place's entries (never NULL: an IN over row values cannot
+    #: match NULLs); the whole key is then compared here
+    _FIND = {"usage_places": ["cluster", "node", "uuid", "slice"],
+             "usage_pods": ["namespace", "pod"]}
+
+    def __init__(self) -> None:
+        self.places: dict[tuple, int] = {}
+        self.pods: dict[tuple, int] = {}
         #: months whose partitions this write has made sure of (PostgreSQL)
         self.months: set[dt.datetime] = set()
 
     def resolve(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
-        """Add the entries these rows need and are missing (one INSERT per dictionary)."""
+        """Read the entries these rows need, then add those missing (one INSERT per
+        dictionary)."""
         for table, known, keys in ((usage_places, self.places, PLACE_KEYS),
                                    (usage_pods, self.pods, ["namespace", "pod"])):
-            new = {tuple(r[k] for k in keys) for r in rows} - known.keys()
+            wanted = {tuple(r.get(k) for k in keys) for r in rows} - known.keys()
+            if not wanted:
+                continue
+            find = [table.c[k] for k in self._FIND[table.name]]
+            prefixes = sorted({k[:len(find)] for k in wanted})
+            for at in range(0, len(prefixes), FIND_CHUNK):
+                chunk = prefixes[at:at + FIND_CHUNK]
+                for r in conn.execute(sa.select(table.c.id, *[table.c[k] for k in keys])
+                                      .where(sa.tuple_(*find).in_(chunk))):
+                    known[tuple(r[1:])] = r[0]
+            new = wanted - known.keys()
             if not new:
                 continue
-            last = max(known.values(), default=0)
+            last = conn.execute(sa.select(sa.func.max(table.c.id))).scalar() or 0
             conn.execute(table.insert(), [dict(zip(keys, k, strict=True)) for k in sorted(
                 new, key=lambda k: tuple((v is None, v) for v in k))])
             for r in conn.execute(sa.select(table.c.id, *[table.c[k] for k in keys])
@@ -261,7 +282,7 @@ def write_usage_rows(conn: Connection, rows: Iterable[Mapping[str, Any]],
     """Store ledger rows (as the ``usage`` view shows them; bucket_end is the bucket mark's,
     written by the caller) in usage_rows, their strings as dictionary keys. ``rows`` may be a
     generator: it is written a batch at a time. Returns how many."""
-    keys = keys or UsageKeys(conn)
+    keys = keys or UsageKeys()
     count = 0
     for batch in _batches(dict(r) for r in rows):
         keys.resolve(conn, batch)

@@ -52,12 +52,14 @@ from hub.inventory import (
     ROLLUP_IDLE_THRESHOLD,
     STALE,
     Shard,
+    UsageKeys,
     day_of,
     drop_partitions_before,
     ensure_ahead,
     gpus,
     insert_rows,
     locked_transaction,
+    month_of,
     next_month,
     now_utc,
     partitions,
@@ -602,8 +604,10 @@ def write_bucket(conn: Connection, start: float, bucket: float,
     its answers left out, per cluster (replaced with the bucket)."""
     begin = utc(start)
     ensure_ahead(conn, begin)  # its month's partitions and the next's (PostgreSQL)
+    keys = UsageKeys()
+    keys.months.add(month_of(begin))  # just made sure of: the rows' write asks no more
     conn.execute(usage_rows.delete().where(usage_rows.c.bucket_start == begin))
-    written = write_usage_rows(conn, rows)
+    written = write_usage_rows(conn, rows, keys)
     count = written if count is None else count
     conn.execute(usage_flags.delete().where(usage_flags.c.bucket_start == begin))
     insert_rows(conn, usage_flags, _one_per_pod(begin, flags))
