@@ -99,6 +99,7 @@ __all__ = [
     "DcgmRename",
     "GpufleetError",
     "InputError",
+    "QuietHangups",
     "RedactingFilter",
     "UnavailableError",
     "brief_repr",
@@ -170,7 +171,7 @@ if TYPE_CHECKING:
         time_lines,
         utilisation_chart,
     )
-    from hub.common._httpserve import BackgroundHTTPServer, parse_listen
+    from hub.common._httpserve import BackgroundHTTPServer, QuietHangups, parse_listen
 
 
 #: The HTTP server base (http.server, socketserver) loads on first use: only `serve`, the
@@ -178,6 +179,7 @@ if TYPE_CHECKING:
 #: and the page's inline SVG) likewise: the exporter on a GPU node never draws one.
 __getattr__ = lazy_attributes(__name__, {"BackgroundHTTPServer": "_httpserve",
                                          "parse_listen": "_httpserve",
+                                         "QuietHangups": "_httpserve",
                                          "capacity_chart": "_charts",
                                          "gpu_hours_by_day_chart": "_charts",
                                          "idle_gpu_hours_chart": "_charts",

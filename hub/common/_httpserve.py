@@ -30,7 +30,18 @@ def parse_listen(text: str, default_host: str = "0.0.0.0") -> tuple[str, int]:
     return host or default_host, port
 
 
-class BackgroundHTTPServer(http.server.ThreadingHTTPServer):
+class QuietHangups(socketserver.BaseServer):
+    """A client that hung up mid-answer (a scraper's timeout, an agent stopped while it
+    scraped) is not our error: no traceback for it on the exporter's, the demo's or a test
+    exporter's output. Anything else still prints one."""
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        if isinstance(sys.exc_info()[1], ConnectionError | TimeoutError):
+            return
+        super().handle_error(request, client_address)  # type: ignore[arg-type]
+
+
+class BackgroundHTTPServer(QuietHangups, http.server.ThreadingHTTPServer):
     """Binds at construction (so a port in use fails at once) and serves from a thread."""
 
     daemon_threads = True
@@ -49,14 +60,6 @@ class BackgroundHTTPServer(http.server.ThreadingHTTPServer):
         socketserver.TCPServer.server_bind(self)
         host, port = self.server_address[:2]
         self.server_name, self.server_port = str(host), int(port)
-
-    def handle_error(self, request: object, client_address: object) -> None:
-        """A client that hung up mid-answer (a scraper's timeout, an agent stopped while it
-        scraped) is not our error: no traceback for it on the exporter's or the demo's
-        output. Anything else still prints one."""
-        if isinstance(sys.exc_info()[1], ConnectionError | TimeoutError):
-            return
-        super().handle_error(request, client_address)  # type: ignore[arg-type]
 
     @property
     def port(self) -> int:

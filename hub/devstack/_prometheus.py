@@ -15,7 +15,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import warnings
@@ -25,7 +24,7 @@ from pathlib import Path
 import requests
 import yaml
 
-from hub.common import UnavailableError
+from hub.common import QuietHangups, UnavailableError
 
 
 def free_port() -> int:
@@ -251,7 +250,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         return
 
 
-class StaticServer(http.server.ThreadingHTTPServer):
+class StaticServer(QuietHangups, http.server.ThreadingHTTPServer):
     """Serves exporter text at /metrics from a function, so tests can change or stop it."""
 
     daemon_threads = True
@@ -260,13 +259,6 @@ class StaticServer(http.server.ThreadingHTTPServer):
         super().__init__(("127.0.0.1", port or 0), _Handler)
         self.source = source
         self.thread = threading.Thread(target=self.serve_forever, daemon=True)
-
-    def handle_error(self, request: object, client_address: object) -> None:
-        """A scraper that hung up mid-answer (its timeout, a stopped agent) is not an error
-        of ours: only anything else prints its traceback."""
-        if isinstance(sys.exc_info()[1], ConnectionError | TimeoutError):
-            return
-        super().handle_error(request, client_address)  # type: ignore[arg-type]
 
     def respond(self, path: str) -> str | None:
         if path.split("?")[0] != "/metrics":
