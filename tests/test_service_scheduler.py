@@ -11,14 +11,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hub.common import InputError, iso
 from hub.inventory import LockHeld, SyncResult
-from hub.service._scheduler import (
-    Jobs,
-    Scheduler,
-    ServiceMetrics,
-    SyncState,
-    describe_error,
-    health,
-)
+from hub.service._health import SyncState, describe_error, health
+from hub.service._scheduler import Jobs, Scheduler, ServiceMetrics
 from hub.store._client import HubUnavailable
 
 T0 = 1_700_000_000.0

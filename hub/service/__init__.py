@@ -22,13 +22,9 @@ from hub.service._auth import (
     token_entry,
 )
 from hub.service._confine import confine
+from hub.service._health import describe_error
 from hub.service._page import USAGE_SECTIONS
-from hub.service._scheduler import (
-    Jobs,
-    Service,
-    build_service,
-    describe_error,
-)
+from hub.service._scheduler import Jobs, Service, build_service
 from hub.service._session import (
     MAX_PER_PERSON,
     MAX_PER_TOKEN,

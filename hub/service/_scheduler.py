@@ -23,7 +23,6 @@ a fixed sequence is what an operator reading the log and the tests expect.
 
 from __future__ import annotations
 
-import datetime as dt
 import gzip
 import logging
 import os
@@ -33,8 +32,6 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import click
-import sqlalchemy as sa
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import choose_encoder, gzip_accepted
@@ -44,16 +41,17 @@ from sqlalchemy.engine import Engine
 
 from hub import __version__
 from hub import inventory as inv
-from hub.common import InputError, redact
+from hub.common import InputError
 from hub.inventory import LeaseLost, LockHeld, SyncResult
 from hub.service._app import build_app
 from hub.service._auth import Authenticator
-from hub.service._errors import database_error, public_error
+from hub.service._health import Finding, SyncState, describe_error, health
 from hub.service._leader import Leadership
 from hub.service._models import SEVERITIES
 from hub.service._page import SectionSource
 from hub.service._serve import Server, ServerCollector
 from hub.service._session import DbSessions, Sessions
+from hub.service._status import SharedStatus
 from hub.service._tls import TlsFiles
 
 log = logging.getLogger("gpufleet.service")
@@ -61,7 +59,6 @@ log = logging.getLogger("gpufleet.service")
 DEFAULT_BACKOFF = 5.0
 #: seconds between a follower's tries to lead (and looks for the leader's new syncs)
 FOLLOW_EVERY = 2.0
-Finding = dict[str, Any]
 
 
 @dataclass
@@ -83,92 +80,10 @@ class Jobs:
     record_checks: Callable[..., None] | None = None
 
 
-@dataclass(frozen=True)
-class SyncState:
-    """What the scheduler knows, as an immutable snapshot (clock seconds throughout)."""
-
-    started_at: float
-    last_attempt_at: float | None = None
-    last_success_at: float | None = None
-    last_result: SyncResult | None = None
-    last_error: str | None = None
-    consecutive_failures: int = 0
-    lock_held: bool = False
-    next_run_at: float | None = None
-    findings: tuple[Finding, ...] = ()
-    findings_at: float | None = None
-    #: the last time the checks could not run (the sync or the findings job failed), and why:
-    #: /api/v1/findings says so rather than serving an empty or old list as if all were well
-    checks_failed_at: float | None = None
-    checks_error: str | None = None
-    #: whether this process runs the schedule (None: not decided yet)
-    leader: bool | None = None
-    #: a follower's last read of the database failed, and why: it cannot serve (None: read)
-    unreadable: str | None = None
-
-
-def describe_error(exc: BaseException) -> str:
-    """One line for the log and /healthz: a GpufleetError's own message, else a short one.
-
-    Never ``str()`` of a database exception, which carries the SQL and its parameters; and
-    never a registered secret (the hub token), whatever raised.
-    """
-    if isinstance(exc, click.ClickException):
-        return redact(exc.format_message())
-    if isinstance(exc, sa.exc.SQLAlchemyError):
-        return redact(database_error(exc))
-    lines = str(exc).strip().splitlines()
-    return redact(f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__)
-
-
 def _job_name(job: Callable[..., Any]) -> str:
     return getattr(job, "__name__", None) or type(job).__name__
 
 
-def health(state: SyncState, every: float, now: float,
-           slack: float = 0.0) -> tuple[bool, dict[str, Any]]:
-    """Healthy while the last successful sync is at most two intervals old.
-
-    Two, not one: a sync that takes a while, or one retried after a blip, must not flap the
-    probe; a hub that has been failing for two whole intervals is worth a page. ``slack``:
-    a follower learns of the leader's syncs only when it next looks (every follow interval),
-    so its view may lag by that much without anything being wrong.
-    """
-    details: dict[str, Any] = {
-        "status": "ok",
-        "interval_seconds": every,
-        "last_success": _utc(state.last_success_at),
-        "last_success_age_seconds": (round(now - state.last_success_at, 3)
-                                     if state.last_success_at is not None else None),
-        "last_error": public_error(state.last_error),
-        "consecutive_failures": state.consecutive_failures,
-    }
-    if state.last_result is not None:
-        result = state.last_result
-        details["last_sync"] = {"clusters": result.clusters, "nodes": result.nodes,
-                                "gpus": result.gpus, "requests": result.requests}
-    reason = None
-    if state.unreadable is not None:
-        reason = f"cannot read the inventory database: {public_error(state.unreadable)}"
-    elif state.last_success_at is None:
-        reason = "never synced yet"
-    elif now - state.last_success_at > 2 * every + slack:
-        reason = (f"last successful sync {now - state.last_success_at:.0f}s ago, more than "
-                  f"two intervals ({2 * every + slack:g}s)")
-    if reason is None:
-        return True, details
-    if state.lock_held:
-        reason += "; another sync holds the inventory lock"
-    elif state.last_error:
-        reason += f"; last error: {public_error(state.last_error)}"
-    return False, {**details, "status": "unavailable", "reason": reason}
-
-
-def _utc(ts: float | None) -> dt.datetime | None:
-    return None if ts is None else dt.datetime.fromtimestamp(ts, dt.UTC)
-
-
-# -- metrics ----------------------------------------------------------------------------------
 class _InventoryCollector(Collector):
     """gpufleet_gpus from the database at scrape time, gpufleet_findings from the last run.
 
@@ -545,8 +460,6 @@ def build_service(jobs: Jobs, *, every: float, engine: Engine, host: str = "127.
     with ``auth`` configured). ``forwarded_allow_ips``: the proxies whose X-Forwarded-For is
     believed (none: the connection's own address is the client's). ``leader``: the lock that
     decides whether this process runs the schedule (None: it always does)."""
-    from hub.service._status import SharedStatus
-
     metrics = ServiceMetrics(process=process_metrics)
     follow = min(float(every), FOLLOW_EVERY)
     # several processes on one database: each may be a refresh behind it

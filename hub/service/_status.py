@@ -30,7 +30,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from hub import inventory as inv
 from hub.inventory import SyncResult
-from hub.service._scheduler import Finding, SyncState, describe_error, health
+from hub.service._health import Finding, SyncState, describe_error, health
 
 log = logging.getLogger("gpufleet.service")
 

@@ -34,9 +34,10 @@ from sqlalchemy.engine import Engine
 
 from hub import inventory as inv
 from hub.common import InputError, format_duration, on_sigterm
+from hub.service._health import describe_error
 from hub.service._leader import BEAT, leadership
 from hub.service._page import usage_sections
-from hub.service._scheduler import Service, build_service, describe_error
+from hub.service._scheduler import Service, build_service
 from hub.service._serve import bind
 from hub.service._session import DbSessions
 from hub.service._settings import ServeSettings
