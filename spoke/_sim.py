@@ -143,6 +143,10 @@ def _gpm_answers(util_pct: float) -> dict[int, float]:
     return {metric: round(value * share, 1) for metric, value in HOPPER_BF16_GPM.items()}
 
 
+#: the least load of a ``busy`` GPU (0..1)
+BUSY_FLOOR = 0.4
+
+
 class SimBackend:
     """A deterministic simulated node: same seed, node name and clock → same output."""
 
@@ -151,6 +155,7 @@ class SimBackend:
     def __init__(self, *, vendor: str = "nvidia", gpus: int = 8, model: str | None = None,
                  mig: str | None = None, seed: int = 0, node: str = "sim-node",
                  faults: Sequence[Fault] = (), idle: Sequence[int] = (),
+                 busy: Sequence[int] = (),
                  cadence: Cadence = EVERY_PASS,
                  clock: Callable[[], float] = time.time) -> None:
         if vendor not in DEFAULT_MODEL:
@@ -179,6 +184,12 @@ class SimBackend:
                 raise ValueError(f"--sim-idle names GPU {i}; the node has GPUs 0-{gpus - 1}")
         #: GPUs that do nothing (an allocated notebook nobody uses): 0 %, idle power
         self.idle = frozenset(idle)
+        for i in busy:
+            if not 0 <= i < gpus:
+                raise ValueError(f"busy GPU {i}: the node has GPUs 0-{gpus - 1}")
+        #: GPUs never left alone (services time-sharing one): their load never falls under
+        #: BUSY_FLOOR, so nothing calls their pods idle
+        self.busy = frozenset(busy)
         #: the energy counters' clock: the last animated time
         self._animated_at: float | None = None
         self.nvml: FakeNvml | None = None
@@ -214,7 +225,10 @@ class SimBackend:
         )
 
     def _load(self, i: int, t: float, period: float, phase: float) -> float:
-        return 0.0 if i in self.idle else _wave(t, period, phase)
+        if i in self.idle:
+            return 0.0
+        wave = _wave(t, period, phase)
+        return BUSY_FLOOR + (1.0 - BUSY_FLOOR) * wave if i in self.busy else wave
 
     def _animate(self, t: float) -> None:
         """Move every GPU to time ``t``; what a GPU engineer would check hangs together.

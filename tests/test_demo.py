@@ -26,7 +26,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_plan_mixes_vendors_has_one_mig_node_and_one_mismatch():
     p = demo.plan(3, 4, 8)
-    assert len(p.nodes) == 13 and p.silent == "research"
+    assert len(p.nodes) == 14 and p.silent == "research"
+    assert p.shared is not None and (p.shared.name, p.shared.gpus, p.shared.replicas) == (
+        "prod-east-ts-01", 1, 2)  # one GPU, time-sliced into two replicas
     assert [(n.name, n.vendor) for n in p.nodes if n.dra] == [("prod-east-dra-01", "nvidia")]
     assert {n.vendor for n in p.nodes} == {"nvidia", "amd"}
     assert [n.name for n in p.nodes if n.mig] == ["prod-east-gpu-01"]
@@ -40,8 +42,12 @@ def test_plan_mixes_vendors_has_one_mig_node_and_one_mismatch():
 def test_node_list_is_what_kubectl_get_nodes_prints():
     p = demo.plan(2, 3, 4)
     listing = demo.node_list(p, "prod-east")
-    assert listing["kind"] == "List" and len(listing["items"]) == 4  # the DRA node too
+    assert listing["kind"] == "List" and len(listing["items"]) == 5  # DRA, time-sliced too
     by_name = {n["metadata"]["name"]: n for n in listing["items"]}
+    sliced = by_name["prod-east-ts-01"]  # as the device plugin's time-slicing advertises it
+    assert sliced["status"]["capacity"]["nvidia.com/gpu"] == "2"
+    assert sliced["metadata"]["labels"]["nvidia.com/gpu.replicas"] == "2"
+    assert sliced["metadata"]["labels"]["nvidia.com/gpu.sharing-strategy"] == "time-slicing"
     mig = by_name["prod-east-gpu-01"]
     assert mig["metadata"]["labels"]["nvidia.com/mig.strategy"] == "mixed"
     assert mig["status"]["capacity"]["nvidia.com/mig-3g.40gb"] == "8"  # 4 GPUs × 2 slices
@@ -111,13 +117,15 @@ def test_demo_runs_end_to_end_twice_and_leaves_nothing_running(tmp_path):
     assert "XID 79 on GPU" not in err  # the exporters' log is exporters.log, not the story
     assert "XID 79 on GPU" in (workdir / "exporters.log").read_text()
     assert "count_mismatch" in err  # the deliberate mismatch is found
+    assert "prod-east/prod-east-ts-01: time-sliced node matched (k8s 2 = 1 × 2 replicas " \
+        "(time-slicing))" in err
     assert "prod-east/prod-east-dra-01: DRA node matched (k8s publishes 2 GPUs through DRA" \
         in err
     assert "<html" in html.lower() and "prod-west" in html
     db = f"sqlite:///{workdir / 'inventory.db'}"
     clusters = {c["cluster"]: c for c in gpufleet_json("inventory", "clusters", "--db", db)}
     assert clusters["prod-west"]["state"] == "stale"
-    assert clusters["prod-east"]["state"] == "active" and clusters["prod-east"]["gpus"] == 5
+    assert clusters["prod-east"]["state"] == "active" and clusters["prod-east"]["gpus"] == 6
     failed = [g for g in gpufleet_json("inventory", "gpus", "--db", db)
               if g["health"] == "failed"]
     assert [(g["health_reasons"], g["node"]) for g in failed] == [("xid 79", "prod-east-gpu-02")]
@@ -137,6 +145,17 @@ def test_demo_runs_end_to_end_twice_and_leaves_nothing_running(tmp_path):
                                                       "namespace", "--db", db)}
     assert by_ns["ml-team"]["allocation_basis"] == "interval", by_ns
     assert by_ns["research"]["allocation_basis"] == "sampled", by_ns
+    # the time-sliced GPU: two teams' pods at once, each charged half of its hours, said in
+    # the story and in "try next" (`inventory gpu UUID` lists both pods and their usage)
+    [shared] = re.findall(r"> time-sliced GPU (GPU-\S+) on prod-east-ts-01 \(2 replicas\): "
+                          r"inference-a/chat-0 \S+ \((\d+)%\), inference-b/embed-0 \S+ "
+                          r"\((\d+)%\)", err)
+    assert 45 <= int(shared[1]) <= 50 and 45 <= int(shared[2]) <= 50, shared
+    assert f"inventory gpu {shared[0]} --db {db}" in out
+    assert by_ns["inference-a"]["gpu_hours"] == by_ns["inference-b"]["gpu_hours"] > 0
+    gpu = gpufleet_json("inventory", "gpu", shared[0], "--db", db)
+    assert sorted((a["namespace"], a["pod"]) for a in gpu["allocations"]) == [
+        ("inference-a", "chat-0"), ("inference-b", "embed-0")]
     [suggested] = [line for line in out.splitlines() if " idle --since 1h" in line]
     assert "--for 12s" in suggested
     # one bucket grid end to end
@@ -162,7 +181,7 @@ def test_demo_with_the_acm_hub_profile(tmp_path):
     db = f"sqlite:///{workdir / 'inventory.db'}"
     clusters = {c["cluster"]: c for c in gpufleet_json("inventory", "clusters", "--db", db)}
     assert clusters["prod-west"]["state"] == "stale"
-    assert clusters["prod-east"]["state"] == "active" and clusters["prod-east"]["gpus"] == 5
+    assert clusters["prod-east"]["state"] == "active" and clusters["prod-east"]["gpus"] == 6
 
 
 def test_ctrl_c_stops_every_process(tmp_path):
@@ -260,6 +279,17 @@ def test_the_idle_notebook_gpu_looks_idle_to_a_gpu_engineer():
         assert 60 <= samples["DCGM_FI_DEV_POWER_USAGE"] <= 90
         assert 30 <= samples["DCGM_FI_DEV_GPU_TEMP"] <= 40
         assert samples["DCGM_FI_PROF_SM_ACTIVE"] == samples["DCGM_FI_PROF_GR_ENGINE_ACTIVE"] == 0
+
+
+def test_the_time_sliced_gpu_is_busy_whenever_its_two_pods_are_looked_at():
+    """Its two services keep it in use: the idle list is the notebook's alone, whenever the
+    demo runs (the simulator's load is a slow wave; this GPU's never falls under 40 %)."""
+    p = demo.plan(2, 2, 2, dcgm_47=False)
+    assert p.shared is not None
+    backend = demo.node_backend(p.shared, clock=iter(range(0, 600, 5)).__next__)  # 2 waves
+    backend.open()
+    utils = [backend.collect().readings[0].util_pct for _ in range(120)]
+    assert min(utils) >= 40 and max(utils) > 90
 
 
 def test_the_demo_waits_for_a_ledger_row_of_every_active_gpu(tmp_path):

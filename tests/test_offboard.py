@@ -14,6 +14,7 @@ import yaml
 from hub import onboard as render
 from hub.store import DCGM_DEFAULT_COUNTERS, dcgm_collectors, dcgm_names
 from tests.support.clirun import gpufleet
+from tests.support.kubeapi import kube_api as kube_api
 
 URL = "https://receive.hub.example.com/api/v1/receive"
 COMBINATIONS = [
@@ -118,3 +119,119 @@ def test_a_custom_collectors_configmap_is_kept_not_overwritten(tmp_path):
                    str(tmp_path / "bad"))
     assert bad.exit_code == 2 and "--dcgm-config-name is for an upstream NVIDIA" in bad.output
     assert len(bad.output.strip().splitlines()) == 1
+
+
+# -- with the cluster readable (--cluster-context): an existing config is refused or merged ---
+THEIR_CSV = ("# Format\n# DCGM FI Field ID, Prometheus metric type, help message\n"
+             "DCGM_FI_DEV_GPU_TEMP, gauge, Their GPU temperature.\n"
+             "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL, counter, Their NVLink bandwidth.\n")
+
+
+def cluster_policy(config_name: str | None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"dcgmExporter": {"enabled": True}}
+    if config_name is not None:
+        spec["dcgmExporter"]["config"] = {"name": config_name}
+    return {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy",
+            "metadata": {"name": "gpu-cluster-policy"}, "spec": spec}
+
+
+def render_reading(api: Any, out: Any, *extra: str):
+    return gpufleet("spoke", "render", "--cluster", "c1", "--vendor", "nvidia",
+                    "--remote-write-url", URL, "--kubeconfig", str(api.kubeconfig_path("c1")),
+                    "--cluster-context", "c1", *extra, "--out", str(out))
+
+
+def pinned_rows(out: Any) -> list[str]:
+    csv = yaml.safe_load((out / "dcgm-metrics-configmap.yaml").read_text())["data"][
+        "dcgm-metrics.csv"]
+    return [line for line in csv.splitlines() if line.strip() and not line.startswith("#")]
+
+
+def test_an_existing_custom_config_is_refused_in_one_line_and_nothing_is_written(kube_api,
+                                                                                tmp_path):
+    kube_api.put_object(cluster_policy("team-dcgm"), plural="clusterpolicies", namespaced=False)
+    result = render_reading(kube_api, tmp_path / "out")
+    assert result.exit_code == 2, result.output
+    assert result.output.count("\n") == 1 and result.output.startswith("error: ")
+    assert "already names collectors ConfigMap 'team-dcgm'" in result.output
+    assert "--dcgm-config-name team-dcgm" in result.output
+    assert "--merge-dcgm-config" in result.output
+    assert not (tmp_path / "out").exists()
+    assert ("GET", "/apis/nvidia.com/v1/clusterpolicies/gpu-cluster-policy") in [
+        (r.method, r.path) for r in kube_api.requests]
+    # keeping theirs, as the line says: nothing of theirs is declared or patched
+    kept = gpufleet("spoke", "render", "--cluster", "c1", "--vendor", "nvidia",
+                    "--remote-write-url", URL, "--dcgm-config-name", "team-dcgm",
+                    "--out", str(tmp_path / "kept"))
+    assert kept.exit_code == 0, kept.output
+    assert not (tmp_path / "kept/patches").exists()
+
+
+def test_merge_pins_their_rows_and_gpufleets_under_gpufleets_name(kube_api, tmp_path):
+    kube_api.put_object(cluster_policy("team-dcgm"), plural="clusterpolicies", namespaced=False)
+    kube_api.put_object({"apiVersion": "v1", "kind": "ConfigMap",
+                         "metadata": {"name": "team-dcgm", "namespace": "nvidia-gpu-operator"},
+                         "data": {"dcgm-metrics.csv": THEIR_CSV}})
+    out = tmp_path / "out"
+    result = render_reading(kube_api, out, "--merge-dcgm-config")
+    assert result.exit_code == 0, result.output
+    assert "merged ConfigMap team-dcgm's 2 fields" in result.stderr
+    rows = pinned_rows(out)
+    assert rows[:2] == ["DCGM_FI_DEV_GPU_TEMP, gauge, Their GPU temperature.",
+                        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL, counter, Their NVLink bandwidth."]
+    fields = [row.split(",")[0] for row in rows]
+    assert set(fields) == {"DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"} | {
+        r[0] for r in dcgm_collectors("legacy")}  # the union: theirs and ours, once each
+    assert len(fields) == len(set(fields))
+    policy = yaml.safe_load((out / "patches/clusterpolicy-dcgm-exporter.yaml").read_text())
+    assert policy["spec"]["dcgmExporter"]["config"]["name"] == render.DCGM_CONFIGMAP
+    # their ConfigMap is read, never written
+    assert not [r for r in kube_api.requests if r.method != "GET"]
+
+
+@pytest.mark.parametrize("config_name", [None, render.DCGM_CONFIGMAP])
+def test_a_policy_with_no_other_config_is_pinned_as_before(kube_api, tmp_path, config_name):
+    kube_api.put_object(cluster_policy(config_name), plural="clusterpolicies", namespaced=False)
+    out = tmp_path / "out"
+    result = render_reading(kube_api, out)
+    assert result.exit_code == 0, result.output
+    assert f"pinning {render.DCGM_CONFIGMAP}" in result.stderr
+    assert [r.split(",")[0] for r in pinned_rows(out)] == [r[0] for r in
+                                                           dcgm_collectors("legacy")]
+
+
+@pytest.mark.parametrize(("configmap", "message"), [
+    (None, "ConfigMap nvidia-gpu-operator/team-dcgm, which ClusterPolicy gpu-cluster-policy "
+           "names, is not there"),
+    ({"other.csv": "x"}, "has no dcgm-metrics.csv key"),
+    ({"dcgm-metrics.csv": "DCGM_FI_DEV_GPU_TEMP\n"}, "line 1 is not 'FIELD, TYPE, HELP'"),
+])
+def test_merge_refuses_a_config_it_cannot_read_in_one_line(kube_api, tmp_path, configmap,
+                                                           message):
+    kube_api.put_object(cluster_policy("team-dcgm"), plural="clusterpolicies", namespaced=False)
+    if configmap is not None:
+        kube_api.put_object({"apiVersion": "v1", "kind": "ConfigMap", "data": configmap,
+                             "metadata": {"name": "team-dcgm",
+                                          "namespace": "nvidia-gpu-operator"}})
+    result = render_reading(kube_api, tmp_path / "out", "--merge-dcgm-config")
+    assert result.exit_code == 2, result.output
+    assert result.output.count("\n") == 1 and message in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_merge_needs_the_cluster_and_excludes_keeping_theirs(tmp_path):
+    base = ("spoke", "render", "--cluster", "c1", "--vendor", "nvidia", "--remote-write-url",
+            URL, "--out", str(tmp_path / "out"))
+    alone = gpufleet(*base, "--merge-dcgm-config")
+    assert alone.exit_code == 2 and "give --cluster-context CTX" in alone.output
+    both = gpufleet(*base, "--merge-dcgm-config", "--cluster-context", "c1",
+                    "--dcgm-config-name", "team-dcgm")
+    assert both.exit_code == 2 and "choose one" in both.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_cluster_without_the_gpu_operator_is_rendered_as_before_and_said(kube_api, tmp_path):
+    result = render_reading(kube_api, tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    assert "no ClusterPolicy gpu-cluster-policy" in result.stderr
+    assert (tmp_path / "out/patches/clusterpolicy-dcgm-exporter.yaml").is_file()

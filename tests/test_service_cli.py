@@ -71,6 +71,33 @@ def test_serve_syncs_serves_and_exits_0_on_sigterm(hub, tmp_path: Path):
         s.listen()
 
 
+def test_two_workers_say_the_start_and_the_end_once(hub, tmp_path: Path):
+    """`serve --workers 2` is one service: its banner and its shutdown line come once
+    (from the parent), not once per worker."""
+    port = free_port()
+    log = tmp_path / "serve.log"
+    proc = subprocess.Popen([sys.executable, "-m", "hub", "serve", "--hub-url", hub.url,
+                             "--db", f"sqlite:///{tmp_path / 'inv.db'}", "--workers", "2",
+                             "--every", "1h", "--listen", f"127.0.0.1:{port}"],
+                            stdout=subprocess.DEVNULL, stderr=log.open("w"))
+    try:
+        wait_status(proc, f"http://127.0.0.1:{port}", 200)
+        deadline = time.monotonic() + 20  # both workers serve (each logs its start)
+        while log.read_text().count("Started server process") < 2:
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        time.sleep(0.5)  # past the banner each worker says right after its start
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=20)
+    err = log.read_text()
+    assert proc.returncode == 0, err
+    assert err.count("gpufleet serve: http://") == 1, err
+    assert err.count(f"gpufleet serve: http://127.0.0.1:{port} (sync every 1h") == 1
+    assert err.count("terminated, shutting down") == 1, err
+    assert err.count("Finished server process") == 2, err  # both workers did stop
+
+
 def test_unreachable_hub_keeps_serving_503_and_ctrl_c_exits_130(tmp_path: Path):
     port = free_port()
     token = tmp_path / "token"

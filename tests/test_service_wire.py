@@ -15,6 +15,7 @@ import datetime as dt
 from typing import Any
 
 import pydantic
+import pytest
 import sqlalchemy as sa
 from fastapi.routing import APIRoute
 
@@ -23,7 +24,11 @@ from hub.inventory import _migrate as migrate
 from hub.inventory._normalize import Observation
 from hub.inventory._writer import apply_observations
 from hub.service import build_app, read_only_engine
+from hub.service._deps import CallerScope, ReadEngine
+from hub.service._errors import ApiError
 from hub.service._memo import LoopVersion, read_version
+from hub.service._routing import KEEP, Keep
+from hub.service._routing import route as add_route
 from tests.support.asgi import AppClient, no_metrics
 from tests.test_api_scoped_walk import ADMIN, TEAM, _client, _variants, app  # noqa: F401
 
@@ -183,3 +188,69 @@ def test_the_event_loops_version_read_gives_up_rather_than_fail(tmp_path):
     finally:
         engine.dispose()
     assert LoopVersion(None).read() is None
+
+
+def test_caching_is_a_route_option_applied_by_the_one_pipeline(tmp_path):
+    """A handler says nothing of caching: the route declares ``keep`` where it is added, and
+    the pipeline keeps its answer per parameters, scope and inventory version (``vary``
+    adding what else it depends on); an answer that is not a 200 is never kept, and a
+    route without ``keep`` asks its handler every time."""
+    url = f"sqlite:///{tmp_path / 'inv.db'}"
+    writer = inventory.make_engine(url, create=True)
+    migrate.ensure_schema(writer)
+    now = inventory.now_utc()
+    with writer.begin() as conn:
+        apply_observations(conn, [_gpu("east", "GPU-e1")], now)
+        inventory.record_run(conn, started_at=now, status="ok", requests=1)
+    engine = read_only_engine(url)
+    made = build_app(engine, health=lambda: (True, {}), findings=lambda: ([], None),
+                     metrics=no_metrics)
+    calls: list[str] = []
+    flavour = ["plain"]
+
+    def counted(engine: ReadEngine, scope: CallerScope, n: int = 0) -> dict[str, Any]:
+        calls.append(f"counted {n}")
+        if n < 0:
+            raise ApiError(404, "no such n")
+        return {"n": n}
+
+    def varied(engine: ReadEngine, scope: CallerScope) -> dict[str, Any]:
+        calls.append(f"varied {flavour[0]}")
+        return {"flavour": flavour[0]}
+
+    def uncached(engine: ReadEngine, scope: CallerScope) -> dict[str, Any]:
+        calls.append("uncached")
+        return {}
+
+    add_route(made, "/t/counted", counted, dict[str, Any], visibility="scoped", keep=KEEP)
+    add_route(made, "/t/varied", varied, dict[str, Any], visibility="scoped",
+          keep=Keep(vary=lambda request, caller: flavour[0]))
+    add_route(made, "/t/uncached", uncached, dict[str, Any], visibility="scoped")
+    client = AppClient(made)
+    try:
+        for _ in range(3):
+            assert client.handle("/t/counted", {"n": ["1"]}) == (200, {"n": 1})
+            assert client.handle("/t/counted", {"n": ["-1"]})[0] == 404  # never kept
+            client.handle("/t/uncached")
+        assert client.handle("/t/counted", {"n": ["2"]}) == (200, {"n": 2})
+        assert calls.count("counted 1") == 1 and calls.count("counted 2") == 1
+        assert calls.count("counted -1") == 3 and calls.count("uncached") == 3
+        assert client.handle("/t/varied")[1] == {"flavour": "plain"}
+        flavour[0] = "spicy"  # what the route says its answer varies by, beside its query
+        assert client.handle("/t/varied")[1] == {"flavour": "spicy"}
+        assert client.handle("/t/varied")[1] == {"flavour": "spicy"}
+        assert calls.count("varied spicy") == 1
+        later = now + dt.timedelta(minutes=5)
+        with writer.begin() as conn:  # a good sync: every kept answer is computed again
+            inventory.record_run(conn, started_at=later, status="ok", requests=1)
+        client.handle("/t/counted", {"n": ["1"]})
+        assert calls.count("counted 1") == 2
+
+        async def asynchronous(engine: ReadEngine) -> dict[str, Any]:
+            return {}
+
+        with pytest.raises(TypeError, match="keep is for synchronous handlers"):
+            add_route(made, "/t/async", asynchronous, dict[str, Any], keep=KEEP)
+    finally:
+        engine.dispose()
+        writer.dispose()

@@ -98,6 +98,9 @@ def demo(ctx: click.Context, clusters: int, nodes: int, gpus_per_node: int, work
     click.echo(f"  {g} inventory gpus --db {db} --cluster {result.clusters[0]['cluster']}")
     for title, args in devstack.demo_usage_commands(db)[:2]:
         click.echo(f"  {g} {' '.join(args)}   # {title}")
+    if result.shared_gpu:
+        click.echo(f"  {g} inventory gpu {result.shared_gpu} --db {db}   # the time-sliced "
+                   "GPU: two pods at once, each charged its share")
     click.echo(f"  {g} {' '.join(devstack.report_args(db))} -o markdown   # the demo's "
                "report rules")
     hub_port = result.hub_port  # 0 when the default port was taken and a free one served

@@ -169,6 +169,38 @@ def _collection(params: dict[str, Any]) -> str:
     return found.path
 
 
+def _existing_dcgm_config(values: onboarding.SpokeValues, kubeconfig: str | None,
+                          context: str, merge: bool) -> onboarding.SpokeValues:
+    """Read the ClusterPolicy (and with --merge-dcgm-config the ConfigMap it names) through
+    the official client: refuse or merge before anything is written, never overwrite."""
+    reading = onboarding.needs_reading(values)
+    if reading is None:
+        return values
+    from hub import kube  # the kubernetes client loads only for commands that need it
+
+    api = kube.api_client(kubeconfig, context)
+    with api:
+        policy = kube.get_cluster_policy(api, reading.cluster_policy)
+        if policy is None:
+            click.echo(f"dcgm config: no ClusterPolicy {reading.cluster_policy} at "
+                       f"{kube.host_of(api)} (no GPU Operator there?): nothing of anyone "
+                       "else's to keep", err=True)
+            return values
+        existing = onboarding.configured_name(policy)
+        theirs = onboarding.theirs_to_merge(existing, merge)
+        if theirs is None:
+            click.echo(f"dcgm config: ClusterPolicy {reading.cluster_policy} names "
+                       f"{existing or 'no collectors ConfigMap'}: pinning "
+                       f"{onboarding.DCGM_CONFIGMAP}", err=True)
+            return values
+        rows = onboarding.parse_collectors(
+            kube.get_config_map(api, reading.namespace, theirs), theirs, reading.namespace)
+    ours = onboarding.merged(values, theirs, rows)
+    click.echo(f"dcgm config: merged ConfigMap {theirs}'s {len(rows)} fields with gpufleet's "
+               f"into {onboarding.DCGM_CONFIGMAP} ({theirs} is left untouched)", err=True)
+    return ours
+
+
 def _written(out: str, files: dict[str, str], hint: str) -> None:
     click.echo(f"wrote {len(files)} files to {out} ({hint})")
 
@@ -183,9 +215,22 @@ def spoke() -> None:
               help="Cluster name: the 'cluster' label of every series it sends.")
 @click.option("--namespace", envvar=env("spoke-namespace"), default=onboarding.DEFAULT_NAMESPACE,
               show_default=True, metavar="NS", help="Namespace of the agent and exporter.")
+@click.option("--cluster-context", envvar=env("cluster-context"), metavar="CTX",
+              help="kubeconfig context (in --kubeconfig) of the cluster itself. Upstream "
+                   "NVIDIA exporter: read its ClusterPolicy gpu-cluster-policy first; if "
+                   "spec.dcgmExporter.config.name names a collectors ConfigMap other than "
+                   "gpufleet's, refuse (one line, exit 2) unless --merge-dcgm-config. "
+                   "Without it nothing is read: check that field yourself before patching "
+                   "(docs/onboarding.md).")
+@click.option("--merge-dcgm-config", envvar=env("merge-dcgm-config"), is_flag=True,
+              default=False,
+              help="With --cluster-context, when the ClusterPolicy already names a collectors "
+                   "ConfigMap: pin the union of its rows (kept as they are) and gpufleet's "
+                   "under gpufleet's name; theirs is left untouched.")
 @_spoke_options
 @_kube_options
 def spoke_render(cluster: str | None, namespace: str, out: str | None,
+                 cluster_context: str | None, merge_dcgm_config: bool,
                  config: str | None = None, **params: Any) -> None:
     """Write the spoke manifests for one cluster into --out.
 
@@ -196,6 +241,15 @@ def spoke_render(cluster: str | None, namespace: str, out: str | None,
     """
     target = _require_out(out)
     values = onboarding.spoke_values(cluster=cluster, namespace=namespace, **_spoke_kwargs(params))
+    if merge_dcgm_config and not cluster_context:
+        raise InputError("--merge-dcgm-config reads the cluster's ClusterPolicy and the "
+                         "ConfigMap it names: give --cluster-context CTX")
+    if merge_dcgm_config and values.dcgm_config_name:
+        raise InputError("choose one: --dcgm-config-name keeps your ConfigMap as the "
+                         "exporter's, --merge-dcgm-config pins the union as gpufleet's")
+    if cluster_context:
+        values = _existing_dcgm_config(values, params.get("kubeconfig"), cluster_context,
+                                       merge_dcgm_config)
     files = onboarding.render_spoke(values)
     onboarding.write_tree(files, target)
     hint = ("kubectl apply -k " + target if values.mode == "remote-write"

@@ -111,24 +111,34 @@ class ProbeBackend:
         return dataclasses.replace(result, readings=readings)
 
 
+PodRef = tuple[str, str, str]  # namespace, pod, container
+
+
 class DemoPods:
     """A pod source like the kubelet's: the first GPUs of a node belong to simulated pods.
 
-    GPU 0 is held by a notebook that does nothing (simulated idle: 0 %, idle power), which
-    `gpufleet idle` and the report then show; GPU 1 (where there is one) runs a training job.
+    On the attributed node GPU 0 is held by a notebook that does nothing (simulated idle:
+    0 %, idle power), which `gpufleet idle` and the report then show; GPU 1 (where there is
+    one) runs a training job. On the time-sliced node both replicas of GPU 0 are held, by
+    two pods of two teams (the kubelet names them ``<uuid>::0`` and ``<uuid>::1``; the
+    exporter reads the GPU before ``::``).
     """
 
     PODS = (("research", "notebook-idle", "jupyter"), ("ml-team", "train-0", "pytorch"))
+    SHARED = (("inference-a", "chat-0", "vllm"), ("inference-b", "embed-0", "tei"))
 
-    def __init__(self, backend: Any) -> None:
+    def __init__(self, backend: Any, by_index: dict[int, tuple[PodRef, ...]] | None = None
+                 ) -> None:
         self.backend = backend
+        self.by_index = (by_index if by_index is not None
+                         else {i: (pod,) for i, pod in enumerate(self.PODS)})
 
-    def devices(self) -> dict[str, list[tuple[str, str, str]]]:
-        out: dict[str, list[tuple[str, str, str]]] = {}
+    def devices(self) -> dict[str, list[PodRef]]:
+        out: dict[str, list[PodRef]] = {}
         for r in self.backend.inner.collect().readings:
-            if r.index is not None and r.index < len(self.PODS) and r.mig_profile is None:
+            if r.index in self.by_index and r.mig_profile is None:
                 for dev in r.device_ids:
-                    out[dev] = [self.PODS[r.index]]
+                    out[dev] = list(self.by_index[r.index])
         return out
 
 
@@ -150,6 +160,17 @@ def ksm_text(node: str, started: float) -> str:
             f'kube_pod_status_phase{{{key},phase="Pending"}} 0\n')
 
 
+def ksm_node_replicas(node: Node) -> str:
+    """kube-state-metrics' labels of a time-sliced node (with the GPU feature discovery
+    label allowed through): what the meter reads as one pod's share, 1/replicas."""
+    return (f'kube_node_labels{{node="{node.name}",'
+            f'{store.KSM_REPLICAS_LABEL}="{node.replicas}"}} 1\n')
+
+
+#: the time-sliced node's replicas per GPU
+TIME_SLICES = 2
+
+
 @dataclass
 class Node:
     cluster: str
@@ -165,6 +186,8 @@ class Node:
     dra: bool = False
     #: the metric names its exporter sends: dcgm-exporter's legacy ones or 4.9's (DCGM 4.7)
     naming: str = "legacy"
+    #: time-slicing replicas per GPU (the device plugin's sharing config; 1: not shared)
+    replicas: int = 1
 
 
 @dataclass
@@ -181,6 +204,11 @@ class Plan:
     @property
     def mismatch(self) -> Node:
         return self.nodes[1] if len(self.nodes) > 1 else self.nodes[0]
+
+    @property
+    def shared(self) -> Node | None:
+        """The time-sliced node: its GPU 0 is held by two pods at once (DemoPods.SHARED)."""
+        return next((n for n in self.nodes if n.replicas > 1), None)
 
     @property
     def attributed(self) -> Node | None:
@@ -230,6 +258,9 @@ def plan(clusters: int, nodes: int, gpus_per_node: int, dcgm_47: bool | None = N
     first = names[0]
     p.nodes.append(Node(first, f"{first}-dra-01", "nvidia", gpus_per_node, gpus_per_node,
                         dra=True))
+    # One node whose one GPU the device plugin time-slices into two replicas, both held:
+    # two teams' pods share it, each charged its half (hub/usage/_meter.py).
+    p.nodes.append(Node(first, f"{first}-ts-01", "nvidia", 1, 1, replicas=TIME_SLICES))
     return p
 
 
@@ -244,6 +275,12 @@ def node_list(p: Plan, cluster: str) -> dict[str, Any]:
             capacity["amd.com/gpu"] = str(node.advertised)
         elif node.dra:  # no extended resource, no feature-discovery labels: the slice says it
             pass
+        elif node.replicas > 1:  # time-slicing: each GPU advertised once per replica
+            labels.update({"nvidia.com/gpu.count": str(node.advertised),
+                           "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+                           "nvidia.com/gpu.replicas": str(node.replicas),
+                           "nvidia.com/gpu.sharing-strategy": "time-slicing"})
+            capacity["nvidia.com/gpu"] = str(node.advertised * node.replicas)
         elif node.mig:
             slices = node.mig.split(",")
             labels.update({"nvidia.com/mig.strategy": "mixed", "nvidia.com/gpu.count":
@@ -307,6 +344,8 @@ class Result:
     elapsed_s: float
     #: the fixed port the hub ran on; 0 when it took a free one (the default was taken)
     hub_port: int = 0
+    #: the uuid of the time-sliced GPU two pods share (None: the plan has none)
+    shared_gpu: str | None = None
 
 
 class Fleet:
@@ -358,7 +397,8 @@ def resource_slices(p: Plan, cluster: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "List", "items": items, "metadata": {}}
 
 
-def node_backend(node: Node, idle: bool = False) -> ProbeBackend:
+def node_backend(node: Node, idle: bool = False,
+                 clock: Callable[[], float] = time.time) -> ProbeBackend:
     """The simulated GPUs of one node; with ``idle`` its GPU 0 does nothing (the notebook
     that `gpufleet idle` finds): 0 %, idle power and temperature, no SM activity."""
     from spoke import SimBackend
@@ -367,17 +407,21 @@ def node_backend(node: Node, idle: bool = False) -> ProbeBackend:
     faults = [parse_fault(f) for f in node.faults]
     return ProbeBackend(SimBackend(vendor=node.vendor, gpus=node.gpus, mig=node.mig,
                                    node=node.name, seed=7, faults=faults,
-                                   idle=(0,) if idle else ()))
+                                   idle=(0,) if idle else (),
+                                   # two services time-share it: never idle
+                                   busy=(0,) if node.replicas > 1 else (), clock=clock))
 
 
 def node_exporter(node: Node, attributed: bool = False) -> Any:  # -> spoke.Exporter
     """gpufleet's exporter of one node, not yet started; the ``attributed`` node's GPUs belong
-    to the demo's pods, its GPU 0 to the idle notebook."""
+    to the demo's pods, its GPU 0 to the idle notebook; a time-sliced node's GPU 0 to the two
+    pods that share it."""
     from spoke import Exporter
 
     backend = node_backend(node, idle=attributed)
     backend.open()
-    pods = DemoPods(backend) if attributed else None
+    pods = (DemoPods(backend) if attributed
+            else DemoPods(backend, {0: DemoPods.SHARED}) if node.replicas > 1 else None)
     return Exporter(backend, hostname=node.name, interval=1.0, pods=pods, naming=node.naming)
 
 
@@ -416,14 +460,22 @@ def start_fleet(p: Plan, workdir: Path, fleet: Fleet, say: Say,
         fleet.servers.append(server)
         node.target = server.url.removeprefix("http://")
         one_more()
-    ksm: dict[str, str] = {}  # cluster -> its kube-state-metrics (the attributed node's)
+    texts: dict[str, list[str]] = {}  # cluster -> its kube-state-metrics' series
     if (metered := p.attributed) is not None:
-        text = ksm_text(metered.name, time.time() - 60)  # the pod ran before the demo began
-        ksm_server = StaticServer(text).start()
-        fleet.servers.append(ksm_server)
-        ksm[metered.cluster] = ksm_server.target
+        # the pod ran before the demo began
+        texts.setdefault(metered.cluster, []).append(ksm_text(metered.name, time.time() - 60))
         say(f"cluster {metered.cluster}: kube-state-metrics shows {'/'.join(METERED_POD[:2])} "
             f"holding a GPU of {metered.name} (its usage is metered from the pod's own edges)")
+    if (shared := p.shared) is not None:
+        texts.setdefault(shared.cluster, []).append(ksm_node_replicas(shared))
+        pods = " and ".join("/".join(pod[:2]) for pod in DemoPods.SHARED)
+        say(f"cluster {shared.cluster}: {shared.name}'s GPU is time-sliced into "
+            f"{shared.replicas} replicas, held by {pods} at once")
+    ksm: dict[str, str] = {}  # cluster -> its kube-state-metrics
+    for cluster, parts in texts.items():
+        ksm_server = StaticServer("".join(parts)).start()
+        fleet.servers.append(ksm_server)
+        ksm[cluster] = ksm_server.target
     for cluster in p.clusters:
         targets = [n.target for n in p.nodes if n.cluster == cluster]
         targets += [ksm[cluster]] if cluster in ksm else []
@@ -582,6 +634,7 @@ def run(*, clusters: int, nodes: int, gpus_per_node: int, workdir: Path, say: Sa
             usage_lines(db_url, client, say, push=push,
                         progress=lambda done, want: progress("usage buckets ending", done,
                                                              want))
+            shared_gpu = shared_lines(db_url, p, say)
             reconcile_counts = reconcile(p, workdir, db_url, say)
             wait_until_older(p.silent, quiet_since, REPORT_MAX_AGE + STALE_AFTER, progress)
             engine = inv.make_engine(db_url)
@@ -600,7 +653,7 @@ def run(*, clusters: int, nodes: int, gpus_per_node: int, workdir: Path, say: Sa
         finally:
             fleet.close()
     return Result(db_url, report, hub.url, freshness, reconcile_counts, report_exit,
-                  cluster_rows, time.monotonic() - started, hub_port)
+                  cluster_rows, time.monotonic() - started, hub_port, shared_gpu)
 
 
 def wait_until_older(cluster: str, quiet_since: float, seconds: float,
@@ -668,6 +721,34 @@ def usage_lines(db_url: str, client: HubClient, say: Say, *, push: float,
         say(f"{title}:")
         for line in out.stdout.rstrip().splitlines():
             say("  " + line)
+
+
+def shared_lines(db_url: str, p: Plan, say: Say) -> str | None:
+    """What the ledger charged the two pods of the time-sliced GPU: each its share of the
+    GPU's hours, never the whole GPU each. Returns that GPU's uuid (None: no such GPU)."""
+    node = p.shared
+    if node is None:
+        return None
+    engine = inv.make_engine(db_url)
+    try:
+        with engine.connect() as conn:
+            uuid = next((g["uuid"] for g in inv.list_gpus(conn, node.cluster)
+                         if g["node"] == node.name and g["mig_profile"] is None), None)
+            if uuid is None:
+                return None
+            u = inv.usage.c
+            rows = conn.execute(sa.select(u.namespace, u.pod, sa.func.sum(u.gpu_hours))
+                                .where(u.uuid == uuid).group_by(u.namespace, u.pod)
+                                .order_by(u.namespace, u.pod)).all()
+    finally:
+        engine.dispose()
+    total = sum(hours or 0.0 for _, _, hours in rows)
+    held = [f"{ns}/{pod} {hours:.4g} ({hours / total:.0%})"
+            for ns, pod, hours in rows if pod and total > 0]
+    say(f"time-sliced GPU {uuid} on {node.name} ({node.replicas} replicas): "
+        f"{', '.join(held) or 'no pod metered yet'} of its {total:.4g} GPU-hours; each pod "
+        "is charged its share, not the whole GPU")
+    return uuid
 
 
 def _unmetered(engine: sa.Engine) -> int:
@@ -738,8 +819,9 @@ def reconcile(p: Plan, workdir: Path, db_url: str, say: Say) -> dict[str, int]:
     counts: dict[str, int] = {}
     for row in json.loads(proc.stdout):
         counts[row["status"]] = counts.get(row["status"], 0) + 1
-        if row.get("mode") == "dra" and row["status"] == "match":
-            say(f"reconcile: {row['cluster']}/{row['node']}: DRA node matched "
+        if row.get("mode") in ("dra", "time-slicing") and row["status"] == "match":
+            kind = "DRA" if row["mode"] == "dra" else "time-sliced"
+            say(f"reconcile: {row['cluster']}/{row['node']}: {kind} node matched "
                 f"({row['reason']})")
         if row["status"] != "match":
             where = row["cluster"] + (f"/{row['node']}" if row.get("node") else "")

@@ -37,6 +37,7 @@ from hub.kube._dra import (
 
 _CLIENT = ("api_client", "hub_api_client", "call", "list_all", "list_managed_clusters",
            "list_multicluster_observability", "list_nodes",
+           "get_cluster_policy", "get_config_map", "host_of",
            "translate", "dra_version", "list_resource_slices", "list_resource_claims",
            "list_device_classes", "DRA_VERSIONS", "GpuObjects", "read_gpu_objects")
 
@@ -61,6 +62,9 @@ __all__ = [
     "claimed_devices",
     "dra_nodes",
     "dra_version",
+    "get_cluster_policy",
+    "get_config_map",
+    "host_of",
     "hub_api_client",
     "instance_type_of",
     "list_all",

@@ -252,6 +252,41 @@ def list_multicluster_observability(api: client.ApiClient) -> list[dict[str, Any
         raise missing from None
 
 
+#: the NVIDIA GPU Operator's one configuration object (cluster-scoped)
+CLUSTER_POLICIES = ("nvidia.com", "v1", "clusterpolicies")
+
+
+def _absent_is_none(read: Callable[[], dict[str, Any]]) -> dict[str, Any] | None:
+    try:
+        return read()
+    except UnavailableError as exc:
+        if exc.http_status == 404:
+            return None
+        raise
+
+
+def get_cluster_policy(api: client.ApiClient, name: str) -> dict[str, Any] | None:
+    """The GPU Operator's ClusterPolicy ``name`` as the API sent it; None when the cluster has
+    none (no object, or no GPU Operator CRD)."""
+    group, version, plural = CLUSTER_POLICIES
+    objects = client.CustomObjectsApi(api)
+
+    def read() -> dict[str, Any]:
+        found = call(api, f"reading ClusterPolicy {name}", objects.get_cluster_custom_object,
+                     group, version, plural, name)
+        return found if isinstance(found, dict) else {}
+
+    return _absent_is_none(read)
+
+
+def get_config_map(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any] | None:
+    """ConfigMap ``namespace/name`` as plain JSON (its ``data``); None when it is not there."""
+    doing = f"reading ConfigMap {namespace}/{name}"
+    core = client.CoreV1Api(api)
+    return _absent_is_none(lambda: api.sanitize_for_serialization(
+        call(api, doing, core.read_namespaced_config_map, name, namespace)))
+
+
 # -- Dynamic Resource Allocation (issue 21) ---------------------------------------------------
 DRA_GROUP = "resource.k8s.io"
 #: versions whose ResourceSlice/ResourceClaim shapes gpufleet reads, preferred first

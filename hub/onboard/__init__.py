@@ -8,6 +8,13 @@ from __future__ import annotations
 from hub.common import lazy_attributes, template_roots
 from hub.onboard._collection import CHOICES as ACM_COLLECTION_CHOICES
 from hub.onboard._collection import Collection, check_choice, collection_of
+from hub.onboard._dcgmconfig import (
+    configured_name,
+    merged,
+    needs_reading,
+    parse_collectors,
+    theirs_to_merge,
+)
 from hub.onboard._grafana import (
     OBSERVABILITY_NAMESPACE,
     dashboard_panels,
@@ -92,13 +99,17 @@ __all__ = [
     "apply_scores",
     "check_choice",
     "collection_of",
+    "configured_name",
     "cron_schedule",
     "dashboard_panels",
     "dns_label",
     "hub_objects",
     "hub_service_values",
     "load_dir",
+    "merged",
     "metrics_keep_regex",
+    "needs_reading",
+    "parse_collectors",
     "parse_placements",
     "policy_spoke",
     "policy_status",
@@ -110,6 +121,7 @@ __all__ = [
     "spoke_manifests",
     "spoke_values",
     "template_roots",
+    "theirs_to_merge",
     "write_tree",
     "yaml_quote",
 ]

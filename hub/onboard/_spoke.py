@@ -148,6 +148,10 @@ class SpokeValues:
     dcgm_names: str = LEGACY
     #: The user's own collectors ConfigMap the ClusterPolicy already names: never overwritten
     dcgm_config_name: str | None = None
+    #: --merge-dcgm-config: the ConfigMap the ClusterPolicy named, and its rows, pinned first
+    #: in gpufleet's CSV (so none of its consumers loses a field)
+    dcgm_merged_from: str | None = None
+    dcgm_their_rows: tuple[tuple[str, str, str], ...] = ()
     #: acm mode: which ACM collection path carries the series (legacy allowlist or MCOA)
     acm_collection: str = LEGACY_COLLECTION
     #: MCOA: the placements annotation (``namespace/name,...``); None: MCOA's default
@@ -450,9 +454,12 @@ def _dcgm_context(values: SpokeValues) -> dict[str, Any] | None:
     if "nvidia" not in values.vendors or values.exporter != "upstream":
         return None
     nvidia = next(t for t in exporter_targets(values) if t.vendor == "nvidia")
+    theirs = {row[0] for row in values.dcgm_their_rows}
+    rows = [*values.dcgm_their_rows,
+            *(row for row in dcgm_collectors(values.dcgm_names) if row[0] not in theirs)]
     return {"configmap": DCGM_CONFIGMAP, "key": DCGM_CSV_KEY, "namespace": nvidia.namespace,
-            "naming": values.dcgm_names, "rows": dcgm_collectors(values.dcgm_names),
-            "cluster_policy": CLUSTER_POLICY}
+            "naming": values.dcgm_names, "rows": rows, "merged_from": values.dcgm_merged_from,
+            "their_count": len(values.dcgm_their_rows), "cluster_policy": CLUSTER_POLICY}
 
 
 def _spoke_names(values: SpokeValues) -> list[str]:

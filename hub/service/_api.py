@@ -3,10 +3,10 @@
 Each handler is a plain function whose parameters say what it takes: typed query parameters,
 the read-only ``engine`` and the caller's ``scope``, all from ``hub.service._deps``. It
 returns plain data shaped like its response model (``hub.service._models``), which its
-router (``hub.service._routers``) checks and encodes, or, on the hot routes, a ``Kept``
-(``hub.service._wire``) that computes it: the answer is then encoded once and kept per
-scope until the inventory changes. Either way it passes the one scope step
-(``hub.service._confine``) on the way out.
+router (``hub.service._routers``) checks and encodes; the hot routes are declared ``keep``
+there, and the one request pipeline (``hub.service._routing``) then encodes an answer once
+and keeps it per scope until the inventory changes, so a handler never says whether it is
+cached. Either way it passes the one scope step (``hub.service._confine``) on the way out.
 
 Items carry the same field names as ``gpufleet inventory ... -o json`` because they come from
 the same columns (``hub.inventory``'s lists and ``GPU_COLUMNS``). The GPU list is paged with a
@@ -62,7 +62,6 @@ from hub.service._deps import (
 from hub.service._deps import text_param as _text
 from hub.service._errors import ApiError, public_error
 from hub.service._models import HEALTH_LEVELS, STATES, VENDORS
-from hub.service._wire import Kept
 
 log = logging.getLogger("gpufleet.api")
 
@@ -144,34 +143,26 @@ def scoped_cluster(cluster: str | None, scope: Scope) -> str | None:
 
 def clusters(request: Request, engine: ReadEngine, scope: CallerScope,
              cluster: ClusterParam = None, limit: LimitParam = DEFAULT_LIMIT,
-             continue_: ContinueParam = None) -> Kept:
+             continue_: ContinueParam = None) -> dict[str, Any]:
     """Clusters: active nodes and physical GPUs, state, last sample; paged."""
     cluster = scoped_cluster(cluster, scope)
-
-    def answer() -> dict[str, Any]:
-        with engine.connect() as conn:  # a count over every GPU: shared by every page
-            rows = request.app.state.memo.get(conn, ("clusters", cluster),
-                                              lambda: inv.list_clusters(conn, cluster))
-        items = [c for c in rows if scope.allows_cluster(c["cluster"])]
-        return page_items(items, text_key("cluster"), continue_, limit, "c1", 1)
-
-    return Kept(("clusters", cluster, limit, continue_), answer)
+    with engine.connect() as conn:  # a count over every GPU: shared by every page
+        rows = request.app.state.memo.get(conn, ("clusters", cluster),
+                                          lambda: inv.list_clusters(conn, cluster))
+    items = [c for c in rows if scope.allows_cluster(c["cluster"])]
+    return page_items(items, text_key("cluster"), continue_, limit, "c1", 1)
 
 
 def nodes(request: Request, engine: ReadEngine, scope: CallerScope,
           cluster: ClusterParam = None, limit: LimitParam = DEFAULT_LIMIT,
-          continue_: ContinueParam = None) -> Kept:
+          continue_: ContinueParam = None) -> dict[str, Any]:
     """Nodes: active physical GPUs, state, last sample; paged."""
     cluster = scoped_cluster(cluster, scope)
-
-    def answer() -> dict[str, Any]:
-        with engine.connect() as conn:  # a count over every GPU: shared by every page
-            rows = request.app.state.memo.get(conn, ("nodes", cluster),
-                                              lambda: inv.list_nodes(conn, cluster))
-        items = [n for n in rows if scope.allows_cluster(n["cluster"])]
-        return page_items(items, text_key("cluster", "node"), continue_, limit, "n1", 2)
-
-    return Kept(("nodes", cluster, limit, continue_), answer)
+    with engine.connect() as conn:  # a count over every GPU: shared by every page
+        rows = request.app.state.memo.get(conn, ("nodes", cluster),
+                                          lambda: inv.list_nodes(conn, cluster))
+    items = [n for n in rows if scope.allows_cluster(n["cluster"])]
+    return page_items(items, text_key("cluster", "node"), continue_, limit, "n1", 2)
 
 
 def gpus(engine: ReadEngine, scope: CallerScope, cluster: ClusterParam = None,
@@ -184,35 +175,26 @@ def gpus(engine: ReadEngine, scope: CallerScope, cluster: ClusterParam = None,
                            Query(description="Only GPUs of this health (XID, ECC, row "
                                              "remapping).")] = None,
          limit: LimitParam = DEFAULT_LIMIT, continue_: ContinueParam = None
-         ) -> Kept:
+         ) -> dict[str, Any]:
     """GPUs, one item per physical GPU and one per MIG slice, in (cluster, node, uuid, slice)
     order; paged."""
     after = decode_token(continue_) if continue_ else None
     cluster = scoped_cluster(cluster, scope)
-    node = node or None
-
-    def answer() -> dict[str, Any]:
-        with engine.connect() as conn:
-            items, last = page_gpus(conn, limit=limit, after=after, within=scope.clusters,
-                                    cluster=cluster, node=node, state=state, vendor=vendor,
-                                    health=health)
-        return _listing(items, encode_token(last) if last else None)
-
-    # kept: fifty dashboards paging the fleet ask for the same pages
-    return Kept(("gpus", cluster, node, state, vendor, health, limit, after), answer)
+    with engine.connect() as conn:
+        items, last = page_gpus(conn, limit=limit, after=after, within=scope.clusters,
+                                cluster=cluster, node=node or None, state=state,
+                                vendor=vendor, health=health)
+    return _listing(items, encode_token(last) if last else None)
 
 
-def gpu(engine: ReadEngine, scope: CallerScope, uuid: UuidPath) -> Kept:
+def gpu(engine: ReadEngine, scope: CallerScope, uuid: UuidPath) -> dict[str, Any]:
     """One GPU (the physical device) with its MIG slices. A uuid seen on several nodes
     answers the active, most recently seen one and lists the others in also_seen_on."""
-    def answer() -> dict[str, Any]:
-        with engine.connect() as conn:
-            found = gpu_detail(conn, uuid, clusters=scope.clusters) if uuid else None
-        if found is None:  # outside the scope reads like unknown: no hint that it exists
-            raise ApiError(404, f"unknown GPU {uuid[:128]!r}")
-        return found
-
-    return Kept(("gpu", uuid), answer)
+    with engine.connect() as conn:
+        found = gpu_detail(conn, uuid, clusters=scope.clusters) if uuid else None
+    if found is None:  # outside the scope reads like unknown: no hint that it exists
+        raise ApiError(404, f"unknown GPU {uuid[:128]!r}")
+    return found
 
 
 def allocations(engine: ReadEngine, scope: CallerScope, cluster: ClusterParam = None,
@@ -397,7 +379,7 @@ def capacity(request: Request, engine: ReadEngine, scope: CallerScope,
              mig: Annotated[str | None, _text(
                  "With fits: slices of this MIG profile (e.g. 3g.40gb) instead of whole "
                  "GPUs.", max_length=64)] = None,
-             rule: Annotated[Any, Depends(idle_rule_of)] = None) -> Kept:
+             rule: Annotated[Any, Depends(idle_rule_of)] = None) -> dict[str, Any]:
     """GPU-equivalents per group now: total, active, stale, failed, allocated, cordoned,
     free, reclaimable (docs/usage.md). With ``fits``: per cluster, whether a job of that
     many GPUs fits on one node now (the nodes that can take it), as `gpufleet capacity
@@ -411,29 +393,24 @@ def capacity(request: Request, engine: ReadEngine, scope: CallerScope,
     memo = request.app.state.memo
     rule = rule or answers.IdleRule()
     idle = {"idle_threshold": rule.threshold, "idle_for": rule.for_seconds}
-
-    def answer() -> dict[str, Any]:
-        within = None if scope.clusters is None else tuple(sorted(scope.clusters))
-        now = inv.now_utc()
-        with engine.connect() as conn:
-            if fits is not None:
-                found = answers.read_fleet(conn, clusters=scope.clusters, now=now, **idle)
-                return {**_listing(answers.fits(found, fits, model=model, mig=mig)),
-                        "fleet": None}
-            items = memo.get(conn, ("capacity", tuple(groups), within),
-                             lambda: answers.capacity(conn, groups, clusters=scope.clusters,
-                                                      now=now, **idle))
-            # the items of a whole-fleet caller are the fleet already: one read, not two
-            fleet_rows = (items if scope.clusters is None else memo.get(
-                conn, ("capacity", ("model",), None),
-                lambda: answers.capacity(conn, ["model"], now=now, **idle))
-                if scope.fleet_counts else None)
-        fleet = None if fleet_rows is None or not scope.fleet_counts else {  # no float noise
-            k: json_number(sum(r[k] or 0 for r in fleet_rows))
-            for k in answers.CAPACITY_FIGURES}
-        return {**_listing(items), "fleet": fleet}
-
-    return Kept(("capacity", tuple(groups), fits, model, mig), answer)
+    within = None if scope.clusters is None else tuple(sorted(scope.clusters))
+    now = inv.now_utc()
+    with engine.connect() as conn:
+        if fits is not None:
+            found = answers.read_fleet(conn, clusters=scope.clusters, now=now, **idle)
+            return {**_listing(answers.fits(found, fits, model=model, mig=mig)), "fleet": None}
+        items = memo.get(conn, ("capacity", tuple(groups), within),
+                         lambda: answers.capacity(conn, groups, clusters=scope.clusters,
+                                                  now=now, **idle))
+        # the items of a whole-fleet caller are the fleet already: one read, not two
+        fleet_rows = (items if scope.clusters is None else memo.get(
+            conn, ("capacity", ("model",), None),
+            lambda: answers.capacity(conn, ["model"], now=now, **idle))
+            if scope.fleet_counts else None)
+    fleet = None if fleet_rows is None or not scope.fleet_counts else {  # no float noise
+        k: json_number(sum(r[k] or 0 for r in fleet_rows))
+        for k in answers.CAPACITY_FIGURES}
+    return {**_listing(items), "fleet": fleet}
 
 
 def placement_scores(engine: ReadEngine, scope: CallerScope,

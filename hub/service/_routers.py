@@ -16,6 +16,7 @@ import typing
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any
 
+import sqlalchemy as sa
 from fastapi import Depends, Path, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
@@ -38,9 +39,9 @@ from hub.service._page import (
     unavailable_data,
     visibility_of,
 )
-from hub.service._routing import ConfinedRouter, Html, Page, Text
+from hub.service._routing import KEEP, ConfinedRouter, Html, Keep, Page, Text
 from hub.service._session import MAX_FORM, MAX_TOKEN, Login
-from hub.service._wire import Json, Kept
+from hub.service._wire import Json
 
 NOT_CHECKED = "not checked yet"
 #: seconds a client has to send the sign-in form's body once its headers are in
@@ -96,14 +97,17 @@ def inventory_router() -> ConfinedRouter:
     """Clusters, nodes, GPUs (with their history) and allocations."""
     router = ConfinedRouter()
     add = router.add
+    # kept until the inventory changes: fifty dashboards paging the fleet ask the same pages
     add("/api/v1/clusters", api.clusters, models.ClusterList, visibility="scoped",
-        errors=(400, 503))
-    add("/api/v1/nodes", api.nodes, models.NodeList, visibility="scoped", errors=(400, 503))
-    add("/api/v1/gpus", api.gpus, models.GpuList, visibility="scoped", errors=(400, 503))
+        errors=(400, 503), keep=KEEP)
+    add("/api/v1/nodes", api.nodes, models.NodeList, visibility="scoped", errors=(400, 503),
+        keep=KEEP)
+    add("/api/v1/gpus", api.gpus, models.GpuList, visibility="scoped", errors=(400, 503),
+        keep=KEEP)
     add("/api/v1/gpus/{uuid:path}/history", api.gpu_history, models.GpuHistory,
         visibility="scoped", errors=(400, 404, 503))
     add("/api/v1/gpus/{uuid:path}", api.gpu, models.GpuDetail, visibility="scoped",
-        errors=(400, 404, 503))
+        errors=(400, 404, 503), keep=KEEP)
     add("/api/v1/allocations", api.allocations, models.AllocationList, visibility="scoped",
         errors=(400, 503))
     return router
@@ -161,7 +165,7 @@ def usage_router() -> ConfinedRouter:
     router.add("/api/v1/idle", api.idle, models.IdleList, visibility="scoped",
                errors=(400, 503))
     router.add("/api/v1/capacity", api.capacity, models.CapacityList, visibility="scoped",
-               errors=(400, 503), response_model_exclude_unset=True)
+               errors=(400, 503), response_model_exclude_unset=True, keep=KEEP)
     router.add("/api/v1/placement-scores", api.placement_scores, models.PlacementScoreList,
                visibility="scoped", errors=(400, 503))
     # a GPU's life (issue 38): a states row carries the keys of its grouping only
@@ -184,15 +188,13 @@ def pages_router(*, findings: Findings, page_sections: Sequence[SectionSource], 
              caller: Annotated[Caller, Depends(identify)],
              q: Annotated[str | None, api.Query(
                  description="A GPU UUID (or its start), a node or a namespace to look up.",
-                 max_length=MAX_SEARCH + 64, pattern=api.TEXT_PATTERN)] = None) -> Kept:
+                 max_length=MAX_SEARCH + 64, pattern=api.TEXT_PATTERN)] = None) -> Page:
         """The live page of the fleet (HTML, read-only): clusters and their freshness, stale
         GPUs, GPUs with findings, findings; search with q."""
         search = search_text({"q": [q]} if q is not None else {})
         items, generated = findings()
-        who = {"signed_in": caller.name if signed_in else None,
-               "can_sign_out": bool(getattr(request.state, "by_session", False))}
-
-        def answer() -> Page:
+        who = _who(request, caller)
+        try:
             # a page view is a dozen reads and a few folds of the whole inventory: its data
             # is shared by every caller of the scope, its HTML (kept by the route) by every
             # caller of the scope with the same name on it
@@ -201,17 +203,24 @@ def pages_router(*, findings: Findings, page_sections: Sequence[SectionSource], 
                                 lambda: page_data(engine, search=search, findings=items,
                                                   findings_at=generated, extra=page_sections,
                                                   scope=scope))
-            return Page({**data, **who})
-
-        def unavailable(exc: Exception) -> Page:
+        except sa.exc.SQLAlchemyError as exc:  # the page says so, rather than a JSON 503
             return Page({**unavailable_data(search, database_error(exc)), **who}, 503)
+        return Page({**data, **who})
 
-        # kept until the inventory or the findings change (or 30 s)
-        return Kept(("page", search, generated, len(items), tuple(who.items())), answer,
-                    unavailable)
+    def _who(request: Request, caller: Caller | None) -> dict[str, Any]:
+        """The name on the page and its sign-out button: part of what the page shows."""
+        return {"signed_in": caller.name if signed_in and caller is not None else None,
+                "can_sign_out": bool(getattr(request.state, "by_session", False))}
+
+    def varies(request: Request, caller: Caller | None) -> tuple[Any, ...]:
+        """Beyond q and the scope, the kept page is the findings' and the name's on it."""
+        items, generated = findings()
+        return generated, len(items), tuple(_who(request, caller).items())
 
     html = {"content": {"text/html": {"schema": {"type": "string"}}}}
+    # kept until the inventory or the findings change (or 30 s)
     add("/", page, None, visibility="scoped", errors=(400, 503), response_class=Html,
+        keep=Keep(vary=varies),
         responses={"200": {"description": "OK", **html},
                    **({"303": _see_other("A browser (Accept: text/html) without a session: "
                                          "to /login.", False)} if login else {})})

@@ -14,9 +14,12 @@ the caller dependency and the guard's caller checks (``admit`` and ``confined``,
 hub/service/_guard.py), so no route can skip them; :func:`include` puts a router's routes in
 the app.
 
-A handler that returns a :class:`~hub.service._wire.Kept` has its answer kept as bytes per
-key, caller's scope and inventory version (:func:`kept`): confined, then encoded, then kept,
-so a kept answer is only ever one scope's and the confine step is still the wrapper's.
+Caching is a route option too, declared beside the visibility: a route added with
+``keep=KEEP`` (or a :class:`Keep` saying what else its answer varies by) has its answers kept
+as bytes per route, parameters, caller's scope and inventory version (:func:`kept`):
+confined, then encoded, then kept, so a kept answer is only ever one scope's and the confine
+step is still the wrapper's. Its handler is the plain function it would be uncached,
+returning its answer; the one pipeline looks the answer up before calling it.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -41,7 +44,7 @@ from hub.service._detail import DetailPage
 from hub.service._guard import Visibility, admit, confined
 from hub.service._memo import read_version
 from hub.service._page import render_page
-from hub.service._wire import Json, Kept, Stored
+from hub.service._wire import Json, Stored
 
 #: set on a guarded handler: include_router hands it over again, and it is wrapped once
 _GUARDED = "__gpufleet_guarded__"
@@ -69,6 +72,30 @@ class Text(Response):
 
 
 @dataclass(frozen=True)
+class Keep:
+    """Route option: keep the route's answers until the inventory changes (or the memo's
+    TTL). The key is the route, its parameters as the handler receives them (not the
+    engine, scope, caller or request) and the caller's scope; ``vary`` adds what else an
+    answer depends on (the live page: the findings' time, the name on it), read on the event
+    loop from the request and the caller, so it must not touch the database. Only a 200 is
+    kept; a database that cannot say its version gets the handler's answer, uncached."""
+
+    vary: Callable[[Request, Caller | None], Hashable] | None = None
+
+
+#: keep by the route's parameters and the caller's scope alone
+KEEP = Keep()
+
+
+class _Unkept(Exception):
+    """An answer not to keep (not a 200): it leaves the memo through this."""
+
+    def __init__(self, stored: Stored) -> None:
+        super().__init__(stored.status)
+        self.stored = stored
+
+
+@dataclass(frozen=True)
 class RouteInfo:
     """What the description says beyond the response model: errors and visibility."""
 
@@ -76,13 +103,17 @@ class RouteInfo:
     errors: tuple[int, ...]
 
 
-def _guarded(endpoint: Callable[..., Any], visibility: Visibility) -> Callable[..., Any]:
+def _guarded(endpoint: Callable[..., Any], visibility: Visibility,
+             keep: Keep | None = None) -> Callable[..., Any]:
     """The endpoint as the app serves it: with the caller dependency (unless public), closed
-    to scoped callers unless declared ``scoped``, and its answer confined to the caller's
-    scope. FastAPI reads the signature, so the wrapper shows the endpoint's own parameters
-    plus ``_caller``."""
+    to scoped callers unless declared ``scoped``, its answer confined to the caller's scope
+    and, with ``keep``, kept. FastAPI reads the signature, so the wrapper shows the
+    endpoint's own parameters plus ``_caller``."""
     if getattr(endpoint, _GUARDED, False):
         return endpoint
+    if keep is not None and inspect.iscoroutinefunction(endpoint):
+        raise TypeError(f"{endpoint.__name__}: keep is for synchronous handlers (a missing "
+                        "answer is computed in the thread pool)")
     hints = typing.get_type_hints(endpoint, include_extras=True)
     signature = inspect.signature(endpoint)
     parameters = [p.replace(annotation=hints.get(p.name, p.annotation))
@@ -93,6 +124,8 @@ def _guarded(endpoint: Callable[..., Any], visibility: Visibility) -> Callable[.
     supplied = {} if visibility == "public" else {
         p.name: what for p in parameters if (what := _supplied(p.annotation)) is not None}
     parameters = [p for p in parameters if p.name not in supplied]
+    #: what a kept answer's key is made of: the request's own parameters
+    keyed = [p.name for p in parameters if p.annotation is not Request]
     if visibility != "public":
         parameters.append(inspect.Parameter("_caller", inspect.Parameter.KEYWORD_ONLY,
                                             annotation=Annotated[Caller, Depends(identify)]))
@@ -102,14 +135,6 @@ def _guarded(endpoint: Callable[..., Any], visibility: Visibility) -> Callable[.
     if own is None:
         parameters.append(inspect.Parameter("_request", inspect.Parameter.KEYWORD_ONLY,
                                             annotation=Request))
-
-    def answer(caller: Caller | None, request: Request, result: Any) -> Any:
-        if isinstance(result, Kept):
-            if getattr(request.state, OVERRIDDEN, False):  # not the app's database: not kept
-                result = result.compute()
-            else:
-                return kept(caller, request, result)
-        return finish(caller, result)
 
     async def take(kwargs: dict[str, Any]) -> tuple[Caller | None, Request]:
         caller = kwargs.pop("_caller", None)
@@ -125,32 +150,35 @@ def _guarded(endpoint: Callable[..., Any], visibility: Visibility) -> Callable[.
 
     if inspect.iscoroutinefunction(endpoint):
         async def wrapper(**kwargs: Any) -> Any:
-            caller, request = await take(kwargs)
-            result = await endpoint(**kwargs)
-            if isinstance(result, Kept):  # a database read: in the thread pool
-                return await run_in_threadpool(answer, caller, request, result)
-            return finish(caller, result)
-    elif hints.get("return") is Kept:
-        # A handler of a kept answer reads nothing before it says which (its reads are in
-        # the Kept's compute): the kept answer is looked up on the event loop (SQLite's WAL
-        # reads never wait; PostgreSQL's are awaited), and only a missing one is computed
-        # in the thread pool (the trip there and back was a third of a kept answer's cost)
+            caller, _ = await take(kwargs)
+            return finish(caller, await endpoint(**kwargs))
+    elif keep is not None:
+        # The kept answer is looked up on the event loop (SQLite's WAL reads never wait;
+        # PostgreSQL's are awaited) before the handler is called, and only a missing one is
+        # computed in the thread pool (the trip there and back was a third of a kept
+        # answer's cost)
         async def wrapper(**kwargs: Any) -> Any:  # type: ignore[misc]
             caller, request = await take(kwargs)
-            result = endpoint(**kwargs)
-            found = (None if getattr(request.state, OVERRIDDEN, False)
-                     else await kept_now(caller, request, result))
+
+            def call() -> Any:
+                return endpoint(**kwargs)
+
+            if getattr(request.state, OVERRIDDEN, False):  # not the app's database: not kept
+                return await run_in_threadpool(lambda: finish(caller, call()))
+            key = (endpoint, tuple(kwargs[name] for name in keyed),
+                   keep.vary(request, caller) if keep.vary is not None else None)
+            found = await kept_now(caller, request, key)
             if found is not None:
                 return found
-            return await run_in_threadpool(answer, caller, request, result)
+            return await run_in_threadpool(kept, caller, request, key, call)
     else:
         # A synchronous handler (a database read) runs in the thread pool, its answer
         # confined (and encoded, or kept) there too; the wrapper itself is async so that
         # FastAPI checks a plain answer against its model on the way out without another
         # trip through the pool.
         async def wrapper(**kwargs: Any) -> Any:  # type: ignore[misc]
-            caller, request = await take(kwargs)
-            return await run_in_threadpool(lambda: answer(caller, request, endpoint(**kwargs)))
+            caller, _ = await take(kwargs)
+            return await run_in_threadpool(lambda: finish(caller, endpoint(**kwargs)))
 
     wrapper.__signature__ = signature.replace(  # type: ignore[attr-defined]
         parameters=parameters, return_annotation=inspect.Signature.empty)
@@ -220,37 +248,44 @@ def finish(caller: Caller | None, result: Any) -> Any:
     return result.response() if isinstance(result, (Page, DetailPage, Json)) else result
 
 
-def kept(caller: Caller | None, request: Request, result: Kept) -> Response:
-    """The kept answer for the handler's key and the caller's scope at the inventory's
-    version, or the one ``result`` computes now, confined and encoded before it is kept."""
+def kept(caller: Caller | None, request: Request, key: Hashable,
+         call: Callable[[], Any]) -> Any:
+    """The kept answer for the route's key and the caller's scope at the inventory's
+    version, or the one ``call`` (the handler) gives now, confined and encoded before it is
+    kept (a 200 only). A database that cannot say its version gets the handler's answer as
+    it is (the handler says what it means: the API's 503, the page's own notice)."""
     state = request.app.state
 
     def compute() -> Stored:
-        response = finish(caller, result.compute())
+        response = finish(caller, call())
         if not isinstance(response, Response):
             response = Json(response).response()
-        return Stored.of(response)
+        stored = Stored.of(response)
+        if stored.status != 200:
+            raise _Unkept(stored)
+        return stored
 
     try:
-        scope = caller.scope if caller is not None else FULL
-        stored = state.answers.get_at(read_version(state.engine), (result.key, scope), compute)
-    except sa.exc.SQLAlchemyError as exc:
-        if result.fallback is None:
-            raise
-        return finish(caller, result.fallback(exc))
-    return stored.response()
+        version = read_version(state.engine)
+    except sa.exc.SQLAlchemyError:
+        return finish(caller, call())
+    scope = caller.scope if caller is not None else FULL
+    try:
+        return state.answers.get_at(version, (key, scope), compute).response()
+    except _Unkept as unkept:
+        return unkept.stored.response()
 
 
-async def kept_now(caller: Caller | None, request: Request, result: Any) -> Response | None:
+async def kept_now(caller: Caller | None, request: Request, key: Hashable
+                   ) -> Response | None:
     """The kept answer if there is one now, its version read without leaving the event loop
     (hub/service/_memo.py LoopVersion: SQLite's file, or PostgreSQL awaited on a connection
     of the loop's own); None otherwise (any error: :func:`kept` in the pool says it)."""
     state = request.app.state
-    version = await state.loop_version.read_async() if isinstance(result, Kept) else None
+    version = await state.loop_version.read_async()
     if version is None:
         return None
-    found = state.answers.peek(version, (result.key, caller.scope if caller is not None
-                                         else FULL))
+    found = state.answers.peek(version, (key, caller.scope if caller is not None else FULL))
     return found.response() if found is not None else None
 
 
@@ -268,20 +303,21 @@ class ConfinedRouter(APIRouter):
 
     def add_api_route(self, path: str, endpoint: Callable[..., Any], *,  # type: ignore[override]
                       visibility: Visibility = "fleet", errors: tuple[int, ...] = (400,),
-                      **kwargs: Any) -> None:
+                      keep: Keep | None = None, **kwargs: Any) -> None:
         for method in kwargs.get("methods") or ["GET"]:
             self.infos[(path.replace(":path}", "}"), method.lower())] = RouteInfo(
                 visibility == "public", errors)
         if kwargs.get("summary") is None:
             kwargs["summary"] = _summary(endpoint)
-        super().add_api_route(path, _guarded(endpoint, visibility), **kwargs)
+        super().add_api_route(path, _guarded(endpoint, visibility, keep), **kwargs)
 
     def add(self, path: str, endpoint: Callable[..., Any], model: Any, *,
             visibility: Visibility = "fleet", errors: tuple[int, ...] = (400,),
-            method: str = "GET", **options: Any) -> None:
-        """One route: ``model`` its response model."""
+            method: str = "GET", keep: Keep | None = None, **options: Any) -> None:
+        """One route: ``model`` its response model; ``keep`` (:data:`KEEP` or a
+        :class:`Keep`): its answers kept until the inventory changes."""
         self.add_api_route(path, endpoint, visibility=visibility, errors=errors,
-                           methods=[method], response_model=model, **options)
+                           methods=[method], response_model=model, keep=keep, **options)
 
 
 def include(app: FastAPI, router: ConfinedRouter) -> None:
@@ -316,9 +352,9 @@ def include(app: FastAPI, router: ConfinedRouter) -> None:
 
 def route(app: FastAPI, path: str, endpoint: Callable[..., Any], model: Any, *,
           visibility: Visibility = "fleet", errors: tuple[int, ...] = (400,),
-          method: str = "GET", **options: Any) -> None:
+          method: str = "GET", keep: Keep | None = None, **options: Any) -> None:
     """One more route on a built app (a router of one), as every route joins it."""
     router = ConfinedRouter()
     router.add(path, endpoint, model, visibility=visibility, errors=errors, method=method,
-               **options)
+               keep=keep, **options)
     include(app, router)

@@ -11,17 +11,17 @@ folding the same counts and rendering the same page. So:
   as the models write them (:func:`wire_time`: ISO-8601 UTC, milliseconds, ``Z``). A test
   checks every such route's answer against its model (tests/test_service_wire.py), and
   schemathesis checks them against the description.
-* :class:`Kept`: an answer that is a function of the inventory, the caller's scope and the
-  request's parameters. The route (hub/service/_routing.py) keeps its encoded bytes in the
-  app's ``answers`` memo under the handler's key, the caller's scope and the inventory
-  version (hub/service/_memo.py), after the confine step: a kept answer was confined for
-  that scope before it was kept, and is served to that scope only.
+* :class:`Stored`: the answer of a route declared ``keep`` (hub/service/_routing.py: a
+  function of the inventory, the caller's scope and the request's parameters), as the one
+  request pipeline keeps its encoded bytes in the app's ``answers`` memo under the route's
+  key, the caller's scope and the inventory version (hub/service/_memo.py), after the
+  confine step: a kept answer was confined for that scope before it was kept, and is
+  served to that scope only.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -90,19 +90,6 @@ class Stored:
 
     def response(self) -> Response:
         return Response(self.body, self.status, headers=dict(self.headers))
-
-
-@dataclass
-class Kept:
-    """An answer kept until the inventory changes: ``compute`` makes it (a plain answer,
-    :class:`Json` or a page), ``key`` names it among the handler's answers (its parameters,
-    and anything else it depends on beyond the inventory); the route adds the caller's
-    scope. ``fallback`` answers instead when the database cannot be read (a page that says
-    so rather than a JSON 503)."""
-
-    key: Hashable
-    compute: Callable[[], Any]
-    fallback: Callable[[Exception], Any] | None = None
 
 
 def weight(stored: Stored) -> int:

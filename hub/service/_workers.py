@@ -22,6 +22,7 @@ import contextlib
 import logging
 import math
 import os
+import select
 import signal
 import sys
 import threading
@@ -62,10 +63,51 @@ def serve(settings: ServeSettings) -> None:
         raise InputError(f"cannot listen on {settings.listen}: {exc.strerror or exc}") from None
     with inv.open_engine(settings.db, create=True) as engine:  # before the workers race for it
         prepare_schema(engine)
-    prefork(count, lambda: worker(settings, sock))
+    # The start banner and the shutdown line are the service's, not one per worker: each
+    # worker sends its lines to the parent (one write per line on a pipe, atomic under
+    # PIPE_BUF), which says each once.
+    heard, tell = os.pipe()
+
+    def run() -> None:
+        os.close(heard)
+        worker(settings, sock, say=lambda line: _tell(tell, line))
+
+    announcer = threading.Thread(target=_say_once, args=(heard,), name="banner", daemon=True)
+
+    def forked() -> None:  # threads only after the last fork
+        os.close(tell)
+        announcer.start()
+
+    try:
+        prefork(count, run, forked=forked)
+    finally:
+        if announcer.ident is not None:
+            announcer.join(timeout=1.0)
 
 
-def worker(settings: ServeSettings, sock: Any = None) -> None:
+def _tell(fd: int, line: str) -> None:
+    data = line.replace("\n", " ").encode()[:select.PIPE_BUF - 1] + b"\n"
+    with contextlib.suppress(OSError):  # the parent gone: nobody to tell
+        os.write(fd, data)
+
+
+def _say_once(fd: int) -> None:
+    """Echo each line the workers send the first time it comes, until every worker has
+    closed the pipe."""
+    said: set[bytes] = set()
+    with os.fdopen(fd, "rb") as lines:
+        for line in lines:
+            if line not in said:
+                said.add(line)
+                click.echo(line.decode(errors="replace").rstrip("\n"), err=True)
+
+
+def _say(line: str) -> None:
+    click.echo(line, err=True)
+
+
+def worker(settings: ServeSettings, sock: Any = None,
+           say: Callable[[str], None] = _say) -> None:
     """One serving process: everything live is made here from ``settings`` (no HTTP session
     or database connection is shared over a fork), then it serves until told to stop."""
     auth = settings.authenticator()
@@ -96,7 +138,7 @@ def worker(settings: ServeSettings, sock: Any = None) -> None:
             except BaseException:
                 service.server.close()
                 raise
-            _run(service, client, engine, settings.every, stopping)
+            _run(service, client, engine, settings.every, stopping, say)
         finally:
             readonly.dispose()
 
@@ -116,23 +158,25 @@ def prepare_schema(engine: Engine) -> None:
 
 
 def _run(service: Service, client: HubClient, engine: Engine, every: float,
-         stop: threading.Event) -> None:
+         stop: threading.Event, say: Callable[[str], None]) -> None:
     """Serve until ``stop`` (SIGTERM); Ctrl-C stays a KeyboardInterrupt (130)."""
     with on_sigterm(lambda signum, frame: stop.set()):
         service.start()
-        click.echo(f"gpufleet serve: {service.url} (sync every {format_duration(every)} from "
-                   f"{client.safe_url} into {inv.safe_url(engine)})", err=True)
+        say(f"gpufleet serve: {service.url} (sync every {format_duration(every)} from "
+            f"{client.safe_url} into {inv.safe_url(engine)})")
         try:
             while not stop.wait(0.5):
                 pass
-            click.echo("gpufleet serve: terminated, shutting down", err=True)
+            say("gpufleet serve: terminated, shutting down")
         finally:
             service.stop()
 
 
-def prefork(workers: int, run: Callable[[], None]) -> None:
+def prefork(workers: int, run: Callable[[], None],
+            forked: Callable[[], None] | None = None) -> None:
     """Run ``run`` in ``workers`` forked processes until they end; exits with the first
-    one's code that ended on its own (0 when they all stopped on a signal)."""
+    one's code that ended on its own (0 when they all stopped on a signal). ``forked`` runs
+    in the parent once every worker is forked (where it may start threads)."""
     children: set[int] = set()
     stopping: list[int] = []
 
@@ -149,6 +193,8 @@ def prefork(workers: int, run: Callable[[], None]) -> None:
                 break
             if _fork(previous, children) == 0:
                 os._exit(_child(run))
+        if forked is not None:
+            forked()
         code = 0
         while children:
             try:
