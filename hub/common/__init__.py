@@ -68,6 +68,7 @@ from hub.common._textfiles import (
 )
 
 __all__ = [
+    "CHECKS",
     "CONFIG_ENV",
     "DCGM_DRIVER_LABELS",
     "DCGM_FB_CAPACITY",
@@ -174,6 +175,7 @@ if TYPE_CHECKING:
     )
     from hub.common._httpserve import BackgroundHTTPServer, QuietHangups, parse_listen
     from hub.common._settings import (
+        CHECKS,
         LEDGER,
         QUERY_CONCURRENCY,
         SHARD_SIZE,
@@ -205,7 +207,7 @@ if TYPE_CHECKING:
 
 #: the settings' models and the options made from them (hub.common._settings) load on first
 #: use: they bring pydantic, which the spoke exporter never needs
-_SETTINGS = ("LEDGER", "QUERY_CONCURRENCY", "SHARD_SIZE", "SYNC", "AccessSettings",
+_SETTINGS = ("CHECKS", "LEDGER", "QUERY_CONCURRENCY", "SHARD_SIZE", "SYNC", "AccessSettings",
              "CheckSettings", "CollectSettings", "LedgerSettings", "ServeOptions", "Settings",
              "SyncSettings", "TlsSettings", "cluster_label_option", "lemon_threshold_option",
              "lock_timeout_option", "max_age_option", "min_charge_option", "option",

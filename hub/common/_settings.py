@@ -445,7 +445,7 @@ class ServeOptions(SyncSettings, CheckSettings, LedgerSettings, AccessSettings, 
         metavar="CTX", help="kubeconfig context of the ACM hub for --placement-scores.")] = None
     full_at: Annotated[float, Opt(
         metavar="N", check=_full_at,
-        help="With --placement-scores: free GPUs that score 100 (gpuFree).")] = 64.0
+        help="With --placement-scores: free GPUs that score 100 (gpuFree).")] = 64
 
     @model_validator(mode="after")
     def _prune_after_stale(self) -> ServeOptions:
@@ -470,5 +470,6 @@ min_charge_option = option(LedgerSettings, "min_charge")
 #: the defaults as values, for code that takes them as arguments
 SYNC = SyncSettings()
 LEDGER = LedgerSettings()
+CHECKS = CheckSettings()
 QUERY_CONCURRENCY: int = SYNC.query_concurrency
 SHARD_SIZE: int = SYNC.shard_size

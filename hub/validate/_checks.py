@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from hub.common import CHECKS, LEDGER
 from hub.common import human_duration as human
 from hub.inventory import NO_GPU_SERIES, UNLABELLED_SERIES
 
@@ -371,7 +372,7 @@ def check_gpu_health(gpus: Sequence[GpuFacts]) -> list[Finding]:
 
 
 #: failures per GPU-month in service past which a GPU or slot is a lemon (`--lemon-threshold`)
-LEMON_THRESHOLD = 2.0
+LEMON_THRESHOLD: float = CHECKS.lemon_threshold
 
 
 def check_lemons(by_gpu: Sequence[dict[str, Any]], by_slot: Sequence[dict[str, Any]],
@@ -586,7 +587,8 @@ def check_refused(rows: Sequence[RefusedFacts]) -> list[Finding]:
     return out
 
 
-def run_checks(facts: Facts, *, max_age: float = 3600.0, push_interval: float = 300.0,
+def run_checks(facts: Facts, *, max_age: float = CHECKS.max_age,
+               push_interval: float = LEDGER.push_interval,
                naming_mix_for: float = NAMING_MIX_FOR,
                acm_silent_after: float = ACM_SILENT_AFTER) -> list[Finding]:
     now = facts.now
