@@ -20,6 +20,7 @@ from hub.common import (
     ConfiguredCommand,
     ConfiguredGroup,
     GpufleetError,
+    IdleSettings,
     InputError,
     SyncSettings,
     UnavailableError,
@@ -461,7 +462,8 @@ def lemons(since: float, by: str, db: str | None, output: str, **_: Any) -> None
 @click.option("--idle-threshold", type=PERCENT, default=usage.IDLE_THRESHOLD_PCT,
               show_default=True, envvar="GPUFLEET_IDLE_THRESHOLD",
               help="Average utilisation % under which an allocated bucket is idle.")
-@click.option("--idle-for", type=DURATION, default="2h", show_default=True, metavar="DURATION",
+@click.option("--idle-for", type=DURATION, default=IdleSettings.default("idle_for"),
+              show_default=True, metavar="DURATION",
               envvar="GPUFLEET_IDLE_FOR",
               help="A reserved GPU idle this long in a row is not active.")
 @db_option

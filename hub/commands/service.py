@@ -12,7 +12,6 @@ import yaml
 from hub import onboard
 from hub import service as svc
 from hub.commands.core import hub_settings
-from hub.commands.usage import idle_options
 from hub.common import (
     DURATION,
     ConfiguredCommand,
@@ -41,7 +40,7 @@ SERVE_OPTIONS = (
     "prices", "usage_bucket", "usage_retention", "usage_max_backfill", "prune_stale_after",
     "workers", "max_age", "push_interval", "min_charge", "window", "stale_after",
     "replaced_within", "lemon_threshold", "lock_timeout", "query_concurrency", "shard_size",
-    "cluster_label")
+    "cluster_label", "idle_threshold", "idle_for")
 
 
 class _ServeGroup(ConfiguredCommand, click.Group):
@@ -50,12 +49,10 @@ class _ServeGroup(ConfiguredCommand, click.Group):
 
 @click.group(cls=_ServeGroup, invoke_without_command=True)
 @options_of(ServeOptions, *SERVE_OPTIONS)
-@idle_options
 @hub_options
 @db_option
 @click.pass_context
-def serve(ctx: click.Context, db: str | None, idle_threshold: float, idle_for: float,
-          **opts: Any) -> None:
+def serve(ctx: click.Context, db: str | None, **opts: Any) -> None:
     """Run the hub service: sync on a schedule and serve the inventory over HTTP.
 
     \b
@@ -91,8 +88,7 @@ def serve(ctx: click.Context, db: str | None, idle_threshold: float, idle_for: f
     """
     if ctx.invoked_subcommand is not None:
         return
-    settings = svc.serve_settings(db=db, hub=hub_settings(opts), idle_threshold=idle_threshold,
-                                  idle_for=idle_for, **pick(ServeOptions, opts))
+    settings = svc.serve_settings(db=db, hub=hub_settings(opts), **pick(ServeOptions, opts))
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for handler in logging.getLogger().handlers:  # no URL password in any line, whoever logs

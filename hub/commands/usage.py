@@ -19,6 +19,7 @@ from hub.common import (
     CollectSettings,
     ConfiguredCommand,
     ConfiguredGroup,
+    IdleSettings,
     InputError,
     UnavailableError,
     db_option,
@@ -64,19 +65,9 @@ def period(since: float | None, from_: str | None, until: str | None,
     return now - dt.timedelta(seconds=since), now + dt.timedelta(seconds=1)
 
 
-def idle_options(func):
-    """--idle-threshold and --idle-for: the one idle rule (hub.usage._idle) of `usage`'s idle
-    GPU-hours and `report`'s idle list; `idle --threshold/--for` default to the same."""
-    func = click.option(
-        "--idle-for", type=DURATION, default=format_duration(answers.IDLE_FOR_S),
-        show_default=True, metavar="DURATION", envvar="GPUFLEET_IDLE_FOR",
-        help="Allocated time counts as idle only in runs under --idle-threshold at least "
-             "this long (what `gpufleet idle --for` lists).")(func)
-    return click.option(
-        "--idle-threshold", type=PERCENT,
-        default=answers.IDLE_THRESHOLD_PCT, show_default=True,
-        envvar="GPUFLEET_IDLE_THRESHOLD",
-        help="Average utilisation % under which an allocated bucket is idle.")(func)
+#: --idle-threshold and --idle-for: the one idle rule (hub.common.IdleSettings) of `usage`'s
+#: idle GPU-hours and `report`'s idle list; `idle --threshold/--for` default to the same.
+idle_options = options_of(IdleSettings)
 
 
 def period_options(func):
@@ -357,10 +348,10 @@ def pending_plan(engine: Any, *, now: float, bucket: float, max_backfill: float,
 
 @click.command(cls=ConfiguredCommand)
 @click.option("--threshold", type=PERCENT,
-              default=answers.IDLE_THRESHOLD_PCT, show_default=True,
+              default=IdleSettings.default("idle_threshold"), show_default=True,
               envvar="GPUFLEET_IDLE_THRESHOLD",
               help="Average utilisation % under which an allocated bucket is idle.")
-@click.option("--for", "for_", type=DURATION, default=format_duration(answers.IDLE_FOR_S),
+@click.option("--for", "for_", type=DURATION, default=IdleSettings.default("idle_for"),
               show_default=True, envvar="GPUFLEET_IDLE_FOR",
               metavar="DURATION", help="Idle at least this long in a row.")
 @period_options

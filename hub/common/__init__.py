@@ -75,6 +75,7 @@ __all__ = [
     "DCGM_RENAMES",
     "DURATION",
     "EXIT_FINDINGS",
+    "IDLE",
     "LEDGER",
     "MAX_JSON_BYTES",
     "NO_WRAP",
@@ -91,6 +92,7 @@ __all__ = [
     "ConfiguredGroup",
     "DcgmRename",
     "GpufleetError",
+    "IdleSettings",
     "InputError",
     "LedgerSettings",
     "QuietHangups",
@@ -176,6 +178,7 @@ if TYPE_CHECKING:
     from hub.common._httpserve import BackgroundHTTPServer, QuietHangups, parse_listen
     from hub.common._settings import (
         CHECKS,
+        IDLE,
         LEDGER,
         QUERY_CONCURRENCY,
         SHARD_SIZE,
@@ -183,6 +186,7 @@ if TYPE_CHECKING:
         AccessSettings,
         CheckSettings,
         CollectSettings,
+        IdleSettings,
         LedgerSettings,
         ServeOptions,
         Settings,
@@ -207,7 +211,8 @@ if TYPE_CHECKING:
 
 #: the settings' models and the options made from them (hub.common._settings) load on first
 #: use: they bring pydantic, which the spoke exporter never needs
-_SETTINGS = ("CHECKS", "LEDGER", "QUERY_CONCURRENCY", "SHARD_SIZE", "SYNC", "AccessSettings",
+_SETTINGS = ("CHECKS", "IDLE", "IdleSettings", "LEDGER", "QUERY_CONCURRENCY", "SHARD_SIZE",
+             "SYNC", "AccessSettings",
              "CheckSettings", "CollectSettings", "LedgerSettings", "ServeOptions", "Settings",
              "SyncSettings", "TlsSettings", "cluster_label_option", "lemon_threshold_option",
              "lock_timeout_option", "max_age_option", "min_charge_option", "option",

@@ -23,7 +23,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, mo
 
 from hub.common._durations import DURATION, parse_duration
 from hub.common._errors import InputError
-from hub.common._options import check_label_name, env
+from hub.common._options import PERCENT, check_label_name, env
 
 F = Callable[..., Any]
 
@@ -338,6 +338,19 @@ class CollectSettings(LedgerSettings):
              "hours for the next run.")] = "5m"  # type: ignore[assignment]
 
 
+class IdleSettings(Settings):
+    """The one idle rule every idle answer shares: `usage`'s idle GPU-hours, `idle`,
+    `report`'s idle list, serve's page and API defaults (hub.usage.IdleRule)."""
+
+    idle_threshold: Annotated[float, Opt(
+        type=PERCENT,
+        help="Average utilisation % under which an allocated bucket is idle.")] = 5.0
+    idle_for: Annotated[Duration, Opt(
+        metavar="DURATION",
+        help="Allocated time counts as idle only in runs under --idle-threshold at least "
+             "this long (what `gpufleet idle --for` lists).")] = "2h"  # type: ignore[assignment]
+
+
 class AccessSettings(Settings):
     """Who may read what `serve` serves."""
 
@@ -396,10 +409,11 @@ class TlsSettings(Settings):
         return self
 
 
-class ServeOptions(SyncSettings, CheckSettings, LedgerSettings, AccessSettings, TlsSettings):
-    """Every option of `gpufleet serve` but the hub's, the database's and the idle rule's
-    (hub.common.hub_options, db_option, `idle_options`): the sync's, the checks', the
-    ledger's, access and TLS, and the service's own below. hub.service.ServeSettings adds
+class ServeOptions(SyncSettings, CheckSettings, LedgerSettings, IdleSettings, AccessSettings,
+                   TlsSettings):
+    """Every option of `gpufleet serve` but the hub's and the database's
+    (hub.common.hub_options, db_option): the sync's, the checks', the ledger's, the idle
+    rule, access and TLS, and the service's own below. hub.service.ServeSettings adds
     what is built from them."""
 
     every: Annotated[Duration, Opt(
@@ -471,5 +485,6 @@ min_charge_option = option(LedgerSettings, "min_charge")
 SYNC = SyncSettings()
 LEDGER = LedgerSettings()
 CHECKS = CheckSettings()
+IDLE = IdleSettings()
 QUERY_CONCURRENCY: int = SYNC.query_concurrency
 SHARD_SIZE: int = SYNC.shard_size

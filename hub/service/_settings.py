@@ -63,7 +63,10 @@ class ServeSettings(ServeOptions):
     #: the table read from the --prices file the options name
     prices: Annotated[usage.Prices | None,
                       BeforeValidator(_price_table)] = None  # type: ignore[assignment]
-    idle_rule: usage.IdleRule = Field(default_factory=usage.IdleRule)
+
+    @property
+    def idle_rule(self) -> usage.IdleRule:
+        return usage.IdleRule(self.idle_threshold, self.idle_for)
 
     @property
     def host(self) -> str:
@@ -93,15 +96,11 @@ class ServeSettings(ServeOptions):
         return load_catalog(self.instance_types)
 
 
-def serve_settings(*, db: str | None, hub: HubSettings,
-                   idle_threshold: float = usage.IDLE_THRESHOLD_PCT,
-                   idle_for: float = usage.IDLE_FOR_S, **options: Any) -> ServeSettings:
+def serve_settings(*, db: str | None, hub: HubSettings, **options: Any) -> ServeSettings:
     """The settings `serve`'s options (the fields of hub.common.ServeOptions) describe, or a
     one-line InputError (exit 2) for the first thing wrong with them: each field's own
     check, then those that join several options and read files."""
-    settings = ServeSettings.build(db=db, hub=hub,
-                                   idle_rule=usage.IdleRule(idle_threshold, idle_for),
-                                   **options)
+    settings = ServeSettings.build(db=db, hub=hub, **options)
     usage.check_settings(bucket=settings.usage_bucket, push_interval=settings.push_interval,
                          retention=settings.usage_retention,
                          max_backfill=settings.usage_max_backfill)
