@@ -13,7 +13,6 @@ from hub import onboard
 from hub import service as svc
 from hub.commands.core import hub_settings
 from hub.common import (
-    DURATION,
     ConfiguredCommand,
     ConfiguredGroup,
     InputError,
@@ -23,6 +22,7 @@ from hub.common import (
     db_option,
     env,
     hub_options,
+    option,
     options_of,
     output_option,
     parse_duration,
@@ -198,11 +198,10 @@ def hub_group() -> None:
 @click.option("--tokens-secret", envvar=env("tokens-secret"), metavar="NAME",
               help=f"Secret whose key '{onboard.TOKENS_KEY}' is the API's --tokens-file "
                    "(`gpufleet serve token create` makes its entries).")
-@click.option("--oidc-issuer", envvar=env("oidc-issuer"), metavar="URL",
-              help="Accept OIDC bearer tokens of this https issuer (serve --oidc-issuer); "
-                   "needs --oidc-audience and --scopes-configmap.")
-@click.option("--oidc-audience", envvar=env("oidc-audience"), metavar="AUD",
-              help="The audience ('aud') an OIDC token must be issued for.")
+@option(ServeOptions, "oidc_issuer",
+        help="Accept OIDC bearer tokens of this https issuer (serve --oidc-issuer); needs "
+             "--oidc-audience and --scopes-configmap.")
+@option(ServeOptions, "oidc_audience")
 @click.option("--oidc-scope-claim", envvar=env("oidc-scope-claim"),
               default=ServeOptions.default("oidc_scope_claim"), show_default=True,
               metavar="CLAIM",
@@ -210,22 +209,20 @@ def hub_group() -> None:
 @click.option("--scopes-configmap", envvar=env("scopes-configmap"), metavar="NAME",
               help=f"ConfigMap whose key '{onboard.SCOPES_KEY}' maps OIDC groups to scopes "
                    "(serve --scopes-file).")
-@click.option("--allow-unauthenticated", is_flag=True, envvar=env("allow-unauthenticated"),
-              help="UNSAFE: render a service that answers anyone who reaches it, without a "
-                   "token (refused unless given, when neither --tokens-secret nor "
-                   "--oidc-issuer is).")
+@option(ServeOptions, "allow_unauthenticated",
+        help="UNSAFE: render a service that answers anyone who reaches it, without a token "
+             "(refused unless given, when neither --tokens-secret nor --oidc-issuer is).")
 @click.option("--allow-from-namespace", "allow_from_namespaces", multiple=True,
               envvar=env("allow-from-namespace"), metavar="NS",
               help="A namespace whose pods may reach the service (repeat: ingress "
                    "controller, monitoring). Default: only the service's own namespace.")
-@click.option("--forwarded-allow-ips", envvar=env("forwarded-allow-ips"), default="",
-              metavar="IP[,CIDR...]",
-              help="Proxies whose X-Forwarded-For the service believes (serve "
-                   "--forwarded-allow-ips): the cluster network's CIDR behind an ingress or "
-                   "an OpenShift route. Default: none.")
-@click.option("--prune-stale-after", type=DURATION, envvar=env("prune-stale-after"),
-              metavar="DURATION", help="Let the Deployment delete what has been stale for "
-              "longer than this after each sync (serve --prune-stale-after). Default: never.")
+@option(ServeOptions, "forwarded_allow_ips",
+        help="Proxies whose X-Forwarded-For the service believes (serve "
+             "--forwarded-allow-ips): the cluster network's CIDR behind an ingress or an "
+             "OpenShift route. Default: none.")
+@option(ServeOptions, "prune_stale_after",
+        help="Let the Deployment delete what has been stale for longer than this after each "
+             "sync (serve --prune-stale-after). Default: never.")
 @click.option("--replicas", type=click.IntRange(1, 100), default=onboard.DEFAULT_REPLICAS,
               show_default=True, envvar=env("replicas"), metavar="N",
               help="Replicas of the Deployment: every one serves, one (across them all) "
@@ -239,16 +236,8 @@ def hub_group() -> None:
                    f"Observability's Grafana (namespace {onboard.OBSERVABILITY_NAMESPACE}, "
                    "apply on the ACM hub) with the inventory's PromQL.")
 @cluster_label_option
-def hub_render(out: str | None, namespace: str, image: str, kind: str, every: str,
-               hub_url: str | None, db_secret: str, hub_token_secret: str,
-               hub_ca_configmap: str | None, hub_ca_key: str, tls_secret: str | None,
-               tokens_secret: str | None, oidc_issuer: str | None,
-               oidc_audience: str | None, oidc_scope_claim: str,
-               scopes_configmap: str | None, allow_unauthenticated: bool,
-               allow_from_namespaces: tuple[str, ...], forwarded_allow_ips: str,
-               prune_stale_after: float | None, replicas: int, cpu_limit: float,
-               grafana: bool, cluster_label: str,
-               **_: Any) -> None:
+def hub_render(out: str | None, every: str, forwarded_allow_ips: str, grafana: bool,
+               cluster_label: str, config: str | None = None, **opts: Any) -> None:
     """Write the hub service's manifests into --out (apply with `kubectl apply -k DIR`).
 
     Secrets are referenced by name, never rendered: create the database Secret (and the
@@ -262,17 +251,9 @@ def hub_render(out: str | None, namespace: str, image: str, kind: str, every: st
         seconds = parse_duration(every)
     except ValueError as exc:
         raise InputError(f"--every: {exc}") from None
+    # the other options are hub_service_values' keywords, by the same names
     values = onboard.hub_service_values(
-        hub_url=hub_url, namespace=namespace, image=image, kind=kind, every=seconds,
-        db_secret=db_secret, hub_token_secret=hub_token_secret,
-        hub_ca_configmap=hub_ca_configmap, hub_ca_key=hub_ca_key, tls_secret=tls_secret,
-        tokens_secret=tokens_secret, prune_stale_after=prune_stale_after,
-        oidc_issuer=oidc_issuer, oidc_audience=oidc_audience,
-        oidc_scope_claim=oidc_scope_claim, scopes_configmap=scopes_configmap,
-        allow_unauthenticated=allow_unauthenticated,
-        allow_from_namespaces=allow_from_namespaces,
-        forwarded_allow_ips=list(proxy_addresses(forwarded_allow_ips)), replicas=replicas,
-        cpu_limit=cpu_limit)
+        every=seconds, forwarded_allow_ips=list(proxy_addresses(forwarded_allow_ips)), **opts)
     files = onboard.render_hub_service(
         values, extra=onboard.render_grafana(cluster_label) if grafana else None)
     onboard.write_tree(files, out)

@@ -23,6 +23,7 @@ from hub.common import (
     ConfiguredCommand,
     ConfiguredGroup,
     InputError,
+    ServeOptions,
     check_document,
     cluster_label_option,
     counts_line,
@@ -32,6 +33,7 @@ from hub.common import (
     hub_options,
     lemon_threshold_option,
     max_age_option,
+    option,
     output_option,
     parse_json,
     push_interval_option,
@@ -48,15 +50,9 @@ def load_catalog(path: str | None):  # -> hub.kube.Catalog
     return load(path)
 
 
-def instance_types_option(func):
-    """--instance-types FILE: entries that add to or override the shipped instance-type
-    catalog (reconcile's expected GPUs, usage's GPUs per instance)."""
-    return click.option(
-        "--instance-types", "instance_types", type=click.Path(dir_okay=False),
-        envvar=env("instance-types"), metavar="FILE",
-        help="YAML of instance types (and node-label selectors for on-premises servers) "
-             "with their GPU count, adding to or overriding the catalog shipped in gpufleet "
-             "(docs/operations.md).")(func)
+#: --instance-types FILE: entries that add to or override the shipped instance-type catalog
+#: (reconcile's expected GPUs, usage's GPUs per instance); declared with serve's options
+instance_types_option = option(ServeOptions, "instance_types")
 #: cluster -> the GPUs pods hold through ResourceClaims, as read this run
 DraClaims = dict[str, list[Any]]
 RECONCILE_COLUMNS = ["scope", "cluster", "node", "status", "mode", "k8s_gpus",
