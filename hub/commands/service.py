@@ -237,7 +237,7 @@ def hub_group() -> None:
                    "apply on the ACM hub) with the inventory's PromQL.")
 @cluster_label_option
 def hub_render(out: str | None, every: str, forwarded_allow_ips: str, grafana: bool,
-               cluster_label: str, config: str | None = None, **opts: Any) -> None:
+               cluster_label: str, **opts: Any) -> None:
     """Write the hub service's manifests into --out (apply with `kubectl apply -k DIR`).
 
     Secrets are referenced by name, never rendered: create the database Secret (and the
@@ -252,6 +252,7 @@ def hub_render(out: str | None, every: str, forwarded_allow_ips: str, grafana: b
     except ValueError as exc:
         raise InputError(f"--every: {exc}") from None
     # the other options are hub_service_values' keywords, by the same names
+    opts.pop("config", None)
     values = onboard.hub_service_values(
         every=seconds, forwarded_allow_ips=list(proxy_addresses(forwarded_allow_ips)), **opts)
     files = onboard.render_hub_service(

@@ -82,6 +82,7 @@ __all__ = [
     "PERCENT",
     "QUERY_CONCURRENCY",
     "REDACTED",
+    "REPORT",
     "SHARD_SIZE",
     "SYNC",
     "AccessSettings",
@@ -97,6 +98,7 @@ __all__ = [
     "LedgerSettings",
     "QuietHangups",
     "RedactingFilter",
+    "ReportSettings",
     "ServeOptions",
     "Settings",
     "SyncSettings",
@@ -181,6 +183,7 @@ if TYPE_CHECKING:
         IDLE,
         LEDGER,
         QUERY_CONCURRENCY,
+        REPORT,
         SHARD_SIZE,
         SYNC,
         AccessSettings,
@@ -188,6 +191,7 @@ if TYPE_CHECKING:
         CollectSettings,
         IdleSettings,
         LedgerSettings,
+        ReportSettings,
         ServeOptions,
         Settings,
         SyncSettings,
@@ -211,14 +215,13 @@ if TYPE_CHECKING:
 
 #: the settings' models and the options made from them (hub.common._settings) load on first
 #: use: they bring pydantic, which the spoke exporter never needs
-_SETTINGS = ("CHECKS", "IDLE", "IdleSettings", "LEDGER", "QUERY_CONCURRENCY", "SHARD_SIZE",
-             "SYNC", "AccessSettings",
-             "CheckSettings", "CollectSettings", "LedgerSettings", "ServeOptions", "Settings",
-             "SyncSettings", "TlsSettings", "cluster_label_option", "lemon_threshold_option",
-             "lock_timeout_option", "max_age_option", "min_charge_option", "option",
-             "options_of", "pick", "proxy_addresses", "push_interval_option",
-             "query_concurrency_option", "replaced_within_option", "shard_size_option",
-             "stale_after_option", "window_option")
+_SETTINGS = ("CHECKS", "IDLE", "IdleSettings", "REPORT", "ReportSettings", "LEDGER",
+             "QUERY_CONCURRENCY", "SHARD_SIZE", "SYNC", "AccessSettings", "CheckSettings",
+             "CollectSettings", "LedgerSettings", "ServeOptions", "Settings", "SyncSettings",
+             "TlsSettings", "cluster_label_option", "lemon_threshold_option",
+             "lock_timeout_option", "max_age_option", "min_charge_option", "option", "options_of",
+             "pick", "proxy_addresses", "push_interval_option", "query_concurrency_option",
+             "replaced_within_option", "shard_size_option", "stale_after_option", "window_option")
 
 
 #: The HTTP server base (http.server, socketserver) loads on first use: only `serve`, the

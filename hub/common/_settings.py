@@ -298,6 +298,25 @@ class CheckSettings(Settings):
              "90 days is a finding (`gpufleet inventory lemons` ranks them).")] = 2.0
 
 
+class ReportSettings(CheckSettings):
+    """`gpufleet report`'s checks: the shared ones and two that only the report is given
+    (serve's findings take their defaults, hub.validate's NAMING_MIX_FOR and
+    ACM_SILENT_AFTER)."""
+
+    naming_mix_for: Annotated[Duration, Opt(
+        metavar="DURATION",
+        help="A cluster whose GPUs send both dcgm namings (legacy and dcgm-4.7) for longer "
+             "than this is a finding: an exporter upgrade should take "
+             "less.")] = "24h"  # type: ignore[assignment]
+    #: ACM's ManagedClusterMetricsMissing fires after 15 minutes (hub.validate._checks)
+    acm_silent_after: Annotated[Duration, Opt(
+        metavar="DURATION",
+        help="A cluster ACM manages (acm_managed_cluster_labels) whose newest GPU sample is "
+             "older than this is silent, an error: the age at which ACM's own "
+             "ManagedClusterMetricsMissing fires. A cluster in maintenance_mode may be "
+             "silent (info).")] = "15m"  # type: ignore[assignment]
+
+
 class LedgerSettings(Settings):
     """How the usage ledger is written (`usage collect`, `serve`): give both the same
     values, or the buckets each writes differ."""
@@ -485,6 +504,7 @@ min_charge_option = option(LedgerSettings, "min_charge")
 SYNC = SyncSettings()
 LEDGER = LedgerSettings()
 CHECKS = CheckSettings()
+REPORT = ReportSettings()
 IDLE = IdleSettings()
 QUERY_CONCURRENCY: int = SYNC.query_concurrency
 SHARD_SIZE: int = SYNC.shard_size

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from hub.common import CHECKS, LEDGER
+from hub.common import CHECKS, LEDGER, REPORT
 from hub.common import human_duration as human
 from hub.inventory import NO_GPU_SERIES, UNLABELLED_SERIES
 
@@ -234,7 +234,7 @@ def check_inventory(clusters: Sequence[ClusterFacts],
 #: ACM's own "cluster silent" alert, ManagedClusterMetricsMissing, fires after 15 minutes
 #: without metrics from a managed cluster (FIELD_NOTES, fifth round): a cluster ACM lists is
 #: called silent (an error) at the same age, so the two never disagree for long.
-ACM_SILENT_AFTER = 900.0
+ACM_SILENT_AFTER: float = REPORT.acm_silent_after
 
 
 def check_freshness(clusters: Sequence[ClusterFacts], now: dt.datetime, max_age: float,
@@ -520,7 +520,7 @@ class Facts:
 
 #: How long a cluster may send both dcgm namings (a rolling exporter upgrade) before the
 #: report says so (`report --naming-mix-for`).
-NAMING_MIX_FOR = 24 * 3600.0
+NAMING_MIX_FOR: float = REPORT.naming_mix_for
 
 
 def check_naming(clusters: Sequence[ClusterFacts], now: dt.datetime,
