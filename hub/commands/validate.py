@@ -26,6 +26,7 @@ from hub.common import (
     LedgerSettings,
     ReportSettings,
     ServeOptions,
+    SyncSettings,
     check_document,
     cluster_label_option,
     counts_line,
@@ -201,9 +202,8 @@ def _managed(context: str, kubeconfig: str | None,
               envvar=env("managed-cluster-selector"), metavar="SELECTOR",
               help="Only ManagedClusters with these labels are expected (a label selector, "
                    "e.g. gpufleet.io/onboard=true, the label `policy render` places on).")
-@click.option("--stale-after", type=DURATION, default="10m", show_default=True,
-              envvar=env("stale-after"), metavar="DURATION",
-              help="--source hub: look-back window of the kube-state-metrics queries.")
+@option(SyncSettings, "stale_after",
+        help="--source hub: look-back window of the kube-state-metrics queries.")
 @instance_types_option
 @hub_options
 @cluster_label_option
