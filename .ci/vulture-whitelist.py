@@ -119,3 +119,5 @@ largest_on_one_node  # unused variable (hub/service/_models.py: a response field
 service_dns  # unused property (hub/onboard/_spoke.py: read by templates/spoke/prometheus-agent.yml.j2)
 gpu_months  # unused variable (hub/service/_models.py: a response field)
 per_gpu_month  # unused variable (hub/service/_models.py: a response field)
+_none_is_default  # unused method (hub/common/_settings.py: a pydantic model validator)
+_prune_after_stale  # unused method (hub/common/_settings.py: a pydantic model validator)

@@ -20,7 +20,9 @@ from hub.common import (
     ConfiguredCommand,
     ConfiguredGroup,
     GpufleetError,
+    IdleSettings,
     InputError,
+    SyncSettings,
     UnavailableError,
     cluster_label_option,
     db_option,
@@ -31,12 +33,11 @@ from hub.common import (
     hub_options,
     iso,
     lock_timeout_option,
+    options_of,
     output_option,
     parse_duration,
+    pick,
     progress,
-    query_concurrency_option,
-    replaced_within_option,
-    shard_size_option,
     stale_after_option,
     to_json,
 )
@@ -238,18 +239,11 @@ def query(expr: str | None, preset: str | None, stale_after: float, range_: floa
 @click.option("--once", is_flag=True, help="Run one sync and exit (the default).")
 @click.option("--every", type=DURATION, envvar=env("every"), metavar="DURATION",
               help="Keep running, one sync every DURATION (e.g. 5m).")
-@stale_after_option
-@replaced_within_option
-@lock_timeout_option
-@query_concurrency_option
-@shard_size_option
+@options_of(SyncSettings)
 @hub_options
-@cluster_label_option
 @db_option
 @output_option("text", "json", default="text", json_is="one object")
-def sync(once: bool, every: float | None, stale_after: float, replaced_within: float,
-         lock_timeout: float, query_concurrency: int, shard_size: int, cluster_label: str,
-         db: str | None, output: str, **opts: Any) -> None:
+def sync(once: bool, every: float | None, db: str | None, output: str, **opts: Any) -> None:
     """Fill the inventory database from the hub (one transaction per sync).
 
     Counts GPUs per cluster (one request), then issues a fixed set of PromQL queries per
@@ -263,20 +257,14 @@ def sync(once: bool, every: float | None, stale_after: float, replaced_within: f
 
     if once and every:
         raise InputError("--once and --every exclude each other")
-    if stale_after <= 0:
-        raise InputError("--stale-after must be greater than 0")
     if every is not None and every <= 0:
         raise InputError("--every must be greater than 0 (leave it out to sync once)")
-    inv.check_within(replaced_within)
+    settings = SyncSettings.build(**pick(SyncSettings, opts))
     with hub_client(opts) as client, database(db, create=True) as engine:
         while True:
             try:  # at scale a sync takes a while: a bar on a terminal, silent when piped
                 with progress("sync: reading the hub, writing the inventory"):
-                    result = run_sync(engine, client, stale_after=stale_after,
-                                      cluster_label=cluster_label, lock_timeout=lock_timeout,
-                                      query_concurrency=query_concurrency,
-                                      shard_size=shard_size,
-                                      replaced_within=replaced_within)
+                    result = run_sync(engine, client, **settings.of(SyncSettings))
             except UnavailableError as exc:
                 if not every:
                     raise
@@ -474,7 +462,8 @@ def lemons(since: float, by: str, db: str | None, output: str, **_: Any) -> None
 @click.option("--idle-threshold", type=PERCENT, default=usage.IDLE_THRESHOLD_PCT,
               show_default=True, envvar="GPUFLEET_IDLE_THRESHOLD",
               help="Average utilisation % under which an allocated bucket is idle.")
-@click.option("--idle-for", type=DURATION, default="2h", show_default=True, metavar="DURATION",
+@click.option("--idle-for", type=DURATION, default=IdleSettings.default("idle_for"),
+              show_default=True, metavar="DURATION",
               envvar="GPUFLEET_IDLE_FOR",
               help="A reserved GPU idle this long in a row is not active.")
 @db_option

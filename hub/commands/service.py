@@ -12,36 +12,35 @@ import yaml
 from hub import onboard
 from hub import service as svc
 from hub.commands.core import hub_settings
-from hub.commands.usage import idle_options
-from hub.commands.validate import instance_types_option
 from hub.common import (
-    DURATION,
     ConfiguredCommand,
     ConfiguredGroup,
     InputError,
     RedactingFilter,
+    ServeOptions,
     cluster_label_option,
     db_option,
     env,
     hub_options,
-    lemon_threshold_option,
-    lock_timeout_option,
-    max_age_option,
-    min_charge_option,
+    option,
+    options_of,
     output_option,
     parse_duration,
-    push_interval_option,
-    query_concurrency_option,
-    replaced_within_option,
-    shard_size_option,
-    stale_after_option,
-    window_option,
+    pick,
+    proxy_addresses,
 )
 
-
-def _file_option(name: str, help: str) -> Any:
-    return click.option(name, envvar=env(name[2:]), metavar="FILE",
-                        type=click.Path(dir_okay=False), help=help)
+#: serve's options in the order `serve --help` lists them (the hub's, the database's and the
+#: idle rule's follow)
+SERVE_OPTIONS = (
+    "every", "listen", "reconcile", "instance_types", "placement_scores",
+    "placement_kubeconfig", "placement_context", "full_at", "tokens_file", "oidc_issuer",
+    "oidc_audience", "oidc_scope_claim", "scopes_file", "allow_unauthenticated",
+    "metrics_open", "session_ttl", "forwarded_allow_ips", "tls_cert_file", "tls_key_file",
+    "prices", "usage_bucket", "usage_retention", "usage_max_backfill", "prune_stale_after",
+    "workers", "max_age", "push_interval", "min_charge", "window", "stale_after",
+    "replaced_within", "lemon_threshold", "lock_timeout", "query_concurrency", "shard_size",
+    "cluster_label", "idle_threshold", "idle_for")
 
 
 class _ServeGroup(ConfiguredCommand, click.Group):
@@ -49,111 +48,11 @@ class _ServeGroup(ConfiguredCommand, click.Group):
 
 
 @click.group(cls=_ServeGroup, invoke_without_command=True)
-@click.option("--every", type=DURATION, default="5m", show_default=True, envvar=env("every"),
-              metavar="DURATION", help="Sync interval; a failed sync is retried sooner "
-              "(5s, 10s, 20s ... at most DURATION).")
-@click.option("--listen", envvar=env("listen"), default="127.0.0.1:8080", show_default=True,
-              metavar="HOST:PORT", help="Address of /metrics, /healthz and /api/v1 "
-              "(0.0.0.0:8080 in a pod). Without --tokens-file or --oidc-issuer only a "
-              "loopback address is accepted, unless --allow-unauthenticated.")
-@click.option("--reconcile", is_flag=True, envvar=env("reconcile"),
-              help="After each sync, reconcile GPU counts with kube-state-metrics through the "
-                   "hub (no access to the spokes needed).")
-@instance_types_option
-@click.option("--placement-scores", is_flag=True, envvar=env("placement-scores"),
-              help="After each sync (the leader only), write ACM AddOnPlacementScores to the "
-                   "hub's Kubernetes API, as `gpufleet placement apply` (in a pod: its "
-                   "service account; needs patch on addonplacementscores and their status).")
-@click.option("--placement-kubeconfig", envvar=env("placement-kubeconfig"), metavar="FILE",
-              help="kubeconfig of the ACM hub for --placement-scores (default: in a pod its "
-                   "service account, else $KUBECONFIG, then ~/.kube/config).")
-@click.option("--placement-context", envvar=env("placement-context"), metavar="CTX",
-              help="kubeconfig context of the ACM hub for --placement-scores.")
-@click.option("--full-at", type=float, default=64.0, show_default=True, metavar="N",
-              envvar=env("full-at"),
-              help="With --placement-scores: free GPUs that score 100 (gpuFree).")
-@_file_option("--tokens-file",
-              help="YAML of static tokens (name, sha256, scope), re-read when it changes; "
-                   "make entries with `gpufleet serve token create`.")
-@click.option("--oidc-issuer", envvar=env("oidc-issuer"), metavar="URL",
-              help="Accept OIDC bearer tokens (JWTs) of this issuer (Keycloak realm URL, "
-                   "Dex, OpenShift's OAuth as an OIDC issuer); needs --oidc-audience and "
-                   "--scopes-file.")
-@click.option("--oidc-audience", envvar=env("oidc-audience"), metavar="AUD",
-              help="The audience ('aud') an OIDC token must be issued for.")
-@click.option("--oidc-scope-claim", envvar=env("oidc-scope-claim"), default="groups",
-              show_default=True, metavar="CLAIM",
-              help="Token claim holding the caller's groups, mapped by --scopes-file.")
-@_file_option("--scopes-file",
-              help="YAML mapping OIDC groups to scopes (clusters, namespaces).")
-@click.option("--allow-unauthenticated", is_flag=True, envvar=env("allow-unauthenticated"),
-              help="UNSAFE: serve every namespace and pod name to anyone who reaches a "
-                   "non-loopback --listen address, without a token.")
-@click.option("--metrics-open/--metrics-closed", default=True, show_default=True,
-              envvar=env("metrics-open"),
-              help="Whether /metrics answers without a token (closed: a token whose scope "
-                   "is the whole fleet).")
-@click.option("--session-ttl", type=DURATION, default="8h", show_default=True,
-              envvar=env("session-ttl"), metavar="DURATION",
-              help="How long a browser stays signed in at /login (at most until its token "
-                   "expires); sessions live in the inventory database, shared by replicas "
-                   "and kept across a restart.")
-@click.option("--forwarded-allow-ips", envvar=env("forwarded-allow-ips"), default="",
-              metavar="IP[,CIDR...]",
-              help="Proxies (an ingress controller, the OpenShift router) whose "
-                   "X-Forwarded-For and X-Forwarded-Proto are believed: addresses or networks, "
-                   "comma-separated, or '*' for any peer. Default: none, not even loopback, "
-                   "so no client can pick the address the log and limits see.")
-@_file_option("--tls-cert-file",
-              help="Serve HTTPS with this certificate (PEM, chain allowed); re-read when it "
-                   "changes, as cert-manager rotates it.")
-@_file_option("--tls-key-file", help="Private key of --tls-cert-file (PEM).")
-@_file_option("--prices", help="Showback: YAML of prices per GPU-hour by model (as in "
-              "`gpufleet usage --prices`); /api/v1/usage then has cost per group.")
-@click.option("--usage-bucket", type=DURATION, default="1h", show_default=True,
-              metavar="DURATION", help="Usage ledger bucket: each completed one is collected "
-              "after the sync that follows it (see `gpufleet usage collect`).")
-@click.option("--usage-retention", type=DURATION, default="400d", show_default=True,
-              metavar="DURATION", help="Usage rows older than this are removed (at least 1d).")
-@click.option("--usage-max-backfill", type=DURATION, default="48h", show_default=True,
-              metavar="DURATION", help="How far back missed usage buckets are caught up "
-              "(after a restart or a hub outage).")
-@click.option("--prune-stale-after", type=DURATION, envvar=env("prune-stale-after"),
-              metavar="DURATION", help="After each sync, delete GPUs, nodes and clusters "
-              "stale for longer than this (as `gpufleet inventory prune`). Default: never.")
-@click.option("--workers", type=click.IntRange(1, 64), envvar=env("workers"), metavar="N",
-              help="Processes serving the port (default: the CPUs available, a container's "
-                   "CPU limit included). One of them, across workers and replicas, runs the "
-                   "schedule; every one serves.")
-@idle_options
-@max_age_option
-@push_interval_option
-@min_charge_option
-@window_option
-@stale_after_option
-@replaced_within_option
-@lemon_threshold_option
-@lock_timeout_option
-@query_concurrency_option
-@shard_size_option
+@options_of(ServeOptions, *SERVE_OPTIONS)
 @hub_options
-@cluster_label_option
 @db_option
 @click.pass_context
-def serve(ctx: click.Context, every: float, listen: str, reconcile: bool, workers: int | None,
-          tokens_file: str | None, oidc_issuer: str | None, oidc_audience: str | None,
-          oidc_scope_claim: str, scopes_file: str | None, allow_unauthenticated: bool,
-          metrics_open: bool, session_ttl: float, forwarded_allow_ips: str,
-          tls_cert_file: str | None,
-          tls_key_file: str | None, usage_bucket: float, usage_retention: float,
-          usage_max_backfill: float, prices: str | None, prune_stale_after: float | None,
-          instance_types: str | None,
-          max_age: float, push_interval: float, min_charge: float, window: float,
-          stale_after: float, replaced_within: float, lemon_threshold: float,
-          lock_timeout: float, cluster_label: str, db: str | None, idle_threshold: float,
-          idle_for: float, placement_scores: bool, placement_kubeconfig: str | None,
-          placement_context: str | None, full_at: float, query_concurrency: int,
-          shard_size: int, **opts: Any) -> None:
+def serve(ctx: click.Context, db: str | None, **opts: Any) -> None:
     """Run the hub service: sync on a schedule and serve the inventory over HTTP.
 
     \b
@@ -189,23 +88,7 @@ def serve(ctx: click.Context, every: float, listen: str, reconcile: bool, worker
     """
     if ctx.invoked_subcommand is not None:
         return
-    settings = svc.serve_settings(
-        every=every, listen=listen, reconcile=reconcile, workers=workers,
-        tokens_file=tokens_file, oidc_issuer=oidc_issuer, oidc_audience=oidc_audience,
-        oidc_scope_claim=oidc_scope_claim, scopes_file=scopes_file,
-        allow_unauthenticated=allow_unauthenticated, metrics_open=metrics_open,
-        session_ttl=session_ttl, forwarded_allow_ips=forwarded_allow_ips,
-        tls_cert_file=tls_cert_file, tls_key_file=tls_key_file, usage_bucket=usage_bucket,
-        usage_retention=usage_retention, usage_max_backfill=usage_max_backfill, prices=prices,
-        prune_stale_after=prune_stale_after, instance_types=instance_types, max_age=max_age,
-        push_interval=push_interval, min_charge=min_charge, window=window,
-        stale_after=stale_after, replaced_within=replaced_within,
-        lemon_threshold=lemon_threshold, lock_timeout=lock_timeout,
-        cluster_label=cluster_label, db=db, idle_threshold=idle_threshold, idle_for=idle_for,
-        hub=hub_settings(opts),
-        placement_scores=placement_scores, placement_kubeconfig=placement_kubeconfig,
-        placement_context=placement_context, full_at=full_at, shard_size=shard_size,
-        query_concurrency=query_concurrency)
+    settings = svc.serve_settings(db=db, hub=hub_settings(opts), **pick(ServeOptions, opts))
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for handler in logging.getLogger().handlers:  # no URL password in any line, whoever logs
@@ -291,8 +174,9 @@ def hub_group() -> None:
 @click.option("--kind", envvar=env("hub-kind"), default="deployment", show_default=True,
               metavar="deployment|cronjob", help="deployment: `gpufleet serve` with metrics "
               "and API; cronjob: `gpufleet sync` on a schedule, nothing served.")
-@click.option("--every", envvar=env("every"), default="5m", show_default=True,
-              metavar="DURATION", help="Sync interval (a CronJob needs a divisor of 1h or 24h).")
+@click.option("--every", envvar=env("every"), default=ServeOptions.default("every"),
+              show_default=True, metavar="DURATION",
+              help="Sync interval (a CronJob needs a divisor of 1h or 24h).")
 @click.option("--hub-url", envvar=env("hub-url"), metavar="URL",
               help="PromQL endpoint of the hub store, as reached from inside the cluster.")
 @click.option("--db-secret", envvar=env("db-secret"), default=onboard.DEFAULT_DB_SECRET,
@@ -314,33 +198,31 @@ def hub_group() -> None:
 @click.option("--tokens-secret", envvar=env("tokens-secret"), metavar="NAME",
               help=f"Secret whose key '{onboard.TOKENS_KEY}' is the API's --tokens-file "
                    "(`gpufleet serve token create` makes its entries).")
-@click.option("--oidc-issuer", envvar=env("oidc-issuer"), metavar="URL",
-              help="Accept OIDC bearer tokens of this https issuer (serve --oidc-issuer); "
-                   "needs --oidc-audience and --scopes-configmap.")
-@click.option("--oidc-audience", envvar=env("oidc-audience"), metavar="AUD",
-              help="The audience ('aud') an OIDC token must be issued for.")
+@option(ServeOptions, "oidc_issuer",
+        help="Accept OIDC bearer tokens of this https issuer (serve --oidc-issuer); needs "
+             "--oidc-audience and --scopes-configmap.")
+@option(ServeOptions, "oidc_audience")
 @click.option("--oidc-scope-claim", envvar=env("oidc-scope-claim"),
-              default=onboard.DEFAULT_SCOPE_CLAIM, show_default=True, metavar="CLAIM",
+              default=ServeOptions.default("oidc_scope_claim"), show_default=True,
+              metavar="CLAIM",
               help="Token claim holding the caller's groups.")
 @click.option("--scopes-configmap", envvar=env("scopes-configmap"), metavar="NAME",
               help=f"ConfigMap whose key '{onboard.SCOPES_KEY}' maps OIDC groups to scopes "
                    "(serve --scopes-file).")
-@click.option("--allow-unauthenticated", is_flag=True, envvar=env("allow-unauthenticated"),
-              help="UNSAFE: render a service that answers anyone who reaches it, without a "
-                   "token (refused unless given, when neither --tokens-secret nor "
-                   "--oidc-issuer is).")
+@option(ServeOptions, "allow_unauthenticated",
+        help="UNSAFE: render a service that answers anyone who reaches it, without a token "
+             "(refused unless given, when neither --tokens-secret nor --oidc-issuer is).")
 @click.option("--allow-from-namespace", "allow_from_namespaces", multiple=True,
               envvar=env("allow-from-namespace"), metavar="NS",
               help="A namespace whose pods may reach the service (repeat: ingress "
                    "controller, monitoring). Default: only the service's own namespace.")
-@click.option("--forwarded-allow-ips", envvar=env("forwarded-allow-ips"), default="",
-              metavar="IP[,CIDR...]",
-              help="Proxies whose X-Forwarded-For the service believes (serve "
-                   "--forwarded-allow-ips): the cluster network's CIDR behind an ingress or "
-                   "an OpenShift route. Default: none.")
-@click.option("--prune-stale-after", type=DURATION, envvar=env("prune-stale-after"),
-              metavar="DURATION", help="Let the Deployment delete what has been stale for "
-              "longer than this after each sync (serve --prune-stale-after). Default: never.")
+@option(ServeOptions, "forwarded_allow_ips",
+        help="Proxies whose X-Forwarded-For the service believes (serve "
+             "--forwarded-allow-ips): the cluster network's CIDR behind an ingress or an "
+             "OpenShift route. Default: none.")
+@option(ServeOptions, "prune_stale_after",
+        help="Let the Deployment delete what has been stale for longer than this after each "
+             "sync (serve --prune-stale-after). Default: never.")
 @click.option("--replicas", type=click.IntRange(1, 100), default=onboard.DEFAULT_REPLICAS,
               show_default=True, envvar=env("replicas"), metavar="N",
               help="Replicas of the Deployment: every one serves, one (across them all) "
@@ -354,16 +236,8 @@ def hub_group() -> None:
                    f"Observability's Grafana (namespace {onboard.OBSERVABILITY_NAMESPACE}, "
                    "apply on the ACM hub) with the inventory's PromQL.")
 @cluster_label_option
-def hub_render(out: str | None, namespace: str, image: str, kind: str, every: str,
-               hub_url: str | None, db_secret: str, hub_token_secret: str,
-               hub_ca_configmap: str | None, hub_ca_key: str, tls_secret: str | None,
-               tokens_secret: str | None, oidc_issuer: str | None,
-               oidc_audience: str | None, oidc_scope_claim: str,
-               scopes_configmap: str | None, allow_unauthenticated: bool,
-               allow_from_namespaces: tuple[str, ...], forwarded_allow_ips: str,
-               prune_stale_after: float | None, replicas: int, cpu_limit: float,
-               grafana: bool, cluster_label: str,
-               **_: Any) -> None:
+def hub_render(out: str | None, every: str, forwarded_allow_ips: str, grafana: bool,
+               cluster_label: str, **opts: Any) -> None:
     """Write the hub service's manifests into --out (apply with `kubectl apply -k DIR`).
 
     Secrets are referenced by name, never rendered: create the database Secret (and the
@@ -377,17 +251,10 @@ def hub_render(out: str | None, namespace: str, image: str, kind: str, every: st
         seconds = parse_duration(every)
     except ValueError as exc:
         raise InputError(f"--every: {exc}") from None
+    # the other options are hub_service_values' keywords, by the same names
+    opts.pop("config", None)
     values = onboard.hub_service_values(
-        hub_url=hub_url, namespace=namespace, image=image, kind=kind, every=seconds,
-        db_secret=db_secret, hub_token_secret=hub_token_secret,
-        hub_ca_configmap=hub_ca_configmap, hub_ca_key=hub_ca_key, tls_secret=tls_secret,
-        tokens_secret=tokens_secret, prune_stale_after=prune_stale_after,
-        oidc_issuer=oidc_issuer, oidc_audience=oidc_audience,
-        oidc_scope_claim=oidc_scope_claim, scopes_configmap=scopes_configmap,
-        allow_unauthenticated=allow_unauthenticated,
-        allow_from_namespaces=allow_from_namespaces,
-        forwarded_allow_ips=svc.proxy_addresses(forwarded_allow_ips), replicas=replicas,
-        cpu_limit=cpu_limit)
+        every=seconds, forwarded_allow_ips=list(proxy_addresses(forwarded_allow_ips)), **opts)
     files = onboard.render_hub_service(
         values, extra=onboard.render_grafana(cluster_label) if grafana else None)
     onboard.write_tree(files, out)

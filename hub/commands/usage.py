@@ -16,20 +16,21 @@ from hub.commands.core import database, hub_client, require_schema
 from hub.common import (
     DURATION,
     PERCENT,
+    CollectSettings,
     ConfiguredCommand,
     ConfiguredGroup,
+    IdleSettings,
     InputError,
     UnavailableError,
-    cluster_label_option,
     db_option,
     emit,
     format_duration,
     hub_options,
-    min_charge_option,
     on_sigterm,
+    options_of,
     output_option,
+    pick,
     progress,
-    push_interval_option,
     to_json,
 )
 
@@ -64,19 +65,9 @@ def period(since: float | None, from_: str | None, until: str | None,
     return now - dt.timedelta(seconds=since), now + dt.timedelta(seconds=1)
 
 
-def idle_options(func):
-    """--idle-threshold and --idle-for: the one idle rule (hub.usage._idle) of `usage`'s idle
-    GPU-hours and `report`'s idle list; `idle --threshold/--for` default to the same."""
-    func = click.option(
-        "--idle-for", type=DURATION, default=format_duration(answers.IDLE_FOR_S),
-        show_default=True, metavar="DURATION", envvar="GPUFLEET_IDLE_FOR",
-        help="Allocated time counts as idle only in runs under --idle-threshold at least "
-             "this long (what `gpufleet idle --for` lists).")(func)
-    return click.option(
-        "--idle-threshold", type=PERCENT,
-        default=answers.IDLE_THRESHOLD_PCT, show_default=True,
-        envvar="GPUFLEET_IDLE_THRESHOLD",
-        help="Average utilisation % under which an allocated bucket is idle.")(func)
+#: --idle-threshold and --idle-for: the one idle rule (hub.common.IdleSettings) of `usage`'s
+#: idle GPU-hours and `report`'s idle list; `idle --threshold/--for` default to the same.
+idle_options = options_of(IdleSettings)
 
 
 def period_options(func):
@@ -188,39 +179,28 @@ def _why_none(span: tuple[dt.datetime, dt.datetime] | None, start: dt.datetime,
 
 @usage.command("collect", cls=ConfiguredCommand)
 @period_options
-@click.option("--bucket", type=DURATION, default="1h", show_default=True, metavar="DURATION",
-              help="Bucket length (buckets are aligned to multiples of it). The ledger keeps "
-              "one size: another is refused unless --replace-grid.")
-@push_interval_option
-@min_charge_option
+@options_of(CollectSettings, "usage_bucket", "push_interval", "min_charge",
+            flags={"usage_bucket": "--bucket"},
+            helps={"usage_bucket": "Bucket length (buckets are aligned to multiples of it). "
+                   "The ledger keeps one size: another is refused unless --replace-grid."})
 @click.option("--step", type=DURATION, metavar="DURATION",
               help="Expert: coverage resolution, default the push interval (never below it). "
               "A coarser step costs the hub less at 1s pushes.")
-@click.option("--max-backfill", type=DURATION, default="48h", show_default=True,
-              metavar="DURATION", help="How far back missed buckets are caught up.")
-@click.option("--usage-retention", type=DURATION, default="400d", show_default=True,
-              metavar="DURATION", help="Ledger rows older than this are removed (at least "
-              "1d and --max-backfill).")
+@options_of(CollectSettings, "usage_max_backfill", "usage_retention",
+            flags={"usage_max_backfill": "--max-backfill"})
 @click.option("--replace-grid", is_flag=True,
               help="Start the ledger over on --bucket's grid: removes every row (with --yes), "
                    "in one transaction with the new grid's first bucket, once collected; "
                    "refused, the ledger unchanged, while the hub does not answer.")
 @click.option("--yes", is_flag=True, help=f"Confirm --replace-grid, or a period (or a "
               f"catch-up of --max-backfill) of more than {answers.CONFIRM_BUCKETS:,} buckets.")
-@click.option("--lock-timeout", type=DURATION, default="5m", show_default=True,
-              envvar="GPUFLEET_LOCK_TIMEOUT", metavar="DURATION",
-              help="How long to wait for another ledger writer (`serve`, a second collect) "
-                   "to finish a bucket: a cron next to `serve` waits its turn rather than "
-                   "leaving its hours for the next run.")
+@options_of(CollectSettings, "lock_timeout")
 @hub_options
-@cluster_label_option
+@options_of(CollectSettings, "cluster_label")
 @db_option
 @output_option("text", "json", default="text", json_is="one object")
-def collect(since: float | None, from_: str | None, until: str | None, bucket: float,
-            push_interval: float, min_charge: float, step: float | None,
-            max_backfill: float,
-            usage_retention: float, replace_grid: bool, yes: bool, lock_timeout: float,
-            cluster_label: str, db: str | None, output: str, **opts: Any) -> None:
+def collect(since: float | None, from_: str | None, until: str | None, step: float | None,
+            replace_grid: bool, yes: bool, db: str | None, output: str, **opts: Any) -> None:
     """Fill the usage ledger: every ended bucket not collected yet (or those asked for).
 
     A bucket is collected once it ended a push interval ago (its last push has arrived);
@@ -235,8 +215,11 @@ def collect(since: float | None, from_: str | None, until: str | None, bucket: f
     """
     from hub.inventory import ensure_schema
 
+    ledger = CollectSettings.build(**pick(CollectSettings, opts))
+    bucket, push_interval = ledger.usage_bucket, ledger.push_interval
+    max_backfill = ledger.usage_max_backfill
     answers.check_settings(bucket=bucket, push_interval=push_interval, resolution=step,
-                           retention=usage_retention, max_backfill=max_backfill)
+                           retention=ledger.usage_retention, max_backfill=max_backfill)
     if replace_grid and not yes:
         raise InputError("--replace-grid removes every row of the usage ledger; add --yes")
     chosen = period(since, from_, until, default_since=None)
@@ -255,8 +238,9 @@ def collect(since: float | None, from_: str | None, until: str | None, bucket: f
         ensure_schema(engine)
         settings: dict[str, Any] = dict(
             bucket=bucket, push_interval=push_interval, resolution=step, starts=starts,
-            max_backfill=max_backfill, retention=usage_retention,
-            cluster_label=cluster_label, lock_timeout=lock_timeout, min_charge=min_charge)
+            max_backfill=max_backfill, retention=ledger.usage_retention,
+            cluster_label=ledger.cluster_label, lock_timeout=ledger.lock_timeout,
+            min_charge=ledger.min_charge)
         if replace_grid:
             removed, result = answers.collect_on_new_grid(engine, client, **settings)
             click.echo(f"usage ledger started over on buckets of {format_duration(bucket)} "
@@ -364,10 +348,10 @@ def pending_plan(engine: Any, *, now: float, bucket: float, max_backfill: float,
 
 @click.command(cls=ConfiguredCommand)
 @click.option("--threshold", type=PERCENT,
-              default=answers.IDLE_THRESHOLD_PCT, show_default=True,
+              default=IdleSettings.default("idle_threshold"), show_default=True,
               envvar="GPUFLEET_IDLE_THRESHOLD",
               help="Average utilisation % under which an allocated bucket is idle.")
-@click.option("--for", "for_", type=DURATION, default=format_duration(answers.IDLE_FOR_S),
+@click.option("--for", "for_", type=DURATION, default=IdleSettings.default("idle_for"),
               show_default=True, envvar="GPUFLEET_IDLE_FOR",
               metavar="DURATION", help="Idle at least this long in a row.")
 @period_options

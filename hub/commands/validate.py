@@ -23,6 +23,10 @@ from hub.common import (
     ConfiguredCommand,
     ConfiguredGroup,
     InputError,
+    LedgerSettings,
+    ReportSettings,
+    ServeOptions,
+    SyncSettings,
     check_document,
     cluster_label_option,
     counts_line,
@@ -30,10 +34,12 @@ from hub.common import (
     emit,
     env,
     hub_options,
-    lemon_threshold_option,
     max_age_option,
+    option,
+    options_of,
     output_option,
     parse_json,
+    pick,
     push_interval_option,
     read_text,
     window_option,
@@ -48,15 +54,9 @@ def load_catalog(path: str | None):  # -> hub.kube.Catalog
     return load(path)
 
 
-def instance_types_option(func):
-    """--instance-types FILE: entries that add to or override the shipped instance-type
-    catalog (reconcile's expected GPUs, usage's GPUs per instance)."""
-    return click.option(
-        "--instance-types", "instance_types", type=click.Path(dir_okay=False),
-        envvar=env("instance-types"), metavar="FILE",
-        help="YAML of instance types (and node-label selectors for on-premises servers) "
-             "with their GPU count, adding to or overriding the catalog shipped in gpufleet "
-             "(docs/operations.md).")(func)
+#: --instance-types FILE: entries that add to or override the shipped instance-type catalog
+#: (reconcile's expected GPUs, usage's GPUs per instance); declared with serve's options
+instance_types_option = option(ServeOptions, "instance_types")
 #: cluster -> the GPUs pods hold through ResourceClaims, as read this run
 DraClaims = dict[str, list[Any]]
 RECONCILE_COLUMNS = ["scope", "cluster", "node", "status", "mode", "k8s_gpus",
@@ -202,9 +202,8 @@ def _managed(context: str, kubeconfig: str | None,
               envvar=env("managed-cluster-selector"), metavar="SELECTOR",
               help="Only ManagedClusters with these labels are expected (a label selector, "
                    "e.g. gpufleet.io/onboard=true, the label `policy render` places on).")
-@click.option("--stale-after", type=DURATION, default="10m", show_default=True,
-              envvar=env("stale-after"), metavar="DURATION",
-              help="--source hub: look-back window of the kube-state-metrics queries.")
+@option(SyncSettings, "stale_after",
+        help="--source hub: look-back window of the kube-state-metrics queries.")
 @instance_types_option
 @hub_options
 @cluster_label_option
@@ -311,21 +310,11 @@ def reconcile(ctx: click.Context, source: str | None, contexts: tuple[str, ...],
 
 
 @click.command(cls=ConfiguredCommand)
-@max_age_option
-@push_interval_option
-@window_option
+@options_of(ReportSettings, "max_age")
+@options_of(LedgerSettings, "push_interval")
+@options_of(ReportSettings, "window")
 @idle_options
-@click.option("--naming-mix-for", type=DURATION, default="24h", show_default=True,
-              metavar="DURATION", envvar=env("naming-mix-for"),
-              help="A cluster whose GPUs send both dcgm namings (legacy and dcgm-4.7) for "
-                   "longer than this is a finding: an exporter upgrade should take less.")
-@click.option("--acm-silent-after", type=DURATION, default="15m", show_default=True,
-              metavar="DURATION", envvar=env("acm-silent-after"),
-              help="A cluster ACM manages (acm_managed_cluster_labels) whose newest GPU sample "
-                   "is older than this is silent, an error: the age at which ACM's own "
-                   "ManagedClusterMetricsMissing fires. A cluster in maintenance_mode may be "
-                   "silent (info).")
-@lemon_threshold_option
+@options_of(ReportSettings, "naming_mix_for", "acm_silent_after", "lemon_threshold")
 @click.option("--max-findings", type=click.IntRange(1), default=50, show_default=True,
               help="Findings listed in -o markdown (the rest are counted).")
 @click.option("--out", metavar="FILE",
@@ -335,11 +324,8 @@ def reconcile(ctx: click.Context, source: str | None, contexts: tuple[str, ...],
 @db_option
 @output_option("table", "json", "markdown", "html", json_is="one object")
 @click.pass_context
-def report(ctx: click.Context, max_age: float, push_interval: float, window: float,
-           idle_threshold: float, idle_for: float, naming_mix_for: float,
-           acm_silent_after: float, lemon_threshold: float, max_findings: int,
-           out: str | None,
-           cluster_label: str, db: str | None, output: str, **opts: Any) -> None:
+def report(ctx: click.Context, max_findings: int, out: str | None, db: str | None,
+           output: str, **opts: Any) -> None:
     """Check the latest data and print findings with a per-cluster summary.
 
     Checks freshness (newest sample against --max-age and twice --push-interval), expected
@@ -356,33 +342,26 @@ def report(ctx: click.Context, max_age: float, push_interval: float, window: flo
     """
     from hub.commands.core import database, hub_client
 
-    if max_age <= 0 or push_interval <= 0 or window <= 0 or acm_silent_after <= 0:
+    checks = ReportSettings.build(**pick(ReportSettings, opts))
+    push_interval = opts["push_interval"]
+    if min(checks.max_age, push_interval, checks.window, checks.acm_silent_after) <= 0:
         raise InputError("--max-age, --push-interval, --window and --acm-silent-after must "
                          "be greater than 0")
-    inv.check_threshold(lemon_threshold)
+    given = dict(**checks.of(ReportSettings), push_interval=push_interval,
+                 cluster_label=opts["cluster_label"], idle_threshold=opts["idle_threshold"],
+                 idle_for=opts["idle_for"])
     with database(db) as engine:
         if opts.get("hub_url"):
             with hub_client(opts) as client:
-                assessed = validation.assess(engine, client, max_age=max_age,
-                                           push_interval=push_interval, window=window,
-                                           cluster_label=cluster_label,
-                                           idle_threshold=idle_threshold, idle_for=idle_for,
-                                           naming_mix_for=naming_mix_for,
-                                           acm_silent_after=acm_silent_after,
-                                           lemon_threshold=lemon_threshold)
+                assessed = validation.assess(engine, client, **given)
         else:
-            assessed = validation.assess(engine, None, max_age=max_age,
-                                       push_interval=push_interval, window=window,
-                                       cluster_label=cluster_label,
-                                       idle_threshold=idle_threshold, idle_for=idle_for,
-                                       naming_mix_for=naming_mix_for,
-                                       acm_silent_after=acm_silent_after,
-                                       lemon_threshold=lemon_threshold)
+            assessed = validation.assess(engine, None, **given)
     facts, findings, now = assessed.facts, assessed.findings, assessed.now
     hub_url, hub_failure = assessed.hub_url, assessed.hub_failure
     run = facts.reconcile
     result = validation.Report(
-        generated_at=now, max_age=max_age, push_interval=push_interval, window=window,
+        generated_at=now, max_age=checks.max_age, push_interval=push_interval,
+        window=checks.window,
         summary=validation.summarize(facts, findings), findings=findings, hub=hub_url,
         reconcile={"finished_at": run.finished_at, "source": run.source} if run else None,
         usage=assessed.usage,

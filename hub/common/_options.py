@@ -1,4 +1,6 @@
-"""Option groups shared by several commands, each also settable as ``GPUFLEET_<NAME>``."""
+"""Option groups shared by several commands, each also settable as ``GPUFLEET_<NAME>``: how
+to reach the hub and the database. The settings with a default and a check (the sync's, the
+ledger's, serve's) are declared as models in hub.common._settings."""
 
 from __future__ import annotations
 
@@ -10,7 +12,6 @@ from urllib.parse import urlsplit
 
 import click
 
-from hub.common._durations import DURATION
 from hub.common._errors import InputError
 from hub.common._redact import register_secret
 from hub.common._textfiles import read_text
@@ -83,17 +84,6 @@ def check_label_name(value: str, what: str = "--cluster-label") -> str:
     return value
 
 
-def _label_callback(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    return check_label_name(value, "--" + (param.name or "").replace("_", "-"))
-
-
-cluster_label_option = click.option(
-    "--cluster-label", envvar=env("cluster-label"), default="cluster", show_default=True,
-    callback=_label_callback, metavar="LABEL",
-    help="Label that names the cluster on every series (ACM adds 'cluster'); a Prometheus "
-         "label name.",
-)
-
 def _db_file(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
     if value:
         ctx.meta["gpufleet.db_file"] = value
@@ -127,79 +117,3 @@ def db_option(command: F) -> F:
         is_eager=True, callback=_db_file,
         help="File holding the database URL (e.g. a mounted Secret); instead of --db.",
     )(command)
-
-stale_after_option = click.option(
-    "--stale-after", type=DURATION, default="10m", show_default=True, envvar=env("stale-after"),
-    metavar="DURATION",
-    help="Look-back window: no sample within it means stale (10m covers one missed 300s ACM "
-         "push).",
-)
-
-lock_timeout_option = click.option(
-    "--lock-timeout", type=DURATION, default="0s", show_default=True,
-    envvar=env("lock-timeout"), metavar="DURATION",
-    help="How long to wait for another sync on the same database to finish.",
-)
-
-#: a sync's PromQL requests in flight at once (why 4: hub.inventory._sync)
-QUERY_CONCURRENCY = 4
-
-query_concurrency_option = click.option(
-    "--query-concurrency", type=click.IntRange(1, 64), default=QUERY_CONCURRENCY,
-    show_default=True, envvar=env("query-concurrency"), metavar="N",
-    help="PromQL requests in flight at once (a sync's, across its shards). The store "
-         "answers several at once far faster than one by one; more than a few loads a "
-         "shared store (Thanos Query runs 20 at once by default, for every user).",
-)
-
-#: GPUs (and MIG slices) one shard of a sync asks for (why: hub.inventory._sync)
-SHARD_SIZE = 20_000
-
-shard_size_option = click.option(
-    "--shard-size", type=click.IntRange(100, 10_000_000), default=SHARD_SIZE,
-    show_default=True, envvar=env("shard-size"), metavar="GPUS",
-    help="GPUs (and MIG slices) per shard: the sync asks its queries once per shard of "
-         "whole clusters of about this many, so each answer stays well under a store's "
-         "per-query limits and memory follows the shard, not the fleet.",
-)
-
-replaced_within_option = click.option(
-    "--replaced-within", type=DURATION, default="7d", show_default=True,
-    envvar=env("replaced-within"), metavar="DURATION",
-    help="A new GPU in a slot another GPU held this recently is a `replaced` event "
-         "(slot, old, new); the two keep separate histories.",
-)
-
-lemon_threshold_option = click.option(
-    "--lemon-threshold", type=float, default=2.0, show_default=True,
-    metavar="N", envvar=env("lemon-threshold"),
-    help="A GPU or slot failing more than N times a GPU-month in service over the "
-         "last 90 days is a finding (`gpufleet inventory lemons` ranks them).",
-)
-
-max_age_option = click.option(
-    "--max-age", type=DURATION, default="1h", show_default=True, envvar=env("max-age"),
-    metavar="DURATION",
-    help="Freshness guarantee (adoption contract): a cluster without a GPU sample for longer "
-         "is an error.",
-)
-
-push_interval_option = click.option(
-    "--push-interval", type=DURATION, default="300s", show_default=True,
-    envvar=env("push-interval"), metavar="DURATION",
-    help="How often spokes push (ACM: 300s); no sample for twice this is a warning.",
-)
-
-min_charge_option = click.option(
-    "--min-charge", type=DURATION, default="0s", show_default=True,
-    envvar=env("min-charge"), metavar="DURATION",
-    help="Charge an ended allocation at least this long, as the clouds bill GPU instances "
-         "(e.g. 60s); 0s: off. Give `usage collect` and `serve` the same value (env "
-         "GPUFLEET_MIN_CHARGE), or the buckets each writes are charged differently.",
-)
-
-window_option = click.option(
-    "--window", type=DURATION, default="1h", show_default=True, envvar=env("window"),
-    metavar="DURATION",
-    help="History window of the zero-usage, stuck-collector and exporter-error checks.",
-)

@@ -257,17 +257,6 @@ def check_since(seconds: float) -> None:
         raise InputError("--since must be greater than 0 and at most 3650d")
 
 
-def check_within(seconds: float) -> None:
-    if not 0 < seconds <= 365 * 86400:
-        raise InputError("--replaced-within must be greater than 0 and at most 365d")
-
-
-def check_threshold(value: float) -> None:
-    if not (value == value and 0 < value <= 1_000_000):  # NaN fails
-        raise InputError("--lemon-threshold must be greater than 0 and at most 1000000 "
-                         "(failures per GPU-month)")
-
-
 def parse_by(text: str, allowed: tuple[str, ...], *, many: bool) -> tuple[str, ...]:
     """``--by`` as a tuple of known keys, in the order given; one line naming what is off."""
     keys = tuple(k.strip() for k in text.split(",")) if many else (text.strip(),)

@@ -22,6 +22,7 @@ from typing import Any
 
 from hub import inventory as inv
 from hub import store
+from hub.common import SyncSettings
 from hub.onboard._render import _labels, _render
 
 OBSERVABILITY_NAMESPACE = "open-cluster-management-observability"
@@ -32,7 +33,7 @@ FOLDER = "GPU fleet"
 DATASOURCE = "Observatorium"  # ACM Grafana's data source for the hub store
 #: A GPU is current while it has a sample this recent (sync's default --stale-after: ACM
 #: pushes every 300 s and its queries look back 10 min).
-WINDOW = "10m"
+WINDOW: str = SyncSettings.default("stale_after")
 #: How far back a silent cluster is still listed as stale.
 LOOKBACK = "24h"
 

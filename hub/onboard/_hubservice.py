@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from hub.common import InputError, format_duration
+from hub.common import InputError, ServeOptions, format_duration, parse_duration
 from hub.onboard._render import (
     DEFAULT_EXPORTER_IMAGE,
     DEFAULT_NAMESPACE,
@@ -28,7 +28,8 @@ from hub.onboard._render import (
 )
 
 KINDS = ("deployment", "cronjob")
-DEFAULT_EVERY = 300.0  # the service's default sync interval (gpufleet serve --every)
+#: the service's default sync interval and OIDC group claim: `serve`'s own (its options' model)
+DEFAULT_EVERY = parse_duration(ServeOptions.default("every"))
 DEFAULT_DB_SECRET = "gpufleet-db"
 DEFAULT_TOKEN_SECRET = "gpufleet-hub-token"
 DB_SECRET_KEY = "url"
@@ -53,7 +54,7 @@ ACCESS_DIR = "/etc/gpufleet/access"
 TOKENS_KEY = "tokens.yaml"
 SCOPES_DIR = "/etc/gpufleet/oidc-scopes"
 SCOPES_KEY = "scopes.yaml"
-DEFAULT_SCOPE_CLAIM = "groups"
+DEFAULT_SCOPE_CLAIM: str = ServeOptions.default("oidc_scope_claim")
 NO_ACCESS = ("the service would answer anyone who reaches it: give --tokens-secret and/or "
              "--oidc-issuer (with --oidc-audience and --scopes-configmap), or, knowingly, "
              "--allow-unauthenticated")

@@ -38,7 +38,6 @@ from hub.service._session import (
 from hub.service._settings import (
     ServeSettings,
     access,
-    proxy_addresses,
     serve_settings,
 )
 from hub.service._tls import TlsFiles
@@ -71,7 +70,6 @@ __all__ = [
     "describe_error",
     "load_group_scopes",
     "new_token",
-    "proxy_addresses",
     "read_only_engine",
     "serve",
     "serve_settings",

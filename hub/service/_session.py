@@ -50,13 +50,13 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
 from hub import inventory as inv
-from hub.common import html_environment
+from hub.common import AccessSettings, html_environment
 from hub.service._auth import Authenticator, Caller, Scope, Unauthorized
 
 log = logging.getLogger("gpufleet.auth")
 
 COOKIE = "gpufleet-session"
-DEFAULT_TTL = 8 * 3600.0
+DEFAULT_TTL: float = AccessSettings().session_ttl  # serve's --session-ttl
 MAX_SESSIONS = 10_000
 #: sessions one person may hold at once (browsers, devices); their oldest goes first beyond
 MAX_PER_PERSON = 20

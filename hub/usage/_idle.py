@@ -21,13 +21,15 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from hub import inventory as inv
+from hub.common import IDLE
 from hub.usage._ledger import BUCKET_KEY, idle_bucket, rollup_days
 
 U = inv.usage
 #: The defaults every idle answer shares (`idle --threshold/--for`, `usage --idle-threshold
 #: /--idle-for`, the report, the live page).
-IDLE_THRESHOLD_PCT = 5.0
-IDLE_FOR_S = 2 * 3600.0
+#: Declared with their options in hub.common's IdleSettings.
+IDLE_THRESHOLD_PCT: float = IDLE.idle_threshold
+IDLE_FOR_S: float = IDLE.idle_for
 
 
 

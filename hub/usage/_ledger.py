@@ -37,6 +37,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from hub import store
 from hub.common import (
+    LEDGER,
     QUERY_CONCURRENCY,
     SHARD_SIZE,
     GpufleetError,
@@ -436,10 +437,13 @@ def _ledger_transaction(engine: Engine, lock_timeout: float):
                               holder="usage ledger writer")
 
 
-def collect_usage(engine: Engine, client: HubClient, *, bucket: float = 3600.0,
-                  push_interval: float = 300.0, resolution: float | None = None,
-                  starts: list[float] | None = None, max_backfill: float = 48 * 3600.0,
-                  retention: float = 400 * 86400.0, cluster_label: str = "cluster",
+def collect_usage(engine: Engine, client: HubClient, *,
+                  bucket: float = LEDGER.usage_bucket,
+                  push_interval: float = LEDGER.push_interval, resolution: float | None = None,
+                  starts: list[float] | None = None,
+                  max_backfill: float = LEDGER.usage_max_backfill,
+                  retention: float = LEDGER.usage_retention,
+                  cluster_label: str = LEDGER.cluster_label,
                   now: float | None = None, lock_timeout: float = 60.0,
                   on_bucket: Callable[[dt.datetime, int], None] | None = None,
                   shard_size: int = SHARD_SIZE, concurrency: int = QUERY_CONCURRENCY,
@@ -527,10 +531,13 @@ def collect_usage(engine: Engine, client: HubClient, *, bucket: float = 3600.0,
     return result
 
 
-def collect_on_new_grid(engine: Engine, client: HubClient, *, bucket: float = 3600.0,
-                        push_interval: float = 300.0, resolution: float | None = None,
-                        starts: list[float] | None = None, max_backfill: float = 48 * 3600.0,
-                        retention: float = 400 * 86400.0, cluster_label: str = "cluster",
+def collect_on_new_grid(engine: Engine, client: HubClient, *,
+                        bucket: float = LEDGER.usage_bucket,
+                        push_interval: float = LEDGER.push_interval,
+                        resolution: float | None = None, starts: list[float] | None = None,
+                        max_backfill: float = LEDGER.usage_max_backfill,
+                        retention: float = LEDGER.usage_retention,
+                        cluster_label: str = LEDGER.cluster_label,
                         now: float | None = None, lock_timeout: float = 60.0,
                         on_bucket: Callable[[dt.datetime, int], None] | None = None,
                         min_charge: float = 0.0) -> tuple[int, CollectResult]:

@@ -31,7 +31,7 @@ from sqlalchemy.engine import Connection
 
 from hub import inventory as inv
 from hub import store
-from hub.common import InputError
+from hub.common import InputError, ServeOptions
 from hub.usage._dra import claim_held
 from hub.usage._idle import IDLE_FOR_S, IDLE_THRESHOLD_PCT, idle_runs
 
@@ -297,7 +297,7 @@ def fits(fleet: Fleet, n: int, *, model: str | None = None,
 SCORE_RESOURCE = "gpufleet"
 SCORE_API_VERSION = "cluster.open-cluster-management.io/v1alpha1"
 SCORE_KIND = "AddOnPlacementScore"
-FULL_AT = 64
+FULL_AT: float = ServeOptions.default("full_at")
 NODE_FULL_AT = 8
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from hub import inventory, store
-from hub.common import format_duration, parse_duration
+from hub.common import CHECKS, LEDGER, format_duration, parse_duration
 from hub.kube import INSTANCE_TYPE_LABELS, Catalog, shipped_catalog
 from hub.store import HubClient, PartialResponse, VendorProfile
 from hub.validate._checks import GpuRef, HubHistory, NodeRef
@@ -300,9 +300,9 @@ def read_history(client: HubClient, *, window: float, max_age: float, push_inter
 # -- alerting rules --------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class AlertSettings:
-    max_age: float = 3600.0  # the adoption contract's freshness guarantee
-    push_interval: float = 300.0  # ACM's default push interval
-    window: float = 3600.0  # zero-usage and stuck-collector window
+    max_age: float = CHECKS.max_age  # the adoption contract's freshness guarantee
+    push_interval: float = LEDGER.push_interval  # ACM's default push interval
+    window: float = CHECKS.window  # zero-usage and stuck-collector window
     lookback: float = 86400.0  # how long a silent cluster stays in the stale alert
     drop_offset: float = 3600.0  # GPU counts are compared with this long ago
     cluster_label: str = "cluster"

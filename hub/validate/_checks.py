@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from hub.common import CHECKS, LEDGER, REPORT
 from hub.common import human_duration as human
 from hub.inventory import NO_GPU_SERIES, UNLABELLED_SERIES
 
@@ -233,7 +234,7 @@ def check_inventory(clusters: Sequence[ClusterFacts],
 #: ACM's own "cluster silent" alert, ManagedClusterMetricsMissing, fires after 15 minutes
 #: without metrics from a managed cluster (FIELD_NOTES, fifth round): a cluster ACM lists is
 #: called silent (an error) at the same age, so the two never disagree for long.
-ACM_SILENT_AFTER = 900.0
+ACM_SILENT_AFTER: float = REPORT.acm_silent_after
 
 
 def check_freshness(clusters: Sequence[ClusterFacts], now: dt.datetime, max_age: float,
@@ -371,7 +372,7 @@ def check_gpu_health(gpus: Sequence[GpuFacts]) -> list[Finding]:
 
 
 #: failures per GPU-month in service past which a GPU or slot is a lemon (`--lemon-threshold`)
-LEMON_THRESHOLD = 2.0
+LEMON_THRESHOLD: float = CHECKS.lemon_threshold
 
 
 def check_lemons(by_gpu: Sequence[dict[str, Any]], by_slot: Sequence[dict[str, Any]],
@@ -519,7 +520,7 @@ class Facts:
 
 #: How long a cluster may send both dcgm namings (a rolling exporter upgrade) before the
 #: report says so (`report --naming-mix-for`).
-NAMING_MIX_FOR = 24 * 3600.0
+NAMING_MIX_FOR: float = REPORT.naming_mix_for
 
 
 def check_naming(clusters: Sequence[ClusterFacts], now: dt.datetime,
@@ -586,7 +587,8 @@ def check_refused(rows: Sequence[RefusedFacts]) -> list[Finding]:
     return out
 
 
-def run_checks(facts: Facts, *, max_age: float = 3600.0, push_interval: float = 300.0,
+def run_checks(facts: Facts, *, max_age: float = CHECKS.max_age,
+               push_interval: float = LEDGER.push_interval,
                naming_mix_for: float = NAMING_MIX_FOR,
                acm_silent_after: float = ACM_SILENT_AFTER) -> list[Finding]:
     now = facts.now

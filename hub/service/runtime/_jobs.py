@@ -13,7 +13,7 @@ from sqlalchemy.engine import Engine
 
 from hub import inventory as inv
 from hub import usage
-from hub.common import UnavailableError, format_duration
+from hub.common import SyncSettings, UnavailableError, format_duration
 from hub.inventory import SyncResult, run_sync
 from hub.service._leader import Leadership
 from hub.service._scheduler import Jobs
@@ -64,10 +64,7 @@ def service_jobs(engine: Engine, client: HubClient, settings: ServeSettings, *,
     catalog = s.catalog()  # GPUs per instance type (None without --reconcile)
 
     def sync() -> SyncResult:
-        return run_sync(engine, client, stale_after=s.stale_after, cluster_label=s.cluster_label,
-                        lock_timeout=s.lock_timeout, shard_size=s.shard_size,
-                        query_concurrency=s.query_concurrency,
-                        replaced_within=s.replaced_within,
+        return run_sync(engine, client, **s.of(SyncSettings),
                         fence=leader.fence if leader is not None else None)
 
     def reconcile_job() -> None:
