@@ -22,9 +22,8 @@ from hub.inventory import _db as inventory
 from hub.inventory import run_sync
 from hub.inventory import usage as usage_view
 from hub.inventory._normalize import Observation
-from hub.inventory._sync import plan_shards
 from hub.inventory._writer import apply_observations
-from hub.store import HubClient
+from hub.store import HubClient, plan_shards
 from tests.support.backfill import backfilled_hub, openmetrics
 from tests.support.httpstub import Request, Response, StubServer, forward, json_response
 
