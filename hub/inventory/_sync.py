@@ -144,7 +144,10 @@ def _fold(builder: FleetBuilder, client: HubClient, query: store.Query,
     """Fold one answer (decoded row by row as it is folded); a partial one fails the sync.
     Series without the cluster label are left out as they come (FleetBuilder.unlabelled)."""
     if isinstance(res.result, store.StreamedRows):
-        builder.add_keyed(query, res.result.keyed(builder.known))
+        profile = store.profile(query.vendor)
+        names = profile.naming_label if query.kind == "timestamp" else None
+        builder.add_keyed(query, res.result.keyed(builder.known, names_of=names))
+        builder.add_names(profile, res.result.names)
         builder.refused.merge(res.result.refused)
     else:  # an answer without a result array to stream (no rows)
         builder.add(query, res.result)
