@@ -620,8 +620,9 @@ class StreamedRows:
                 continue
             bare = _without_name(labels)
             if hash(bare) in known or not refuse(_labels_of(bare)):
-                if tally:
-                    self._tally(_label_value(labels, device), _label_value(labels, cluster),
+                if tally and (at := labels.find(device)) >= 0 \
+                        and labels[at + len(device)] != '"':  # the device label is set
+                    self._tally(True, _label_value(labels, cluster),
                                 _label_value(labels, _NAME_KEY))
                 yield bare, *row  # type: ignore[misc]
 
@@ -687,15 +688,19 @@ _QUOTED = re.compile(_STRING)
 
 def _label_value(labels: str, key: str) -> str:
     """The value of the label whose ``"name":"`` is ``key`` in a label object's text ("":
-    none). Inside a value every quote is escaped, so ``key`` cannot start in one."""
+    none). Inside a value every quote is escaped, so ``key`` cannot start in one. Plain
+    string searches: this runs once a row of the sample-time answers."""
     at = labels.find(key)
     if at < 0:
         return ""
-    quoted = _QUOTED.match(labels, at + len(key) - 1)
-    if quoted is None:
+    start = at + len(key)
+    end = labels.find('"', start)
+    if end < 0:
         return ""
-    text = quoted.group()
-    return str(json.loads(text)) if "\\" in text else text[1:-1]
+    if labels[end - 1] != "\\":
+        return labels[start:end]
+    quoted = _QUOTED.match(labels, start - 1)  # an escape inside: read it exactly
+    return str(json.loads(quoted.group())) if quoted else ""
 
 
 def _labels_of(text: str) -> Any:
