@@ -129,3 +129,28 @@ def test_bytes_that_are_not_utf8_are_unavailable():
 def test_newest_sample_is_the_last_of_each_series():
     client = mock_client(answering(json_response(200, MATRIX)))
     assert client.query_newest("up[5m]").result[0]["value"] == [3, "3"]
+
+
+def test_a_sample_time_answer_says_which_names_each_clusters_devices_send():
+    """The sync takes each cluster's dcgm naming off the sample-time rows' metric names (no
+    request of its own): only series with the device label and the cluster label count,
+    cluster names with quotes and backslashes are read exactly, and the rows are as ever."""
+    def series(name: str, cluster: str | None, uuid: str) -> dict:
+        labels = {"__name__": name, "UUID": uuid, "gpu": "0"}
+        if cluster is not None:
+            labels["cluster"] = cluster
+        return {"metric": labels, "values": [[1, "40"], [2, "41"]]}
+
+    matrix = {"status": "success", "data": {"resultType": "matrix", "result": [
+        series("DCGM_FI_DEV_GPU_TEMP", "east", "GPU-1"),
+        series("DCGM_FI_DEV_GPU_TEMPERATURE", 'say"hi\\there', "GPU-2"),
+        series("DCGM_FI_DEV_GPU_TEMPERATURE", "east", ""),  # no device: not a GPU's series
+        series("DCGM_FI_DEV_GPU_TEMP", None, "GPU-3"),  # no cluster: left out by the sync
+    ]}}
+    client = mock_client(answering(json_response(200, matrix)))
+    answer = client.query_newest("x[5m]", stream=True).result
+    rows = list(answer.keyed(names_of="UUID"))
+    assert len(rows) == 4 and all("__name__" not in labels for labels, _, _ in rows)
+    assert [value for _, _, value in rows] == ["41"] * 4
+    assert answer.names == {("east", "DCGM_FI_DEV_GPU_TEMP"),
+                            ('say"hi\\there', "DCGM_FI_DEV_GPU_TEMPERATURE")}

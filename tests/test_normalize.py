@@ -127,11 +127,12 @@ def test_cluster_label_is_configurable():
 
 def test_request_set_is_fixed_and_names_every_vendor():
     queries = vendors.sync_queries("10m", "1m", "cluster")
-    # NVIDIA 7 values + 4 health + sample times + presence + naming; AMD 6 + 2 + 1 + 1
-    assert len(queries) == 24
+    # NVIDIA 7 values + 4 health + sample times + presence; AMD 6 + 2 + 1 + 1 (the dcgm
+    # naming is read off the sample-time answer, which has both spellings: no request)
+    assert len(queries) == 23
     assert {(q.vendor, q.kind) for q in queries} == {
         (v, k) for v in ("nvidia", "amd") for k in ("timestamp", "values", "presence")
-    } | {("nvidia", "naming")}
+    }
     power = next(q for q in queries if q.vendor == "amd" and q.field == "power_w")
     assert power.promql.index("gpu_power_usage") < power.promql.index("gpu_package_power")
 

@@ -22,9 +22,8 @@ from hub.inventory import _db as inventory
 from hub.inventory import run_sync
 from hub.inventory import usage as usage_view
 from hub.inventory._normalize import Observation
-from hub.inventory._sync import plan_shards
 from hub.inventory._writer import apply_observations
-from hub.store import HubClient
+from hub.store import HubClient, plan_shards
 from tests.support.backfill import backfilled_hub, openmetrics
 from tests.support.httpstub import Request, Response, StubServer, forward, json_response
 
@@ -350,7 +349,20 @@ def test_a_sharded_usage_collect_writes_what_an_unsharded_one_writes(tmp_path):
                 table = usage_view
                 ledgers[name] = sorted((tuple(r) for r in conn.execute(sa.select(table))),
                                        key=repr)
+            if name == "shards":
+                # --replace-grid's first bucket is asked in shards too (with the allocations'
+                # queries: it does not look first), the rest as any collect
+                removed, again = usage.collect_on_new_grid(
+                    engine, client, bucket=HOUR, starts=[t0, t0 + HOUR], now=t0 + 4 * HOUR,
+                    shard_size=size, concurrency=2)
+                assert removed == len(ledgers["shards"]) and again.failed == []
+                first = len(bucket_queries(HOUR, 300.0, 300.0, "cluster"))
+                assert again.requests == 2 * first + 1 + 2 * per_bucket
+                with engine.connect() as conn:
+                    ledgers["new grid"] = sorted(
+                        (tuple(r) for r in conn.execute(sa.select(usage_view))), key=repr)
             engine.dispose()
     finally:
         hub.stop()
     assert ledgers["whole"] and ledgers["shards"] == ledgers["whole"]
+    assert ledgers["new grid"] == ledgers["whole"]

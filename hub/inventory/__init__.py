@@ -108,14 +108,7 @@ from hub.inventory._service_state import (
     write_strikes,
 )
 from hub.inventory._sessions import add_session, drop_session, session_row, sessions
-from hub.inventory._sync import (
-    NO_GPU_SERIES,
-    Shard,
-    SyncResult,
-    plan_shards,
-    run_sync,
-    shard_error,
-)
+from hub.inventory._sync import NO_GPU_SERIES, SyncResult, run_sync
 from hub.inventory._usage_tables import (
     DAY,
     ROLLUP_IDLE_THRESHOLD,
@@ -164,7 +157,6 @@ __all__ = [
     "LeaseLost",
     "LockHeld",
     "PruneResult",
-    "Shard",
     "SyncResult",
     "UsageKeys",
     "add_session",
@@ -215,7 +207,6 @@ __all__ = [
     "parse_by",
     "partitions",
     "placements",
-    "plan_shards",
     "prune",
     "read_checks",
     "read_only_engine",
@@ -234,7 +225,6 @@ __all__ = [
     "service_checks",
     "session_row",
     "sessions",
-    "shard_error",
     "sign_in_strikes",
     "sync_runs",
     "upgrade",

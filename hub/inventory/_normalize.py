@@ -216,7 +216,7 @@ class FleetBuilder:
         self.unlabelled = Unlabelled()
         self._left_out: set[int] = set()  # their series keys
         #: set by the sync once every answer is in: Unlabelled.describe, or None
-        #: cluster -> the namings its GPUs send (the "naming" query)
+        #: cluster -> the namings its GPUs send (read off the sample-time answer)
         self.namings: dict[str, set[str]] = {}
         #: series the store's door turned away and readings out of their physical range,
         #: per cluster (hub.store._bounds): left out of the inventory, named by the report
@@ -246,20 +246,16 @@ class FleetBuilder:
         """Rows of a streamed answer as (labels JSON, time, value) (StreamedRows.keyed): the
         labels text is the series key, decoded only for a series not seen before. Returns
         how many rows came and how many lacked the cluster label (left out)."""
-        if query.kind == "naming":
-            return self._naming(rows)
         return self._fold(store.profile(query.vendor), query.field, query.kind == "timestamp",
                           rows, presence=query.kind == "presence")
 
-    def _naming(self, rows: Iterable[tuple[str, str, str]]) -> tuple[int, int]:
-        count = 0
-        for text, _, raw in rows:
-            count += 1
-            labels = json.loads(text)
-            cluster = labels.get(self.cluster_label)
-            if cluster and labels.get("naming") and _float(raw) > 0:
-                self.namings.setdefault(cluster, set()).add(labels["naming"])
-        return count, 0
+    def add_names(self, profile: VendorProfile, names: Iterable[tuple[str, str]]) -> None:
+        """(cluster, clock-family metric name) pairs of a sample-time answer
+        (StreamedRows.names): the namings each cluster's GPUs send."""
+        for cluster, name in names:
+            naming = profile.naming(name)
+            if cluster and naming:
+                self.namings.setdefault(cluster, set()).add(naming)
 
     def cluster_namings(self) -> dict[str, str]:
         """cluster -> legacy | dcgm-4.7 | both, for the clusters whose GPUs sent either."""

@@ -22,16 +22,13 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import functools
 import operator
-import pickle
-import tempfile
 import time
 from array import array
-from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import IO, TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Connection, Engine
 
@@ -49,7 +46,7 @@ from hub.inventory._normalize import FleetBuilder, Observation, Unlabelled
 from hub.inventory._writer import InventoryWriter
 
 if TYPE_CHECKING:
-    from hub.store import HubClient, QueryResult
+    from hub.store import HubClient, QueryResult, Shard
 
 
 @dataclass
@@ -105,56 +102,6 @@ DEFAULT_QUERY_CONCURRENCY = QUERY_CONCURRENCY
 #: per query, and the client's records of a shard ~20 MB; a fleet of that size or less is
 #: one shard, asked without any cluster matcher.
 DEFAULT_SHARD_SIZE = SHARD_SIZE
-#: how many cluster names a failed shard's message lists before "and N more"
-CLUSTERS_SHOWN = 10
-
-
-@dataclass(frozen=True)
-class Shard:
-    """Whole clusters asked for together: ``matcher`` (empty: the whole fleet) is added to
-    every selector of the query set. The last shard of a plan is the complement of the
-    others (``rest``): it has whatever the plan could not name."""
-
-    clusters: tuple[str, ...]
-    gpus: int
-    matcher: str = ""
-    rest: bool = True
-
-    def describe(self) -> str:
-        names = ", ".join(self.clusters[:CLUSTERS_SHOWN])
-        if len(self.clusters) > CLUSTERS_SHOWN:
-            names += f" and {len(self.clusters) - CLUSTERS_SHOWN} more"
-        if self.rest:
-            names = (f"{names}, " if names else "") + "and any cluster not in another shard"
-        return f"shard of clusters {names}"
-
-
-def plan_shards(counts: dict[str, int], shard_size: int, cluster_label: str) -> list[Shard]:
-    """Whole clusters, in name order, packed into shards of at most ``shard_size`` GPUs (a
-    larger cluster is a shard of its own: a shard never splits a cluster, so every place a
-    GPU reports from within a cluster is in one shard). Series without the label
-    (counted under ``""``) are left to the last shard, the complement of the others."""
-    names = sorted(c for c in counts if c)
-    groups: list[list[str]] = []
-    sizes: list[int] = []
-    for name in names:
-        n = max(0, counts[name])
-        if groups and sizes[-1] + n <= shard_size:
-            groups[-1].append(name)
-            sizes[-1] += n
-        else:
-            groups.append([name])
-            sizes.append(n)
-    if len(groups) <= 1:
-        return [Shard(tuple(names), sum(sizes))]
-    shards = [Shard(tuple(g), n, store.shard_matcher(cluster_label, g), rest=False)
-              for g, n in zip(groups[:-1], sizes[:-1], strict=True)]
-    others = [c for g in groups[:-1] for c in g]
-    shards.append(Shard(tuple(groups[-1]), sizes[-1],
-                        store.shard_matcher(cluster_label, others, exclude=True)))
-    return shards
-
-
 def cluster_counts(client: HubClient, window: str, cluster_label: str,
                    at: float) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
     """GPUs per cluster in the window (``""``: series without the label), and what else
@@ -197,7 +144,10 @@ def _fold(builder: FleetBuilder, client: HubClient, query: store.Query,
     """Fold one answer (decoded row by row as it is folded); a partial one fails the sync.
     Series without the cluster label are left out as they come (FleetBuilder.unlabelled)."""
     if isinstance(res.result, store.StreamedRows):
-        builder.add_keyed(query, res.result.keyed(builder.known))
+        profile = store.profile(query.vendor)
+        names = profile.naming_label if query.kind == "timestamp" else None
+        builder.add_keyed(query, res.result.keyed(builder.known, names_of=names))
+        builder.add_names(profile, res.result.names)
         builder.refused.merge(res.result.refused)
     else:  # an answer without a result array to stream (no rows)
         builder.add(query, res.result)
@@ -224,6 +174,14 @@ def check_labelled(builder: FleetBuilder, cluster_label: str) -> str | None:
 _observation_fields = operator.attrgetter(*(f.name for f in dataclasses.fields(Observation)))
 
 
+def _as_tuples(group: list[Observation]) -> list[tuple[Any, ...]]:
+    return [_observation_fields(obs) for obs in group]
+
+
+def _as_observations(rows: list[tuple[Any, ...]]) -> list[Observation]:
+    return [Observation(*fields) for fields in rows]
+
+
 @dataclass
 class Fetched:
     """Every shard's observations, set aside (on disk when there are several shards) until
@@ -242,13 +200,20 @@ class Fetched:
     note: str | None = None
     #: series refused at the store's door and readings out of range, per cluster
     refused: store.Refused = field(default_factory=store.Refused)
-    _file: IO[bytes] | None = None
-    _kept: list[list[Observation]] = field(default_factory=list)
-    _groups: int = 0
+    #: each shard's observations (on disk when there are several shards)
+    _spill: store.Spill[Observation] = field(init=False)
     #: hash(uuid) and hash((cluster, node)) of every observation, side by side: 16 bytes
     #: each (a dict of them was ~100, what the fleet added to a sharded sync's peak)
     _uuids: array[int] = field(default_factory=lambda: array("q"))
     _places: array[int] = field(default_factory=lambda: array("q"))
+
+    def __post_init__(self) -> None:
+        # on disk as plain tuples: a slotted dataclass pickles through copyreg per object
+        # (6x slower to write, 1.6x to read back with the objects rebuilt), and the
+        # read-back is inside the locked write (closed by close(), which run_sync and
+        # collect always call)
+        self._spill = store.Spill("gpufleet-sync-", on_disk=len(self.shards) > 1,
+                                  encode=_as_tuples, decode=_as_observations)
 
     def keep(self, builder: FleetBuilder) -> None:
         """A shard's records as observations, set aside; the builder is left empty."""
@@ -259,18 +224,7 @@ class Fetched:
         self.refused.merge(builder.refused)  # after observations(): readings judged there
         self._uuids.extend(hash(obs.uuid) for obs in group)
         self._places.extend(hash((obs.cluster, obs.node)) for obs in group)
-        self._groups += 1
-        if len(self.shards) == 1:
-            self._kept.append(group)
-            return
-        if self._file is None:
-            # closed by close(), which run_sync and collect always call
-            self._file = tempfile.TemporaryFile(prefix="gpufleet-sync-")  # noqa: SIM115
-        # as plain tuples: a slotted dataclass pickles through copyreg per object (6x
-        # slower to write, 1.6x to read back with the objects rebuilt), and the read-back
-        # is inside the locked write
-        pickle.dump([_observation_fields(obs) for obs in group], self._file,
-                    protocol=pickle.HIGHEST_PROTOCOL)
+        self._spill.add(group)
 
     def settle(self) -> None:
         """Find the contested GPUs: sorted by uuid and place, a uuid next to itself at
@@ -287,31 +241,10 @@ class Fetched:
 
     def groups(self) -> Iterator[list[Observation]]:
         """Each shard's observations, one shard in memory at a time."""
-        while self._kept:
-            yield self._kept.pop(0)
-        if self._file is not None:
-            self._file.seek(0)
-            for _ in range(self._groups):
-                yield [Observation(*fields) for fields in pickle.load(self._file)]
+        yield from self._spill.batches()
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-        self._kept.clear()
-
-
-def shard_error(exc: GpufleetError, shard: Shard, shards: list[Shard],
-                consequence: str = "inventory left unchanged") -> GpufleetError:
-    """The same error (so the same exit code), naming the shard's clusters, then what it
-    means (``consequence``: the sync's; the ledger's says its own)."""
-    if len(shards) == 1:
-        return exc
-    text = exc.format_message().removesuffix(f"; {consequence}") if consequence \
-        else exc.format_message()
-    tail = f"; {consequence}" if consequence else ""
-    return type(exc)(f"{text} ({shard.describe()}, "
-                     f"{shards.index(shard) + 1} of {len(shards)}){tail}")
+        self._spill.close()
 
 
 def collect(client: HubClient, *, stale_after: float, cluster_label: str,
@@ -327,45 +260,24 @@ def collect(client: HubClient, *, stale_after: float, cluster_label: str,
     at = time.time() if at is None else at
     window, step = format_duration(stale_after), format_duration(subquery_step(stale_after))
     counts, sources = cluster_counts(client, window, cluster_label, at)
-    shards = plan_shards(counts, shard_size, cluster_label)
+    shards = store.plan_shards(counts, shard_size, cluster_label)
     fetched = Fetched(shards, sources=sources)
-    jobs = deque((shard, q) for shard in shards
-                 for q in store.sync_queries(window, step, cluster_label, shard.matcher))
-    left = {id(shard): 0 for shard in shards}
-    for shard, _ in jobs:
-        left[id(shard)] += 1
     builders: dict[int, FleetBuilder] = {}
-    width = max(1, concurrency)
+
+    def queries(shard: Shard) -> list[Callable[[], tuple[store.Query, QueryResult]]]:
+        return [functools.partial(_fetch, client, query, at, cluster_label)
+                for query in store.sync_queries(window, step, cluster_label, shard.matcher)]
+
+    def fold(shard: Shard, answer: tuple[store.Query, QueryResult]) -> None:
+        builder = builders.setdefault(id(shard), FleetBuilder(cluster_label))
+        _fold(builder, client, *answer)
+
+    def done(shard: Shard) -> None:
+        fetched.keep(builders.pop(id(shard), FleetBuilder(cluster_label)))
+
     try:
-        with ThreadPoolExecutor(max_workers=width, thread_name_prefix="sync-query") as pool:
-            pending: dict[Future, Shard] = {}
-
-            def submit() -> None:
-                while jobs and len(pending) < width:
-                    shard, query = jobs.popleft()
-                    pending[pool.submit(_fetch, client, query, at, cluster_label)] = shard
-
-            submit()
-            try:
-                while pending:
-                    done, _ = wait(pending, return_when=FIRST_COMPLETED)
-                    for future in done:
-                        shard = pending.pop(future)
-                        try:
-                            query, res = future.result()
-                            builder = builders.setdefault(id(shard),
-                                                          FleetBuilder(cluster_label))
-                            _fold(builder, client, query, res)
-                        except GpufleetError as exc:
-                            raise shard_error(exc, shard, shards) from None
-                        del res
-                        left[id(shard)] -= 1
-                        if not left[id(shard)]:
-                            fetched.keep(builders.pop(id(shard), FleetBuilder(cluster_label)))
-                        submit()
-            finally:
-                for future in pending:
-                    future.cancel()
+        store.run_shards(shards, queries, fold, done=done, concurrency=concurrency,
+                         consequence="inventory left unchanged", name="sync-query")
         fetched.settle()
         fetched.note = _labelled_note(fetched.gpus, fetched.unlabelled, cluster_label)
     except BaseException:

@@ -1,6 +1,7 @@
 """The one door to the hub store (Prometheus / Thanos / ACM Observability): the PromQL HTTP
-client with its auth, and the vendor profiles that say which metrics and labels each exporter
-uses and which PromQL the sync sends.
+client with its auth, the vendor profiles that say which metrics and labels each exporter
+uses and which PromQL the sync sends, and the one way a fleet is asked in shards of whole
+clusters (plan, parallel runner, spill to disk) that the sync and the usage ledger share.
 """
 
 from __future__ import annotations
@@ -111,6 +112,7 @@ from hub.store._profiles import (
     shard_matcher,
     sync_queries,
 )
+from hub.store._shards import Shard, Spill, plan_shards, run_shards, shard_error
 from hub.store._usage import (
     DRAM_ACTIVE,
     MODEL_LABELS,
@@ -183,6 +185,8 @@ __all__ = [
     "Query",
     "QueryResult",
     "Refused",
+    "Shard",
+    "Spill",
     "StreamedRows",
     "VendorProfile",
     "acm_view",
@@ -213,12 +217,15 @@ __all__ = [
     "mcoa_record",
     "mcoa_recording_rules",
     "mig_share",
+    "plan_shards",
     "planning_query",
     "preset_query",
     "profile",
     "prometheus_connect",
     "range_frame",
+    "run_shards",
     "seen_through",
+    "shard_error",
     "shard_matcher",
     "sync_queries",
     "usage_convert",

@@ -563,6 +563,8 @@ class StreamedRows:
         self._source = source
         self.warnings: list[str] = []
         self.refused = Refused(cluster_label)
+        #: (cluster, metric name) pairs, when keyed() is asked for them (names_of)
+        self.names: set[tuple[str, str]] = set()
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         refuse = self._refuse
@@ -584,7 +586,8 @@ class StreamedRows:
         self.refused.series(labels, problem)
         return True
 
-    def keyed(self, known: Container[int] = ()) -> Iterator[tuple[str, str, str]]:
+    def keyed(self, known: Container[int] = (), names_of: str | None = None
+              ) -> Iterator[tuple[str, str, str]]:
         """The rows as (labels, time, value): ``labels`` the series' label set as the answer
         spells it (JSON, without ``__name__``), time and value as written.
 
@@ -595,14 +598,37 @@ class StreamedRows:
 
         The door checks a series' labels the first time it meets them: ``known`` holds the
         ``hash`` of label texts the caller has met (and so the door has checked) before.
+
+        ``names_of`` (a device label, e.g. ``UUID``): :attr:`names` gets the (cluster, metric
+        name) of every row let through whose device label and cluster label are set (a
+        range selector's rows keep ``__name__``): which names each cluster's devices send,
+        read off the answer's text without another request or decoding a known series.
         """
         refuse = self._refuse
+        tally = names_of is not None
+        if tally:
+            device = f'"{names_of}":"'
+            cluster = f'"{self.refused.cluster_label}":"'
         for row, labels in self._rows(keyed=True):
             if labels is None:  # decoded whole (an odd row, e.g. a histogram): no value
-                if not refuse(row.get("metric")):  # type: ignore[union-attr]
-                    yield json.dumps(row.get("metric") or {}, separators=(",", ":")), "", ""
-            elif hash(labels) in known or not refuse(_labels_of(labels)):
-                yield labels, *row  # type: ignore[misc]
+                metric = row.get("metric") or {}  # type: ignore[union-attr]
+                if not refuse(metric):
+                    if tally and isinstance(metric, dict):
+                        self._tally(metric.get(names_of), metric.get(self.refused.cluster_label),
+                                    metric.get("__name__"))
+                    yield json.dumps(metric, separators=(",", ":")), "", ""
+                continue
+            bare = _without_name(labels)
+            if hash(bare) in known or not refuse(_labels_of(bare)):
+                if tally and (at := labels.find(device)) >= 0 \
+                        and labels[at + len(device)] != '"':  # the device label is set
+                    self._tally(True, _label_value(labels, cluster),
+                                _label_value(labels, _NAME_KEY))
+                yield bare, *row  # type: ignore[misc]
+
+    def _tally(self, device: object, cluster: object, name: object) -> None:
+        if device and cluster and name:
+            self.names.add((str(cluster), str(name)))
 
     def _rows(self, keyed: bool) -> Iterator[tuple[Any, str | None]]:
         text, more, cut = self._text, self._more, self._cut
@@ -621,7 +647,7 @@ class StreamedRows:
                 break
             if keyed and (m := fast(text, j) or exact(text, j)):
                 labels, ts, value = m.groups()
-                yield (ts, value), _without_name(labels)
+                yield (ts, value), labels  # keyed() takes the name off
                 j = m.end()
                 continue
             try:
@@ -655,6 +681,26 @@ _VECTOR_ROW = re.compile(r'\{"metric":(\{(?:' + _STRING + r'[:,]?)*\}),'
 #: "}" inside a value ends the object early, and then `,"value":[` cannot follow unescaped)
 _PLAIN_ROW = re.compile(r'\{"metric":(\{[^}]*\}),"value":\[([^,\]]*),"([^"]*)"\]\}')
 _NAME_KEY = '"__name__":"'
+
+
+_QUOTED = re.compile(_STRING)
+
+
+def _label_value(labels: str, key: str) -> str:
+    """The value of the label whose ``"name":"`` is ``key`` in a label object's text ("":
+    none). Inside a value every quote is escaped, so ``key`` cannot start in one. Plain
+    string searches: this runs once a row of the sample-time answers."""
+    at = labels.find(key)
+    if at < 0:
+        return ""
+    start = at + len(key)
+    end = labels.find('"', start)
+    if end < 0:
+        return ""
+    if labels[end - 1] != "\\":
+        return labels[start:end]
+    quoted = _QUOTED.match(labels, start - 1)  # an escape inside: read it exactly
+    return str(json.loads(quoted.group())) if quoted else ""
 
 
 def _labels_of(text: str) -> Any:

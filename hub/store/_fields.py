@@ -42,7 +42,7 @@ class Query:
     """One PromQL request of a sync, and which parser reads its result."""
 
     vendor: str
-    kind: str  # "timestamp" | "values" | "presence" | "naming"
+    kind: str  # "timestamp" | "values" | "presence"
     promql: str
     #: the neutral field a "values" query fills; for "timestamp", the field its newest
     #: samples' values fill too (when the clock family is that field's only metric)

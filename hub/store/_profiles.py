@@ -165,23 +165,25 @@ class VendorProfile(ABC):
                        f'[{window}]')
         out.append(Query(self.vendor, "timestamp", stamps, clock_field))
         out.append(self.presence_query(window, step, cluster_label, shard))
-        naming = self.naming_query(window, cluster_label, shard)
-        if naming is not None:
-            out.append(naming)
         return out
 
-    def naming_query(self, window: str, cluster_label: str, shard: str = "") -> Query | None:
-        """Which naming each cluster's GPUs send (issue 26: see the move): GPU series per
-        cluster under each spelling of the clock family, tagged ``naming``. One request,
-        one row per cluster and naming; None for an exporter with one naming."""
+    @property
+    def naming_label(self) -> str | None:
+        """The device label whose series say which naming a cluster's GPUs send (issue 26:
+        see the move); None for an exporter with one naming. The sample-time answer reads
+        both spellings of the clock family, so the sync takes each cluster's namings off
+        its rows (their metric names) rather than asking again (the former naming query:
+        a request per shard that read the same series)."""
+        if self.clock_metric not in self.renames:
+            return None
+        return self.device_matcher.partition("!=")[0]
+
+    def naming(self, name: str) -> str | None:
+        """The dcgm naming a clock-family metric name is spelt in (None: neither)."""
         other = self.renames.get(self.clock_metric)
         if other is None:
             return None
-        match = self.matcher(shard)
-        arms = [f'label_replace(count by ({cluster_label}) (last_over_time({name}{{{match}}}'
-                f'[{window}])), "naming", "{naming}", "", "")'
-                for name, naming in ((self.clock_metric, LEGACY), (other[0], DCGM47))]
-        return Query(self.vendor, "naming", " or ".join(arms))
+        return LEGACY if name == self.clock_metric else DCGM47 if name == other[0] else None
 
     def presence_query(self, window: str, step: str, cluster_label: str,
                        shard: str = "") -> Query:

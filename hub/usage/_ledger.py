@@ -23,12 +23,10 @@ write rebuilds the days it touched. Its idle figure is for ROLLUP_IDLE_THRESHOLD
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import math
-import pickle
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -52,7 +50,6 @@ from hub.inventory import (
     LEDGER_LOCK_KEY,
     ROLLUP_IDLE_THRESHOLD,
     STALE,
-    Shard,
     UsageKeys,
     day_of,
     drop_partitions_before,
@@ -64,9 +61,7 @@ from hub.inventory import (
     next_month,
     now_utc,
     partitions,
-    plan_shards,
     refused_inputs,
-    shard_error,
     upsert,
     usage,
     usage_buckets,
@@ -84,7 +79,7 @@ from hub.usage._fold import fold_bucket, utc
 from hub.usage._meter import BASES
 
 if TYPE_CHECKING:
-    from hub.store import HubClient
+    from hub.store import HubClient, Shard
 
 #: A period of more buckets than this needs --yes (a year of hours is 8,760) ...
 CONFIRM_BUCKETS = 1000
@@ -330,51 +325,33 @@ def _node_gpus(conn: Connection) -> dict[tuple[str, str], int]:
         .where(gpus.c.state.in_((ACTIVE, STALE))).group_by(gpus.c.cluster, gpus.c.node))}
 
 
-def _fold(client: HubClient, queries: list[store.Query], start: float, bucket: float,
-          resolution: float, cluster_label: str, known: Mapping[tuple[str, str], Any],
-          labels: _LabelCheck, push_interval: float, min_charge: float,
-          node_gpus: Mapping[tuple[str, str], int] | None = None,
-          flags: list[dict[str, str]] | None = None,
-          refused: store.Refused | None = None) -> list[dict[str, Any]]:
-    """One bucket's ledger rows from the hub (nothing written); an empty answer where the
-    cluster label is a typo raises it rather than writing an empty bucket."""
-    refused = store.Refused(cluster_label) if refused is None else refused
-    rows = fold_bucket(_ask(client, queries, start, bucket, resolution, push_interval,
-                            refused),
-                       start=start, bucket=bucket, resolution=resolution,
-                       cluster_label=cluster_label, known=known, push_interval=push_interval,
-                       min_charge=min_charge, node_gpus=node_gpus, flags=flags,
-                       refused=refused)
-    if not rows and (typo := labels.typo(start, bucket)):
-        raise typo
-    return rows
-
-
 # -- writing ----------------------------------------------------------------------------------
 class _Spilled:
-    """A bucket's rows, one shard's list at a time, set aside on disk as each shard is
-    folded: the write reads them back a shard at a time (memory follows the shard)."""
+    """A bucket's rows, set aside on disk a shard at a time as each shard is folded (the
+    write reads them back a shard at a time: memory follows the shard), with what else its
+    shards said: the meter's corrections and what their answers left out."""
 
     def __init__(self, cluster_label: str = "cluster") -> None:
-        self._file = tempfile.TemporaryFile(prefix="gpufleet-usage-")  # noqa: SIM115 (close)
-        self._parts = 0
-        self.rows = 0
+        self._rows: store.Spill[dict[str, Any]] = store.Spill("gpufleet-usage-")
         self.flags: list[dict[str, str]] = []  # the meter's corrections (few: kept here)
         #: what the bucket's shards left out (hub.store._bounds), per cluster
         self.refused = store.Refused(cluster_label)
 
-    def add(self, rows: list[dict[str, Any]]) -> None:
-        pickle.dump(rows, self._file, protocol=pickle.HIGHEST_PROTOCOL)
-        self._parts += 1
-        self.rows += len(rows)
+    @property
+    def rows(self) -> int:
+        return self._rows.rows
+
+    def add(self, rows: list[dict[str, Any]], flags: list[dict[str, str]],
+            refused: store.Refused) -> None:
+        self._rows.add(rows)
+        self.flags += flags
+        self.refused.merge(refused)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        self._file.seek(0)
-        for _ in range(self._parts):
-            yield from pickle.load(self._file)
+        return iter(self._rows)
 
     def close(self) -> None:
-        self._file.close()
+        self._rows.close()
 
 
 def usage_shards(conn: Connection, shard_size: int, cluster_label: str) -> list[Shard]:
@@ -383,7 +360,7 @@ def usage_shards(conn: Connection, shard_size: int, cluster_label: str) -> list[
     cluster the inventory does not know yet included."""
     counts = {c: n for c, n in conn.execute(
         sa.select(gpus.c.cluster, sa.func.count()).group_by(gpus.c.cluster))}
-    return plan_shards(counts, shard_size, cluster_label)
+    return store.plan_shards(counts, shard_size, cluster_label)
 
 
 def _fold_shards(client: HubClient, shards: list[Shard], start: float, bucket: float,
@@ -392,40 +369,29 @@ def _fold_shards(client: HubClient, shards: list[Shard], start: float, bucket: f
                  metered: bool,
                  node_gpus: Mapping[tuple[str, str], int] | None = None) -> _Spilled:
     """Every shard's rows of one bucket, at most ``concurrency`` shards asked at once (each
-    shard's requests one after the other: coverage first); the first failure raises,
-    naming its shard's clusters. Shards hold whole clusters, so a pod's allocation and
-    the GPUs it holds are always folded together."""
+    shard's requests one after the other, coverage first, folded as they stream in: one
+    job of store.run_shards), each shard's rows set aside as it finishes; the first failure
+    raises, naming its shard's clusters. Shards hold whole clusters, so a pod's allocation
+    and the GPUs it holds are always folded together."""
 
     def one(shard: Shard) -> tuple[list[dict[str, Any]], list[dict[str, str]], store.Refused]:
         queries = bucket_queries(bucket, resolution, push_interval, cluster_label, metered,
                                  shard.matcher)
         flags: list[dict[str, str]] = []
         refused = store.Refused(cluster_label)
-        try:
-            return fold_bucket(_ask(client, queries, start, bucket, resolution, push_interval,
-                                    refused),
-                               start=start, bucket=bucket, resolution=resolution,
-                               cluster_label=cluster_label, known=known,
-                               push_interval=push_interval, min_charge=min_charge,
-                               node_gpus=node_gpus, flags=flags, refused=refused), flags, refused
-        except GpufleetError as exc:
-            raise shard_error(exc, shard, shards, "bucket left for a later collect") from None
+        return fold_bucket(_ask(client, queries, start, bucket, resolution, push_interval,
+                                refused),
+                           start=start, bucket=bucket, resolution=resolution,
+                           cluster_label=cluster_label, known=known,
+                           push_interval=push_interval, min_charge=min_charge,
+                           node_gpus=node_gpus, flags=flags, refused=refused), flags, refused
 
     spilled = _Spilled(cluster_label)
     try:
-        if len(shards) == 1:
-            rows, flags, refused = one(shards[0])
-            spilled.add(rows)
-            spilled.flags += flags
-            spilled.refused.merge(refused)
-            return spilled
-        with ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(shards))),
-                                thread_name_prefix="usage-shard") as pool:
-            for rows, flags, refused in pool.map(one, shards):
-                spilled.add(rows)
-                spilled.flags += flags
-                spilled.refused.merge(refused)
-                del rows
+        store.run_shards(shards, lambda shard: [functools.partial(one, shard)],
+                         lambda _shard, folded: spilled.add(*folded),
+                         concurrency=concurrency,
+                         consequence="bucket left for a later collect", name="usage-shard")
     except BaseException:
         spilled.close()
         raise
@@ -540,12 +506,14 @@ def collect_on_new_grid(engine: Engine, client: HubClient, *,
                         cluster_label: str = LEDGER.cluster_label,
                         now: float | None = None, lock_timeout: float = 60.0,
                         on_bucket: Callable[[dt.datetime, int], None] | None = None,
+                        shard_size: int = SHARD_SIZE, concurrency: int = QUERY_CONCURRENCY,
                         min_charge: float = 0.0) -> tuple[int, CollectResult]:
     """`--replace-grid`: the ledger on ``bucket``'s grid without a moment of it empty for
     nothing. The hub is asked first (down: UnavailableError, the ledger untouched); the new
-    grid's first bucket is folded; only then, in one transaction under the ledger's lock,
-    the old rows go and that bucket is written. The rest is an ordinary collect on the new
-    grid. Returns (rows removed, the collect's result)."""
+    grid's first bucket is folded, in shards as every bucket is (its rows set aside on disk
+    meanwhile); only then, in one transaction under the ledger's lock, the old rows go and
+    that bucket is written. The rest is an ordinary collect on the new grid. Returns (rows
+    removed, the collect's result)."""
     resolution = check_settings(bucket=bucket, push_interval=push_interval,
                                 resolution=resolution, retention=retention,
                                 max_backfill=max_backfill)
@@ -562,42 +530,51 @@ def collect_on_new_grid(engine: Engine, client: HubClient, *,
     with engine.connect() as conn:
         known = _known(conn)
         node_gpus = _node_gpus(conn)
+        shards = usage_shards(conn, shard_size, cluster_label)
     first = ended[0] if ended else None
-    rows: list[dict[str, Any]] = []
-    flags: list[dict[str, str]] = []
+    rows: _Spilled | None = None
     requests = 0
-    refused = store.Refused(cluster_label)
-    if first is not None:
-        before = client.requests
-        queries = bucket_queries(bucket, resolution, push_interval, cluster_label)
-        try:
-            rows = _fold(client, queries, first, bucket, resolution, cluster_label, known,
-                         _LabelCheck(client, cluster_label, now), push_interval, min_charge,
-                         node_gpus, flags, refused)
-        except InputError:
-            raise
-        except GpufleetError as exc:
-            raise UnavailableError(f"the new grid's first bucket {utc(first).isoformat()}Z "
-                                   f"could not be collected ({exc.format_message()}); the "
-                                   "usage ledger is unchanged") from None
-        requests = client.requests - before
-    with _ledger_transaction(engine, lock_timeout) as conn:
-        removed = _start_over(conn, bucket)
+    try:
         if first is not None:
-            write_bucket(conn, first, bucket, rows, requests, flags=flags, refused=refused)
-    if first is not None and on_bucket:
-        on_bucket(utc(first), len(rows))
+            before = client.requests
+            try:
+                # allocation series or not, the first bucket asks for them (no probe first)
+                rows = _fold_shards(client, shards, first, bucket, resolution, cluster_label,
+                                    known, concurrency, push_interval=push_interval,
+                                    min_charge=min_charge, metered=True, node_gpus=node_gpus)
+                if not rows.rows and (
+                        typo := _LabelCheck(client, cluster_label, now).typo(first, bucket)):
+                    raise typo
+            except InputError:
+                raise
+            except GpufleetError as exc:
+                raise UnavailableError(f"the new grid's first bucket "
+                                       f"{utc(first).isoformat()}Z could not be collected "
+                                       f"({exc.format_message()}); the usage ledger is "
+                                       "unchanged") from None
+            requests = client.requests - before
+        with _ledger_transaction(engine, lock_timeout) as conn:
+            removed = _start_over(conn, bucket)
+            if first is not None and rows is not None:
+                write_bucket(conn, first, bucket, rows, requests, count=rows.rows,
+                             flags=rows.flags, refused=rows.refused)
+    finally:
+        if rows is not None:
+            rows.close()
+    if first is not None and rows is not None and on_bucket:
+        on_bucket(utc(first), rows.rows)
     rest = None if starts is None else [s for s in starts if s != first]
     result = collect_usage(engine, client, bucket=bucket, push_interval=push_interval,
                            resolution=resolution, starts=rest, max_backfill=max_backfill,
                            retention=retention, cluster_label=cluster_label, now=now,
                            lock_timeout=lock_timeout, on_bucket=on_bucket,
+                           shard_size=shard_size, concurrency=concurrency,
                            min_charge=min_charge)
-    if first is not None:
+    if first is not None and rows is not None:
         result.collected.insert(0, utc(first))
-        result.rows += len(rows)
+        result.rows += rows.rows
         result.requests += requests
-        result.refused += refused.total()
+        result.refused += rows.refused.total()
     return removed, result
 
 
