@@ -119,6 +119,7 @@ from hub.inventory._sync import (
     shard_error,
 )
 from hub.inventory._usage_tables import (
+    BASIS_CODES,
     DAY,
     ROLLUP_IDLE_THRESHOLD,
     USAGE_COLUMNS,
@@ -140,6 +141,7 @@ from hub.inventory._usage_tables import (
 __all__ = [
     "ACTIVE",
     "ALLOCATION_COLUMNS",
+    "BASIS_CODES",
     "CLUSTER_COLUMNS",
     "DAY",
     "EVENT_COLUMNS",
