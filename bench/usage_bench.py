@@ -228,7 +228,9 @@ def _has_dbstat(conn) -> bool:
 # figures a collect writes for a DCGM GPU without profiling counters (memory, power, maxima). The
 # ledger's tables (hub/inventory/_usage_tables.py) are filled as a collect would: the
 # dictionaries once, the bucket marks, then the rows with their keys (place i + 1; pod i + 2
-# or 1 for the unallocated '', '').
+# or 1 for the unallocated '', ''), hour by hour as a collect writes them: PostgreSQL's BRIN
+# on bucket_start is only as selective as the rows' order on disk (filled GPU by GPU, every
+# 128-page range held a whole day, and an edge hour's read went through days of rows).
 FILL_SQL = {
     "sqlite": [
         """INSERT INTO usage_places (id, cluster, node, uuid, slice, vendor, model, gpu_share)
@@ -253,7 +255,7 @@ g(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM g WHERE i < :gpus - 1)
 SELECT strftime('%Y-%m-%d %H:%M:%S.000000', :base, '+' || k || ' hours'), i + 1,
   CASE WHEN i % 2 = 0 THEN i + 2 ELSE 1 END, 1.0, 1.0, (i % 10) * 10.0,
   (i % 10) * 10.0 + 5.5, 40000.0 + i, 41000.0 + i, 300.0 + (i % 50), 300.0 + (i % 50), 2
-FROM h CROSS JOIN g"""],
+FROM h CROSS JOIN g ORDER BY k, i"""],
     "postgresql": [
         """INSERT INTO usage_places (id, cluster, node, uuid, slice, vendor, model, gpu_share)
 SELECT i + 1, 'c' || (i / 400), 'n' || (i / 8), 'GPU-' || lpad(i::text, 8, '0'), '',
@@ -272,7 +274,8 @@ FROM generate_series(0, :hours - 1) k""",
 SELECT CAST(:base AS timestamp) + k * interval '1 hour', i + 1,
   CASE WHEN i % 2 = 0 THEN i + 2 ELSE 1 END, 1.0, 1.0, (i % 10) * 10.0,
   (i % 10) * 10.0 + 5.5, 40000.0 + i, 41000.0 + i, 300.0 + (i % 50), 300.0 + (i % 50), 2
-FROM generate_series(0, :hours - 1) k CROSS JOIN generate_series(0, :gpus - 1) i"""],
+FROM generate_series(0, :hours - 1) k CROSS JOIN generate_series(0, :gpus - 1) i
+ORDER BY k, i"""],
 }
 
 
