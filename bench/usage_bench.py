@@ -96,17 +96,20 @@ def write_openmetrics(path: Path, gpus: int, t0: float, push: float,
 
 
 def child(args: list[str]) -> tuple[str, float, float]:
-    """Run gpufleet in a child: stdout, seconds, peak RSS MB."""
-    cmd = [sys.executable, "-m", "hub", *args]
-    started = time.perf_counter()
-    with tempfile.TemporaryFile() as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.PIPE, cwd=ROOT)
-        _, status, ru = os.wait4(proc.pid, 0)
+    """Run gpufleet in a child: stdout, seconds, peak RSS MB (GNU time's %M: the child's own
+    high-water mark; wait4's rusage starts from the parent's, which at 100,000 GPUs had
+    read a year of idle runs: every child then showed the bench's 2.7 GB)."""
+    with tempfile.NamedTemporaryFile() as rss, tempfile.TemporaryFile() as out:
+        cmd = ["/usr/bin/time", "-f", "%M", "-o", rss.name, sys.executable, "-m", "hub",
+               *args]
+        started = time.perf_counter()
+        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.PIPE, cwd=ROOT)
         took = time.perf_counter() - started
-        if os.waitstatus_to_exitcode(status) != 0:
-            raise SystemExit(f"{args[0]} failed: {proc.stderr.read().decode()}")
+        if proc.returncode != 0:
+            raise SystemExit(f"{args[0]} failed: {proc.stderr.decode()}")
         out.seek(0)
-        return out.read().decode(), took, ru.ru_maxrss / 1024
+        kb = int(Path(rss.name).read_text().split()[-1])
+        return out.read().decode(), took, kb / 1024
 
 
 def bench_collect(gpus: int, work: Path, push: float = 300.0, intervals: bool = True,
