@@ -27,6 +27,7 @@ Prints two JSON lines.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -46,6 +47,13 @@ from hub import usage  # noqa: E402
 from hub.devstack import PrometheusProcess, hub_config, require_binary  # noqa: E402
 
 HOUR = 3600
+BEGAN = time.perf_counter()
+
+
+def progress(what: str) -> None:
+    """A line on stderr per phase: a 100,000-GPU run takes an hour, its log says where."""
+    print(f"[{time.perf_counter() - BEGAN:8.1f}s load {os.getloadavg()[0]:.2f}] {what}",
+          file=sys.stderr, flush=True)
 
 
 def write_openmetrics(path: Path, gpus: int, t0: float, push: float,
@@ -88,42 +96,62 @@ def write_openmetrics(path: Path, gpus: int, t0: float, push: float,
 
 
 def child(args: list[str]) -> tuple[str, float, float]:
-    """Run gpufleet in a child: stdout, seconds, peak RSS MB."""
-    cmd = [sys.executable, "-m", "hub", *args]
-    started = time.perf_counter()
-    with tempfile.TemporaryFile() as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.PIPE, cwd=ROOT)
-        _, status, ru = os.wait4(proc.pid, 0)
+    """Run gpufleet in a child: stdout, seconds, peak RSS MB (GNU time's %M: the child's own
+    high-water mark; wait4's rusage starts from the parent's, which at 100,000 GPUs had
+    read a year of idle runs: every child then showed the bench's 2.7 GB)."""
+    with tempfile.NamedTemporaryFile() as rss, tempfile.TemporaryFile() as out:
+        cmd = ["/usr/bin/time", "-f", "%M", "-o", rss.name, sys.executable, "-m", "hub",
+               *args]
+        started = time.perf_counter()
+        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.PIPE, cwd=ROOT)
         took = time.perf_counter() - started
-        if os.waitstatus_to_exitcode(status) != 0:
-            raise SystemExit(f"{args[0]} failed: {proc.stderr.read().decode()}")
+        if proc.returncode != 0:
+            raise SystemExit(f"{args[0]} failed: {proc.stderr.decode()}")
         out.seek(0)
-        return out.read().decode(), took, ru.ru_maxrss / 1024
+        kb = int(Path(rss.name).read_text().split()[-1])
+        return out.read().decode(), took, kb / 1024
 
 
-def bench_collect(gpus: int, work: Path, push: float = 300.0, intervals: bool = True) -> dict:
+def bench_collect(gpus: int, work: Path, push: float = 300.0, intervals: bool = True,
+                  pg_url: str | None = None) -> dict:
+    """The collect figure; with ``pg_url`` (a fresh PostgreSQL database) the ledger is
+    written there, and the database's write of the bucket is timed apart (bench_write)."""
     t0 = (time.time() // HOUR) * HOUR - 2 * HOUR
     om = work / "fleet.om"
     write_openmetrics(om, gpus, t0, push, intervals)
     data = work / "hub" / "data"
     data.mkdir(parents=True)
+    progress(f"collect: {om.stat().st_size / 1e6:.0f} MB of OpenMetrics written")
     subprocess.run([require_binary("promtool"), "tsdb", "create-blocks-from", "openmetrics",
                     str(om), str(data)], check=True, capture_output=True)
     om.unlink()
+    progress("collect: blocks created")
     db_path = work / "usage.db"
+    url = pg_url or f"sqlite:///{db_path}"
     # a loaded 2-core machine can take longer than Prometheus's default 2-minute query timeout
     hub = PrometheusProcess(work / "hub", hub_config(),
                             extra_args=["--query.timeout=10m"]).start(timeout=300)
     try:
         iso = dt.datetime.fromtimestamp(t0, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         end = dt.datetime.fromtimestamp(t0 + HOUR, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        progress("collect: hub up")
+        load_before = os.getloadavg()
         out, took, rss = child(["usage", "collect", "--hub-url", hub.url, "--db",
-                                f"sqlite:///{db_path}", "--from", iso, "--until", end,
+                                url, "--from", iso, "--until", end,
                                 "--push-interval", f"{push:g}s",
                                 "--timeout", "600s", "-o", "json"])
     finally:
         hub.stop()
     result = json.loads(out)
+    progress(f"collect: {took:.1f}s, {result['rows']} rows")
+    if pg_url:
+        return {"figure": "collect", "database": "postgresql", "gpus": gpus,
+                "push_interval_s": push, "intervals": intervals,
+                "requests": result["requests"], "seconds": round(took, 2),
+                "peak_rss_mb": round(rss, 1), "rows": result["rows"],
+                "load_avg_before": load_before, "load_avg": os.getloadavg(),
+                **bench_write(pg_url, dt.datetime.fromtimestamp(t0, dt.UTC)
+                              .replace(tzinfo=None))}
     engine = inv.make_engine(f"sqlite:///{db_path}")
     with engine.connect() as conn:
         gpu_hours = conn.execute(sa.select(sa.func.sum(inv.usage.c.gpu_hours))).scalar() or 0
@@ -151,6 +179,36 @@ def bench_collect(gpus: int, work: Path, push: float = 300.0, intervals: bool = 
             "sqlite_page_size": page_size, "load_avg": os.getloadavg()}
 
 
+def bench_write(url: str, begin: dt.datetime, runs: int = 3) -> dict:
+    """The database's part of a collect: the bucket's rows, read back as folded (the
+    ``usage`` view's shape), written again by write_bucket as the collect does (in the
+    ledger's locked transaction: delete the bucket, rows, marks, the day's rollup rebuilt);
+    and the rollup rebuild alone, to tell the two apart."""
+    from hub.usage._ledger import _ledger_transaction, write_bucket
+
+    engine = inv.make_engine(url)
+    with engine.connect() as conn:
+        rows = [dict(r) for r in conn.execute(
+            sa.select(inv.usage).where(inv.usage.c.bucket_start == begin)).mappings()]
+    start = begin.replace(tzinfo=dt.UTC).timestamp()
+    writes, rebuilds = [], []
+    for _ in range(runs):
+        began = time.perf_counter()
+        with _ledger_transaction(engine, 60.0) as conn:
+            write_bucket(conn, start, HOUR, rows, 19)
+        writes.append(time.perf_counter() - began)
+        began = time.perf_counter()
+        with engine.begin() as conn:
+            usage.rebuild_days(conn, [inv.day_of(begin)])
+        rebuilds.append(time.perf_counter() - began)
+    engine.dispose()
+    progress(f"write {writes}, rebuild {rebuilds}")
+    return {"write_rows": len(rows), "write_s": [round(t, 3) for t in writes],
+            "write_rows_per_s": round(len(rows) / min(writes)),
+            "rollup_rebuild_of_the_hour_s": [round(t, 3) for t in rebuilds],
+            "write_load_avg": os.getloadavg()}
+
+
 def _bytes(conn, names: tuple[str, ...]) -> int:
     marks = ", ".join(f"'{n}'" for n in names)
     try:
@@ -173,7 +231,9 @@ def _has_dbstat(conn) -> bool:
 # figures a collect writes for a DCGM GPU without profiling counters (memory, power, maxima). The
 # ledger's tables (hub/inventory/_usage_tables.py) are filled as a collect would: the
 # dictionaries once, the bucket marks, then the rows with their keys (place i + 1; pod i + 2
-# or 1 for the unallocated '', '').
+# or 1 for the unallocated '', ''), hour by hour as a collect writes them (PostgreSQL's
+# BRIN on bucket_start is only as selective as the rows' order on disk; the ORDER BY says
+# what the plan already did).
 FILL_SQL = {
     "sqlite": [
         """INSERT INTO usage_places (id, cluster, node, uuid, slice, vendor, model, gpu_share)
@@ -198,7 +258,7 @@ g(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM g WHERE i < :gpus - 1)
 SELECT strftime('%Y-%m-%d %H:%M:%S.000000', :base, '+' || k || ' hours'), i + 1,
   CASE WHEN i % 2 = 0 THEN i + 2 ELSE 1 END, 1.0, 1.0, (i % 10) * 10.0,
   (i % 10) * 10.0 + 5.5, 40000.0 + i, 41000.0 + i, 300.0 + (i % 50), 300.0 + (i % 50), 2
-FROM h CROSS JOIN g"""],
+FROM h CROSS JOIN g ORDER BY k, i"""],
     "postgresql": [
         """INSERT INTO usage_places (id, cluster, node, uuid, slice, vendor, model, gpu_share)
 SELECT i + 1, 'c' || (i / 400), 'n' || (i / 8), 'GPU-' || lpad(i::text, 8, '0'), '',
@@ -217,7 +277,8 @@ FROM generate_series(0, :hours - 1) k""",
 SELECT CAST(:base AS timestamp) + k * interval '1 hour', i + 1,
   CASE WHEN i % 2 = 0 THEN i + 2 ELSE 1 END, 1.0, 1.0, (i % 10) * 10.0,
   (i % 10) * 10.0 + 5.5, 40000.0 + i, 41000.0 + i, 300.0 + (i % 50), 300.0 + (i % 50), 2
-FROM generate_series(0, :hours - 1) k CROSS JOIN generate_series(0, :gpus - 1) i"""],
+FROM generate_series(0, :hours - 1) k CROSS JOIN generate_series(0, :gpus - 1) i
+ORDER BY k, i"""],
 }
 
 
@@ -230,9 +291,17 @@ def fill_ledger(engine, gpus: int, hours: int, base: dt.datetime) -> tuple[float
         # the months' partitions on PostgreSQL, as the writer makes them
         inv.ensure_partitions(conn, [base + dt.timedelta(hours=h) for h in range(0, hours, 24)]
                               + [base + dt.timedelta(hours=hours - 1)])
-        for sql in FILL_SQL[engine.dialect.name]:
+        *fixed, rows_sql = FILL_SQL[engine.dialect.name]
+        for sql in fixed:
             conn.execute(sa.text(sql), {"hours": hours, "gpus": gpus,
                                         "base": base.isoformat(sep=" ")})
+    # the rows a day per statement and commit: a month at 100,000 GPUs is 72M rows
+    for day in range(0, hours, 24):
+        with engine.begin() as conn:
+            conn.execute(sa.text(rows_sql), {
+                "hours": min(24, hours - day), "gpus": gpus,
+                "base": (base + dt.timedelta(hours=day)).isoformat(sep=" ")})
+        progress(f"filled {day // 24 + 1} of {-(-hours // 24)} days")
     fill_s = time.perf_counter() - started
     days = sorted({inv.day_of(base + dt.timedelta(hours=h)) for h in range(hours)})
     took = []
@@ -242,6 +311,39 @@ def fill_ledger(engine, gpus: int, hours: int, base: dt.datetime) -> tuple[float
             usage.rebuild_days(conn, [day])
             took.append(time.perf_counter() - began)
     return fill_s, max(took)
+
+
+def fill_rollup_days(engine, source: dt.datetime, before: dt.datetime, days: int) -> float:
+    """``days`` days of daily rollups before ``before`` (the first hour of the hourly rows),
+    each a copy of ``source``'s (a whole day of them): a year of hourly rows at 100,000 GPUs
+    does not fit a bench disk, and `usage --since 365d` reads whole days from the rollups
+    alone (usage_daily and usage_idle_daily; the hourly rows only for the period's edges).
+    Returns seconds."""
+    started = time.perf_counter()
+    first = inv.day_of(before) - dt.timedelta(days=days)
+    with engine.begin() as conn:
+        inv.ensure_partitions(conn, [first + dt.timedelta(days=k) for k in range(days)])
+    pg = engine.dialect.name == "postgresql"
+    for table in (inv.usage_daily, inv.usage_idle_daily):
+        rest = [c for c in table.c if c.name != "day"]
+        for k in range(days):
+            day = first + dt.timedelta(days=k)
+            shift = (day - source).days
+
+            def moved(c: sa.Column, shift: int = shift) -> sa.ColumnElement:
+                """An idle run's times moved with its day (runs join across midnight)."""
+                if c.name not in ("first_start", "last_end"):
+                    return c
+                return (c + sa.func.make_interval(0, 0, 0, shift) if pg else
+                        sa.func.strftime("%Y-%m-%d %H:%M:%S.000000", c, f"{shift} days"))
+
+            with engine.begin() as conn:
+                conn.execute(table.insert().from_select(
+                    ["day", *[c.name for c in rest]],
+                    sa.select(sa.literal(day, sa.DateTime),
+                              *[moved(c) for c in rest]).where(table.c.day == source)))
+        progress(f"{days} days of {table.name} from {first:%Y-%m-%d}")
+    return time.perf_counter() - started
 
 
 def db_size(engine, url: str) -> int:
@@ -269,9 +371,17 @@ def bench_export(url: str, start: dt.datetime, end: dt.datetime, rows: int,
             "parquet_bytes_per_row": round(size / max(rows, 1), 2)}
 
 
-def bench_answer(gpus: int, url: str, days: int = 30, work: Path | None = None) -> dict:
+def bench_answer(gpus: int, url: str, days: int = 30, work: Path | None = None,
+                 rollup_days: int = 0, export_days: tuple[int, ...] | None = None,
+                 hourly_check: bool = True) -> dict:
     """`usage --by namespace --since 30d` (and 365d) over ``days`` days of hourly rows for
-    ``gpus`` GPUs, the ledger's bytes per row, and an export of it."""
+    ``gpus`` GPUs, the ledger's bytes per row, and an export of it. ``rollup_days`` (more
+    than ``days``): the daily rollups reach that many days back, the days before the hourly
+    rows as rollups only (fill_rollup_days). ``export_days``: export the last that many days
+    of hourly rows each, after the answer's figures (each export a JSON line of its own
+    printed as it ends: a month at 100,000 GPUs takes most of an hour); None: the whole
+    period, in the answer's line. ``hourly_check`` False leaves out the comparison with the
+    answer from the hourly rows alone (minutes over 72M rows)."""
     engine = inv.make_engine(url, create=True)
     inv.upgrade(engine)
     with engine.begin() as conn:  # the hourly grid, stored with the ledger as a collect does
@@ -282,6 +392,10 @@ def bench_answer(gpus: int, url: str, days: int = 30, work: Path | None = None) 
     fill_s, rebuild_day_s = fill_ledger(engine, gpus, days * 24,
                                         now_hour - dt.timedelta(hours=days * 24))
     grown = db_size(engine, url) - empty
+    progress(f"filled {days} days x {gpus} GPUs in {fill_s:.0f}s, {grown / 1e9:.2f} GB")
+    base = now_hour - dt.timedelta(hours=days * 24)
+    rollup_only_s = (fill_rollup_days(engine, inv.day_of(base) + dt.timedelta(days=1), base,
+                                      rollup_days - days - 1) if rollup_days > days else None)
     with engine.connect() as conn:
         if engine.dialect.name == "postgresql":
             conn.exec_driver_sql("ANALYZE")
@@ -297,12 +411,15 @@ def bench_answer(gpus: int, url: str, days: int = 30, work: Path | None = None) 
             answer = usage.usage_summary(conn, now - dt.timedelta(days=30),
                                          now + dt.timedelta(seconds=1), ["namespace"])
             times.append(time.perf_counter() - began)
-    with engine.connect() as conn:
-        began = time.perf_counter()
-        hourly = usage.usage_summary(conn, now - dt.timedelta(days=30),
-                                     now + dt.timedelta(seconds=1), ["namespace"],
-                                     rollup=False)
-        hourly_s = time.perf_counter() - began
+    hourly, hourly_s = None, None
+    if hourly_check:
+        with engine.connect() as conn:
+            began = time.perf_counter()
+            hourly = usage.usage_summary(conn, now - dt.timedelta(days=30),
+                                         now + dt.timedelta(seconds=1), ["namespace"],
+                                         rollup=False)
+            hourly_s = time.perf_counter() - began
+    progress(f"30d answers {times}, hourly only {hourly_s}s")
     plan = _plan(engine, now)
     year = []
     for _ in range(3):
@@ -312,27 +429,49 @@ def bench_answer(gpus: int, url: str, days: int = 30, work: Path | None = None) 
             usage.usage_summary(conn, now - dt.timedelta(days=365),
                                 now + dt.timedelta(seconds=1), ["namespace"])
             year.append(time.perf_counter() - began)
+    progress(f"365d answers {year}")
     exported = (bench_export(url, now_hour - dt.timedelta(hours=days * 24), now_hour, rows,
-                             work) if work is not None else {})
+                             work) if work is not None and export_days is None else {})
+    progress(f"export {exported}")
     wall = []
     for _ in range(3):
         out, took, rss = child(["usage", "--by", "namespace", "--since", "30d", "--db", url,
                                 "-o", "json"])
         wall.append(took)
     start_s = min(child(["usage", "--help"])[1] for _ in range(3))
-    engine.dispose()
-    return {"figure": "usage --by namespace --since 30d", "database": engine.dialect.name,
+    result = {"figure": "usage --by namespace --since 30d", "database": engine.dialect.name,
             "gpus": gpus, "rows": rows, "rollup_rows": rollup_rows,
             "fill_s": round(fill_s, 1), "rollup_rebuild_day_s": round(rebuild_day_s, 3),
-            "days": days, "db_bytes_per_gpu_hour_row": round(grown / max(rows, 1), 1),
+            "days": days, "rollup_days": max(rollup_days, days),
+            "rollup_only_fill_s": None if rollup_only_s is None else round(rollup_only_s, 1),
+            "db_bytes_per_gpu_hour_row": round(grown / max(rows, 1), 1),
             "query_s": [round(t, 3) for t in times],
             "query_365d_s": [round(t, 3) for t in year],
             "answer_s": [round(t, 3) for t in wall],
             "process_start_s": round(start_s, 3),
-            "hourly_only_query_s": round(hourly_s, 3),
-            "max_rel_diff_vs_hourly_only": _max_rel_diff(answer, hourly),
+            "hourly_only_query_s": None if hourly_s is None else round(hourly_s, 3),
+            "max_rel_diff_vs_hourly_only": None if hourly is None else _max_rel_diff(
+                answer, hourly),
             "groups": len(json.loads(out)), "peak_rss_mb": round(rss, 1),
             **exported, "load_avg": os.getloadavg(), "plan": plan}
+    if export_days and work is not None:
+        print(json.dumps(result), flush=True)
+        for n in export_days:
+            with engine.connect() as conn:
+                count = conn.execute(sa.select(sa.func.count()).select_from(inv.usage_rows)
+                                     .where(inv.usage_rows.c.bucket_start
+                                            >= now_hour - dt.timedelta(days=n))).scalar()
+            load = os.getloadavg()
+            progress(f"export of {n} days, {count} rows")
+            print(json.dumps({"figure": "usage export --format parquet --focus",
+                              "database": engine.dialect.name, "gpus": gpus, "days": n,
+                              "rows": count, **bench_export(
+                                  url, now_hour - dt.timedelta(days=n), now_hour, count, work),
+                              "load_avg_before": load, "load_avg": os.getloadavg()}),
+                  flush=True)
+        result = {}
+    engine.dispose()
+    return result
 
 
 def _max_rel_diff(a: list[dict], b: list[dict]) -> float | None:
@@ -360,10 +499,24 @@ def _plan(engine, now: dt.datetime) -> list[str]:
         return [r[0] for r in conn.exec_driver_sql("EXPLAIN " + sql)]
 
 
-def _pg_answer(gpus: int, server: str, days: int, work: Path) -> dict:
+def _pg_answer(gpus: int, server: str, days: int, work: Path, rollup_days: int = 0,
+               export_days: tuple[int, ...] | None = None, hourly_check: bool = True) -> dict:
     from tests.support.pg import create_database
 
-    return bench_answer(gpus, create_database(server, prefix="bench_"), days, work)
+    return bench_answer(gpus, create_database(server, prefix="bench_"), days, work,
+                        rollup_days, export_days, hourly_check)
+
+
+@contextlib.contextmanager
+def _pg_server(pg: str | None):
+    """The PostgreSQL server URL --pg names (None: none), a throwaway one for 'auto'."""
+    if pg == "auto":
+        from tests.support.pg import throwaway_server
+
+        with throwaway_server() as server:
+            yield server
+    else:
+        yield pg
 
 
 def main() -> None:
@@ -382,24 +535,44 @@ def main() -> None:
                         help="collect figure without kube-state-metrics' pod series (every "
                         "allocated row sampled)")
     parser.add_argument("--workdir", type=Path)
+    parser.add_argument("--rollup-days", type=int, default=0,
+                        help="daily rollups this many days back (beyond --days: rollups "
+                        "only, copies of a day's), for --since 365d at a scale whose year of "
+                        "hourly rows does not fit the disk")
+    parser.add_argument("--pg-only", action="store_true",
+                        help="the answer figure on PostgreSQL only (not SQLite too), and the "
+                        "collect figure's ledger on PostgreSQL with its write timed apart")
+    parser.add_argument("--export-days", type=int, nargs="+",
+                        help="export the last that many days (each a figure of its own, "
+                        "after the answer's) instead of the whole period")
+    parser.add_argument("--no-hourly-check", dest="hourly_check", action="store_false",
+                        help="leave out the answer from the hourly rows alone")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
+    export_days = tuple(args.export_days) if args.export_days else None
+    if args.pg_only and not args.pg:
+        parser.error("--pg-only needs --pg")
+    with tempfile.TemporaryDirectory(dir=args.workdir) as tmp, _pg_server(args.pg) as server:
         work = Path(tmp)
         if args.gpus:
-            print(json.dumps(bench_collect(args.gpus, work, args.push, args.intervals)),
-                  flush=True)
-        if args.answer_gpus:
-            print(json.dumps(bench_answer(args.answer_gpus, f"sqlite:///{work / 'a.db'}",
-                                          args.days, work)), flush=True)
-            if args.pg == "auto":
-                from tests.support.pg import throwaway_server
+            collect_url = None
+            if args.pg_only:
+                from tests.support.pg import create_database
 
-                with throwaway_server() as server:
-                    print(json.dumps(_pg_answer(args.answer_gpus, server, args.days, work)),
-                          flush=True)
-            elif args.pg:
-                print(json.dumps(_pg_answer(args.answer_gpus, args.pg, args.days, work)),
-                      flush=True)
+                collect_url = create_database(server, prefix="bench_collect_")
+            print(json.dumps(bench_collect(args.gpus, work, args.push, args.intervals,
+                                           collect_url)), flush=True)
+        if args.answer_gpus:
+            if not args.pg_only:
+                answer = bench_answer(args.answer_gpus, f"sqlite:///{work / 'a.db'}",
+                                      args.days, work, args.rollup_days, export_days,
+                                      args.hourly_check)
+                if answer:
+                    print(json.dumps(answer), flush=True)
+            if server:
+                answer = _pg_answer(args.answer_gpus, server, args.days, work,
+                                    args.rollup_days, export_days, args.hourly_check)
+                if answer:
+                    print(json.dumps(answer), flush=True)
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ def old_ledger(db_url: str) -> sa.Engine:
                     bucket_start=rows[0]["bucket_start"], bucket_end=rows[0]["bucket_end"],
                     collected_at=rows[0]["bucket_end"], rows=len(rows), requests=9))
             days.add(inv.day_of(rows[0]["bucket_start"]))
-        usage.rebuild_days(conn, days)  # reads "usage": here the old table
+        usage.rebuild_days(conn, days, by_names=True)  # "usage": here the old table
         conn.execute(inv.usage_ledger.insert().values(key="bucket_seconds", value="3600"))
     return engine
 

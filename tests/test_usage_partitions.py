@@ -23,6 +23,7 @@ from alembic import command
 from hub import inventory as inv
 from hub import usage
 from hub.inventory._migrate import HEAD, _config, current
+from hub.inventory._partitions import PARTITIONED, is_partitioned
 from tests.test_usage_rollup import bucket_rows
 
 HOUR = 3600.0
@@ -89,6 +90,49 @@ def test_migration_0027_moves_a_ledger_of_months(db_url):
     else:
         assert months == daily == []  # no partitions on SQLite: the migration does nothing
     assert not old
+    engine.dispose()
+
+
+def monthly(engine: sa.Engine) -> dict[str, Any]:
+    """`usage` of each calendar month the ledger spans (a month is what a partition holds,
+    and what a bill asks), by namespace and by GPU, from the rollups and from the hours."""
+    out: dict[str, Any] = {}
+    with engine.connect() as conn:
+        for month in [dt.datetime(2026, m, 1) for m in (9, 10, 11, 12)]:
+            end = inv.next_month(month)
+            for by in (["namespace"], ["gpu"]):
+                for rollup in (True, False):
+                    out[f"{month:%Y-%m} {by} {rollup}"] = usage.usage_summary(
+                        conn, month, end, by, rollup=rollup)
+    return out
+
+
+def test_migration_0027_downgrade_and_upgrade_again_keep_every_answer(db_url):
+    """An operator who rolls gpufleet back runs `alembic downgrade 0026`: the partitioned
+    tables are copied back into plain ones (PostgreSQL; SQLite has nothing to undo). Every
+    answer, month by month, is the one of before, at 0026 and after upgrading again, and
+    the second upgrade partitions the ledger as the first did."""
+    engine = ledger_at_0026(db_url)
+    before, months_before = answers(engine), monthly(engine)
+    assert all(months_before.values())  # every month has usage to compare
+    inv.upgrade(engine, now=dt.datetime(2026, 12, 5))
+    with engine.connect() as conn:
+        partitioned = sorted(inv.partitions(conn, "usage_rows"))
+    assert monthly(engine) == months_before
+    with engine.begin() as conn:
+        command.downgrade(_config(conn), "0026")
+    assert current(engine) == "0026"
+    with engine.connect() as conn:
+        for table in PARTITIONED:
+            assert not is_partitioned(conn, table)
+            assert not sa.inspect(conn).has_table(f"{table}_0026")
+    assert monthly(engine) == months_before
+    assert answers(engine) == before
+    assert inv.upgrade(engine, now=dt.datetime(2026, 12, 5)) == ("0026", HEAD)
+    with engine.connect() as conn:
+        assert sorted(inv.partitions(conn, "usage_rows")) == partitioned
+    assert monthly(engine) == months_before
+    assert answers(engine) == before
     engine.dispose()
 
 

@@ -110,6 +110,7 @@ from hub.inventory._service_state import (
 from hub.inventory._sessions import add_session, drop_session, session_row, sessions
 from hub.inventory._sync import NO_GPU_SERIES, SyncResult, run_sync
 from hub.inventory._usage_tables import (
+    BASIS_CODES,
     DAY,
     ROLLUP_IDLE_THRESHOLD,
     USAGE_COLUMNS,
@@ -131,6 +132,7 @@ from hub.inventory._usage_tables import (
 __all__ = [
     "ACTIVE",
     "ALLOCATION_COLUMNS",
+    "BASIS_CODES",
     "CLUSTER_COLUMNS",
     "DAY",
     "EVENT_COLUMNS",
