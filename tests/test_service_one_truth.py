@@ -65,8 +65,10 @@ def replica(hub_url: str, db: str, port: int, log: Path) -> subprocess.Popen:
 
 
 def cronjob(hub_url: str, db: str) -> None:
+    # it waits for the lock, as a CronJob beside a service should: the leader syncs every
+    # few seconds here, and without a wait a CronJob that lands mid-sync exits 3 (next run)
     done = subprocess.run([sys.executable, "-m", "hub", "sync", "--once", "--hub-url", hub_url,
-                           "--db", db, "--stale-after", "30s"],
+                           "--db", db, "--stale-after", "30s", "--lock-timeout", "60s"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
 
