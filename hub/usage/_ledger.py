@@ -225,27 +225,33 @@ def _alloc_step(push_interval: float) -> float:
 
 def bucket_queries(bucket: float, resolution: float, push_interval: float,
                    cluster_label: str, allocations: bool = True,
-                   shard: str = "") -> list[store.Query]:
+                   shard: str = "", min_charge: float = 0.0) -> list[store.Query]:
     """A bucket's fixed request set: the samples' (store.usage_queries) and, where the hub
     holds allocation series, the allocations' edges (store.allocation_queries), these over
-    the bucket and a push interval each side, plus one step (see _ask)."""
+    the bucket and a push interval each side, plus one step (see _ask), and ``min_charge``
+    further back: an allocation that ended before the bucket is still charged in it up to
+    its minimum, so its edges must be read (a 10 s pod charged 60 s on 12 s buckets was
+    charged only in the bucket of its end)."""
     step = _alloc_step(push_interval)
     samples = store.usage_queries(format_duration(bucket), format_duration(resolution),
                                   cluster_label, shard)
     if not allocations:
         return samples
+    window = bucket + 2 * push_interval + step + min_charge
     return [*samples,
-            *store.allocation_queries(format_duration(bucket + 2 * push_interval + step),
-                                      format_duration(step), cluster_label, shard)]
+            *store.allocation_queries(format_duration(window), format_duration(step),
+                                      cluster_label, shard)]
 
 
 def _has_allocations(client: HubClient, starts: list[float], now: float,
-                     push_interval: float, cluster_label: str) -> bool:
-    """Whether the hub holds any allocation series from the first bucket on (one request
-    per collect; without any, every bucket is sampled and asks 8 requests fewer)."""
+                     push_interval: float, cluster_label: str, min_charge: float = 0.0) -> bool:
+    """Whether the hub holds any allocation series from the first bucket on, or from as
+    far before it as an allocation's minimum charge reaches into it (one request per
+    collect; without any, every bucket is sampled and asks 8 requests fewer)."""
     if not starts:
         return False
-    window = format_duration(max(push_interval, math.ceil(now - min(starts) + push_interval)))
+    window = format_duration(max(push_interval,
+                                 math.ceil(now - min(starts) + push_interval + min_charge)))
     answer = client.query(store.allocation_probe(window, cluster_label), time=now)
     return any(float(r["value"][1]) > 0 for r in answer.result)
 
@@ -377,7 +383,7 @@ def _fold_shards(client: HubClient, shards: list[Shard], start: float, bucket: f
 
     def one(shard: Shard) -> tuple[list[dict[str, Any]], list[dict[str, str]], store.Refused]:
         queries = bucket_queries(bucket, resolution, push_interval, cluster_label, metered,
-                                 shard.matcher)
+                                 shard.matcher, min_charge)
         flags: list[dict[str, str]] = []
         refused = store.Refused(cluster_label)
         return fold_bucket(_ask(client, queries, start, bucket, resolution, push_interval,
@@ -453,7 +459,8 @@ def collect_usage(engine: Engine, client: HubClient, *,
     labels = _LabelCheck(client, cluster_label, now)
     before = client.requests
     try:
-        metered = _has_allocations(client, ended, now, push_interval, cluster_label)
+        metered = _has_allocations(client, ended, now, push_interval, cluster_label,
+                                   min_charge)
     except GpufleetError:  # the hub did not answer: each bucket's own requests say so
         metered = True
     result.requests += client.requests - before
