@@ -112,6 +112,22 @@ def everyone(urls: list[str], sessions: list[list[requests.Session]], *, tries: 
     raise AssertionError(f"the processes disagree on {seen}")
 
 
+def leaders(urls: list[str], answered: list[dict[str, Any]], tries: int = 40) -> list[float]:
+    """gpufleet_schedule_leader as the processes say it: the answers' own, then over new
+    connections until a leader and a follower were heard (the kernel hands a replica's
+    connections to whichever worker accepts first: under load one worker may take a whole
+    round of them)."""
+    seen = {a["leads"] for a in answered}
+    for _ in range(tries):
+        if seen >= {0.0, 1.0}:
+            break
+        for url in urls:
+            with requests.Session() as fresh:
+                seen.add(metrics(fresh.get(url + "/metrics", timeout=10).text)[
+                    "gpufleet_schedule_leader"])
+    return sorted(seen)
+
+
 def latest_ok(db: str) -> float:
     engine = inventory.make_engine(db)
     try:
@@ -171,8 +187,8 @@ def test_every_worker_of_every_replica_answers_alike_and_unchecked_is_never_gree
         assert all(time.time() - a["last success"] <= 900 for a in before)
         healthz = first["/healthz"]
         assert healthz[0] == 200 and healthz[1]["consecutive_failures"] >= 1
-        # both workers of the leading replica were reached, and one process leads
-        assert sorted({a["leads"] for a in before}) == [0.0, 1.0]
+        # one process leads, the others follow (heard over new connections if need be)
+        assert leaders(urls, before) == [0.0, 1.0]
 
         down[0] = False  # the hub is back: the leader's retry syncs and checks
         opened = len(seen)
