@@ -118,7 +118,15 @@ def ensure_schema(engine: Engine) -> None:
     rev = current(engine)
     if rev is None:
         upgrade(engine)
-    elif rev != HEAD:
+        return
+    if rev != HEAD:
+        # Another sync may be creating the schema this moment: 0027 commits each day it
+        # moves, so its revision shows before the upgrade ends. Wait for its lock and read
+        # again: only a schema that is still behind once nobody migrates is the user's to
+        # upgrade (two syncs on an empty database: "at revision 0026, needs 0027").
+        with _locked(engine) as conn:
+            rev = conn.execute(sa.text("SELECT version_num FROM alembic_version")).scalar()
+    if rev != HEAD:
         raise InputError(
             f"inventory schema is at revision {rev}, this gpufleet needs {HEAD}: "
             "run `gpufleet db upgrade`"
