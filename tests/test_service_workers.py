@@ -206,11 +206,15 @@ def test_serve_options_become_one_settings_value_a_worker_process_can_take(tmp_p
 
 
 def server(hub_url: str, db: str, port: int, log: Path) -> subprocess.Popen:
-    """One `gpufleet serve` process (one worker: SIGSTOP stops the whole of it)."""
+    """One `gpufleet serve` process (one worker: SIGSTOP stops the whole of it). Its usage
+    catch-up reaches back one hour, not the default 48: on SQLite a process stopped inside
+    a write transaction holds the file's write lock, and nobody (the next leader's lease
+    included) can write until it goes; the 48 buckets of a first start, each its own write,
+    kept the leader inside one for most of the test under load."""
     return subprocess.Popen(
         [sys.executable, "-m", "hub", "serve", "--hub-url", hub_url, "--db", db,
          "--listen", f"127.0.0.1:{port}", "--workers", "1", "--every", "1s",
-         "--stale-after", "30s"],
+         "--stale-after", "30s", "--usage-max-backfill", "1h"],
         stdout=subprocess.DEVNULL, stderr=log.open("w"), text=True)
 
 
