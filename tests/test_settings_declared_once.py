@@ -139,6 +139,20 @@ def test_an_invalid_value_is_one_line_naming_the_option(tmp_path: Path, args: li
     assert len(result.output.strip().splitlines()) == 1, result.output
 
 
+@pytest.mark.parametrize("value", ["0", "inf", "-3"])
+def test_placement_takes_serve_s_full_at_with_its_check(tmp_path: Path, value: str):
+    """`placement scores --full-at` is serve's setting (one declaration): the same default,
+    and the same one line for a value no score could be made with."""
+    result = gpufleet("placement", "scores", "--full-at", value, "--db",
+                      f"sqlite:///{tmp_path / 'inv.db'}")
+    assert result.exit_code == 2, result.output
+    assert f"--full-at {float(value):g} must be greater than 0" in result.output
+    assert len(result.output.strip().splitlines()) == 1, result.output
+    assert not (tmp_path / "inv.db").exists()
+    assert f"[default: {ServeOptions.default('full_at')}]" in " ".join(
+        gpufleet("placement", "scores", "--help").output.split())
+
+
 def test_a_model_built_in_python_is_checked_like_the_options():
     with pytest.raises(InputError, match="--stale-after must be greater than 0"):
         SyncSettings(stale_after=0)

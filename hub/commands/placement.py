@@ -17,10 +17,12 @@ from hub.common import (
     ConfiguredCommand,
     ConfiguredGroup,
     InputError,
+    ServeOptions,
     db_option,
     emit,
     env,
     format_duration,
+    option,
     output_option,
     to_json,
 )
@@ -50,15 +52,13 @@ def _score_options(func: Any) -> Any:
         show_default=True, metavar="DURATION", envvar=env("valid-for"),
         help="status.validUntil this far ahead (a few sync intervals): a Placement ignores "
              "scores gpufleet stopped refreshing.")(func)
-    return click.option(
-        "--full-at", type=float, default=answers.FULL_AT, show_default=True, metavar="N",
-        envvar=env("full-at"),
-        help="Free GPUs that score 100 in gpuFree, gpuReclaimable and gpuFree-<family>.")(func)
+    return option(ServeOptions, "full_at",
+                  help="Free GPUs that score 100 in gpuFree, gpuReclaimable and "
+                       "gpuFree-<family>.")(func)
 
 
 def _objects(db: str | None, full_at: float, valid_for: float, idle_threshold: float,
              idle_for: float) -> list[dict[str, Any]]:
-    answers.check_full_at(full_at)
     if valid_for <= 0:
         raise InputError("--valid-for must be greater than 0")
     with database(db) as engine:

@@ -23,7 +23,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError, mo
 
 from hub.common._durations import DURATION, parse_duration
 from hub.common._errors import InputError
-from hub.common._options import PERCENT, check_label_name, env
+from hub.common._options import PERCENT, _stack, check_label_name, env
 
 F = Callable[..., Any]
 
@@ -82,10 +82,12 @@ def _claim(value: str, option: str) -> None:
                          "have no group and get 403)")
 
 
-def _full_at(value: float, option: str) -> None:
+def check_full_at(value: float, option: str = "--full-at") -> None:
+    """The free GPUs that score 100 in the ACM placement scores: `serve --full-at`,
+    `placement --full-at` and hub.usage.placement_scores."""
     if not (value > 0 and math.isfinite(value)):
-        raise InputError(f"{option} {value:g} must be greater than 0 (the free GPUs that "
-                         "score 100)")
+        raise InputError(f"{option} {value:g} must be greater than 0 and finite (the free "
+                         "GPUs that score 100)")
 
 
 def _listen(value: str, option: str) -> None:
@@ -227,15 +229,8 @@ def options_of(model: type[BaseModel], *names: str, flags: dict[str, str] | None
     one decorator. ``flags`` renames an option where a command always spelt it otherwise
     (`usage collect --bucket` for the ledger's bucket)."""
     chosen = names or tuple(n for n in model.model_fields if option_spec(model, n))
-    decorators = [option(model, n, flag=(flags or {}).get(n), help=(helps or {}).get(n))
-                  for n in chosen]
-
-    def apply(func: F) -> F:
-        for deco in reversed(decorators):
-            func = deco(func)
-        return func
-
-    return apply
+    return _stack(*(option(model, n, flag=(flags or {}).get(n), help=(helps or {}).get(n))
+                     for n in chosen))
 
 
 def pick(model: type[BaseModel], values: dict[str, Any]) -> dict[str, Any]:
@@ -477,7 +472,7 @@ class ServeOptions(SyncSettings, CheckSettings, LedgerSettings, IdleSettings, Ac
     placement_context: Annotated[str | None, Opt(
         metavar="CTX", help="kubeconfig context of the ACM hub for --placement-scores.")] = None
     full_at: Annotated[float, Opt(
-        metavar="N", check=_full_at,
+        metavar="N", check=check_full_at,
         help="With --placement-scores: free GPUs that score 100 (gpuFree).")] = 64
 
     @model_validator(mode="after")

@@ -31,7 +31,7 @@ from sqlalchemy.engine import Connection
 
 from hub import inventory as inv
 from hub import store
-from hub.common import InputError, ServeOptions
+from hub.common import InputError, ServeOptions, check_full_at
 from hub.usage._dra import claim_held
 from hub.usage._idle import IDLE_FOR_S, IDLE_THRESHOLD_PCT, idle_runs
 
@@ -355,12 +355,6 @@ def score_objects(scores: Mapping[str, Mapping[str, int]],
         "status": {"scores": [{"name": k, "value": v} for k, v in values.items()],
                    "validUntil": until},
     } for cluster, values in sorted(scores.items())]
-
-
-def check_full_at(full_at: float) -> None:
-    if not full_at > 0:
-        raise InputError(f"--full-at {full_at:g} must be greater than 0 (the free GPUs that "
-                         "score 100)")
 
 
 #: how long scores stay valid: a few sync intervals (serve: 3 x --every)
