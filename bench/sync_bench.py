@@ -37,12 +37,14 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import requests
@@ -223,26 +225,36 @@ def timed(fn, *args) -> float:
     return time.perf_counter() - started
 
 
+@contextlib.contextmanager
+def fleet_store(gpus: int, work: Path, samples: int = SAMPLES, acm: bool = False,
+                window: float = STALE_AFTER) -> Iterator[tuple[PrometheusProcess, int, int]]:
+    """A real Prometheus holding the bench's fleet, its samples ending as it is handed over:
+    (the store, its process id, the cluster count)."""
+    promtool = require_binary("promtool")
+    # samples end when measuring starts: generation and backfill take ~2 s per 1,000 GPUs
+    lead = 30 + gpus * 0.002
+    end = time.time() + lead
+    om = work / "fleet.om"
+    clusters = write_openmetrics(om, gpus, end, samples, acm, window)
+    data = work / "hub" / "data"
+    data.mkdir(parents=True)
+    subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(om),
+                    str(data)], check=True, capture_output=True)
+    om.unlink()
+    hub = PrometheusProcess(work / "hub", hub_config()).start(timeout=600)
+    try:
+        time.sleep(max(0.0, end - time.time()))
+        yield hub, hub.proc.pid if hub.proc else 0, clusters
+    finally:
+        hub.stop()
+
+
 def measure(gpus: int, workdir: Path | None, samples: int = SAMPLES, acm: bool = False,
             floor_shards: int = 10, with_naive: bool = False,
             window: float = STALE_AFTER) -> dict:
-    promtool = require_binary("promtool")
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         work = Path(tmp)
-        # samples end when measuring starts: generation and backfill take ~2 s per 1,000 GPUs
-        lead = 30 + gpus * 0.002
-        end = time.time() + lead
-        om = work / "fleet.om"
-        clusters = write_openmetrics(om, gpus, end, samples, acm, window)
-        data = work / "hub" / "data"
-        data.mkdir(parents=True)
-        subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", str(om),
-                        str(data)], check=True, capture_output=True)
-        om.unlink()
-        hub = PrometheusProcess(work / "hub", hub_config()).start(timeout=600)
-        try:
-            pid = hub.proc.pid if hub.proc else 0
-            time.sleep(max(0.0, end - time.time()))
+        with fleet_store(gpus, work, samples, acm, window) as (hub, pid, clusters):
             raw = [name for _, name in read_families()]
             names = [f"cluster-{c:04d}" for c in range(clusters)]
             shards = [names[i::floor_shards] for i in range(min(floor_shards, clusters))]
@@ -274,8 +286,6 @@ def measure(gpus: int, workdir: Path | None, samples: int = SAMPLES, acm: bool =
             rss2 = max(run[2] for run in steadies)
             assert first["gpus"] == steady["gpus"], (first, steady)
             load = (load_before, os.getloadavg()[0])
-        finally:
-            hub.stop()
     return {
         "gpus": steady["gpus"], "clusters": clusters, "samples_per_series": samples,
         "window_s": window,
