@@ -4,11 +4,13 @@ Builds the fleet of ``bench/sync_bench.py`` (same shapes), then, on the one stor
 
 - raw: one instant selector per family the inventory reads, one after the other (the
   goal's yardstick), its store CPU the best of ``--repeat`` runs;
-- the sync's plan (the planning request, then every shard's fixed query set, exactly as
-  ``gpufleet sync`` builds them with its default shard size), every request asked alone
+- the steady sync's plan (the planning request, which asks the sources alone, then every
+  shard's fixed query set, exactly as ``gpufleet sync`` builds them with its default shard
+  size), every request asked alone
   ``--repeat`` times: one JSON line per query kind (vendor, kind, field), its store CPU
   and wall seconds summed over the shards (the best run of each request), split into the
-  named shards' and the complement's;
+  named shards' and the complement's; a first sync's planning request (it counts the
+  GPUs per cluster) on a line of its own;
 - the same plan with ``--query-concurrency`` requests in flight, as the sync asks it (its
   store CPU, best of ``--repeat``);
 - a last line with the totals and ``plan_vs_raw``, the issue's ratio.
@@ -98,10 +100,16 @@ def profile(url: str, pid: int, window: float, repeat: int, concurrency: int,
         client = store.HubClient(url)
         counts, _ = _sync.cluster_counts(client, span, "cluster", at)
         shards = store.plan_shards(counts, shard_size, "cluster")
-        plan = [("planning", "", "", False, store.planning_query(span, "cluster"))]
+        # a steady sync plans from the inventory and asks the sources alone; the count is
+        # a first sync's (shown apart, not in the plan's totals)
+        counted = alone(session, url, pid, store.planning_query(span, "cluster"), at, repeat)
+        lines.append({"vendor": "planning", "kind": "first sync's count", "field": "",
+                      "cpu_s": round(counted[0], 3), "wall_s": round(counted[1], 3)})
+        plan = [("planning", "", "", False,
+                 store.planning_query(span, "cluster", count=False))]
         plan += [(q.vendor, q.kind, q.field or "", shard.rest, q.promql)
                  for shard in shards
-                 for q in store.sync_queries(span, step, "cluster", shard.matcher)]
+                 for q in store.sync_queries(span, step, "cluster", shard.matcher, at=at)]
         by_kind: dict[tuple[str, str, str], collections.Counter[str]] = {}
         for vendor, kind, fld, rest, promql in plan:
             cpu, wall, rows = alone(session, url, pid, promql, at, repeat)

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from hub import store
 from hub.common import UnavailableError
 from hub.inventory import _db as inventory
-from hub.inventory import run_sync
+from hub.inventory import cluster_sizes, run_sync
 from hub.inventory import usage as usage_view
 from hub.inventory._normalize import Observation
 from hub.inventory._writer import apply_observations
@@ -148,6 +148,14 @@ def contents(db: str) -> dict[str, list[tuple]]:
     return out
 
 
+def cluster_sizes_of(db: str) -> dict[str, int]:
+    engine = inventory.make_engine(db)
+    with engine.connect() as conn:
+        sizes = cluster_sizes(conn)
+    engine.dispose()
+    return sizes
+
+
 def sync(hub_url: str, db: str, shard_size: int):
     engine = inventory.make_engine(db, create=True)
     try:
@@ -182,18 +190,21 @@ def test_a_sharded_sync_writes_what_one_unsharded_sync_writes(fleet, size):
             whole, sharded = f"sqlite:///{work / 'whole.db'}", f"sqlite:///{work / 'shards.db'}"
             seed(whole)
             seed(sharded)
+            sync(hub.url, whole, 10**9)
+            # the first plan is the seeded inventory's: every reporting cluster is new to it
+            # and falls to the rest, so all of them are read; the second plan is by the
+            # sizes the first sync wrote
+            first = sync(hub.url, sharded, size)
+            assert first.shards == len(plan_shards({"gone": 2}, size, "cluster")) == 1
+            sizes = cluster_sizes_of(sharded)
             one = sync(hub.url, whole, 10**9)
             many = sync(hub.url, sharded, size)
         finally:
             hub.stop()
         clusters = {g.cluster for g in fleet if g.cluster is not None}
         assert one.shards == 1
-        # the plan counts the sample-time family: a MIG GPU's slices, no trimmed GPU (a
-        # cluster of trimmed GPUs only is in no count: the last shard, the rest, has it)
-        counted = {c: sum(0 if g.trimmed else 2 if g.mig else 1
-                          for g in fleet if g.cluster == c) for c in clusters}
-        counted = {c: n for c, n in counted.items() if n}
-        assert many.shards == len(plan_shards(counted, size, "cluster"))
+        assert set(sizes) == clusters | {"gone"}
+        assert many.shards == len(plan_shards(sizes, size, "cluster"))
         per_shard = len(store.sync_queries("1h", "1m", "cluster"))
         assert many.requests == 1 + many.shards * per_shard
         assert (many.clusters, many.nodes, many.gpus, many.note) == (
@@ -224,6 +235,52 @@ def test_a_plan_puts_every_cluster_in_exactly_one_shard_of_bounded_size(counts, 
     else:
         others = [c for s in shards[:-1] for c in s.clusters]
         assert shards[-1].matcher == store.shard_matcher("cluster", others, exclude=True)
+
+
+def test_a_sync_plans_from_the_inventory_and_asks_the_store_to_count_only_when_it_is_empty(
+        tmp_path):
+    """Counting GPUs per cluster reads every GPU's sample-time series over the window (as
+    much of the store's work as a field's query): a sync whose inventory knows the clusters
+    plans by its sizes and asks the sources alone; a cluster the inventory does not know
+    yet is read all the same, in the last shard."""
+    known = ["a.one", "b.two", "c.three"]
+    fleet = [Gpu(c, f"{c}-n", i, "nvidia", uuid=f"GPU-{c}-{i}") for c in known
+             for i in range(2)]
+    hub = backfilled_hub(tmp_path / "hub", fleet_text(
+        [*fleet, Gpu("d.new", "d-n", 0, "amd", uuid="amd-d0")])).start(timeout=120)
+    planning: list[str] = []
+
+    def handle(req: Request) -> Response:
+        query = parse_qs(req.body.decode()).get("query", [""])[0]
+        if "gpufleet_source" in query:
+            planning.append(query)
+        return forward(hub.url, req)
+
+    front = StubServer(handle)
+    db = f"sqlite:///{tmp_path / 'inv.db'}"
+    seed(db)  # knows only the cluster "gone"
+    engine = inventory.make_engine(db)
+    with engine.begin() as conn:  # and the three of the fleet, as a sync wrote them
+        apply_observations(conn, [Observation(g.cluster or "", g.node, g.uuid, "nvidia",
+                                              sample_at=T_END) for g in fleet],
+                           dt.datetime(2026, 1, 1))
+    engine.dispose()
+    count = store.cluster_count_query("1h", "cluster")
+    try:
+        planned = sync(front.url, db, 4)
+        empty = f"sqlite:///{tmp_path / 'empty.db'}"
+        counted = sync(front.url, empty, 4)
+    finally:
+        front.stop()
+        hub.stop()
+    assert len(planning) == 2
+    assert count not in planning[0]  # planned by the inventory's sizes: no count asked
+    assert count in planning[1]  # an empty inventory: the store counts
+    # a.one, b.two | the rest: c.three, gone and d.new, which the inventory did not know
+    assert planned.shards == len(plan_shards(
+        {"gone": 2, "a.one": 2, "b.two": 2, "c.three": 2}, 4, "cluster")) == 2
+    assert planned.gpus == counted.gpus == 7
+    assert "d.new" in {r[2] for r in contents(db)["gpus"]}
 
 
 def test_every_selector_of_every_query_carries_the_shard_matcher():

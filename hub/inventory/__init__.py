@@ -81,6 +81,7 @@ from hub.inventory._partitions import (
 )
 from hub.inventory._prune import PruneResult, prune
 from hub.inventory._reads import (
+    cluster_sizes,
     gpu_counts,
     gpu_detail,
     list_nodes,
@@ -165,6 +166,7 @@ __all__ = [
     "allocations",
     "check_since",
     "checks_version",
+    "cluster_sizes",
     "clusters_table",
     "current",
     "day_of",

@@ -148,6 +148,16 @@ def gpu_detail(conn: Connection, uuid: str, *, clusters: Collection[str] | None 
     }
 
 
+def cluster_sizes(conn: Connection) -> dict[str, int]:
+    """GPUs and MIG slices per cluster as the inventory knows them (stale ones included):
+    what a sync or a usage collect plans its shards of whole clusters by, without asking the
+    store to count them. A cluster the inventory does not know yet falls to the last shard,
+    the complement of the others, so a plan from old sizes is never wrong, only uneven
+    until the next sync writes the new ones."""
+    return {c: n for c, n in conn.execute(
+        sa.select(gpus.c.cluster, sa.func.count()).group_by(gpus.c.cluster))}
+
+
 def gpu_counts(conn: Connection) -> list[tuple[str, str, int]]:
     """Physical GPUs by (cluster, state), every known state present for every cluster."""
     table = gpus

@@ -1,15 +1,17 @@
 """One sync: ask the hub a fixed set of PromQL queries per shard of clusters, fold them into
 the inventory.
 
-A cheap count per cluster (one request) plans the shards: whole clusters, about
-``--shard-size`` GPUs each, each selected by an exact ``cluster=~"a|b"`` matcher added to
-every selector (the last shard takes the complement, ``cluster!~"..."``, so a cluster that
-appeared since the count, a cluster whose GPUs send no sample-time series and series without
-the label are still read). The request count is a constant per shard (one query per neutral
-field and one for sample times, per vendor); at most ``--query-concurrency`` run at once,
-across shards, and each answer is folded and dropped as it arrives. A shard whose answers
-are all in becomes observations, set aside on disk, and its records go: memory follows the
-shard, not the fleet.
+GPUs per cluster plan the shards: whole clusters, about ``--shard-size`` GPUs each, each
+selected by an exact ``cluster=~"a|b"`` matcher added to every selector (the last shard
+takes the complement, ``cluster!~"..."``, so a cluster that appeared since, a cluster
+whose GPUs send no sample-time series and series without the label are still read). The
+sizes are the inventory's, from the last sync; only a sync on an empty inventory has the
+store count them (in its planning request, which otherwise asks each cluster's sources
+alone). The request count is a constant per shard (one query per neutral field and one for
+sample times, per vendor); at most ``--query-concurrency`` run at once, across shards, and
+each answer is folded and dropped as it arrives. A shard whose answers are all in becomes
+observations, set aside on disk, and its records go: memory follows the shard, not the
+fleet.
 
 The fetch comes first, outside any lock; the database work is then one transaction under
 the sync lock, fed shard by shard from what was set aside: a failure anywhere (hub down,
@@ -26,7 +28,7 @@ import functools
 import operator
 import time
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +45,7 @@ from hub.common import (
 from hub.inventory import _db as inventory
 from hub.inventory import _migrate as migrate
 from hub.inventory._normalize import FleetBuilder, Observation, Unlabelled
+from hub.inventory._reads import cluster_sizes
 from hub.inventory._writer import InventoryWriter
 
 if TYPE_CHECKING:
@@ -102,11 +105,14 @@ DEFAULT_QUERY_CONCURRENCY = QUERY_CONCURRENCY
 #: per query, and the client's records of a shard ~20 MB; a fleet of that size or less is
 #: one shard, asked without any cluster matcher.
 DEFAULT_SHARD_SIZE = SHARD_SIZE
-def cluster_counts(client: HubClient, window: str, cluster_label: str,
-                   at: float) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
+def cluster_counts(client: HubClient, window: str, cluster_label: str, at: float,
+                   sizes: Mapping[str, int] | None = None
+                   ) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
     """GPUs per cluster in the window (``""``: series without the label), and what else
-    each cluster is seen through (store.source_arms), from one request."""
-    res = client.query(store.planning_query(window, cluster_label), time=at)
+    each cluster is seen through (store.source_arms), from one request. With ``sizes``
+    (the inventory's, from the last sync) the store is asked for the sources alone and the
+    plan is made from those: counting costs the store as much as a field's query."""
+    res = client.query(store.planning_query(window, cluster_label, count=not sizes), time=at)
     _no_warnings(client, res.warnings)
     out: dict[str, int] = {}
     sources: dict[str, dict[str, int]] = {}
@@ -122,7 +128,7 @@ def cluster_counts(client: HubClient, window: str, cluster_label: str,
             out[cluster] = count
         elif cluster:
             sources.setdefault(cluster, {})[source] = count
-    return out, sources
+    return (dict(sizes) if sizes else out), sources
 
 
 def _fetch(client: HubClient, query: store.Query, at: float,
@@ -249,9 +255,12 @@ class Fetched:
 
 def collect(client: HubClient, *, stale_after: float, cluster_label: str,
             at: float | None = None, concurrency: int = DEFAULT_QUERY_CONCURRENCY,
-            shard_size: int = DEFAULT_SHARD_SIZE) -> Fetched:
-    """Plan the shards, then fetch and fold every shard's queries, at most ``concurrency``
-    in flight across shards; raises on the first failure (naming its shard's clusters).
+            shard_size: int = DEFAULT_SHARD_SIZE,
+            sizes: Mapping[str, int] | None = None) -> Fetched:
+    """Plan the shards (by ``sizes``, GPUs per cluster as the inventory knows them, or else
+    counted by the store), then fetch and fold every shard's queries, at most
+    ``concurrency`` in flight across shards; raises on the first failure (naming its
+    shard's clusters).
 
     Each answer is folded and dropped as it arrives, and a shard whose answers are all in is
     set aside as observations (Fetched.keep) and its records dropped, so memory holds the
@@ -259,14 +268,15 @@ def collect(client: HubClient, *, stale_after: float, cluster_label: str,
     Raises the missing-label error when no GPU series carries ``cluster_label``."""
     at = time.time() if at is None else at
     window, step = format_duration(stale_after), format_duration(subquery_step(stale_after))
-    counts, sources = cluster_counts(client, window, cluster_label, at)
+    counts, sources = cluster_counts(client, window, cluster_label, at, sizes)
     shards = store.plan_shards(counts, shard_size, cluster_label)
     fetched = Fetched(shards, sources=sources)
     builders: dict[int, FleetBuilder] = {}
 
     def queries(shard: Shard) -> list[Callable[[], tuple[store.Query, QueryResult]]]:
         return [functools.partial(_fetch, client, query, at, cluster_label)
-                for query in store.sync_queries(window, step, cluster_label, shard.matcher)]
+                for query in store.sync_queries(window, step, cluster_label, shard.matcher,
+                                                 at=at)]
 
     def fold(shard: Shard, answer: tuple[store.Query, QueryResult]) -> None:
         builder = builders.setdefault(id(shard), FleetBuilder(cluster_label))
@@ -303,10 +313,13 @@ def run_sync(engine: Engine, client: HubClient, *, stale_after: float = 600.0,
     migrate.ensure_schema(engine)
     started = inventory.now_utc()
     requests_before = client.requests
+    with engine.connect() as conn:  # the last sync's sizes plan this one (cluster_sizes)
+        sizes = cluster_sizes(conn)
     try:
         fetched = collect(client, stale_after=stale_after, cluster_label=cluster_label,
                           at=started.replace(tzinfo=dt.UTC).timestamp(),
-                          concurrency=query_concurrency, shard_size=shard_size)
+                          concurrency=query_concurrency, shard_size=shard_size,
+                          sizes=sizes)
         requests = client.requests - requests_before
         try:
             with inventory.locked_transaction(engine, lock_timeout) as conn:

@@ -52,6 +52,7 @@ from hub.inventory import (
     ROLLUP_IDLE_THRESHOLD,
     STALE,
     UsageKeys,
+    cluster_sizes,
     day_of,
     drop_partitions_before,
     ensure_ahead,
@@ -365,9 +366,7 @@ def usage_shards(conn: Connection, shard_size: int, cluster_label: str) -> list[
     """Shards of whole clusters by the inventory's GPUs (and slices) per cluster, as the sync
     plans its own (no request: the sync has counted them); the last shard has the rest, a
     cluster the inventory does not know yet included."""
-    counts = {c: n for c, n in conn.execute(
-        sa.select(gpus.c.cluster, sa.func.count()).group_by(gpus.c.cluster))}
-    return store.plan_shards(counts, shard_size, cluster_label)
+    return store.plan_shards(cluster_sizes(conn), shard_size, cluster_label)
 
 
 def _fold_shards(client: HubClient, shards: list[Shard], start: float, bucket: float,
