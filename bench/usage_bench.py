@@ -231,9 +231,9 @@ def _has_dbstat(conn) -> bool:
 # figures a collect writes for a DCGM GPU without profiling counters (memory, power, maxima). The
 # ledger's tables (hub/inventory/_usage_tables.py) are filled as a collect would: the
 # dictionaries once, the bucket marks, then the rows with their keys (place i + 1; pod i + 2
-# or 1 for the unallocated '', ''), hour by hour as a collect writes them (PostgreSQL's
-# BRIN on bucket_start is only as selective as the rows' order on disk; the ORDER BY says
-# what the plan already did).
+# or 1 for the unallocated '', ''), hour by hour as a collect writes them (the rows lie on
+# disk in bucket order, as a collect leaves them; the ORDER BY says what the plan already
+# did).
 FILL_SQL = {
     "sqlite": [
         """INSERT INTO usage_places (id, cluster, node, uuid, slice, vendor, model, gpu_share)

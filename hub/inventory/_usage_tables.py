@@ -54,10 +54,13 @@ usage_pods = sa.Table(
 
 #: The ledger's rows as stored: one per GPU or MIG slice, allocation and bucket, with the
 #: figures only (the bucket's end is its usage_buckets mark's). Columns are ordered so that
-#: PostgreSQL pads nothing (8-byte first, the 2-byte basis last). Two indexes: a BRIN on
-#: bucket_start on PostgreSQL (a few pages for a year: rows arrive in bucket order, and every
-#: answer asks a period), a B-tree on SQLite; and one on place for a GPU's own history (its
-#: keys repeat, so PostgreSQL's deduplicated B-tree stores a few bytes a row).
+#: PostgreSQL pads nothing (8-byte first, the 2-byte basis last). Two B-trees: one on
+#: bucket_start (every answer, export and rollup rebuild asks a period), one on place for a
+#: GPU's own history. Both keys repeat (a bucket's ~100,000 rows share one bucket_start), so
+#: PostgreSQL's deduplicated B-trees store some 6-7 bytes a row each. Not a BRIN, though it
+#: would be a few pages for a year: autovacuum's summaries of it were cancelled under bulk
+#: writes at 100,000 GPUs, and one placeholder summary made PostgreSQL 15 read the whole
+#: month's partition for any period (migration 0028; docs/architecture.md).
 usage_rows = sa.Table(
     "usage_rows", metadata,
     sa.Column("bucket_start", sa.DateTime, nullable=False),
@@ -77,8 +80,7 @@ usage_rows = sa.Table(
     sa.Column("avg_dram_active_pct", sa.Float),
     # how the allocated time was measured: 0 interval, 1 estimated, 2 sampled (BASES)
     sa.Column("basis", sa.SmallInteger, nullable=False),
-    sa.Index("ix_usage_rows_bucket", "bucket_start", postgresql_using="brin",
-             postgresql_with={"autosummarize": "on"}),
+    sa.Index("ix_usage_rows_bucket", "bucket_start"),
     sa.Index("ix_usage_rows_place", "place"),
     # monthly partitions on PostgreSQL (hub/inventory/_partitions.py)
     postgresql_partition_by="RANGE (bucket_start)",
