@@ -270,3 +270,30 @@ def test_sigterm_mid_export_leaves_no_file(tmp_path):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode != 0, err
     assert [p.name for p in tmp_path.iterdir() if not p.name.startswith("inv.db")] == []
+
+
+def test_a_parquet_export_never_imports_pandas(tmp_path):
+    """pyarrow imports pandas to ask whether a Python list it converts is a pandas object:
+    46 MB an export would carry to its end (a month at 100,000 GPUs must stay under 300 MB).
+    The real command in a fresh process, with and without FOCUS and prices, lists every
+    module it imports (python -X importtime): pandas is not among them."""
+    import os
+    import subprocess
+    import sys
+
+    url = f"sqlite:///{tmp_path / 'inv.db'}"
+    _ledger(url, buckets=3)
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("currency: EUR\nH100: 2.5\n")
+    for n, extra in enumerate([[], ["--focus"], ["--focus", "--prices", str(prices)]]):
+        out = tmp_path / f"x{n}.parquet"
+        proc = subprocess.run(
+            [sys.executable, "-X", "importtime", "-m", "hub", "usage", "export", "--db", url,
+             "--from", "2026-11-01T00:00:00Z", "--until", "2026-11-02T00:00:00Z", "--format",
+             "parquet", *extra, "--out", str(out)], capture_output=True, text=True, timeout=120,
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+        assert proc.returncode == 0, proc.stderr
+        imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines()
+                    if line.startswith("import time:")}
+        assert "pyarrow.parquet" in imported and pq.ParquetFile(out).metadata.num_rows > 0
+        assert not {m for m in imported if m.split(".")[0] == "pandas"}, extra

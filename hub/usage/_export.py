@@ -16,14 +16,13 @@ from __future__ import annotations
 import contextlib
 import csv
 import datetime as dt
-import functools
 import io
-import json
 import math
 import os
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from json.encoder import encode_basestring_ascii as _json_text  # json.dumps' escaping
 from pathlib import Path
 from typing import IO, Any
 
@@ -125,10 +124,14 @@ def _tags(r: sa.Row) -> str:
     return _tags_of(r.cluster, r.node, r.namespace, r.pod)
 
 
-@functools.lru_cache(maxsize=100_000)  # a GPU's placement repeats every bucket
 def _tags_of(cluster: str, node: str, namespace: str, pod: str) -> str:
-    tags = {"cluster": cluster, "namespace": namespace, "node": node, "pod": pod}
-    return json.dumps({k: v for k, v in tags.items() if v}, separators=(",", ":"))
+    """``json.dumps`` of the non-empty tags (keys in this order, no spaces), made by hand
+    with json's own escaping: a row's worth of work instead of a dict and an encoder. Not
+    cached: every GPU's placement is a distinct key, and a cache of a fleet's worth of them
+    (100,000 strings and their keys' tuples) was tens of MB of an export's peak."""
+    return "{" + ",".join(f'"{k}":{_json_text(v)}' for k, v in (
+        ("cluster", cluster), ("namespace", namespace), ("node", node), ("pod", pod))
+        if v) + "}"
 
 
 class _Pricer:
@@ -160,6 +163,48 @@ def _arrow_schema(cols: Sequence[str]):  # -> pyarrow.Schema
     return pa.schema([(c, kind(c)) for c in cols])
 
 
+_EPOCH = dt.datetime(1970, 1, 1)
+_MICROSECOND = dt.timedelta(microseconds=1)
+
+
+def arrow_array(values: Sequence[Any], kind: Any) -> Any:  # -> pyarrow.Array
+    """A column of Python values (float, str, datetime or None) as an Arrow array of ``kind``,
+    built from its buffers. ``pa.array`` on a Python list (or a numpy array) first asks
+    whether it is a pandas object, and that question imports pandas: 46 MB that an export,
+    which never uses pandas, would carry to its end. The values are those pa.array would
+    make: None is null, NaN stays NaN, naive datetimes are UTC (the database's convention)."""
+    import numpy as np
+    import pyarrow as pa
+
+    n = len(values)
+    nulls = values.count(None)
+    valid = (None if not nulls else pa.py_buffer(np.packbits(
+        np.fromiter((v is not None for v in values), dtype=bool, count=n),
+        bitorder="little")))
+    if pa.types.is_floating(kind):
+        data = np.array(values, dtype=np.float64)  # None becomes NaN under a null bit
+        return pa.Array.from_buffers(kind, n, [valid, pa.py_buffer(data)], null_count=nulls)
+    if pa.types.is_timestamp(kind):
+        micros: dict[dt.datetime, int] = {}  # a chunk holds a few buckets' times
+        for v in values:
+            if v is not None and v not in micros:
+                utc = v if v.tzinfo is None else v.astimezone(dt.UTC).replace(tzinfo=None)
+                micros[v] = (utc - _EPOCH) // _MICROSECOND
+        data = np.array([0 if v is None else micros[v] for v in values], dtype=np.int64)
+        return pa.Array.from_buffers(kind, n, [valid, pa.py_buffer(data)], null_count=nulls)
+    if pa.types.is_string(kind):
+        encoded = [b"" if v is None else v.encode() for v in values]
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.fromiter(map(len, encoded), dtype=np.int64, count=n), out=offsets[1:])
+        if offsets[-1] >= 2**31:  # a string array's offsets are 32-bit
+            raise ValueError(f"{offsets[-1]:,} bytes of text in one chunk: export fewer rows "
+                             "at a time")
+        return pa.Array.from_buffers(
+            kind, n, [valid, pa.py_buffer(offsets.astype(np.int32)),
+                      pa.py_buffer(b"".join(encoded))], null_count=nulls)
+    raise TypeError(f"no Arrow column of {kind} here")
+
+
 class _ParquetSink:
     def __init__(self, fh: IO[bytes], cols: Sequence[str]) -> None:
         import pyarrow.parquet as pq
@@ -170,8 +215,8 @@ class _ParquetSink:
     def write(self, data: dict[str, list[Any]]) -> None:
         import pyarrow as pa
 
-        # naive datetimes are UTC here (the database's convention) as in pyarrow's UTC type
-        self.writer.write_table(pa.Table.from_pydict(data, schema=self.schema))
+        self.writer.write_table(pa.Table.from_arrays(
+            [arrow_array(data[f.name], f.type) for f in self.schema], schema=self.schema))
 
     def close(self) -> None:
         self.writer.close()
