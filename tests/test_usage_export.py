@@ -140,17 +140,26 @@ def test_focus_export_names_charges_as_focus_does(db_url, tmp_path):
 
 
 def test_the_rows_stream_in_chunks(tmp_path):
+    """The database's rows come ``chunk`` at a time (what an export holds as Python
+    objects), and the Parquet file's row groups have ``row_group`` rows whatever the chunks
+    (what its readers skip by): a file made from chunks of 10 rows is byte for byte the one
+    made from chunks of a whole row group."""
     url = f"sqlite:///{tmp_path / 'inv.db'}"
     _ledger(url, buckets=8)
     engine = inv.make_engine(url)
-    out = tmp_path / "x.parquet"
     seen: list[int] = []
     with engine.connect() as conn:
-        done = usage.export_usage(conn, DAY0, DAY0 + dt.timedelta(days=1), str(out),
-                                  fmt="parquet", chunk=10, on_chunk=seen.append)
+        done = usage.export_usage(conn, DAY0, DAY0 + dt.timedelta(days=1),
+                                  str(tmp_path / "x.parquet"), fmt="parquet", focus=True,
+                                  chunk=10, row_group=25, on_chunk=seen.append)
+        usage.export_usage(conn, DAY0, DAY0 + dt.timedelta(days=1),
+                           str(tmp_path / "y.parquet"), fmt="parquet", focus=True, chunk=25,
+                           row_group=25)
         total = conn.execute(sa.select(sa.func.count()).select_from(inv.usage)).scalar()
     assert done.rows == total == sum(seen) == 8 * 12 and max(seen) == 10
-    assert pq.ParquetFile(out).metadata.num_row_groups == len(seen)
+    meta = pq.ParquetFile(tmp_path / "x.parquet").metadata
+    assert [meta.row_group(g).num_rows for g in range(meta.num_row_groups)] == [25, 25, 25, 21]
+    assert (tmp_path / "x.parquet").read_bytes() == (tmp_path / "y.parquet").read_bytes()
 
 
 def _one_line_no_file(result, message: str, where: Path) -> None:
