@@ -140,17 +140,26 @@ def test_focus_export_names_charges_as_focus_does(db_url, tmp_path):
 
 
 def test_the_rows_stream_in_chunks(tmp_path):
+    """The database's rows come ``chunk`` at a time (what an export holds as Python
+    objects), and the Parquet file's row groups have ``row_group`` rows whatever the chunks
+    (what its readers skip by): a file made from chunks of 10 rows is byte for byte the one
+    made from chunks of a whole row group."""
     url = f"sqlite:///{tmp_path / 'inv.db'}"
     _ledger(url, buckets=8)
     engine = inv.make_engine(url)
-    out = tmp_path / "x.parquet"
     seen: list[int] = []
     with engine.connect() as conn:
-        done = usage.export_usage(conn, DAY0, DAY0 + dt.timedelta(days=1), str(out),
-                                  fmt="parquet", chunk=10, on_chunk=seen.append)
+        done = usage.export_usage(conn, DAY0, DAY0 + dt.timedelta(days=1),
+                                  str(tmp_path / "x.parquet"), fmt="parquet", focus=True,
+                                  chunk=10, row_group=25, on_chunk=seen.append)
+        usage.export_usage(conn, DAY0, DAY0 + dt.timedelta(days=1),
+                           str(tmp_path / "y.parquet"), fmt="parquet", focus=True, chunk=25,
+                           row_group=25)
         total = conn.execute(sa.select(sa.func.count()).select_from(inv.usage)).scalar()
     assert done.rows == total == sum(seen) == 8 * 12 and max(seen) == 10
-    assert pq.ParquetFile(out).metadata.num_row_groups == len(seen)
+    meta = pq.ParquetFile(tmp_path / "x.parquet").metadata
+    assert [meta.row_group(g).num_rows for g in range(meta.num_row_groups)] == [25, 25, 25, 21]
+    assert (tmp_path / "x.parquet").read_bytes() == (tmp_path / "y.parquet").read_bytes()
 
 
 def _one_line_no_file(result, message: str, where: Path) -> None:
@@ -270,3 +279,30 @@ def test_sigterm_mid_export_leaves_no_file(tmp_path):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode != 0, err
     assert [p.name for p in tmp_path.iterdir() if not p.name.startswith("inv.db")] == []
+
+
+def test_a_parquet_export_never_imports_pandas(tmp_path):
+    """pyarrow imports pandas to ask whether a Python list it converts is a pandas object:
+    46 MB an export would carry to its end (a month at 100,000 GPUs must stay under 300 MB).
+    The real command in a fresh process, with and without FOCUS and prices, lists every
+    module it imports (python -X importtime): pandas is not among them."""
+    import os
+    import subprocess
+    import sys
+
+    url = f"sqlite:///{tmp_path / 'inv.db'}"
+    _ledger(url, buckets=3)
+    prices = tmp_path / "prices.yaml"
+    prices.write_text("currency: EUR\nH100: 2.5\n")
+    for n, extra in enumerate([[], ["--focus"], ["--focus", "--prices", str(prices)]]):
+        out = tmp_path / f"x{n}.parquet"
+        proc = subprocess.run(
+            [sys.executable, "-X", "importtime", "-m", "hub", "usage", "export", "--db", url,
+             "--from", "2026-11-01T00:00:00Z", "--until", "2026-11-02T00:00:00Z", "--format",
+             "parquet", *extra, "--out", str(out)], capture_output=True, text=True, timeout=120,
+            env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+        assert proc.returncode == 0, proc.stderr
+        imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines()
+                    if line.startswith("import time:")}
+        assert "pyarrow.parquet" in imported and pq.ParquetFile(out).metadata.num_rows > 0
+        assert not {m for m in imported if m.split(".")[0] == "pandas"}, extra

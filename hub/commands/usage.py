@@ -4,6 +4,7 @@ the inventory's usage ledger."""
 from __future__ import annotations
 
 import datetime as dt
+import os
 import threading
 import time
 from typing import Any
@@ -300,6 +301,11 @@ def export(from_: str | None, until: str | None, fmt: str | None, focus: bool,
         raise InputError("--prices fills FOCUS's cost columns: add --focus")
     start, end = _iso(from_, "--from"), _iso(until, "--until")
     prices = answers.load_prices(prices_file) if prices_file else None
+    # Arrow's allocator is chosen once, when pyarrow first allocates (not loaded yet: only
+    # the Parquet writer loads it): malloc's rather than mimalloc, which kept about 20 MB of
+    # freed row groups to itself (a day at 100,000 GPUs peaked at 163 MB instead of 141);
+    # an ARROW_DEFAULT_MEMORY_POOL the user set stands
+    os.environ.setdefault("ARROW_DEFAULT_MEMORY_POOL", "system")
     with database(db) as engine, on_sigterm(_stop_export):
         require_schema(engine)
         with engine.connect() as conn:

@@ -2,8 +2,9 @@
 ledger's own columns or in the FinOps FOCUS 1.x shape.
 
 A month of a large fleet is tens of millions of rows, so nothing holds the period: the
-database hands the rows over in chunks (a server-side cursor on PostgreSQL) and each chunk
-becomes one Parquet row group or a run of CSV lines. The file is written beside its target
+database hands the rows over in chunks (a server-side cursor on PostgreSQL), each chunk
+becomes a run of CSV lines or Arrow columns, and every ROW_GROUP rows of those columns one
+Parquet row group. The file is written beside its target
 under a temporary name and renamed at the end: an error (or a kill) leaves the old file or
 none, never half of one.
 
@@ -16,14 +17,13 @@ from __future__ import annotations
 import contextlib
 import csv
 import datetime as dt
-import functools
 import io
-import json
 import math
 import os
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from json.encoder import encode_basestring_ascii as _json_text  # json.dumps' escaping
 from pathlib import Path
 from typing import IO, Any
 
@@ -37,8 +37,13 @@ from hub.usage._ledger import MAX_BUCKETS, ledger_bucket
 from hub.usage._prices import Prices
 
 FORMATS = ("parquet", "csv")
-#: rows per database fetch and per Parquet row group: a few MB of Python objects at a time
-CHUNK = 20_000
+#: rows per database fetch: as Python objects (the driver's result, the rows, the columns
+#: made of them) a row takes over 1 KB, and a fetch of 20,000 rows held about 40 MB more
+#: at an export's peak than one of 5,000 (no measurable CPU either way)
+CHUNK = 5_000
+#: rows per Parquet row group (what readers skip by; the file's layout since the first
+#: export): a group's columns wait as Arrow arrays, a few hundred bytes a row
+ROW_GROUP = 20_000
 U = inv.usage
 
 #: The FOCUS 1.x columns (FinOps Open Cost and Usage Specification) and gpufleet's own
@@ -125,10 +130,14 @@ def _tags(r: sa.Row) -> str:
     return _tags_of(r.cluster, r.node, r.namespace, r.pod)
 
 
-@functools.lru_cache(maxsize=100_000)  # a GPU's placement repeats every bucket
 def _tags_of(cluster: str, node: str, namespace: str, pod: str) -> str:
-    tags = {"cluster": cluster, "namespace": namespace, "node": node, "pod": pod}
-    return json.dumps({k: v for k, v in tags.items() if v}, separators=(",", ":"))
+    """``json.dumps`` of the non-empty tags (keys in this order, no spaces), made by hand
+    with json's own escaping: a row's worth of work instead of a dict and an encoder. Not
+    cached: every GPU's placement is a distinct key, and a cache of a fleet's worth of them
+    (100,000 strings and their keys' tuples) was tens of MB of an export's peak."""
+    return "{" + ",".join(f'"{k}":{_json_text(v)}' for k, v in (
+        ("cluster", cluster), ("namespace", namespace), ("node", node), ("pod", pod))
+        if v) + "}"
 
 
 class _Pricer:
@@ -160,18 +169,85 @@ def _arrow_schema(cols: Sequence[str]):  # -> pyarrow.Schema
     return pa.schema([(c, kind(c)) for c in cols])
 
 
+_EPOCH = dt.datetime(1970, 1, 1)
+_MICROSECOND = dt.timedelta(microseconds=1)
+
+
+def arrow_array(values: Sequence[Any], kind: Any) -> Any:  # -> pyarrow.Array
+    """A column of Python values (float, str, datetime or None) as an Arrow array of ``kind``,
+    built from its buffers. ``pa.array`` on a Python list (or a numpy array) first asks
+    whether it is a pandas object, and that question imports pandas: 46 MB that an export,
+    which never uses pandas, would carry to its end. The values are those pa.array would
+    make: None is null, NaN stays NaN, naive datetimes are UTC (the database's convention)."""
+    import numpy as np
+    import pyarrow as pa
+
+    n = len(values)
+    nulls = values.count(None)
+    valid = (None if not nulls else pa.py_buffer(np.packbits(
+        np.fromiter((v is not None for v in values), dtype=bool, count=n),
+        bitorder="little")))
+    if pa.types.is_floating(kind):
+        data = np.array(values, dtype=np.float64)  # None becomes NaN under a null bit
+        return pa.Array.from_buffers(kind, n, [valid, pa.py_buffer(data)], null_count=nulls)
+    if pa.types.is_timestamp(kind):
+        micros: dict[dt.datetime, int] = {}  # a chunk holds a few buckets' times
+        for v in values:
+            if v is not None and v not in micros:
+                utc = v if v.tzinfo is None else v.astimezone(dt.UTC).replace(tzinfo=None)
+                micros[v] = (utc - _EPOCH) // _MICROSECOND
+        data = np.array([0 if v is None else micros[v] for v in values], dtype=np.int64)
+        return pa.Array.from_buffers(kind, n, [valid, pa.py_buffer(data)], null_count=nulls)
+    if pa.types.is_string(kind):
+        encoded = [b"" if v is None else v.encode() for v in values]
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.fromiter(map(len, encoded), dtype=np.int64, count=n), out=offsets[1:])
+        if offsets[-1] >= 2**31:  # a string array's offsets are 32-bit
+            raise ValueError(f"{offsets[-1]:,} bytes of text in one chunk: export fewer rows "
+                             "at a time")
+        return pa.Array.from_buffers(
+            kind, n, [valid, pa.py_buffer(offsets.astype(np.int32)),
+                      pa.py_buffer(b"".join(encoded))], null_count=nulls)
+    raise TypeError(f"no Arrow column of {kind} here")
+
+
 class _ParquetSink:
-    def __init__(self, fh: IO[bytes], cols: Sequence[str]) -> None:
+    """Chunks in, row groups of ``row_group`` rows out: the chunks' columns wait as Arrow
+    arrays (compact) and each group is written from contiguous arrays, so the file is the
+    one a single chunk of the group's size made."""
+
+    def __init__(self, fh: IO[bytes], cols: Sequence[str], row_group: int) -> None:
         import pyarrow.parquet as pq
 
         self.cols, self.schema = list(cols), _arrow_schema(cols)
         self.writer = pq.ParquetWriter(fh, self.schema, compression="zstd")
+        self.row_group = row_group
+        self.pending: list[Any] = []  # pyarrow.RecordBatch
+        self.rows = 0
 
     def write(self, data: dict[str, list[Any]]) -> None:
         import pyarrow as pa
 
-        # naive datetimes are UTC here (the database's convention) as in pyarrow's UTC type
-        self.writer.write_table(pa.Table.from_pydict(data, schema=self.schema))
+        batch = pa.RecordBatch.from_arrays(
+            [arrow_array(data[f.name], f.type) for f in self.schema], schema=self.schema)
+        self.pending.append(batch)
+        self.rows += batch.num_rows
+        while self.rows >= self.row_group:
+            self._flush(self.row_group)
+
+    def _flush(self, rows: int) -> None:
+        import pyarrow as pa
+
+        table = pa.Table.from_batches(self.pending, self.schema)
+        self.pending = []
+        table = table.combine_chunks()  # the chunks' own buffers go as it is made
+        self.writer.write_table(table.slice(0, rows), row_group_size=rows)
+        rest = table.slice(rows)
+        self.pending, self.rows = rest.to_batches(), rest.num_rows
+
+    def finish(self) -> None:
+        if self.rows:
+            self._flush(self.rows)
 
     def close(self) -> None:
         self.writer.close()
@@ -199,6 +275,9 @@ class _CsvSink:
     def write(self, data: dict[str, list[Any]]) -> None:
         self.out.writerows(zip(*[[_csv(v) for v in data[c]] for c in self.cols],
                                strict=True))
+
+    def finish(self) -> None:
+        pass
 
     def close(self) -> None:
         self.text.detach()  # flushed; the file itself is the caller's to close
@@ -264,9 +343,10 @@ def atomic_file(target: Path, force: bool) -> Iterator[IO[bytes]]:
 
 def export_usage(conn: Connection, start: dt.datetime, end: dt.datetime, out: str, *,
                  fmt: str, focus: bool = False, force: bool = False,
-                 prices: Prices | None = None, chunk: int = CHUNK,
+                 prices: Prices | None = None, chunk: int = CHUNK, row_group: int = ROW_GROUP,
                  on_chunk: Callable[[int], None] | None = None) -> ExportResult:
-    """Write the ledger's rows of buckets starting in [start, end) to ``out``."""
+    """Write the ledger's rows of buckets starting in [start, end) to ``out``, ``chunk``
+    rows read at a time, in Parquet row groups of ``row_group`` rows."""
     if fmt not in FORMATS:
         raise InputError(f"--format {fmt!r} is not one of {', '.join(FORMATS)}")
     if end <= start:
@@ -279,7 +359,8 @@ def export_usage(conn: Connection, start: dt.datetime, end: dt.datetime, out: st
     rows = 0
     hours = 0.0
     with atomic_file(target, force) as fh:
-        sink = _ParquetSink(fh, cols) if fmt == "parquet" else _CsvSink(fh, cols)
+        sink: _ParquetSink | _CsvSink = (_ParquetSink(fh, cols, row_group)
+                                         if fmt == "parquet" else _CsvSink(fh, cols))
         try:
             for part in ledger_chunks(conn, start, end, chunk):
                 if pricer is not None:
@@ -291,6 +372,7 @@ def export_usage(conn: Connection, start: dt.datetime, end: dt.datetime, out: st
                 hours += sum(r.gpu_hours for r in part)
                 if on_chunk:
                     on_chunk(len(part))
+            sink.finish()
         finally:
             sink.close()
     return ExportResult(rows, hours, target)
