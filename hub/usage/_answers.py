@@ -26,7 +26,7 @@ from sqlalchemy.engine import Connection
 from hub import inventory as inv
 from hub.usage._bills import Bill, cloud_nodes, needs_nodes, node_prices, showback_currency
 from hub.usage._idle import IDLE_FOR_S, IDLE_THRESHOLD_PCT, idle_gpu_hours, idle_runs
-from hub.usage._ledger import rollup_days, rollup_months, rollup_sums
+from hub.usage._ledger import quick_answer, rollup_days, rollup_months, rollup_sums
 from hub.usage._meter import BASES
 from hub.usage._placement import read_fleet, totals
 from hub.usage._prices import Prices, add_costs
@@ -171,6 +171,7 @@ def usage_summary(conn: Connection, start: dt.datetime, end: dt.datetime,
                           namespaces=namespaces, rollup=rollup, columns=read)
     if stmt is None:
         return []
+    quick_answer(conn)
     if idle is None:
         idle = idle_gpu_hours(idle_runs(conn, start, end, threshold=idle_threshold,
                                         for_seconds=idle_for, clusters=clusters,

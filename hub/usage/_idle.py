@@ -24,7 +24,13 @@ from sqlalchemy.engine import Connection
 from hub import inventory as inv
 from hub.common import IDLE
 from hub.inventory import next_month
-from hub.usage._ledger import BUCKET_KEY, idle_bucket, rollup_days, rollup_months
+from hub.usage._ledger import (
+    BUCKET_KEY,
+    idle_bucket,
+    quick_answer,
+    rollup_days,
+    rollup_months,
+)
 
 U = inv.usage
 #: The defaults every idle answer shares (`idle --threshold/--for`, `usage --idle-threshold
@@ -211,6 +217,7 @@ def _rollup_runs(conn: Connection, start: dt.datetime, end: dt.datetime, thresho
                         .where(inv.usage_ledger.c.key == BUCKET_KEY)).scalar()
     if days is None or size is None:
         return None
+    quick_answer(conn)
     bucket = float(size)
     step = dt.timedelta(seconds=bucket)
     pg = conn.dialect.name == "postgresql"
