@@ -289,21 +289,41 @@ def _rollup_runs(conn: Connection, start: dt.datetime, end: dt.datetime, thresho
             .where(sa.or_(*reads), *idle_bucket(U, threshold)), U))
     if not parts:
         return {}
-    seg = (sa.union_all(*parts) if len(parts) > 1 else parts[0]).subquery("seg")
+    seg = (sa.union_all(*parts) if len(parts) > 1 else parts[0]).cte("seg")
+    least = _least_buckets(step, at_least)
+    # First per GPU and pod (a hash, no sort): where all its segments are one unbroken run
+    # (the span is as many buckets as they hold) that is its run; in the bench's fleet, and
+    # for any GPU idle all period, that is every one.
+    per_key = (sa.select(*[seg.c[k] for k in _KEY], sa.func.sum(seg.c.buckets).label("n"),
+                         sa.func.min(seg.c.since).label("since"),
+                         sa.func.max(seg.c.until).label("until"),
+                         sa.func.sum(seg.c.gpu_hours).label("gpu_hours"),
+                         sa.func.sum(seg.c.busy).label("busy"),
+                         sa.func.min(seg.c.model).label("model"))
+               .group_by(*[seg.c[k] for k in _KEY])).cte("per_key")
+    one_run = _seconds(pg, per_key.c.since, per_key.c.until) < (per_key.c.n + 0.5) * bucket
+    single = sa.select(*[per_key.c[k] for k in _KEY], per_key.c.since, per_key.c.until,
+                      per_key.c.gpu_hours, per_key.c.busy, per_key.c.model).where(
+        one_run, per_key.c.n >= least)
+    # The others' segments in time order: a window starts a run wherever a segment does not
+    # begin where the previous one ended.
+    stitch = (sa.select(seg).select_from(seg.join(per_key, same_key(seg, per_key)))
+              .where(sa.not_(one_run))).subquery("b")
     # uuid first: the partition's sort compares the one column that tells GPUs apart
     order = ["uuid", "slice", "pod", "namespace", "cluster", "node"]
-    follows = sa.func.lag(seg.c.until).over(partition_by=[seg.c[k] for k in order],
-                                            order_by=seg.c.since) == seg.c.since
-    flagged = sa.select(seg, sa.case((follows, 0), else_=1).label("starts")).subquery("f")
+    follows = sa.func.lag(stitch.c.until).over(partition_by=[stitch.c[k] for k in order],
+                                               order_by=stitch.c.since) == stitch.c.since
+    flagged = sa.select(stitch, sa.case((follows, 0), else_=1).label("starts")).subquery("f")
     island = sa.func.sum(flagged.c.starts).over(
         partition_by=[flagged.c[k] for k in order], order_by=flagged.c.since,
         rows=(None, 0)).label("island")
     runs = sa.select(flagged, island).subquery("r")
-    stmt = (sa.select(*[runs.c[k] for k in _KEY], sa.func.min(runs.c.since),
-                      sa.func.max(runs.c.until), sa.func.sum(runs.c.gpu_hours),
-                      sa.func.sum(runs.c.busy), sa.func.min(runs.c.model))
-            .group_by(*[runs.c[k] for k in _KEY], runs.c.island)
-            .having(sa.func.sum(runs.c.buckets) >= _least_buckets(step, at_least)))
+    stmt = sa.union_all(single, sa.select(
+        *[runs.c[k] for k in _KEY], sa.func.min(runs.c.since), sa.func.max(runs.c.until),
+        sa.func.sum(runs.c.gpu_hours), sa.func.sum(runs.c.busy), sa.func.min(runs.c.model))
+        # grouped in the window's order: the rows come sorted by all but the island
+        .group_by(*[runs.c[k] for k in order], runs.c.island)
+        .having(sa.func.sum(runs.c.buckets) >= least))
     out: dict[tuple, list[Segment]] = {}
     for r in conn.execute(stmt):
         since, until, wasted, busy, model = r[6:]
