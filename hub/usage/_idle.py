@@ -299,31 +299,39 @@ def _rollup_runs(conn: Connection, start: dt.datetime, end: dt.datetime, thresho
                          sa.func.max(seg.c.until).label("until"),
                          sa.func.sum(seg.c.gpu_hours).label("gpu_hours"),
                          sa.func.sum(seg.c.busy).label("busy"),
-                         sa.func.min(seg.c.model).label("model"))
+                         sa.func.min(seg.c.model).label("model"),
+                         # a number for the GPU and pod: the window sorts by it, not by
+                         # its six names (ordered: the same on every read of the CTE)
+                         sa.func.row_number().over(
+                             order_by=[seg.c[k] for k in _KEY]).label("kid"))
                .group_by(*[seg.c[k] for k in _KEY])).cte("per_key")
     one_run = _seconds(pg, per_key.c.since, per_key.c.until) < (per_key.c.n + 0.5) * bucket
     single = sa.select(*[per_key.c[k] for k in _KEY], per_key.c.since, per_key.c.until,
-                      per_key.c.gpu_hours, per_key.c.busy, per_key.c.model).where(
+                       per_key.c.gpu_hours, per_key.c.busy, per_key.c.model).where(
         one_run, per_key.c.n >= least)
     # The others' segments in time order: a window starts a run wherever a segment does not
-    # begin where the previous one ended.
-    stitch = (sa.select(seg).select_from(seg.join(per_key, same_key(seg, per_key)))
+    # begin where the previous one ended; a running sum numbers the runs.
+    stitch = (sa.select(per_key.c.kid, seg.c.since, seg.c.until, seg.c.buckets,
+                        seg.c.gpu_hours, seg.c.busy, seg.c.model)
+              .select_from(seg.join(per_key, same_key(seg, per_key)))
               .where(sa.not_(one_run))).subquery("b")
-    # uuid first: the partition's sort compares the one column that tells GPUs apart
-    order = ["uuid", "slice", "pod", "namespace", "cluster", "node"]
-    follows = sa.func.lag(stitch.c.until).over(partition_by=[stitch.c[k] for k in order],
+    follows = sa.func.lag(stitch.c.until).over(partition_by=stitch.c.kid,
                                                order_by=stitch.c.since) == stitch.c.since
     flagged = sa.select(stitch, sa.case((follows, 0), else_=1).label("starts")).subquery("f")
     island = sa.func.sum(flagged.c.starts).over(
-        partition_by=[flagged.c[k] for k in order], order_by=flagged.c.since,
-        rows=(None, 0)).label("island")
+        partition_by=flagged.c.kid, order_by=flagged.c.since, rows=(None, 0)).label("island")
     runs = sa.select(flagged, island).subquery("r")
+    stitched = (sa.select(runs.c.kid, sa.func.min(runs.c.since).label("since"),
+                          sa.func.max(runs.c.until).label("until"),
+                          sa.func.sum(runs.c.gpu_hours).label("gpu_hours"),
+                          sa.func.sum(runs.c.busy).label("busy"),
+                          sa.func.min(runs.c.model).label("model"))
+                .group_by(runs.c.kid, runs.c.island)
+                .having(sa.func.sum(runs.c.buckets) >= least)).subquery("s")
     stmt = sa.union_all(single, sa.select(
-        *[runs.c[k] for k in _KEY], sa.func.min(runs.c.since), sa.func.max(runs.c.until),
-        sa.func.sum(runs.c.gpu_hours), sa.func.sum(runs.c.busy), sa.func.min(runs.c.model))
-        # grouped in the window's order: the rows come sorted by all but the island
-        .group_by(*[runs.c[k] for k in order], runs.c.island)
-        .having(sa.func.sum(runs.c.buckets) >= least))
+        *[per_key.c[k] for k in _KEY], stitched.c.since, stitched.c.until,
+        stitched.c.gpu_hours, stitched.c.busy, stitched.c.model)
+        .select_from(stitched.join(per_key, per_key.c.kid == stitched.c.kid)))
     out: dict[tuple, list[Segment]] = {}
     for r in conn.execute(stmt):
         since, until, wasted, busy, model = r[6:]
