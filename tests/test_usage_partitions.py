@@ -256,3 +256,83 @@ def test_db_upgrade_killed_mid_move_finishes_when_run_again(pg_url):
     assert result.returncode == 0 and f"0026 -> {HEAD}" in result.stdout, result.stderr
     assert answers(engine) == before
     engine.dispose()
+
+
+def _close(a: Any, b: Any) -> bool:
+    """Answers equal but for the last bits of float sums (a month's rows are summed by
+    month, then by group: another order than the days')."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float) and isinstance(b, float):
+        return abs(a - b) <= 1e-6 + 1e-9 * abs(b)
+    return bool(a == b)
+
+
+def _months(engine: sa.Engine) -> dict[str, list[tuple]]:
+    with engine.connect() as conn:
+        return {t.name: sorted((tuple(r) for r in conn.execute(sa.select(t))),
+                               key=lambda r: tuple(str(v) for v in r))
+                for t in (inv.usage_monthly, inv.usage_idle_monthly)}
+
+
+def test_migration_0029_sums_the_months_of_a_ledger_as_the_writer_keeps_them(db_url):
+    """A ledger of four months at 0027: the upgrade sums its months before the latest
+    bucket's (September to November) into the monthly rollups, the very rows the writer
+    keeps (rebuild_months), and every answer is the one of before; downgrade drops them,
+    and answers stay."""
+    engine = inv.make_engine(db_url, create=True)
+    with engine.connect() as conn:  # 0027 commits as it goes (PostgreSQL)
+        command.upgrade(_config(conn), "0027")
+        conn.commit()
+    fill(engine, STARTS)
+    before, months_before = answers(engine), monthly(engine)
+    inv.upgrade(engine, now=dt.datetime(2026, 12, 5))
+    migrated = _months(engine)
+    assert {r[0] for r in migrated["usage_monthly"]} == {
+        dt.datetime(2026, m, 1) for m in (9, 10, 11)}
+    assert {r[0] for r in migrated["usage_idle_monthly"]} <= {
+        dt.datetime(2026, m, 1) for m in (9, 10, 11)}
+    with engine.begin() as conn:
+        usage.rebuild_months(conn, [dt.datetime(2026, m, 1) for m in (9, 10, 11)])
+    assert _close(_months(engine), migrated)
+    assert _close(answers(engine), before)
+    assert _close(monthly(engine), months_before)
+    with engine.begin() as conn:
+        command.downgrade(_config(conn), "0027")
+    with engine.connect() as conn:
+        assert not sa.inspect(conn).has_table("usage_monthly")
+    assert answers(engine) == before
+    engine.dispose()
+
+
+def test_a_year_is_read_from_whole_months_and_agrees_with_the_hours(db_url):
+    """`--since` over months: the whole months from the monthly rollups, the edge days
+    from the daily ones, the edge hours from the ledger, the same as the hours alone; a
+    bucket of a past month collected again, and retention cutting into a month, rebuild
+    that month's sums."""
+    engine = inv.make_engine(db_url, create=True)
+    inv.upgrade(engine, now=dt.datetime(2026, 12, 5))
+    fill(engine, STARTS)
+    period = (dt.datetime(2026, 9, 29, 7), dt.datetime(2026, 12, 6))
+
+    def agree() -> None:
+        with engine.connect() as conn:
+            for by in (["namespace"], ["gpu"], ["cluster", "model"]):
+                assert _close(usage.usage_summary(conn, *period, by),
+                              usage.usage_summary(conn, *period, by, rollup=False))
+
+    agree()
+    again = STARTS[100]  # mid-October: its month is summed again
+    with engine.begin() as conn:
+        usage.write_bucket(conn, ts(again), HOUR, bucket_rows(ts(again), random.Random(9)),
+                           9)
+    agree()
+    with engine.begin() as conn:
+        usage.apply_retention(conn, ts(dt.datetime(2026, 10, 10, 3)))
+    agree()
+    with engine.connect() as conn:
+        assert min(conn.execute(sa.select(inv.usage_monthly.c.month)).scalars()) == \
+            dt.datetime(2026, 10, 1)
+    engine.dispose()

@@ -6,6 +6,8 @@ chain, one prune); the ledger's writer and readers live in hub/usage (hub/usage/
   ``usage_places`` and ``usage_pods`` and to the bucket marks;
 - ``usage_buckets``: which buckets are collected (a bucket is written whole or not at all);
 - ``usage_daily``: the rollup, per UTC day, of the ledger's rows (rebuilt with every write);
+- ``usage_monthly``, ``usage_idle_monthly``: the daily rollups summed by month, for the
+  months before the latest bucket's;
 - ``usage_flags``: what the meter corrected in a bucket, naming the pod;
 - ``usage_ledger``: properties of the ledger itself, today its bucket size: buckets of two
   sizes must never be summed side by side, so the size is stored once, with the rows.
@@ -155,33 +157,54 @@ usage_ledger = sa.Table(
 ROLLUP_IDLE_THRESHOLD = 5.0
 DAY = dt.timedelta(days=1)
 
+def _rollup_columns() -> list[sa.Column]:
+    """The rollup's keys and sums after its period column: a day's (usage_daily) and a whole
+    month's (usage_monthly) rows have the same shape."""
+    return [
+        sa.Column("cluster", sa.String(253), nullable=False),
+        sa.Column("node", sa.String(253), nullable=False),
+        sa.Column("uuid", sa.String(128), nullable=False),
+        sa.Column("slice", sa.String(64), nullable=False),
+        sa.Column("namespace", sa.String(253), nullable=False),
+        sa.Column("model", sa.String(128)),
+        sa.Column("gpu_hours", sa.Float, nullable=False),
+        sa.Column("allocated_gpu_hours", sa.Float, nullable=False),
+        sa.Column("busy_gpu_hours", sa.Float, nullable=False),
+        sa.Column("idle_allocated_gpu_hours", sa.Float, nullable=False),
+        sa.Column("energy_wh", sa.Float, nullable=False),
+        # the GPU-hours whose energy_wh was known (power reported): energy is null where 0
+        sa.Column("energy_measured_gpu_hours", sa.Float, nullable=False, server_default="0"),
+        # GPU-hours x SM activity, and the GPU-hours that had an SM activity figure: the
+        # average is their ratio, over GPUs that export the counter only (never diluted by
+        # zeros)
+        sa.Column("sm_active_gpu_hours", sa.Float, nullable=False, server_default="0"),
+        sa.Column("sm_measured_gpu_hours", sa.Float, nullable=False, server_default="0"),
+        # the least exact allocation_basis of the allocated rows (0 interval, 1 estimated,
+        # 2 sampled; NULL: none allocated)
+        sa.Column("allocation_basis_rank", sa.Integer),
+    ]
+
+
 usage_daily = sa.Table(
     "usage_daily", metadata,
     # No primary key: model may be NULL (not known). The rows of a day are only ever
     # replaced together (rebuild_days), never upserted one by one.
     sa.Column("day", sa.DateTime, nullable=False),  # 00:00 UTC; buckets starting that day
-    sa.Column("cluster", sa.String(253), nullable=False),
-    sa.Column("node", sa.String(253), nullable=False),
-    sa.Column("uuid", sa.String(128), nullable=False),
-    sa.Column("slice", sa.String(64), nullable=False),
-    sa.Column("namespace", sa.String(253), nullable=False),
-    sa.Column("model", sa.String(128)),
-    sa.Column("gpu_hours", sa.Float, nullable=False),
-    sa.Column("allocated_gpu_hours", sa.Float, nullable=False),
-    sa.Column("busy_gpu_hours", sa.Float, nullable=False),
-    sa.Column("idle_allocated_gpu_hours", sa.Float, nullable=False),
-    sa.Column("energy_wh", sa.Float, nullable=False),
-    # the GPU-hours whose energy_wh was known (power reported): energy is null where 0
-    sa.Column("energy_measured_gpu_hours", sa.Float, nullable=False, server_default="0"),
-    # GPU-hours x SM activity, and the GPU-hours that had an SM activity figure: the average
-    # is their ratio, over GPUs that export the counter only (never diluted by zeros)
-    sa.Column("sm_active_gpu_hours", sa.Float, nullable=False, server_default="0"),
-    sa.Column("sm_measured_gpu_hours", sa.Float, nullable=False, server_default="0"),
-    # the least exact allocation_basis of the allocated rows (0 interval, 1 estimated,
-    # 2 sampled; NULL: none allocated)
-    sa.Column("allocation_basis_rank", sa.Integer),
+    *_rollup_columns(),
     sa.Index("ix_usage_daily_day", "day"),
     postgresql_partition_by="RANGE (day)",
+)
+
+#: The daily rollup summed by calendar month (UTC), for the months before the latest
+#: collected bucket's: a year's answer reads 12 rows per GPU instead of 365. A month's rows
+#: are replaced together whenever one of its days is rebuilt (hub/usage/_ledger.py's
+#: rebuild_months), so they are always exactly the sum of its days' rows; the current
+#: month has none (its days change every hour). Not partitioned: one row per GPU and month.
+usage_monthly = sa.Table(
+    "usage_monthly", metadata,
+    sa.Column("month", sa.DateTime, nullable=False),  # 00:00 UTC on the 1st
+    *_rollup_columns(),
+    sa.Index("ix_usage_monthly_month", "month"),
 )
 
 #: Per day and GPU or slice and pod: its idle allocated buckets at ROLLUP_IDLE_THRESHOLD (a pod
@@ -189,23 +212,39 @@ usage_daily = sa.Table(
 #: many, the first one's start, the last one's end and their sums. When count x bucket size =
 #: last_end - first_start they are one unbroken run, so an idle answer over a month reads one
 #: row per idle GPU and day instead of every idle bucket (hub/usage/_idle.py).
+def _idle_rollup_columns() -> list[sa.Column]:
+    return [
+        sa.Column("cluster", sa.String(253), nullable=False),
+        sa.Column("node", sa.String(253), nullable=False),
+        sa.Column("uuid", sa.String(128), nullable=False),
+        sa.Column("slice", sa.String(64), nullable=False),
+        sa.Column("namespace", sa.String(253), nullable=False),
+        sa.Column("pod", sa.String(253), nullable=False),
+        sa.Column("model", sa.String(128)),
+        sa.Column("buckets", sa.Integer, nullable=False),
+        sa.Column("first_start", sa.DateTime, nullable=False),
+        sa.Column("last_end", sa.DateTime, nullable=False),
+        sa.Column("gpu_hours", sa.Float, nullable=False),
+        sa.Column("busy", sa.Float, nullable=False),  # sum of gpu_hours x utilisation %
+    ]
+
+
 usage_idle_daily = sa.Table(
     "usage_idle_daily", metadata,
     sa.Column("day", sa.DateTime, nullable=False),
-    sa.Column("cluster", sa.String(253), nullable=False),
-    sa.Column("node", sa.String(253), nullable=False),
-    sa.Column("uuid", sa.String(128), nullable=False),
-    sa.Column("slice", sa.String(64), nullable=False),
-    sa.Column("namespace", sa.String(253), nullable=False),
-    sa.Column("pod", sa.String(253), nullable=False),
-    sa.Column("model", sa.String(128)),
-    sa.Column("buckets", sa.Integer, nullable=False),
-    sa.Column("first_start", sa.DateTime, nullable=False),
-    sa.Column("last_end", sa.DateTime, nullable=False),
-    sa.Column("gpu_hours", sa.Float, nullable=False),
-    sa.Column("busy", sa.Float, nullable=False),  # sum of gpu_hours x utilisation %
+    *_idle_rollup_columns(),
     sa.Index("ix_usage_idle_daily_day", "day"),
     postgresql_partition_by="RANGE (day)",
+)
+
+#: usage_idle_daily summed by month, for the same months as usage_monthly: a GPU and pod
+#: idle through a whole month is one row (one unbroken run when count x bucket size =
+#: last_end - first_start), so a year's idle answer reads 12 rows for it instead of 365.
+usage_idle_monthly = sa.Table(
+    "usage_idle_monthly", metadata,
+    sa.Column("month", sa.DateTime, nullable=False),
+    *_idle_rollup_columns(),
+    sa.Index("ix_usage_idle_monthly_month", "month"),
 )
 
 #: What the meter corrected in a bucket, one row per pod and kind (hub/usage/_meter.py): a

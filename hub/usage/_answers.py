@@ -26,7 +26,7 @@ from sqlalchemy.engine import Connection
 from hub import inventory as inv
 from hub.usage._bills import Bill, cloud_nodes, needs_nodes, node_prices, showback_currency
 from hub.usage._idle import IDLE_FOR_S, IDLE_THRESHOLD_PCT, idle_gpu_hours, idle_runs
-from hub.usage._ledger import rollup_days, rollup_sums
+from hub.usage._ledger import quick_answer, rollup_days, rollup_months, rollup_sums
 from hub.usage._meter import BASES
 from hub.usage._placement import read_fleet, totals
 from hub.usage._prices import Prices, add_costs
@@ -94,23 +94,32 @@ def summary_select(conn: Connection, start: dt.datetime, end: dt.datetime,
                    columns: Sequence[str] | None = None) -> sa.Select | None:
     """The statement usage_summary runs (None: nothing to read), also for EXPLAIN.
 
-    Whole UTC days come from the daily rollup (inv.usage_daily, an index range on its day)
-    and only the edge hours from the hourly ledger (a range of its key): a month is ~30 rows
-    per GPU, not 720. The rollup's idle figure is for the default threshold, so another
-    ``idle_threshold`` (or ``rollup=False``) reads the whole period from the ledger; both
-    give the same sums. ``columns`` replaces the grouping columns ``by`` names."""
+    Whole UTC months come from the monthly rollup (inv.usage_monthly, where built: the
+    months before the latest bucket's), the other whole days from the daily rollup
+    (inv.usage_daily, an index range on its day) and only the edge hours from the hourly
+    ledger (a range of its key): a month is ~30 rows per GPU, not 720, and a year ~12 plus
+    the days of its edge months, not 365. The rollup's idle figure is for the default
+    threshold, so another ``idle_threshold`` (or ``rollup=False``) reads the whole period
+    from the ledger; both give the same sums. ``columns`` replaces the grouping columns
+    ``by`` names."""
     cols = list(columns) if columns is not None else group_columns(by)
     parts: list[sa.Select] = []
     hourly = [(start, end)]
     days = (rollup_days(conn, start, end)
             if rollup and idle_threshold == inv.ROLLUP_IDLE_THRESHOLD else None)
     if days is not None:
-        D = inv.usage_daily
-        parts.append(_within(
-            sa.select(*[D.c[c] for c in cols], *[sa.func.sum(D.c[f]).label(f) for f in SUMS],
-                      sa.func.max(D.c[RANK]).label(RANK))
-            .where(D.c.day >= days[0], D.c.day < days[1])
-            .group_by(*[D.c[c] for c in cols]), clusters, namespaces, D))
+        months = rollup_months(conn, days)
+        spans = [days] if months is None else [(days[0], months[0]), (months[1], days[1])]
+        reads = [(inv.usage_daily, "day", a, b) for a, b in spans if a < b]
+        if months is not None:
+            reads.append((inv.usage_monthly, "month", *months))
+        for D, period, a, b in reads:
+            parts.append(_within(
+                sa.select(*[D.c[c] for c in cols],
+                          *[sa.func.sum(D.c[f]).label(f) for f in SUMS],
+                          sa.func.max(D.c[RANK]).label(RANK))
+                .where(D.c[period] >= a, D.c[period] < b)
+                .group_by(*[D.c[c] for c in cols]), clusters, namespaces, D))
         hourly = [(a, b) for a, b in ((start, days[0]), (days[1], end)) if a < b]
     idle = sa.func.coalesce(U.c.avg_utilisation_pct, 0.0) < idle_threshold
     for a, b in hourly:
@@ -162,6 +171,7 @@ def usage_summary(conn: Connection, start: dt.datetime, end: dt.datetime,
                           namespaces=namespaces, rollup=rollup, columns=read)
     if stmt is None:
         return []
+    quick_answer(conn)
     if idle is None:
         idle = idle_gpu_hours(idle_runs(conn, start, end, threshold=idle_threshold,
                                         for_seconds=idle_for, clusters=clusters,

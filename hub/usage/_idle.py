@@ -14,6 +14,7 @@ idleness, so a run never starts before the pod's first sample.
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections.abc import Collection, Sequence
 from typing import Any, NamedTuple
 
@@ -22,7 +23,14 @@ from sqlalchemy.engine import Connection
 
 from hub import inventory as inv
 from hub.common import IDLE
-from hub.usage._ledger import BUCKET_KEY, idle_bucket, rollup_days
+from hub.inventory import next_month
+from hub.usage._ledger import (
+    BUCKET_KEY,
+    idle_bucket,
+    quick_answer,
+    rollup_days,
+    rollup_months,
+)
 
 U = inv.usage
 #: The defaults every idle answer shares (`idle --threshold/--for`, `usage --idle-threshold
@@ -62,7 +70,7 @@ def idle_runs(conn: Connection, start: dt.datetime, end: dt.datetime, *,
     model); the IDLE_COLUMNS are what a user is shown."""
     found: dict[tuple, dict[str, Any]] = {}
     for k, runs in maximal_runs(conn, start, end, threshold=threshold, clusters=clusters,
-                                namespaces=namespaces).items():
+                                namespaces=namespaces, at_least=for_seconds).items():
         for since, until, wasted, busy, model in runs:
             seconds = (until - since).total_seconds()
             if seconds < for_seconds:
@@ -90,13 +98,15 @@ def idle_runs(conn: Connection, start: dt.datetime, end: dt.datetime, *,
 def maximal_runs(conn: Connection, start: dt.datetime, end: dt.datetime, *,
                  threshold: float = IDLE_THRESHOLD_PCT,
                  clusters: Collection[str] | None = None,
-                 namespaces: Collection[str] | None = None) -> dict[tuple, list[Segment]]:
+                 namespaces: Collection[str] | None = None,
+                 at_least: float = 0.0) -> dict[tuple, list[Segment]]:
     """Every run of consecutive idle buckets starting in [start, end), however short, per
     GPU or slice and pod (the _KEY columns), in time order: idle_runs keeps those that
-    lasted long enough, idle_by_day splits them into days."""
-    segments = _day_segments(conn, start, end, threshold, clusters, namespaces)
-    if segments is not None:
-        return {k: _merged(parts) for k, parts in segments.items()}
+    lasted long enough, idle_by_day splits them into days. ``at_least``: the rollups'
+    path may leave out runs shorter than that many seconds (the caller judges them)."""
+    runs = _rollup_runs(conn, start, end, threshold, at_least, clusters, namespaces)
+    if runs is not None:
+        return runs
     key = [U.c[c] for c in _KEY]
     where = [U.c.bucket_start >= start, U.c.bucket_start < end, U.c.pod != "",
              U.c.gpu_hours > 0, U.c.avg_utilisation_pct.is_not(None),
@@ -189,15 +199,17 @@ def _merged(parts: list[Segment]) -> list[Segment]:
     return [tuple(r) for r in runs]
 
 
-def _day_segments(conn: Connection, start: dt.datetime, end: dt.datetime, threshold: float,
-                  clusters: Collection[str] | None, namespaces: Collection[str] | None
-                  ) -> dict[tuple, list[Segment]] | None:
-    """Idle segments per GPU and pod read by days: a month is one row per idle GPU and day
-    (inv.usage_idle_daily, kept by the ledger's writer at ROLLUP_IDLE_THRESHOLD) where that
-    day's idle buckets are one unbroken run, the ledger's rows only for the other days and
-    the hours at the period's edges. None when the days cannot answer (another threshold,
-    no whole day in the period, a ledger whose grid is not stored yet)."""
-
+def _rollup_runs(conn: Connection, start: dt.datetime, end: dt.datetime, threshold: float,
+                 at_least: float, clusters: Collection[str] | None,
+                 namespaces: Collection[str] | None) -> dict[tuple, list[Segment]] | None:
+    """The runs of at least ``at_least`` seconds, merged in the database from the rollups'
+    idle segments: a month's (usage_idle_monthly) or a day's (usage_idle_daily) idle
+    buckets of a GPU and pod where they are one unbroken run, the ledger's idle buckets
+    for the other days and the hours at the period's edges. A window over the segments in
+    time order starts a run wherever one does not begin where the previous ended; only
+    the runs come back, not a row per idle GPU and day (a year at 100,000 GPUs is millions
+    of them). None when the rollups cannot answer (another threshold, no whole day in the
+    period, a ledger whose grid is not stored yet)."""
     if threshold != inv.ROLLUP_IDLE_THRESHOLD:
         return None
     days = rollup_days(conn, start, end)
@@ -205,45 +217,158 @@ def _day_segments(conn: Connection, start: dt.datetime, end: dt.datetime, thresh
                         .where(inv.usage_ledger.c.key == BUCKET_KEY)).scalar()
     if days is None or size is None:
         return None
-    bucket = dt.timedelta(seconds=float(size))
-    D = inv.usage_idle_daily
-    stmt = sa.select(D).where(D.c.day >= days[0], D.c.day < days[1])
-    if clusters is not None:
-        stmt = stmt.where(D.c.cluster.in_(sorted(clusters)))
-    if namespaces is not None:
-        stmt = stmt.where(D.c.namespace.in_(sorted(namespaces)))
-    out: dict[tuple, list[Segment]] = {}
-    broken: set[tuple] = set()  # (key, day) whose idle buckets are not one run
-    for r in conn.execute(stmt):
-        k = tuple(getattr(r, c) for c in _KEY)
-        if r.last_end - r.first_start == r.buckets * bucket:
-            out.setdefault(k, []).append((r.first_start, r.last_end, r.gpu_hours, r.busy,
-                                          r.model))
-        else:
-            broken.add((k, r.day))
-    reads: list[sa.ColumnElement[bool]] = [
-        U.c.bucket_start.between(a, b - dt.timedelta(microseconds=1))
-        for a, b in ((start, days[0]), (days[1], end)) if a < b]
-    if broken:
-        reads.append(sa.and_(U.c.uuid.in_(sorted({k[2] for k, _ in broken})),
-                             U.c.bucket_start >= days[0], U.c.bucket_start < days[1]))
-    if reads:
+    quick_answer(conn)
+    bucket = float(size)
+    step = dt.timedelta(seconds=bucket)
+    pg = conn.dialect.name == "postgresql"
+    M, D = inv.usage_idle_monthly, inv.usage_idle_daily
 
-        rows = sa.select(*[U.c[c] for c in _KEY], U.c.model, U.c.bucket_start,
-                         U.c.bucket_end, U.c.gpu_hours, U.c.avg_utilisation_pct).where(
-            sa.or_(*reads), *idle_bucket(U, threshold))
+    def unbroken(t: sa.FromClause) -> sa.ColumnElement[bool]:
+        # on one grid the span is a whole number of buckets: one run when it is `buckets`
+        return _seconds(pg, t.c.first_start, t.c.last_end) < (t.c.buckets + 0.5) * bucket
+
+    def scoped(stmt: sa.Select, t: sa.FromClause) -> sa.Select:
         if clusters is not None:
-            rows = rows.where(U.c.cluster.in_(sorted(clusters)))
+            stmt = stmt.where(t.c.cluster.in_(sorted(clusters)))
         if namespaces is not None:
-            rows = rows.where(U.c.namespace.in_(sorted(namespaces)))
-        for r in conn.execute(rows):
-            k = tuple(r[:6])
-            inside = days[0] <= r.bucket_start < days[1]
-            if inside and (k, inv.day_of(r.bucket_start)) not in broken:
-                continue  # that day came whole from usage_idle_daily
-            out.setdefault(k, []).append((r.bucket_start, r.bucket_end, r.gpu_hours,
-                                          r.gpu_hours * r.avg_utilisation_pct, r.model))
+            stmt = stmt.where(t.c.namespace.in_(sorted(namespaces)))
+        return stmt
+
+    def same_key(a: sa.FromClause, b: sa.FromClause
+                 ) -> sa.ColumnElement[bool]:
+        return sa.and_(*[a.c[k] == b.c[k] for k in _KEY])
+
+    def segment(t: sa.Table) -> list[sa.ColumnElement]:
+        return [*[t.c[k] for k in _KEY], t.c.model, t.c.first_start.label("since"),
+                t.c.last_end.label("until"), t.c.buckets, t.c.gpu_hours, t.c.busy]
+
+    parts: list[sa.Select] = []
+    months = rollup_months(conn, days)
+    spans = [days] if months is None else [(days[0], months[0]), (months[1], days[1])]
+    day_rows: list[sa.ColumnElement[bool]] = [sa.and_(D.c.day >= a, D.c.day < b)
+                                              for a, b in spans if a < b]
+    if months is not None:
+        in_months = (M.c.month >= months[0], M.c.month < months[1])
+        parts.append(scoped(sa.select(*segment(M)).where(*in_months, unbroken(M)), M))
+        # a GPU and pod whose month is not one run: that month's days, for it alone
+        broken: dict[dt.datetime, set[str]] = {}
+        for month, uuid in conn.execute(scoped(sa.select(M.c.month, M.c.uuid).where(
+                *in_months, sa.not_(unbroken(M))), M).distinct()):
+            broken.setdefault(month, set()).add(uuid)
+        whole = M.alias("whole")
+        for month, uuids in sorted(broken.items()):
+            read = [D.c.day >= month, D.c.day < next_month(month),
+                    ~sa.exists().where(same_key(whole, D), whole.c.month == month,
+                                       unbroken(whole))]
+            if len(uuids) <= MAX_IN:
+                read.append(D.c.uuid.in_(sorted(uuids)))
+            day_rows.append(sa.and_(*read))
+    broken_days: set[str] = set()
+    if day_rows:
+        parts.append(scoped(sa.select(*segment(D)).where(sa.or_(*day_rows), unbroken(D)), D))
+        broken_days = set(conn.execute(scoped(sa.select(D.c.uuid).where(
+            sa.or_(*day_rows), sa.not_(unbroken(D))), D).distinct()).scalars())
+    # the ledger's idle buckets: the edge hours, and the days whose idle buckets are not
+    # one run (their GPUs' rows found by the uuid index)
+    reads: list[sa.ColumnElement[bool]] = [
+        sa.and_(U.c.bucket_start >= a, U.c.bucket_start < b)
+        for a, b in ((start, days[0]), (days[1], end)) if a < b]
+    if broken_days:
+        day = D.alias("day")
+        read = [U.c.bucket_start >= days[0], U.c.bucket_start < days[1],
+                sa.exists().where(same_key(day, U), day.c.day == _day_of(pg, U.c.bucket_start),
+                                  sa.not_(unbroken(day)))]
+        if len(broken_days) <= MAX_IN:
+            read.append(U.c.uuid.in_(sorted(broken_days)))
+        reads.append(sa.and_(*read))
+    if reads:
+        parts.append(scoped(sa.select(
+            *[U.c[k] for k in _KEY], U.c.model, U.c.bucket_start.label("since"),
+            U.c.bucket_end.label("until"), sa.literal(1).label("buckets"), U.c.gpu_hours,
+            (U.c.gpu_hours * U.c.avg_utilisation_pct).label("busy"))
+            .where(sa.or_(*reads), *idle_bucket(U, threshold)), U))
+    if not parts:
+        return {}
+    seg = (sa.union_all(*parts) if len(parts) > 1 else parts[0]).cte("seg")
+    least = _least_buckets(step, at_least)
+    # First per GPU and pod (a hash, no sort): where all its segments are one unbroken run
+    # (the span is as many buckets as they hold) that is its run; in the bench's fleet, and
+    # for any GPU idle all period, that is every one.
+    per_key = (sa.select(*[seg.c[k] for k in _KEY], sa.func.sum(seg.c.buckets).label("n"),
+                         sa.func.min(seg.c.since).label("since"),
+                         sa.func.max(seg.c.until).label("until"),
+                         sa.func.sum(seg.c.gpu_hours).label("gpu_hours"),
+                         sa.func.sum(seg.c.busy).label("busy"),
+                         sa.func.min(seg.c.model).label("model"),
+                         # a number for the GPU and pod: the window sorts by it, not by
+                         # its six names (ordered: the same on every read of the CTE)
+                         sa.func.row_number().over(
+                             order_by=[seg.c[k] for k in _KEY]).label("kid"))
+               .group_by(*[seg.c[k] for k in _KEY])).cte("per_key")
+    one_run = _seconds(pg, per_key.c.since, per_key.c.until) < (per_key.c.n + 0.5) * bucket
+    single = sa.select(*[per_key.c[k] for k in _KEY], per_key.c.since, per_key.c.until,
+                       per_key.c.gpu_hours, per_key.c.busy, per_key.c.model).where(
+        one_run, per_key.c.n >= least)
+    # The others' segments in time order: a window starts a run wherever a segment does not
+    # begin where the previous one ended; a running sum numbers the runs.
+    stitch = (sa.select(per_key.c.kid, seg.c.since, seg.c.until, seg.c.buckets,
+                        seg.c.gpu_hours, seg.c.busy, seg.c.model)
+              .select_from(seg.join(per_key, same_key(seg, per_key)))
+              .where(sa.not_(one_run))).subquery("b")
+    follows = sa.func.lag(stitch.c.until).over(partition_by=stitch.c.kid,
+                                               order_by=stitch.c.since) == stitch.c.since
+    flagged = sa.select(stitch, sa.case((follows, 0), else_=1).label("starts")).subquery("f")
+    island = sa.func.sum(flagged.c.starts).over(
+        partition_by=flagged.c.kid, order_by=flagged.c.since, rows=(None, 0)).label("island")
+    runs = sa.select(flagged, island).subquery("r")
+    stitched = (sa.select(runs.c.kid, sa.func.min(runs.c.since).label("since"),
+                          sa.func.max(runs.c.until).label("until"),
+                          sa.func.sum(runs.c.gpu_hours).label("gpu_hours"),
+                          sa.func.sum(runs.c.busy).label("busy"),
+                          sa.func.min(runs.c.model).label("model"))
+                .group_by(runs.c.kid, runs.c.island)
+                .having(sa.func.sum(runs.c.buckets) >= least)).subquery("s")
+    stmt = sa.union_all(single, sa.select(
+        *[per_key.c[k] for k in _KEY], stitched.c.since, stitched.c.until,
+        stitched.c.gpu_hours, stitched.c.busy, stitched.c.model)
+        .select_from(stitched.join(per_key, per_key.c.kid == stitched.c.kid)))
+    out: dict[tuple, list[Segment]] = {}
+    for r in conn.execute(stmt):
+        since, until, wasted, busy, model = r[6:]
+        out.setdefault(tuple(r[:6]), []).append(
+            (since, until, wasted or 0.0, busy or 0.0, model))
+    for found in out.values():
+        found.sort(key=lambda s: s[0])
     return out
+
+
+#: at most this many uuids in one IN (SQLite's limit is 32,766 parameters a statement);
+#: more, and the rows are told apart by the rollup alone
+MAX_IN = 10_000
+
+
+def _least_buckets(step: dt.timedelta, seconds: float) -> int:
+    """The fewest buckets of ``step`` whose run lasts at least ``seconds``, as idle_runs
+    measures it ((until - since).total_seconds()): the database compares whole numbers."""
+    n = max(0, math.floor(seconds / step.total_seconds()) - 1)
+    while (step * n).total_seconds() < seconds:
+        n += 1
+    return n
+
+
+def _seconds(pg: bool, a: sa.ColumnElement, b: sa.ColumnElement) -> sa.ColumnElement:
+    """b - a in seconds (SQLite stores times as text: julianday's float is exact to well
+    under a millisecond, and the only use is against a half-bucket margin)."""
+    if pg:
+        return sa.extract("epoch", b - a)
+    return (sa.func.julianday(b) - sa.func.julianday(a)) * 86400.0
+
+
+def _day_of(pg: bool, moment: sa.ColumnElement) -> sa.ColumnElement:
+    """00:00 of a stored time's day, as the rollup's day column holds it."""
+    if pg:
+        return sa.func.date_trunc("day", moment)
+    return sa.func.strftime("%Y-%m-%d 00:00:00.000000", moment)
 
 
 def _candidates(conn: Connection, start: dt.datetime, end: dt.datetime,

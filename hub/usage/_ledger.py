@@ -70,7 +70,9 @@ from hub.inventory import (
     usage_daily,
     usage_flags,
     usage_idle_daily,
+    usage_idle_monthly,
     usage_ledger,
+    usage_monthly,
     usage_places,
     usage_pods,
     usage_rows,
@@ -200,6 +202,8 @@ def _start_over(conn: Connection, bucket: float) -> int:
     conn.execute(usage_buckets.delete())
     conn.execute(usage_daily.delete())
     conn.execute(usage_idle_daily.delete())
+    conn.execute(usage_monthly.delete())
+    conn.execute(usage_idle_monthly.delete())
     conn.execute(refused_inputs.delete().where(refused_inputs.c.source == "usage"))
     conn.execute(usage_ledger.delete().where(usage_ledger.c.key == BUCKET_KEY))
     conn.execute(usage_ledger.insert().values(key=BUCKET_KEY, value=f"{bucket:g}"))
@@ -595,6 +599,7 @@ def write_bucket(conn: Connection, start: float, bucket: float,
     its answers left out, per cluster (replaced with the bucket)."""
     begin = utc(start)
     ensure_ahead(conn, begin)  # its month's partitions and the next's (PostgreSQL)
+    built = months_built(conn)  # before the mark: this bucket may begin a new month
     keys = UsageKeys()
     keys.months.add(month_of(begin))  # just made sure of: the rows' write asks no more
     conn.execute(usage_rows.delete().where(usage_rows.c.bucket_start == begin))
@@ -609,6 +614,7 @@ def write_bucket(conn: Connection, start: float, bucket: float,
         "rows": count, "requests": requests}],
         update=("bucket_end", "collected_at", "rows", "requests"))
     rebuild_days(conn, [day_of(begin)])
+    _keep_months(conn, built, [day_of(begin)])
 
 
 def _one_per_pod(begin: dt.datetime,
@@ -640,10 +646,16 @@ def apply_retention(conn: Connection, before: float) -> int:
     conn.execute(usage_buckets.delete().where(usage_buckets.c.bucket_start < cut))
     conn.execute(usage_daily.delete().where(usage_daily.c.day < day_of(cut)))
     conn.execute(usage_idle_daily.delete().where(usage_idle_daily.c.day < day_of(cut)))
+    for table in (usage_monthly, usage_idle_monthly):
+        conn.execute(table.delete().where(table.c.month < month_of(cut)))
     conn.execute(refused_inputs.delete().where(refused_inputs.c.source == "usage",
                                                refused_inputs.c.at < cut))
     if removed:
         rebuild_days(conn, [day_of(cut)])  # the day the cut falls in lost its first hours
+    built = months_built(conn)
+    if built is not None and month_of(cut) < built:
+        # the cut's month lost the days (or hours) before it: its sums are its days' again
+        rebuild_months(conn, [month_of(cut)])
     return removed
 
 
@@ -739,6 +751,86 @@ def rebuild_days(conn: Connection, days: Iterable[dt.datetime], *,
             [c.name for c in select.selected_columns], select))
 
 
+def months_built(conn: Connection) -> dt.datetime | None:
+    """The months before this one have their monthly rollups (usage_monthly and
+    usage_idle_monthly): every month before the latest collected bucket's. None: no bucket
+    collected, so no month either; and none on a schema from before them (0027 and older:
+    the migrations' tests write and read such a ledger with this code)."""
+    if not sa.inspect(conn).has_table(usage_monthly.name):
+        return None
+    latest = conn.execute(sa.select(sa.func.max(usage_buckets.c.bucket_start))).scalar()
+    return None if latest is None else month_of(latest)
+
+
+def _keep_months(conn: Connection, built: dt.datetime | None,
+                 days: Iterable[dt.datetime]) -> None:
+    """After a write rebuilt ``days``: rebuild the built months they fall in, and build the
+    months that the write made whole (``built``: months_built before it). A month is
+    summed once when the first bucket after it is written (at 100,000 GPUs some 3 million
+    daily rows, once a month) and again only when a bucket of it is collected again."""
+    now = months_built(conn)
+    if now is None:
+        return
+    months = {month_of(d) for d in days if month_of(d) < now}
+    if built is not None:
+        month = built
+        while month < now:
+            months.add(month)
+            month = next_month(month)
+    rebuild_months(conn, months)
+
+
+def rebuild_months(conn: Connection, months: Iterable[dt.datetime]) -> None:
+    """Replace the monthly rollup rows of these months (00:00 UTC on the 1st) by the sums
+    of their daily rollup rows."""
+    for month in sorted(set(months)):
+        until = next_month(month)
+        conn.execute(usage_monthly.delete().where(usage_monthly.c.month == month))
+        D = usage_daily
+        sums = [(sa.func.max if c == RANK_COLUMN else sa.func.sum)(D.c[c]).label(c)
+                for c in MONTH_SUMS]
+        conn.execute(usage_monthly.insert().from_select(
+            ["month", *ROLLUP_KEYS, *MONTH_SUMS],
+            sa.select(sa.literal(month, sa.DateTime), *[D.c[k] for k in ROLLUP_KEYS], *sums)
+            .where(D.c.day >= month, D.c.day < until)
+            .group_by(*[D.c[k] for k in ROLLUP_KEYS])))
+        conn.execute(usage_idle_monthly.delete().where(usage_idle_monthly.c.month == month))
+        idle = usage_idle_daily
+        conn.execute(usage_idle_monthly.insert().from_select(
+            ["month", *IDLE_KEYS, "model", "buckets", "first_start", "last_end",
+             "gpu_hours", "busy"],
+            sa.select(sa.literal(month, sa.DateTime), *[idle.c[k] for k in IDLE_KEYS],
+                      sa.func.min(idle.c.model), sa.func.sum(idle.c.buckets),
+                      sa.func.min(idle.c.first_start), sa.func.max(idle.c.last_end),
+                      sa.func.sum(idle.c.gpu_hours), sa.func.sum(idle.c.busy))
+            .where(idle.c.day >= month, idle.c.day < until)
+            .group_by(*[idle.c[k] for k in IDLE_KEYS])))
+
+
+def quick_answer(conn: Connection) -> None:
+    """Turn PostgreSQL's JIT off for the rest of this transaction, before an answer's
+    statements. Their plans over rollups with a partition per month are estimated costly
+    (above jit_above_cost) though they read some 10,000s of rows, and compiling them took
+    0.2-1.2 s of statements that ran in 0.1-0.4 s (EXPLAIN ANALYZE on the bench's ledger:
+    `usage --since 365d`'s idle runs, 1.65 s of which JIT 1.21 s). Nothing on SQLite."""
+    if conn.dialect.name == "postgresql":
+        conn.exec_driver_sql("SET LOCAL jit = off")
+
+
+def rollup_months(conn: Connection, days: tuple[dt.datetime, dt.datetime]
+                  ) -> tuple[dt.datetime, dt.datetime] | None:
+    """[first, last) of the whole months inside the rollup days ``days`` (rollup_days) that
+    have their monthly rows; None: no such month."""
+    built = months_built(conn)
+    if built is None:
+        return None
+    first = month_of(days[0])
+    if first < days[0]:
+        first = next_month(first)
+    last = min(month_of(days[1]), built)
+    return (first, last) if first < last else None
+
+
 def _daily_select(day: dt.datetime) -> sa.Select:
     """A day's usage_daily rows, summed first by the ledger's small integer keys (place,
     and the pod's namespace) and only then by the names: grouping a day's rows by six
@@ -781,6 +873,10 @@ def _daily_by_names(day: dt.datetime) -> sa.Select:
 
 
 RANK_COLUMN = "allocation_basis_rank"
+#: usage_daily's figures, summed into a month (the rank: its greatest)
+MONTH_SUMS = ["gpu_hours", "allocated_gpu_hours", "busy_gpu_hours", "idle_allocated_gpu_hours",
+              "energy_wh", "energy_measured_gpu_hours", "sm_active_gpu_hours",
+              "sm_measured_gpu_hours", RANK_COLUMN]
 
 
 def _basis_name(code: sa.ColumnElement) -> sa.ColumnElement:
