@@ -188,27 +188,16 @@ class VendorProfile(ABC):
 
     def presence_query(self, window: str, step: str, cluster_label: str,
                        shard: str = "", at: float | None = None) -> Query:
-        """GPUs that send none of the metrics the other queries read, with their newest
-        sample's time: one request over an explicit list of exact names (no ``__name__``
-        regex), ``max``-ed per GPU, attributes and allocation (the names' extra labels such
-        as ``clock_index`` fold away).
-
-        ``timestamp()`` of a plain selector is its sample's own time, and a subquery's
-        steps see the whole window. Its steps are aligned to multiples of ``step``, so the
-        subquery is evaluated ``@`` the first multiple at or after ``at`` (the sync's time)
-        and reaches one step further back: its last step sees what an instant form at
-        ``at`` would, and more recent samples if any came since. The instant form beside it,
-        which caught what came after the last step, read every name a second time: 0.73 s
-        of the store's 1.65 s for these queries at 100,000 GPUs in six shards
-        (bench/sync_queries.py). ``> time() - window`` drops what is older than the window.
-        GPUs that send the clock family in the window (at ``at``, as the sample-time query
-        reads it) are left out on the hub (``unless``): they are in the sync already, so at
-        any fleet size the answer holds only the GPUs with a trimmed field set (and a GPU
-        whose first samples came after ``at``, found here a sync before its fields). The
-        value is a time, never a field. No selector carries the device matcher (see
-        sync_matcher): a series without the id label groups apart, under an empty id, and
-        the client drops it.
-        ``at`` None (a query shown, not asked) leaves the ``@`` out.
+        """GPUs sending none of the metrics the other queries read, with their newest sample's
+        time: one request over exact names, ``max``-ed per GPU, attributes and allocation.
+        ``timestamp()`` of a selector is its sample's own time. The subquery's steps are
+        aligned to multiples of ``step``: pinned ``@`` the first one at or after ``at`` (the
+        sync's time), reaching a step further back, its last step sees what an instant form
+        at ``at`` (no longer beside it, reading every name again) would. ``> time() -
+        window`` drops what is older. GPUs sending the clock family in the window are left
+        out (``unless``): the sync has them (one whose first samples came after ``at`` is
+        found here a sync before its fields). No selector carries the device matcher (see
+        sync_matcher): the client drops a series without the id label.
         """
         sel = braced(self.sync_matcher(shard), template=True)
         group = _by([cluster_label, *self.id_labels, *self.attribute_labels, *POD_LABELS])
@@ -220,10 +209,8 @@ class VendorProfile(ABC):
         span = format_duration(parse_duration(window) + every)
         pinned = "" if at is None else f" @ {math.ceil(at / every) * every:.3f}"
         clock = self._any_name(self.clock_metric, f"last_over_time({{}}{sel}[{window}])")
-        seconds = f"{parse_duration(window):g}"
-        promql = (f"max_over_time(({newest})[{span}:{step}]{pinned})"
-                  f" > time() - {seconds} unless on ({ids}) ({clock})")
-        return Query(self.vendor, "presence", promql)
+        return Query(self.vendor, "presence", f"max_over_time(({newest})[{span}:{step}]{pinned})"
+                     f" > time() - {parse_duration(window):g} unless on ({ids}) ({clock})")
 
     # -- parsing of rows -------------------------------------------------------
     def node(self, labels: Mapping[str, str]) -> str:
