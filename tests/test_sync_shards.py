@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from hub import store
-from hub.common import UnavailableError
+from hub.common import UnavailableError, format_duration
 from hub.inventory import _db as inventory
 from hub.inventory import cluster_sizes, run_sync
 from hub.inventory import usage as usage_view
@@ -423,3 +423,37 @@ def test_a_sharded_usage_collect_writes_what_an_unsharded_one_writes(tmp_path):
         hub.stop()
     assert ledgers["whole"] and ledgers["shards"] == ledgers["whole"]
     assert ledgers["new grid"] == ledgers["whole"]
+
+
+def test_a_trimmed_gpu_whose_newest_sample_follows_the_last_subquery_step_is_found(tmp_path):
+    """The presence query's subquery sees samples only at its steps, multiples of the step
+    (a minute for this window): pinned ``@`` the first step at or after the sync's time, it
+    sees a GPU whose only sample came after the last step before that time, with the
+    sample's own time. The same subquery unpinned misses it: this is what the instant form
+    beside it used to catch."""
+    from hub.inventory._sync import collect, subquery_step
+
+    step = subquery_step(WINDOW)
+    assert T_END % step == 0
+    at, sample = T_END + 45.0, T_END + 30.0  # the last step before `at` is T_END
+    trimmed = Gpu("east", "e2", 0, "nvidia", trimmed=True, uuid="GPU-late")
+    (name, labels, _), = trimmed.series()
+    hub = backfilled_hub(tmp_path / "hub", openmetrics(
+        [*Gpu("east", "e1", 0, "nvidia", uuid="GPU-e0").series(),
+         (name, labels, lambda t: 1980 if t == sample else None)],
+        [*TIMES, sample])).start(timeout=120)
+    try:
+        client = HubClient(hub.url, timeout=30)
+        fetched = collect(client, stale_after=WINDOW, cluster_label="cluster", at=at)
+        unpinned = store.profile("nvidia").presence_query(
+            format_duration(WINDOW), format_duration(step), "cluster").promql
+        missed = client.query(unpinned, time=at).result
+    finally:
+        hub.stop()
+    try:
+        seen = {obs.uuid: obs for group in fetched.groups() for obs in group}
+    finally:
+        fetched.close()
+    assert set(seen) == {"GPU-e0", "GPU-late"}
+    assert seen["GPU-late"].sample_at == sample
+    assert missed == []
