@@ -389,13 +389,16 @@ def bench_answer(gpus: int, url: str, days: int = 30, work: Path | None = None,
     now_hour = dt.datetime.now(dt.UTC).replace(tzinfo=None, minute=0, second=0,
                                                 microsecond=0)
     empty = db_size(engine, url)
-    fill_s, rebuild_day_s = fill_ledger(engine, gpus, days * 24,
-                                        now_hour - dt.timedelta(hours=days * 24))
+    # the hourly rows from a midnight on (whole days, then today's hours): the rollups
+    # before them then meet them with no hour missing between, as on a ledger collected all
+    # along (a gap of hours breaks every idle run that crosses it)
+    base = inv.day_of(now_hour) - dt.timedelta(days=days)
+    hours = int((now_hour - base).total_seconds() // 3600)
+    fill_s, rebuild_day_s = fill_ledger(engine, gpus, hours, base)
     grown = db_size(engine, url) - empty
-    progress(f"filled {days} days x {gpus} GPUs in {fill_s:.0f}s, {grown / 1e9:.2f} GB")
-    base = now_hour - dt.timedelta(hours=days * 24)
-    rollup_only_s = (fill_rollup_days(engine, inv.day_of(base) + dt.timedelta(days=1), base,
-                                      rollup_days - days - 1) if rollup_days > days else None)
+    progress(f"filled {hours} hours x {gpus} GPUs in {fill_s:.0f}s, {grown / 1e9:.2f} GB")
+    rollup_only_s = (fill_rollup_days(engine, inv.day_of(base), base, rollup_days - days)
+                     if rollup_days > days else None)
     # the monthly rollups of the months before this one, as the writer keeps them (it sums
     # a month once the first bucket after it is written)
     began = time.perf_counter()
@@ -480,7 +483,7 @@ def bench_answer(gpus: int, url: str, days: int = 30, work: Path | None = None,
             **exported, "load_avg": os.getloadavg(), "plan": plan}
     if export_days and work is not None:
         print(json.dumps(result), flush=True)
-        for n in export_days:
+        for n in (n for n in export_days if n > 0):  # 0: no export, only the answers
             with engine.connect() as conn:
                 count = conn.execute(sa.select(sa.func.count()).select_from(inv.usage_rows)
                                      .where(inv.usage_rows.c.bucket_start
