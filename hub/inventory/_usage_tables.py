@@ -157,6 +157,7 @@ usage_ledger = sa.Table(
 ROLLUP_IDLE_THRESHOLD = 5.0
 DAY = dt.timedelta(days=1)
 
+
 def _rollup_columns() -> list[sa.Column]:
     """The rollup's keys and sums after its period column: a day's (usage_daily) and a whole
     month's (usage_monthly) rows have the same shape."""
@@ -207,12 +208,9 @@ usage_monthly = sa.Table(
     sa.Index("ix_usage_monthly_month", "month"),
 )
 
-#: Per day and GPU or slice and pod: its idle allocated buckets at ROLLUP_IDLE_THRESHOLD (a pod
-#: held it, it had samples, a utilisation was measured and stayed under the threshold): how
-#: many, the first one's start, the last one's end and their sums. When count x bucket size =
-#: last_end - first_start they are one unbroken run, so an idle answer over a month reads one
-#: row per idle GPU and day instead of every idle bucket (hub/usage/_idle.py).
 def _idle_rollup_columns() -> list[sa.Column]:
+    """The idle rollup's keys and sums after its period column (usage_idle_daily's and
+    usage_idle_monthly's rows have the same shape)."""
     return [
         sa.Column("cluster", sa.String(253), nullable=False),
         sa.Column("node", sa.String(253), nullable=False),
@@ -229,6 +227,11 @@ def _idle_rollup_columns() -> list[sa.Column]:
     ]
 
 
+#: Per day and GPU or slice and pod: its idle allocated buckets at ROLLUP_IDLE_THRESHOLD (a pod
+#: held it, it had samples, a utilisation was measured and stayed under the threshold): how
+#: many, the first one's start, the last one's end and their sums. When count x bucket size =
+#: last_end - first_start they are one unbroken run, so an idle answer over a month reads one
+#: row per idle GPU and day instead of every idle bucket (hub/usage/_idle.py).
 usage_idle_daily = sa.Table(
     "usage_idle_daily", metadata,
     sa.Column("day", sa.DateTime, nullable=False),
