@@ -19,7 +19,6 @@ import requests
 import sqlalchemy as sa
 from prometheus_client.parser import text_string_to_metric_families
 
-from hub import store
 from hub.devstack._prometheus import PrometheusProcess, StaticServer, hub_config, start_agent
 from hub.inventory import _db as inventory
 from hub.inventory import read_only_engine, run_sync
@@ -28,7 +27,7 @@ from hub.service import _api as api
 from hub.store import HubClient
 from tests.support.clirun import gpufleet_json
 from tests.support.promql import wait_for
-from tests.support.samples import AMD, EAST, WEST, sample_text, series_count
+from tests.support.samples import AMD, EAST, WEST, sample_text, series_count, sync_requests
 
 CLUSTERS = {"east": EAST, "west": WEST, "amd": AMD}
 MIG_PARENT = "GPU-a1000000-0000-4000-8000-000000000000"
@@ -349,7 +348,8 @@ def test_unknown_path_and_other_methods(served):
 def test_sync_runs_latest_first(served):
     runs = served.json("/api/v1/sync-runs")["items"]
     assert runs and runs[0]["status"] == "ok" and runs[0]["gpus"] == 26
-    assert runs[0]["requests"] == 1 + len(store.sync_queries("10m", "1m", "cluster"))
+    assert runs[0]["requests"] == sync_requests("".join(
+        sample_text(f) for f in EAST + WEST + AMD))
     assert runs[0]["shards"] == 1 and runs[0]["finished_at"].endswith("Z")
     assert [r["id"] for r in runs] == sorted((r["id"] for r in runs), reverse=True)
     assert len(served.json("/api/v1/sync-runs", limit=1)["items"]) == 1

@@ -8,8 +8,9 @@ import pytest
 
 from hub import store
 from tests.support.clirun import gpufleet, gpufleet_json
+from tests.support.httpstub import Request, Response, StubServer, forward
 from tests.support.promql import wait_for, wait_silent
-from tests.support.samples import AMD, EAST, WEST, sample_text, series_count
+from tests.support.samples import AMD, EAST, WEST, sample_text, series_count, sync_requests
 
 
 def start_fleet(hub, fleet, clusters: dict[str, list[str]]):
@@ -22,8 +23,8 @@ def start_fleet(hub, fleet, clusters: dict[str, list[str]]):
     return started
 
 
-#: one shard: the count that plans the shards, then the query set once
-ONE_SHARD = 1 + len(store.sync_queries("30s", "3s", "cluster"))
+def one_shard(files: list[str]) -> int:
+    return sync_requests("".join(sample_text(f) for f in files))
 
 
 def by(rows: list[dict], *keys: str) -> dict:
@@ -35,7 +36,8 @@ def test_sync_builds_inventory_from_real_exporter_output(hub, fleet, db_url):
     env = {"GPUFLEET_HUB_URL": hub.url, "GPUFLEET_DB": db_url}
     result = gpufleet("sync", "--stale-after", "30s", env=env)
     assert result.exit_code == 0, result.output
-    assert f"3 clusters, 8 nodes, 26 GPUs ({ONE_SHARD} requests, 1 shard" in result.stdout
+    requests = one_shard(EAST + WEST + AMD)
+    assert f"3 clusters, 8 nodes, 26 GPUs ({requests} requests, 1 shard" in result.stdout
 
     clusters = by(gpufleet_json("inventory", "clusters", env=env), "cluster")
     assert {c: (v["nodes"], v["gpus"], v["state"]) for c, v in clusters.items()} == {
@@ -91,7 +93,8 @@ def test_sync_builds_inventory_from_real_exporter_output(hub, fleet, db_url):
         ("amd", "inference", "llm-serve-7d9", "vllm"),
     }
     runs = gpufleet_json("inventory", "sync-runs", env=env)
-    assert runs[0]["status"] == "ok" and runs[0]["gpus"] == 26 and runs[0]["requests"] == ONE_SHARD
+    assert runs[0]["status"] == "ok" and runs[0]["gpus"] == 26
+    assert runs[0]["requests"] == one_shard(EAST + WEST + AMD)
 
 
 def test_silent_cluster_turns_stale_and_comes_back(hub, fleet, db_url):
@@ -124,13 +127,54 @@ def test_silent_cluster_turns_stale_and_comes_back(hub, fleet, db_url):
 
 
 def test_request_count_does_not_grow_with_the_fleet(hub, fleet, tmp_path):
+    """Twenty times the GPUs, sending the same metric names: the same requests."""
     start_fleet(hub, fleet, {"one": EAST[2:]})
     env = {"GPUFLEET_HUB_URL": hub.url, "GPUFLEET_DB": f"sqlite:///{tmp_path / 'a.db'}"}
     small = gpufleet_json("sync", env=env)
-    start_fleet(hub, fleet, {"two": EAST[:2], "three": WEST, "four": AMD})
+    start_fleet(hub, fleet, {"two": EAST[:2], "three": WEST})
     large = gpufleet_json("sync", env=env)
     assert large["gpus"] > small["gpus"] * 10
-    assert large["requests"] == small["requests"] == ONE_SHARD
+    assert large["requests"] == small["requests"] == one_shard(EAST[2:]) \
+        == one_shard(EAST + WEST)
+
+
+def test_a_sync_asks_only_for_the_names_the_store_holds(hub, fleet, tmp_path):
+    """An NVIDIA-only store is asked no AMD query, and the inventory is the one a sync that
+    asks every query writes (a store without the label-values API: a proxy answering 404)."""
+    start_fleet(hub, fleet, {"east": EAST, "west": WEST})
+    asked: list[str] = []
+
+    def no_names(req: Request) -> Response:
+        asked.append(req.path)
+        if req.path.startswith("/api/v1/label/"):
+            return Response(404, b"404 page not found", "text/plain")
+        return forward(hub.url, req)
+
+    front = StubServer(no_names)
+    try:
+        lean = gpufleet_json("sync", env={"GPUFLEET_HUB_URL": hub.url,
+                                          "GPUFLEET_DB": f"sqlite:///{tmp_path / 'a.db'}"})
+        every = gpufleet_json("sync", env={"GPUFLEET_HUB_URL": front.url,
+                                           "GPUFLEET_DB": f"sqlite:///{tmp_path / 'b.db'}"})
+    finally:
+        front.stop()
+    nvidia = [q for q in store.sync_queries("30s", "3s", "cluster") if q.vendor == "nvidia"]
+    assert lean["requests"] == one_shard(EAST + WEST) <= 2 + len(nvidia)
+    assert every["requests"] == 2 + len(store.sync_queries("30s", "3s", "cluster"))
+    assert sum(p.startswith("/api/v1/label/__name__/values?") for p in asked) == 1
+    assert (lean["clusters"], lean["nodes"], lean["gpus"]) == (
+        every["clusters"], every["nodes"], every["gpus"]) == (2, 6, 21)
+    moments = {"first_seen", "last_seen", "last_sample_at"}  # the two syncs' own times
+
+    def gpus(db: str) -> list[tuple]:
+        rows = gpufleet_json("inventory", "gpus", env={
+            "GPUFLEET_HUB_URL": hub.url, "GPUFLEET_DB": f"sqlite:///{tmp_path / db}"})
+        return sorted(tuple(sorted((k, v) for k, v in r.items() if k not in moments))
+                      for r in rows)
+
+    got = {db: gpus(db) for db in ("a.db", "b.db")}
+    assert {dict(r)["vendor"] for r in got["a.db"]} == {"nvidia"}
+    assert got["a.db"] == got["b.db"]
 
 
 def test_sync_every_loops_and_survives_a_failed_sync(hub, fleet, tmp_path):

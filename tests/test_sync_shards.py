@@ -26,6 +26,7 @@ from hub.inventory._writer import apply_observations
 from hub.store import HubClient, plan_shards
 from tests.support.backfill import backfilled_hub, openmetrics
 from tests.support.httpstub import Request, Response, StubServer, forward, json_response
+from tests.support.samples import sync_requests
 
 #: cluster names that are RE2 syntax, PromQL string escapes or both: a shard's matcher
 #: must select each exactly
@@ -205,8 +206,7 @@ def test_a_sharded_sync_writes_what_one_unsharded_sync_writes(fleet, size):
         assert one.shards == 1
         assert set(sizes) == clusters | {"gone"}
         assert many.shards == len(plan_shards(sizes, size, "cluster"))
-        per_shard = len(store.sync_queries("1h", "1m", "cluster"))
-        assert many.requests == 1 + many.shards * per_shard
+        assert many.requests == sync_requests(fleet_text(fleet), many.shards)
         assert (many.clusters, many.nodes, many.gpus, many.note) == (
             one.clusters, one.nodes, one.gpus, one.note)
         got, want = contents(sharded), contents(whole)

@@ -269,6 +269,8 @@ def collect(client: HubClient, *, stale_after: float, cluster_label: str,
     at = time.time() if at is None else at
     window, step = format_duration(stale_after), format_duration(subquery_step(stale_after))
     counts, sources = cluster_counts(client, window, cluster_label, at, sizes)
+    # one cheap request (the store's index): no query asks for a name the store lacks
+    held = client.metric_names(at - stale_after - subquery_step(stale_after), at)
     shards = store.plan_shards(counts, shard_size, cluster_label)
     fetched = Fetched(shards, sources=sources)
     builders: dict[int, FleetBuilder] = {}
@@ -276,7 +278,7 @@ def collect(client: HubClient, *, stale_after: float, cluster_label: str,
     def queries(shard: Shard) -> list[Callable[[], tuple[store.Query, QueryResult]]]:
         return [functools.partial(_fetch, client, query, at, cluster_label)
                 for query in store.sync_queries(window, step, cluster_label, shard.matcher,
-                                                 at=at)]
+                                                 at=at, held=held)]
 
     def fold(shard: Shard, answer: tuple[store.Query, QueryResult]) -> None:
         builder = builders.setdefault(id(shard), FleetBuilder(cluster_label))

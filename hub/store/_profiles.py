@@ -18,7 +18,7 @@ import json
 import math
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from typing import Any
 
 from hub.common import DCGM_DRIVER_LABELS, DCGM_RENAMES, format_duration, parse_duration
@@ -92,22 +92,25 @@ class VendorProfile(ABC):
     def names(self, metric: str) -> list[str]:
         return [name for name, _ in self.spellings(metric)]
 
-    def _any_name(self, metric: str, selector: str) -> str:
+    def _any_name(self, metric: str, selector: str, held: Container[str] | None = None) -> str:
         """``selector`` (with ``{}`` for the metric name) over each spelling, chained with
         ``or``: exact names only, so Thanos can prune its store fan-out. No conversion: for
-        selectors whose value is not the metric's (``timestamp``, ``count``)."""
-        return " or ".join(selector.format(name) for name in self.names(metric))
+        selectors whose value is not the metric's (``timestamp``, ``count``). ``held`` (the
+        names the store holds) leaves the others out: "" when it holds none."""
+        return " or ".join(selector.format(name) for name in self.names(metric)
+                           if held is None or name in held)
 
     def arms(self, metric: str, selector: str, window: str,
-             matcher: str | None = None) -> list[str]:
+             matcher: str | None = None, held: Container[str] | None = None) -> list[str]:
         """``selector`` (``{}`` for the name) over each spelling, each arm converted into
         the metric's unit by name: the terms a caller joins with ``or`` (first wins per
         label set, so a GPU sending two spellings at once counts once). ``window`` is what
         a name of two possible units (PERCENT_OR_RATIO) is judged over, with ``matcher``
-        (the selector's own: a sync shard's too; None: the device matcher)."""
+        (the selector's own: a sync shard's too; None: the device matcher). ``held``: the
+        names the store holds (HubClient.metric_names); the others have no arm."""
         return [convert_arm(name, factor, selector.format(name),
                             self.device_matcher if matcher is None else matcher, window)
-                for name, factor in self.spellings(metric)]
+                for name, factor in self.spellings(metric) if held is None or name in held]
 
     def matcher(self, shard: str = "") -> str:
         """The label matchers every device-level selector of a query carries: the device
@@ -127,7 +130,8 @@ class VendorProfile(ABC):
         return shard
 
     def queries(self, window: str, step: str, cluster_label: str,
-                shard: str = "", at: float | None = None) -> list[Query]:
+                shard: str = "", at: float | None = None,
+                held: Container[str] | None = None) -> list[Query]:
         """One request per neutral field plus one for sample times, all series unaggregated.
 
         Every query keeps each series' full label set: aggregating (``max by``) would mix a
@@ -137,7 +141,9 @@ class VendorProfile(ABC):
         attributes and allocations come from the same rows, so no ``__name__`` regex is
         needed. ``or`` picks the preferred metric where an exporter offers several.
         ``shard`` (a cluster matcher) is added to every selector, each ``or`` arm included;
-        no selector carries the device matcher (see sync_matcher).
+        no selector carries the device matcher (see sync_matcher). ``held``: the names the
+        store holds (HubClient.metric_names; None: any): an arm reads only those, and a
+        query none of whose names the store holds is not asked.
         """
         match = self.sync_matcher(shard)
         sel = braced(match, template=True)
@@ -150,8 +156,10 @@ class VendorProfile(ABC):
                 continue
             promql = " or ".join(
                 arm for m in metrics
-                for arm in self.arms(m, f"last_over_time({{}}{sel}[{window}])", window, match))
-            out.append(Query(self.vendor, "values", promql, fld))
+                for arm in self.arms(m, f"last_over_time({{}}{sel}[{window}])", window, match,
+                                     held))
+            if promql:
+                out.append(Query(self.vendor, "values", promql, fld))
         # Sample times: the raw samples of one family over the window (a range selector
         # returns each sample with its own time, skips staleness markers, and sees series older
         # than the store's look-back, as ACM's 300 s pushes need); the client keeps only each
@@ -160,12 +168,15 @@ class VendorProfile(ABC):
         # family stands for the whole scrape: a GPU's series all carry the same labels.
         # Both spellings in one range selector: an exact ``a|b`` list (its values are the
         # clock field's, whose spellings share a unit: CLOCK_UNITS_AGREE below).
-        clocks = self.names(self.clock_metric)
-        stamps = (f"{self.clock_metric}{braced(match)}[{window}]" if len(clocks) == 1
-                  else f'{{__name__=~"{"|".join(clocks)}"{", " if match else ""}{match}}}'
-                       f'[{window}]')
-        out.append(Query(self.vendor, "timestamp", stamps, clock_field))
-        out.append(self.presence_query(window, step, cluster_label, shard, at))
+        clocks = [n for n in self.names(self.clock_metric) if held is None or n in held]
+        if clocks:
+            stamps = (f"{clocks[0]}{braced(match)}[{window}]" if len(clocks) == 1
+                      else f'{{__name__=~"{"|".join(clocks)}"{", " if match else ""}{match}}}'
+                           f'[{window}]')
+            out.append(Query(self.vendor, "timestamp", stamps, clock_field))
+        presence = self.presence_query(window, step, cluster_label, shard, at, held)
+        if presence is not None:
+            out.append(presence)
         return out
 
     @property
@@ -187,7 +198,8 @@ class VendorProfile(ABC):
         return LEGACY if name == self.clock_metric else DCGM47 if name == other[0] else None
 
     def presence_query(self, window: str, step: str, cluster_label: str,
-                       shard: str = "", at: float | None = None) -> Query:
+                       shard: str = "", at: float | None = None,
+                       held: Container[str] | None = None) -> Query | None:
         """GPUs sending none of the metrics the other queries read, with their newest sample's
         time: one request over exact names, ``max``-ed per GPU, attributes and allocation.
         ``timestamp()`` of a selector is its sample's own time. The subquery's steps are
@@ -197,20 +209,25 @@ class VendorProfile(ABC):
         window`` drops what is older. GPUs sending the clock family in the window are left
         out (``unless``): the sync has them (one whose first samples came after ``at`` is
         found here a sync before its fields). No selector carries the device matcher (see
-        sync_matcher): the client drops a series without the id label.
+        sync_matcher): the client drops a series without the id label. ``held`` (the names
+        the store holds) leaves the others' arms out: None when it holds no presence name,
+        and no ``unless`` when it holds no clock name.
         """
         sel = braced(self.sync_matcher(shard), template=True)
         group = _by([cluster_label, *self.id_labels, *self.attribute_labels, *POD_LABELS])
         ids = _by([cluster_label, *self.id_labels])
-        arms = " or ".join(self._any_name(m, f"timestamp({{}}{sel})")
-                           for m in self.presence_metrics)
+        arms = " or ".join(filter(None, (self._any_name(m, f"timestamp({{}}{sel})", held)
+                                         for m in self.presence_metrics)))
+        if not arms:
+            return None
         newest = f"max by ({group}) ({arms})"
         every = parse_duration(step)
         span = format_duration(parse_duration(window) + every)
         pinned = "" if at is None else f" @ {math.ceil(at / every) * every:.3f}"
-        clock = self._any_name(self.clock_metric, f"last_over_time({{}}{sel}[{window}])")
+        clock = self._any_name(self.clock_metric, f"last_over_time({{}}{sel}[{window}])", held)
+        unless = f" unless on ({ids}) ({clock})" if clock else ""
         return Query(self.vendor, "presence", f"max_over_time(({newest})[{span}:{step}]{pinned})"
-                     f" > time() - {parse_duration(window):g} unless on ({ids}) ({clock})")
+                     f" > time() - {parse_duration(window):g}{unless}")
 
     # -- parsing of rows -------------------------------------------------------
     def node(self, labels: Mapping[str, str]) -> str:
@@ -409,11 +426,12 @@ def labelled_matcher(cluster_label: str) -> str:
 
 
 def sync_queries(window: str, step: str, cluster_label: str, shard: str = "",
-                 at: float | None = None) -> list[Query]:
+                 at: float | None = None, held: Container[str] | None = None) -> list[Query]:
     """The whole, fixed request set of one sync (of one shard of clusters: ``shard`` is a
-    shard_matcher, added to every selector), to be asked at ``at``."""
+    shard_matcher, added to every selector), to be asked at ``at``; with ``held`` (the
+    names the store holds), less the queries of names it does not hold."""
     return [q for profile in PROFILES
-            for q in profile.queries(window, step, cluster_label, shard, at)]
+            for q in profile.queries(window, step, cluster_label, shard, at, held)]
 
 
 #: characters RE2 reads as syntax; every other character of a cluster name is itself

@@ -73,3 +73,21 @@ def dcgm47(text: str, only_renamed: bool = False) -> str:
     if "# EOF" in text and not only_renamed:
         out.append("# EOF")
     return "\n".join(out) + "\n"
+
+
+def names_in(text: str) -> set[str]:
+    """The metric names of exposition text, read off the text itself (not through a hub):
+    what a store fed it holds, for the requests a sync asks of it (hub.store.sync_queries'
+    ``held``)."""
+    return {line.split("{")[0].split()[0] for line in text.splitlines()
+            if line.strip() and not line.startswith("#")}
+
+
+def sync_requests(text: str, shards: int = 1) -> int:
+    """The requests of a sync of ``shards`` shards on a store holding ``text``'s series: the
+    one that plans the shards, the one that lists the store's metric names, then the queries
+    of the fields whose names it holds, once a shard."""
+    from hub import store
+
+    return 2 + shards * len(store.sync_queries("10m", "1m", "cluster", held=names_in(text)))
+
