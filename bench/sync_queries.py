@@ -5,8 +5,8 @@ Builds the fleet of ``bench/sync_bench.py`` (same shapes), then, on the one stor
 - raw: one instant selector per family the inventory reads, one after the other (the
   goal's yardstick), its store CPU the best of ``--repeat`` runs;
 - the steady sync's plan (the planning request, which asks the sources alone, then every
-  shard's fixed query set, exactly as ``gpufleet sync`` builds them with its default shard
-  size), every request asked alone
+  shard's query set, exactly as ``gpufleet sync`` builds them with its default shard
+  size and the metric names the store holds), every request asked alone
   ``--repeat`` times: one JSON line per query kind (vendor, kind, field), its store CPU
   and wall seconds summed over the shards (the best run of each request), split into the
   named shards' and the complement's; a first sync's planning request (it counts the
@@ -107,9 +107,12 @@ def profile(url: str, pid: int, window: float, repeat: int, concurrency: int,
                       "cpu_s": round(counted[0], 3), "wall_s": round(counted[1], 3)})
         plan = [("planning", "", "", False,
                  store.planning_query(span, "cluster", count=False))]
+        # the names the store holds leave out the queries of the others, as the sync's do
+        held = client.metric_names(at - window - _sync.subquery_step(window), at)
         plan += [(q.vendor, q.kind, q.field or "", shard.rest, q.promql)
                  for shard in shards
-                 for q in store.sync_queries(span, step, "cluster", shard.matcher, at=at)]
+                 for q in store.sync_queries(span, step, "cluster", shard.matcher, at=at,
+                                             held=held)]
         by_kind: dict[tuple[str, str, str], collections.Counter[str]] = {}
         for vendor, kind, fld, rest, promql in plan:
             cpu, wall, rows = alone(session, url, pid, promql, at, repeat)

@@ -154,3 +154,29 @@ def test_a_sample_time_answer_says_which_names_each_clusters_devices_send():
     assert [value for _, _, value in rows] == ["41"] * 4
     assert answer.names == {("east", "DCGM_FI_DEV_GPU_TEMP"),
                             ('say"hi\\there', "DCGM_FI_DEV_GPU_TEMPERATURE")}
+
+
+def test_the_store_s_metric_names_come_from_its_index_for_the_period_without_partial_answers():
+    names = {"status": "success", "data": ["DCGM_FI_DEV_GPU_UTIL", "up"]}
+    client = mock_client(answering(json_response(200, names)))
+    assert client.metric_names(1000, 1600) == {"DCGM_FI_DEV_GPU_UTIL", "up"}
+    (req,) = client.transport.seen
+    assert req.method == "GET" and req.path.startswith("/api/v1/label/__name__/values?")
+    assert all(p in req.path for p in ("start=1000.000", "end=1600.000",
+                                       "partial_response=false"))
+
+
+@pytest.mark.parametrize("status", [404, 405, 501])
+def test_a_store_without_the_names_api_means_every_name_is_asked(status):
+    client = mock_client(answering(Response(status, b"404 page not found", "text/plain")))
+    assert client.metric_names(0, 60) is None
+
+
+def test_a_store_failing_to_list_its_names_is_the_hub_unavailable():
+    client = mock_client(answering(json_response(503, {"status": "error", "error": "boom"})))
+    with pytest.raises(HubUnavailable, match=r"answered 503 .*: boom$"):
+        client.metric_names(0, 60)
+    partial = {"status": "error", "errorType": "execution", "error": "rpc error: store down"}
+    client = mock_client(answering(json_response(422, partial)))
+    with pytest.raises(PartialResponse):
+        client.metric_names(0, 60)

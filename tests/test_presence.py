@@ -64,6 +64,24 @@ def test_presence_queries_name_every_metric_exactly_and_cost_one_request_a_vendo
     assert len(store.sync_queries("1h", "1m", "cluster")) == len(queries)
 
 
+def test_a_store_holding_none_of_a_query_s_names_is_not_asked_it():
+    held = {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_SM_CLOCK_HERTZ", "up"}
+    queries = store.sync_queries("10m", "1m", "cluster", held=held)
+    assert [(q.vendor, q.kind, q.field) for q in queries] == [
+        ("nvidia", "values", "utilisation_pct"), ("nvidia", "timestamp", "temperature_c"),
+        ("nvidia", "presence", None)]
+    util, stamps, presence = (q.promql for q in queries)
+    assert util == "last_over_time(DCGM_FI_DEV_GPU_UTIL[10m])"
+    assert stamps == "DCGM_FI_DEV_GPU_TEMP[10m]"
+    assert presence.count("timestamp(") == 1 and "timestamp(DCGM_FI_DEV_SM_CLOCK_HERTZ)" in presence
+    assert presence.endswith("unless on (cluster, Hostname, hostname, UUID, GPU_I_PROFILE, "
+                             "GPU_I_ID) (last_over_time(DCGM_FI_DEV_GPU_TEMP[10m]))")
+    # no clock name held: no sample-time query, and nothing for the presence query to leave out
+    (alone,) = store.sync_queries("10m", "1m", "cluster", held={"gpu_clock"})
+    assert alone.vendor == "amd" and alone.kind == "presence" and "unless" not in alone.promql
+    assert store.sync_queries("10m", "1m", "cluster", held=set()) == []
+
+
 def test_a_gpu_sending_only_fields_outside_the_value_set_is_in_the_inventory(
         hub, fleet, tmp_path):
     # the T4 sends SM_CLOCK too: 2 + 1 + 1
