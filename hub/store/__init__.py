@@ -109,10 +109,9 @@ from hub.store._profiles import (
     labelled_matcher,
     preset_query,
     profile,
-    shard_matcher,
     sync_queries,
 )
-from hub.store._shards import Shard, Spill, plan_shards, run_shards, shard_error
+from hub.store._shards import Shard, Spill, plan_shards, run_shards, shard_error, shard_matcher
 from hub.store._usage import (
     DRAM_ACTIVE,
     MODEL_LABELS,

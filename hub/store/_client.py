@@ -371,8 +371,9 @@ class HubClient:
         try:
             # verify/cert per request: requests lets REQUESTS_CA_BUNDLE in the environment
             # override a session's own `verify`, which would silently ignore --ca-file.
-            form = {"data": data} if method == "post" else {"params": data}
-            resp = self.session.request(method, self.url + path, **form,
+            post = method == "post"
+            resp = self.session.request(method, self.url + path, data=data if post else None,
+                                        params=None if post else data,
                                         timeout=(self.connect_timeout, self.timeout),
                                         verify=self.session.verify, cert=self.session.cert,
                                         stream=stream)

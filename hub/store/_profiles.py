@@ -14,11 +14,9 @@ in its index and which keeps Thanos from pruning its store fan-out).
 
 from __future__ import annotations
 
-import json
 import math
-import re
 from abc import ABC, abstractmethod
-from collections.abc import Container, Iterable, Mapping
+from collections.abc import Container, Mapping
 from typing import Any
 
 from hub.common import DCGM_DRIVER_LABELS, DCGM_RENAMES, format_duration, parse_duration
@@ -432,32 +430,6 @@ def sync_queries(window: str, step: str, cluster_label: str, shard: str = "",
     names the store holds), less the queries of names it does not hold."""
     return [q for profile in PROFILES
             for q in profile.queries(window, step, cluster_label, shard, at, held)]
-
-
-#: characters RE2 reads as syntax; every other character of a cluster name is itself
-_RE2_SYNTAX = re.compile(r"[\\.+*?()|\[\]{}^$]")
-
-
-def _re2_literal(match: re.Match[str]) -> str:
-    # braces as hex escapes: no brace reaches the query text, where the selector templates
-    # (str.format) would read it
-    char = match.group()
-    return f"\\x{ord(char):02X}" if char in "{}" else "\\" + char
-
-
-def promql_string(text: str) -> str:
-    """``text`` as a PromQL double-quoted string literal (Go's escapes: JSON's are a subset)."""
-    return json.dumps(text, ensure_ascii=False)
-
-
-def shard_matcher(cluster_label: str, clusters: Iterable[str], *, exclude: bool = False
-                  ) -> str:
-    """The exact matcher of a shard of clusters: ``cluster=~"a|b\\.c"``, each name a literal
-    (RE2 syntax escaped; Prometheus anchors the regex whole). ``exclude`` gives the
-    complement, ``cluster!~"..."``: every other cluster, clusters that appeared since the
-    shard plan and series without the label included (the empty value matches no name)."""
-    names = "|".join(_RE2_SYNTAX.sub(_re2_literal, c) for c in clusters)
-    return f"{cluster_label}{'!~' if exclude else '=~'}{promql_string(names)}"
 
 
 def cluster_count_query(window: str, cluster_label: str) -> str:

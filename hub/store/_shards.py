@@ -10,7 +10,9 @@ flight, what a failure cancels or what its message names.
 
 from __future__ import annotations
 
+import json
 import pickle
+import re
 import tempfile
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -19,12 +21,37 @@ from dataclasses import dataclass
 from typing import IO, Any, Generic, TypeVar
 
 from hub.common import GpufleetError
-from hub.store._profiles import shard_matcher
 
 T = TypeVar("T")
 
 #: how many cluster names a failed shard's message lists before "and N more"
 CLUSTERS_SHOWN = 10
+
+
+#: characters RE2 reads as syntax; every other character of a cluster name is itself
+_RE2_SYNTAX = re.compile(r"[\\.+*?()|\[\]{}^$]")
+
+
+def _re2_literal(match: re.Match[str]) -> str:
+    # braces as hex escapes: no brace reaches the query text, where the selector templates
+    # (str.format) would read it
+    char = match.group()
+    return f"\\x{ord(char):02X}" if char in "{}" else "\\" + char
+
+
+def promql_string(text: str) -> str:
+    """``text`` as a PromQL double-quoted string literal (Go's escapes: JSON's are a subset)."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+def shard_matcher(cluster_label: str, clusters: Iterable[str], *, exclude: bool = False
+                  ) -> str:
+    """The exact matcher of a shard of clusters: ``cluster=~"a|b\\.c"``, each name a literal
+    (RE2 syntax escaped; Prometheus anchors the regex whole). ``exclude`` gives the
+    complement, ``cluster!~"..."``: every other cluster, clusters that appeared since the
+    shard plan and series without the label included (the empty value matches no name)."""
+    names = "|".join(_RE2_SYNTAX.sub(_re2_literal, c) for c in clusters)
+    return f"{cluster_label}{'!~' if exclude else '=~'}{promql_string(names)}"
 
 
 @dataclass(frozen=True)
