@@ -193,6 +193,10 @@ def test_narrow_labels_are_held_to_their_columns_and_a_bad_cluster_name_is_stora
     assert store.label_problem({"UUID": "G" * 128}) is None
     assert "at most 128" in (store.label_problem({"UUID": "G" * 129}) or "")
     assert "at most 16" in (store.label_problem({"GPU_I_ID": "1" * 17}) or "")
+    # a label's name is held to the rule too; a printable non-ASCII name is not refused
+    assert store.label_problem({"UUID": "GPU-1", "bad\x1fname": "x"}) == (
+        "a label name holds a control character")
+    assert store.label_problem({"UUID": "GPU-1", "zone\u00e9": "x"}) is None
     refused = store.Refused()
     refused.series({"cluster": "c\x00" + "x" * 300}, "why")
     [(cluster, _)] = refused.counts

@@ -129,7 +129,9 @@ def label_problem(labels: Mapping[str, str]) -> str | None:
         narrow = labels.get(label)
         if narrow is not None and len(narrow) > limit:
             return f"label {label} is {len(narrow):,} characters long (at most {limit})"
-    if any(_CONTROL.search(k) for k in labels):
+    names = "".join(labels)  # checked at once: a regex a name made this the door's cost
+    if not (names.isascii() and names.isprintable()) and any(_CONTROL.search(k)
+                                                             for k in labels):
         return "a label name holds a control character"
     return None
 
