@@ -30,6 +30,7 @@ from tests.support.backfill import backfilled_hub, openmetrics
 from tests.support.browser import Dom, chromium_dom
 from tests.support.clirun import gpufleet, gpufleet_json
 from tests.support.httpstub import StubServer
+from tests.support.samples import names_in
 from tests.test_sync_failures import with_warnings
 
 HOUR = 3600.0
@@ -128,10 +129,11 @@ def test_usage_collect_usage_idle_capacity_on_a_backfilled_hub(tmp_path, db_url)
         first = gpufleet_json("usage", "collect", "--from", iso(t0), "--until",
                               iso(t0 + 2 * HOUR), env=env)
         assert len(first["collected"]) == 2 and first["failed"] == []
-        # no allocation series in this hub: one probe per collect, then the samples'
-        # queries only (every allocated row sampled)
-        assert first["requests"] == 1 + 2 * len(usage.bucket_queries(
-            3600, 300, 300, "cluster", allocations=False))
+        # no allocation series in this hub: one probe and one list of names per collect,
+        # then the samples' queries of the names it holds (every allocated row sampled)
+        assert first["requests"] == 2 + 2 * len(usage.bucket_queries(
+            3600, 300, 300, "cluster", allocations=False,
+            held=names_in(fleet_text(t0, dark=True))))
         two_hours = gpufleet_json("usage", *period, env=env)
 
         hub.stop()  # outage: the next collect fails, and leaves the collected hours alone

@@ -15,6 +15,7 @@ from hub import inventory as inv
 from hub import usage
 from hub.store import HubClient, HubSettings
 from tests.support.backfill import PodObject, Series, backfilled_hub, openmetrics
+from tests.support.samples import names_in
 
 H100 = "NVIDIA H100 80GB HBM3"
 EXPORTER = 'namespace="gpu-operator",pod="nvidia-dcgm-exporter-7xk2p"'
@@ -178,7 +179,8 @@ def test_idle_efficiency_cost_and_every_reader_follow_the_metered_hours(tmp_path
     series = [*gpu_series("GPU-0", "n1", ("ml", "train", start, t0 + 9 * 3600), util=2.0),
               *gpu_series("GPU-1", "n1", ("ml", "train", start, t0 + 9 * 3600), util=2.0),
               *gpu_series("GPU-2", "n2", None), *train.series(), *blip.series()]
-    hub = backfilled_hub(tmp_path / "hub", openmetrics(series, times)).start(timeout=120)
+    text = openmetrics(series, times)
+    hub = backfilled_hub(tmp_path / "hub", text).start(timeout=120)
     db = f"sqlite:///{tmp_path / 'inv.db'}"
     env = {"GPUFLEET_HUB_URL": hub.url, "GPUFLEET_DB": db}
     period = ["--from", _iso(t0), "--until", _iso(t0 + 3 * 3600)]
@@ -188,8 +190,10 @@ def test_idle_efficiency_cost_and_every_reader_follow_the_metered_hours(tmp_path
         collected = gpufleet_json("usage", "collect", *period, "--min-charge", "60s", env=env)
     finally:
         hub.stop()
-    # a fixed request count: one probe per collect, then the same set for every bucket
-    assert collected["requests"] == 1 + 3 * len(usage.bucket_queries(3600, push, push, "cluster"))
+    # a fixed request count: one probe and one list of names per collect, then the same set
+    # for every bucket (the queries of the names the store holds)
+    assert collected["requests"] == 2 + 3 * len(usage.bucket_queries(
+        3600, push, push, "cluster", held=names_in(text)))
     metered = 2 * (7200 - 200) / 3600
     rows = {r["namespace"]: r for r in gpufleet_json("usage", *period, env=env)}
     assert rows["ml"]["gpu_hours"] == pytest.approx(metered, abs=1e-6)

@@ -54,3 +54,22 @@ def test_idle_gpu_seen_through_a_service_monitor_is_unallocated_for_both_vendors
 ])
 def test_mig_slice_counts_as_its_share_of_compute_slices(model, profile, mem, expected):
     assert store.mig_share(model, profile, *(mem or ())) == pytest.approx(expected)
+
+
+def test_a_bucket_asks_only_for_the_names_the_store_holds():
+    """The ledger's queries of names the store lacks would answer nothing: not asked."""
+    held = {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_GPU_TEMP", "kube_pod_container_resource_requests",
+            "kube_pod_start_time"}
+    usage = store.usage_queries("1h", "5m", "cluster", held=held)
+    assert [(q.vendor, q.kind, q.field) for q in usage] == [
+        ("nvidia", "usage:avg", "utilisation_pct"), ("nvidia", "usage:max", "utilisation_pct"),
+        ("nvidia", "coverage", None)]
+    assert "DCGM_FI_DEV_GPU_UTIL_RATIO" not in usage[0].promql
+    assert usage[2].promql.count("last_over_time(") == sum(
+        f"last_over_time({name}{{" in usage[2].promql for name in held)
+    # an allocation's query needs every name it reads: the start joins the requests
+    alloc = store.allocation_queries("2h", "1m", "cluster", held=held)
+    assert [q.kind for q in alloc] == ["alloc:start", "alloc:requests"]
+    assert [q.kind for q in store.allocation_queries(
+        "2h", "1m", "cluster", held={"kube_pod_start_time"})] == []
+    assert len(store.usage_queries("1h", "5m", "cluster", held=None)) > 2 * len(usage)

@@ -4,6 +4,7 @@ gpufleet's exporter's edge series), and how a spoke forwards only the GPU pods' 
 
 from __future__ import annotations
 
+from collections.abc import Container
 from dataclasses import dataclass
 
 from hub.store._fields import KUBE_NODE_LABELS, Query
@@ -63,7 +64,7 @@ def gpu_request(resource: str) -> GpuRequest | None:
 
 
 def allocation_queries(window: str, step: str, cluster_label: str,
-                       shard: str = "") -> list[Query]:
+                       shard: str = "", held: Container[str] | None = None) -> list[Query]:
     """The fixed request set of a bucket's allocation intervals, whatever the fleet size.
 
     Evaluated a push interval and one ``step`` after the bucket's end over ``window`` (the
@@ -79,7 +80,8 @@ def allocation_queries(window: str, step: str, cluster_label: str,
     replicas per node), ``edge:start`` / ``edge:end`` / ``edge:seen`` (gpufleet's exporter:
     per GPU and pod; seen = its start gauge's last sample, the end where the end gauge was
     not pushed). ``shard`` (a shard_matcher) is added to every selector, as in
-    usage_queries.
+    usage_queries. ``held`` (the metric names the store holds; None: any) leaves out a
+    query one of whose names it lacks: its answer would be empty.
     """
     labelled = labelled_matcher(cluster_label) + (f", {shard}" if shard else "")
     pod = _by([cluster_label, *KSM_POD_KEY])
@@ -98,22 +100,29 @@ def allocation_queries(window: str, step: str, cluster_label: str,
     gpu = f', resource=~"{GPU_RESOURCE_REGEX}"'
     # only pods that request GPUs: a hub that holds every pod's series answers with these
     gpu_pods = f" and on ({pod}) {last('sum', pod, KSM_POD_REQUESTS, gpu)}"
-    return [
-        Query("kube", "alloc:start", last("max", pod, KSM_POD_START) + gpu_pods),
-        Query("kube", "alloc:end", last("max", pod, KSM_POD_COMPLETION) + gpu_pods),
-        Query("kube", "alloc:requests", last(
+    running = f'{KSM_POD_PHASE}{{{labelled}, phase="Running"}}'
+    # each query with the names it reads: every one of them (an ``and`` side too) must be
+    # held, or the answer is empty
+    asked = (
+        (Query("kube", "alloc:start", last("max", pod, KSM_POD_START) + gpu_pods),
+         (KSM_POD_START, KSM_POD_REQUESTS)),
+        (Query("kube", "alloc:end", last("max", pod, KSM_POD_COMPLETION) + gpu_pods),
+         (KSM_POD_COMPLETION, KSM_POD_REQUESTS)),
+        (Query("kube", "alloc:requests", last(
             "sum", _by([cluster_label, *KSM_POD_KEY, "node", "resource"]), KSM_POD_REQUESTS,
-            gpu)),
-        Query("kube", "alloc:running", seen(
-            pod, running := f'{KSM_POD_PHASE}{{{labelled}, phase="Running"}}',
-            f"{running} == 1") + gpu_pods),
-        Query("kube", "alloc:replicas", last(
+            gpu)), (KSM_POD_REQUESTS,)),
+        (Query("kube", "alloc:running", seen(
+            pod, running, f"{running} == 1") + gpu_pods), (KSM_POD_PHASE, KSM_POD_REQUESTS)),
+        (Query("kube", "alloc:replicas", last(
             "max", _by([cluster_label, "node", KSM_REPLICAS_LABEL]), KUBE_NODE_LABELS,
-            f', {KSM_REPLICAS_LABEL}!=""')),
-        Query("gpufleet", "edge:start", last("max", edge, EDGE_START)),
-        Query("gpufleet", "edge:end", last("max", edge, EDGE_END)),
-        Query("gpufleet", "edge:seen", seen(edge, f"{EDGE_START}{{{labelled}}}")),
-    ]
+            f', {KSM_REPLICAS_LABEL}!=""')), (KUBE_NODE_LABELS,)),
+        (Query("gpufleet", "edge:start", last("max", edge, EDGE_START)), (EDGE_START,)),
+        (Query("gpufleet", "edge:end", last("max", edge, EDGE_END)), (EDGE_END,)),
+        (Query("gpufleet", "edge:seen", seen(edge, f"{EDGE_START}{{{labelled}}}")),
+         (EDGE_START,)),
+    )
+    return [query for query, names in asked
+            if held is None or all(name in held for name in names)]
 
 
 def allocation_probe(window: str, cluster_label: str) -> str:

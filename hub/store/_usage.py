@@ -4,6 +4,8 @@ pod, with every spelling's unit converted in the query.
 
 from __future__ import annotations
 
+from collections.abc import Container
+
 from hub.store._fields import ENGINE_ACTIVE, MEMORY_USED, POWER, UTILISATION, Query
 from hub.store._profiles import PROFILES, VendorProfile, _by, labelled_matcher, profile
 
@@ -54,7 +56,7 @@ def usage_convert(vendor: str, fld: str, value: float) -> float:
 
 
 def usage_queries(bucket: str, resolution: str, cluster_label: str,
-                  shard: str = "") -> list[Query]:
+                  shard: str = "", held: Container[str] | None = None) -> list[Query]:
     """The fixed request set of one usage bucket, whatever the fleet size.
 
     Per vendor and field: ``avg by (identity, allocation) (avg_over_time(name[bucket]))``
@@ -75,6 +77,8 @@ def usage_queries(bucket: str, resolution: str, cluster_label: str,
 
     Series without the cluster label never reach the ledger (``{cluster}!=""``). ``shard``
     (a shard_matcher) is added to every selector: the set of one shard of clusters.
+    ``held`` (the metric names the store holds, HubClient.metric_names; None: any) leaves
+    out the arms of the others, and a query with none left.
     """
     out: list[Query] = []
     labelled = labelled_matcher(cluster_label)
@@ -84,16 +88,18 @@ def usage_queries(bucket: str, resolution: str, cluster_label: str,
         for fld, agg in USAGE_FIELDS:
             arms = [arm for m in _usage_fields(p, fld)
                      for arm in p.arms(m, f"{agg}_over_time({{}}{{{{{match}}}}}[{bucket}])",
-                                       bucket, match)]
+                                       bucket, match, held)]
             if not arms:
                 continue
             promql = " or ".join(f"{agg} by ({group}) ({arm})" for arm in arms)
             out.append(Query(p.vendor, f"usage:{agg}", promql, fld))
         presence = " or ".join(
             f"max by ({group}) (last_over_time({name}{{{match}}}[{resolution}] offset 1ms))"
-            for m in p.timestamp_metrics for name in p.names(m))
-        out.append(Query(p.vendor, "coverage",
-                         f"count_over_time(({presence})[{bucket}:{resolution}])"))
+            for m in p.timestamp_metrics for name in p.names(m)
+            if held is None or name in held)
+        if presence:
+            out.append(Query(p.vendor, "coverage",
+                             f"count_over_time(({presence})[{bucket}:{resolution}])"))
     return out
 
 
