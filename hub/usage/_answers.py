@@ -165,7 +165,7 @@ def _hours_select(conn: Connection, start: dt.datetime, end: dt.datetime,
     dictionaries, one row per key. Through the view every row was joined to its place,
     pod and bucket mark before it was summed: at 100,000 GPUs a day's edge hours are 2
     million rows. A row counts once its bucket is marked, as in the view: on PostgreSQL
-    in the marks' ranges (_marked_spans), on SQLite by a semi-join on the period's marks
+    in the marks' ranges (marked_spans), on SQLite by a semi-join on the period's marks
     (compared as stored: SQLite's older ledgers store some times in another text form)."""
     R, P, D = inv.usage_rows, inv.usage_places, inv.usage_pods
     B = inv.usage_buckets
