@@ -317,14 +317,15 @@ def fill_rollup_days(engine, source: dt.datetime, before: dt.datetime, days: int
     """``days`` days of daily rollups before ``before`` (the first hour of the hourly rows),
     each a copy of ``source``'s (a whole day of them): a year of hourly rows at 100,000 GPUs
     does not fit a bench disk, and `usage --since 365d` reads whole days from the rollups
-    alone (usage_daily and usage_idle_daily; the hourly rows only for the period's edges).
+    alone (usage_daily, usage_idle_daily and usage_daily_groups; the hourly rows only for
+    the period's edges).
     Returns seconds."""
     started = time.perf_counter()
     first = inv.day_of(before) - dt.timedelta(days=days)
     with engine.begin() as conn:
         inv.ensure_partitions(conn, [first + dt.timedelta(days=k) for k in range(days)])
     pg = engine.dialect.name == "postgresql"
-    for table in (inv.usage_daily, inv.usage_idle_daily):
+    for table in (inv.usage_daily, inv.usage_idle_daily, inv.usage_daily_groups):
         rest = [c for c in table.c if c.name != "day"]
         for k in range(days):
             day = first + dt.timedelta(days=k)
@@ -373,7 +374,7 @@ def bench_export(url: str, start: dt.datetime, end: dt.datetime, rows: int,
 
 def bench_answer(gpus: int, url: str, days: int = 30, work: Path | None = None,
                  rollup_days: int = 0, export_days: tuple[int, ...] | None = None,
-                 hourly_check: bool = True) -> dict:
+                 hourly_check: bool = True, hold: Hold | None = None) -> dict:
     """`usage --by namespace --since 30d` (and 365d) over ``days`` days of hourly rows for
     ``gpus`` GPUs, the ledger's bytes per row, and an export of it. ``rollup_days`` (more
     than ``days``): the daily rollups reach that many days back, the days before the hourly
@@ -381,7 +382,8 @@ def bench_answer(gpus: int, url: str, days: int = 30, work: Path | None = None,
     of hourly rows each, after the answer's figures (each export a JSON line of its own
     printed as it ends: a month at 100,000 GPUs takes most of an hour); None: the whole
     period, in the answer's line. ``hourly_check`` False leaves out the comparison with the
-    answer from the hourly rows alone (minutes over 72M rows)."""
+    answer from the hourly rows alone (minutes over 72M rows). ``hold``: once the answers
+    are timed, keep the ledger (and its server) for experiments (Hold says how)."""
     engine = inv.make_engine(url, create=True)
     inv.upgrade(engine)
     with engine.begin() as conn:  # the hourly grid, stored with the ledger as a collect does
@@ -498,7 +500,30 @@ def bench_answer(gpus: int, url: str, days: int = 30, work: Path | None = None,
                   flush=True)
         result = {}
     engine.dispose()
+    if hold is not None:
+        if result:
+            print(json.dumps(result), flush=True)
+            result = {}
+        hold.keep(url)
     return result
+
+
+class Hold:
+    """Keep a filled ledger after its figures: its URL written to ``path``, then wait up to
+    ``seconds`` or until that file is removed. A 100,000-GPU ledger takes ten minutes to
+    fill; a plan's EXPLAIN (ANALYZE) or a changed statement is tried on it in seconds."""
+
+    def __init__(self, seconds: float, path: Path) -> None:
+        self.seconds, self.path = seconds, path
+
+    def keep(self, url: str) -> None:
+        self.path.write_text(url + "\n")
+        progress(f"holding the ledger at {url} for {self.seconds:.0f}s "
+                 f"(rm {self.path} to end sooner)")
+        until = time.monotonic() + self.seconds
+        while time.monotonic() < until and self.path.exists():
+            time.sleep(2)
+        self.path.unlink(missing_ok=True)
 
 
 def _max_rel_diff(a: list[dict], b: list[dict]) -> float | None:
@@ -527,11 +552,12 @@ def _plan(engine, now: dt.datetime) -> list[str]:
 
 
 def _pg_answer(gpus: int, server: str, days: int, work: Path, rollup_days: int = 0,
-               export_days: tuple[int, ...] | None = None, hourly_check: bool = True) -> dict:
+               export_days: tuple[int, ...] | None = None, hourly_check: bool = True,
+               hold: Hold | None = None) -> dict:
     from tests.support.pg import create_database
 
     return bench_answer(gpus, create_database(server, prefix="bench_"), days, work,
-                        rollup_days, export_days, hourly_check)
+                        rollup_days, export_days, hourly_check, hold)
 
 
 @contextlib.contextmanager
@@ -574,7 +600,13 @@ def main() -> None:
                         "after the answer's) instead of the whole period")
     parser.add_argument("--no-hourly-check", dest="hourly_check", action="store_false",
                         help="leave out the answer from the hourly rows alone")
+    parser.add_argument("--hold", type=float, metavar="SECONDS",
+                        help="after the answer figures keep the ledger this long (its URL in "
+                        "--hold-file; removing that file ends the wait), for EXPLAIN runs")
+    parser.add_argument("--hold-file", type=Path, default=Path("usage_bench.url"),
+                        help="where --hold writes the held ledger's URL")
     args = parser.parse_args()
+    hold = None if args.hold is None else Hold(args.hold, args.hold_file.resolve())
     export_days = tuple(args.export_days) if args.export_days else None
     if args.pg_only and not args.pg:
         parser.error("--pg-only needs --pg")
@@ -592,12 +624,12 @@ def main() -> None:
             if not args.pg_only:
                 answer = bench_answer(args.answer_gpus, f"sqlite:///{work / 'a.db'}",
                                       args.days, work, args.rollup_days, export_days,
-                                      args.hourly_check)
+                                      args.hourly_check, hold)
                 if answer:
                     print(json.dumps(answer), flush=True)
             if server:
                 answer = _pg_answer(args.answer_gpus, server, args.days, work,
-                                    args.rollup_days, export_days, args.hourly_check)
+                                    args.rollup_days, export_days, args.hourly_check, hold)
                 if answer:
                     print(json.dumps(answer), flush=True)
 

@@ -307,6 +307,48 @@ def test_migration_0029_sums_the_months_of_a_ledger_as_the_writer_keeps_them(db_
     engine.dispose()
 
 
+def _groups(engine: sa.Engine) -> dict[str, list[tuple]]:
+    with engine.connect() as conn:
+        return {t.name: sorted((tuple(r) for r in conn.execute(sa.select(t))),
+                               key=lambda r: tuple(str(v) for v in r))
+                for t in (inv.usage_daily_groups, inv.usage_monthly_groups)}
+
+
+def test_migration_0030_sums_the_groups_of_a_ledger_as_the_writer_keeps_them(db_url):
+    """A ledger of four months at 0029 (written by this gpufleet, which keeps no group
+    rollups there): the upgrade sums each day's rollup by cluster, namespace and model and
+    the built months from those days, the very rows the writer keeps (rebuild_days,
+    rebuild_months), and every answer is the one of before; downgrade drops them, and
+    answers stay."""
+    engine = inv.make_engine(db_url, create=True)
+    with engine.connect() as conn:
+        command.upgrade(_config(conn), "0029")
+        conn.commit()
+    fill(engine, STARTS)
+    before, months_before = answers(engine), monthly(engine)
+    inv.upgrade(engine, now=dt.datetime(2026, 12, 5))
+    assert answers(engine) == before
+    assert monthly(engine) == months_before
+    migrated = _groups(engine)
+    days = {r[0] for r in migrated["usage_daily_groups"]}
+    with engine.connect() as conn:
+        assert days == set(conn.execute(sa.select(inv.usage_daily.c.day).distinct()
+                                        ).scalars())
+    assert {r[0] for r in migrated["usage_monthly_groups"]} == {
+        dt.datetime(2026, m, 1) for m in (9, 10, 11)}
+    with engine.begin() as conn:
+        usage.rebuild_days(conn, days)
+        usage.rebuild_months(conn, [dt.datetime(2026, m, 1) for m in (9, 10, 11)])
+    assert _close(_groups(engine), migrated)
+    with engine.begin() as conn:
+        command.downgrade(_config(conn), "0029")
+    with engine.connect() as conn:
+        assert not sa.inspect(conn).has_table("usage_daily_groups")
+        assert not sa.inspect(conn).has_table("usage_monthly_groups")
+    assert _close(answers(engine), before)
+    engine.dispose()
+
+
 def test_a_year_is_read_from_whole_months_and_agrees_with_the_hours(db_url):
     """`--since` over months: the whole months from the monthly rollups, the edge days
     from the daily ones, the edge hours from the ledger, the same as the hours alone; a

@@ -26,7 +26,14 @@ from sqlalchemy.engine import Connection
 from hub import inventory as inv
 from hub.usage._bills import Bill, cloud_nodes, needs_nodes, node_prices, showback_currency
 from hub.usage._idle import IDLE_FOR_S, IDLE_THRESHOLD_PCT, idle_gpu_hours, idle_runs
-from hub.usage._ledger import quick_answer, rollup_days, rollup_months, rollup_sums
+from hub.usage._ledger import (
+    groups_built,
+    marked_spans,
+    quick_answer,
+    rollup_days,
+    rollup_months,
+    rollup_sums,
+)
 from hub.usage._meter import BASES
 from hub.usage._placement import read_fleet, totals
 from hub.usage._prices import Prices, add_costs
@@ -98,10 +105,12 @@ def summary_select(conn: Connection, start: dt.datetime, end: dt.datetime,
     months before the latest bucket's), the other whole days from the daily rollup
     (inv.usage_daily, an index range on its day) and only the edge hours from the hourly
     ledger (a range of its key): a month is ~30 rows per GPU, not 720, and a year ~12 plus
-    the days of its edge months, not 365. The rollup's idle figure is for the default
-    threshold, so another ``idle_threshold`` (or ``rollup=False``) reads the whole period
-    from the ledger; both give the same sums. ``columns`` replaces the grouping columns
-    ``by`` names."""
+    the days of its edge months, not 365. Grouped by cluster, namespace or model (not by
+    node or GPU) the rollups read are their group sums (inv.usage_daily_groups,
+    inv.usage_monthly_groups): a row per group and day, not per GPU. The rollup's idle
+    figure is for the default threshold, so another ``idle_threshold`` (or
+    ``rollup=False``) reads the whole period from the ledger; both give the same sums.
+    ``columns`` replaces the grouping columns ``by`` names."""
     cols = list(columns) if columns is not None else group_columns(by)
     parts: list[sa.Select] = []
     hourly = [(start, end)]
@@ -110,9 +119,13 @@ def summary_select(conn: Connection, start: dt.datetime, end: dt.datetime,
     if days is not None:
         months = rollup_months(conn, days)
         spans = [days] if months is None else [(days[0], months[0]), (months[1], days[1])]
-        reads = [(inv.usage_daily, "day", a, b) for a, b in spans if a < b]
+        # grouped by cluster, namespace or model only: the group rollups' rows
+        grouped = set(cols) <= set(inv.GROUP_KEYS) and groups_built(conn)
+        daily, monthly = ((inv.usage_daily_groups, inv.usage_monthly_groups) if grouped
+                          else (inv.usage_daily, inv.usage_monthly))
+        reads = [(daily, "day", a, b) for a, b in spans if a < b]
         if months is not None:
-            reads.append((inv.usage_monthly, "month", *months))
+            reads.append((monthly, "month", *months))
         for D, period, a, b in reads:
             parts.append(_within(
                 sa.select(*[D.c[c] for c in cols],
@@ -121,12 +134,17 @@ def summary_select(conn: Connection, start: dt.datetime, end: dt.datetime,
                 .where(D.c[period] >= a, D.c[period] < b)
                 .group_by(*[D.c[c] for c in cols]), clusters, namespaces, D))
         hourly = [(a, b) for a, b in ((start, days[0]), (days[1], end)) if a < b]
+    compact = bool(hourly) and sa.inspect(conn).has_table(inv.usage_rows.name)
     idle = sa.func.coalesce(U.c.avg_utilisation_pct, 0.0) < idle_threshold
     for a, b in hourly:
-        parts.append(_within(
-            sa.select(*[U.c[c] for c in cols], *rollup_sums(U, idle))
-            .where(U.c.bucket_start >= a, U.c.bucket_start < b)
-            .group_by(*[U.c[c] for c in cols]), clusters, namespaces))
+        if compact:
+            parts.append(_hours_select(conn, a, b, cols, idle_threshold, clusters,
+                                       namespaces))
+        else:  # a ledger from before 0025, whose `usage` is a table (the migrations' tests)
+            parts.append(_within(
+                sa.select(*[U.c[c] for c in cols], *rollup_sums(U, idle))
+                .where(U.c.bucket_start >= a, U.c.bucket_start < b)
+                .group_by(*[U.c[c] for c in cols]), clusters, namespaces))
     if not parts:
         return None
     both = (sa.union_all(*parts) if len(parts) > 1 else parts[0]).subquery()
@@ -135,6 +153,72 @@ def summary_select(conn: Connection, start: dt.datetime, end: dt.datetime,
                       sa.func.max(both.c[RANK]).label(RANK))
             .group_by(*[both.c[c] for c in cols])
             .order_by(*[both.c[c] for c in cols]))
+
+
+def _hours_select(conn: Connection, start: dt.datetime, end: dt.datetime,
+                  cols: Sequence[str], idle_threshold: float,
+                  clusters: Collection[str] | None,
+                  namespaces: Collection[str] | None) -> sa.Select:
+    """The ledger's rows of [start, end) summed by ``cols`` as rollup_sums sums the
+    ``usage`` view's, read from usage_rows: first summed by the rows' own small keys (the
+    pod's, and the place's where ``cols`` name a place column), then joined to the
+    dictionaries, one row per key. Through the view every row was joined to its place,
+    pod and bucket mark before it was summed: at 100,000 GPUs a day's edge hours are 2
+    million rows. A row counts once its bucket is marked, as in the view: on PostgreSQL
+    in the marks' ranges (marked_spans), on SQLite by a semi-join on the period's marks
+    (compared as stored: SQLite's older ledgers store some times in another text form)."""
+    R, P, D = inv.usage_rows, inv.usage_places, inv.usage_pods
+    B = inv.usage_buckets
+    marks = sa.select(B.c.bucket_start).where(B.c.bucket_start >= start,
+                                              B.c.bucket_start < end)
+    marked: sa.ColumnElement[bool] = R.c.bucket_start.in_(marks)
+    if conn.dialect.name == "postgresql":
+        marked = marked_spans(conn, marks, R.c.bucket_start)
+    util = sa.func.coalesce(R.c.avg_utilisation_pct, 0.0)
+    zero = sa.literal(0.0)
+    sm = R.c.avg_sm_active_pct
+    places = clusters is not None or any(c not in ("namespace", "pod") for c in cols)
+    keys = [R.c.place, R.c.pod] if places else [R.c.pod]
+    inner = (sa.select(
+        *keys,
+        sa.func.sum(R.c.gpu_hours).label("gpu_hours"),
+        sa.func.sum(R.c.gpu_hours * util / 100.0).label("busy_gpu_hours"),
+        sa.func.sum(sa.case((util < idle_threshold, R.c.gpu_hours), else_=zero))
+        .label("idle_gpu_hours"),
+        sa.func.sum(sa.func.coalesce(R.c.energy_wh, 0.0)).label("energy_wh"),
+        sa.func.sum(sa.case((R.c.energy_wh.is_not(None), R.c.gpu_hours), else_=zero))
+        .label("energy_measured_gpu_hours"),
+        sa.func.sum(sa.func.coalesce(R.c.gpu_hours * sm / 100.0, zero))
+        .label("sm_active_gpu_hours"),
+        sa.func.sum(sa.case((sm.is_not(None), R.c.gpu_hours), else_=zero))
+        .label("sm_measured_gpu_hours"),
+        # the rank of usage_rows' basis code (BASIS_CODES) as the view's name ranks it
+        sa.func.max(sa.case((R.c.basis.in_([0, 1]), R.c.basis), else_=2)).label("rank"))
+        .where(R.c.bucket_start >= start, R.c.bucket_start < end, marked)
+        .group_by(*keys)).subquery("h")
+    joined = inner.join(D, D.c.id == inner.c.pod)
+    if places:
+        joined = joined.join(P, P.c.id == inner.c.place)
+    named = [(D if c in ("namespace", "pod") else P).c[c] for c in cols]
+    allocated = D.c.pod != ""
+    stmt = (sa.select(
+        *[n.label(c) for n, c in zip(named, cols, strict=True)],
+        sa.func.sum(inner.c.gpu_hours).label("gpu_hours"),
+        sa.func.sum(sa.case((allocated, inner.c.gpu_hours), else_=zero))
+        .label("allocated_gpu_hours"),
+        sa.func.sum(inner.c.busy_gpu_hours).label("busy_gpu_hours"),
+        sa.func.sum(sa.case((allocated, inner.c.idle_gpu_hours), else_=zero))
+        .label("idle_allocated_gpu_hours"),
+        *[sa.func.sum(inner.c[f]).label(f) for f in (
+            "energy_wh", "energy_measured_gpu_hours", "sm_active_gpu_hours",
+            "sm_measured_gpu_hours")],
+        sa.func.max(sa.case((allocated, inner.c.rank), else_=None)).label(RANK))
+        .select_from(joined).group_by(*named))
+    if clusters is not None:
+        stmt = stmt.where(P.c.cluster.in_(sorted(clusters)))
+    if namespaces is not None:
+        stmt = stmt.where(D.c.namespace.in_(sorted(namespaces)))
+    return stmt
 
 
 def usage_summary(conn: Connection, start: dt.datetime, end: dt.datetime,

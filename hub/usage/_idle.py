@@ -27,6 +27,7 @@ from hub.inventory import next_month
 from hub.usage._ledger import (
     BUCKET_KEY,
     idle_bucket,
+    marked_spans,
     quick_answer,
     rollup_days,
     rollup_months,
@@ -238,10 +239,18 @@ def _rollup_runs(conn: Connection, start: dt.datetime, end: dt.datetime, thresho
                  ) -> sa.ColumnElement[bool]:
         return sa.and_(*[a.c[k] == b.c[k] for k in _KEY])
 
+    def names(t: sa.FromClause) -> list[sa.ColumnElement]:
+        # as text without a length: PostgreSQL guesses a varchar(253)'s width from its
+        # length, and a guessed 2.8 kB a segment made it sort them rather than hash
+        return [sa.cast(t.c[k], sa.Text).label(k) for k in (*_KEY, "model")]
+
     def segment(t: sa.Table) -> list[sa.ColumnElement]:
-        return [*[t.c[k] for k in _KEY], t.c.model, t.c.first_start.label("since"),
+        return [*names(t), t.c.first_start.label("since"),
                 t.c.last_end.label("until"), t.c.buckets, t.c.gpu_hours, t.c.busy]
 
+    # the rollups' segments (read again, for the keys not one run only) and the others (the
+    # edge hours' and the broken days', stored once: a CTE)
+    rollups: list[sa.Select] = []
     parts: list[sa.Select] = []
     months = rollup_months(conn, days)
     spans = [days] if months is None else [(days[0], months[0]), (months[1], days[1])]
@@ -249,7 +258,7 @@ def _rollup_runs(conn: Connection, start: dt.datetime, end: dt.datetime, thresho
                                               for a, b in spans if a < b]
     if months is not None:
         in_months = (M.c.month >= months[0], M.c.month < months[1])
-        parts.append(scoped(sa.select(*segment(M)).where(*in_months, unbroken(M)), M))
+        rollups.append(scoped(sa.select(*segment(M)).where(*in_months, unbroken(M)), M))
         # a GPU and pod whose month is not one run: that month's days, for it alone
         broken: dict[dt.datetime, set[str]] = {}
         for month, uuid in conn.execute(scoped(sa.select(M.c.month, M.c.uuid).where(
@@ -265,14 +274,20 @@ def _rollup_runs(conn: Connection, start: dt.datetime, end: dt.datetime, thresho
             day_rows.append(sa.and_(*read))
     broken_days: set[str] = set()
     if day_rows:
-        parts.append(scoped(sa.select(*segment(D)).where(sa.or_(*day_rows), unbroken(D)), D))
+        rollups.append(scoped(sa.select(*segment(D)).where(sa.or_(*day_rows), unbroken(D)),
+                              D))
         broken_days = set(conn.execute(scoped(sa.select(D.c.uuid).where(
             sa.or_(*day_rows), sa.not_(unbroken(D))), D).distinct()).scalars())
     # the ledger's idle buckets: the edge hours, and the days whose idle buckets are not
     # one run (their GPUs' rows found by the uuid index)
-    reads: list[sa.ColumnElement[bool]] = [
-        sa.and_(U.c.bucket_start >= a, U.c.bucket_start < b)
-        for a, b in ((start, days[0]), (days[1], end)) if a < b]
+    edges = [(a, b) for a, b in ((start, days[0]), (days[1], end)) if a < b]
+    reads: list[sa.ColumnElement[bool]] = []
+    if edges and sa.inspect(conn).has_table(inv.usage_rows.name):
+        for n, (a, b) in enumerate(edges):
+            parts.extend(_edge_segments(conn, n, a, b, threshold, bucket, clusters,
+                                        namespaces))
+    else:  # a ledger from before 0025, whose `usage` is a table (the migrations' tests)
+        reads += [sa.and_(U.c.bucket_start >= a, U.c.bucket_start < b) for a, b in edges]
     if broken_days:
         day = D.alias("day")
         read = [U.c.bucket_start >= days[0], U.c.bucket_start < days[1],
@@ -283,13 +298,17 @@ def _rollup_runs(conn: Connection, start: dt.datetime, end: dt.datetime, thresho
         reads.append(sa.and_(*read))
     if reads:
         parts.append(scoped(sa.select(
-            *[U.c[k] for k in _KEY], U.c.model, U.c.bucket_start.label("since"),
+            *names(U), U.c.bucket_start.label("since"),
             U.c.bucket_end.label("until"), sa.literal(1).label("buckets"), U.c.gpu_hours,
             (U.c.gpu_hours * U.c.avg_utilisation_pct).label("busy"))
             .where(sa.or_(*reads), *idle_bucket(U, threshold)), U))
-    if not parts:
+    sources = list(rollups)
+    if parts:
+        stored = (sa.union_all(*parts) if len(parts) > 1 else parts[0]).cte("seg")
+        sources.append(sa.select(stored))
+    if not sources:
         return {}
-    seg = (sa.union_all(*parts) if len(parts) > 1 else parts[0]).cte("seg")
+    seg = (sa.union_all(*sources) if len(sources) > 1 else sources[0]).subquery("seg")
     least = _least_buckets(step, at_least)
     # First per GPU and pod (a hash, no sort): where all its segments are one unbroken run
     # (the span is as many buckets as they hold) that is its run; in the bench's fleet, and
@@ -310,11 +329,20 @@ def _rollup_runs(conn: Connection, start: dt.datetime, end: dt.datetime, thresho
                        per_key.c.gpu_hours, per_key.c.busy, per_key.c.model).where(
         one_run, per_key.c.n >= least)
     # The others' segments in time order: a window starts a run wherever a segment does not
-    # begin where the previous one ended; a running sum numbers the runs.
-    stitch = (sa.select(per_key.c.kid, seg.c.since, seg.c.until, seg.c.buckets,
-                        seg.c.gpu_hours, seg.c.busy, seg.c.model)
-              .select_from(seg.join(per_key, same_key(seg, per_key)))
-              .where(sa.not_(one_run))).subquery("b")
+    # begin where the previous one ended; a running sum numbers the runs. Their segments
+    # are found source by source, each joined to those keys (hashed): the rollups' rows are
+    # read again rather than all segments stored for this (at 100,000 GPUs 300,000-430,000
+    # of them, 0.1-0.15 s to store), and with every key one run not at all.
+    others = (sa.select(per_key.c.kid, *[per_key.c[k] for k in _KEY])
+              .where(sa.not_(one_run))).cte("others")
+    stitch_parts = []
+    for source in sources:
+        src = source.subquery()
+        stitch_parts.append(sa.select(others.c.kid, src.c.since, src.c.until, src.c.buckets,
+                                      src.c.gpu_hours, src.c.busy, src.c.model)
+                            .select_from(src.join(others, same_key(src, others))))
+    stitch = (sa.union_all(*stitch_parts) if len(stitch_parts) > 1
+              else stitch_parts[0]).subquery("b")
     follows = sa.func.lag(stitch.c.until).over(partition_by=stitch.c.kid,
                                                order_by=stitch.c.since) == stitch.c.since
     flagged = sa.select(stitch, sa.case((follows, 0), else_=1).label("starts")).subquery("f")
@@ -333,13 +361,78 @@ def _rollup_runs(conn: Connection, start: dt.datetime, end: dt.datetime, thresho
         stitched.c.gpu_hours, stitched.c.busy, stitched.c.model)
         .select_from(stitched.join(per_key, per_key.c.kid == stitched.c.kid)))
     out: dict[tuple, list[Segment]] = {}
+    if pg:
+        # The stitch joins the segments to the few keys not one run: PostgreSQL hashes
+        # those when its segments are costed narrow (the casts above), unless it sorts
+        # every segment by its six names for a merge join instead (at 100,000 GPUs half
+        # a million rows, on disk). Only for this statement.
+        conn.exec_driver_sql("SET LOCAL enable_mergejoin = off")
     for r in conn.execute(stmt):
         since, until, wasted, busy, model = r[6:]
         out.setdefault(tuple(r[:6]), []).append(
             (since, until, wasted or 0.0, busy or 0.0, model))
+    if pg:
+        conn.exec_driver_sql("SET LOCAL enable_mergejoin = on")
     for found in out.values():
         found.sort(key=lambda s: s[0])
     return out
+
+
+def _edge_segments(conn: Connection, n: int, start: dt.datetime, end: dt.datetime,
+                   threshold: float, bucket: float, clusters: Collection[str] | None,
+                   namespaces: Collection[str] | None) -> list[sa.Select]:
+    """The idle segments of the ledger's rows in [start, end) (an answer's edge hours), as
+    _rollup_runs' segments: per place and pod one segment where its idle buckets there are
+    one unbroken run, their rows one by one where not. The idle rows are found on
+    usage_rows' own columns and summed by its small keys before any name is joined: at
+    100,000 GPUs a day's edge is 2 million rows, some 200,000 of them idle (the bench's
+    tenth), and through the ``usage`` view each was joined to its place, pod and mark and
+    then hashed by six names. A row counts once its bucket is marked, as in the view."""
+    R, P, D, B = inv.usage_rows, inv.usage_places, inv.usage_pods, inv.usage_buckets
+    pg = conn.dialect.name == "postgresql"
+    marks = sa.select(B.c.bucket_start).where(B.c.bucket_start >= start,
+                                              B.c.bucket_start < end)
+    rows = (sa.select(R.c.place, R.c.pod, R.c.bucket_start, R.c.gpu_hours,
+                      (R.c.gpu_hours * R.c.avg_utilisation_pct).label("busy"))
+            .where(R.c.bucket_start >= start, R.c.bucket_start < end,
+                   marked_spans(conn, marks, R.c.bucket_start) if pg
+                   else R.c.bucket_start.in_(marks),
+                   R.c.gpu_hours > 0, R.c.avg_utilisation_pct.is_not(None),
+                   R.c.avg_utilisation_pct < threshold)).subquery(f"edge{n}")
+    summed = (sa.select(rows.c.place, rows.c.pod, sa.func.count().label("n"),
+                        sa.func.min(rows.c.bucket_start).label("first"),
+                        sa.func.max(rows.c.bucket_start).label("last"),
+                        sa.func.sum(rows.c.gpu_hours).label("gpu_hours"),
+                        sa.func.sum(rows.c.busy).label("busy"))
+              .group_by(rows.c.place, rows.c.pod)).cte(f"edge{n}_sums")
+    last = B.alias(f"edge{n}_last")
+    one_run = _seconds(pg, summed.c.first, last.c.bucket_end) < (summed.c.n + 0.5) * bucket
+    names = [sa.cast(P.c[k] if k not in ("namespace", "pod") else D.c[k], sa.Text).label(k)
+             for k in (*_KEY, "model")]
+    scope = [D.c.pod != ""]
+    if clusters is not None:
+        scope.append(P.c.cluster.in_(sorted(clusters)))
+    if namespaces is not None:
+        scope.append(D.c.namespace.in_(sorted(namespaces)))
+    whole = (sa.select(*names, summed.c.first.label("since"), last.c.bucket_end.label("until"),
+                       summed.c.n.label("buckets"), summed.c.gpu_hours, summed.c.busy)
+             .select_from(summed.join(last, last.c.bucket_start == summed.c.last)
+                          .join(P, P.c.id == summed.c.place).join(D, D.c.id == summed.c.pod))
+             .where(one_run, *scope))
+    # The few places and pods not one run are hashed and their idle rows read again (a
+    # subquery, not a CTE: PostgreSQL's CTE would store all 200,000 of them for that); none,
+    # and they are not read again at all.
+    broken = (sa.select(summed.c.place, summed.c.pod)
+              .select_from(summed.join(last, last.c.bucket_start == summed.c.last))
+              .where(sa.not_(one_run))).cte(f"edge{n}_broken")
+    each = (sa.select(*names, rows.c.bucket_start.label("since"), B.c.bucket_end.label("until"),
+                      sa.literal(1).label("buckets"), rows.c.gpu_hours, rows.c.busy)
+            .select_from(rows.join(broken, sa.and_(broken.c.place == rows.c.place,
+                                                   broken.c.pod == rows.c.pod))
+                         .join(B, B.c.bucket_start == rows.c.bucket_start)
+                         .join(P, P.c.id == rows.c.place).join(D, D.c.id == rows.c.pod))
+            .where(*scope))
+    return [whole, each]
 
 
 #: at most this many uuids in one IN (SQLite's limit is 32,766 parameters a statement);

@@ -48,6 +48,7 @@ from hub.inventory import (
     ACTIVE,
     BASIS_CODES,
     DAY,
+    GROUP_KEYS,
     LEDGER_LOCK_KEY,
     ROLLUP_IDLE_THRESHOLD,
     STALE,
@@ -68,11 +69,13 @@ from hub.inventory import (
     usage,
     usage_buckets,
     usage_daily,
+    usage_daily_groups,
     usage_flags,
     usage_idle_daily,
     usage_idle_monthly,
     usage_ledger,
     usage_monthly,
+    usage_monthly_groups,
     usage_places,
     usage_pods,
     usage_rows,
@@ -204,6 +207,8 @@ def _start_over(conn: Connection, bucket: float) -> int:
     conn.execute(usage_idle_daily.delete())
     conn.execute(usage_monthly.delete())
     conn.execute(usage_idle_monthly.delete())
+    conn.execute(usage_daily_groups.delete())
+    conn.execute(usage_monthly_groups.delete())
     conn.execute(refused_inputs.delete().where(refused_inputs.c.source == "usage"))
     conn.execute(usage_ledger.delete().where(usage_ledger.c.key == BUCKET_KEY))
     conn.execute(usage_ledger.insert().values(key=BUCKET_KEY, value=f"{bucket:g}"))
@@ -670,7 +675,8 @@ def apply_retention(conn: Connection, before: float) -> int:
     conn.execute(usage_buckets.delete().where(usage_buckets.c.bucket_start < cut))
     conn.execute(usage_daily.delete().where(usage_daily.c.day < day_of(cut)))
     conn.execute(usage_idle_daily.delete().where(usage_idle_daily.c.day < day_of(cut)))
-    for table in (usage_monthly, usage_idle_monthly):
+    conn.execute(usage_daily_groups.delete().where(usage_daily_groups.c.day < day_of(cut)))
+    for table in (usage_monthly, usage_idle_monthly, usage_monthly_groups):
         conn.execute(table.delete().where(table.c.month < month_of(cut)))
     conn.execute(refused_inputs.delete().where(refused_inputs.c.source == "usage",
                                                refused_inputs.c.at < cut))
@@ -756,6 +762,7 @@ def rebuild_days(conn: Connection, days: Iterable[dt.datetime], *,
     of the ledger rows starting in them. ``by_names``: sum the ``usage`` relation by its
     names, as gpufleet did before the compact ledger (0024 and older, where ``usage`` is a
     table of strings: the migrations' tests build such a ledger)."""
+    groups = groups_built(conn)
     for day in sorted(set(days)):
         conn.execute(usage_idle_daily.delete().where(usage_idle_daily.c.day == day))
         idle = (sa.select(sa.literal(day, sa.DateTime).label("day"),
@@ -773,6 +780,8 @@ def rebuild_days(conn: Connection, days: Iterable[dt.datetime], *,
         select = _daily_by_names(day) if by_names else _daily_select(day)
         conn.execute(usage_daily.insert().from_select(
             [c.name for c in select.selected_columns], select))
+        if groups:
+            _sum_groups(conn, usage_daily, usage_daily_groups, "day", day, day + DAY)
 
 
 def months_built(conn: Connection) -> dt.datetime | None:
@@ -784,6 +793,28 @@ def months_built(conn: Connection) -> dt.datetime | None:
         return None
     latest = conn.execute(sa.select(sa.func.max(usage_buckets.c.bucket_start))).scalar()
     return None if latest is None else month_of(latest)
+
+
+def groups_built(conn: Connection) -> bool:
+    """Whether the schema has the group rollups (usage_daily_groups, usage_monthly_groups):
+    not before 0030 (the migrations' tests write and read older ledgers with this code)."""
+    return sa.inspect(conn).has_table(usage_daily_groups.name)
+
+
+def _sum_groups(conn: Connection, source: sa.Table, target: sa.Table, period: str,
+                start: dt.datetime, end: dt.datetime) -> None:
+    """Replace ``target``'s group rows of the period ``start`` by the sums of ``source``'s
+    days in [start, end) per cluster, namespace and model (a day's per-GPU rows, or a
+    month's group days)."""
+    conn.execute(target.delete().where(target.c[period] == start))
+    sums = [(sa.func.max if c == RANK_COLUMN else sa.func.sum)(source.c[c]).label(c)
+            for c in MONTH_SUMS]
+    key = [source.c[k] for k in GROUP_KEYS]
+    conn.execute(target.insert().from_select(
+        [period, *GROUP_KEYS, *MONTH_SUMS],
+        sa.select(sa.literal(start, sa.DateTime), *key, *sums)
+        .where(source.c.day >= start, source.c.day < end)
+        .group_by(*key)))
 
 
 def _keep_months(conn: Connection, built: dt.datetime | None,
@@ -807,6 +838,7 @@ def _keep_months(conn: Connection, built: dt.datetime | None,
 def rebuild_months(conn: Connection, months: Iterable[dt.datetime]) -> None:
     """Replace the monthly rollup rows of these months (00:00 UTC on the 1st) by the sums
     of their daily rollup rows."""
+    groups = groups_built(conn)
     for month in sorted(set(months)):
         until = next_month(month)
         conn.execute(usage_monthly.delete().where(usage_monthly.c.month == month))
@@ -818,6 +850,9 @@ def rebuild_months(conn: Connection, months: Iterable[dt.datetime]) -> None:
             sa.select(sa.literal(month, sa.DateTime), *[D.c[k] for k in ROLLUP_KEYS], *sums)
             .where(D.c.day >= month, D.c.day < until)
             .group_by(*[D.c[k] for k in ROLLUP_KEYS])))
+        if groups:
+            _sum_groups(conn, usage_daily_groups, usage_monthly_groups, "month", month,
+                        until)
         conn.execute(usage_idle_monthly.delete().where(usage_idle_monthly.c.month == month))
         idle = usage_idle_daily
         conn.execute(usage_idle_monthly.insert().from_select(
@@ -831,14 +866,39 @@ def rebuild_months(conn: Connection, months: Iterable[dt.datetime]) -> None:
             .group_by(*[idle.c[k] for k in IDLE_KEYS])))
 
 
+def marked_spans(conn: Connection, marks: sa.Select,
+                  column: sa.ColumnElement) -> sa.ColumnElement[bool]:
+    """``column`` (a row's bucket_start) in a marked bucket, as ranges of the marks: the
+    writer stores a bucket's rows at its mark's start (write_bucket, in one transaction
+    with the mark), so consecutive marks (each ending where the next starts) are one
+    range of their starts. A plain range lets PostgreSQL read the rows with parallel
+    workers; a semi-join on the marks read each bucket's rows alone (at 100,000 GPUs a
+    day's edge hours took about twice as long)."""
+    B = usage_buckets
+    ranges: list[list[dt.datetime]] = []
+    for first, end in conn.execute(
+            sa.select(B.c.bucket_start, B.c.bucket_end)
+            .where(B.c.bucket_start.in_(marks)).order_by(B.c.bucket_start)):
+        if ranges and ranges[-1][2] == first:
+            ranges[-1][1:] = [first, end]
+        else:
+            ranges.append([first, first, end])
+    if not ranges:
+        return sa.false()
+    return sa.or_(*[sa.and_(column >= a, column <= b) for a, b, _ in ranges])
+
+
 def quick_answer(conn: Connection) -> None:
     """Turn PostgreSQL's JIT off for the rest of this transaction, before an answer's
     statements. Their plans over rollups with a partition per month are estimated costly
     (above jit_above_cost) though they read some 10,000s of rows, and compiling them took
     0.2-1.2 s of statements that ran in 0.1-0.4 s (EXPLAIN ANALYZE on the bench's ledger:
-    `usage --since 365d`'s idle runs, 1.65 s of which JIT 1.21 s). Nothing on SQLite."""
+    `usage --since 365d`'s idle runs, 1.65 s of which JIT 1.21 s). And more memory for
+    their sorts and hashes than the default 4 MB: the idle runs' segments of a month at
+    100,000 GPUs (half a million rows) went to disk twice. Nothing on SQLite."""
     if conn.dialect.name == "postgresql":
         conn.exec_driver_sql("SET LOCAL jit = off")
+        conn.exec_driver_sql("SET LOCAL work_mem = '64MB'")
 
 
 def rollup_months(conn: Connection, days: tuple[dt.datetime, dt.datetime]
