@@ -166,7 +166,7 @@ def test_the_store_s_metric_names_come_from_its_index_for_the_period_without_par
                                        "partial_response=false"))
 
 
-@pytest.mark.parametrize("status", [404, 405, 501])
+@pytest.mark.parametrize("status", [403, 404, 405, 501])
 def test_a_store_without_the_names_api_means_every_name_is_asked(status):
     client = mock_client(answering(Response(status, b"404 page not found", "text/plain")))
     assert client.metric_names(0, 60) is None

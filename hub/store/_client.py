@@ -312,7 +312,8 @@ class HubClient:
     def metric_names(self, start: float, end: float) -> frozenset[str] | None:
         """The metric names the store holds series of between ``start`` and ``end`` (its
         label-values API, answered from the index: no sample is read), or None where the
-        store does not offer that API (404, 405 or 501: every name is then asked for).
+        store does not offer that API (404, 405 or 501) or its proxy refuses the path (403):
+        every name is then asked for.
 
         A superset, never less: Prometheus and Thanos list the names of every block or
         head overlapping the period. A query over names the store does not hold costs it
@@ -324,7 +325,9 @@ class HubClient:
                                 {"start": f"{start:.3f}", "end": f"{end:.3f}",
                                  **NO_PARTIAL_RESPONSE})
         except HubUnavailable as exc:
-            if exc.http_status in (404, 405, 501):
+            # not offered, or a proxy that lets queries through but not this path (the
+            # sync's planning request, asked before, already proved the token good)
+            if exc.http_status in (403, 404, 405, 501):
                 return None
             raise
         if not isinstance(result.result, list):
@@ -416,10 +419,11 @@ class HubClient:
             reason = sanitise(str(body.get("error") or resp.reason), MAX_STORE_ERROR)
             raise PromQLError(f"PromQL error: {reason}")
         if resp.status_code in (401, 403):
-            raise HubUnavailable(
+            refused = HubUnavailable(
                 f"hub {self.safe_url} refused the request ({resp.status_code} {resp.reason}): "
-                "check the token or client certificate"
-            )
+                "check the token or client certificate")
+            refused.http_status = resp.status_code
+            raise refused
         if resp.status_code >= 400 or not isinstance(body, dict):
             detail = (sanitise(str(body.get("error") or ""), MAX_STORE_ERROR)
                       if isinstance(body, dict) else sanitise(resp.text))
