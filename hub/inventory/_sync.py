@@ -267,10 +267,11 @@ def collect(client: HubClient, *, stale_after: float, cluster_label: str,
     requests in flight and the shards they belong to (one or two), whatever the fleet size.
     Raises the missing-label error when no GPU series carries ``cluster_label``."""
     at = time.time() if at is None else at
-    window, step = format_duration(stale_after), format_duration(subquery_step(stale_after))
+    every = subquery_step(stale_after)
+    window, step = format_duration(stale_after), format_duration(every)
     counts, sources = cluster_counts(client, window, cluster_label, at, sizes)
     # one cheap request (the store's index): no query asks for a name the store lacks
-    held = client.metric_names(at - stale_after - subquery_step(stale_after), at)
+    held = client.metric_names(at - stale_after - every, at)
     shards = store.plan_shards(counts, shard_size, cluster_label)
     fetched = Fetched(shards, sources=sources)
     builders: dict[int, FleetBuilder] = {}

@@ -78,25 +78,28 @@ class VendorProfile(ABC):
     renames: dict[str, tuple[str, float]] = {}
     units: dict[str, float] = {}
 
-    def spellings(self, metric: str) -> list[tuple[str, float]]:
+    def spellings(self, metric: str, held: Container[str] | None = None
+                  ) -> list[tuple[str, float]]:
         """Every exact name ``metric`` arrives under, in order of preference (the exporter's
-        own spelling first), with the factor that turns its value into ``metric``'s unit."""
+        own spelling first), with the factor that turns its value into ``metric``'s unit.
+        ``held``: the names the store holds (HubClient.metric_names; None: any), the only
+        ones a query then reads: a selector of a name the store lacks answers nothing and
+        still costs it the postings of its other matchers."""
         out = [(prefix + metric, self.units.get(metric, 1.0)) for prefix in self.name_prefixes]
         other = self.renames.get(metric)
         if other is not None:
             out += [(prefix + other[0], other[1]) for prefix in self.name_prefixes]
-        return out
+        return out if held is None else [(n, f) for n, f in out if n in held]
 
-    def names(self, metric: str) -> list[str]:
-        return [name for name, _ in self.spellings(metric)]
+    def names(self, metric: str, held: Container[str] | None = None) -> list[str]:
+        return [name for name, _ in self.spellings(metric, held)]
 
     def _any_name(self, metric: str, selector: str, held: Container[str] | None = None) -> str:
         """``selector`` (with ``{}`` for the metric name) over each spelling, chained with
         ``or``: exact names only, so Thanos can prune its store fan-out. No conversion: for
         selectors whose value is not the metric's (``timestamp``, ``count``). ``held`` (the
         names the store holds) leaves the others out: "" when it holds none."""
-        return " or ".join(selector.format(name) for name in self.names(metric)
-                           if held is None or name in held)
+        return " or ".join(selector.format(name) for name in self.names(metric, held))
 
     def arms(self, metric: str, selector: str, window: str,
              matcher: str | None = None, held: Container[str] | None = None) -> list[str]:
@@ -108,7 +111,7 @@ class VendorProfile(ABC):
         names the store holds (HubClient.metric_names); the others have no arm."""
         return [convert_arm(name, factor, selector.format(name),
                             self.device_matcher if matcher is None else matcher, window)
-                for name, factor in self.spellings(metric) if held is None or name in held]
+                for name, factor in self.spellings(metric, held)]
 
     def matcher(self, shard: str = "") -> str:
         """The label matchers every device-level selector of a query carries: the device
@@ -166,7 +169,7 @@ class VendorProfile(ABC):
         # family stands for the whole scrape: a GPU's series all carry the same labels.
         # Both spellings in one range selector: an exact ``a|b`` list (its values are the
         # clock field's, whose spellings share a unit: CLOCK_UNITS_AGREE below).
-        clocks = [n for n in self.names(self.clock_metric) if held is None or n in held]
+        clocks = self.names(self.clock_metric, held)
         if clocks:
             stamps = (f"{clocks[0]}{braced(match)}[{window}]" if len(clocks) == 1
                       else f'{{__name__=~"{"|".join(clocks)}"{", " if match else ""}{match}}}'

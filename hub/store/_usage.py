@@ -95,8 +95,7 @@ def usage_queries(bucket: str, resolution: str, cluster_label: str,
             out.append(Query(p.vendor, f"usage:{agg}", promql, fld))
         presence = " or ".join(
             f"max by ({group}) (last_over_time({name}{{{match}}}[{resolution}] offset 1ms))"
-            for m in p.timestamp_metrics for name in p.names(m)
-            if held is None or name in held)
+            for m in p.timestamp_metrics for name in p.names(m, held))
         if presence:
             out.append(Query(p.vendor, "coverage",
                              f"count_over_time(({presence})[{bucket}:{resolution}])"))

@@ -164,16 +164,9 @@ def _hours_select(conn: Connection, start: dt.datetime, end: dt.datetime,
     pod's, and the place's where ``cols`` name a place column), then joined to the
     dictionaries, one row per key. Through the view every row was joined to its place,
     pod and bucket mark before it was summed: at 100,000 GPUs a day's edge hours are 2
-    million rows. A row counts once its bucket is marked, as in the view: on PostgreSQL
-    in the marks' ranges (marked_spans), on SQLite by a semi-join on the period's marks
-    (compared as stored: SQLite's older ledgers store some times in another text form)."""
+    million rows. A row counts once its bucket is marked, as in the view (marked_spans)."""
     R, P, D = inv.usage_rows, inv.usage_places, inv.usage_pods
-    B = inv.usage_buckets
-    marks = sa.select(B.c.bucket_start).where(B.c.bucket_start >= start,
-                                              B.c.bucket_start < end)
-    marked: sa.ColumnElement[bool] = R.c.bucket_start.in_(marks)
-    if conn.dialect.name == "postgresql":
-        marked = marked_spans(conn, marks, R.c.bucket_start)
+    marked = marked_spans(conn, start, end, R.c.bucket_start)
     util = sa.func.coalesce(R.c.avg_utilisation_pct, 0.0)
     zero = sa.literal(0.0)
     sm = R.c.avg_sm_active_pct

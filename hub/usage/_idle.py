@@ -390,13 +390,10 @@ def _edge_segments(conn: Connection, n: int, start: dt.datetime, end: dt.datetim
     then hashed by six names. A row counts once its bucket is marked, as in the view."""
     R, P, D, B = inv.usage_rows, inv.usage_places, inv.usage_pods, inv.usage_buckets
     pg = conn.dialect.name == "postgresql"
-    marks = sa.select(B.c.bucket_start).where(B.c.bucket_start >= start,
-                                              B.c.bucket_start < end)
     rows = (sa.select(R.c.place, R.c.pod, R.c.bucket_start, R.c.gpu_hours,
                       (R.c.gpu_hours * R.c.avg_utilisation_pct).label("busy"))
             .where(R.c.bucket_start >= start, R.c.bucket_start < end,
-                   marked_spans(conn, marks, R.c.bucket_start) if pg
-                   else R.c.bucket_start.in_(marks),
+                   marked_spans(conn, start, end, R.c.bucket_start),
                    R.c.gpu_hours > 0, R.c.avg_utilisation_pct.is_not(None),
                    R.c.avg_utilisation_pct < threshold)).subquery(f"edge{n}")
     summed = (sa.select(rows.c.place, rows.c.pod, sa.func.count().label("n"),

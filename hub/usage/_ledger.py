@@ -807,14 +807,19 @@ def _sum_groups(conn: Connection, source: sa.Table, target: sa.Table, period: st
     days in [start, end) per cluster, namespace and model (a day's per-GPU rows, or a
     month's group days)."""
     conn.execute(target.delete().where(target.c[period] == start))
-    sums = [(sa.func.max if c == RANK_COLUMN else sa.func.sum)(source.c[c]).label(c)
-            for c in MONTH_SUMS]
     key = [source.c[k] for k in GROUP_KEYS]
     conn.execute(target.insert().from_select(
         [period, *GROUP_KEYS, *MONTH_SUMS],
-        sa.select(sa.literal(start, sa.DateTime), *key, *sums)
+        sa.select(sa.literal(start, sa.DateTime), *key, *_month_sums(source))
         .where(source.c.day >= start, source.c.day < end)
         .group_by(*key)))
+
+
+def _month_sums(daily: sa.Table) -> list[sa.ColumnElement]:
+    """A daily rollup's figures summed over a month (or a day's into its groups), labelled
+    as MONTH_SUMS: sums, and the allocation basis rank's greatest."""
+    return [(sa.func.max if c == RANK_COLUMN else sa.func.sum)(daily.c[c]).label(c)
+            for c in MONTH_SUMS]
 
 
 def _keep_months(conn: Connection, built: dt.datetime | None,
@@ -843,11 +848,10 @@ def rebuild_months(conn: Connection, months: Iterable[dt.datetime]) -> None:
         until = next_month(month)
         conn.execute(usage_monthly.delete().where(usage_monthly.c.month == month))
         D = usage_daily
-        sums = [(sa.func.max if c == RANK_COLUMN else sa.func.sum)(D.c[c]).label(c)
-                for c in MONTH_SUMS]
         conn.execute(usage_monthly.insert().from_select(
             ["month", *ROLLUP_KEYS, *MONTH_SUMS],
-            sa.select(sa.literal(month, sa.DateTime), *[D.c[k] for k in ROLLUP_KEYS], *sums)
+            sa.select(sa.literal(month, sa.DateTime), *[D.c[k] for k in ROLLUP_KEYS],
+                      *_month_sums(D))
             .where(D.c.day >= month, D.c.day < until)
             .group_by(*[D.c[k] for k in ROLLUP_KEYS])))
         if groups:
@@ -866,23 +870,30 @@ def rebuild_months(conn: Connection, months: Iterable[dt.datetime]) -> None:
             .group_by(*[idle.c[k] for k in IDLE_KEYS])))
 
 
-def marked_spans(conn: Connection, marks: sa.Select,
-                  column: sa.ColumnElement) -> sa.ColumnElement[bool]:
-    """``column`` (a row's bucket_start) in a marked bucket, as ranges of the marks: the
-    writer stores a bucket's rows at its mark's start (write_bucket, in one transaction
-    with the mark), so consecutive marks (each ending where the next starts) are one
-    range of their starts. A plain range lets PostgreSQL read the rows with parallel
-    workers; a semi-join on the marks read each bucket's rows alone (at 100,000 GPUs a
-    day's edge hours took about twice as long)."""
+def marked_spans(conn: Connection, start: dt.datetime, end: dt.datetime,
+                 column: sa.ColumnElement) -> sa.ColumnElement[bool]:
+    """``column`` (a usage_rows row's bucket_start in [start, end)) in a marked bucket: a
+    row counts once its bucket is marked, as in the ``usage`` view. On PostgreSQL as ranges
+    of the marks: the writer stores a bucket's rows at its mark's start (write_bucket, in
+    one transaction with the mark), so consecutive marks (each ending where the next
+    starts) are one range of their starts, which PostgreSQL reads with parallel workers (a
+    semi-join on the marks read each bucket's rows alone: at 100,000 GPUs a day's edge
+    hours took about twice as long). On SQLite a semi-join on the period's marks, compared
+    as stored (older ledgers there store some times in another text form)."""
     B = usage_buckets
+    marks = sa.select(B.c.bucket_start).where(B.c.bucket_start >= start,
+                                              B.c.bucket_start < end)
+    if conn.dialect.name != "postgresql":
+        return column.in_(marks)
     ranges: list[list[dt.datetime]] = []
-    for first, end in conn.execute(
+    for first, last_end in conn.execute(
             sa.select(B.c.bucket_start, B.c.bucket_end)
-            .where(B.c.bucket_start.in_(marks)).order_by(B.c.bucket_start)):
+            .where(B.c.bucket_start >= start, B.c.bucket_start < end)
+            .order_by(B.c.bucket_start)):
         if ranges and ranges[-1][2] == first:
-            ranges[-1][1:] = [first, end]
+            ranges[-1][1:] = [first, last_end]
         else:
-            ranges.append([first, first, end])
+            ranges.append([first, first, last_end])
     if not ranges:
         return sa.false()
     return sa.or_(*[sa.and_(column >= a, column <= b) for a, b, _ in ranges])
