@@ -14,10 +14,12 @@ Prints two JSON lines.
 2. answer: M GPUs x 30 days of hourly ledger rows generated in the database (one INSERT ...
    SELECT) and the daily rollup rebuilt as `usage collect` keeps it, then
    ``usage --by namespace --since 30d`` timed in process (query_s: the database's part, three
-   runs), in a child (answer_s: the whole command, three runs) and ``usage --help`` (the
-   process start and imports alone); the same answer from the hourly rows only for
-   comparison; the database's plan of the statement; the database's growth per GPU-hour
-   row (pg_database_size, or the SQLite file, before and after the fill and the rollup);
+   runs, with the idle runs asked beside the sums as the command asks them;
+   query_one_connection_s: one statement after the other), in a child (answer_s: the
+   whole command, three runs) and ``usage --help`` (the process start and imports alone);
+   the same answer from the hourly rows only for comparison; the database's plan of the
+   statement; the database's growth per GPU-hour row (pg_database_size, or the SQLite
+   file, before and after the fill and the rollup);
    ``usage --since 365d`` on the same ledger (with --days 365 a year of rows); and
    ``usage export`` of the whole period to Parquet (--focus) in a child: rows per second,
    peak RSS, the file's bytes per row. On SQLite and, with --pg, PostgreSQL (--pg auto
@@ -420,14 +422,16 @@ def bench_answer(gpus: int, url: str, days: int = 30, work: Path | None = None,
         rows = conn.execute(sa.select(sa.func.count()).select_from(inv.usage)).scalar()
         rollup_rows = conn.execute(
             sa.select(sa.func.count()).select_from(inv.usage_daily)).scalar()
-    times = []
-    for _ in range(3):  # as the command asks: [now - 30d, now + 1s)
-        now = inv.now_utc()
-        with engine.connect() as conn:
-            began = time.perf_counter()
-            answer = usage.usage_summary(conn, now - dt.timedelta(days=30),
-                                         now + dt.timedelta(seconds=1), ["namespace"])
-            times.append(time.perf_counter() - began)
+    times, one_connection = [], []
+    for _ in range(3):  # as the command asks: [now - 30d, now + 1s), the idle runs beside
+        for beside, took in ((engine, times), (None, one_connection)):
+            now = inv.now_utc()
+            with engine.connect() as conn:
+                began = time.perf_counter()
+                answer = usage.usage_summary(conn, now - dt.timedelta(days=30),
+                                             now + dt.timedelta(seconds=1), ["namespace"],
+                                             beside=beside)
+                took.append(time.perf_counter() - began)
     hourly, hourly_s = None, None
     if hourly_check:
         with engine.connect() as conn:
@@ -436,7 +440,8 @@ def bench_answer(gpus: int, url: str, days: int = 30, work: Path | None = None,
                                          now + dt.timedelta(seconds=1), ["namespace"],
                                          rollup=False)
             hourly_s = time.perf_counter() - began
-    progress(f"30d answers {times}, hourly only {hourly_s}s")
+    progress(f"30d answers {times} ({one_connection} on one connection), "
+             f"hourly only {hourly_s}s")
     plan = _plan(engine, now)
     year = []
     for _ in range(3):
@@ -473,6 +478,7 @@ def bench_answer(gpus: int, url: str, days: int = 30, work: Path | None = None,
             "rollup_only_fill_s": None if rollup_only_s is None else round(rollup_only_s, 1),
             "db_bytes_per_gpu_hour_row": round(grown / max(rows, 1), 1),
             "query_s": [round(t, 3) for t in times],
+            "query_one_connection_s": [round(t, 3) for t in one_connection],
             "query_365d_s": [round(t, 3) for t in year],
             "idle_runs_30d_s": idle[30], "idle_runs_365d_s": idle[365],
             "months_summed_s": round(months_s, 1),

@@ -82,6 +82,9 @@ def assert_rollup_matches_hourly(conn, **kw) -> int:
         for by in GROUPINGS:
             fast = usage.usage_summary(conn, start, end, by, **kw)
             slow = usage.usage_summary(conn, start, end, by, rollup=False, **kw)
+            # as the CLI asks: on PostgreSQL the idle runs on a connection of their own
+            beside = usage.usage_summary(conn, start, end, by, beside=conn.engine, **kw)
+            assert beside == fast, (start, end, by)
             assert len(fast) == len(slow), (start, end, by)
             for f, s in zip(fast, slow, strict=True):
                 assert f == s, (start, end, by, f, s)
@@ -155,6 +158,40 @@ def test_rollup_answers_equal_the_hourly_ledger(db_url):
         assert whole and sums(usage.usage_summary(conn, DAY0 + dt.timedelta(days=2),
                                                   DAY0 + dt.timedelta(days=3),
                                                   ["cluster"])) == sums(whole)
+    engine.dispose()
+
+
+def test_the_idle_runs_are_asked_beside_the_sums_on_postgresql(db_url):
+    """`usage` on PostgreSQL asks the idle runs on a second connection while the first sums
+    the period (the two statements cost about the same): two connections held at once,
+    the same answer as one after the other. SQLite answers on the one connection."""
+    engine = inv.make_engine(db_url, create=True)
+    inv.upgrade(engine)
+    fill(engine)
+    held, most = 0, 0
+
+    def checkout(*_: object) -> None:
+        nonlocal held, most
+        held += 1
+        most = max(most, held)
+
+    def checkin(*_: object) -> None:
+        nonlocal held
+        held -= 1
+
+    start, end = DAY0 + dt.timedelta(hours=7, minutes=30), DAY0 + dt.timedelta(days=3, hours=13)
+    with engine.connect() as conn:
+        alone = usage.usage_summary(conn, start, end, ["namespace"])
+    sa.event.listen(engine, "checkout", checkout)
+    sa.event.listen(engine, "checkin", checkin)
+    with engine.connect() as conn:
+        beside = usage.usage_summary(conn, start, end, ["namespace"], beside=engine)
+        # the transaction goes on as it was (the sums' worker limit was for them alone)
+        if engine.dialect.name == "postgresql":
+            assert conn.exec_driver_sql("SHOW max_parallel_workers_per_gather").scalar() == "2"
+    assert held == 0
+    assert most == (2 if engine.dialect.name == "postgresql" else 1)
+    assert beside == alone and any(r["idle_allocated_gpu_hours"] for r in alone)
     engine.dispose()
 
 

@@ -143,7 +143,8 @@ def usage(ctx: click.Context, since: float | None, from_: str | None, until: str
         with engine.connect() as conn:
             rows = answers.usage_summary(conn, start, end, by, idle_threshold,
                                          idle_for=idle_for, prices=prices,
-                                         missing=missing, bill=bill, node_priced=priced)
+                                         missing=missing, bill=bill, node_priced=priced,
+                                         beside=engine)
             span = None if rows else answers.ledger_span(conn)
     if not rows:
         click.echo(f"note: {_why_none(span, start, end)}", err=True)
