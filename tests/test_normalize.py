@@ -255,3 +255,28 @@ def test_keyed_rows_join_a_series_across_answers_whatever_its_labels_hold():
             got += list(StreamedRows(body, start, cut=cut).keyed())
         assert got[0][0] == got[1][0] and json.loads(got[0][0]) == labels
         assert got[0][1:] == ("5.5", "37") and got[1][1:] == ("4.5", "41")
+
+
+def test_keyed_rows_hand_on_each_new_series_labels_as_the_door_read_them():
+    """A series met for the first time is decoded once, by the door, and its labels handed
+    on (StreamedRows.labels); a known series' text is decoded where asked. Between known
+    and new rows, each text gets its own labels, never the previous new series'."""
+    import json
+
+    from hub.store import StreamedRows
+
+    series = [{"UUID": f"GPU-{i}", "Hostname": f"n{i}", "cluster": "c"} for i in range(4)]
+    body = json.dumps({"status": "success", "data": {"result": [
+        {"metric": {**s, "__name__": "DCGM_FI_DEV_GPU_UTIL"}, "value": [1.5, str(i)]}
+        for i, s in enumerate(series)]}}, separators=(",", ":"))
+    start = body.index('"result":[') + len('"result":[')
+    texts = [text for text, _, _ in StreamedRows(body, start).keyed()]
+    # GPU-1 and GPU-3 are known (no door, nothing decoded), GPU-0 and GPU-2 new
+    known = {hash(texts[1]), hash(texts[3])}
+    rows = StreamedRows(body, start)
+    seen, handed = [], 0
+    for text, _, value in rows.keyed(known):
+        handed += rows._met is not None and rows._met[0] is text
+        seen.append((rows.labels(text), value))
+    assert seen == [(s, str(i)) for i, s in enumerate(series)]
+    assert handed == 2  # the two new series' labels came from the door

@@ -40,6 +40,7 @@ class HeldPlace(NamedTuple):
 
 _HELD = [GPU_COMPARE.index(c) for c in HeldPlace._fields]
 _PCI, _INDEX = GPU_COMPARE.index("pci_bus_id"), GPU_COMPARE.index("gpu_index")
+_pick_held = operator.itemgetter(*_HELD)
 
 
 class HeldGpu:
@@ -120,19 +121,22 @@ def held_gpus(conn: Connection, uuids: Collection[str]) -> HeldGpus:
     and PostgreSQL's 65,535)."""
     intern = sys.intern
     out = HeldGpus()
-    places: dict[HeldPlace, HeldPlace] = {}
+    places: dict[tuple[Any, ...], HeldPlace] = {}
     columns = [gpus.c[c] for c in (*GPU_KEY, *GPU_COMPARE)]
     for chunk in _batches(sorted(uuids)):
-        for row in conn.execute(sa.select(*columns).where(gpus.c.uuid.in_(chunk))):
+        for row in conn.execute(sa.select(*columns).where(gpus.c.uuid.in_(chunk))).all():
             values = tuple(row[2:])
-            # repeated strings (cluster, node, state, model, driver): one object each
-            same = HeldPlace._make(intern(v) if type(v) is str else v
-                                   for v in (values[i] for i in _HELD))
+            # one HeldPlace for the GPUs of a place, its repeated strings (cluster, node,
+            # state, model, driver) one object each
+            raw = _pick_held(values)
+            same = places.get(raw)
+            if same is None:
+                same = places[raw] = HeldPlace._make(intern(v) if type(v) is str else v
+                                                     for v in raw)
             # the slot (hub.inventory._life.slot_of): bus ids repeat from node to node
             slot = (intern(values[_PCI][:32]) if values[_PCI]
                     else None if values[_INDEX] is None else f"index {values[_INDEX]}")
-            out[(row[0], intern(row[1]))] = HeldGpu(places.setdefault(same, same),
-                                                    digest(values), slot)
+            out[(row[0], intern(row[1]))] = HeldGpu(same, digest(values), slot)
     return out
 
 

@@ -18,7 +18,7 @@ import json
 import math
 import sys
 from array import array
-from collections.abc import Container, Iterable, Iterator, Mapping
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -242,12 +242,14 @@ class FleetBuilder:
     def add_values(self, profile: VendorProfile, fld: str, rows: Iterable[Row]) -> None:
         self._fold(profile, fld, False, keyed_rows(rows))
 
-    def add_keyed(self, query: Query, rows: Iterable[tuple[str, str, str]]) -> tuple[int, int]:
+    def add_keyed(self, query: Query, rows: Iterable[tuple[str, str, str]],
+                  decode: Callable[[str], Any] = json.loads) -> tuple[int, int]:
         """Rows of a streamed answer as (labels JSON, time, value) (StreamedRows.keyed): the
-        labels text is the series key, decoded only for a series not seen before. Returns
-        how many rows came and how many lacked the cluster label (left out)."""
+        labels text is the series key, decoded (``decode``: StreamedRows.labels) only for
+        a series not seen before. Returns how many rows came and how many lacked the
+        cluster label (left out)."""
         return self._fold(store.profile(query.vendor), query.field, query.kind == "timestamp",
-                          rows, presence=query.kind == "presence")
+                          rows, presence=query.kind == "presence", decode=decode)
 
     def add_names(self, profile: VendorProfile, names: Iterable[tuple[str, str]]) -> None:
         """(cluster, clock-family metric name) pairs of a sample-time answer
@@ -263,7 +265,8 @@ class FleetBuilder:
                 for c, n in self.namings.items()}
 
     def _fold(self, profile: VendorProfile, fld: str | None, stamps: bool,
-              rows: Iterable[tuple[str, str, str]], presence: bool = False) -> tuple[int, int]:
+              rows: Iterable[tuple[str, str, str]], presence: bool = False,
+              decode: Callable[[str], Any] = json.loads) -> tuple[int, int]:
         """Fold rows into their series. A presence row's value is its newest sample's time
         (the presence query's answer), and it makes its GPU like a value row does."""
         slot = _SLOT[fld] if fld else None
@@ -278,7 +281,7 @@ class FleetBuilder:
             key = hash(text)
             series = known.get(key, _UNSEEN)
             if series is _UNSEEN:
-                labels = json.loads(text)
+                labels = decode(text)
                 if not labels.get(self.cluster_label):
                     missing += 1
                     unlabelled.add(profile, labels, self.cluster_label)
@@ -318,7 +321,7 @@ class FleetBuilder:
         ident = (_shared(found.cluster), _shared(found.node), found.uuid,
                  _shared(found.mig_profile), _shared(found.mig_instance))
         attrs = profile.attributes(labels)
-        series = _Series(profile.vendor, tuple(_shared(attrs.get(a)) for a in _ATTRS),
+        series = _Series(profile.vendor, tuple(map(_shared, map(attrs.get, _ATTRS))),
                          store.allocation(labels))
         last = self._gpus.get(ident)
         if last is None:

@@ -152,7 +152,8 @@ def _fold(builder: FleetBuilder, client: HubClient, query: store.Query,
     if isinstance(res.result, store.StreamedRows):
         profile = store.profile(query.vendor)
         names = profile.naming_label if query.kind == "timestamp" else None
-        builder.add_keyed(query, res.result.keyed(builder.known, names_of=names))
+        builder.add_keyed(query, res.result.keyed(builder.known, names_of=names),
+                          decode=res.result.labels)
         builder.add_names(profile, res.result.names)
         builder.refused.merge(res.result.refused)
     else:  # an answer without a result array to stream (no rows)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import operator
 from array import array
 from collections.abc import Iterable, Iterator, Mapping
 from collections.abc import Set as AbstractSet
@@ -250,27 +251,31 @@ class InventoryWriter:
 
     def _places(self, every: list[Observation]) -> None:
         conn, now = self.conn, self.now
-        node_last: dict[tuple[str, str], dt.datetime | None] = {}
-        cluster_last: dict[str, dt.datetime | None] = {}
+        # newest sample times as seconds, made datetimes once a node and cluster
+        node_last: dict[tuple[str, str], float | None] = {}
+        cluster_last: dict[str, float | None] = {}
         for obs in every:
-            sample_at = utc(obs.sample_at)
+            sample_at = obs.sample_at
             key = (obs.cluster, obs.node)
             if sample_at is not None:
-                node_last[key] = max(filter(None, (node_last.get(key), sample_at)))
+                prev = node_last.get(key)
+                if prev is None or sample_at > prev:
+                    node_last[key] = sample_at
                 prev = cluster_last.get(obs.cluster)
-                cluster_last[obs.cluster] = max(prev, sample_at) if prev else sample_at
+                if prev is None or sample_at > prev:
+                    cluster_last[obs.cluster] = sample_at
             else:
                 node_last.setdefault(key, None)
                 cluster_last.setdefault(obs.cluster, None)
         seen_cols = ["state", "last_seen", "last_sample_at"]
         upsert(conn, clusters, [
             {"cluster": c, "state": ACTIVE, "first_seen": now, "last_seen": now,
-             "last_sample_at": t}
+             "last_sample_at": utc(t)}
             for c, t in cluster_last.items()
         ], seen_cols, keep_if_null=["last_sample_at"])
         upsert(conn, nodes, [
             {"cluster": c, "node": n, "state": ACTIVE, "first_seen": now, "last_seen": now,
-             "last_sample_at": t}
+             "last_sample_at": utc(t)}
             for (c, n), t in node_last.items()
         ], seen_cols, keep_if_null=["last_sample_at"])
         upsert(conn, allocations, (
@@ -373,6 +378,10 @@ def _gpu_row(obs: Observation, also: list[list[str]] | None,
 
 
 
+#: a row's GPU_COMPARE values, in order (as HeldGpu's digest took them from the table)
+_compared = operator.itemgetter(*GPU_COMPARE)
+
+
 def _write_gpus(conn: Connection, rows: Iterable[tuple[tuple[str, str], dict[str, Any]]],
                 held: Mapping[tuple[str, str], HeldGpu]) -> None:
     """Write only what changed, so a steady-state sync costs little more than a first one.
@@ -386,7 +395,7 @@ def _write_gpus(conn: Connection, rows: Iterable[tuple[tuple[str, str], dict[str
     def changed() -> Iterator[dict[str, Any]]:
         for key, row in rows:
             old = held.get(key)
-            if old is None or old.digest != digest(tuple(row[c] for c in GPU_COMPARE)):
+            if old is None or old.digest != digest(_compared(row)):
                 yield row
 
     upsert(conn, gpus, changed(), ["last_seen", *GPU_COMPARE], keep_if_null=GPU_KEEP_IF_NULL)
