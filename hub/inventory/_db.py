@@ -329,12 +329,13 @@ def _batches(rows: Iterable[_T]) -> Iterator[list[_T]]:
 
 
 def upsert(conn: Connection, table: sa.Table, rows: Iterable[dict[str, Any]],
-           update: Sequence[str], keep_if_null: Sequence[str] = ()) -> None:
+           update: Sequence[str], keep_if_null: Sequence[str] = ()) -> int:
     """Bulk INSERT ... ON CONFLICT (the primary key) DO UPDATE of the ``update`` columns
     (first_seen is only ever set on insert): the one upsert of every inventory table, on
     SQLite and PostgreSQL alike.
 
-    ``rows`` may be a generator: it is written BATCH rows at a time, never held whole."""
+    ``rows`` may be a generator: it is written BATCH rows at a time, never held whole.
+    Returns how many rows it wrote."""
     stmt = _insert(conn, table)
     keys = [c.name for c in table.primary_key.columns]
     set_ = {}
@@ -342,8 +343,11 @@ def upsert(conn: Connection, table: sa.Table, rows: Iterable[dict[str, Any]],
         new = stmt.excluded[col]
         set_[col] = sa.func.coalesce(new, table.c[col]) if col in keep_if_null else new
     stmt = stmt.on_conflict_do_update(index_elements=keys, set_=set_)
+    written = 0
     for batch in _batches(rows):
         conn.execute(stmt, batch)
+        written += len(batch)
+    return written
 
 
 def insert_rows(conn: Connection, table: sa.Table, rows: Iterable[dict[str, Any]]) -> None:

@@ -229,6 +229,7 @@ class InventoryWriter:
         self.replaced_within = (REPLACED_WITHIN_S if replaced_within is None
                                 else replaced_within)
         self.seen = array("q")  # hash((uuid, slice_key)) of every GPU a group wrote
+        self.rewritten = 0  # of them, rows the groups upserted (the others were unchanged)
         self.counts = {"clusters": 0, "nodes": 0, "gpus": 0, "events": 0}
 
     def add(self, observations: Iterable[Observation], held: AbstractSet[int] = frozenset(),
@@ -298,7 +299,7 @@ class InventoryWriter:
         beside = _newest_per_identity(seen, twins, known)
         _stable_memory(seen, known)
         self.counts["gpus"] += sum(not obs.is_slice for obs in seen.values())
-        _write_gpus(self.conn, ((key, _gpu_row(obs, beside.get(key), now))
+        self.rewritten += _write_gpus(self.conn, ((key, _gpu_row(obs, beside.get(key), now))
                                 for key, obs in seen.items()), known)
         self._events(_seen_events(known, seen, _layout(known), now))
         self._events(write_placements(self.conn, known, seen, now,
@@ -323,17 +324,22 @@ class InventoryWriter:
         import numpy  # with pandas already: sorted hashes and a vectorised lookup
 
         seen = numpy.sort(numpy.frombuffer(self.seen, dtype=numpy.int64))
-        # Active rows this sync did not write: seen unchanged, or gone. One streamed pass
+        # Active rows this sync did not write: seen unchanged, or gone. The seen unchanged
+        # are the seen the groups did not upsert (an unchanged row is active: a stale one
+        # seen again changes state), so as many such rows as those means none is gone,
+        # the common case, told by one count. Else one streamed pass
         # (paging in key order had SQLite sort every active row once a page), keeping the
         # gone only: memory follows what went stale this sync, not the fleet.
         # uuid, slice_key, cluster, node, last_seen
         gone: list[tuple[str, str, str, str, dt.datetime]] = []
-        result = conn.execute(
+        untouched = conn.execute(sa.select(sa.func.count()).select_from(gpus).where(
+            gpus.c.state == ACTIVE, gpus.c.last_seen < now)).scalar() or 0
+        result = None if untouched <= len(self.seen) - self.rewritten else conn.execute(
             sa.select(gpus.c.uuid, gpus.c.slice_key, gpus.c.cluster, gpus.c.node,
                       gpus.c.last_seen)
             .where(gpus.c.state == ACTIVE, gpus.c.last_seen < now)
             .execution_options(yield_per=BATCH))
-        for rows in result.partitions():
+        for rows in result.partitions() if result is not None else ():
             hashes = numpy.fromiter((hash((r.uuid, r.slice_key)) for r in rows),
                                     dtype=numpy.int64, count=len(rows))
             if len(seen):
@@ -357,6 +363,7 @@ class InventoryWriter:
         conn.execute(gpus.update().where(gpus.c.state == ACTIVE, gpus.c.last_seen < now)
                      .values(last_seen=now))
         del self.seen[:]
+        self.rewritten = 0
         return dict(self.counts)
 
 
@@ -383,7 +390,7 @@ _compared = operator.itemgetter(*GPU_COMPARE)
 
 
 def _write_gpus(conn: Connection, rows: Iterable[tuple[tuple[str, str], dict[str, Any]]],
-                held: Mapping[tuple[str, str], HeldGpu]) -> None:
+                held: Mapping[tuple[str, str], HeldGpu]) -> int:
     """Write only what changed, so a steady-state sync costs little more than a first one.
 
     ``held`` is what the table holds; a row whose columns (other than last_seen) are
@@ -398,6 +405,7 @@ def _write_gpus(conn: Connection, rows: Iterable[tuple[tuple[str, str], dict[str
             if old is None or old.digest != digest(_compared(row)):
                 yield row
 
-    upsert(conn, gpus, changed(), ["last_seen", *GPU_COMPARE], keep_if_null=GPU_KEEP_IF_NULL)
+    return upsert(conn, gpus, changed(), ["last_seen", *GPU_COMPARE],
+                  keep_if_null=GPU_KEEP_IF_NULL)
 
 
