@@ -18,7 +18,7 @@ import json
 import math
 import sys
 from array import array
-from collections.abc import Callable, Container, Iterable, Iterator, Mapping
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -358,29 +358,23 @@ class FleetBuilder:
         yield from physical.values()
 
     def _observation(self, ident: tuple, first: _Series) -> Observation:
-        chain = [first]
-        while chain[-1].more is not None:
-            chain.append(chain[-1].more)
-        if len(chain) > 1:
-            # The newest series decides; an older one only fills what the newest lacks.
-            chain.sort(key=lambda s: -math.inf if s.vals[_AT] != s.vals[_AT] else s.vals[_AT],
-                       reverse=True)
-        newest = chain[0]
-        attrs = list(newest.attrs)
-        values: dict[str, float] = {}
         cluster = ident[0]
-        for series in reversed(chain):
-            for i, v in enumerate(series.attrs):
-                if v is not None:
-                    attrs[i] = v
-            for f, (low, high), v in zip(_FIELDS, _BOUNDS, series.vals, strict=False):
-                if v == v:  # NaN: not reported
-                    if low <= v <= high:
-                        values[f] = v
-                    else:  # out of its range: unknown, an older series' reading stands
+        attrs: Sequence[Any]
+        allocations: AbstractSet[Allocation]
+        if first.more is None:  # one series, as nearly every GPU has: nothing to merge
+            newest, attrs = first, first.attrs
+            present = [(f, b, v) for f, b, v in zip(_FIELDS, _BOUNDS, first.vals,
+                                                      strict=False) if v == v]
+            values = {f: v for f, (low, high), v in present if low <= v <= high}
+            if len(values) < len(present):  # out of its range: unknown
+                for f, (low, high), v in present:
+                    if not low <= v <= high:
                         self.refused.add(cluster, f, store.describe_reading(f, v))
+            allocations = (_NO_ALLOCATIONS if first.alloc is None
+                           else frozenset((first.alloc,)))
+        else:
+            newest, attrs, values, allocations = self._merged(cluster, first)
         sample_at = newest.vals[_AT]
-        allocations = {s.alloc for s in chain if s.alloc is not None} or _NO_ALLOCATIONS
         cluster, node, uuid, mig_profile, mig_instance = ident
         obs = Observation(
             cluster=cluster, node=node, uuid=uuid, vendor=first.vendor,
@@ -391,6 +385,31 @@ class FleetBuilder:
         )
         _apply_values(obs, values, self.refused)
         return obs
+
+    def _merged(self, cluster: str, first: _Series
+                ) -> tuple[_Series, Sequence[Any], dict[str, float], AbstractSet[Allocation]]:
+        """A GPU's several series as one: the newest series decides, an older one only
+        fills what the newest lacks (and a reading out of its range is unknown, so an
+        older series' stands)."""
+        chain = [first]
+        while chain[-1].more is not None:
+            chain.append(chain[-1].more)
+        chain.sort(key=lambda s: -math.inf if s.vals[_AT] != s.vals[_AT] else s.vals[_AT],
+                   reverse=True)
+        attrs = list(chain[0].attrs)
+        values: dict[str, float] = {}
+        for series in reversed(chain):
+            for i, v in enumerate(series.attrs):
+                if v is not None:
+                    attrs[i] = v
+            for f, (low, high), v in zip(_FIELDS, _BOUNDS, series.vals, strict=False):
+                if v == v:  # NaN: not reported
+                    if low <= v <= high:
+                        values[f] = v
+                    else:
+                        self.refused.add(cluster, f, store.describe_reading(f, v))
+        allocations = {s.alloc for s in chain if s.alloc is not None} or _NO_ALLOCATIONS
+        return chain[0], attrs, values, allocations
 
 
 def _first(values: Mapping[str, float], *names: str) -> float | None:
