@@ -299,8 +299,8 @@ class InventoryWriter:
         beside = _newest_per_identity(seen, twins, known)
         _stable_memory(seen, known)
         self.counts["gpus"] += sum(not obs.is_slice for obs in seen.values())
-        self.rewritten += _write_gpus(self.conn, ((key, _gpu_row(obs, beside.get(key), now))
-                                for key, obs in seen.items()), known)
+        rows = ((key, _gpu_row(obs, beside.get(key), now)) for key, obs in seen.items())
+        self.rewritten += _write_gpus(self.conn, rows, known)
         self._events(_seen_events(known, seen, _layout(known), now))
         self._events(write_placements(self.conn, known, seen, now,
                                                  self.replaced_within))
