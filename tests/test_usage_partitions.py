@@ -270,11 +270,16 @@ def _close(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def _months(engine: sa.Engine) -> dict[str, list[tuple]]:
+def _rows(engine: sa.Engine, *tables: sa.Table) -> dict[str, list[tuple]]:
+    """Each table's rows, in one order whatever the database returned them in."""
     with engine.connect() as conn:
         return {t.name: sorted((tuple(r) for r in conn.execute(sa.select(t))),
                                key=lambda r: tuple(str(v) for v in r))
-                for t in (inv.usage_monthly, inv.usage_idle_monthly)}
+                for t in tables}
+
+
+def _months(engine: sa.Engine) -> dict[str, list[tuple]]:
+    return _rows(engine, inv.usage_monthly, inv.usage_idle_monthly)
 
 
 def test_migration_0029_sums_the_months_of_a_ledger_as_the_writer_keeps_them(db_url):
@@ -308,10 +313,7 @@ def test_migration_0029_sums_the_months_of_a_ledger_as_the_writer_keeps_them(db_
 
 
 def _groups(engine: sa.Engine) -> dict[str, list[tuple]]:
-    with engine.connect() as conn:
-        return {t.name: sorted((tuple(r) for r in conn.execute(sa.select(t))),
-                               key=lambda r: tuple(str(v) for v in r))
-                for t in (inv.usage_daily_groups, inv.usage_monthly_groups)}
+    return _rows(engine, inv.usage_daily_groups, inv.usage_monthly_groups)
 
 
 def test_migration_0030_sums_the_groups_of_a_ledger_as_the_writer_keeps_them(db_url):

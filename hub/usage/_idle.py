@@ -372,7 +372,7 @@ def _rollup_runs(conn: Connection, start: dt.datetime, end: dt.datetime, thresho
         out.setdefault(tuple(r[:6]), []).append(
             (since, until, wasted or 0.0, busy or 0.0, model))
     if pg:
-        conn.exec_driver_sql("SET LOCAL enable_mergejoin = on")
+        conn.exec_driver_sql("SET LOCAL enable_mergejoin TO DEFAULT")
     for found in out.values():
         found.sort(key=lambda s: s[0])
     return out

@@ -26,7 +26,7 @@ import datetime as dt
 import functools
 import math
 import time
-from collections.abc import Callable, Container, Iterable, Iterator, Mapping
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -781,7 +781,8 @@ def rebuild_days(conn: Connection, days: Iterable[dt.datetime], *,
         conn.execute(usage_daily.insert().from_select(
             [c.name for c in select.selected_columns], select))
         if groups:
-            _sum_groups(conn, usage_daily, usage_daily_groups, "day", day, day + DAY)
+            _sum_days(conn, usage_daily, usage_daily_groups, "day", day, day + DAY,
+                      GROUP_KEYS)
 
 
 def months_built(conn: Connection) -> dt.datetime | None:
@@ -801,15 +802,16 @@ def groups_built(conn: Connection) -> bool:
     return sa.inspect(conn).has_table(usage_daily_groups.name)
 
 
-def _sum_groups(conn: Connection, source: sa.Table, target: sa.Table, period: str,
-                start: dt.datetime, end: dt.datetime) -> None:
-    """Replace ``target``'s group rows of the period ``start`` by the sums of ``source``'s
-    days in [start, end) per cluster, namespace and model (a day's per-GPU rows, or a
-    month's group days)."""
+def _sum_days(conn: Connection, source: sa.Table, target: sa.Table, period: str,
+              start: dt.datetime, end: dt.datetime, keys: Sequence[str]) -> None:
+    """Replace ``target``'s rows of the period ``start`` by the sums of ``source``'s days
+    in [start, end) per ``keys``: a month of the daily rollup per GPU (usage_monthly), a
+    day of it per cluster, namespace and model (usage_daily_groups), a month of those
+    (usage_monthly_groups)."""
     conn.execute(target.delete().where(target.c[period] == start))
-    key = [source.c[k] for k in GROUP_KEYS]
+    key = [source.c[k] for k in keys]
     conn.execute(target.insert().from_select(
-        [period, *GROUP_KEYS, *MONTH_SUMS],
+        [period, *keys, *MONTH_SUMS],
         sa.select(sa.literal(start, sa.DateTime), *key, *_month_sums(source))
         .where(source.c.day >= start, source.c.day < end)
         .group_by(*key)))
@@ -846,17 +848,10 @@ def rebuild_months(conn: Connection, months: Iterable[dt.datetime]) -> None:
     groups = groups_built(conn)
     for month in sorted(set(months)):
         until = next_month(month)
-        conn.execute(usage_monthly.delete().where(usage_monthly.c.month == month))
-        D = usage_daily
-        conn.execute(usage_monthly.insert().from_select(
-            ["month", *ROLLUP_KEYS, *MONTH_SUMS],
-            sa.select(sa.literal(month, sa.DateTime), *[D.c[k] for k in ROLLUP_KEYS],
-                      *_month_sums(D))
-            .where(D.c.day >= month, D.c.day < until)
-            .group_by(*[D.c[k] for k in ROLLUP_KEYS])))
+        _sum_days(conn, usage_daily, usage_monthly, "month", month, until, ROLLUP_KEYS)
         if groups:
-            _sum_groups(conn, usage_daily_groups, usage_monthly_groups, "month", month,
-                        until)
+            _sum_days(conn, usage_daily_groups, usage_monthly_groups, "month", month, until,
+                      GROUP_KEYS)
         conn.execute(usage_idle_monthly.delete().where(usage_idle_monthly.c.month == month))
         idle = usage_idle_daily
         conn.execute(usage_idle_monthly.insert().from_select(
