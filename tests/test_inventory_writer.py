@@ -104,3 +104,52 @@ def test_every_gpu_no_group_saw_turns_stale_past_one_batch_of_rows(db_url):
     assert {u for u, s in states.items() if s == "stale"} == gone
     assert sorted(stale_events) == sorted(gone)  # one event each, none twice
     assert touched == len(kept)  # the unchanged ones are stamped as seen by this sync
+
+
+def test_a_gpu_seen_as_the_table_holds_it_is_not_rewritten_and_a_changed_one_is(db_url):
+    """The write compares each GPU with its row as stored (SQLite keeps a time as text,
+    PostgreSQL as a timestamp): a steady sync rewrites nothing and says nothing, while any
+    one changed reading, place, health or sample time is written with its event."""
+    engine = _engine(db_url)
+    at = 1_764_930_000.123456  # a sample time with microseconds
+    full = dict(model="NVIDIA H100 80GB HBM3", memory_total_mib=81559.0,
+                pci_bus_id="00000000:1A:00.0", index=3, driver_version="580.65.06",
+                serial="1650924060017", utilisation_pct=37.5, power_w=311.25,
+                temperature_c=61.0, memory_used_mib=40960.0, health="ok", sample_at=at)
+
+    def _gpu(cluster: str, node: str, uuid: str, **kw) -> Observation:
+        return Observation(cluster, node, uuid, "nvidia", **kw)
+
+    fleet = [_gpu("east", "e1", f"GPU-{i}", **full) for i in range(6)]
+    fleet.append(_gpu("east", "e2", "GPU-bare"))  # no optional field at all
+    _write(engine, [fleet], T0)
+
+    def write(groups: list[list[Observation]], now: dt.datetime) -> int:
+        with engine.begin() as conn:
+            writer = InventoryWriter(conn, now)
+            for group in groups:
+                writer.add(group)
+            rewritten = writer.rewritten
+            writer.finish()
+        return rewritten
+
+    assert write([fleet[:4], fleet[4:]], T1) == 0
+    changed = [
+        _gpu("east", "e1", "GPU-0", **{**full, "temperature_c": 62.0}),
+        _gpu("east", "e9", "GPU-1", **full),  # moved
+        _gpu("east", "e1", "GPU-2", **{**full, "health": "degraded",
+                                       "health_reasons": "xid 79"}),
+        _gpu("east", "e1", "GPU-3", **{**full, "sample_at": at + 0.000001}),
+    ]
+    T2 = T1 + dt.timedelta(minutes=5)
+    assert write([changed + fleet[4:]], T2) == 4
+    with engine.connect() as conn:
+        events = sorted(tuple(e) for e in conn.execute(
+            sa.select(inv.events.c.type, inv.events.c.uuid)
+            .where(inv.events.c.at > T0)).all())
+        rows = {r.uuid: r for r in conn.execute(sa.select(inv.gpus))}
+    engine.dispose()
+    assert events == [("health", "GPU-2"), ("moved", "GPU-1")]
+    assert rows["GPU-0"].temperature_c == 62.0
+    assert rows["GPU-3"].last_sample_at == inv.utc(at + 0.000001)
+    assert all(r.state == "active" and r.last_seen == T2 for r in rows.values())

@@ -15,7 +15,7 @@ import itertools
 import json
 import os
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -334,20 +334,115 @@ def upsert(conn: Connection, table: sa.Table, rows: Iterable[dict[str, Any]],
     (first_seen is only ever set on insert): the one upsert of every inventory table, on
     SQLite and PostgreSQL alike.
 
-    ``rows`` may be a generator: it is written BATCH rows at a time, never held whole.
+    ``rows`` may be a generator: it is written BATCH rows at a time, never held whole; every
+    row carries the same keys. The statement is compiled once and each batch handed to the
+    driver as its parameters: SQLAlchemy's per-row work (a dict of binds and a type
+    processor a value) cost more than SQLite's own (0.45 s against 0.19 s for 50,000
+    allocations), and a sync upserts every node and allocation it saw.
     Returns how many rows it wrote."""
-    stmt = _insert(conn, table)
-    keys = [c.name for c in table.primary_key.columns]
-    set_ = {}
-    for col in update:
-        new = stmt.excluded[col]
-        set_[col] = sa.func.coalesce(new, table.c[col]) if col in keep_if_null else new
-    stmt = stmt.on_conflict_do_update(index_elements=keys, set_=set_)
     written = 0
+    driver: _DriverInsert | None = None
     for batch in _batches(rows):
-        conn.execute(stmt, batch)
+        if driver is None:
+            driver = _driver_insert(conn, table, tuple(batch[0]), tuple(update),
+                                    tuple(keep_if_null))
+        conn.exec_driver_sql(driver.sql, driver.params(batch))
         written += len(batch)
     return written
+
+
+class _DriverInsert:
+    """An upsert compiled for one dialect and set of keys, with the parameters as its driver
+    takes them (positional tuples for SQLite, the named dicts for psycopg)."""
+
+    def __init__(self, conn: Connection, table: sa.Table, keys: tuple[str, ...],
+                 update: tuple[str, ...], keep_if_null: tuple[str, ...]) -> None:
+        dialect = conn.dialect
+        stmt = _insert(conn, table)
+        set_ = {}
+        for col in update:
+            new = stmt.excluded[col]
+            set_[col] = sa.func.coalesce(new, table.c[col]) if col in keep_if_null else new
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[c.name for c in table.primary_key.columns], set_=set_)
+        compiled = stmt.compile(dialect=dialect, column_keys=list(keys))
+        self.sql = compiled.string
+        self.positional = bool(compiled.positional)
+        self.names: tuple[str, ...] = (tuple(compiled.positiontup or ()) if self.positional
+                                       else keys)
+        # the columns whose values the dialect converts (SQLite: every datetime to text)
+        self.convert = [(i, p) for i, name in enumerate(self.names)
+                        if (p := table.c[name].type.dialect_impl(dialect)
+                            .bind_processor(dialect)) is not None]
+
+    def params(self, batch: list[dict[str, Any]]) -> list[Any]:
+        if not self.convert:
+            if not self.positional:
+                return batch
+            names = self.names
+            return [tuple(row[n] for n in names) for row in batch]
+        # a value repeats down a batch (now, a node's sample time): converted once
+        memo: list[dict[Any, Any]] = [{} for _ in self.convert]
+        out: list[Any] = []
+        names = self.names
+        for row in batch:
+            values = [row[n] for n in names]
+            for (i, convert), seen in zip(self.convert, memo, strict=True):
+                v = values[i]
+                try:
+                    values[i] = seen[v]
+                except KeyError:
+                    values[i] = seen[v] = convert(v)
+                except TypeError:  # unhashable (a JSON value)
+                    values[i] = convert(v)
+            out.append(tuple(values) if self.positional else dict(zip(names, values,
+                                                                      strict=True)))
+        return out
+
+
+_DRIVER_INSERTS: dict[tuple[Any, ...], _DriverInsert] = {}
+
+
+def _driver_insert(conn: Connection, table: sa.Table, keys: tuple[str, ...],
+                   update: tuple[str, ...], keep_if_null: tuple[str, ...]) -> _DriverInsert:
+    cache_key = (conn.dialect.name, table, keys, update, keep_if_null)
+    found = _DRIVER_INSERTS.get(cache_key)
+    if found is None:
+        found = _DRIVER_INSERTS[cache_key] = _DriverInsert(conn, table, keys, update,
+                                                           keep_if_null)
+    return found
+
+
+def stored(conn: Connection, column: sa.Column) -> Callable[[Any], Any]:
+    """What the database stores and hands back (read by :func:`plain_rows`) for a value of
+    ``column``: SQLite's text for a datetime, the value itself where the driver converts
+    (PostgreSQL). Compared with the table's plain rows, so neither side is parsed."""
+    convert = column.type.dialect_impl(conn.dialect).bind_processor(conn.dialect)
+    return convert if convert is not None else _itself
+
+
+def _itself(value: Any) -> Any:
+    return value
+
+
+def plain_rows(conn: Connection, table: sa.Table, columns: Sequence[str], key: str,
+               values: Sequence[str]) -> list[tuple[Any, ...]]:
+    """The rows whose ``key`` is one of ``values`` (at most BATCH), as the driver hands them
+    back: plain tuples of stored values (see :func:`stored`), without SQLAlchemy's row
+    objects and result processing, which were most of the sync's read of its held GPUs."""
+    names = ", ".join(table.c[c].name for c in columns)
+    where = table.c[key].name
+    if conn.dialect.name == "postgresql":
+        sql = f"SELECT {names} FROM {table.name} WHERE {where} = ANY(%(keys)s)"
+        result = conn.exec_driver_sql(sql, {"keys": list(values)})
+    else:
+        marks = ", ".join("?" * len(values))
+        result = conn.exec_driver_sql(
+            f"SELECT {names} FROM {table.name} WHERE {where} IN ({marks})", tuple(values))
+    try:
+        return list(result.cursor.fetchall()) if result.cursor is not None else []
+    finally:
+        result.close()
 
 
 def insert_rows(conn: Connection, table: sa.Table, rows: Iterable[dict[str, Any]]) -> None:

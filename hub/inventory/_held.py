@@ -10,10 +10,9 @@ import sys
 from collections.abc import Collection, Iterator, MutableMapping
 from typing import Any, NamedTuple
 
-import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from hub.inventory._db import _batches, gpus
+from hub.inventory._db import _batches, gpus, plain_rows
 
 GPU_KEY = ("uuid", "slice_key")  # a GPU is its UUID wherever it reports
 #: what a sync writes of a GPU besides its key and first/last seen: compared with the table's
@@ -111,7 +110,9 @@ class HeldGpus(MutableMapping[tuple[str, str], HeldGpu]):
 
 
 def digest(values: tuple[Any, ...]) -> int:
-    """The one hash a held row and a row to write are compared by."""
+    """The one hash a held row and a row to write are compared by: of the GPU_COMPARE
+    values as the table stores them (hub.inventory._db.stored: last_sample_at is SQLite's
+    text), so the held side is hashed as read, never parsed."""
     return hash(values)
 
 
@@ -122,10 +123,9 @@ def held_gpus(conn: Connection, uuids: Collection[str]) -> HeldGpus:
     intern = sys.intern
     out = HeldGpus()
     places: dict[tuple[Any, ...], HeldPlace] = {}
-    columns = [gpus.c[c] for c in (*GPU_KEY, *GPU_COMPARE)]
     for chunk in _batches(sorted(uuids)):
-        for row in conn.execute(sa.select(*columns).where(gpus.c.uuid.in_(chunk))).all():
-            values = tuple(row[2:])
+        for row in plain_rows(conn, gpus, _READ, "uuid", chunk):
+            values = row[2:]
             # one HeldPlace for the GPUs of a place, its repeated strings (cluster, node,
             # state, model, driver) one object each
             raw = _pick_held(values)
@@ -140,3 +140,4 @@ def held_gpus(conn: Connection, uuids: Collection[str]) -> HeldGpus:
     return out
 
 
+_READ = (*GPU_KEY, *GPU_COMPARE)

@@ -30,6 +30,7 @@ from hub.inventory._db import (
     events,
     gpus,
     nodes,
+    stored,
     upsert,
     utc,
     write_namings,
@@ -120,17 +121,6 @@ def same_memory(old: float | None, new: float | None) -> bool:
     return abs(float(old) - float(new)) <= MEMORY_TOLERANCE * max(abs(float(old)), 1.0)
 
 
-def _stable_memory(seen: Mapping[tuple[str, str], Observation],
-                   known: Mapping[tuple[str, str], HeldGpu]) -> None:
-    """Keep each GPU's stored total where the new one is the same size (see same_memory)."""
-    for key, obs in seen.items():
-        row = known.get(key)
-        if (row is not None and row.memory_total_mib is not None
-                and obs.memory_total_mib is not None
-                and same_memory(row.memory_total_mib, obs.memory_total_mib)):
-            obs.memory_total_mib = row.memory_total_mib
-
-
 def _same(old: Any, new: Any, fld: str = "") -> bool:
     if fld == "memory_total_mib":
         return same_memory(old, new)
@@ -153,16 +143,23 @@ def _layout(known: Mapping[tuple[str, str], HeldGpu]) -> dict[str, list[str]]:
 
 def _seen_events(known: Mapping[tuple[str, str], HeldGpu],
                  seen: Mapping[tuple[str, str], Observation],
-                 layout_old: Mapping[str, list[str]], now: dt.datetime
+                 layout_old: Mapping[str, list[str]], now: dt.datetime,
+                 unchanged: AbstractSet[tuple[str, str]] = frozenset()
                  ) -> Iterator[dict[str, Any]]:
     """The events of what ``seen`` holds (every slice of a GPU is in the same ``seen``: a
-    GPU's slices report from one node, so from one shard of a sync)."""
+    GPU's slices report from one node, so from one shard of a sync). A row in ``unchanged``
+    holds what its observation says (place, state, fields and health), so only its MIG
+    layout, which is its slices' rows, can have changed."""
     layout_new: dict[str, list[str]] = {}
     for uuid, key in seen:
         if key:
             layout_new.setdefault(uuid, []).append(key)
     for ident, obs in seen.items():
         uuid, key = ident
+        if ident in unchanged:
+            if not key and uuid in layout_old:
+                yield from _layout_event(obs, layout_old, layout_new, now)
+            continue
         row = known.get(ident)
         where = (obs.cluster, obs.node, uuid, key)
         if not key and (health := health_event(obs, row, now)) is not None:
@@ -184,11 +181,17 @@ def _seen_events(known: Mapping[tuple[str, str], HeldGpu],
         # its own series often reach the hub a sync before its slices' (the demo's first
         # syncs had a `changed mig_layout` for every MIG GPU a second after `appeared`)
         if not key and uuid in layout_old:
-            before = sorted(layout_old[uuid])
-            after = sorted(layout_new.get(uuid, []))
-            if before != after:
-                yield _event(now, "changed", *where, field="mig_layout",
-                             old=" ".join(before), new=" ".join(after))
+            yield from _layout_event(obs, layout_old, layout_new, now)
+
+
+def _layout_event(obs: Observation, layout_old: Mapping[str, list[str]],
+                  layout_new: Mapping[str, list[str]], now: dt.datetime
+                  ) -> Iterator[dict[str, Any]]:
+    before = sorted(layout_old[obs.uuid])
+    after = sorted(layout_new.get(obs.uuid, []))
+    if before != after:
+        yield _event(now, "changed", obs.cluster, obs.node, obs.uuid, "",
+                     field="mig_layout", old=" ".join(before), new=" ".join(after))
 
 
 def apply_observations(conn: Connection, observations: Iterable[Observation],
@@ -279,12 +282,15 @@ class InventoryWriter:
              "last_sample_at": utc(t)}
             for (c, n), t in node_last.items()
         ], seen_cols, keep_if_null=["last_sample_at"])
+        # each sample time made a datetime once (the GPUs of a scrape share one)
+        times = {t: utc(t) for t in {obs.sample_at for obs in every if obs.allocations}}
         upsert(conn, allocations, (
             {"cluster": obs.cluster, "node": obs.node, "uuid": obs.uuid,
              "slice_key": obs.slice_key, "namespace": namespace, "pod": pod,
              "container": container, "first_seen": now, "last_seen": now,
-             "last_sample_at": utc(obs.sample_at)}
-            for obs in every for namespace, pod, container in obs.allocations
+             "last_sample_at": times[obs.sample_at]}
+            for obs in every if obs.allocations
+            for namespace, pod, container in obs.allocations
         ), ["last_seen", "last_sample_at"], keep_if_null=["last_sample_at"])
         self.counts["clusters"] += len(cluster_last)
         self.counts["nodes"] += len(node_last)
@@ -297,13 +303,14 @@ class InventoryWriter:
         # read before the write: every slice of each uuid, so the old MIG layout is whole
         known = held_gpus(self.conn, {uuid for uuid, _ in seen})
         beside = _newest_per_identity(seen, twins, known)
-        _stable_memory(seen, known)
         self.counts["gpus"] += sum(not obs.is_slice for obs in seen.values())
-        rows = ((key, _gpu_row(obs, beside.get(key), now)) for key, obs in seen.items())
-        self.rewritten += _write_gpus(self.conn, rows, known)
-        self._events(_seen_events(known, seen, _layout(known), now))
-        self._events(write_placements(self.conn, known, seen, now,
-                                                 self.replaced_within))
+        unchanged: set[tuple[str, str]] = set()
+        self.rewritten += upsert(
+            self.conn, gpus, _changed_rows(self.conn, seen, beside, known, now, unchanged),
+            ["last_seen", *GPU_COMPARE], keep_if_null=GPU_KEEP_IF_NULL)
+        self._events(_seen_events(known, seen, _layout(known), now, unchanged))
+        self._events(write_placements(self.conn, known, seen, now, self.replaced_within,
+                                      unchanged))
         self.seen.extend(map(hash, seen))
 
     def _events(self, rows: Iterable[dict[str, Any]]) -> None:
@@ -367,8 +374,7 @@ class InventoryWriter:
         return dict(self.counts)
 
 
-def _gpu_row(obs: Observation, also: list[list[str]] | None,
-             now: dt.datetime) -> dict[str, Any]:
+def _gpu_row(obs: Observation, also: str | None, now: dt.datetime) -> dict[str, Any]:
     return {
         "cluster": obs.cluster, "node": obs.node, "uuid": obs.uuid,
         "slice_key": obs.slice_key,
@@ -379,33 +385,50 @@ def _gpu_row(obs: Observation, also: list[list[str]] | None,
         "memory_used_mib": obs.memory_used_mib, "utilisation_pct": obs.utilisation_pct,
         "power_w": obs.power_w, "temperature_c": obs.temperature_c,
         "health": obs.health, "health_reasons": obs.health_reasons, "state": ACTIVE,
-        "also_reporting": json.dumps(also) if also else None,
+        "also_reporting": also,
         "first_seen": now, "last_seen": now, "last_sample_at": utc(obs.sample_at),
     }
 
 
+#: GPU_COMPARE but its last three, read off an observation (gpu_index is its ``index``)
+_from_observation = operator.attrgetter(*(
+    {"gpu_index": "index"}.get(c, c) for c in GPU_COMPARE[:-3]))
+assert GPU_COMPARE[-3:] == ("state", "also_reporting", "last_sample_at")
 
-#: a row's GPU_COMPARE values, in order (as HeldGpu's digest took them from the table)
-_compared = operator.itemgetter(*GPU_COMPARE)
 
-
-def _write_gpus(conn: Connection, rows: Iterable[tuple[tuple[str, str], dict[str, Any]]],
-                held: Mapping[tuple[str, str], HeldGpu]) -> int:
-    """Write only what changed, so a steady-state sync costs little more than a first one.
+def _changed_rows(conn: Connection, seen: Mapping[tuple[str, str], Observation],
+                  beside: Mapping[tuple[str, str], list[list[str]]],
+                  held: Mapping[tuple[str, str], HeldGpu], now: dt.datetime,
+                  unchanged: set[tuple[str, str]]) -> Iterator[dict[str, Any]]:
+    """The rows to write: only what changed, so a steady-state sync costs little more than
+    a first one. The keys of the others go into ``unchanged``.
 
     ``held`` is what the table holds; a row whose columns (other than last_seen) are
     unchanged is not rewritten but touched by one UPDATE of last_seen with every other active
-    row the sync saw (InventoryWriter.finish). A row compares by digest: one whose label went
-    missing (None, which the upsert does not write over a known value) is rewritten each
-    sync, never wrongly left as it was.
+    row the sync saw (InventoryWriter.finish). A row compares by digest of its values as
+    stored (the table's rows are hashed as read), made from the observation before any row
+    is: one whose label went missing (None, which the upsert does not write over a known
+    value) is rewritten each sync, never wrongly left as it was. An observation's total
+    memory becomes its row's where the two are the same size (see same_memory), before the
+    compare and the events.
     """
-    def changed() -> Iterator[dict[str, Any]]:
-        for key, row in rows:
-            old = held.get(key)
-            if old is None or old.digest != digest(_compared(row)):
-                yield row
-
-    return upsert(conn, gpus, changed(), ["last_seen", *GPU_COMPARE],
-                  keep_if_null=GPU_KEEP_IF_NULL)
-
-
+    as_stored = stored(conn, gpus.c.last_sample_at)
+    times: dict[float | None, Any] = {}  # sample time -> as stored (a node's GPUs share it)
+    for key, obs in seen.items():
+        also = beside.get(key)
+        also_json = json.dumps(also) if also else None
+        old = held.get(key)
+        if old is not None:
+            # the stored total where the new one is the same size (see same_memory)
+            size = old.memory_total_mib
+            if (size is not None and obs.memory_total_mib is not None
+                    and same_memory(size, obs.memory_total_mib)):
+                obs.memory_total_mib = size
+            at = obs.sample_at
+            sample = times.get(at)
+            if sample is None:
+                sample = times[at] = as_stored(utc(at))
+            if old.digest == digest((*_from_observation(obs), ACTIVE, also_json, sample)):
+                unchanged.add(key)
+                continue
+        yield _gpu_row(obs, also_json, now)
