@@ -405,7 +405,7 @@ _DRIVER_INSERTS: dict[tuple[Any, ...], _DriverInsert] = {}
 
 def _driver_insert(conn: Connection, table: sa.Table, keys: tuple[str, ...],
                    update: tuple[str, ...], keep_if_null: tuple[str, ...]) -> _DriverInsert:
-    cache_key = (conn.dialect.name, table, keys, update, keep_if_null)
+    cache_key = (conn.dialect.name, conn.dialect.driver, table, keys, update, keep_if_null)
     found = _DRIVER_INSERTS.get(cache_key)
     if found is None:
         found = _DRIVER_INSERTS[cache_key] = _DriverInsert(conn, table, keys, update,
