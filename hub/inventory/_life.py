@@ -17,7 +17,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Collection, Iterable, Iterator, Mapping
-from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -101,18 +100,13 @@ class _Opening:
 
 def write_placements(conn: Connection, known: Mapping[tuple[str, str], HeldGpu],
                      seen: Mapping[tuple[str, str], Observation], now: dt.datetime,
-                     replaced_within: float,
-                     unchanged: AbstractSet[tuple[str, str]] = frozenset()
-                     ) -> list[dict[str, Any]]:
+                     replaced_within: float) -> list[dict[str, Any]]:
     """Open a placement for each physical GPU of ``seen`` that appeared or changed slot,
-    close the ones they leave or take over, and return the ``replaced`` events. A GPU in
-    ``unchanged`` is active where its row says, in the slot its bus id and index make: it
-    opens nothing."""
+    close the ones they leave or take over, and return the ``replaced`` events."""
     opening: list[_Opening] = []
     back: list[_Opening] = []  # returning where it was: open again if another took the slot
-    for ident, obs in seen.items():
-        uuid, key = ident
-        if key or ident in unchanged:
+    for (uuid, key), obs in seen.items():
+        if key:
             continue
         row = known.get((uuid, ""))
         slot = _new_slot(obs, row)

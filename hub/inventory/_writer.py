@@ -305,13 +305,49 @@ class InventoryWriter:
         beside = _newest_per_identity(seen, twins, known)
         self.counts["gpus"] += sum(not obs.is_slice for obs in seen.values())
         unchanged: set[tuple[str, str]] = set()
-        self.rewritten += upsert(
-            self.conn, gpus, _changed_rows(self.conn, seen, beside, known, now, unchanged),
-            ["last_seen", *GPU_COMPARE], keep_if_null=GPU_KEEP_IF_NULL)
+        self.rewritten += upsert(self.conn, gpus, self._changed(seen, beside, known, unchanged),
+                                 ["last_seen", *GPU_COMPARE], keep_if_null=GPU_KEEP_IF_NULL)
         self._events(_seen_events(known, seen, _layout(known), now, unchanged))
-        self._events(write_placements(self.conn, known, seen, now, self.replaced_within,
-                                      unchanged))
+        self._events(write_placements(self.conn, known, seen, now, self.replaced_within))
         self.seen.extend(map(hash, seen))
+
+    def _changed(self, seen: Mapping[tuple[str, str], Observation],
+                 beside: Mapping[tuple[str, str], list[list[str]]],
+                 held: Mapping[tuple[str, str], HeldGpu],
+                 unchanged: set[tuple[str, str]]) -> Iterator[dict[str, Any]]:
+        """The rows to write: only what changed, so a steady-state sync costs little more than
+        a first one. The keys of the others go into ``unchanged``.
+
+        ``held`` is what the table holds; a row whose columns (other than last_seen) are
+        unchanged is not rewritten but touched by one UPDATE of last_seen with every other active
+        row the sync saw (InventoryWriter.finish). A row compares by digest of its values as
+        stored (the table's rows are hashed as read), made from the observation before any row
+        is: one whose label went missing (None, which the upsert does not write over a known
+        value) is rewritten each sync, never wrongly left as it was. An observation's total
+        memory becomes its row's where the two are the same size (see same_memory), before the
+        compare and the events.
+        """
+        now = self.now
+        as_stored = stored(self.conn, gpus.c.last_sample_at)
+        times: dict[float | None, Any] = {}  # sample time -> as stored (a node's GPUs share it)
+        for key, obs in seen.items():
+            also = beside.get(key)
+            also_json = json.dumps(also) if also else None
+            old = held.get(key)
+            if old is not None:
+                # the stored total where the new one is the same size (see same_memory)
+                size = old.memory_total_mib
+                if (size is not None and obs.memory_total_mib is not None
+                        and same_memory(size, obs.memory_total_mib)):
+                    obs.memory_total_mib = size
+                at = obs.sample_at
+                sample = times.get(at)
+                if sample is None:
+                    sample = times[at] = as_stored(utc(at))
+                if old.digest == digest((*_from_observation(obs), ACTIVE, also_json, sample)):
+                    unchanged.add(key)
+                    continue
+            yield _gpu_row(obs, also_json, now)
 
     def _events(self, rows: Iterable[dict[str, Any]]) -> None:
         for batch in _batches(rows):
@@ -394,41 +430,3 @@ def _gpu_row(obs: Observation, also: str | None, now: dt.datetime) -> dict[str, 
 _from_observation = operator.attrgetter(*(
     {"gpu_index": "index"}.get(c, c) for c in GPU_COMPARE[:-3]))
 assert GPU_COMPARE[-3:] == ("state", "also_reporting", "last_sample_at")
-
-
-def _changed_rows(conn: Connection, seen: Mapping[tuple[str, str], Observation],
-                  beside: Mapping[tuple[str, str], list[list[str]]],
-                  held: Mapping[tuple[str, str], HeldGpu], now: dt.datetime,
-                  unchanged: set[tuple[str, str]]) -> Iterator[dict[str, Any]]:
-    """The rows to write: only what changed, so a steady-state sync costs little more than
-    a first one. The keys of the others go into ``unchanged``.
-
-    ``held`` is what the table holds; a row whose columns (other than last_seen) are
-    unchanged is not rewritten but touched by one UPDATE of last_seen with every other active
-    row the sync saw (InventoryWriter.finish). A row compares by digest of its values as
-    stored (the table's rows are hashed as read), made from the observation before any row
-    is: one whose label went missing (None, which the upsert does not write over a known
-    value) is rewritten each sync, never wrongly left as it was. An observation's total
-    memory becomes its row's where the two are the same size (see same_memory), before the
-    compare and the events.
-    """
-    as_stored = stored(conn, gpus.c.last_sample_at)
-    times: dict[float | None, Any] = {}  # sample time -> as stored (a node's GPUs share it)
-    for key, obs in seen.items():
-        also = beside.get(key)
-        also_json = json.dumps(also) if also else None
-        old = held.get(key)
-        if old is not None:
-            # the stored total where the new one is the same size (see same_memory)
-            size = old.memory_total_mib
-            if (size is not None and obs.memory_total_mib is not None
-                    and same_memory(size, obs.memory_total_mib)):
-                obs.memory_total_mib = size
-            at = obs.sample_at
-            sample = times.get(at)
-            if sample is None:
-                sample = times[at] = as_stored(utc(at))
-            if old.digest == digest((*_from_observation(obs), ACTIVE, also_json, sample)):
-                unchanged.add(key)
-                continue
-        yield _gpu_row(obs, also_json, now)
