@@ -357,7 +357,6 @@ class _DriverInsert:
 
     def __init__(self, conn: Connection, table: sa.Table, keys: tuple[str, ...],
                  update: tuple[str, ...], keep_if_null: tuple[str, ...]) -> None:
-        dialect = conn.dialect
         stmt = _insert(conn, table)
         set_ = {}
         for col in update:
@@ -365,15 +364,14 @@ class _DriverInsert:
             set_[col] = sa.func.coalesce(new, table.c[col]) if col in keep_if_null else new
         stmt = stmt.on_conflict_do_update(
             index_elements=[c.name for c in table.primary_key.columns], set_=set_)
-        compiled = stmt.compile(dialect=dialect, column_keys=list(keys))
+        compiled = stmt.compile(dialect=conn.dialect, column_keys=list(keys))
         self.sql = compiled.string
         self.positional = bool(compiled.positional)
         self.names: tuple[str, ...] = (tuple(compiled.positiontup or ()) if self.positional
                                        else keys)
         # the columns whose values the dialect converts (SQLite: every datetime to text)
         self.convert = [(i, p) for i, name in enumerate(self.names)
-                        if (p := table.c[name].type.dialect_impl(dialect)
-                            .bind_processor(dialect)) is not None]
+                        if (p := _converter(conn, table.c[name])) is not None]
 
     def params(self, batch: list[dict[str, Any]]) -> list[Any]:
         if not self.convert:
@@ -417,8 +415,14 @@ def stored(conn: Connection, column: sa.Column) -> Callable[[Any], Any]:
     """What the database stores and hands back (read by :func:`plain_rows`) for a value of
     ``column``: SQLite's text for a datetime, the value itself where the driver converts
     (PostgreSQL). Compared with the table's plain rows, so neither side is parsed."""
-    convert = column.type.dialect_impl(conn.dialect).bind_processor(conn.dialect)
+    convert = _converter(conn, column)
     return convert if convert is not None else _itself
+
+
+def _converter(conn: Connection, column: sa.Column) -> Callable[[Any], Any] | None:
+    """How the dialect turns a value of ``column`` into what its driver takes (None: as
+    it is)."""
+    return column.type.dialect_impl(conn.dialect).bind_processor(conn.dialect)
 
 
 def _itself(value: Any) -> Any:
@@ -440,7 +444,7 @@ def plain_rows(conn: Connection, table: sa.Table, columns: Sequence[str], key: s
         result = conn.exec_driver_sql(
             f"SELECT {names} FROM {table.name} WHERE {where} IN ({marks})", tuple(values))
     try:
-        return list(result.cursor.fetchall()) if result.cursor is not None else []
+        return list(result.cursor.fetchall())
     finally:
         result.close()
 
